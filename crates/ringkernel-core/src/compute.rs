@@ -1,0 +1,322 @@
+//! The compute-op trait every backend implements, and the shared argument types.
+//!
+//! Buffers are f32 arrays that live on their backend's device ([`DeviceBuffer`]), freed
+//! when the last [`BufferRef`] goes. Ops take contiguous row-major buffers and explicit
+//! dimensions; they are enqueued in order and may run asynchronously: `read` (and
+//! `synchronize`) wait for the work before them. Shape checking against tensors is the
+//! facade's job; every backend still checks buffer lengths with [`check_len`] so a bad
+//! call is an error and never an out-of-bounds access.
+//!
+//! The f64 reference implementations every backend is tested against are in
+//! [`reference`].
+
+use crate::backend::BackendKind;
+use crate::error::{Error, Result};
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+pub mod reference;
+
+/// A device-resident f32 buffer. Each backend downcasts to its own type.
+pub trait DeviceBuffer: Send + Sync + Debug + 'static {
+    /// Length in f32 elements.
+    fn len(&self) -> usize;
+    /// Whether the buffer has no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For downcasting to the backend's buffer type.
+    fn as_any(&self) -> &dyn Any;
+    /// The backend the buffer belongs to.
+    fn backend(&self) -> BackendKind;
+}
+
+/// A shared reference to a device buffer.
+pub type BufferRef = Arc<dyn DeviceBuffer>;
+
+/// Downcasts `buf` to backend type `T`, or [`Error::Device`] naming both backends.
+pub fn downcast<'a, T: DeviceBuffer>(buf: &'a dyn DeviceBuffer, me: BackendKind) -> Result<&'a T> {
+    buf.as_any().downcast_ref::<T>().ok_or_else(|| {
+        Error::Device(format!(
+            "buffer belongs to the {} backend, not {me}: move it with to_device first",
+            buf.backend()
+        ))
+    })
+}
+
+/// [`Error::ShapeMismatch`] unless `buf` holds at least `needed` elements.
+pub fn check_len(buf: &dyn DeviceBuffer, needed: usize, what: &str) -> Result<()> {
+    if buf.len() < needed {
+        Err(Error::shape(format!("{what}: buffer holds {} elements, op needs {needed}", buf.len())))
+    } else {
+        Ok(())
+    }
+}
+
+/// Elementwise functions of one argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// -x
+    Neg,
+    /// |x|
+    Abs,
+    /// √x
+    Sqrt,
+    /// eˣ
+    Exp,
+    /// ln x
+    Log,
+    /// sin x
+    Sin,
+    /// cos x
+    Cos,
+    /// tanh x
+    Tanh,
+    /// max(x, 0)
+    Relu,
+    /// 1 / (1 + e⁻ˣ)
+    Sigmoid,
+    /// x · sigmoid(x)
+    Silu,
+    /// GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). The same
+    /// formula on every backend (WGSL has no erf).
+    Gelu,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 12] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Sqrt,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Relu,
+        UnaryOp::Sigmoid,
+        UnaryOp::Silu,
+        UnaryOp::Gelu,
+    ];
+    /// Lower-case name (also the kernel entry-point suffix on GPUs).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+        }
+    }
+    /// Numeric code (shared with GPU kernels that switch on it).
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Elementwise functions of two arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a − b
+    Sub,
+    /// a · b
+    Mul,
+    /// a / b
+    Div,
+    /// max(a, b)
+    Max,
+    /// min(a, b)
+    Min,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 6] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min];
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+        }
+    }
+    /// Numeric code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Reductions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Σ
+    Sum,
+    /// max
+    Max,
+    /// min
+    Min,
+    /// Σ / n
+    Mean,
+}
+
+impl ReduceOp {
+    /// Every reduction.
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean];
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Mean => "mean",
+        }
+    }
+    /// Numeric code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// `out[b] = a[b] · b[b]` with `a: [batch, m, k]`, `b: [batch, k, n]` (or `[k, n]`
+/// shared by every batch when `b_batched` is false), `out: [batch, m, n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulDims {
+    /// Batch count (1 for a 2-D product).
+    pub batch: usize,
+    /// Rows of A and out.
+    pub m: usize,
+    /// Columns of A, rows of B.
+    pub k: usize,
+    /// Columns of B and out.
+    pub n: usize,
+    /// Whether B has a batch dimension.
+    pub b_batched: bool,
+}
+
+/// A reduction over the middle axis of `[outer, axis, inner]` into `[outer, inner]`.
+/// A whole-tensor reduction is `outer = inner = 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReduceDims {
+    /// Product of the dimensions before the axis.
+    pub outer: usize,
+    /// Length of the reduced axis.
+    pub axis: usize,
+    /// Product of the dimensions after the axis.
+    pub inner: usize,
+}
+
+/// Rotary position embedding, half-split layout: `x: [seq, heads, head_dim]`; for
+/// position `p = positions[s]` and `i < head_dim/2`, with `θᵢ = p · base^(−2i/head_dim)`,
+/// `out[i] = x[i]·cos θᵢ − x[i+h]·sin θᵢ`, `out[i+h] = x[i]·sin θᵢ + x[i+h]·cos θᵢ`
+/// where `h = head_dim/2`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeDims {
+    /// Sequence length (rows; `positions` has this many entries).
+    pub seq: usize,
+    /// Heads per row.
+    pub heads: usize,
+    /// Head dimension (even).
+    pub head_dim: usize,
+    /// Frequency base (10000 in most models).
+    pub base: f32,
+}
+
+/// Attention over `batch_heads` independent heads.
+///
+/// * `q: [bh, q_len, head_dim]`
+/// * `k, v: [bh, kv_stride, head_dim]`, of which the first `kv_len` rows are used
+///   (so a KV cache of capacity `kv_stride` is used in place)
+/// * scores / probabilities `[bh, q_len, kv_len]`, output `[bh, q_len, head_dim]`.
+///
+/// With `causal`, query `i` sits at absolute position `q_offset + i` and sees keys
+/// `j <= q_offset + i`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionDims {
+    /// Independent (batch × head) slices.
+    pub batch_heads: usize,
+    /// Query rows.
+    pub q_len: usize,
+    /// Key/value rows used.
+    pub kv_len: usize,
+    /// Row stride of K and V in rows (≥ `kv_len`).
+    pub kv_stride: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Score scale (usually `1/√head_dim`).
+    pub scale: f32,
+    /// Causal masking.
+    pub causal: bool,
+    /// Absolute position of query row 0 (for causal decoding with a cache).
+    pub q_offset: usize,
+}
+
+/// Tensor operations on one device. Object-safe; held as `Arc<dyn ComputeBackend>`.
+///
+/// Buffers passed to an op must belong to this backend (else [`Error::Device`]) and be
+/// long enough (else [`Error::ShapeMismatch`]). `out` must not alias an input unless the
+/// op says so.
+pub trait ComputeBackend: Send + Sync + 'static {
+    /// Which backend.
+    fn kind(&self) -> BackendKind;
+    /// Human-readable device name (adapter, GPU model, CPU).
+    fn device_name(&self) -> String;
+
+    /// Allocates `len` elements (contents unspecified).
+    fn alloc(&self, len: usize) -> Result<BufferRef>;
+    /// Allocates and fills from host data.
+    fn upload(&self, data: &[f32]) -> Result<BufferRef>;
+    /// Writes host data at `offset` (elements) into an existing buffer.
+    fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()>;
+    /// Reads `out.len()` elements from `offset`, after all queued work.
+    fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()>;
+    /// Copies `len` elements between (or within non-overlapping parts of) buffers.
+    fn copy(&self, src: &dyn DeviceBuffer, src_offset: usize, dst: &dyn DeviceBuffer, dst_offset: usize, len: usize) -> Result<()>;
+    /// Waits until all queued work has finished.
+    fn synchronize(&self) -> Result<()>;
+
+    /// `out[i] = op(x[i])` for `i < len`.
+    fn unary(&self, op: UnaryOp, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    /// `out[i] = op(a[i], b[i])`.
+    fn binary(&self, op: BinaryOp, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    /// `out[i] = op(a[i], s)`.
+    fn binary_scalar(&self, op: BinaryOp, a: &dyn DeviceBuffer, s: f32, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    /// (Batched) matrix product, see [`MatmulDims`].
+    fn matmul(&self, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: MatmulDims) -> Result<()>;
+    /// `out[m] = A[m, k] · x[k]`.
+    fn matvec(&self, a: &dyn DeviceBuffer, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, m: usize, k: usize) -> Result<()>;
+    /// `out[0] = Σ a[i]·b[i]`.
+    fn dot(&self, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    /// Reduction, see [`ReduceDims`]. `axis` must be at least 1.
+    fn reduce(&self, op: ReduceOp, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: ReduceDims) -> Result<()>;
+    /// Numerically stable softmax over the last dimension of `[rows, cols]`.
+    fn softmax(&self, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize) -> Result<()>;
+    /// `out = x / √(mean(x²) + eps) · weight` per row of `[rows, cols]`.
+    fn rms_norm(&self, x: &dyn DeviceBuffer, weight: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()>;
+    /// `out = (x − mean) / √(var + eps) · weight + bias` per row (biased variance).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(&self, x: &dyn DeviceBuffer, weight: &dyn DeviceBuffer, bias: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()>;
+    /// RoPE, see [`RopeDims`]; `positions` holds `seq` positions as f32.
+    fn rope(&self, x: &dyn DeviceBuffer, positions: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: RopeDims) -> Result<()>;
+    /// `scores = scale · Q·Kᵀ` (causal entries above the diagonal set to −∞).
+    fn attention_scores(&self, q: &dyn DeviceBuffer, k: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    /// `out = P·V` for probabilities `P: [bh, q_len, kv_len]`.
+    fn attention_weighted_sum(&self, p: &dyn DeviceBuffer, v: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    /// Fused scaled-dot-product attention `softmax(scale·Q·Kᵀ [+ causal mask])·V`.
+    fn attention(&self, q: &dyn DeviceBuffer, k: &dyn DeviceBuffer, v: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    /// SwiGLU: `out[i] = silu(gate[i]) · up[i]`.
+    fn swiglu(&self, gate: &dyn DeviceBuffer, up: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+}

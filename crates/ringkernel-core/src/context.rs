@@ -1,0 +1,122 @@
+//! [`KernelContext`]: what a CPU handler sees while it handles one message.
+
+use crate::error::Result;
+use crate::hlc::{HlcClock, HlcTimestamp};
+use crate::k2k::{K2kReceipt, KernelTarget};
+use crate::message::{check_payload_fits, flags, MessageHeader, RingMessage};
+use crate::runtime::{KernelId, RuntimeCore};
+use crate::telemetry::KernelCounters;
+use std::sync::atomic::Ordering;
+
+/// Where a kernel's own outputs (replies, emits) go: its output queue. Implemented by
+/// each backend's worker.
+pub trait OutputSink {
+    /// Writes one message into the kernel's output queue (waiting for space as the
+    /// backend decides). Errors are reported to the handler.
+    fn emit(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()>;
+}
+
+/// The handler's view of its kernel and the runtime while handling one message.
+pub struct KernelContext<'a> {
+    id: KernelId,
+    name: &'a str,
+    core: &'a RuntimeCore,
+    hlc: &'a HlcClock,
+    counters: &'a KernelCounters,
+    request: MessageHeader,
+    slot_size: usize,
+    sink: &'a mut dyn OutputSink,
+}
+
+impl<'a> KernelContext<'a> {
+    /// Built by a backend's worker for each message.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: KernelId,
+        name: &'a str,
+        core: &'a RuntimeCore,
+        hlc: &'a HlcClock,
+        counters: &'a KernelCounters,
+        request: MessageHeader,
+        slot_size: usize,
+        sink: &'a mut dyn OutputSink,
+    ) -> Self {
+        KernelContext { id, name, core, hlc, counters, request, slot_size, sink }
+    }
+
+    /// This kernel's id.
+    pub fn kernel_id(&self) -> KernelId {
+        self.id
+    }
+    /// This kernel's instance name.
+    pub fn name(&self) -> &str {
+        self.name
+    }
+    /// Header of the message being handled.
+    pub fn request(&self) -> &MessageHeader {
+        &self.request
+    }
+    /// HLC timestamp of the message being handled (as merged into this kernel's clock).
+    pub fn request_timestamp(&self) -> HlcTimestamp {
+        HlcTimestamp(self.request.timestamp)
+    }
+    /// This kernel's clock.
+    pub fn clock(&self) -> &HlcClock {
+        self.hlc
+    }
+
+    fn header_for<M: RingMessage>(&self, extra_flags: u32) -> Result<MessageHeader> {
+        let size = std::mem::size_of::<M>();
+        check_payload_fits(size, self.slot_size)?;
+        let mut h = MessageHeader::new(M::TYPE_ID, size);
+        h.message_id = self.core.next_message_id();
+        h.correlation_id = self.request.correlation_id;
+        h.source_kernel = self.id.0;
+        h.timestamp = self.hlc.tick().0;
+        h.flags = extra_flags;
+        Ok(h)
+    }
+
+    /// Replies to the current message: into this kernel's output queue, with the
+    /// request's `correlation_id` (so [`KernelHandle::call`](crate::runtime::KernelHandle::call)
+    /// finds it) and the REPLY flag.
+    pub fn reply<M: RingMessage>(&mut self, msg: &M) -> Result<()> {
+        let mut h = self.header_for::<M>(flags::REPLY)?;
+        h.dest_kernel = self.request.source_kernel;
+        self.sink.emit(&h, bytemuck::bytes_of(msg))?;
+        self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes a message into this kernel's output queue without marking it a reply
+    /// (the request's correlation id is still carried).
+    pub fn emit<M: RingMessage>(&mut self, msg: &M) -> Result<()> {
+        let h = self.header_for::<M>(0)?;
+        self.sink.emit(&h, bytemuck::bytes_of(msg))?;
+        self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sends to another kernel's input queue (K2K), by id or instance name. The
+    /// request's correlation id travels along, so the last stage of a pipeline can
+    /// reply to the host's original call. Never blocks: a full destination is
+    /// [`K2kReceipt::QueueFull`]. A payload too large for this kernel's slots is
+    /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge).
+    pub fn send_to<M: RingMessage>(&mut self, target: impl Into<KernelTarget>, msg: &M) -> Result<K2kReceipt> {
+        let h = self.header_for::<M>(flags::K2K)?;
+        let r = self.core.deliver(&target.into(), h, bytemuck::bytes_of(msg))?;
+        if r == K2kReceipt::Delivered {
+            self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(r)
+    }
+
+    /// Publishes to a topic: delivered into every subscribed kernel's input queue.
+    /// Returns how many kernels received it.
+    pub fn publish<M: RingMessage>(&mut self, topic: &str, msg: &M) -> Result<usize> {
+        let h = self.header_for::<M>(flags::PUBSUB)?;
+        let report = self.core.publish_raw(topic, h, bytemuck::bytes_of(msg))?;
+        self.counters.emitted.fetch_add(report.delivered as u64, Ordering::Relaxed);
+        Ok(report.delivered)
+    }
+}

@@ -1,0 +1,62 @@
+//! # ringkernel-core
+//!
+//! The backend-neutral heart of RingKernel. Everything that a host and a device both
+//! touch is defined here once, as `#[repr(C)]` plain data with layout asserts:
+//!
+//! * [`message`]: the 64-byte [`MessageHeader`](message::MessageHeader), fixed-size slots
+//!   and the [`RingMessage`](message::RingMessage) trait.
+//! * [`queue`]: lock-free rings (typed SPSC and MPSC, and message-slot rings in the
+//!   shared binary layout).
+//! * [`control`]: the 128-byte [`ControlBlock`](control::ControlBlock).
+//! * [`hlc`]: the hybrid logical clock.
+//! * [`lifecycle`]: the kernel state machine.
+//! * [`runtime`]: the [`RingKernelRuntime`](runtime::RingKernelRuntime) trait that every
+//!   backend implements, [`KernelHandle`](runtime::KernelHandle) and the shared runtime
+//!   machinery ([`RuntimeCore`](runtime::RuntimeCore)).
+//! * [`k2k`], [`pubsub`], [`telemetry`]: kernel-to-kernel messaging and routing tables,
+//!   MQTT-style topics, counters and latency histograms.
+//! * [`compute`]: the [`ComputeBackend`](compute::ComputeBackend) trait for tensor ops.
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod builtin;
+pub mod compute;
+pub mod context;
+pub mod control;
+pub mod error;
+pub mod hlc;
+pub mod k2k;
+pub mod lifecycle;
+pub mod message;
+pub mod options;
+pub mod pubsub;
+pub mod queue;
+pub mod registry;
+pub mod runtime;
+pub mod telemetry;
+pub mod util;
+
+pub use backend::BackendKind;
+pub use error::{Error, Result};
+
+/// Re-exports for generated code (`#[derive(RingMessage)]`, `#[ring_kernel]`). Not a
+/// public API: may change without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use bytemuck;
+    pub use inventory;
+}
+
+/// The items most programs need.
+pub mod prelude {
+    pub use crate::backend::BackendKind;
+    pub use crate::context::KernelContext;
+    pub use crate::error::{Error, Result};
+    pub use crate::hlc::{HlcClock, HlcTimestamp};
+    pub use crate::k2k::{K2kReceipt, KernelTarget};
+    pub use crate::lifecycle::LifecycleState;
+    pub use crate::message::{Envelope, MessageHeader, RingMessage};
+    pub use crate::options::LaunchOptions;
+    pub use crate::runtime::{KernelHandle, KernelId, RingKernelRuntime};
+}

@@ -1,0 +1,149 @@
+//! [`LaunchOptions`]: how a kernel is launched.
+
+use crate::error::{Error, Result};
+use crate::message::{DEFAULT_SLOT_SIZE, HEADER_SIZE};
+
+/// Options for [`RingKernelRuntime::launch`](crate::runtime::RingKernelRuntime::launch).
+///
+/// ```
+/// use ringkernel_core::options::LaunchOptions;
+/// let o = LaunchOptions::default().with_queue_capacity(4096).with_slot_size(512);
+/// assert!(o.validate().is_ok());
+/// assert!(LaunchOptions::default().with_queue_capacity(1000).validate().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchOptions {
+    /// Input queue capacity in slots (power of two).
+    pub queue_capacity: usize,
+    /// Output queue capacity in slots (power of two).
+    pub output_capacity: usize,
+    /// Slot size in bytes: 64-byte header plus payload (power of two, at least 128).
+    pub slot_size: usize,
+    /// Threads per block (CUDA) / workgroup size (WGSL). Ignored on the CPU.
+    pub block_size: u32,
+    /// Blocks in the grid (CUDA). Ignored on the CPU and WebGPU.
+    pub grid_size: u32,
+    /// Activate right after launch (default true). When false the kernel stays
+    /// `Launched` until [`KernelHandle::activate`](crate::runtime::KernelHandle::activate).
+    pub auto_activate: bool,
+    /// When the input queue is full, `send` waits for space (true, default) or returns
+    /// [`Error::QueueFull`] at once (false).
+    pub wait_when_full: bool,
+    /// Bytes of per-kernel state handed to GPU handlers (0: none). Ignored on the CPU,
+    /// where the handler owns its state.
+    pub state_bytes: usize,
+    /// Instance name (default: the handler name). Several kernels may run the same
+    /// handler under different instance names; two live kernels never share one.
+    pub name: Option<String>,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions {
+            queue_capacity: 1024,
+            output_capacity: 1024,
+            slot_size: DEFAULT_SLOT_SIZE,
+            block_size: 128,
+            grid_size: 1,
+            auto_activate: true,
+            wait_when_full: true,
+            state_bytes: 0,
+            name: None,
+        }
+    }
+}
+
+impl LaunchOptions {
+    /// Sets the input and output queue capacity.
+    pub fn with_queue_capacity(mut self, slots: usize) -> Self {
+        self.queue_capacity = slots;
+        self.output_capacity = slots;
+        self
+    }
+    /// Sets only the output queue capacity.
+    pub fn with_output_capacity(mut self, slots: usize) -> Self {
+        self.output_capacity = slots;
+        self
+    }
+    /// Sets the slot size in bytes.
+    pub fn with_slot_size(mut self, bytes: usize) -> Self {
+        self.slot_size = bytes;
+        self
+    }
+    /// Sets the GPU block (workgroup) size.
+    pub fn with_block_size(mut self, threads: u32) -> Self {
+        self.block_size = threads;
+        self
+    }
+    /// Sets the GPU grid size.
+    pub fn with_grid_size(mut self, blocks: u32) -> Self {
+        self.grid_size = blocks;
+        self
+    }
+    /// Sets whether the kernel starts active.
+    pub fn with_auto_activate(mut self, yes: bool) -> Self {
+        self.auto_activate = yes;
+        self
+    }
+    /// Sets the backpressure behaviour of `send`.
+    pub fn with_wait_when_full(mut self, yes: bool) -> Self {
+        self.wait_when_full = yes;
+        self
+    }
+    /// Sets the GPU handler state size in bytes.
+    pub fn with_state_bytes(mut self, bytes: usize) -> Self {
+        self.state_bytes = bytes;
+        self
+    }
+
+    /// Sets the instance name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Checks every field; [`Error::InvalidArgument`] names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        for (what, v) in [("queue_capacity", self.queue_capacity), ("output_capacity", self.output_capacity)] {
+            if v < 2 || !v.is_power_of_two() || v > (1 << 24) {
+                return Err(Error::invalid(format!(
+                    "{what} must be a power of two in 2..=16777216, got {v}"
+                )));
+            }
+        }
+        if !self.slot_size.is_power_of_two() || self.slot_size < 2 * HEADER_SIZE || self.slot_size > 65536 {
+            return Err(Error::invalid(format!(
+                "slot_size must be a power of two in 128..=65536, got {}",
+                self.slot_size
+            )));
+        }
+        if self.block_size == 0 || self.block_size > 1024 {
+            return Err(Error::invalid(format!("block_size must be in 1..=1024, got {}", self.block_size)));
+        }
+        if matches!(&self.name, Some(n) if n.is_empty()) {
+            return Err(Error::invalid("instance name must not be empty"));
+        }
+        if self.grid_size == 0 {
+            return Err(Error::invalid("grid_size must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = LaunchOptions::default().with_queue_capacity(1000).validate().unwrap_err();
+        assert!(e.to_string().contains("queue_capacity"), "{e}");
+        let e = LaunchOptions::default().with_slot_size(100).validate().unwrap_err();
+        assert!(e.to_string().contains("slot_size"), "{e}");
+        assert!(LaunchOptions::default().with_slot_size(64).validate().is_err());
+        assert!(LaunchOptions::default().with_block_size(0).validate().is_err());
+        assert!(LaunchOptions::default().with_grid_size(0).validate().is_err());
+        assert!(LaunchOptions::default().with_queue_capacity(1).validate().is_err());
+        assert!(LaunchOptions::default().validate().is_ok());
+    }
+}

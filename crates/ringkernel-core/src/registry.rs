@@ -1,0 +1,267 @@
+//! Handler registry: what a kernel name resolves to on each backend.
+//!
+//! * CPU handlers are Rust values implementing [`CpuHandler`], registered on a
+//!   [`KernelRegistry`] or globally with `#[ring_kernel]` (collected by `inventory`).
+//! * GPU handlers are device functions in the backend's language ([`GpuHandler`]):
+//!   WGSL for WebGPU and Metal, CUDA C for CUDA, each following the handler ABI
+//!   `handle(ctx, in_slot, out_slot, state)` documented in the backend crates.
+
+use crate::context::KernelContext;
+use crate::error::{Error, Result};
+use crate::message::{Envelope, RingMessage};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, RwLock};
+
+/// A CPU message handler. One instance per launched kernel; it owns the kernel's state.
+pub trait CpuHandler: Send + 'static {
+    /// Handles one message. An `Err` drops the message: it is counted in
+    /// `dropped`, logged with `tracing`, and the kernel goes on.
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()>;
+}
+
+/// Makes a fresh handler for each launch.
+pub type CpuHandlerFactory = Arc<dyn Fn() -> Box<dyn CpuHandler> + Send + Sync>;
+
+/// A CPU handler registered at compile time by `#[ring_kernel]`.
+pub struct StaticCpuHandler {
+    /// Handler name (what `launch` looks up).
+    pub name: &'static str,
+    /// Constructor.
+    pub factory: fn() -> Box<dyn CpuHandler>,
+}
+
+inventory::collect!(StaticCpuHandler);
+
+/// A GPU handler: device source in each language it exists in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHandler {
+    /// Handler name.
+    pub name: String,
+    /// WGSL source defining `fn handle(...)` (WebGPU and Metal).
+    pub wgsl: Option<String>,
+    /// CUDA C source defining `__device__ void handle(...)`.
+    pub cuda: Option<String>,
+    /// Bytes of per-kernel state the handler keeps on the device.
+    pub state_bytes: usize,
+}
+
+impl GpuHandler {
+    /// A handler with no sources yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        GpuHandler {
+            name: name.into(),
+            wgsl: None,
+            cuda: None,
+            state_bytes: 0,
+        }
+    }
+    /// Adds the WGSL source.
+    pub fn with_wgsl(mut self, src: impl Into<String>) -> Self {
+        self.wgsl = Some(src.into());
+        self
+    }
+    /// Adds the CUDA C source.
+    pub fn with_cuda(mut self, src: impl Into<String>) -> Self {
+        self.cuda = Some(src.into());
+        self
+    }
+    /// Sets the device state size.
+    pub fn with_state_bytes(mut self, bytes: usize) -> Self {
+        self.state_bytes = bytes;
+        self
+    }
+}
+
+/// Name → handler tables. Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub struct KernelRegistry {
+    cpu: Arc<RwLock<HashMap<String, CpuHandlerFactory>>>,
+    gpu: Arc<RwLock<HashMap<String, GpuHandler>>>,
+}
+
+impl std::fmt::Debug for KernelRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelRegistry")
+            .field("cpu", &self.cpu_names())
+            .field("gpu", &self.gpu.read().map(|g| g.keys().cloned().collect::<Vec<_>>()).unwrap_or_default())
+            .finish()
+    }
+}
+
+impl KernelRegistry {
+    /// An empty registry (the global `#[ring_kernel]` handlers are still found).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a CPU handler factory under `name` (replacing an earlier one).
+    pub fn register_cpu(&self, name: impl Into<String>, factory: impl Fn() -> Box<dyn CpuHandler> + Send + Sync + 'static) {
+        self.cpu.write().expect("registry lock").insert(name.into(), Arc::new(factory));
+    }
+
+    /// Registers a typed closure as a CPU handler (see [`handler_fn`]).
+    pub fn register_fn<Req, Out, F>(&self, name: impl Into<String>, f: F)
+    where
+        Req: RingMessage,
+        Out: HandlerOutput,
+        F: FnMut(&mut KernelContext<'_>, Req) -> Out + Clone + Send + Sync + 'static,
+    {
+        self.register_cpu(name, move || Box::new(handler_fn(f.clone())));
+    }
+
+    /// Registers a GPU handler under its name. Sources merge with an earlier
+    /// registration of the same name (so the WGSL and the CUDA version of a handler can
+    /// be registered separately); a source given again replaces the earlier one.
+    pub fn register_gpu(&self, handler: GpuHandler) {
+        let mut g = self.gpu.write().expect("registry lock");
+        match g.get_mut(&handler.name) {
+            Some(old) => {
+                if handler.wgsl.is_some() {
+                    old.wgsl = handler.wgsl;
+                }
+                if handler.cuda.is_some() {
+                    old.cuda = handler.cuda;
+                }
+                old.state_bytes = old.state_bytes.max(handler.state_bytes);
+            }
+            None => {
+                g.insert(handler.name.clone(), handler);
+            }
+        }
+    }
+
+    /// The CPU handler factory for `name`: this registry first, then `#[ring_kernel]`
+    /// handlers. [`Error::KernelNotFound`] lists what exists.
+    pub fn cpu(&self, name: &str) -> Result<CpuHandlerFactory> {
+        if let Some(f) = self.cpu.read().expect("registry lock").get(name) {
+            return Ok(f.clone());
+        }
+        for s in inventory::iter::<StaticCpuHandler> {
+            if s.name == name {
+                let f = s.factory;
+                return Ok(Arc::new(f));
+            }
+        }
+        Err(Error::KernelNotFound(format!(
+            "no CPU handler named {name:?} (registered: {})",
+            self.cpu_names().join(", ")
+        )))
+    }
+
+    /// The GPU handler for `name`.
+    pub fn gpu(&self, name: &str) -> Result<GpuHandler> {
+        let g = self.gpu.read().expect("registry lock");
+        g.get(name).cloned().ok_or_else(|| {
+            let mut names: Vec<_> = g.keys().cloned().collect();
+            names.sort();
+            Error::KernelNotFound(format!("no GPU handler named {name:?} (registered: {})", names.join(", ")))
+        })
+    }
+
+    /// Names of all CPU handlers (registry and global), sorted.
+    pub fn cpu_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.cpu.read().map(|c| c.keys().cloned().collect()).unwrap_or_default();
+        v.extend(inventory::iter::<StaticCpuHandler>.into_iter().map(|s| s.name.to_string()));
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+/// What a typed handler closure may return: nothing, a reply, or an optional reply.
+/// A reply goes to the kernel's output queue, correlated with the request.
+pub trait HandlerOutput {
+    /// Emits the output through `ctx`.
+    fn emit(self, ctx: &mut KernelContext<'_>) -> Result<()>;
+}
+
+impl HandlerOutput for () {
+    fn emit(self, _ctx: &mut KernelContext<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<R: RingMessage> HandlerOutput for Option<R> {
+    fn emit(self, ctx: &mut KernelContext<'_>) -> Result<()> {
+        match self {
+            Some(r) => ctx.reply(&r),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<O: HandlerOutput> HandlerOutput for Result<O> {
+    fn emit(self, ctx: &mut KernelContext<'_>) -> Result<()> {
+        self?.emit(ctx)
+    }
+}
+
+/// A [`CpuHandler`] from a typed closure `FnMut(&mut KernelContext, Req) -> Out`.
+pub struct FnHandler<Req, F> {
+    f: F,
+    _req: PhantomData<fn(Req)>,
+}
+
+/// Wraps a typed closure as a [`CpuHandler`]. Messages of another type than `Req` are
+/// refused with [`Error::TypeMismatch`] (counted as dropped).
+///
+/// ```
+/// use ringkernel_core::registry::handler_fn;
+/// use ringkernel_core::context::KernelContext;
+/// # use ringkernel_core::message::RingMessage;
+/// # #[repr(C)] #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)] struct N(u64);
+/// # impl RingMessage for N { const TYPE_ID: u32 = 1; const NAME: &'static str = "N"; }
+/// let h = handler_fn(|_ctx: &mut KernelContext<'_>, n: N| Some(N(n.0 + 1)));
+/// ```
+pub fn handler_fn<Req, Out, F>(f: F) -> FnHandler<Req, F>
+where
+    Req: RingMessage,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, Req) -> Out + Send + 'static,
+{
+    FnHandler { f, _req: PhantomData }
+}
+
+impl<Req, Out, F> CpuHandler for FnHandler<Req, F>
+where
+    Req: RingMessage,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, Req) -> Out + Send + 'static,
+{
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
+        let req: Req = msg.decode()?;
+        (self.f)(ctx, req).emit(ctx)
+    }
+}
+
+/// A [`CpuHandler`] with explicit state: `FnMut(&mut KernelContext, &mut S, Req) -> Out`.
+pub struct StatefulHandler<S, Req, F> {
+    state: S,
+    f: F,
+    _req: PhantomData<fn(Req)>,
+}
+
+/// Wraps a stateful typed closure as a [`CpuHandler`] (state starts at `init`).
+pub fn stateful_fn<S, Req, Out, F>(init: S, f: F) -> StatefulHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, Req) -> Out + Send + 'static,
+{
+    StatefulHandler { state: init, f, _req: PhantomData }
+}
+
+impl<S, Req, Out, F> CpuHandler for StatefulHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, Req) -> Out + Send + 'static,
+{
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
+        let req: Req = msg.decode()?;
+        (self.f)(ctx, &mut self.state, req).emit(ctx)
+    }
+}

@@ -1,0 +1,663 @@
+//! The runtime traits and the machinery every backend shares.
+//!
+//! A backend implements two things:
+//!
+//! * [`KernelEngine`]: one launched kernel: its queues, worker and lifecycle, with
+//!   non-blocking `try_enqueue`/`try_dequeue` and [`KernelEvents`] to wake waiters.
+//! * [`RingKernelRuntime`]: `launch` (create an engine from a registered handler) on top
+//!   of a shared [`RuntimeCore`] (kernel table, ids, host clock, pub/sub broker, K2K
+//!   routing, handler registry).
+//!
+//! Everything a user calls on a kernel ([`KernelHandle`]: async send with backpressure,
+//! receive with timeout, correlated `call`, lifecycle, metrics) is written once here
+//! on top of those, so it behaves the same on every backend.
+
+use crate::backend::BackendKind;
+use crate::error::{Error, Result};
+use crate::hlc::{HlcClock, HlcTimestamp};
+use crate::k2k::{K2kReceipt, KernelTarget};
+use crate::lifecycle::LifecycleState;
+use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
+use crate::options::LaunchOptions;
+use crate::pubsub::{validate_topic, Broker, SubscriptionId};
+use crate::registry::KernelRegistry;
+use crate::telemetry::{KernelMetrics, RuntimeMetrics};
+use crate::util::BoxFuture;
+use event_listener::{Event, EventListener};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// Identifies a kernel within a runtime. `KernelId(0)` is the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelId(pub u32);
+
+impl KernelId {
+    /// The host (source of messages sent by [`KernelHandle::send`]).
+    pub const HOST: KernelId = KernelId(0);
+}
+
+impl std::fmt::Display for KernelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Wake-ups a backend raises so async waiters never poll or block.
+#[derive(Debug, Default)]
+pub struct KernelEvents {
+    /// Raised after the worker writes into the output queue.
+    pub output: Event,
+    /// Raised after the worker frees input slots.
+    pub input_space: Event,
+    /// Raised after every lifecycle change.
+    pub state: Event,
+}
+
+impl KernelEvents {
+    /// Wakes every waiter of every kind (used on termination).
+    pub fn notify_all(&self) {
+        self.output.notify(usize::MAX);
+        self.input_space.notify(usize::MAX);
+        self.state.notify(usize::MAX);
+    }
+}
+
+/// What termination did with messages still in flight. Nothing is dropped silently:
+/// a message was either processed, or it is returned here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TerminateReport {
+    /// Messages the handler processed after termination was requested (the drain).
+    pub drained: u64,
+    /// Messages that were in the input queue and were not processed (the kernel was not
+    /// active, so it did not run its handler on them), handed back to the caller.
+    pub undelivered: Vec<Envelope>,
+    /// Replies still waiting in the output queue; they can still be received.
+    pub replies_waiting: usize,
+}
+
+/// One launched kernel, as a backend implements it. All methods are non-blocking.
+pub trait KernelEngine: Send + Sync + 'static {
+    /// Kernel id.
+    fn id(&self) -> KernelId;
+    /// Instance name.
+    fn name(&self) -> &str;
+    /// Current lifecycle state.
+    fn state(&self) -> LifecycleState;
+    /// Slot size of the queues, bytes.
+    fn slot_size(&self) -> usize;
+    /// Input queue capacity, slots.
+    fn input_capacity(&self) -> usize;
+    /// Puts one message (header already stamped) into the input queue.
+    /// [`Error::QueueFull`] when there is no slot, [`Error::KernelTerminated`] once the
+    /// kernel is terminating or terminated, [`Error::MessageTooLarge`] for an oversized
+    /// payload. Counts `received` on success.
+    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()>;
+    /// Takes the oldest message out of the output queue.
+    fn try_dequeue(&self) -> Result<Option<Envelope>>;
+    /// Messages in the output queue.
+    fn output_depth(&self) -> usize;
+    /// `Launched|Deactivated → Active`.
+    fn activate(&self) -> Result<()>;
+    /// `Active → Deactivated`: queued messages are kept.
+    fn deactivate(&self) -> Result<()>;
+    /// `→ Terminating → Terminated`; resolves when the worker has exited.
+    fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>>;
+    /// Wake-up events.
+    fn events(&self) -> &KernelEvents;
+    /// Metrics snapshot.
+    fn metrics(&self) -> KernelMetrics;
+}
+
+/// How a publish went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    /// Kernels whose input queue received the message.
+    pub delivered: usize,
+    /// Subscribed kernels whose queue was full (not delivered).
+    pub queue_full: Vec<KernelId>,
+    /// Subscribed kernels that have terminated (not delivered).
+    pub not_found: Vec<KernelId>,
+}
+
+/// State shared by all backends' runtimes: kernel table, ids, host clock, broker,
+/// registry. Backends embed one in an `Arc` and build on it.
+pub struct RuntimeCore {
+    backend: BackendKind,
+    kernels: RwLock<HashMap<KernelId, Arc<dyn KernelEngine>>>,
+    names: RwLock<HashMap<String, KernelId>>,
+    next_kernel: AtomicU32,
+    next_message: AtomicU64,
+    hlc: HlcClock,
+    broker: Broker,
+    registry: KernelRegistry,
+    started: Instant,
+}
+
+impl std::fmt::Debug for RuntimeCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeCore")
+            .field("backend", &self.backend)
+            .field("kernels", &self.kernels.read().map(|k| k.len()).unwrap_or(0))
+            .finish()
+    }
+}
+
+impl RuntimeCore {
+    /// A core for `backend` resolving handler names through `registry`.
+    pub fn new(backend: BackendKind, registry: KernelRegistry) -> Arc<Self> {
+        Arc::new(RuntimeCore {
+            backend,
+            kernels: RwLock::new(HashMap::new()),
+            names: RwLock::new(HashMap::new()),
+            next_kernel: AtomicU32::new(1),
+            next_message: AtomicU64::new(1),
+            hlc: HlcClock::new(),
+            broker: Broker::new(),
+            registry,
+            started: Instant::now(),
+        })
+    }
+
+    /// The backend this core serves.
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+    /// The handler registry.
+    pub fn registry(&self) -> &KernelRegistry {
+        &self.registry
+    }
+    /// The host's clock.
+    pub fn hlc(&self) -> &HlcClock {
+        &self.hlc
+    }
+    /// The pub/sub broker.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+    /// A fresh message id (unique within this runtime).
+    pub fn next_message_id(&self) -> u64 {
+        self.next_message.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Reserves a kernel id for instance `name`. [`Error::InvalidArgument`] if a live
+    /// kernel already has that name.
+    pub fn reserve(&self, name: &str) -> Result<KernelId> {
+        let mut names = self.names.write().expect("names lock");
+        if names.contains_key(name) {
+            return Err(Error::invalid(format!("a kernel named {name:?} is already running")));
+        }
+        let id = KernelId(self.next_kernel.fetch_add(1, Ordering::Relaxed));
+        names.insert(name.to_string(), id);
+        Ok(id)
+    }
+
+    /// Releases a reservation whose launch failed.
+    pub fn release(&self, name: &str) {
+        self.names.write().expect("names lock").remove(name);
+    }
+
+    /// Makes a launched engine reachable (K2K, pub/sub, lookups).
+    pub fn insert(&self, engine: Arc<dyn KernelEngine>) {
+        self.kernels.write().expect("kernels lock").insert(engine.id(), engine);
+    }
+
+    /// Removes a terminated kernel from the tables and its subscriptions.
+    pub fn remove(&self, id: KernelId) {
+        let engine = self.kernels.write().expect("kernels lock").remove(&id);
+        if let Some(e) = engine {
+            let mut names = self.names.write().expect("names lock");
+            if names.get(e.name()) == Some(&id) {
+                names.remove(e.name());
+            }
+        }
+        self.broker.remove_kernel(id);
+    }
+
+    /// Looks a live kernel up by id or name.
+    pub fn lookup(&self, target: &KernelTarget) -> Option<Arc<dyn KernelEngine>> {
+        let id = match target {
+            KernelTarget::Id(id) => *id,
+            KernelTarget::Name(n) => *self.names.read().expect("names lock").get(n.as_str())?,
+        };
+        self.kernels.read().expect("kernels lock").get(&id).cloned()
+    }
+
+    /// Every live kernel, by id.
+    pub fn engines(&self) -> Vec<Arc<dyn KernelEngine>> {
+        let mut v: Vec<_> = self.kernels.read().expect("kernels lock").values().cloned().collect();
+        v.sort_by_key(|e| e.id());
+        v
+    }
+
+    /// Routes one message into a kernel's input queue (K2K, host-side routing between
+    /// GPU passes). Never blocks. `MessageTooLarge` is an error; a missing or
+    /// terminated kernel and a full queue are receipts.
+    pub fn deliver(&self, target: &KernelTarget, mut header: MessageHeader, payload: &[u8]) -> Result<K2kReceipt> {
+        let Some(engine) = self.lookup(target) else {
+            return Ok(K2kReceipt::NotFound);
+        };
+        check_payload_fits(payload.len(), engine.slot_size())?;
+        header.dest_kernel = engine.id().0;
+        match engine.try_enqueue(&header, payload) {
+            Ok(()) => Ok(K2kReceipt::Delivered),
+            Err(Error::QueueFull { .. }) => Ok(K2kReceipt::QueueFull),
+            Err(Error::KernelTerminated(_)) => Ok(K2kReceipt::NotFound),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Publishes one message to `topic`: a copy goes into the input queue of every
+    /// kernel subscribed with a matching filter.
+    pub fn publish_raw(&self, topic: &str, header: MessageHeader, payload: &[u8]) -> Result<PublishReport> {
+        validate_topic(topic)?;
+        let mut report = PublishReport::default();
+        for id in self.broker.subscribers(topic)? {
+            let mut h = header;
+            h.flags |= crate::message::flags::PUBSUB;
+            match self.deliver(&KernelTarget::Id(id), h, payload)? {
+                K2kReceipt::Delivered => report.delivered += 1,
+                K2kReceipt::QueueFull => report.queue_full.push(id),
+                K2kReceipt::NotFound => report.not_found.push(id),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Publishes a typed message from the host.
+    pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
+        let mut h = MessageHeader::new(M::TYPE_ID, std::mem::size_of::<M>());
+        h.message_id = self.next_message_id();
+        h.correlation_id = h.message_id;
+        h.timestamp = self.hlc.tick().0;
+        self.publish_raw(topic, h, bytemuck::bytes_of(msg))
+    }
+
+    /// Metrics of every live kernel.
+    pub fn metrics(&self) -> RuntimeMetrics {
+        let kernels = self.engines().iter().map(|e| e.metrics()).collect();
+        RuntimeMetrics::from_kernels(self.backend, self.started.elapsed(), kernels)
+    }
+
+    /// Wraps an engine in a user-facing handle.
+    pub fn handle(self: &Arc<Self>, engine: Arc<dyn KernelEngine>, opts: &LaunchOptions) -> KernelHandle {
+        KernelHandle {
+            inner: Arc::new(HandleInner {
+                engine,
+                core: self.clone(),
+                stash: Mutex::new(VecDeque::new()),
+                wait_when_full: opts.wait_when_full,
+            }),
+        }
+    }
+
+    /// Terminates every live kernel (used by `shutdown`).
+    pub async fn terminate_all(&self) -> Result<ShutdownReport> {
+        let mut report = ShutdownReport::default();
+        for e in self.engines() {
+            if matches!(e.state(), LifecycleState::Terminated | LifecycleState::Terminating) {
+                self.remove(e.id());
+                continue;
+            }
+            let r = e.terminate().await?;
+            self.remove(e.id());
+            report.kernels += 1;
+            report.drained += r.drained;
+            report.undelivered += r.undelivered.len();
+        }
+        Ok(report)
+    }
+}
+
+/// What `shutdown` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Kernels terminated.
+    pub kernels: usize,
+    /// Messages processed while draining.
+    pub drained: u64,
+    /// Messages that were queued on inactive kernels and not processed.
+    pub undelivered: usize,
+}
+
+/// A runtime on one backend: launches kernels and owns their shared state.
+pub trait RingKernelRuntime: Send + Sync {
+    /// The shared core.
+    fn core(&self) -> &Arc<RuntimeCore>;
+
+    /// Launches a kernel running the handler registered as `handler`.
+    /// [`Error::KernelNotFound`] if no handler of that name exists for this backend.
+    fn launch<'a>(&'a self, handler: &'a str, opts: LaunchOptions) -> BoxFuture<'a, Result<KernelHandle>>;
+
+    /// A one-line description of the device the runtime runs on.
+    fn device_info(&self) -> String;
+
+    /// Terminates every kernel (draining active ones) and releases the backend.
+    fn shutdown(&self) -> BoxFuture<'_, Result<ShutdownReport>> {
+        Box::pin(async move { self.core().terminate_all().await })
+    }
+
+    /// The backend.
+    fn backend(&self) -> BackendKind {
+        self.core().backend()
+    }
+
+    /// A handle to a live kernel, by id or instance name.
+    fn kernel(&self, target: &KernelTarget) -> Option<KernelHandle> {
+        let e = self.core().lookup(target)?;
+        Some(self.core().handle(e, &LaunchOptions::default()))
+    }
+
+    /// Subscribes a kernel to an MQTT-style topic filter.
+    fn subscribe(&self, kernel: KernelId, filter: &str) -> Result<SubscriptionId> {
+        if self.core().lookup(&KernelTarget::Id(kernel)).is_none() {
+            return Err(Error::KernelNotFound(format!("kernel {kernel}")));
+        }
+        self.core().broker().subscribe(filter, kernel)
+    }
+
+    /// Removes a subscription.
+    fn unsubscribe(&self, id: SubscriptionId) -> Result<()> {
+        self.core().broker().unsubscribe(id)
+    }
+
+    /// Publishes an already-built message to a topic.
+    fn publish_envelope(&self, topic: &str, env: &Envelope) -> Result<PublishReport> {
+        let mut h = env.header;
+        h.message_id = self.core().next_message_id();
+        h.correlation_id = h.message_id;
+        h.timestamp = self.core().hlc().tick().0;
+        self.core().publish_raw(topic, h, &env.payload)
+    }
+
+    /// Runtime-wide metrics snapshot.
+    fn metrics(&self) -> RuntimeMetrics {
+        self.core().metrics()
+    }
+}
+
+struct HandleInner {
+    engine: Arc<dyn KernelEngine>,
+    core: Arc<RuntimeCore>,
+    /// Replies taken out of the output queue while looking for another one (by `call`);
+    /// kept in arrival order for later receives.
+    stash: Mutex<VecDeque<Envelope>>,
+    wait_when_full: bool,
+}
+
+/// A user's handle to one kernel. Cheap to clone; every method is non-blocking or
+/// async (waiting never blocks an executor thread).
+#[derive(Clone)]
+pub struct KernelHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl std::fmt::Debug for KernelHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelHandle")
+            .field("id", &self.id())
+            .field("name", &self.name())
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// Resolves to `true` when the listener fires, `false` when the deadline passes first.
+struct Wait {
+    listener: EventListener,
+    delay: Option<futures_timer::Delay>,
+}
+
+impl Future for Wait {
+    type Output = bool;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        if Pin::new(&mut self.listener).poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        if let Some(d) = self.delay.as_mut() {
+            if Pin::new(d).poll(cx).is_ready() {
+                return Poll::Ready(false);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+async fn wait_for(listener: EventListener, deadline: Option<Instant>) -> bool {
+    let delay = match deadline {
+        None => None,
+        Some(d) => {
+            let now = Instant::now();
+            if now >= d {
+                return false;
+            }
+            Some(futures_timer::Delay::new(d - now))
+        }
+    };
+    Wait { listener, delay }.await
+}
+
+impl KernelHandle {
+    /// Kernel id.
+    pub fn id(&self) -> KernelId {
+        self.inner.engine.id()
+    }
+    /// Instance name.
+    pub fn name(&self) -> &str {
+        self.inner.engine.name()
+    }
+    /// Current lifecycle state.
+    pub fn state(&self) -> LifecycleState {
+        self.inner.engine.state()
+    }
+    /// Metrics snapshot of this kernel.
+    pub fn metrics(&self) -> KernelMetrics {
+        self.inner.engine.metrics()
+    }
+    /// The backend engine (for backend-specific extensions and tests).
+    pub fn engine(&self) -> &Arc<dyn KernelEngine> {
+        &self.inner.engine
+    }
+
+    /// `Launched|Deactivated → Active`.
+    pub async fn activate(&self) -> Result<()> {
+        self.inner.engine.activate()
+    }
+    /// `Active → Deactivated`. Queued messages are kept and processed after `activate`.
+    pub async fn deactivate(&self) -> Result<()> {
+        self.inner.engine.deactivate()
+    }
+    /// Terminates the kernel: an active kernel drains its input queue first; messages
+    /// queued on an inactive kernel come back in the report. Replies already produced
+    /// can still be received afterwards.
+    pub async fn terminate(&self) -> Result<TerminateReport> {
+        let r = self.inner.engine.terminate().await?;
+        self.inner.core.remove(self.id());
+        Ok(r)
+    }
+
+    fn stamp(&self, type_id: u32, len: usize) -> MessageHeader {
+        let mut h = MessageHeader::new(type_id, len);
+        h.message_id = self.inner.core.next_message_id();
+        h.correlation_id = h.message_id;
+        h.source_kernel = KernelId::HOST.0;
+        h.dest_kernel = self.id().0;
+        h.timestamp = self.inner.core.hlc().tick().0;
+        h
+    }
+
+    /// Sends without waiting: [`Error::QueueFull`] when the input queue is full.
+    /// Returns the message id (also its correlation id).
+    pub fn try_send<M: RingMessage>(&self, msg: &M) -> Result<u64> {
+        let h = self.stamp(M::TYPE_ID, std::mem::size_of::<M>());
+        self.inner.engine.try_enqueue(&h, bytemuck::bytes_of(msg))?;
+        Ok(h.message_id)
+    }
+
+    /// Sends a message. When the input queue is full it waits for space (without
+    /// blocking the thread) or, with `LaunchOptions::wait_when_full(false)`, returns
+    /// [`Error::QueueFull`]. Returns the message id (also its correlation id).
+    pub async fn send<M: RingMessage>(&self, msg: M) -> Result<u64> {
+        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), None).await
+    }
+
+    /// Sends raw payload bytes with a type id.
+    pub async fn send_envelope(&self, env: &Envelope) -> Result<u64> {
+        self.send_bytes(env.header.type_id, &env.payload, None).await
+    }
+
+    async fn send_bytes(&self, type_id: u32, payload: &[u8], deadline: Option<Instant>) -> Result<u64> {
+        let h = self.stamp(type_id, payload.len());
+        loop {
+            match self.inner.engine.try_enqueue(&h, payload) {
+                Ok(()) => return Ok(h.message_id),
+                Err(Error::QueueFull { capacity }) if self.inner.wait_when_full => {
+                    let listener = self.inner.engine.events().input_space.listen();
+                    match self.inner.engine.try_enqueue(&h, payload) {
+                        Ok(()) => return Ok(h.message_id),
+                        Err(Error::QueueFull { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    if !wait_for(listener, deadline).await {
+                        return Err(match deadline {
+                            Some(_) => Error::Timeout(Duration::ZERO),
+                            None => Error::QueueFull { capacity },
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Takes the first message (stash first, then the queue) that `pred` accepts,
+    /// stashing the others. `Ok(None)` when none is there now.
+    fn take_matching(&self, pred: &dyn Fn(&Envelope) -> bool) -> Result<Option<Envelope>> {
+        let mut stash = self.inner.stash.lock().expect("stash lock");
+        if let Some(pos) = stash.iter().position(pred) {
+            return Ok(stash.remove(pos));
+        }
+        let mut stashed = false;
+        let found = loop {
+            match self.inner.engine.try_dequeue()? {
+                Some(env) if pred(&env) => break Some(env),
+                Some(env) => {
+                    stash.push_back(env);
+                    stashed = true;
+                }
+                None => break None,
+            }
+        };
+        drop(stash);
+        if stashed {
+            // Another caller may be waiting for what was just stashed.
+            self.inner.engine.events().output.notify(usize::MAX);
+        }
+        if let Some(env) = &found {
+            if let Err(e) = self.inner.core.hlc().update(HlcTimestamp(env.header.timestamp)) {
+                tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
+            }
+        }
+        Ok(found)
+    }
+
+    async fn receive_where(&self, pred: &dyn Fn(&Envelope) -> bool, deadline: Option<Instant>, timeout: Duration) -> Result<Envelope> {
+        loop {
+            if let Some(env) = self.take_matching(pred)? {
+                return Ok(env);
+            }
+            let listener = self.inner.engine.events().output.listen();
+            let terminated = self.state() == LifecycleState::Terminated;
+            if let Some(env) = self.take_matching(pred)? {
+                return Ok(env);
+            }
+            if terminated {
+                return Err(Error::KernelTerminated(self.name().to_string()));
+            }
+            if !wait_for(listener, deadline).await {
+                // One last look: the reply may have landed exactly at the deadline.
+                if let Some(env) = self.take_matching(pred)? {
+                    return Ok(env);
+                }
+                return Err(Error::Timeout(timeout));
+            }
+        }
+    }
+
+    /// Receives the next message from the output queue as an envelope, waiting up to
+    /// `timeout` (forever with `None`).
+    pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.receive_where(&|_| true, deadline, timeout.unwrap_or_default()).await
+    }
+
+    fn decode_or_keep<M: RingMessage>(&self, env: Envelope) -> Result<M> {
+        match env.decode::<M>() {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                // Not what the caller expected: keep it for a later receive.
+                self.inner.stash.lock().expect("stash lock").push_front(env);
+                Err(e)
+            }
+        }
+    }
+
+    /// Receives the next message, waiting as long as it takes. A message of another
+    /// type is [`Error::TypeMismatch`] and stays queued.
+    pub async fn receive<M: RingMessage>(&self) -> Result<M> {
+        let env = self.receive_envelope(None).await?;
+        self.decode_or_keep(env)
+    }
+
+    /// Receives the next message, waiting at most `timeout` ([`Error::Timeout`]).
+    pub async fn receive_timeout<M: RingMessage>(&self, timeout: Duration) -> Result<M> {
+        let env = self.receive_envelope(Some(timeout)).await?;
+        self.decode_or_keep(env)
+    }
+
+    /// Receives a message if one is waiting, without waiting.
+    pub fn try_receive<M: RingMessage>(&self) -> Result<Option<M>> {
+        match self.take_matching(&|_| true)? {
+            Some(env) => self.decode_or_keep(env).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Sends `req` and waits up to `timeout` for the reply with its correlation id.
+    /// Other messages arriving meanwhile are kept for later receives.
+    pub async fn call<Req: RingMessage, Resp: RingMessage>(&self, req: Req, timeout: Duration) -> Result<Resp> {
+        let deadline = Instant::now() + timeout;
+        let id = self
+            .send_bytes(Req::TYPE_ID, bytemuck::bytes_of(&req), Some(deadline))
+            .await
+            .map_err(|e| match e {
+                Error::Timeout(_) => Error::Timeout(timeout),
+                e => e,
+            })?;
+        let env = self
+            .receive_where(
+                &|e: &Envelope| e.header.correlation_id == id && e.header.flags & crate::message::flags::REPLY != 0,
+                Some(deadline),
+                timeout,
+            )
+            .await?;
+        self.decode_or_keep(env)
+    }
+}
+
+/// Typed publishing on any runtime (kept off [`RingKernelRuntime`] so that trait stays
+/// object-safe).
+pub trait RuntimeExt {
+    /// Publishes a typed message to `topic` from the host.
+    fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport>;
+}
+
+impl<T: RingKernelRuntime + ?Sized> RuntimeExt for T {
+    fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
+        self.core().publish(topic, msg)
+    }
+}

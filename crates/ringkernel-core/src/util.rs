@@ -1,0 +1,112 @@
+//! Small shared utilities: boxed futures, a runtime-agnostic sleep, a seeded RNG for
+//! tests and examples.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// A boxed, `Send` future (what object-safe async trait methods return).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Sleeps without blocking the executor thread. Works under any executor (tokio,
+/// smol, `pollster`): it is driven by a timer thread, not by a runtime's reactor.
+pub fn sleep(d: Duration) -> futures_timer::Delay {
+    futures_timer::Delay::new(d)
+}
+
+/// SplitMix64: a tiny, fast, seedable generator for test inputs and examples.
+/// Not cryptographic.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// A generator seeded from the clock and a counter (fresh inputs every run).
+    pub fn from_entropy() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        SplitMix64(t ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed))
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in `[lo, hi)` as f32.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.next_f64() as f32
+    }
+
+    /// `n` values uniform in `[lo, hi)`.
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+
+    /// Uniform integer in `[0, n)` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// Relative error `‖out − ref‖₂ / ‖ref‖₂` (absolute error when the reference is zero).
+/// Any NaN in `out` gives `f64::INFINITY`.
+pub fn rel_error(out: &[f32], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len(), "rel_error: length mismatch");
+    let mut num = 0.0f64;
+    let mut den = 0.0f64;
+    for (&o, &r) in out.iter().zip(reference) {
+        if !o.is_finite() && o.to_bits() != (r as f32).to_bits() {
+            return f64::INFINITY;
+        }
+        let d = o as f64 - r;
+        num += d * d;
+        den += r * r;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_deterministic_and_spread() {
+        let a: Vec<u64> = { let mut r = SplitMix64::new(1); (0..4).map(|_| r.next_u64()).collect() };
+        let b: Vec<u64> = { let mut r = SplitMix64::new(1); (0..4).map(|_| r.next_u64()).collect() };
+        assert_eq!(a, b);
+        let mut r = SplitMix64::new(2);
+        let v = r.vec(10_000, -1.0, 1.0);
+        assert!(v.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean: f32 = v.iter().sum::<f32>() / v.len() as f32;
+        assert!(mean.abs() < 0.05, "mean {mean}");
+    }
+
+    #[test]
+    fn rel_error_catches_nan_and_differences() {
+        assert_eq!(rel_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!(rel_error(&[f32::NAN, 2.0], &[1.0, 2.0]).is_infinite());
+        assert!((rel_error(&[1.1], &[1.0]) - 0.1).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,1 @@
+//! Tensors and devices (being written).
