@@ -1,107 +1,904 @@
 //! Rings of fixed-size message slots (64-byte header + payload), written in place.
 //!
 //! [`SlotProducer`]/[`SlotConsumer`] are an SPSC ring in the shared layout
-//! ([`QueueHeader`](super::QueueHeader) followed by `capacity * slot_size` bytes), which
-//! GPU backends also place in mapped or device memory. [`SlotSender`]/[`SlotReceiver`]
-//! are the multi-producer variant used for kernel input queues on the host, where the
-//! host, other kernels (K2K) and the pub/sub broker all write.
+//! ([`QueueHeader`] followed by `capacity * slot_size` bytes), which GPU backends also
+//! place in mapped or device memory. [`SlotSender`]/[`SlotReceiver`] are the
+//! multi-producer variant used for kernel input queues on the host, where the host,
+//! other kernels (K2K) and the pub/sub broker all write.
+//!
+//! ```
+//! use ringkernel_core::message::MessageHeader;
+//! use ringkernel_core::queue::slot::slot_channel;
+//!
+//! let (mut tx, mut rx) = slot_channel(4, 256).unwrap();
+//! tx.try_push(&MessageHeader::new(7, 3), b"abc").unwrap();
+//! let env = rx.try_pop().unwrap().unwrap();
+//! assert_eq!((env.header.type_id, env.payload.as_slice()), (7, &b"abc"[..]));
+//! assert!(rx.try_pop().unwrap().is_none());
+//! ```
+//!
+//! Both rings write straight into the slot (no intermediate buffer) and read either
+//! into an owned [`Envelope`] ([`SlotConsumer::try_pop`]) or in place
+//! ([`SlotConsumer::pop_with`]). A slot whose header is corrupt (bad magic or version,
+//! a `payload_len` larger than the slot, a checksum mismatch when flagged) is consumed
+//! and reported, so it can never wedge the queue.
 
-use super::QueueStats;
-use crate::error::Result;
-use crate::message::{Envelope, MessageHeader};
+use super::{check_capacity, QueueHeader, QueueStats};
+use crate::error::{Error, Result};
+use crate::message::{
+    check_payload_fits, flags, fnv1a32, max_payload, write_slot, Envelope, MessageHeader,
+    HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
+};
+use std::alloc::Layout;
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Smallest slot size in bytes (a header plus 64 payload bytes).
+pub const MIN_SLOT_SIZE: usize = 128;
+/// Largest slot size in bytes.
+pub const MAX_SLOT_SIZE: usize = 1 << 24;
+/// Alignment of the shared ring layout (header and slot region).
+pub const RING_ALIGN: usize = 64;
+
+/// Checks that `slot_size` is a power of two in `MIN_SLOT_SIZE..=MAX_SLOT_SIZE`.
+pub fn check_slot_size(slot_size: usize) -> Result<()> {
+    if !slot_size.is_power_of_two() || !(MIN_SLOT_SIZE..=MAX_SLOT_SIZE).contains(&slot_size) {
+        Err(Error::invalid(format!(
+            "slot size must be a power of two between {MIN_SLOT_SIZE} and {MAX_SLOT_SIZE} bytes, got {slot_size}"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+/// Size in bytes of the slot region of a ring (`capacity * slot_size`), after checking
+/// both values.
+pub fn slot_region_bytes(capacity: usize, slot_size: usize) -> Result<usize> {
+    check_capacity(capacity)?;
+    check_slot_size(slot_size)?;
+    capacity
+        .checked_mul(slot_size)
+        .filter(|&n| n <= isize::MAX as usize - std::mem::size_of::<QueueHeader>())
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "a ring of {capacity} slots of {slot_size} bytes does not fit in memory"
+            ))
+        })
+}
+
+/// Size in bytes of a whole ring in the shared layout: the 128-byte [`QueueHeader`]
+/// followed by `capacity * slot_size` bytes of slots.
+pub fn ring_bytes(capacity: usize, slot_size: usize) -> Result<usize> {
+    Ok(std::mem::size_of::<QueueHeader>() + slot_region_bytes(capacity, slot_size)?)
+}
+
+/// A fresh header (indices 0) for a ring of `capacity` slots of `slot_size` bytes.
+pub fn new_header(capacity: usize, slot_size: usize) -> Result<QueueHeader> {
+    slot_region_bytes(capacity, slot_size)?;
+    Ok(QueueHeader {
+        capacity: capacity as u32,
+        slot_size: slot_size as u32,
+        mask: (capacity - 1) as u32,
+        ..QueueHeader::default()
+    })
+}
 
 /// Creates an SPSC slot ring: `capacity` slots (power of two) of `slot_size` bytes
 /// (power of two, at least 128).
 pub fn slot_channel(capacity: usize, slot_size: usize) -> Result<(SlotProducer, SlotConsumer)> {
-    todo!("queue helper: implement")
+    let bytes = ring_bytes(capacity, slot_size)?;
+    let header = new_header(capacity, slot_size)?;
+    let mem = Arc::new(AlignedBuf::zeroed(bytes)?);
+    let base = mem.ptr.as_ptr();
+    // SAFETY: `base` points to `bytes` zeroed bytes aligned to 64, of which the first
+    // 128 are the header (QueueHeader is 128 bytes, align 64) and nothing else refers to
+    // the allocation yet.
+    unsafe { base.cast::<QueueHeader>().write(header) };
+    let hdr = mem.ptr.cast::<QueueHeader>();
+    // SAFETY: the header sits at offset 0 of `mem` (size 128), so slots start in bounds.
+    let slots = unsafe { NonNull::new_unchecked(base.add(std::mem::size_of::<QueueHeader>())) };
+    let full = Arc::new(AtomicU64::new(0));
+    let keep: Arc<dyn Any + Send + Sync> = mem;
+    // SAFETY: the region is valid for the lifetime of `keep`, which both halves hold;
+    // the header was initialised above; exactly one producer and one consumer are made.
+    let ring_p = unsafe { RawRing::new(hdr, slots, Some(keep.clone()), full.clone())? };
+    // SAFETY: as above.
+    let ring_c = unsafe { RawRing::new(hdr, slots, Some(keep), full)? };
+    Ok((
+        SlotProducer::from_ring(ring_p),
+        SlotConsumer::from_ring(ring_c),
+    ))
 }
 
 /// Creates an MPSC slot ring.
 pub fn mpsc_slot_channel(capacity: usize, slot_size: usize) -> Result<(SlotSender, SlotReceiver)> {
-    todo!("queue helper: implement")
+    let bytes = slot_region_bytes(capacity, slot_size)?;
+    let shared = Arc::new(MpscShared {
+        tail: Padded(AtomicU64::new(0)),
+        head: Padded(AtomicU64::new(0)),
+        full_rejections: Padded(AtomicU64::new(0)),
+        seq: (0..capacity as u64)
+            .map(|i| AtomicU64::new(seq_free(i)))
+            .collect(),
+        data: AlignedBuf::zeroed(bytes)?,
+        capacity,
+        slot_size,
+        mask: capacity as u64 - 1,
+    });
+    Ok((
+        SlotSender {
+            shared: shared.clone(),
+        },
+        SlotReceiver { shared, head: 0 },
+    ))
+}
+
+/// A heap allocation of zeroed bytes aligned to [`RING_ALIGN`].
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf is just an owned block of bytes; every access to its contents goes
+// through the ring types, which synchronise with atomics.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above; `&AlignedBuf` gives no access to the bytes by itself.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn zeroed(bytes: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(bytes.max(1), RING_ALIGN)
+            .map_err(|e| Error::invalid(format!("ring of {bytes} bytes: {e}")))?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::Device(format!("out of memory allocating a ring of {bytes} bytes"))
+        })?;
+        Ok(AlignedBuf { ptr, layout })
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with this very layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Aligns its contents to 128 bytes (one index per cache-line pair).
+#[repr(C, align(128))]
+struct Padded<T>(T);
+
+/// Validates the slot at `bytes` and returns its header. `index` is only for messages.
+fn check_slot(bytes: &[u8], index: u64) -> Result<MessageHeader> {
+    let header: MessageHeader = bytemuck::pod_read_unaligned(&bytes[..HEADER_SIZE]);
+    if header.magic != MESSAGE_MAGIC || header.version != MESSAGE_VERSION {
+        return Err(Error::Device(format!(
+            "corrupt message slot at index {index}: magic {:#010x} version {} (expected {:#010x} version {})",
+            header.magic, header.version, MESSAGE_MAGIC, MESSAGE_VERSION
+        )));
+    }
+    let len = header.payload_len as usize;
+    let max = max_payload(bytes.len());
+    if len > max {
+        return Err(Error::Device(format!(
+            "corrupt message slot at index {index}: payload_len {len} exceeds the slot's maximum payload of {max} bytes"
+        )));
+    }
+    if header.flags & flags::CHECKSUM != 0 {
+        let sum = fnv1a32(&bytes[HEADER_SIZE..HEADER_SIZE + len]);
+        if sum != header.checksum {
+            return Err(Error::Device(format!(
+                "checksum mismatch on message {} (type {}) at slot index {index}",
+                header.message_id, header.type_id
+            )));
+        }
+    }
+    Ok(header)
+}
+
+/// Writes `header` + `payload` into `slot`, stamping magic and version.
+#[inline]
+fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
+    let mut h = *header;
+    h.magic = MESSAGE_MAGIC;
+    h.version = MESSAGE_VERSION;
+    write_slot(slot, &h, payload)
+}
+
+/// The host's view of one ring in the shared layout.
+struct RawRing {
+    header: NonNull<QueueHeader>,
+    slots: NonNull<u8>,
+    capacity: usize,
+    slot_size: usize,
+    mask: u64,
+    full_rejections: Arc<AtomicU64>,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: the ring memory is only touched through atomics (indices) and through slots
+// that the index protocol hands to exactly one side at a time; `new`'s caller promised
+// that the memory stays valid while `_keep` (or the caller's own guarantee) lives.
+unsafe impl Send for RawRing {}
+// SAFETY: through `&RawRing` (and so `&SlotProducer`/`&SlotConsumer`) only atomic loads of
+// the header indices and reads of fields fixed at construction are possible; every slot
+// access needs `&mut` of the owning half.
+unsafe impl Sync for RawRing {}
+
+impl RawRing {
+    /// # Safety
+    /// See [`SlotProducer::from_raw_parts`].
+    unsafe fn new(
+        header: NonNull<QueueHeader>,
+        slots: NonNull<u8>,
+        keep: Option<Arc<dyn Any + Send + Sync>>,
+        full_rejections: Arc<AtomicU64>,
+    ) -> Result<Self> {
+        if !(header.as_ptr() as usize).is_multiple_of(std::mem::align_of::<QueueHeader>()) {
+            return Err(Error::invalid("queue header is not 64-byte aligned"));
+        }
+        if !(slots.as_ptr() as usize).is_multiple_of(8) {
+            return Err(Error::invalid("slot region is not 8-byte aligned"));
+        }
+        let h = header.as_ptr();
+        // SAFETY: the caller guarantees `header` is valid for reads; these fields are
+        // constants that no side writes while the ring is in use.
+        let (capacity, slot_size, mask) = unsafe {
+            (
+                std::ptr::addr_of!((*h).capacity).read(),
+                std::ptr::addr_of!((*h).slot_size).read(),
+                std::ptr::addr_of!((*h).mask).read(),
+            )
+        };
+        let (capacity, slot_size) = (capacity as usize, slot_size as usize);
+        slot_region_bytes(capacity, slot_size)?;
+        if mask as usize != capacity - 1 {
+            return Err(Error::invalid(format!(
+                "queue header mask {mask} does not match capacity {capacity}"
+            )));
+        }
+        Ok(RawRing {
+            header,
+            slots,
+            capacity,
+            slot_size,
+            mask: mask as u64,
+            full_rejections,
+            _keep: keep,
+        })
+    }
+
+    #[inline(always)]
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: the header is valid and 64-aligned (checked in `new`), so `tail` is an
+        // aligned u64 that every party accesses atomically only (caller's guarantee).
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header.as_ptr()).tail)) }
+    }
+
+    #[inline(always)]
+    fn head(&self) -> &AtomicU64 {
+        // SAFETY: as for `tail`.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.header.as_ptr()).head)) }
+    }
+
+    #[inline(always)]
+    fn slot_ptr(&self, index: u64) -> *mut u8 {
+        let i = (index & self.mask) as usize;
+        // SAFETY: `i < capacity` and the region holds `capacity * slot_size` bytes.
+        unsafe { self.slots.as_ptr().add(i * self.slot_size) }
+    }
+
+    fn stats(&self) -> QueueStats {
+        let dequeued = self.head().load(Ordering::Acquire);
+        let enqueued = self.tail().load(Ordering::Acquire);
+        QueueStats {
+            enqueued,
+            dequeued,
+            full_rejections: self.full_rejections.load(Ordering::Relaxed),
+            depth: enqueued.saturating_sub(dequeued).min(self.capacity as u64) as usize,
+            capacity: self.capacity,
+        }
+    }
 }
 
 /// Producing half of an SPSC slot ring.
-pub struct SlotProducer {}
+pub struct SlotProducer {
+    ring: RawRing,
+    /// Local copy of the tail (only this side writes it).
+    tail: u64,
+    /// Last head seen; refreshed only when the ring looks full.
+    cached_head: u64,
+}
+
 /// Consuming half of an SPSC slot ring.
-pub struct SlotConsumer {}
+pub struct SlotConsumer {
+    ring: RawRing,
+    /// Local copy of the head (only this side writes it).
+    head: u64,
+    /// Last tail seen; refreshed only when the ring looks empty.
+    cached_tail: u64,
+}
+
 /// A producing handle of an MPSC slot ring (`Clone`).
 #[derive(Clone)]
-pub struct SlotSender {}
+pub struct SlotSender {
+    shared: Arc<MpscShared>,
+}
+
 /// The consuming handle of an MPSC slot ring.
-pub struct SlotReceiver {}
+pub struct SlotReceiver {
+    shared: Arc<MpscShared>,
+    head: u64,
+}
+
+impl std::fmt::Debug for SlotProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotProducer")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+impl std::fmt::Debug for SlotConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotConsumer")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+impl std::fmt::Debug for SlotSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotSender")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+impl std::fmt::Debug for SlotReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotReceiver")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
 
 impl SlotProducer {
+    fn from_ring(ring: RawRing) -> Self {
+        let tail = ring.tail().load(Ordering::Relaxed);
+        let cached_head = ring.head().load(Ordering::Acquire);
+        SlotProducer {
+            ring,
+            tail,
+            cached_head,
+        }
+    }
+
+    /// A producer over a ring whose memory is owned elsewhere (for example a queue a GPU
+    /// backend placed in host-mapped memory, whose consumer is a device kernel).
+    /// Capacity and slot size are read from the header, which must already be
+    /// initialised (see [`new_header`]); `InvalidArgument` if its values are not valid
+    /// or a pointer is misaligned. `keep_alive`, if given, is held as long as the
+    /// producer lives (e.g. the mapping that owns the memory).
+    ///
+    /// # Safety
+    ///
+    /// The caller guarantees, for as long as the returned producer lives:
+    /// * `header` points to a [`QueueHeader`] and `slots` to `capacity * slot_size`
+    ///   bytes (the values in that header), both valid for reads and writes from this
+    ///   thread and not freed or unmapped (`keep_alive` may be what ensures this);
+    /// * `header.capacity`, `slot_size` and `mask` are not modified;
+    /// * `tail` is written by no one but this producer, and `tail`/`head` are only
+    ///   accessed atomically (naturally aligned 64-bit loads and stores) by every party;
+    /// * the single consumer follows the protocol: it only reads slots in
+    ///   `[head, tail)`, reads `tail` with acquire semantics and publishes `head` with
+    ///   release semantics after it has finished reading a slot;
+    /// * no other producer exists for this ring.
+    pub unsafe fn from_raw_parts(
+        header: NonNull<QueueHeader>,
+        slots: NonNull<u8>,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        // SAFETY: forwarded from this function's contract.
+        let ring = unsafe { RawRing::new(header, slots, keep_alive, Arc::new(AtomicU64::new(0)))? };
+        Ok(Self::from_ring(ring))
+    }
+
     /// Writes `header` and `payload` into the next slot. `MessageTooLarge` if the payload
     /// does not fit a slot, `QueueFull` if no slot is free; in both cases nothing changes.
+    ///
+    /// The queue stamps `magic` and `version`; `payload_len` and (when
+    /// [`flags::CHECKSUM`] is set) `checksum` are filled in from `payload`.
+    #[inline]
     pub fn try_push(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        todo!()
+        check_payload_fits(payload.len(), self.ring.slot_size)?;
+        let cap = self.ring.capacity as u64;
+        if self.tail.wrapping_sub(self.cached_head) >= cap {
+            self.cached_head = self.ring.head().load(Ordering::Acquire);
+            if self.tail.wrapping_sub(self.cached_head) >= cap {
+                self.ring.full_rejections.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::QueueFull {
+                    capacity: self.ring.capacity,
+                });
+            }
+        }
+        // SAFETY: slot `tail` lies in [head + 0, head + capacity), so the consumer has
+        // released it (acquire load of head above or earlier) and will not read it until
+        // we publish tail + 1; the pointer covers `slot_size` bytes of the region.
+        let slot = unsafe {
+            std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.tail), self.ring.slot_size)
+        };
+        fill_slot(slot, header, payload)?;
+        self.tail = self.tail.wrapping_add(1);
+        self.ring.tail().store(self.tail, Ordering::Release);
+        Ok(())
     }
+
+    /// Free slots (a lower bound: the consumer may free more meanwhile).
+    pub fn free(&self) -> usize {
+        let head = self.ring.head().load(Ordering::Acquire);
+        self.ring
+            .capacity
+            .saturating_sub(self.tail.wrapping_sub(head) as usize)
+    }
+
+    /// Capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity
+    }
+
     /// Slot size in bytes.
     pub fn slot_size(&self) -> usize {
-        todo!()
+        self.ring.slot_size
     }
+
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        todo!()
+        self.ring.stats()
     }
 }
 
 impl SlotConsumer {
+    fn from_ring(ring: RawRing) -> Self {
+        let head = ring.head().load(Ordering::Relaxed);
+        let cached_tail = ring.tail().load(Ordering::Acquire);
+        SlotConsumer {
+            ring,
+            head,
+            cached_tail,
+        }
+    }
+
+    /// A consumer over a ring whose memory is owned elsewhere (for example an output
+    /// queue a device kernel produces into). Capacity and slot size are read from the
+    /// header; `InvalidArgument` if they are not valid or a pointer is misaligned.
+    ///
+    /// # Safety
+    ///
+    /// As for [`SlotProducer::from_raw_parts`], with the roles swapped: `head` is
+    /// written by no one but this consumer; the single producer only writes slots in
+    /// `[tail, head + capacity)`, finishes writing a slot before it publishes `tail`
+    /// with release semantics, and reads `head` with acquire semantics.
+    pub unsafe fn from_raw_parts(
+        header: NonNull<QueueHeader>,
+        slots: NonNull<u8>,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        // SAFETY: forwarded from this function's contract.
+        let ring = unsafe { RawRing::new(header, slots, keep_alive, Arc::new(AtomicU64::new(0)))? };
+        Ok(Self::from_ring(ring))
+    }
+
+    /// The slot at `head` if one is ready.
+    #[inline]
+    fn front(&mut self) -> Option<&[u8]> {
+        if self.head == self.cached_tail {
+            self.cached_tail = self.ring.tail().load(Ordering::Acquire);
+            if self.head == self.cached_tail {
+                return None;
+            }
+        }
+        // SAFETY: head < tail (acquire-loaded), so the producer has finished writing
+        // this slot and will not touch it until we publish head + 1.
+        Some(unsafe {
+            std::slice::from_raw_parts(self.ring.slot_ptr(self.head), self.ring.slot_size)
+        })
+    }
+
+    #[inline]
+    fn advance(&mut self) {
+        self.head = self.head.wrapping_add(1);
+        self.ring.head().store(self.head, Ordering::Release);
+    }
+
     /// Takes the oldest message out, if any. A slot whose header is corrupt is consumed
     /// and reported as an error (so one bad slot cannot wedge the queue).
     pub fn try_pop(&mut self) -> Result<Option<Envelope>> {
-        todo!()
+        let index = self.head;
+        let Some(bytes) = self.front() else {
+            return Ok(None);
+        };
+        let res = check_slot(bytes, index).map(|header| Envelope {
+            header,
+            payload: bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize].to_vec(),
+        });
+        self.advance();
+        res.map(Some)
     }
+
+    /// As [`pop_with`](Self::pop_with), but a corrupt slot is consumed and returned as
+    /// an error (without calling `f`).
+    #[inline]
+    pub fn try_pop_with<R>(
+        &mut self,
+        f: impl FnOnce(&MessageHeader, &[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let index = self.head;
+        let Some(bytes) = self.front() else {
+            return Ok(None);
+        };
+        let res = check_slot(bytes, index).map(|h| {
+            // SAFETY: slots start 8-aligned (checked at construction; slot_size is a
+            // multiple of 64) and hold at least HEADER_SIZE bytes, and MessageHeader is
+            // Pod with align 8; the slot stays ours until `advance`.
+            let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+            f(
+                header,
+                &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+            )
+        });
+        self.advance();
+        res.map(Some)
+    }
+
     /// Calls `f` on the oldest slot's header and payload in place (no copy), then frees
-    /// the slot. Returns `None` when empty.
+    /// the slot. Returns `None` when empty. Corrupt slots are consumed, logged with
+    /// `tracing::warn!` and skipped; use [`try_pop_with`](Self::try_pop_with) to see
+    /// them.
     pub fn pop_with<R>(&mut self, f: impl FnOnce(&MessageHeader, &[u8]) -> R) -> Option<R> {
-        todo!()
+        let mut f = Some(f);
+        loop {
+            let index = self.head;
+            let bytes = self.front()?;
+            match check_slot(bytes, index) {
+                Ok(h) => {
+                    // SAFETY: as in `try_pop_with`.
+                    let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+                    let f = f.take()?;
+                    let r = f(
+                        header,
+                        &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+                    );
+                    self.advance();
+                    return Some(r);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dropping corrupt message slot");
+                    self.advance();
+                }
+            }
+        }
     }
+
     /// Messages waiting.
     pub fn len(&self) -> usize {
-        todo!()
+        let tail = self.ring.tail().load(Ordering::Acquire);
+        (tail.wrapping_sub(self.head) as usize).min(self.ring.capacity)
     }
+
     /// Whether no message is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity
+    }
+
+    /// Slot size in bytes.
+    pub fn slot_size(&self) -> usize {
+        self.ring.slot_size
+    }
+
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        todo!()
+        self.ring.stats()
+    }
+}
+
+/// State of an MPSC slot ring (Vyukov's bounded queue: one sequence number per slot).
+///
+/// Slot `i` is free for position `pos` when `seq[i] == 2 pos`, holds the message of
+/// position `pos` when `seq[i] == 2 pos + 1`, and is handed back to producers for the
+/// next lap by setting `seq[i] = 2 (pos + capacity)`. Doubling keeps the three states
+/// distinct even for a capacity of 1 (see [`mpsc`](super::mpsc)).
+struct MpscShared {
+    /// Next position to claim (producers CAS it).
+    tail: Padded<AtomicU64>,
+    /// Positions consumed (written by the receiver only; read for stats).
+    head: Padded<AtomicU64>,
+    full_rejections: Padded<AtomicU64>,
+    seq: Box<[AtomicU64]>,
+    data: AlignedBuf,
+    capacity: usize,
+    slot_size: usize,
+    mask: u64,
+}
+
+/// Sequence of a slot that is free for position `pos`.
+#[inline(always)]
+fn seq_free(pos: u64) -> u64 {
+    pos.wrapping_mul(2)
+}
+
+/// Sequence of a slot that holds the message of position `pos`.
+#[inline(always)]
+fn seq_written(pos: u64) -> u64 {
+    pos.wrapping_mul(2).wrapping_add(1)
+}
+
+impl MpscShared {
+    #[inline(always)]
+    fn slot_ptr(&self, pos: u64) -> *mut u8 {
+        let i = (pos & self.mask) as usize;
+        // SAFETY: `i < capacity` and `data` holds `capacity * slot_size` bytes.
+        unsafe { self.data.ptr.as_ptr().add(i * self.slot_size) }
+    }
+
+    fn stats(&self) -> QueueStats {
+        let dequeued = self.head.0.load(Ordering::Acquire);
+        let enqueued = self.tail.0.load(Ordering::Acquire);
+        QueueStats {
+            enqueued,
+            dequeued,
+            full_rejections: self.full_rejections.0.load(Ordering::Relaxed),
+            depth: enqueued.saturating_sub(dequeued).min(self.capacity as u64) as usize,
+            capacity: self.capacity,
+        }
     }
 }
 
 impl SlotSender {
     /// As [`SlotProducer::try_push`], callable from any number of threads.
     pub fn try_push(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        todo!()
+        let s = &*self.shared;
+        check_payload_fits(payload.len(), s.slot_size)?;
+        let mut pos = s.tail.0.load(Ordering::Relaxed);
+        loop {
+            let seq = s.seq[(pos & s.mask) as usize].load(Ordering::Acquire);
+            let diff = seq.wrapping_sub(seq_free(pos)) as i64;
+            if diff == 0 {
+                match s.tail.0.compare_exchange_weak(
+                    pos,
+                    pos.wrapping_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(now) => pos = now,
+                }
+            } else if diff < 0 {
+                // The slot still holds the message of the previous lap: full.
+                s.full_rejections.0.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::QueueFull {
+                    capacity: s.capacity,
+                });
+            } else {
+                // Another producer claimed `pos` already; catch up.
+                pos = s.tail.0.load(Ordering::Relaxed);
+            }
+        }
+        // SAFETY: the CAS made us the only owner of position `pos`; its slot was
+        // released by the consumer (seq == 2 pos, acquire) and nobody reads it until we
+        // publish seq = 2 pos + 1. The slot spans `slot_size` bytes of `data`.
+        let slot = unsafe { std::slice::from_raw_parts_mut(s.slot_ptr(pos), s.slot_size) };
+        // Cannot fail: the size was checked above. Publish the slot either way so a
+        // claimed position never blocks the ring; if it had failed, the cleared magic
+        // makes the consumer report the slot instead of re-reading an old message.
+        let res = fill_slot(slot, header, payload);
+        if res.is_err() {
+            slot[..4].fill(0);
+        }
+        s.seq[(pos & s.mask) as usize].store(seq_written(pos), Ordering::Release);
+        res
     }
+
     /// Slot size in bytes.
     pub fn slot_size(&self) -> usize {
-        todo!()
+        self.shared.slot_size
     }
+
+    /// Capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        todo!()
+        self.shared.stats()
     }
 }
 
 impl SlotReceiver {
-    /// As [`SlotConsumer::try_pop`].
+    /// The slot at `head` if its message is complete.
+    #[inline]
+    fn front(&self) -> Option<&[u8]> {
+        let s = &*self.shared;
+        let seq = s.seq[(self.head & s.mask) as usize].load(Ordering::Acquire);
+        if seq != seq_written(self.head) {
+            return None;
+        }
+        // SAFETY: seq == 2 head + 1 (acquire) means the producer of position `head` has
+        // finished writing the slot; no producer touches it until we set the next lap's
+        // sequence in `advance`.
+        Some(unsafe { std::slice::from_raw_parts(s.slot_ptr(self.head), s.slot_size) })
+    }
+
+    #[inline]
+    fn advance(&mut self) {
+        let s = &*self.shared;
+        let pos = self.head;
+        s.seq[(pos & s.mask) as usize].store(
+            seq_free(pos.wrapping_add(s.capacity as u64)),
+            Ordering::Release,
+        );
+        self.head = pos.wrapping_add(1);
+        s.head.0.store(self.head, Ordering::Release);
+    }
+
+    /// As [`SlotConsumer::try_pop`]. A message whose producer has claimed its slot but
+    /// not finished writing it is not visible yet (`Ok(None)`), and it holds back later
+    /// ones so that each producer's order is kept.
     pub fn try_pop(&mut self) -> Result<Option<Envelope>> {
-        todo!()
+        let index = self.head;
+        let Some(bytes) = self.front() else {
+            return Ok(None);
+        };
+        let res = check_slot(bytes, index).map(|header| Envelope {
+            header,
+            payload: bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize].to_vec(),
+        });
+        self.advance();
+        res.map(Some)
     }
-    /// Messages waiting.
+
+    /// As [`SlotConsumer::try_pop_with`].
+    pub fn try_pop_with<R>(
+        &mut self,
+        f: impl FnOnce(&MessageHeader, &[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let index = self.head;
+        let Some(bytes) = self.front() else {
+            return Ok(None);
+        };
+        let res = check_slot(bytes, index).map(|h| {
+            // SAFETY: slots are 64-aligned (`data` is, slot_size is a multiple of 64),
+            // hold at least HEADER_SIZE bytes, MessageHeader is Pod with align 8, and the
+            // slot stays ours until `advance`.
+            let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+            f(
+                header,
+                &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+            )
+        });
+        self.advance();
+        res.map(Some)
+    }
+
+    /// As [`SlotConsumer::pop_with`]: in place, corrupt slots logged and skipped.
+    pub fn pop_with<R>(&mut self, f: impl FnOnce(&MessageHeader, &[u8]) -> R) -> Option<R> {
+        let mut f = Some(f);
+        loop {
+            match self.try_pop_with(|h, p| f.take().map(|f| f(h, p))) {
+                Ok(Some(r)) => return r,
+                Ok(None) => return None,
+                Err(e) => tracing::warn!(error = %e, "dropping corrupt message slot"),
+            }
+        }
+    }
+
+    /// Messages waiting (including ones whose producers are still writing them).
     pub fn len(&self) -> usize {
-        todo!()
+        let tail = self.shared.tail.0.load(Ordering::Acquire);
+        (tail.wrapping_sub(self.head) as usize).min(self.shared.capacity)
     }
+
     /// Whether no message is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// Slot size in bytes.
+    pub fn slot_size(&self) -> usize {
+        self.shared.slot_size
+    }
+
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        todo!()
+        self.shared.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdr(id: u64) -> MessageHeader {
+        let mut h = MessageHeader::new(9, 0);
+        h.message_id = id;
+        h
+    }
+
+    #[test]
+    fn spsc_fills_and_drains_in_order() {
+        let (mut tx, mut rx) = slot_channel(4, 128).unwrap();
+        for i in 0..4u64 {
+            tx.try_push(&hdr(i), &i.to_le_bytes()).unwrap();
+        }
+        assert_eq!(
+            tx.try_push(&hdr(9), b"x"),
+            Err(Error::QueueFull { capacity: 4 })
+        );
+        assert_eq!(rx.len(), 4);
+        let s = rx.stats();
+        assert_eq!(
+            (s.enqueued, s.dequeued, s.full_rejections, s.depth),
+            (4, 0, 1, 4)
+        );
+        for i in 0..4u64 {
+            let e = rx.try_pop().unwrap().unwrap();
+            assert_eq!(e.header.message_id, i);
+            assert_eq!(e.payload, i.to_le_bytes());
+        }
+        assert!(rx.try_pop().unwrap().is_none());
+        assert_eq!(tx.free(), 4);
+    }
+
+    #[test]
+    fn too_large_changes_nothing() {
+        let (mut tx, rx) = slot_channel(2, 128).unwrap();
+        let big = [0u8; 65];
+        assert_eq!(
+            tx.try_push(&hdr(1), &big),
+            Err(Error::MessageTooLarge { size: 65, max: 64 })
+        );
+        assert_eq!(rx.stats().enqueued, 0);
+        let (tx, rx) = mpsc_slot_channel(2, 128).unwrap();
+        assert_eq!(
+            tx.try_push(&hdr(1), &big),
+            Err(Error::MessageTooLarge { size: 65, max: 64 })
+        );
+        assert_eq!(rx.stats().enqueued, 0);
+        assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn bad_sizes_are_rejected() {
+        assert!(matches!(
+            slot_channel(3, 256),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            slot_channel(4, 100),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            slot_channel(4, 64),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            mpsc_slot_channel(0, 256),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            mpsc_slot_channel(8, 96),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 }
