@@ -1,0 +1,958 @@
+//! Behavioural tests every backend's runtime must pass, written once against
+//! [`RingKernelRuntime`] so the CPU, WebGPU, Metal and CUDA backends run the *same*
+//! checks.
+//!
+//! Each test is an `async fn(&dyn RingKernelRuntime) -> Result<()>` that launches the
+//! [built-in kernels](crate::builtin) (`rk.echo`, `rk.stage`, `rk.counter`; the runtime
+//! must provide them), drives them through the public API only, terminates what it
+//! launched, and returns an [`Error::Device`] naming the test and what went wrong on
+//! failure. They are executor-agnostic (no task spawning; waiting uses the runtime's
+//! own async API), so any executor can drive them.
+//!
+//! A backend's test file runs each of them on its own runtime, one test function per
+//! check so failures are named:
+//!
+//! ```ignore
+//! #[tokio::test(flavor = "multi_thread")]
+//! async fn lifecycle() {
+//!     let rt = MyRuntime::new(KernelRegistry::new()).await.unwrap();
+//!     ringkernel_core::conformance::lifecycle(&rt).await.unwrap();
+//! }
+//! ```
+//!
+//! or all of them at once with [`run_all`].
+
+use crate::builtin::{Token, COUNTER, ECHO, STAGE};
+use crate::error::{Error, Result};
+use crate::hlc::HlcTimestamp;
+use crate::lifecycle::LifecycleState;
+use crate::message::{Envelope, RingMessage, HEADER_SIZE};
+use crate::options::LaunchOptions;
+use crate::runtime::{KernelHandle, KernelId, RingKernelRuntime, RuntimeExt};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+/// How long a test waits for a message that must arrive (generous: software GPU
+/// adapters and loaded CI machines are slow; a passing run never waits this long).
+pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How many messages the volume tests push through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale {
+    /// Messages in [`echo_many`].
+    pub echo_messages: usize,
+    /// Tokens through the 3-stage pipeline in [`k2k_pipeline`].
+    pub pipeline_messages: usize,
+    /// Concurrent callers in [`call_correlation`].
+    pub callers: usize,
+    /// Calls per caller in [`call_correlation`].
+    pub calls_per_caller: usize,
+}
+
+impl Scale {
+    /// The full CPU run: one million echoed messages.
+    pub const fn full() -> Self {
+        Scale {
+            echo_messages: 1_000_000,
+            pipeline_messages: 100_000,
+            callers: 8,
+            calls_per_caller: 500,
+        }
+    }
+    /// A quick run (debug builds, slow adapters).
+    pub const fn quick() -> Self {
+        Scale {
+            echo_messages: 20_000,
+            pipeline_messages: 5_000,
+            callers: 4,
+            calls_per_caller: 100,
+        }
+    }
+}
+
+impl Default for Scale {
+    fn default() -> Self {
+        Scale::quick()
+    }
+}
+
+/// Returns `Err(Error::Device("conformance <test>: <message>"))` unless `cond` holds.
+macro_rules! ensure {
+    ($test:expr, $cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(fail($test, format!($($fmt)+)));
+        }
+    };
+}
+
+fn fail(test: &str, msg: impl std::fmt::Display) -> Error {
+    Error::Device(format!("conformance {test}: {msg}"))
+}
+
+/// Adds the test name to an error from the runtime.
+fn ctx(test: &'static str, what: &'static str) -> impl FnOnce(Error) -> Error {
+    move |e| fail(test, format!("{what}: unexpected error: {e}"))
+}
+
+/// A fresh instance name (tests may share a runtime).
+fn unique(test: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("conf.{test}.{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Launches a built-in kernel under a fresh instance name.
+async fn launch(
+    rt: &dyn RingKernelRuntime,
+    test: &'static str,
+    handler: &str,
+    opts: LaunchOptions,
+) -> Result<KernelHandle> {
+    rt.launch(handler, opts.with_name(unique(test)))
+        .await
+        .map_err(|e| fail(test, format!("launching {handler}: {e}")))
+}
+
+/// Terminates what a test launched (ignoring kernels already terminated).
+async fn cleanup(kernels: &[KernelHandle]) {
+    for k in kernels {
+        if k.state() != LifecycleState::Terminated {
+            let _ = k.terminate().await;
+        }
+    }
+}
+
+/// Runs `body`, then terminates `kernels` whatever the outcome.
+async fn with_cleanup<F: Future<Output = Result<()>>>(
+    kernels: &[KernelHandle],
+    body: F,
+) -> Result<()> {
+    let r = body.await;
+    cleanup(kernels).await;
+    r
+}
+
+/// Polls every future to completion, concurrently (no executor needed).
+async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(move |cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *o = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(out.iter_mut().filter_map(Option::take).collect())
+        }
+    })
+    .await
+}
+
+/// Checks that `r` is the error `pred` accepts.
+fn expect_err<T: std::fmt::Debug>(
+    test: &str,
+    what: &str,
+    r: Result<T>,
+    pred: impl Fn(&Error) -> bool,
+) -> Result<Error> {
+    match r {
+        Err(e) if pred(&e) => Ok(e),
+        Err(e) => Err(fail(test, format!("{what}: wrong error {e:?}"))),
+        Ok(v) => Err(fail(
+            test,
+            format!("{what}: expected an error, got Ok({v:?})"),
+        )),
+    }
+}
+
+/// Checks an echo reply of token `id` sent with value `value`.
+fn check_echo(test: &str, t: &Token, id: u64, value: f64) -> Result<()> {
+    ensure!(
+        test,
+        t.id == id,
+        "reply for token {} arrived where {id} was expected (order or correlation broken)",
+        t.id
+    );
+    ensure!(
+        test,
+        t.value == value * 2.0,
+        "token {id}: value {} is not 2 × {value}",
+        t.value
+    );
+    ensure!(test, t.hops == 1, "token {id}: {} hops, expected 1", t.hops);
+    Ok(())
+}
+
+/// Lifecycle through the handle: `Launched → Active ⇄ Deactivated → Terminated`, and
+/// every transition the state machine forbids is [`Error::InvalidState`] with the
+/// right `from`/`to`, leaving the state unchanged.
+pub async fn lifecycle(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "lifecycle";
+    use LifecycleState::*;
+    let k = launch(
+        rt,
+        T,
+        ECHO,
+        LaunchOptions::default().with_auto_activate(false),
+    )
+    .await?;
+    let never = launch(
+        rt,
+        T,
+        ECHO,
+        LaunchOptions::default().with_auto_activate(false),
+    )
+    .await?;
+    let kernels = [k.clone(), never.clone()];
+    with_cleanup(&kernels, async {
+        ensure!(T, k.state() == Launched, "a kernel launched without auto-activate is {:?}", k.state());
+
+        async fn invalid(k: &KernelHandle, op: &str, from: LifecycleState, to: LifecycleState) -> Result<()> {
+            let r = match op {
+                "activate" => k.activate().await,
+                "deactivate" => k.deactivate().await,
+                _ => k.terminate().await.map(|_| ()),
+            };
+            match r {
+                Err(Error::InvalidState { from: f, to: t }) if f == from && t == to => {}
+                other => return Err(fail(T, format!("{op} in {from:?}: expected InvalidState {{ {from:?} -> {to:?} }}, got {other:?}"))),
+            }
+            ensure!(T, k.state() == from, "a refused {op} changed the state from {from:?} to {:?}", k.state());
+            Ok(())
+        }
+
+        invalid(&k, "deactivate", Launched, Deactivated).await?;
+        k.activate().await.map_err(ctx(T, "activate from Launched"))?;
+        ensure!(T, k.state() == Active, "after activate: {:?}", k.state());
+        invalid(&k, "activate", Active, Active).await?;
+        let r: Token = k.call(Token::new(1, 1.5), ARRIVAL_TIMEOUT).await.map_err(ctx(T, "call while active"))?;
+        check_echo(T, &r, 1, 1.5)?;
+        k.deactivate().await.map_err(ctx(T, "deactivate"))?;
+        ensure!(T, k.state() == Deactivated, "after deactivate: {:?}", k.state());
+        invalid(&k, "deactivate", Deactivated, Deactivated).await?;
+        k.activate().await.map_err(ctx(T, "activate from Deactivated"))?;
+        ensure!(T, k.state() == Active, "after re-activate: {:?}", k.state());
+        let r: Token = k.call(Token::new(2, 3.0), ARRIVAL_TIMEOUT).await.map_err(ctx(T, "call after re-activate"))?;
+        check_echo(T, &r, 2, 3.0)?;
+        k.terminate().await.map_err(ctx(T, "terminate"))?;
+        ensure!(T, k.state() == Terminated, "after terminate: {:?}", k.state());
+        invalid(&k, "activate", Terminated, Active).await?;
+        invalid(&k, "deactivate", Terminated, Deactivated).await?;
+        invalid(&k, "terminate", Terminated, Terminating).await?;
+
+        // A kernel that was never activated can be terminated straight from Launched.
+        invalid(&never, "deactivate", Launched, Deactivated).await?;
+        never.terminate().await.map_err(ctx(T, "terminate from Launched"))?;
+        ensure!(T, never.state() == Terminated, "terminated from Launched: {:?}", never.state());
+        Ok(())
+    })
+    .await
+}
+
+/// Several concurrent callers share one kernel; every `call` gets the reply to its
+/// own request (correlation ids), none is lost or delivered twice.
+pub async fn call_correlation(
+    rt: &dyn RingKernelRuntime,
+    callers: usize,
+    calls_per_caller: usize,
+) -> Result<()> {
+    const T: &str = "call_correlation";
+    let k = launch(rt, T, ECHO, LaunchOptions::default()).await?;
+    let kernels = [k.clone()];
+    with_cleanup(&kernels, async {
+        let futs: Vec<_> = (0..callers as u64)
+            .map(|c| {
+                let k = k.clone();
+                async move {
+                    for j in 0..calls_per_caller as u64 {
+                        let id = (c << 32) | j;
+                        let value = (c * 1000 + j) as f64 + 0.25;
+                        let r: Token = k
+                            .call(Token::new(id, value), ARRIVAL_TIMEOUT)
+                            .await
+                            .map_err(|e| fail(T, format!("caller {c}, call {j}: {e}")))?;
+                        check_echo(T, &r, id, value)?;
+                    }
+                    Ok::<(), Error>(())
+                }
+            })
+            .collect();
+        for r in join_all(futs).await {
+            r?;
+        }
+        // Nothing left over: every reply was taken by its caller.
+        let extra = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+        ensure!(
+            T,
+            extra.is_none(),
+            "a reply was left over after all calls returned: {extra:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Pushes `n` messages through an echo kernel, keeping the queues busy (sending while
+/// receiving): every reply arrives, in order, with the right value.
+pub async fn echo_many(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
+    const T: &str = "echo_many";
+    let opts = LaunchOptions::default().with_queue_capacity(1024);
+    let window = opts.output_capacity as u64;
+    let k = launch(rt, T, ECHO, opts).await?;
+    let kernels = [k.clone()];
+    with_cleanup(&kernels, async {
+        let n = n as u64;
+        let (mut sent, mut received) = (0u64, 0u64);
+        while received < n {
+            // Send what fits without waiting, at most a window ahead of the replies.
+            while sent < n && sent - received < window {
+                match k.try_send(&Token::new(sent, sent as f64)) {
+                    Ok(_) => sent += 1,
+                    Err(Error::QueueFull { .. }) => break,
+                    Err(e) => return Err(fail(T, format!("try_send of message {sent}: {e}"))),
+                }
+            }
+            // Every reply so far is in, so the kernel has taken every message out of
+            // its input queue: a full queue now would be a queue bug (never wait on it).
+            ensure!(T, sent > received, "input queue refuses message {sent} although all {received} sent messages were answered");
+            let t: Token = k
+                .receive_timeout(ARRIVAL_TIMEOUT)
+                .await
+                .map_err(|e| fail(T, format!("waiting for reply {received} of {n} ({sent} sent): {e}")))?;
+            check_echo(T, &t, received, received as f64)?;
+            received += 1;
+            while let Some(t) = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))? {
+                ensure!(T, received < sent, "more replies than messages sent");
+                check_echo(T, &t, received, received as f64)?;
+                received += 1;
+            }
+        }
+        let extra = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+        ensure!(T, extra.is_none(), "a reply beyond the {n} messages sent: {extra:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// Messages sent to a deactivated kernel are kept, not processed, and are processed in
+/// order after `activate`.
+pub async fn deactivate_keeps_messages(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "deactivate_keeps_messages";
+    let k = launch(rt, T, ECHO, LaunchOptions::default()).await?;
+    let kernels = [k.clone()];
+    with_cleanup(&kernels, async {
+        let r: Token = k
+            .call(Token::new(100, 1.0), ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "call"))?;
+        check_echo(T, &r, 100, 1.0)?;
+        k.deactivate().await.map_err(ctx(T, "deactivate"))?;
+        for i in 0..10u64 {
+            k.send(Token::new(i, i as f64))
+                .await
+                .map_err(ctx(T, "send while deactivated"))?;
+        }
+        // Give a (wrongly) running kernel ample time to process them.
+        crate::util::sleep(Duration::from_millis(100)).await;
+        let early = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+        ensure!(
+            T,
+            early.is_none(),
+            "a deactivated kernel processed a message: {early:?}"
+        );
+        k.activate().await.map_err(ctx(T, "activate"))?;
+        for i in 0..10u64 {
+            let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                fail(
+                    T,
+                    format!("message {i} queued while deactivated never came back: {e}"),
+                )
+            })?;
+            check_echo(T, &t, i, i as f64)?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Terminate with messages in flight: an active kernel drains its queue (every reply can
+/// still be received after termination); a deactivated kernel returns its queued
+/// messages, in order, in [`TerminateReport::undelivered`](crate::runtime::TerminateReport::undelivered).
+pub async fn terminate_in_flight(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "terminate_in_flight";
+    let active = launch(
+        rt,
+        T,
+        ECHO,
+        LaunchOptions::default().with_queue_capacity(256),
+    )
+    .await?;
+    let paused = launch(
+        rt,
+        T,
+        ECHO,
+        LaunchOptions::default().with_queue_capacity(256),
+    )
+    .await?;
+    let kernels = [active.clone(), paused.clone()];
+    with_cleanup(&kernels, async {
+        const N: u64 = 200;
+        for i in 0..N {
+            active
+                .send(Token::new(i, i as f64))
+                .await
+                .map_err(ctx(T, "send to the active kernel"))?;
+        }
+        let report = active
+            .terminate()
+            .await
+            .map_err(ctx(T, "terminate the active kernel"))?;
+        ensure!(
+            T,
+            active.state() == LifecycleState::Terminated,
+            "after terminate: {:?}",
+            active.state()
+        );
+        ensure!(
+            T,
+            report.undelivered.is_empty(),
+            "an active kernel must drain, but {} messages came back undelivered",
+            report.undelivered.len()
+        );
+        ensure!(
+            T,
+            report.drained <= N,
+            "drained {} of only {N} messages",
+            report.drained
+        );
+        for i in 0..N {
+            let t: Token = active.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                fail(
+                    T,
+                    format!("reply {i} of {N} missing after a draining terminate: {e}"),
+                )
+            })?;
+            check_echo(T, &t, i, i as f64)?;
+        }
+        let m = active.metrics();
+        ensure!(
+            T,
+            m.dropped == 0,
+            "{} messages dropped during the drain",
+            m.dropped
+        );
+
+        paused.deactivate().await.map_err(ctx(T, "deactivate"))?;
+        const M: u64 = 20;
+        for i in 0..M {
+            paused
+                .send(Token::new(i, i as f64))
+                .await
+                .map_err(ctx(T, "send to the deactivated kernel"))?;
+        }
+        let report = paused
+            .terminate()
+            .await
+            .map_err(ctx(T, "terminate the deactivated kernel"))?;
+        ensure!(
+            T,
+            report.drained == 0,
+            "a deactivated kernel processed {} messages while terminating",
+            report.drained
+        );
+        ensure!(
+            T,
+            report.undelivered.len() as u64 == M,
+            "{} of {M} queued messages came back",
+            report.undelivered.len()
+        );
+        for (i, env) in report.undelivered.iter().enumerate() {
+            let t: Token = env
+                .decode()
+                .map_err(ctx(T, "decode an undelivered message"))?;
+            ensure!(
+                T,
+                t.id == i as u64 && t.hops == 0,
+                "undelivered message {i} is {t:?}"
+            );
+        }
+
+        // A terminated kernel refuses new messages.
+        for k in [&active, &paused] {
+            expect_err(
+                T,
+                "try_send to a terminated kernel",
+                k.try_send(&Token::new(9, 9.0)),
+                |e| matches!(e, Error::KernelTerminated(_)),
+            )?;
+            expect_err(
+                T,
+                "send to a terminated kernel",
+                k.send(Token::new(9, 9.0)).await,
+                |e| matches!(e, Error::KernelTerminated(_)),
+            )?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// An unknown kernel name is [`Error::KernelNotFound`]; the name stays free.
+pub async fn unknown_kernel(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "unknown_kernel";
+    let name = unique(T);
+    expect_err(
+        T,
+        "launch of an unregistered handler",
+        rt.launch(
+            "rk.no-such-kernel",
+            LaunchOptions::default().with_name(name.clone()),
+        )
+        .await,
+        |e| matches!(e, Error::KernelNotFound(_)),
+    )?;
+    // The failed launch must not keep the instance name reserved.
+    let k = rt
+        .launch(ECHO, LaunchOptions::default().with_name(name))
+        .await
+        .map_err(ctx(T, "launch under the name of a failed launch"))?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        let r: Token = k
+            .call(Token::new(5, 5.0), ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "call"))?;
+        check_echo(T, &r, 5, 5.0)
+    })
+    .await
+}
+
+/// A queue capacity that is not a power of two is [`Error::InvalidArgument`]; so is a
+/// bad slot size; the instance name stays free.
+pub async fn bad_capacity(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "bad_capacity";
+    let name = unique(T);
+    for (what, opts) in [
+        (
+            "queue capacity 1000",
+            LaunchOptions::default().with_queue_capacity(1000),
+        ),
+        (
+            "queue capacity 0",
+            LaunchOptions::default().with_queue_capacity(0),
+        ),
+        (
+            "output capacity 3",
+            LaunchOptions::default().with_output_capacity(3),
+        ),
+        (
+            "slot size 100",
+            LaunchOptions::default().with_slot_size(100),
+        ),
+    ] {
+        expect_err(
+            T,
+            what,
+            rt.launch(ECHO, opts.with_name(name.clone())).await,
+            |e| matches!(e, Error::InvalidArgument(_)),
+        )?;
+    }
+    ensure!(
+        T,
+        rt.kernel(&name.as_str().into()).is_none(),
+        "a failed launch left a kernel behind"
+    );
+    let k = rt
+        .launch(ECHO, LaunchOptions::default().with_name(name))
+        .await
+        .map_err(ctx(T, "launch under the name of failed launches"))?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        let r: Token = k
+            .call(Token::new(6, 6.0), ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "call"))?;
+        check_echo(T, &r, 6, 6.0)
+    })
+    .await
+}
+
+/// A payload larger than a slot is [`Error::MessageTooLarge`] and corrupts nothing: the
+/// messages sent before and after it arrive; a payload of exactly the maximum fits.
+pub async fn oversized_payload(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "oversized_payload";
+    let slot = 256;
+    let k = launch(rt, T, ECHO, LaunchOptions::default().with_slot_size(slot)).await?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        let max = slot - HEADER_SIZE;
+        k.send(Token::new(1, 1.0))
+            .await
+            .map_err(ctx(T, "send before"))?;
+        let big = Envelope::from_bytes(Token::TYPE_ID, &vec![0xA5u8; max + 1]);
+        let e = expect_err(
+            T,
+            "send of an oversized payload",
+            k.send_envelope(&big).await,
+            |e| matches!(e, Error::MessageTooLarge { .. }),
+        )?;
+        ensure!(
+            T,
+            e == Error::MessageTooLarge { size: max + 1, max },
+            "wrong sizes in {e:?}"
+        );
+        let far = Envelope::from_bytes(Token::TYPE_ID, &vec![0u8; 64 * 1024]);
+        expect_err(
+            T,
+            "send of a 64 KiB payload",
+            k.send_envelope(&far).await,
+            |e| matches!(e, Error::MessageTooLarge { .. }),
+        )?;
+        k.send(Token::new(2, 2.0))
+            .await
+            .map_err(ctx(T, "send after"))?;
+        for (id, v) in [(1, 1.0), (2, 2.0)] {
+            let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                fail(
+                    T,
+                    format!("message {id} lost around the oversized one: {e}"),
+                )
+            })?;
+            check_echo(T, &t, id, v)?;
+        }
+        let extra = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+        ensure!(T, extra.is_none(), "an extra message appeared: {extra:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// `receive_timeout` with nothing to receive is [`Error::Timeout`] after (not before)
+/// the timeout; a reply that arrives later is still received.
+pub async fn receive_timeout(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "receive_timeout";
+    let k = launch(rt, T, ECHO, LaunchOptions::default()).await?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        let timeout = Duration::from_millis(60);
+        let start = Instant::now();
+        let r = k.receive_timeout::<Token>(timeout).await;
+        let waited = start.elapsed();
+        let e = expect_err(T, "receive with nothing sent", r, |e| {
+            matches!(e, Error::Timeout(_))
+        })?;
+        ensure!(
+            T,
+            e == Error::Timeout(timeout),
+            "timeout error carries the wrong duration: {e:?}"
+        );
+        ensure!(
+            T,
+            waited >= timeout.mul_f64(0.9),
+            "gave up after {waited:?}, before the {timeout:?} timeout"
+        );
+        k.send(Token::new(3, 3.0)).await.map_err(ctx(T, "send"))?;
+        let t: Token = k
+            .receive_timeout(ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "receive after a timeout"))?;
+        check_echo(T, &t, 3, 3.0)
+    })
+    .await
+}
+
+/// A 3-stage K2K pipeline of `rk.stage` kernels: `n` tokens enter stage 1 and leave
+/// stage 3, none lost, in order, each with three strictly increasing HLC stamps (one
+/// per stage), each stamp after the host's send.
+pub async fn k2k_pipeline(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
+    const T: &str = "k2k_pipeline";
+    let opts = LaunchOptions::default().with_queue_capacity(512);
+    let window = 256u64;
+    let s1 = launch(rt, T, STAGE, opts.clone()).await?;
+    let s2 = launch(rt, T, STAGE, opts.clone()).await?;
+    let s3 = launch(rt, T, STAGE, opts).await?;
+    let kernels = [s1.clone(), s2.clone(), s3.clone()];
+    with_cleanup(&kernels, async {
+        let route: [KernelId; 3] = [s1.id(), s2.id(), s3.id()];
+        let start_stamp = rt.core().hlc().tick();
+        let n = n as u64;
+        let (mut sent, mut received) = (0u64, 0u64);
+        let check = |t: &Token, expect: u64| -> Result<()> {
+            ensure!(
+                T,
+                t.id == expect,
+                "token {} left the pipeline where {expect} was expected",
+                t.id
+            );
+            ensure!(T, t.hops == 3, "token {}: {} hops", t.id, t.hops);
+            ensure!(
+                T,
+                t.value == expect as f64 + 3.0,
+                "token {}: value {} (each stage adds 1)",
+                t.id,
+                t.value
+            );
+            let s = &t.stamps;
+            ensure!(
+                T,
+                HlcTimestamp(s[0]) > start_stamp && s[0] < s[1] && s[1] < s[2],
+                "token {}: stamps not strictly increasing along the path: {:?} (host at {:?})",
+                t.id,
+                &s[..3],
+                start_stamp
+            );
+            Ok(())
+        };
+        while received < n {
+            while sent < n && sent - received < window {
+                match s1.try_send(&Token::routed(sent, sent as f64, &route)) {
+                    Ok(_) => sent += 1,
+                    Err(Error::QueueFull { .. }) => break,
+                    Err(e) => return Err(fail(T, format!("send of token {sent}: {e}"))),
+                }
+            }
+            ensure!(
+                T,
+                sent > received,
+                "stage 1 refuses token {sent} although all {received} sent tokens came out"
+            );
+            let t: Token = s3.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                fail(
+                    T,
+                    format!("waiting for token {received} of {n} ({sent} sent): {e}"),
+                )
+            })?;
+            check(&t, received)?;
+            received += 1;
+            while let Some(t) = s3.try_receive::<Token>().map_err(ctx(T, "try_receive"))? {
+                check(&t, received)?;
+                received += 1;
+            }
+        }
+        for (i, s) in [&s1, &s2].iter().enumerate() {
+            let stray = s.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+            ensure!(
+                T,
+                stray.is_none(),
+                "stage {} replied to the host instead of forwarding: {stray:?}",
+                i + 1
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Pub/sub fan-out: `rk.counter` kernels subscribed with MQTT filters each receive
+/// exactly the publishes their filter matches; after `unsubscribe` a kernel receives
+/// nothing more.
+pub async fn pubsub_fanout(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "pubsub_fanout";
+    let a = launch(rt, T, COUNTER, LaunchOptions::default()).await?;
+    let b = launch(rt, T, COUNTER, LaunchOptions::default()).await?;
+    let c = launch(rt, T, COUNTER, LaunchOptions::default()).await?;
+    let kernels = [a.clone(), b.clone(), c.clone()];
+    with_cleanup(&kernels, async {
+        let root = unique(T).replace('.', "_");
+        let sub_a = rt
+            .subscribe(a.id(), &format!("{root}/#"))
+            .map_err(ctx(T, "subscribe a"))?;
+        rt.subscribe(b.id(), &format!("{root}/x"))
+            .map_err(ctx(T, "subscribe b"))?;
+        rt.subscribe(c.id(), &format!("{root}/+/deep"))
+            .map_err(ctx(T, "subscribe c"))?;
+
+        // (topic, kernels expected to receive it)
+        let plan: [(String, &[&KernelHandle]); 4] = [
+            (format!("{root}/x"), &[&a, &b]),
+            (format!("{root}/y/deep"), &[&a, &c]),
+            (root.clone(), &[&a]),
+            (format!("{root}/y/other"), &[&a]),
+        ];
+        let mut expected = [0u64; 3];
+        for (i, (topic, targets)) in plan.iter().enumerate() {
+            let report = rt
+                .publish(topic, &Token::new(i as u64, 0.0))
+                .map_err(|e| fail(T, format!("publish to {topic}: {e}")))?;
+            ensure!(
+                T,
+                report.delivered == targets.len()
+                    && report.queue_full.is_empty()
+                    && report.not_found.is_empty(),
+                "publish to {topic}: {report:?}, expected {} deliveries",
+                targets.len()
+            );
+            for (slot, k) in [&a, &b, &c].iter().enumerate() {
+                if targets.iter().any(|t| t.id() == k.id()) {
+                    expected[slot] += 1;
+                    let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                        fail(
+                            T,
+                            format!("subscriber {slot} missed the publish to {topic}: {e}"),
+                        )
+                    })?;
+                    ensure!(
+                        T,
+                        t.id == i as u64,
+                        "subscriber {slot} got token {} for publish {i}",
+                        t.id
+                    );
+                    ensure!(
+                        T,
+                        t.value == expected[slot] as f64,
+                        "subscriber {slot} counted {} messages, expected {}",
+                        t.value,
+                        expected[slot]
+                    );
+                }
+            }
+        }
+        for (slot, k) in [&a, &b, &c].iter().enumerate() {
+            let stray = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+            ensure!(
+                T,
+                stray.is_none(),
+                "subscriber {slot} received a publish its filter does not match: {stray:?}"
+            );
+        }
+
+        rt.unsubscribe(sub_a).map_err(ctx(T, "unsubscribe"))?;
+        expect_err(T, "unsubscribing twice", rt.unsubscribe(sub_a), |e| {
+            matches!(e, Error::InvalidArgument(_))
+        })?;
+        let report = rt
+            .publish(&format!("{root}/x"), &Token::new(99, 0.0))
+            .map_err(ctx(T, "publish after unsubscribe"))?;
+        ensure!(
+            T,
+            report.delivered == 1,
+            "after unsubscribing a, publish delivered to {} kernels",
+            report.delivered
+        );
+        let t: Token = b
+            .receive_timeout(ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "b after unsubscribe of a"))?;
+        ensure!(T, t.id == 99 && t.value == 2.0, "b got {t:?}");
+        let r = a.receive_timeout::<Token>(Duration::from_millis(50)).await;
+        expect_err(T, "a receiving after unsubscribe", r, |e| {
+            matches!(e, Error::Timeout(_))
+        })?;
+        Ok(())
+    })
+    .await
+}
+
+/// With `wait_when_full(false)` a full input queue is [`Error::QueueFull`] (from `send`
+/// and `try_send`) and nothing queued is lost: once the kernel is activated every queued
+/// message is processed.
+pub async fn queue_full(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "queue_full";
+    const CAP: usize = 4;
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(CAP)
+        .with_output_capacity(64)
+        .with_wait_when_full(false)
+        .with_auto_activate(false);
+    let k = launch(rt, T, ECHO, opts).await?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        for i in 0..CAP as u64 {
+            k.try_send(&Token::new(i, i as f64))
+                .map_err(ctx(T, "try_send into a queue with room"))?;
+        }
+        let e = expect_err(
+            T,
+            "try_send into a full queue",
+            k.try_send(&Token::new(90, 0.0)),
+            |e| matches!(e, Error::QueueFull { .. }),
+        )?;
+        ensure!(
+            T,
+            e == Error::QueueFull { capacity: CAP },
+            "wrong capacity in {e:?}"
+        );
+        expect_err(
+            T,
+            "send into a full queue without waiting",
+            k.send(Token::new(91, 0.0)).await,
+            |e| matches!(e, Error::QueueFull { .. }),
+        )?;
+        k.activate().await.map_err(ctx(T, "activate"))?;
+        for i in 0..CAP as u64 {
+            let t: Token = k
+                .receive_timeout(ARRIVAL_TIMEOUT)
+                .await
+                .map_err(|e| fail(T, format!("queued message {i} lost after QueueFull: {e}")))?;
+            check_echo(T, &t, i, i as f64)?;
+        }
+        let r: Token = k
+            .call(Token::new(7, 7.0), ARRIVAL_TIMEOUT)
+            .await
+            .map_err(ctx(T, "call once there is room"))?;
+        check_echo(T, &r, 7, 7.0)?;
+        let extra = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
+        ensure!(
+            T,
+            extra.is_none(),
+            "a refused message was processed after all: {extra:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Runs every conformance test in turn, stopping at the first failure.
+pub async fn run_all(rt: &dyn RingKernelRuntime, scale: Scale) -> Result<()> {
+    lifecycle(rt).await?;
+    call_correlation(rt, scale.callers, scale.calls_per_caller).await?;
+    echo_many(rt, scale.echo_messages).await?;
+    deactivate_keeps_messages(rt).await?;
+    terminate_in_flight(rt).await?;
+    unknown_kernel(rt).await?;
+    bad_capacity(rt).await?;
+    oversized_payload(rt).await?;
+    receive_timeout(rt).await?;
+    k2k_pipeline(rt, scale.pipeline_messages).await?;
+    pubsub_fanout(rt).await?;
+    queue_full(rt).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_all_keeps_order() {
+        let futs: Vec<_> = (0..5).map(|i| async move { i * 10 }).collect();
+        let out = futures_block_on(join_all(futs));
+        assert_eq!(out, vec![0, 10, 20, 30, 40]);
+    }
+
+    #[test]
+    fn ensure_names_the_test() {
+        fn f(x: u32) -> Result<()> {
+            ensure!("demo", x == 1, "x was {x}");
+            Ok(())
+        }
+        assert!(f(1).is_ok());
+        assert_eq!(f(2), Err(Error::Device("conformance demo: x was 2".into())));
+    }
+
+    /// Minimal executor for futures that never wait.
+    fn futures_block_on<F: Future>(f: F) -> F::Output {
+        let mut f = Box::pin(f);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+}
