@@ -1,0 +1,823 @@
+//! The CPU actor runtime: one dedicated OS thread per launched kernel.
+//!
+//! Each kernel owns
+//!
+//! * an MPSC input ring of message slots (the host, other kernels through K2K and the
+//!   pub/sub broker all write into it),
+//! * an SPSC output ring (the worker writes replies, the host reads them),
+//! * its own hybrid logical clock, counters, latency histogram and lifecycle state,
+//! * a worker thread that runs the registered [`CpuHandler`] on every message.
+//!
+//! Wake-ups are spin-then-park: after its queue runs dry the worker spins for
+//! [`SPIN_BEFORE_PARK`] (so back-to-back requests are picked up in well under a
+//! microsecond), then parks. Producers only pay for an `unpark` when the worker is
+//! actually parked (a `sleeping` flag, checked after a fence), so the enqueue fast path
+//! stays a queue push plus a few atomics.
+//!
+//! Lifecycle on the CPU:
+//!
+//! * `Launched`/`Deactivated`: messages queue up and are kept; the worker sleeps.
+//! * `Active`: the worker processes messages in FIFO order. Deactivation takes effect
+//!   after the message being handled.
+//! * `Terminating`: no new messages are accepted. A kernel that was active drains its
+//!   input queue (every queued message is processed); one that was not hands its queued
+//!   messages back in [`TerminateReport::undelivered`]. Then the state becomes
+//!   `Terminated` and the thread exits.
+//!
+//! ```
+//! use ringkernel_core::builtin::{Token, ECHO};
+//! use ringkernel_core::prelude::*;
+//! use ringkernel_core::registry::KernelRegistry;
+//! use ringkernel_cpu::CpuRuntime;
+//! use std::time::Duration;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let rt = CpuRuntime::new(KernelRegistry::new()).await?;
+//! let k = rt.launch(ECHO, LaunchOptions::default()).await?;
+//! let reply: Token = k.call(Token::new(1, 21.0), Duration::from_secs(5)).await?;
+//! assert_eq!(reply.value, 42.0);
+//! rt.shutdown().await?;
+//! # Ok::<(), ringkernel_core::Error>(())
+//! # }).unwrap();
+//! ```
+
+use ringkernel_core::backend::BackendKind;
+use ringkernel_core::builtin;
+use ringkernel_core::context::{KernelContext, OutputSink};
+use ringkernel_core::error::{Error, Result};
+use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
+use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
+use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::queue::slot::{
+    mpsc_slot_channel, slot_channel, SlotConsumer, SlotProducer, SlotReceiver, SlotSender,
+};
+use ringkernel_core::registry::{CpuHandler, KernelRegistry};
+use ringkernel_core::runtime::{
+    KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
+    TerminateReport,
+};
+use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
+use ringkernel_core::util::BoxFuture;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// How long an idle active worker spins (checking its queue) before it parks.
+pub const SPIN_BEFORE_PARK: Duration = Duration::from_micros(50);
+/// Longest single park of an idle worker. Wake-ups are explicit (unpark); this bound is
+/// only a safety net, so it can be long.
+const PARK_MAX: Duration = Duration::from_millis(100);
+/// Longest single park while waiting for space in a full output queue (the consumer
+/// also unparks the worker when it frees a slot).
+const OUTPUT_PARK: Duration = Duration::from_millis(1);
+/// While terminating, how long the worker waits for space in a full output queue
+/// before it gives up and drops outputs (counted in `dropped`, logged).
+pub const DRAIN_OUTPUT_GRACE: Duration = Duration::from_millis(50);
+/// Messages handled between two upgrades of the runtime reference.
+const BATCH: usize = 256;
+
+/// Describes the host CPU: model (where the OS says), architecture, logical cores.
+/// Always `Ok`: the CPU backend is always available.
+///
+/// ```
+/// let s = ringkernel_cpu::probe().unwrap();
+/// assert!(s.contains("logical cores"));
+/// ```
+pub fn probe() -> Result<String> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let model = cpu_model().unwrap_or_else(|| "CPU".to_string());
+    Ok(format!(
+        "{model} ({} {}, {cores} logical cores)",
+        std::env::consts::ARCH,
+        std::env::consts::OS
+    ))
+}
+
+/// The CPU model name from `/proc/cpuinfo` (Linux only; `None` elsewhere).
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| {
+            l.starts_with("model name") || l.starts_with("Model") || l.starts_with("Hardware")
+        })
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it; the data
+    // (queues, reports) stays consistent because every critical section is a single
+    // non-panicking operation.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The CPU actor runtime. Each kernel is a dedicated thread running its registered
+/// [`CpuHandler`].
+///
+/// The built-in kernels ([`rk.echo`](builtin::ECHO), [`rk.stage`](builtin::STAGE),
+/// [`rk.counter`](builtin::COUNTER)) are registered into the given registry under
+/// their names unless the registry already has a handler of that name.
+///
+/// Call [`shutdown`](RingKernelRuntime::shutdown) to drain and stop every kernel.
+/// Dropping the runtime (and every handle) without it stops each kernel's thread too,
+/// but whatever was still queued is discarded, since nobody can receive it any more.
+pub struct CpuRuntime {
+    core: Arc<RuntimeCore>,
+    info: String,
+}
+
+impl std::fmt::Debug for CpuRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuRuntime")
+            .field("core", &self.core)
+            .field("device", &self.info)
+            .finish()
+    }
+}
+
+impl CpuRuntime {
+    /// A CPU runtime resolving kernel names through `registry` (plus the built-ins and
+    /// the global `#[ring_kernel]` handlers). Never fails on a working host; async only
+    /// to match the other backends.
+    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+        Ok(Self::with_registry(registry))
+    }
+
+    /// The synchronous form of [`CpuRuntime::new`].
+    pub fn with_registry(registry: KernelRegistry) -> Self {
+        register_missing_builtins(&registry);
+        let info = probe().unwrap_or_else(|_| "CPU".to_string());
+        CpuRuntime {
+            core: RuntimeCore::new(BackendKind::Cpu, registry),
+            info,
+        }
+    }
+
+    fn launch_now(&self, handler: &str, opts: &LaunchOptions) -> Result<KernelHandle> {
+        opts.validate()?;
+        let factory = self.core.registry().cpu(handler)?;
+        let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
+        let id = self.core.reserve(&name)?;
+        match spawn_kernel(&self.core, id, &name, handler, factory.as_ref(), opts) {
+            Ok(engine) => {
+                let engine: Arc<dyn KernelEngine> = engine;
+                self.core.insert(engine.clone());
+                tracing::debug!(kernel = %name, %id, "launched");
+                Ok(self.core.handle(engine, opts))
+            }
+            Err(e) => {
+                self.core.release(&name);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Registers the CPU built-ins whose names `registry` does not have yet.
+fn register_missing_builtins(registry: &KernelRegistry) {
+    let builtins = KernelRegistry::new();
+    builtin::register_cpu_builtins(&builtins);
+    for name in [builtin::ECHO, builtin::STAGE, builtin::COUNTER] {
+        if registry.cpu(name).is_err() {
+            if let Ok(f) = builtins.cpu(name) {
+                registry.register_cpu(name, move || f());
+            }
+        }
+    }
+}
+
+impl RingKernelRuntime for CpuRuntime {
+    fn core(&self) -> &Arc<RuntimeCore> {
+        &self.core
+    }
+
+    fn launch<'a>(
+        &'a self,
+        handler: &'a str,
+        opts: LaunchOptions,
+    ) -> BoxFuture<'a, Result<KernelHandle>> {
+        Box::pin(async move {
+            let span = tracing::info_span!("rk.launch", backend = "cpu", handler);
+            let _e = span.enter();
+            self.launch_now(handler, &opts)
+        })
+    }
+
+    fn device_info(&self) -> String {
+        self.info.clone()
+    }
+}
+
+/// State shared by a kernel's engine (the host side) and its worker thread.
+struct Shared {
+    id: KernelId,
+    name: String,
+    state: AtomicLifecycle,
+    events: KernelEvents,
+    counters: KernelCounters,
+    hlc: HlcClock,
+    /// Set by the worker right before it parks; whoever sees it set unparks it.
+    sleeping: AtomicBool,
+    /// Producers between their state check and the end of their push. The worker waits
+    /// for this to reach zero after seeing `Terminating`, so no message can slip into
+    /// the queue after its final sweep.
+    inflight: AtomicUsize,
+    /// Whether termination drains (the kernel was active) or hands messages back.
+    drain_on_terminate: AtomicBool,
+    /// Set when the engine is dropped (nobody can send or receive any more).
+    detached: AtomicBool,
+    /// Written by the worker before it moves to `Terminated`.
+    report: Mutex<Option<TerminateReport>>,
+}
+
+/// One CPU kernel, as the runtime core sees it.
+struct CpuEngine {
+    shared: Arc<Shared>,
+    input: SlotSender,
+    output: Mutex<SlotConsumer>,
+    slot_size: usize,
+    input_capacity: usize,
+    thread: Thread,
+    join: Mutex<Option<JoinHandle<()>>>,
+    /// Serialises the host-side lifecycle changes (activate, deactivate, terminate).
+    ctl: Mutex<()>,
+}
+
+fn spawn_kernel(
+    core: &Arc<RuntimeCore>,
+    id: KernelId,
+    name: &str,
+    handler_name: &str,
+    factory: &(dyn Fn() -> Box<dyn CpuHandler> + Send + Sync),
+    opts: &LaunchOptions,
+) -> Result<Arc<CpuEngine>> {
+    let (input, rx) = mpsc_slot_channel(opts.queue_capacity, opts.slot_size)?;
+    let (tx, output) = slot_channel(opts.output_capacity, opts.slot_size)?;
+    let handler = catch_unwind(AssertUnwindSafe(factory)).map_err(|_| {
+        Error::Device(format!(
+            "the factory of CPU handler {handler_name:?} panicked"
+        ))
+    })?;
+    let shared = Arc::new(Shared {
+        id,
+        name: name.to_string(),
+        state: AtomicLifecycle::new(LifecycleState::Created),
+        events: KernelEvents::default(),
+        counters: KernelCounters::default(),
+        hlc: HlcClock::new(),
+        sleeping: AtomicBool::new(false),
+        inflight: AtomicUsize::new(0),
+        drain_on_terminate: AtomicBool::new(false),
+        detached: AtomicBool::new(false),
+        report: Mutex::new(None),
+    });
+    shared.state.transition(LifecycleState::Launched)?;
+    if opts.auto_activate {
+        shared.state.transition(LifecycleState::Active)?;
+    }
+    let worker = Worker {
+        shared: shared.clone(),
+        core: Arc::downgrade(core),
+        rx,
+        tx,
+        handler,
+        slot_size: opts.slot_size,
+        output_capacity: opts.output_capacity,
+        output_stalled: false,
+    };
+    // Thread names may not contain NUL; Linux shows the first 15 bytes.
+    let thread_name: String = format!("rk-{name}")
+        .chars()
+        .map(|c| if c == '\0' { '?' } else { c })
+        .collect();
+    let join = std::thread::Builder::new()
+        .name(thread_name)
+        .spawn(move || worker.run())
+        .map_err(|e| Error::Device(format!("cannot start the thread of kernel {name:?}: {e}")))?;
+    Ok(Arc::new(CpuEngine {
+        shared,
+        input,
+        output: Mutex::new(output),
+        slot_size: opts.slot_size,
+        input_capacity: opts.queue_capacity,
+        thread: join.thread().clone(),
+        join: Mutex::new(Some(join)),
+        ctl: Mutex::new(()),
+    }))
+}
+
+impl CpuEngine {
+    /// Unparks the worker if (and only if) it is parked or about to park.
+    #[inline]
+    fn wake_if_sleeping(&self) {
+        // Pairs with the fence in `Worker::park`: either the worker sees what we just
+        // did (a pushed message, a freed output slot) before parking, or we see its
+        // `sleeping` flag here.
+        fence(Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::Relaxed)
+            && self.shared.sleeping.swap(false, Ordering::AcqRel)
+        {
+            self.thread.unpark();
+        }
+    }
+
+    fn state_changed(&self) {
+        self.shared.events.state.notify(usize::MAX);
+        self.thread.unpark();
+    }
+}
+
+impl Drop for CpuEngine {
+    fn drop(&mut self) {
+        // Nobody can reach this kernel any more: let the worker exit.
+        self.shared.detached.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+impl KernelEngine for CpuEngine {
+    fn id(&self) -> KernelId {
+        self.shared.id
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn state(&self) -> LifecycleState {
+        self.shared.state.get()
+    }
+
+    fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    fn input_capacity(&self) -> usize {
+        self.input_capacity
+    }
+
+    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let s = &self.shared;
+        s.inflight.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `Worker::finish`: either we see `Terminating` here, or
+        // the worker sees our `inflight` and waits for the push below.
+        fence(Ordering::SeqCst);
+        if !s.state.get().accepts_messages() {
+            s.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::KernelTerminated(s.name.clone()));
+        }
+        let pushed = check_payload_fits(payload.len(), self.slot_size)
+            .and_then(|()| self.input.try_push(header, payload));
+        s.inflight.fetch_sub(1, Ordering::SeqCst);
+        match pushed {
+            Ok(()) => {
+                s.counters.received.fetch_add(1, Ordering::Relaxed);
+                self.wake_if_sleeping();
+                Ok(())
+            }
+            Err(Error::QueueFull { .. }) => Err(Error::QueueFull {
+                capacity: self.input_capacity,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn try_dequeue(&self) -> Result<Option<Envelope>> {
+        let r = lock(&self.output).try_pop();
+        if matches!(r, Ok(Some(_))) {
+            // The worker may be parked waiting for an output slot.
+            self.wake_if_sleeping();
+        }
+        r
+    }
+
+    fn output_depth(&self) -> usize {
+        lock(&self.output).len()
+    }
+
+    fn activate(&self) -> Result<()> {
+        let _g = lock(&self.ctl);
+        self.shared.state.transition(LifecycleState::Active)?;
+        self.state_changed();
+        Ok(())
+    }
+
+    fn deactivate(&self) -> Result<()> {
+        let _g = lock(&self.ctl);
+        self.shared.state.transition(LifecycleState::Deactivated)?;
+        self.state_changed();
+        Ok(())
+    }
+
+    fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>> {
+        Box::pin(async move {
+            let span =
+                tracing::info_span!("rk.terminate", backend = "cpu", kernel = %self.shared.name);
+            {
+                let _e = span.enter();
+                let _g = lock(&self.ctl);
+                let from = self.shared.state.get();
+                from.check_transition(LifecycleState::Terminating)?;
+                self.shared
+                    .drain_on_terminate
+                    .store(from == LifecycleState::Active, Ordering::Relaxed);
+                // The CAS publishes `drain_on_terminate` to the worker (release/acquire).
+                self.shared.state.transition(LifecycleState::Terminating)?;
+                tracing::debug!(from = ?from, "terminating");
+            }
+            self.state_changed();
+            // Wait (without blocking the executor thread) for the worker to finish.
+            loop {
+                let listener = self.shared.events.state.listen();
+                if self.shared.state.get() == LifecycleState::Terminated {
+                    break;
+                }
+                listener.await;
+            }
+            // Join only a thread that has already exited; otherwise detach it (it is
+            // past its last use of the kernel and only dropping its handler remains).
+            let join = lock(&self.join).take();
+            if let Some(j) = join {
+                if j.is_finished() {
+                    if j.join().is_err() {
+                        tracing::error!(kernel = %self.shared.name, "kernel thread panicked while exiting");
+                    }
+                } else {
+                    drop(j);
+                }
+            }
+            let mut report = lock(&self.shared.report).take().unwrap_or_default();
+            report.replies_waiting = self.output_depth();
+            let _e = span.enter();
+            tracing::debug!(
+                drained = report.drained,
+                undelivered = report.undelivered.len(),
+                replies_waiting = report.replies_waiting,
+                "terminated"
+            );
+            Ok(report)
+        })
+    }
+
+    fn events(&self) -> &KernelEvents {
+        &self.shared.events
+    }
+
+    fn metrics(&self) -> KernelMetrics {
+        let s = &self.shared;
+        s.counters.snapshot(
+            s.id,
+            &s.name,
+            s.state.get(),
+            self.input.stats().depth,
+            self.output_depth(),
+        )
+    }
+}
+
+/// The worker thread's side of a kernel.
+struct Worker {
+    shared: Arc<Shared>,
+    core: Weak<RuntimeCore>,
+    rx: SlotReceiver,
+    tx: SlotProducer,
+    handler: Box<dyn CpuHandler>,
+    slot_size: usize,
+    output_capacity: usize,
+    /// Set once, while terminating, the output queue stayed full past the grace period:
+    /// from then on outputs that do not fit are dropped at once (counted, logged).
+    output_stalled: bool,
+}
+
+/// Makes sure a kernel ends `Terminated` (with waiters woken) however its thread exits.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let s = &self.0;
+        if s.state.get() != LifecycleState::Terminated {
+            // Only reached on an abnormal exit (runtime dropped, internal panic).
+            let _ = s.state.transition(LifecycleState::Terminating);
+            let _ = s.state.transition(LifecycleState::Terminated);
+        }
+        s.events.notify_all();
+    }
+}
+
+/// Output sink of one handler call: writes into the kernel's output ring.
+struct Sink<'w> {
+    tx: &'w mut SlotProducer,
+    shared: &'w Shared,
+    capacity: usize,
+    stalled: &'w mut bool,
+    /// Whether an output of this call was dropped (already counted in `dropped`).
+    dropped: bool,
+}
+
+impl Sink<'_> {
+    /// Whether to keep waiting for output space; `deadline` starts the drain grace.
+    fn keep_waiting(&mut self, deadline: &mut Option<Instant>) -> bool {
+        if self.shared.detached.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.shared.state.get() {
+            LifecycleState::Terminating | LifecycleState::Terminated => {
+                if *self.stalled {
+                    return false;
+                }
+                let d = *deadline.get_or_insert_with(|| Instant::now() + DRAIN_OUTPUT_GRACE);
+                if Instant::now() >= d {
+                    *self.stalled = true;
+                    return false;
+                }
+                true
+            }
+            _ => true,
+        }
+    }
+}
+
+impl OutputSink for Sink<'_> {
+    fn emit(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let mut spins = 0u32;
+        let mut deadline = None;
+        loop {
+            match self.tx.try_push(header, payload) {
+                Ok(()) => {
+                    self.shared.events.output.notify(usize::MAX);
+                    return Ok(());
+                }
+                Err(Error::QueueFull { .. }) => {
+                    if !self.keep_waiting(&mut deadline) {
+                        self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                        self.dropped = true;
+                        tracing::warn!(
+                            kernel = %self.shared.name,
+                            type_id = header.type_id,
+                            correlation_id = header.correlation_id,
+                            "output queue full while terminating: output dropped"
+                        );
+                        return Err(Error::QueueFull {
+                            capacity: self.capacity,
+                        });
+                    }
+                    // Wake anyone who could drain the output queue, then back off.
+                    self.shared.events.output.notify(usize::MAX);
+                    spins += 1;
+                    if spins < 64 {
+                        std::hint::spin_loop();
+                    } else if spins < 128 {
+                        std::thread::yield_now();
+                    } else {
+                        self.shared.sleeping.store(true, Ordering::SeqCst);
+                        fence(Ordering::SeqCst);
+                        std::thread::park_timeout(OUTPUT_PARK);
+                        self.shared.sleeping.store(false, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Worker {
+    fn run(mut self) {
+        let guard = ExitGuard(self.shared.clone());
+        let span = tracing::info_span!("rk.kernel", backend = "cpu", id = %self.shared.id, kernel = %self.shared.name);
+        let _e = span.enter();
+        tracing::debug!("worker started");
+        // Reused for every message: no allocation per message on the hot path.
+        let mut scratch = Envelope {
+            header: MessageHeader::default(),
+            payload: Vec::with_capacity(self.slot_size),
+        };
+        loop {
+            if self.shared.detached.load(Ordering::Acquire) {
+                tracing::debug!("engine dropped: worker exits");
+                break;
+            }
+            let state = self.shared.state.get();
+            match state {
+                LifecycleState::Active => {
+                    let Some(core) = self.core.upgrade() else {
+                        tracing::debug!("runtime dropped: worker exits");
+                        break;
+                    };
+                    let mut n = 0;
+                    while n < BATCH
+                        && self.shared.state.get() == LifecycleState::Active
+                        && self.pop_into(&mut scratch)
+                    {
+                        self.process(&core, &scratch);
+                        n += 1;
+                    }
+                    drop(core);
+                    if n > 0 {
+                        continue;
+                    }
+                }
+                LifecycleState::Terminating => {
+                    self.finish();
+                    break;
+                }
+                LifecycleState::Terminated => break,
+                LifecycleState::Created
+                | LifecycleState::Launched
+                | LifecycleState::Deactivated => {}
+            }
+            self.idle(state);
+        }
+        drop(guard);
+    }
+
+    /// Takes the next input message (a corrupt slot is counted as dropped and skipped).
+    fn pop(&mut self) -> Option<Envelope> {
+        loop {
+            match self.rx.try_pop() {
+                Ok(Some(env)) => {
+                    self.shared.events.input_space.notify(usize::MAX);
+                    return Some(env);
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    self.shared.events.input_space.notify(usize::MAX);
+                    self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "corrupt input slot dropped");
+                }
+            }
+        }
+    }
+
+    /// Copies the next input message into `env` (reusing its buffer); `false` when the
+    /// queue is empty. A corrupt slot is counted as dropped and skipped.
+    fn pop_into(&mut self, env: &mut Envelope) -> bool {
+        loop {
+            let r = self.rx.try_pop_with(|h, p| {
+                env.header = *h;
+                env.payload.clear();
+                env.payload.extend_from_slice(p);
+            });
+            match r {
+                Ok(Some(())) => {
+                    self.shared.events.input_space.notify(usize::MAX);
+                    return true;
+                }
+                Ok(None) => return false,
+                Err(e) => {
+                    self.shared.events.input_space.notify(usize::MAX);
+                    self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "corrupt input slot dropped");
+                }
+            }
+        }
+    }
+
+    /// Whether there is something to react to, having last seen `observed`.
+    fn has_work(&self, observed: LifecycleState) -> bool {
+        self.shared.detached.load(Ordering::Relaxed)
+            || self.shared.state.get() != observed
+            || (observed == LifecycleState::Active && !self.rx.is_empty())
+    }
+
+    /// Waits for work: spins briefly when active, then parks.
+    fn idle(&self, observed: LifecycleState) {
+        if observed == LifecycleState::Active {
+            let start = Instant::now();
+            loop {
+                for _ in 0..64 {
+                    if self.has_work(observed) {
+                        return;
+                    }
+                    std::hint::spin_loop();
+                }
+                if start.elapsed() >= SPIN_BEFORE_PARK {
+                    break;
+                }
+            }
+        }
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `CpuEngine::wake_if_sleeping`.
+        fence(Ordering::SeqCst);
+        if !self.has_work(observed) {
+            std::thread::park_timeout(PARK_MAX);
+        }
+        self.shared.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Runs the handler on one message, counting and timing it.
+    fn process(&mut self, core: &RuntimeCore, env: &Envelope) {
+        let s = &*self.shared;
+        let mut request = env.header;
+        match s.hlc.update(HlcTimestamp(request.timestamp)) {
+            Ok(ts) => request.timestamp = ts.0,
+            Err(e) => {
+                s.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    error = %e,
+                    message_id = request.message_id,
+                    "message dropped: its timestamp is too far ahead of this kernel's clock"
+                );
+                return;
+            }
+        }
+        let mut sink = Sink {
+            tx: &mut self.tx,
+            shared: s,
+            capacity: self.output_capacity,
+            stalled: &mut self.output_stalled,
+            dropped: false,
+        };
+        let handler = &mut self.handler;
+        let t0 = Instant::now();
+        let result = {
+            let mut ctx = KernelContext::new(
+                s.id,
+                &s.name,
+                core,
+                &s.hlc,
+                &s.counters,
+                request,
+                self.slot_size,
+                &mut sink,
+            );
+            catch_unwind(AssertUnwindSafe(|| handler.handle(&mut ctx, env)))
+        };
+        s.counters.latency.record(t0.elapsed().as_nanos() as u64);
+        match result {
+            Ok(Ok(())) => {
+                s.counters.processed.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(e)) => {
+                if !sink.dropped {
+                    s.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::warn!(
+                    error = %e,
+                    message_id = request.message_id,
+                    type_id = request.type_id,
+                    "handler error: message dropped"
+                );
+            }
+            Err(panic) => {
+                if !sink.dropped {
+                    s.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".to_string());
+                tracing::error!(
+                    panic = %what,
+                    message_id = request.message_id,
+                    "handler panicked: message dropped, kernel goes on"
+                );
+            }
+        }
+    }
+
+    /// Termination: drain (the kernel was active) or hand the queue back, then move to
+    /// `Terminated`.
+    fn finish(&mut self) {
+        // Pairs with the fence in `CpuEngine::try_enqueue`: wait for producers that
+        // passed their state check before `Terminating` to finish their push.
+        fence(Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.shared.inflight.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let mut report = TerminateReport::default();
+        let core = if self.shared.drain_on_terminate.load(Ordering::Relaxed) {
+            self.core.upgrade()
+        } else {
+            None
+        };
+        while let Some(env) = self.pop() {
+            match &core {
+                Some(core) => {
+                    self.process(core, &env);
+                    report.drained += 1;
+                }
+                None => report.undelivered.push(env),
+            }
+        }
+        drop(core);
+        *lock(&self.shared.report) = Some(report);
+        if let Err(e) = self.shared.state.transition(LifecycleState::Terminated) {
+            tracing::error!(error = %e, "unexpected state at the end of termination");
+        }
+        self.shared.events.notify_all();
+    }
+}
