@@ -17,6 +17,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 pub mod reference;
+pub mod testkit;
 
 /// A device-resident f32 buffer. Each backend downcasts to its own type.
 pub trait DeviceBuffer: Send + Sync + Debug + 'static {
@@ -36,7 +37,7 @@ pub trait DeviceBuffer: Send + Sync + Debug + 'static {
 pub type BufferRef = Arc<dyn DeviceBuffer>;
 
 /// Downcasts `buf` to backend type `T`, or [`Error::Device`] naming both backends.
-pub fn downcast<'a, T: DeviceBuffer>(buf: &'a dyn DeviceBuffer, me: BackendKind) -> Result<&'a T> {
+pub fn downcast<T: DeviceBuffer>(buf: &dyn DeviceBuffer, me: BackendKind) -> Result<&T> {
     buf.as_any().downcast_ref::<T>().ok_or_else(|| {
         Error::Device(format!(
             "buffer belongs to the {} backend, not {me}: move it with to_device first",
@@ -48,7 +49,10 @@ pub fn downcast<'a, T: DeviceBuffer>(buf: &'a dyn DeviceBuffer, me: BackendKind)
 /// [`Error::ShapeMismatch`] unless `buf` holds at least `needed` elements.
 pub fn check_len(buf: &dyn DeviceBuffer, needed: usize, what: &str) -> Result<()> {
     if buf.len() < needed {
-        Err(Error::shape(format!("{what}: buffer holds {} elements, op needs {needed}", buf.len())))
+        Err(Error::shape(format!(
+            "{what}: buffer holds {} elements, op needs {needed}",
+            buf.len()
+        )))
     } else {
         Ok(())
     }
@@ -80,7 +84,10 @@ pub enum UnaryOp {
     /// x · sigmoid(x)
     Silu,
     /// GELU, tanh approximation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). The same
-    /// formula on every backend (WGSL has no erf).
+    /// formula on every backend (WGSL has no erf). Compute it as the equal
+    /// `x / (1 + e^(−2u))`, `u = √(2/π)·(x + 0.044715·x³)`: `1 + tanh(u)` cancels for
+    /// negative `x` and loses f32 precision there (the testkit's tolerance assumes the
+    /// stable form).
     Gelu,
 }
 
@@ -142,7 +149,14 @@ pub enum BinaryOp {
 
 impl BinaryOp {
     /// Every binary op.
-    pub const ALL: [BinaryOp; 6] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min];
+    pub const ALL: [BinaryOp; 6] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+    ];
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {
@@ -284,39 +298,145 @@ pub trait ComputeBackend: Send + Sync + 'static {
     /// Reads `out.len()` elements from `offset`, after all queued work.
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()>;
     /// Copies `len` elements between (or within non-overlapping parts of) buffers.
-    fn copy(&self, src: &dyn DeviceBuffer, src_offset: usize, dst: &dyn DeviceBuffer, dst_offset: usize, len: usize) -> Result<()>;
+    fn copy(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: usize,
+        dst: &dyn DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
     /// Waits until all queued work has finished.
     fn synchronize(&self) -> Result<()>;
 
     /// `out[i] = op(x[i])` for `i < len`.
-    fn unary(&self, op: UnaryOp, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    fn unary(
+        &self,
+        op: UnaryOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()>;
     /// `out[i] = op(a[i], b[i])`.
-    fn binary(&self, op: BinaryOp, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()>;
     /// `out[i] = op(a[i], s)`.
-    fn binary_scalar(&self, op: BinaryOp, a: &dyn DeviceBuffer, s: f32, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        s: f32,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()>;
     /// (Batched) matrix product, see [`MatmulDims`].
-    fn matmul(&self, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: MatmulDims) -> Result<()>;
+    fn matmul(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: MatmulDims,
+    ) -> Result<()>;
     /// `out[m] = A[m, k] · x[k]`.
-    fn matvec(&self, a: &dyn DeviceBuffer, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, m: usize, k: usize) -> Result<()>;
+    fn matvec(
+        &self,
+        a: &dyn DeviceBuffer,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        m: usize,
+        k: usize,
+    ) -> Result<()>;
     /// `out[0] = Σ a[i]·b[i]`.
-    fn dot(&self, a: &dyn DeviceBuffer, b: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    fn dot(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()>;
     /// Reduction, see [`ReduceDims`]. `axis` must be at least 1.
-    fn reduce(&self, op: ReduceOp, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: ReduceDims) -> Result<()>;
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: ReduceDims,
+    ) -> Result<()>;
     /// Numerically stable softmax over the last dimension of `[rows, cols]`.
-    fn softmax(&self, x: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize) -> Result<()>;
+    fn softmax(
+        &self,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
     /// `out = x / √(mean(x²) + eps) · weight` per row of `[rows, cols]`.
-    fn rms_norm(&self, x: &dyn DeviceBuffer, weight: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()>;
     /// `out = (x − mean) / √(var + eps) · weight + bias` per row (biased variance).
     #[allow(clippy::too_many_arguments)]
-    fn layer_norm(&self, x: &dyn DeviceBuffer, weight: &dyn DeviceBuffer, bias: &dyn DeviceBuffer, out: &dyn DeviceBuffer, rows: usize, cols: usize, eps: f32) -> Result<()>;
+    fn layer_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        bias: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()>;
     /// RoPE, see [`RopeDims`]; `positions` holds `seq` positions as f32.
-    fn rope(&self, x: &dyn DeviceBuffer, positions: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: RopeDims) -> Result<()>;
+    fn rope(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: RopeDims,
+    ) -> Result<()>;
     /// `scores = scale · Q·Kᵀ` (causal entries above the diagonal set to −∞).
-    fn attention_scores(&self, q: &dyn DeviceBuffer, k: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    fn attention_scores(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()>;
     /// `out = P·V` for probabilities `P: [bh, q_len, kv_len]`.
-    fn attention_weighted_sum(&self, p: &dyn DeviceBuffer, v: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    fn attention_weighted_sum(
+        &self,
+        p: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()>;
     /// Fused scaled-dot-product attention `softmax(scale·Q·Kᵀ [+ causal mask])·V`.
-    fn attention(&self, q: &dyn DeviceBuffer, k: &dyn DeviceBuffer, v: &dyn DeviceBuffer, out: &dyn DeviceBuffer, dims: AttentionDims) -> Result<()>;
+    fn attention(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()>;
     /// SwiGLU: `out[i] = silu(gate[i]) · up[i]`.
-    fn swiglu(&self, gate: &dyn DeviceBuffer, up: &dyn DeviceBuffer, out: &dyn DeviceBuffer, len: usize) -> Result<()>;
+    fn swiglu(
+        &self,
+        gate: &dyn DeviceBuffer,
+        up: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()>;
 }

@@ -1,4 +1,412 @@
 //! f64 reference implementations of every op, written for clarity, not speed. Every
 //! backend's tests compare against these on fresh random inputs.
 //!
-//! (Filled in by the compute-ops work.)
+//! Each function takes the op's inputs as slices of `f32` (or `f64`, so that a chain of
+//! ops can be followed entirely in double precision) and returns a fresh `Vec<f64>`
+//! laid out exactly like the op's output buffer. The loops are the plain textbook
+//! definitions; they panic on inputs that are too short (they are test oracles, not
+//! part of any op path).
+//!
+//! ```
+//! use ringkernel_core::compute::{reference, MatmulDims};
+//! let a = [1.0f32, 2.0, 3.0, 4.0];
+//! let b = [5.0f32, 6.0, 7.0, 8.0];
+//! let dims = MatmulDims { batch: 1, m: 2, k: 2, n: 2, b_batched: false };
+//! assert_eq!(reference::matmul(&a, &b, dims), vec![19.0, 22.0, 43.0, 50.0]);
+//! ```
+
+use super::{AttentionDims, BinaryOp, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp};
+
+/// An element type the references accept: `f32` or `f64`.
+pub trait Real: Copy + Into<f64> {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+fn f<T: Real>(x: T) -> f64 {
+    x.into()
+}
+
+/// Applies one unary op to one value, in f64.
+///
+/// ```
+/// use ringkernel_core::compute::{reference, UnaryOp};
+/// assert_eq!(reference::unary_scalar(UnaryOp::Relu, -2.0), 0.0);
+/// ```
+pub fn unary_scalar(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        UnaryOp::Silu => x / (1.0 + (-x).exp()),
+        UnaryOp::Gelu => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+        }
+    }
+}
+
+/// Applies one binary op to two values, in f64.
+///
+/// ```
+/// use ringkernel_core::compute::{reference, BinaryOp};
+/// assert_eq!(reference::binary_scalar_op(BinaryOp::Max, 1.0, 3.0), 3.0);
+/// ```
+pub fn binary_scalar_op(op: BinaryOp, a: f64, b: f64) -> f64 {
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Sub => a - b,
+        BinaryOp::Mul => a * b,
+        BinaryOp::Div => a / b,
+        BinaryOp::Max => a.max(b),
+        BinaryOp::Min => a.min(b),
+    }
+}
+
+/// `out[i] = op(x[i])`.
+pub fn unary<T: Real>(op: UnaryOp, x: &[T]) -> Vec<f64> {
+    x.iter().map(|&v| unary_scalar(op, f(v))).collect()
+}
+
+/// `out[i] = op(a[i], b[i])`.
+pub fn binary<T: Real, U: Real>(op: BinaryOp, a: &[T], b: &[U]) -> Vec<f64> {
+    assert_eq!(a.len(), b.len(), "reference::binary: length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| binary_scalar_op(op, f(x), f(y)))
+        .collect()
+}
+
+/// `out[i] = op(a[i], s)`.
+pub fn binary_scalar<T: Real>(op: BinaryOp, a: &[T], s: f32) -> Vec<f64> {
+    a.iter()
+        .map(|&x| binary_scalar_op(op, f(x), s as f64))
+        .collect()
+}
+
+/// (Batched) matrix product, see [`MatmulDims`].
+pub fn matmul<T: Real, U: Real>(a: &[T], b: &[U], dims: MatmulDims) -> Vec<f64> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = dims;
+    let mut out = vec![0.0; batch * m * n];
+    for bi in 0..batch {
+        let a0 = bi * m * k;
+        let b0 = if b_batched { bi * k * n } else { 0 };
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0.0;
+                for p in 0..k {
+                    acc += f(a[a0 + i * k + p]) * f(b[b0 + p * n + j]);
+                }
+                out[bi * m * n + i * n + j] = acc;
+            }
+        }
+    }
+    out
+}
+
+/// `out[i] = Σⱼ A[i, j] · x[j]` for `A: [m, k]`.
+pub fn matvec<T: Real, U: Real>(a: &[T], x: &[U], m: usize, k: usize) -> Vec<f64> {
+    (0..m)
+        .map(|i| (0..k).map(|j| f(a[i * k + j]) * f(x[j])).sum())
+        .collect()
+}
+
+/// `[Σ a[i]·b[i]]` (one element, like the op's output).
+pub fn dot<T: Real, U: Real>(a: &[T], b: &[U]) -> Vec<f64> {
+    assert_eq!(a.len(), b.len(), "reference::dot: length mismatch");
+    vec![a.iter().zip(b).map(|(&x, &y)| f(x) * f(y)).sum()]
+}
+
+/// Reduction of `[outer, axis, inner]` over the middle axis into `[outer, inner]`.
+pub fn reduce<T: Real>(op: ReduceOp, x: &[T], dims: ReduceDims) -> Vec<f64> {
+    let ReduceDims { outer, axis, inner } = dims;
+    assert!(axis > 0, "reference::reduce: empty axis");
+    let mut out = vec![0.0; outer * inner];
+    for o in 0..outer {
+        for i in 0..inner {
+            let vals = (0..axis).map(|a| f(x[(o * axis + a) * inner + i]));
+            out[o * inner + i] = match op {
+                ReduceOp::Sum => vals.sum(),
+                ReduceOp::Mean => vals.sum::<f64>() / axis as f64,
+                ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+                ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+            };
+        }
+    }
+    out
+}
+
+/// Softmax of every row of `[rows, cols]` (computed stably, by subtracting the row max).
+pub fn softmax<T: Real>(x: &[T], rows: usize, cols: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|&v| f(v)).collect();
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = row.iter().map(|&v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        out.extend(e.iter().map(|&v| v / sum));
+    }
+    out
+}
+
+/// `x / √(mean(x²) + eps) · weight` per row of `[rows, cols]`.
+pub fn rms_norm<T: Real, U: Real>(
+    x: &[T],
+    weight: &[U],
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let ms = row.iter().map(|&v| f(v) * f(v)).sum::<f64>() / cols as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        out.extend(row.iter().zip(weight).map(|(&v, &w)| f(v) * inv * f(w)));
+    }
+    out
+}
+
+/// `(x − mean) / √(var + eps) · weight + bias` per row of `[rows, cols]` (biased
+/// variance).
+pub fn layer_norm<T: Real, U: Real>(
+    x: &[T],
+    weight: &[U],
+    bias: &[U],
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let mean = row.iter().map(|&v| f(v)).sum::<f64>() / cols as f64;
+        let var = row.iter().map(|&v| (f(v) - mean).powi(2)).sum::<f64>() / cols as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for c in 0..cols {
+            out.push((f(row[c]) - mean) * inv * f(weight[c]) + f(bias[c]));
+        }
+    }
+    out
+}
+
+/// Rotary position embedding (half-split layout), see [`RopeDims`].
+pub fn rope<T: Real, U: Real>(x: &[T], positions: &[U], dims: RopeDims) -> Vec<f64> {
+    let RopeDims {
+        seq,
+        heads,
+        head_dim,
+        base,
+    } = dims;
+    let h = head_dim / 2;
+    let mut out = vec![0.0; seq * heads * head_dim];
+    for (s, &pos) in positions[..seq].iter().enumerate() {
+        let p = f(pos);
+        for hd in 0..heads {
+            let o = (s * heads + hd) * head_dim;
+            for i in 0..h {
+                let theta = p * (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
+                let (sin, cos) = theta.sin_cos();
+                let (x0, x1) = (f(x[o + i]), f(x[o + i + h]));
+                out[o + i] = x0 * cos - x1 * sin;
+                out[o + i + h] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+    out
+}
+
+/// Whether query row `i` may see key `j` under `dims` (always true without `causal`).
+pub fn visible(dims: &AttentionDims, i: usize, j: usize) -> bool {
+    !dims.causal || j <= dims.q_offset + i
+}
+
+/// `scale · Q·Kᵀ` as `[bh, q_len, kv_len]`, masked entries `−∞` when causal.
+pub fn attention_scores<T: Real, U: Real>(q: &[T], k: &[U], dims: AttentionDims) -> Vec<f64> {
+    let AttentionDims {
+        batch_heads,
+        q_len,
+        kv_len,
+        kv_stride,
+        head_dim,
+        scale,
+        ..
+    } = dims;
+    let mut out = vec![0.0; batch_heads * q_len * kv_len];
+    for b in 0..batch_heads {
+        for i in 0..q_len {
+            for j in 0..kv_len {
+                let idx = (b * q_len + i) * kv_len + j;
+                out[idx] = if visible(&dims, i, j) {
+                    let qr = (b * q_len + i) * head_dim;
+                    let kr = (b * kv_stride + j) * head_dim;
+                    scale as f64
+                        * (0..head_dim)
+                            .map(|d| f(q[qr + d]) * f(k[kr + d]))
+                            .sum::<f64>()
+                } else {
+                    f64::NEG_INFINITY
+                };
+            }
+        }
+    }
+    out
+}
+
+/// `P·V` as `[bh, q_len, head_dim]` for `P: [bh, q_len, kv_len]`.
+pub fn attention_weighted_sum<T: Real, U: Real>(p: &[T], v: &[U], dims: AttentionDims) -> Vec<f64> {
+    let AttentionDims {
+        batch_heads,
+        q_len,
+        kv_len,
+        kv_stride,
+        head_dim,
+        ..
+    } = dims;
+    let mut out = vec![0.0; batch_heads * q_len * head_dim];
+    for b in 0..batch_heads {
+        for i in 0..q_len {
+            for d in 0..head_dim {
+                out[(b * q_len + i) * head_dim + d] = (0..kv_len)
+                    .map(|j| {
+                        f(p[(b * q_len + i) * kv_len + j])
+                            * f(v[(b * kv_stride + j) * head_dim + d])
+                    })
+                    .sum();
+            }
+        }
+    }
+    out
+}
+
+/// Scaled-dot-product attention `softmax(scale·Q·Kᵀ [+ causal mask])·V`, composed from
+/// [`attention_scores`], a row softmax that skips masked keys, and
+/// [`attention_weighted_sum`].
+pub fn attention<T: Real, U: Real>(q: &[T], k: &[U], v: &[U], dims: AttentionDims) -> Vec<f64> {
+    let scores = attention_scores(q, k, dims);
+    let kv = dims.kv_len;
+    let mut p = vec![0.0; scores.len()];
+    for (row, prow) in scores.chunks(kv.max(1)).zip(p.chunks_mut(kv.max(1))) {
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if max == f64::NEG_INFINITY {
+            continue; // no visible key: the row stays zero
+        }
+        let mut sum = 0.0;
+        for (o, &s) in prow.iter_mut().zip(row) {
+            *o = (s - max).exp();
+            sum += *o;
+        }
+        prow.iter_mut().for_each(|o| *o /= sum);
+    }
+    attention_weighted_sum(&p, v, dims)
+}
+
+/// SwiGLU: `silu(gate[i]) · up[i]`.
+pub fn swiglu<T: Real, U: Real>(gate: &[T], up: &[U]) -> Vec<f64> {
+    assert_eq!(gate.len(), up.len(), "reference::swiglu: length mismatch");
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| unary_scalar(UnaryOp::Silu, f(g)) * f(u))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_cases_by_hand() {
+        assert_eq!(
+            reduce(
+                ReduceOp::Sum,
+                &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0],
+                ReduceDims {
+                    outer: 1,
+                    axis: 2,
+                    inner: 3
+                }
+            ),
+            vec![5.0, 7.0, 9.0]
+        );
+        assert_eq!(
+            reduce(
+                ReduceOp::Max,
+                &[1.0f32, 5.0, 3.0, 4.0],
+                ReduceDims {
+                    outer: 2,
+                    axis: 2,
+                    inner: 1
+                }
+            ),
+            vec![5.0, 4.0]
+        );
+        let s = softmax(&[0.0f32, 0.0, 1000.0, 1000.0], 2, 2);
+        assert_eq!(s, vec![0.5, 0.5, 0.5, 0.5]);
+        assert_eq!(
+            matvec(&[1.0f32, 2.0, 3.0, 4.0], &[1.0f32, 1.0], 2, 2),
+            vec![3.0, 7.0]
+        );
+        assert_eq!(dot(&[1.0f32, 2.0], &[3.0f32, 4.0]), vec![11.0]);
+        // position 0 is the identity
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let r = rope(
+            &x,
+            &[0.0f32],
+            RopeDims {
+                seq: 1,
+                heads: 1,
+                head_dim: 4,
+                base: 10000.0,
+            },
+        );
+        assert_eq!(r, vec![1.0, 2.0, 3.0, 4.0]);
+        // rotating by a quarter turn on the first pair (i = 0 has θ = p)
+        let r = rope(
+            &[1.0f32, 0.0],
+            &[std::f32::consts::FRAC_PI_2],
+            RopeDims {
+                seq: 1,
+                heads: 1,
+                head_dim: 2,
+                base: 10000.0,
+            },
+        );
+        assert!((r[0] - 0.0).abs() < 1e-7 && (r[1] - 1.0).abs() < 1e-7);
+    }
+
+    #[test]
+    fn causal_attention_first_row_copies_first_value() {
+        let dims = AttentionDims {
+            batch_heads: 1,
+            q_len: 2,
+            kv_len: 2,
+            kv_stride: 3,
+            head_dim: 1,
+            scale: 1.0,
+            causal: true,
+            q_offset: 0,
+        };
+        let out = attention(
+            &[1.0f32, 1.0],
+            &[0.5f32, 0.5, 9.0],
+            &[7.0f32, 3.0, 9.0],
+            dims,
+        );
+        assert_eq!(out[0], 7.0);
+        assert!((out[1] - 5.0).abs() < 1e-12);
+        let s = attention_scores(&[1.0f32, 1.0], &[0.5f32, 0.5, 9.0], dims);
+        assert_eq!(s[1], f64::NEG_INFINITY);
+    }
+}

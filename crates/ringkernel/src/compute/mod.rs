@@ -1,1 +1,34 @@
-//! Tensors and devices (being written).
+//! Portable tensor ops: a [`Device`] (CPU, CUDA, WebGPU or Metal, chosen by
+//! [`Device::auto`] or explicitly), f32 [`Tensor`]s that stay on it between ops, and a
+//! [`KvCache`] for decoding.
+//!
+//! ```
+//! use ringkernel::compute::{Device, Tensor};
+//!
+//! let dev = Device::cpu(); // or Device::auto()? for the best validated GPU
+//! let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//! let w = Tensor::from_slice(&dev, &[1.0, 1.0, 1.0], &[3])?;
+//! let y = x.rms_norm(&w, 1e-6)?.softmax()?;
+//! let row_sums = y.sum_axis(1)?.to_vec()?;
+//! assert!(row_sums.iter().all(|s| (s - 1.0).abs() < 1e-6));
+//! # Ok::<(), ringkernel::Error>(())
+//! ```
+//!
+//! Every op of the backend trait ([`ComputeBackend`]) has a method on [`Tensor`] that
+//! checks shapes and devices first ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
+//! [`Error::Device`](crate::Error::Device)). The f64 reference implementations the
+//! backends are tested against are in [`reference`], and the conformance kit every
+//! backend runs is [`testkit`].
+
+mod device;
+mod kv_cache;
+mod tensor;
+
+pub use device::Device;
+pub use kv_cache::{KvCache, KvView};
+pub use tensor::Tensor;
+
+pub use ringkernel_core::compute::{
+    reference, testkit, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
+    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+};

@@ -1,0 +1,866 @@
+//! CPU compute ops: [`CpuCompute`] implements
+//! [`ComputeBackend`] with rayon for parallelism, vectorised inner loops
+//! (see `kernels.rs`) and the `gemm` crate for matrix products.
+//!
+//! Ops run synchronously on the calling thread (fanning out to rayon for large inputs),
+//! so `synchronize` has nothing to wait for.
+//!
+//! ```
+//! use ringkernel_core::compute::{ComputeBackend, MatmulDims};
+//! use ringkernel_cpu::CpuCompute;
+//!
+//! let cpu = CpuCompute::new();
+//! let a = cpu.upload(&[1.0, 2.0, 3.0, 4.0])?;
+//! let b = cpu.upload(&[5.0, 6.0, 7.0, 8.0])?;
+//! let c = cpu.alloc(4)?;
+//! cpu.matmul(&*a, &*b, &*c, MatmulDims { batch: 1, m: 2, k: 2, n: 2, b_batched: false })?;
+//! let mut out = [0.0; 4];
+//! cpu.read(&*c, 0, &mut out)?;
+//! assert_eq!(out, [19.0, 22.0, 43.0, 50.0]);
+//! # Ok::<(), ringkernel_core::Error>(())
+//! ```
+
+mod buffer;
+mod kernels;
+
+pub use buffer::CpuBuffer;
+
+use buffer::{cpu, lock};
+use rayon::prelude::*;
+use ringkernel_core::compute::{
+    check_len, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+    ReduceDims, ReduceOp, RopeDims, UnaryOp,
+};
+use ringkernel_core::{BackendKind, Error, Result};
+use std::sync::Arc;
+
+/// Elementwise work is split into tasks of this many elements.
+const CHUNK: usize = 1 << 15;
+/// Below this many elements (or multiply-adds) an op runs on the calling thread only.
+const PAR_MIN: usize = 1 << 16;
+
+/// The CPU compute backend.
+///
+/// [`CpuCompute::new`] uses rayon's global thread pool (all cores, or
+/// `RAYON_NUM_THREADS`); [`CpuCompute::with_threads`] gets a dedicated pool of its own,
+/// e.g. one thread for single-thread figures.
+///
+/// ```
+/// use ringkernel_core::compute::{ComputeBackend, UnaryOp};
+/// use ringkernel_cpu::CpuCompute;
+///
+/// let cpu = CpuCompute::with_threads(1)?;
+/// assert_eq!(cpu.threads(), 1);
+/// let x = cpu.upload(&[0.0, 1.0])?;
+/// let y = cpu.alloc(2)?;
+/// cpu.unary(UnaryOp::Exp, &*x, &*y, 2)?;
+/// let mut out = [0.0; 2];
+/// cpu.read(&*y, 0, &mut out)?;
+/// assert!((out[1] - std::f32::consts::E).abs() < 1e-6);
+/// # Ok::<(), ringkernel_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CpuCompute {
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl CpuCompute {
+    /// A backend on rayon's global pool.
+    pub fn new() -> Self {
+        CpuCompute { pool: None }
+    }
+
+    /// A backend with a dedicated pool of `threads` threads (at least 1).
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        if threads == 0 {
+            return Err(Error::invalid(
+                "CpuCompute::with_threads: need at least one thread",
+            ));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ringkernel-compute-{i}"))
+            .build()
+            .map_err(|e| {
+                Error::Device(format!(
+                    "cannot start a rayon pool of {threads} threads: {e}"
+                ))
+            })?;
+        Ok(CpuCompute {
+            pool: Some(Arc::new(pool)),
+        })
+    }
+
+    /// Number of threads ops may use.
+    pub fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    /// Runs `f` inside this backend's pool.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+}
+
+/// `∏ dims`, or [`Error::ShapeMismatch`] when it overflows `usize`.
+fn prod(dims: &[usize], what: &str) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::shape(format!("{what}: element count of {dims:?} overflows")))
+}
+
+/// Applies `f` to matching chunks of `x` and `out`, in parallel when large. (The
+/// output is not streamed as the row ops' is: measured, the extra pass through a block
+/// cost the elementwise ops more than the saved read-for-ownership.)
+fn par_map1(x: &[f32], out: &mut [f32], f: impl Fn(&[f32], &mut [f32]) + Sync + Send) {
+    if out.len() < PAR_MIN {
+        f(x, out)
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(o, x)| f(x, o));
+    }
+}
+
+/// [`par_map1`] with two inputs.
+fn par_map2(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync + Send,
+) {
+    if out.len() < PAR_MIN {
+        f(a, b, out)
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK))
+            .zip(b.par_chunks(CHUNK))
+            .for_each(|((o, a), b)| f(a, b, o));
+    }
+}
+
+thread_local! {
+    /// Per-thread row scratch for the streamed row ops.
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f(out_row)` directly, or for outputs of at least `STREAM_MIN` elements into a
+/// per-thread scratch row that is then streamed into `out_row`.
+fn row_out(stream: bool, out_row: &mut [f32], f: impl FnOnce(&mut [f32])) {
+    if !stream {
+        return f(out_row);
+    }
+    ROW.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => {
+            s.resize(out_row.len(), 0.0);
+            f(&mut s[..]);
+            kernels::stream_copy(&s[..], out_row);
+        }
+        // not reachable (rows do not nest), but never worth a panic
+        Err(_) => f(out_row),
+    })
+}
+
+/// Calls `f(row_index, out_row)` for each `width`-wide row of `out`, in parallel with
+/// at least ~`CHUNK` elements per task when `work` (elements touched) is large.
+fn par_rows(
+    out: &mut [f32],
+    width: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    if width == 0 {
+        return;
+    }
+    if work < PAR_MIN {
+        out.chunks_mut(width).enumerate().for_each(|(i, o)| f(i, o));
+    } else {
+        let rows = out.len() / width;
+        let per_row = (work / rows.max(1)).max(1);
+        let min_len = (CHUNK / per_row).max(1);
+        out.par_chunks_mut(width)
+            .enumerate()
+            .with_min_len(min_len)
+            .for_each(|(i, o)| f(i, o));
+    }
+}
+
+impl ComputeBackend for CpuCompute {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn device_name(&self) -> String {
+        format!("CPU ({} threads)", self.threads())
+    }
+
+    fn alloc(&self, len: usize) -> Result<BufferRef> {
+        Ok(Arc::new(CpuBuffer::zeros(len)?))
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<BufferRef> {
+        Ok(Arc::new(CpuBuffer::from_slice(data)?))
+    }
+
+    fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        let b = cpu(buf)?;
+        let end = offset
+            .checked_add(data.len())
+            .ok_or_else(|| Error::shape("write: offset overflows"))?;
+        check_len(buf, end, "write")?;
+        b.write()[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
+        let b = cpu(buf)?;
+        let end = offset
+            .checked_add(out.len())
+            .ok_or_else(|| Error::shape("read: offset overflows"))?;
+        check_len(buf, end, "read")?;
+        out.copy_from_slice(&b.read()[offset..end]);
+        Ok(())
+    }
+
+    fn copy(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: usize,
+        dst: &dyn DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (s, d) = (cpu(src)?, cpu(dst)?);
+        let s_end = src_offset
+            .checked_add(len)
+            .ok_or_else(|| Error::shape("copy: offset overflows"))?;
+        let d_end = dst_offset
+            .checked_add(len)
+            .ok_or_else(|| Error::shape("copy: offset overflows"))?;
+        check_len(src, s_end, "copy source")?;
+        check_len(dst, d_end, "copy destination")?;
+        if std::ptr::eq(s, d) {
+            if src_offset < d_end && dst_offset < s_end && len > 0 {
+                return Err(Error::invalid(format!(
+                    "copy within one buffer: ranges {src_offset}..{s_end} and {dst_offset}..{d_end} overlap"
+                )));
+            }
+            d.write().copy_within(src_offset..s_end, dst_offset);
+        } else {
+            let mut l = lock(&[s], d)?;
+            let (ins, out) = l.parts();
+            out[dst_offset..d_end].copy_from_slice(&ins[0][src_offset..s_end]);
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn unary(
+        &self,
+        op: UnaryOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (xb, ob) = (cpu(x)?, cpu(out)?);
+        check_len(x, len, "unary input")?;
+        check_len(out, len, "unary output")?;
+        let mut l = lock(&[xb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, o) = (&ins[0][..len], &mut o[..len]);
+        self.run(|| par_map1(x, o, |x, o| kernels::unary(op, x, o)));
+        Ok(())
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
+        check_len(a, len, "binary lhs")?;
+        check_len(b, len, "binary rhs")?;
+        check_len(out, len, "binary output")?;
+        let mut l = lock(&[ab, bb], ob)?;
+        let (ins, o) = l.parts();
+        let (a, b, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
+        self.run(|| par_map2(a, b, o, |a, b, o| kernels::binary(op, a, b, o)));
+        Ok(())
+    }
+
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        s: f32,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, ob) = (cpu(a)?, cpu(out)?);
+        check_len(a, len, "binary_scalar input")?;
+        check_len(out, len, "binary_scalar output")?;
+        let mut l = lock(&[ab], ob)?;
+        let (ins, o) = l.parts();
+        let (a, o) = (&ins[0][..len], &mut o[..len]);
+        self.run(|| par_map1(a, o, |a, o| kernels::binary_scalar(op, a, s, o)));
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: MatmulDims,
+    ) -> Result<()> {
+        let MatmulDims {
+            batch,
+            m,
+            k,
+            n,
+            b_batched,
+        } = dims;
+        let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
+        let a_len = prod(&[batch, m, k], "matmul lhs")?;
+        let b_len = prod(&[if b_batched { batch } else { 1 }, k, n], "matmul rhs")?;
+        let o_len = prod(&[batch, m, n], "matmul output")?;
+        let flops = prod(&[batch, m, n, k], "matmul")?;
+        check_len(a, a_len, "matmul lhs")?;
+        check_len(b, b_len, "matmul rhs")?;
+        check_len(out, o_len, "matmul output")?;
+        let mut l = lock(&[ab, bb], ob)?;
+        let (ins, o) = l.parts();
+        let (a, b, o) = (&ins[0][..a_len], &ins[1][..b_len], &mut o[..o_len]);
+        if o_len == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            o.fill(0.0);
+            return Ok(());
+        }
+        let threads = self.threads();
+        let one = |a: &[f32], b: &[f32], o: &mut [f32], par: gemm::Parallelism| {
+            // SAFETY: `a` holds m·k, `b` k·n and `o` m·n elements (sliced above to exactly
+            // the batch's extent), all row-major: column stride 1, row strides k, n, n.
+            // `o` is a unique borrow, so it overlaps neither input. With
+            // `read_dst = false` the destination is only written.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    o.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    par,
+                )
+            }
+        };
+        let b_of = |i: usize| {
+            if b_batched {
+                &b[i * k * n..(i + 1) * k * n]
+            } else {
+                b
+            }
+        };
+        self.run(|| {
+            let small = m * n * k < 96 * 96 * 96;
+            if threads > 1 && batch > 1 && small {
+                o.par_chunks_mut(m * n)
+                    .zip(a.par_chunks(m * k))
+                    .enumerate()
+                    .for_each(|(i, (o, a))| one(a, b_of(i), o, gemm::Parallelism::None));
+            } else {
+                let par = if threads > 1 && flops >= PAR_MIN * 4 {
+                    gemm::Parallelism::Rayon(threads)
+                } else {
+                    gemm::Parallelism::None
+                };
+                for (i, (o, a)) in o.chunks_mut(m * n).zip(a.chunks(m * k)).enumerate() {
+                    one(a, b_of(i), o, par);
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn matvec(
+        &self,
+        a: &dyn DeviceBuffer,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        let (ab, xb, ob) = (cpu(a)?, cpu(x)?, cpu(out)?);
+        let a_len = prod(&[m, k], "matvec matrix")?;
+        check_len(a, a_len, "matvec matrix")?;
+        check_len(x, k, "matvec vector")?;
+        check_len(out, m, "matvec output")?;
+        let mut l = lock(&[ab, xb], ob)?;
+        let (ins, o) = l.parts();
+        let (a, x, o) = (&ins[0][..a_len], &ins[1][..k], &mut o[..m]);
+        if k == 0 {
+            o.fill(0.0);
+            return Ok(());
+        }
+        self.run(|| {
+            par_rows(o, 1, a_len, |i, o| {
+                o[0] = kernels::dot(&a[i * k..(i + 1) * k], x)
+            })
+        });
+        Ok(())
+    }
+
+    fn dot(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
+        check_len(a, len, "dot lhs")?;
+        check_len(b, len, "dot rhs")?;
+        check_len(out, 1, "dot output")?;
+        let mut l = lock(&[ab, bb], ob)?;
+        let (ins, o) = l.parts();
+        let (a, b) = (&ins[0][..len], &ins[1][..len]);
+        o[0] = self.run(|| {
+            if len < PAR_MIN {
+                kernels::dot(a, b)
+            } else {
+                a.par_chunks(CHUNK)
+                    .zip(b.par_chunks(CHUNK))
+                    .map(|(a, b)| kernels::dot(a, b) as f64)
+                    .sum::<f64>() as f32
+            }
+        });
+        Ok(())
+    }
+
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: ReduceDims,
+    ) -> Result<()> {
+        let ReduceDims { outer, axis, inner } = dims;
+        let (xb, ob) = (cpu(x)?, cpu(out)?);
+        if axis == 0 {
+            return Err(Error::shape(format!(
+                "reduce {}: the reduced axis is empty",
+                op.name()
+            )));
+        }
+        let x_len = prod(&[outer, axis, inner], "reduce input")?;
+        let o_len = prod(&[outer, inner], "reduce output")?;
+        check_len(x, x_len, "reduce input")?;
+        check_len(out, o_len, "reduce output")?;
+        let mut l = lock(&[xb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, o) = (&ins[0][..x_len], &mut o[..o_len]);
+        let finish = |v: f32| {
+            if op == ReduceOp::Mean {
+                v / axis as f32
+            } else {
+                v
+            }
+        };
+        self.run(|| {
+            if inner == 1 {
+                if outer == 1 && x_len >= PAR_MIN {
+                    // one long row: partial results per chunk, combined in f64
+                    let parts: Vec<f32> = x
+                        .par_chunks(CHUNK)
+                        .map(|c| kernels::reduce_slice(op, c))
+                        .collect();
+                    let v = match op {
+                        ReduceOp::Sum | ReduceOp::Mean => {
+                            parts.iter().map(|&p| p as f64).sum::<f64>() as f32
+                        }
+                        _ => kernels::reduce_slice(op, &parts),
+                    };
+                    o[0] = finish(v);
+                } else {
+                    par_rows(o, 1, x_len, |i, o| {
+                        o[0] = finish(kernels::reduce_slice(op, &x[i * axis..(i + 1) * axis]))
+                    });
+                }
+            } else {
+                // reduce rows of `inner` elements into one accumulator row, in column blocks
+                let block = inner.min(1024);
+                let blocks_per_row = inner.div_ceil(block);
+                let work = x_len;
+                let f = |idx: usize, ob: &mut [f32]| {
+                    let (oi, bi) = (idx / blocks_per_row, idx % blocks_per_row);
+                    let c0 = bi * block;
+                    let w = ob.len();
+                    let base = oi * axis * inner;
+                    ob.copy_from_slice(&x[base + c0..base + c0 + w]);
+                    for a in 1..axis {
+                        let r = base + a * inner + c0;
+                        kernels::reduce_into(op, ob, &x[r..r + w]);
+                    }
+                    if op == ReduceOp::Mean {
+                        ob.iter_mut().for_each(|v| *v /= axis as f32);
+                    }
+                };
+                // one task per (outer row, column block); the last block of a row may be short
+                let mut tasks: Vec<&mut [f32]> = o
+                    .chunks_mut(inner)
+                    .flat_map(|row| row.chunks_mut(block))
+                    .collect();
+                if work < PAR_MIN {
+                    tasks.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+                } else {
+                    tasks.par_iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn softmax(
+        &self,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let (xb, ob) = (cpu(x)?, cpu(out)?);
+        let n = prod(&[rows, cols], "softmax")?;
+        check_len(x, n, "softmax input")?;
+        check_len(out, n, "softmax output")?;
+        let mut l = lock(&[xb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, o) = (&ins[0][..n], &mut o[..n]);
+        let stream = n >= kernels::STREAM_MIN;
+        self.run(|| {
+            par_rows(o, cols, n, |r, o| {
+                row_out(stream, o, |o| {
+                    kernels::softmax_row(&x[r * cols..(r + 1) * cols], o)
+                })
+            })
+        });
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xb, wb, ob) = (cpu(x)?, cpu(weight)?, cpu(out)?);
+        let n = prod(&[rows, cols], "rms_norm")?;
+        check_len(x, n, "rms_norm input")?;
+        check_len(weight, cols, "rms_norm weight")?;
+        check_len(out, n, "rms_norm output")?;
+        let mut l = lock(&[xb, wb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, w, o) = (&ins[0][..n], &ins[1][..cols], &mut o[..n]);
+        let stream = n >= kernels::STREAM_MIN;
+        self.run(|| {
+            par_rows(o, cols, n, |r, o| {
+                row_out(stream, o, |o| {
+                    kernels::rms_norm_row(&x[r * cols..(r + 1) * cols], w, eps, o)
+                })
+            })
+        });
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        bias: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xb, wb, bb, ob) = (cpu(x)?, cpu(weight)?, cpu(bias)?, cpu(out)?);
+        let n = prod(&[rows, cols], "layer_norm")?;
+        check_len(x, n, "layer_norm input")?;
+        check_len(weight, cols, "layer_norm weight")?;
+        check_len(bias, cols, "layer_norm bias")?;
+        check_len(out, n, "layer_norm output")?;
+        let mut l = lock(&[xb, wb, bb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, w, b, o) = (&ins[0][..n], &ins[1][..cols], &ins[2][..cols], &mut o[..n]);
+        let stream = n >= kernels::STREAM_MIN;
+        self.run(|| {
+            par_rows(o, cols, n, |r, o| {
+                row_out(stream, o, |o| {
+                    kernels::layer_norm_row(&x[r * cols..(r + 1) * cols], w, b, eps, o)
+                })
+            })
+        });
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: RopeDims,
+    ) -> Result<()> {
+        let RopeDims {
+            seq,
+            heads,
+            head_dim,
+            base,
+        } = dims;
+        let (xb, pb, ob) = (cpu(x)?, cpu(positions)?, cpu(out)?);
+        if head_dim % 2 != 0 {
+            return Err(Error::shape(format!(
+                "rope: head_dim must be even, got {head_dim}"
+            )));
+        }
+        let n = prod(&[seq, heads, head_dim], "rope")?;
+        check_len(x, n, "rope input")?;
+        check_len(positions, seq, "rope positions")?;
+        check_len(out, n, "rope output")?;
+        let mut l = lock(&[xb, pb], ob)?;
+        let (ins, o) = l.parts();
+        let (x, pos, o) = (&ins[0][..n], &ins[1][..seq], &mut o[..n]);
+        let h = head_dim / 2;
+        let inv_freq: Vec<f64> = (0..h)
+            .map(|i| (base as f64).powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
+        let row = heads * head_dim;
+        self.run(|| {
+            par_rows(o, row, n, |s, o| {
+                let p = pos[s] as f64;
+                let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
+                    .iter()
+                    .map(|f| {
+                        let (s, c) = (p * f).sin_cos();
+                        (c as f32, s as f32)
+                    })
+                    .unzip();
+                for (xo, oo) in x[s * row..(s + 1) * row]
+                    .chunks_exact(head_dim)
+                    .zip(o.chunks_exact_mut(head_dim))
+                {
+                    let (x0, x1) = xo.split_at(h);
+                    let (o0, o1) = oo.split_at_mut(h);
+                    for i in 0..h {
+                        o0[i] = x0[i] * cos[i] - x1[i] * sin[i];
+                        o1[i] = x0[i] * sin[i] + x1[i] * cos[i];
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn attention_scores(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (qb, kb, ob) = (cpu(q)?, cpu(k)?, cpu(out)?);
+        let s = attention_sizes(&dims)?;
+        check_len(q, s.q, "attention_scores q")?;
+        check_len(k, s.kv, "attention_scores k")?;
+        check_len(out, s.scores, "attention_scores output")?;
+        let mut l = lock(&[qb, kb], ob)?;
+        let (ins, o) = l.parts();
+        let (q, k, o) = (&ins[0][..s.q], &ins[1][..s.kv], &mut o[..s.scores]);
+        let AttentionDims {
+            q_len,
+            kv_len,
+            kv_stride,
+            head_dim: d,
+            scale,
+            ..
+        } = dims;
+        self.run(|| {
+            par_rows(o, kv_len, s.scores * d, |r, o| {
+                let (b, i) = (r / q_len, r % q_len);
+                let vis = visible(&dims, i);
+                let qr = &q[r * d..(r + 1) * d];
+                let kr = &k[b * kv_stride * d..(b * kv_stride + vis) * d];
+                kernels::dot_rows(qr, kr, scale, &mut o[..vis]);
+                o[vis..].fill(f32::NEG_INFINITY);
+            })
+        });
+        Ok(())
+    }
+
+    fn attention_weighted_sum(
+        &self,
+        p: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (pb, vb, ob) = (cpu(p)?, cpu(v)?, cpu(out)?);
+        let s = attention_sizes(&dims)?;
+        check_len(p, s.scores, "attention_weighted_sum probabilities")?;
+        check_len(v, s.kv, "attention_weighted_sum v")?;
+        check_len(out, s.q, "attention_weighted_sum output")?;
+        let mut l = lock(&[pb, vb], ob)?;
+        let (ins, o) = l.parts();
+        let (p, v, o) = (&ins[0][..s.scores], &ins[1][..s.kv], &mut o[..s.q]);
+        let AttentionDims {
+            q_len,
+            kv_len,
+            kv_stride,
+            head_dim: d,
+            ..
+        } = dims;
+        self.run(|| {
+            par_rows(o, d, s.scores * d, |r, o| {
+                let b = r / q_len;
+                let pr = &p[r * kv_len..(r + 1) * kv_len];
+                kernels::weighted_rows(pr, &v[b * kv_stride * d..(b * kv_stride + kv_len) * d], o);
+            })
+        });
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (qb, kb, vb, ob) = (cpu(q)?, cpu(k)?, cpu(v)?, cpu(out)?);
+        let s = attention_sizes(&dims)?;
+        check_len(q, s.q, "attention q")?;
+        check_len(k, s.kv, "attention k")?;
+        check_len(v, s.kv, "attention v")?;
+        check_len(out, s.q, "attention output")?;
+        let mut l = lock(&[qb, kb, vb], ob)?;
+        let (ins, o) = l.parts();
+        let (q, k, v, o) = (
+            &ins[0][..s.q],
+            &ins[1][..s.kv],
+            &ins[2][..s.kv],
+            &mut o[..s.q],
+        );
+        let AttentionDims {
+            q_len,
+            kv_len,
+            kv_stride,
+            head_dim: d,
+            scale,
+            ..
+        } = dims;
+        self.run(|| {
+            let row = |scratch: &mut Vec<f32>, r: usize, o: &mut [f32]| {
+                let (b, i) = (r / q_len, r % q_len);
+                let vis = visible(&dims, i);
+                if vis == 0 {
+                    o.fill(0.0);
+                    return;
+                }
+                scratch.resize(2 * vis, 0.0);
+                let (sc, p) = scratch.split_at_mut(vis);
+                let kv0 = b * kv_stride * d;
+                kernels::dot_rows(&q[r * d..(r + 1) * d], &k[kv0..kv0 + vis * d], scale, sc);
+                kernels::softmax_row(sc, p);
+                kernels::weighted_rows(p, &v[kv0..kv0 + vis * d], o);
+            };
+            let work = s.scores * d * 2;
+            if work < PAR_MIN {
+                let mut scratch = Vec::new();
+                o.chunks_mut(d)
+                    .enumerate()
+                    .for_each(|(r, o)| row(&mut scratch, r, o));
+            } else {
+                let min_len = (CHUNK / (kv_len * d * 2).max(1)).max(1);
+                o.par_chunks_mut(d)
+                    .enumerate()
+                    .with_min_len(min_len)
+                    .for_each_init(Vec::new, |scratch, (r, o)| row(scratch, r, o));
+            }
+        });
+        Ok(())
+    }
+
+    fn swiglu(
+        &self,
+        gate: &dyn DeviceBuffer,
+        up: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (gb, ub, ob) = (cpu(gate)?, cpu(up)?, cpu(out)?);
+        check_len(gate, len, "swiglu gate")?;
+        check_len(up, len, "swiglu up")?;
+        check_len(out, len, "swiglu output")?;
+        let mut l = lock(&[gb, ub], ob)?;
+        let (ins, o) = l.parts();
+        let (g, u, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
+        self.run(|| par_map2(g, u, o, kernels::swiglu));
+        Ok(())
+    }
+}
+
+/// Element counts of an attention call's buffers.
+struct AttnSizes {
+    q: usize,
+    kv: usize,
+    scores: usize,
+}
+
+fn attention_sizes(d: &AttentionDims) -> Result<AttnSizes> {
+    if d.kv_stride < d.kv_len {
+        return Err(Error::shape(format!(
+            "attention: kv_stride {} is smaller than kv_len {}",
+            d.kv_stride, d.kv_len
+        )));
+    }
+    Ok(AttnSizes {
+        q: prod(&[d.batch_heads, d.q_len, d.head_dim], "attention q")?,
+        kv: prod(&[d.batch_heads, d.kv_stride, d.head_dim], "attention k/v")?,
+        scores: prod(&[d.batch_heads, d.q_len, d.kv_len], "attention scores")?,
+    })
+}
+
+/// How many keys query row `i` sees.
+fn visible(d: &AttentionDims, i: usize) -> usize {
+    if d.causal {
+        d.kv_len.min(d.q_offset.saturating_add(i).saturating_add(1))
+    } else {
+        d.kv_len
+    }
+}
