@@ -1,0 +1,171 @@
+//! The actor drain template and the WGSL handler ABI.
+//!
+//! WebGPU and Metal have no persistent kernels, so an actor there is *event-driven*: the
+//! host dispatches a **drain pass** whenever messages are waiting in a kernel's input
+//! queue, with all of them in one dispatch. The pass runs a message handler written in
+//! WGSL once per message and writes at most one output message per input message.
+//!
+//! ## Buffers of a drain pass (group 0)
+//!
+//! | binding | WGSL global | type | contents |
+//! |---|---|---|---|
+//! | 0 | `rk_params` | `uniform RkDrainParams` | [`params::Drain`](crate::params::Drain): batch `first`, `count`, HLC, sizes |
+//! | 1 | `rk_control` | `storage, read_write RkControlBlock` | the kernel's [`ControlBlock`](ringkernel_core::control::ControlBlock) |
+//! | 2 | `rk_input` | `storage, read array<u32>` | input ring: [`QueueHeader`](ringkernel_core::queue::QueueHeader) (32 words) + `capacity` slots |
+//! | 3 | `rk_output` | `storage, read_write array<u32>` | output ring, same layout and capacity as the input |
+//! | 4 | `rk_state` | `storage, read_write array<u32>` | the handler's state (`state_bytes`, at least 16 bytes) |
+//!
+//! Message `i` of the batch is at queue index `first + i`, slot `(first + i) & mask`, in
+//! both rings: its output goes to the same slot of the output ring. A slot is the 64-byte
+//! [`MessageHeader`](ringkernel_core::message::MessageHeader) (16 words, `RkMessageHeader`
+//! in WGSL; 64-bit fields are `vec2<u32>`, low word first) followed by the payload.
+//!
+//! The template also declares the WGSL mirrors of the other shared layouts:
+//! `RkControlBlock`, `RkQueueHeader`, `RkK2kInboxHeader` and `RkRouteEntry` (device-side
+//! K2K inboxes and routing tables), all checked against `ringkernel-core`'s field
+//! tables by this crate's tests.
+//!
+//! ## The handler ABI
+//!
+//! A handler is WGSL source that defines
+//!
+//! ```wgsl
+//! fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32
+//! ```
+//!
+//! * `in_slot` / `out_slot`: word index of the payload of the request in `rk_input` and of
+//!   the output slot's payload in `rk_output`. Payload word `w` is `rk_input[in_slot + w]`.
+//! * `(*ctx).request`: the request's header; `(*ctx).kernel_id`, `(*ctx).hlc` (the
+//!   kernel's packed HLC for this pass, merged with every request of the batch — what a
+//!   CPU handler's `ctx.clock().peek()` returns), `(*ctx).batch_index`/`batch_len`.
+//! * State: the global `rk_state` (words), `state_bytes` long, zeroed at launch, kept
+//!   across passes.
+//! * Output: write the payload at `rk_output[out_slot + w]`, then call
+//!   `rk_reply(ctx, type_id, payload_len)` (to the host's output queue, correlated with
+//!   the request) or `rk_send(ctx, dest_kernel_id, type_id, payload_len)` (K2K, routed by
+//!   the host after the pass). No call: no output. At most one output per request.
+//! * Return `0` on success, or a non-zero error code: the message is counted as dropped
+//!   and its output discarded ([`ERR_TYPE_MISMATCH`] for a wrong type).
+//! * Order: by default the messages of a batch run in parallel, one invocation each
+//!   ([`Kernel::Drain`](crate::Kernel::Drain)). A handler that must see its messages in
+//!   order (because it updates state per message) declares `const RK_SERIAL: bool = true;`
+//!   and the host runs [`Kernel::DrainSerial`](crate::Kernel::DrainSerial): one invocation
+//!   handling the batch in queue order ([`is_serial`]).
+//!
+//! The host stamps what the device cannot know: `message_id` (unique per runtime) and the
+//! HLC `timestamp` of each output; the device writes `magic`, `version`, `type_id`,
+//! `payload_len`, `correlation_id` (the request's), `source_kernel`, `dest_kernel` and
+//! `flags`. A slot with `magic == 0` has no output; its `reserved[0]` word carries the
+//! handler's status. The device also advances its half of the control block
+//! (`input_head`, `output_tail`, `processed`, `hlc`, `heartbeat`).
+//!
+//! ## f64 without f64
+//!
+//! WGSL (and Metal) have no `f64`. The template includes `rk_f64_*` functions that work on
+//! the IEEE-754 bits of a double as `vec2<u32>` with integer arithmetic and exact
+//! round-to-nearest-even: `rk_f64_add`, `rk_f64_mul2`, `rk_f64_from_u64`. The built-in
+//! `Token` handlers use them, so their results equal the CPU's bit for bit.
+
+use crate::{Access, Binding};
+
+/// The template: layouts, bindings, helpers and the two drain entry points.
+pub const TEMPLATE: &str = include_str!("../kernels/drain.wgsl");
+/// The integer-bits f64 library (appended to every composed drain module).
+pub const F64_LIB: &str = include_str!("../kernels/f64.wgsl");
+/// Shared helpers for the built-in `Token` handlers (word offsets, type id).
+pub const TOKEN_LIB: &str = include_str!("../kernels/handlers/token.wgsl");
+/// WGSL of `rk.echo` (needs [`TOKEN_LIB`]).
+pub const ECHO: &str = include_str!("../kernels/handlers/echo.wgsl");
+/// WGSL of `rk.stage` (needs [`TOKEN_LIB`]).
+pub const STAGE: &str = include_str!("../kernels/handlers/stage.wgsl");
+/// WGSL of `rk.counter` (needs [`TOKEN_LIB`]; serial, 8 bytes of state).
+pub const COUNTER: &str = include_str!("../kernels/handlers/counter.wgsl");
+
+/// A handler that replies with a copy of the request (used to validate the template).
+pub const STUB_HANDLER: &str = "
+fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
+    let words = ((*ctx).request.payload_len + 3u) / 4u;
+    for (var w = 0u; w < words; w++) { rk_output[out_slot + w] = rk_input[in_slot + w]; }
+    rk_reply(ctx, (*ctx).request.type_id, (*ctx).request.payload_len);
+    return 0u;
+}
+";
+
+/// Threads per workgroup of the parallel drain pass.
+pub const DRAIN_WORKGROUP_SIZE: u32 = 64;
+/// Handler status: the request was of another type than the handler takes.
+pub const ERR_TYPE_MISMATCH: u32 = 1;
+/// Words of the queue header in front of the slots.
+pub const QUEUE_HEADER_WORDS: u32 = 32;
+/// Minimum size of the state buffer in bytes.
+pub const MIN_STATE_BYTES: usize = 16;
+
+/// Binding table of both drain entry points.
+pub const BINDINGS: &[Binding] = &[
+    Binding {
+        group: 0,
+        binding: 0,
+        name: "rk_params",
+        access: Access::Uniform,
+    },
+    Binding {
+        group: 0,
+        binding: 1,
+        name: "rk_control",
+        access: Access::ReadWrite,
+    },
+    Binding {
+        group: 0,
+        binding: 2,
+        name: "rk_input",
+        access: Access::Read,
+    },
+    Binding {
+        group: 0,
+        binding: 3,
+        name: "rk_output",
+        access: Access::ReadWrite,
+    },
+    Binding {
+        group: 0,
+        binding: 4,
+        name: "rk_state",
+        access: Access::ReadWrite,
+    },
+];
+
+/// The complete drain module for `handler_wgsl`: template + f64 library + handler.
+pub fn compose(handler_wgsl: &str) -> String {
+    let mut s = String::with_capacity(TEMPLATE.len() + F64_LIB.len() + handler_wgsl.len() + 64);
+    s.push_str(TEMPLATE);
+    s.push_str("\n// ---- f64 library ----\n");
+    s.push_str(F64_LIB);
+    s.push_str("\n// ---- handler ----\n");
+    s.push_str(handler_wgsl);
+    s
+}
+
+/// Whether a (validated) drain module's handler asks for in-order processing
+/// (`const RK_SERIAL: bool = true;`).
+pub fn is_serial(module: &naga::Module) -> bool {
+    module.constants.iter().any(|(_, c)| {
+        c.name.as_deref() == Some("RK_SERIAL")
+            && matches!(
+                module.global_expressions[c.init],
+                naga::Expression::Literal(naga::Literal::Bool(true))
+            )
+    })
+}
+
+/// Name, WGSL source and state bytes of the built-in handlers (`rk.echo`, `rk.stage`,
+/// `rk.counter`), the same semantics as the CPU versions in
+/// [`ringkernel_core::builtin`].
+pub fn builtin_handlers() -> Vec<(&'static str, String, usize)> {
+    use ringkernel_core::builtin;
+    let with_lib = |h: &str| format!("{TOKEN_LIB}\n{h}");
+    vec![
+        (builtin::ECHO, with_lib(ECHO), 0),
+        (builtin::STAGE, with_lib(STAGE), 0),
+        (builtin::COUNTER, with_lib(COUNTER), 8),
+    ]
+}

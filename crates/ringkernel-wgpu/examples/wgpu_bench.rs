@@ -1,0 +1,192 @@
+//! Benchmarks of the wgpu backend: memory-bound ops against the device's copy bandwidth,
+//! matmul GFLOP/s, actor throughput with batching and single-message round trips.
+//!
+//! ```text
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N]
+//! ```
+//!
+//! Timing: each op is recorded `REPS` times back to back into one submission (the
+//! backend's batching), the wall time from the first record to the end of
+//! `synchronize` is divided by `REPS`; the best of 5 such runs is reported, after a
+//! warm-up. Bytes are the fewest the op must move (inputs read once, output written
+//! once; a copy counts its read and its write), as in `torch_peer.py`.
+
+use ringkernel_core::builtin::{Token, ECHO};
+use ringkernel_core::compute::{BinaryOp, BufferRef, ComputeBackend, MatmulDims};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::registry::KernelRegistry;
+use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::util::SplitMix64;
+use ringkernel_core::Error;
+use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
+use std::time::{Duration, Instant};
+
+const REPS: usize = 20;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn time_op(
+    g: &WgpuCompute,
+    reps: usize,
+    mut op: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
+    op()?;
+    g.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..reps {
+            op()?;
+        }
+        g.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(best)
+}
+
+fn random(g: &WgpuCompute, n: usize, seed: u64) -> Result<BufferRef, Error> {
+    let mut r = SplitMix64::new(seed);
+    g.upload(&r.vec(n, -1.0, 1.0))
+}
+
+fn main() -> Result<(), Error> {
+    let elems = arg("--elems", 64 << 20);
+    let cols = arg("--cols", 4096);
+    let mm = arg("--matmul", 4096);
+    let msgs = arg("--msgs", 1_000_000);
+    let g = match WgpuCompute::new() {
+        Ok(g) => g,
+        Err(e @ Error::BackendUnavailable { .. }) => {
+            println!("no usable wgpu adapter: {e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    println!("device: {}", g.device_name());
+    let gb = |bytes: f64, s: f64| bytes / s / 1e9;
+
+    // Copy bandwidth: a 1 GiB buffer-to-buffer copy.
+    // (Halved until it fits the adapter's buffer limit, e.g. 128 MiB on lavapipe.)
+    let mut copy_elems = (1usize << 30) / 4;
+    let (src, dst) = loop {
+        match (g.alloc(copy_elems), g.alloc(copy_elems)) {
+            (Ok(s), Ok(d)) => break (s, d),
+            _ if copy_elems > 1 << 20 => copy_elems /= 2,
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        }
+    };
+    let t = time_op(&g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
+    let copy_bw = gb(2.0 * (copy_elems * 4) as f64, t);
+    println!(
+        "copy {} MiB: {:.3} ms, {:.1} GB/s (read + write)",
+        (copy_elems * 4) >> 20,
+        t * 1e3,
+        copy_bw
+    );
+    drop((src, dst));
+
+    let bytes = (elems * 4) as f64;
+    let a = random(&g, elems, 1)?;
+    let b = random(&g, elems, 2)?;
+    let out = g.alloc(elems)?;
+    let t = time_op(&g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
+    let bw = gb(3.0 * bytes, t);
+    println!(
+        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        t * 1e3,
+        bw,
+        100.0 * bw / copy_bw
+    );
+    let rows = elems / cols;
+    let t = time_op(&g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
+    let bw = gb(2.0 * bytes, t);
+    println!(
+        "softmax {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        t * 1e3,
+        bw,
+        100.0 * bw / copy_bw
+    );
+    let w = random(&g, cols, 3)?;
+    let t = time_op(&g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
+    let bw = gb(2.0 * bytes, t);
+    println!(
+        "rms_norm {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        t * 1e3,
+        bw,
+        100.0 * bw / copy_bw
+    );
+    drop((a, b, out, w));
+
+    let ma = random(&g, mm * mm, 4)?;
+    let mb = random(&g, mm * mm, 5)?;
+    let mc = g.alloc(mm * mm)?;
+    let dims = MatmulDims {
+        batch: 1,
+        m: mm,
+        k: mm,
+        n: mm,
+        b_batched: false,
+    };
+    let t = time_op(&g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
+    println!(
+        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s",
+        t * 1e3,
+        2.0 * (mm as f64).powi(3) / t / 1e9
+    );
+    drop((ma, mb, mc));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Device(e.to_string()))?;
+    rt.block_on(async {
+        let runtime = WgpuRuntime::with_context(KernelRegistry::new(), g.context().clone());
+        let opts = LaunchOptions::default().with_queue_capacity(65536);
+        let k = runtime.launch(ECHO, opts).await?;
+        // Throughput: one task sends, another receives, as fast as they can.
+        let start = Instant::now();
+        let sender = {
+            let k = k.clone();
+            tokio::spawn(async move {
+                for i in 0..msgs as u64 {
+                    k.send(Token::new(i, i as f64)).await?;
+                }
+                Ok::<_, Error>(())
+            })
+        };
+        for i in 0..msgs as u64 {
+            let t: Token = k.receive_timeout(Duration::from_secs(30)).await?;
+            if t.id != i || t.value != 2.0 * i as f64 {
+                return Err(Error::Device(format!("reply {i} wrong: {t:?}")));
+            }
+        }
+        sender.await.map_err(|e| Error::Device(e.to_string()))??;
+        let s = start.elapsed().as_secs_f64();
+        let m = k.metrics();
+        println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
+        // Round trip: one call at a time.
+        let mut lat = Vec::new();
+        for i in 0..2000u64 {
+            let t = Instant::now();
+            let _: Token = k.call(Token::new(i, 1.0), Duration::from_secs(10)).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        lat.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "actor round trip (call, 1 message): p50 {:.1} us, p90 {:.1} us, p99 {:.1} us",
+            lat[lat.len() / 2],
+            lat[lat.len() * 9 / 10],
+            lat[lat.len() * 99 / 100]
+        );
+        runtime.shutdown().await?;
+        Ok::<_, Error>(())
+    })
+}

@@ -1,0 +1,301 @@
+//! WgpuCompute on the software adapter (lavapipe in CI): the shared compute testkit plus
+//! tests of what is specific to this backend (large dispatches, batching, the cache,
+//! errors). Set RINGKERNEL_WGPU_TEST_ADAPTER=hardware to run them on a GPU instead.
+
+use ringkernel_core::compute::{
+    reference, testkit, BinaryOp, ComputeBackend, MatmulDims, ReduceDims, ReduceOp, UnaryOp,
+};
+use ringkernel_core::util::{rel_error, SplitMix64};
+use ringkernel_core::Error;
+use ringkernel_wgpu::{AdapterSelection, WgpuCompute};
+use std::sync::OnceLock;
+
+fn gpu() -> &'static WgpuCompute {
+    static GPU: OnceLock<WgpuCompute> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
+            .map(|s| AdapterSelection::parse(&s))
+            .unwrap_or(default_adapter());
+        WgpuCompute::with_selection(sel)
+            .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+    })
+}
+
+fn poisoned(g: &WgpuCompute, len: usize) -> ringkernel_core::compute::BufferRef {
+    g.upload(&vec![f32::NAN; len]).unwrap()
+}
+
+fn read(g: &WgpuCompute, b: &dyn ringkernel_core::compute::DeviceBuffer) -> Vec<f32> {
+    let mut v = vec![0.0; b.len()];
+    g.read(b, 0, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn shared_testkit_passes() {
+    let report = testkit::check_all(gpu()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.passed());
+    println!("{report}");
+}
+
+/// 2^24 + 5 elements: 65541 workgroups, more than one grid dimension holds.
+#[test]
+fn large_elementwise_dispatch_covers_every_element() {
+    let g = gpu();
+    let n = (1usize << 24) + 5;
+    let mut rng = SplitMix64::from_entropy();
+    let a = rng.vec(n, -1.0, 1.0);
+    let b = rng.vec(n, -1.0, 1.0);
+    let (da, db, out) = (g.upload(&a).unwrap(), g.upload(&b).unwrap(), poisoned(g, n));
+    g.binary(BinaryOp::Add, &*da, &*db, &*out, n).unwrap();
+    let got = read(g, &*out);
+    let want: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| *x as f64 + *y as f64)
+        .collect();
+    assert!(rel_error(&got, &want) < 1e-7, "{}", rel_error(&got, &want));
+    // The tail (in the second grid row) was written.
+    assert_eq!(got[n - 1], a[n - 1] + b[n - 1]);
+}
+
+#[test]
+fn long_reduction_uses_two_passes_and_is_accurate() {
+    let g = gpu();
+    let n = 1_000_003;
+    let mut rng = SplitMix64::from_entropy();
+    let x = rng.vec(n, -1.0, 1.0);
+    let dx = g.upload(&x).unwrap();
+    for op in ReduceOp::ALL {
+        let out = poisoned(g, 1);
+        g.reduce(
+            op,
+            &*dx,
+            &*out,
+            ReduceDims {
+                outer: 1,
+                axis: n,
+                inner: 1,
+            },
+        )
+        .unwrap();
+        let got = read(g, &*out)[0] as f64;
+        let want = match op {
+            ReduceOp::Sum => x.iter().map(|v| *v as f64).sum::<f64>(),
+            ReduceOp::Mean => x.iter().map(|v| *v as f64).sum::<f64>() / n as f64,
+            ReduceOp::Max => x.iter().cloned().fold(f32::MIN, f32::max) as f64,
+            ReduceOp::Min => x.iter().cloned().fold(f32::MAX, f32::min) as f64,
+        };
+        let scale = x.iter().map(|v| v.abs() as f64).sum::<f64>() / n as f64;
+        let tol = match op {
+            ReduceOp::Max | ReduceOp::Min => 0.0,
+            ReduceOp::Sum => 1e-5 * scale * n as f64,
+            ReduceOp::Mean => 1e-5 * scale,
+        };
+        assert!((got - want).abs() <= tol, "{op:?}: {got} vs {want}");
+    }
+    let y = rng.vec(n, -1.0, 1.0);
+    let dy = g.upload(&y).unwrap();
+    let out = poisoned(g, 1);
+    g.dot(&*dx, &*dy, &*out, n).unwrap();
+    let want: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
+    let got = read(g, &*out)[0] as f64;
+    assert!((got - want).abs() < 1e-3, "dot {got} vs {want}");
+}
+
+#[test]
+fn matmul_with_awkward_sizes_matches_reference() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for &(batch, m, k, n, bb) in &[
+        (1, 130, 67, 129, false),
+        (2, 64, 128, 64, true),
+        (1, 1, 300, 1, false),
+    ] {
+        let a = rng.vec(batch * m * k, -1.0, 1.0);
+        let b = rng.vec(if bb { batch } else { 1 } * k * n, -1.0, 1.0);
+        let dims = MatmulDims {
+            batch,
+            m,
+            k,
+            n,
+            b_batched: bb,
+        };
+        let (da, db, out) = (
+            g.upload(&a).unwrap(),
+            g.upload(&b).unwrap(),
+            poisoned(g, batch * m * n),
+        );
+        g.matmul(&*da, &*db, &*out, dims).unwrap();
+        let want = reference::matmul(&a, &b, dims);
+        let got = read(g, &*out);
+        let e = rel_error(&got, &want);
+        assert!(e.is_finite(), "{dims:?}: unwritten output");
+        // Forward error of each dot product against its condition Σ|a||b| (a single
+        // short dot can cancel to near zero, where a plain relative error means nothing).
+        let abs_a: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+        let abs_b: Vec<f32> = b.iter().map(|v| v.abs()).collect();
+        let scale = reference::matmul(&abs_a, &abs_b, dims);
+        for ((g, w), s) in got.iter().zip(&want).zip(&scale) {
+            assert!(
+                (*g as f64 - w).abs() <= 1e-6 * s + 1e-30,
+                "{dims:?}: {g} vs {w} (scale {s})"
+            );
+        }
+    }
+}
+
+#[test]
+fn many_ops_in_one_batch_keep_their_order() {
+    let g = gpu();
+    let n = 1000;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let a = g.upload(&x).unwrap();
+    let b = g.alloc(n).unwrap();
+    // 600 dependent ops (more than MAX_BATCH, so the batch is submitted midway).
+    for _ in 0..300 {
+        g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*b, n).unwrap();
+        g.binary_scalar(BinaryOp::Add, &*b, 1.0, &*a, n).unwrap();
+    }
+    // A host write between ops lands after the ops issued before it.
+    g.write(&*a, 0, &[-5.0]).unwrap();
+    g.unary(UnaryOp::Neg, &*a, &*b, n).unwrap();
+    let got = read(g, &*b);
+    assert_eq!(got[0], 5.0);
+    for (i, v) in got.iter().enumerate().skip(1) {
+        assert_eq!(*v, -(i as f32 + 600.0), "element {i}");
+    }
+}
+
+#[test]
+fn pipelines_are_cached_per_specialisation() {
+    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let x = g.upload(&[1.0, 4.0]).unwrap();
+    let o = g.alloc(2).unwrap();
+    g.unary(UnaryOp::Sqrt, &*x, &*o, 2).unwrap();
+    g.unary(UnaryOp::Sqrt, &*x, &*o, 2).unwrap();
+    assert_eq!(g.cached_pipelines(), 1);
+    g.unary(UnaryOp::Neg, &*x, &*o, 2).unwrap();
+    assert_eq!(g.cached_pipelines(), 2);
+    let mut v = [0.0; 2];
+    g.read(&*o, 0, &mut v).unwrap();
+    assert_eq!(v, [-1.0, -4.0]);
+}
+
+#[test]
+fn bad_calls_are_typed_errors() {
+    let g = gpu();
+    let a = g.upload(&[1.0; 8]).unwrap();
+    let small = g.alloc(4).unwrap();
+    assert!(matches!(
+        g.unary(UnaryOp::Neg, &*a, &*small, 8),
+        Err(Error::ShapeMismatch(_))
+    ));
+    assert!(matches!(
+        g.unary(UnaryOp::Neg, &*a, &*a, 8),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        g.reduce(
+            ReduceOp::Sum,
+            &*a,
+            &*small,
+            ReduceDims {
+                outer: 1,
+                axis: 0,
+                inner: 1
+            }
+        ),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut out = [0.0; 9];
+    assert!(matches!(
+        g.read(&*a, 0, &mut out),
+        Err(Error::ShapeMismatch(_))
+    ));
+    assert!(matches!(
+        g.copy(&*a, 0, &*a, 2, 4),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Copy within one buffer, non-overlapping.
+    g.write(&*a, 0, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    g.copy(&*a, 0, &*a, 4, 4).unwrap();
+    let mut v = [0.0; 8];
+    g.read(&*a, 0, &mut v).unwrap();
+    assert_eq!(v, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
+    // A buffer of another wgpu device is refused.
+    let other = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let ob = other.alloc(8).unwrap();
+    assert!(matches!(
+        g.unary(UnaryOp::Neg, &*ob, &*a, 8),
+        Err(Error::Device(_))
+    ));
+}
+
+/// lavapipe in CI; the GPU on the device machine (whose bundle sets RINGKERNEL_REQUIRE_GPU).
+fn default_adapter() -> AdapterSelection {
+    if std::env::var("RINGKERNEL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        AdapterSelection::Hardware
+    } else {
+        AdapterSelection::Software
+    }
+}
+
+/// Lengths divisible by 4 run the vec4 kernels, others the scalar ones: both must give
+/// the same results to 2 ulp (and the vec4 run must write every element, including the last).
+#[test]
+fn vec4_kernels_agree_with_scalar_kernels() {
+    let g = gpu();
+    let n = 1028;
+    let mut rng = SplitMix64::from_entropy();
+    let a = rng.vec(n, 0.1, 2.0);
+    let b = rng.vec(n, 0.1, 2.0);
+    let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+    let run = |f: &dyn Fn(&dyn ringkernel_core::compute::DeviceBuffer, usize)| {
+        let (o4, o1) = (poisoned(g, n), poisoned(g, n));
+        f(&*o4, n);
+        f(&*o1, n - 1);
+        let (v4, v1) = (read(g, &*o4), read(g, &*o1));
+        assert!(
+            v4[n - 1].is_finite(),
+            "vec4 kernel left the last element unwritten"
+        );
+        // Same formulas; the shader compiler may contract differently in vector code,
+        // so allow 2 ulp.
+        for i in 0..n - 1 {
+            let ulps = (v4[i].to_bits() as i64 - v1[i].to_bits() as i64).abs();
+            assert!(ulps <= 2, "element {i}: {} vs {}", v4[i], v1[i]);
+        }
+    };
+    for op in UnaryOp::ALL {
+        run(&|o, len| g.unary(op, &*da, o, len).unwrap());
+    }
+    for op in BinaryOp::ALL {
+        run(&|o, len| g.binary(op, &*da, &*db, o, len).unwrap());
+        run(&|o, len| g.binary_scalar(op, &*da, 1.5, o, len).unwrap());
+    }
+    run(&|o, len| g.swiglu(&*da, &*db, o, len).unwrap());
+}
+
+/// Rows whose length is a multiple of 4 take the vec4 softmax / RMSNorm kernels.
+#[test]
+fn vec4_row_kernels_match_reference() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for &(rows, cols) in &[(3, 4096), (5, 1028), (2, 4)] {
+        let x = rng.vec(rows * cols, -4.0, 4.0);
+        let w = rng.vec(cols, 0.5, 1.5);
+        let (dx, dw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+        let out = poisoned(g, rows * cols);
+        g.softmax(&*dx, &*out, rows, cols).unwrap();
+        let e = rel_error(&read(g, &*out), &reference::softmax(&x, rows, cols));
+        assert!(e < 1e-5, "softmax {rows}x{cols}: {e}");
+        let out = poisoned(g, rows * cols);
+        g.rms_norm(&*dx, &*dw, &*out, rows, cols, 1e-6).unwrap();
+        let e = rel_error(
+            &read(g, &*out),
+            &reference::rms_norm(&x, &w, rows, cols, 1e-6),
+        );
+        assert!(e < 1e-5, "rms_norm {rows}x{cols}: {e}");
+    }
+}

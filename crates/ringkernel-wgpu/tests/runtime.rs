@@ -1,0 +1,173 @@
+//! WgpuRuntime on the software adapter (lavapipe in CI): the shared behavioural suite
+//! (`ringkernel_core::conformance`, the same tests the CPU runtime runs), with message
+//! counts sized for CI, plus the exactness of the WGSL built-ins' f64 arithmetic.
+
+use ringkernel_core::builtin::{Token, COUNTER, ECHO, STAGE};
+use ringkernel_core::conformance as conf;
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::registry::KernelRegistry;
+use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::util::SplitMix64;
+use ringkernel_wgpu::{AdapterSelection, WgpuRuntime};
+use std::time::Duration;
+
+fn runtime() -> WgpuRuntime {
+    let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
+        .map(|s| AdapterSelection::parse(&s))
+        .unwrap_or(default_adapter());
+    WgpuRuntime::with_selection(KernelRegistry::new(), sel)
+        .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+}
+
+macro_rules! conformance {
+    ($($name:ident => $f:ident($($arg:expr),*);)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let rt = runtime();
+            conf::$f(&rt $(, $arg)*).await.unwrap_or_else(|e| panic!("{e}"));
+            rt.shutdown().await.unwrap();
+        }
+    )*};
+}
+
+conformance! {
+    lifecycle => lifecycle();
+    call_correlation => call_correlation(4, 50);
+    echo_many => echo_many(20_000);
+    deactivate_keeps_messages => deactivate_keeps_messages();
+    terminate_in_flight => terminate_in_flight();
+    unknown_kernel => unknown_kernel();
+    bad_capacity => bad_capacity();
+    oversized_payload => oversized_payload();
+    receive_timeout => receive_timeout();
+    k2k_pipeline => k2k_pipeline(2_000);
+    pubsub_fanout => pubsub_fanout();
+    queue_full => queue_full();
+}
+
+/// Random doubles of every kind the Token arithmetic must get bit-exact: the WGSL f64
+/// add/×2/from-int (integer arithmetic on the IEEE bits) against the CPU's.
+fn awkward_f64(rng: &mut SplitMix64) -> f64 {
+    match rng.below(6) {
+        0 => f64::from_bits(rng.next_u64()), // anything, NaN/inf included
+        1 => (rng.next_f64() - 0.5) * 4.0,   // near ±1 (cancellation)
+        2 => f64::from_bits(rng.next_u64() & 0x000F_FFFF_FFFF_FFFF), // subnormal
+        3 => (rng.next_f64() - 0.5) * 1e17,  // where +1 rounds
+        4 => -1.0 + (rng.next_f64() - 0.5) * 1e-12,
+        _ => f64::MAX * (rng.next_f64() - 0.5),
+    }
+}
+
+fn same(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_f64_arithmetic_is_bit_exact() {
+    let rt = runtime();
+    // Room for every request and reply: the test sends all before receiving.
+    let opts = LaunchOptions::default().with_queue_capacity(4096);
+    let echo = rt.launch(ECHO, opts.clone()).await.unwrap();
+    let stage = rt.launch(STAGE, opts).await.unwrap();
+    let mut rng = SplitMix64::from_entropy();
+    let values: Vec<f64> = (0..3000).map(|_| awkward_f64(&mut rng)).collect();
+    for (i, v) in values.iter().enumerate() {
+        echo.send(Token::new(i as u64, *v)).await.unwrap();
+        stage.send(Token::new(i as u64, *v)).await.unwrap();
+    }
+    for (i, v) in values.iter().enumerate() {
+        let e: Token = echo.receive_timeout(Duration::from_secs(20)).await.unwrap();
+        assert_eq!(e.id, i as u64);
+        assert!(
+            same(e.value, v * 2.0),
+            "{v:e} ({:#x}) * 2: got {:e}, want {:e}",
+            v.to_bits(),
+            e.value,
+            v * 2.0
+        );
+        let s: Token = stage
+            .receive_timeout(Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(
+            same(s.value, v + 1.0),
+            "{v:e} ({:#x}) + 1: got {:e} ({:#x}), want {:e}",
+            v.to_bits(),
+            s.value,
+            s.value.to_bits(),
+            v + 1.0
+        );
+        assert_eq!((e.hops, s.hops), (1, 1));
+        assert!(
+            e.stamps[0] > 0 && s.stamps[0] > 0,
+            "stamped with the kernel clock"
+        );
+    }
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_counts_in_order_across_passes() {
+    let rt = runtime();
+    let c = rt.launch(COUNTER, LaunchOptions::default()).await.unwrap();
+    for round in 0..3u64 {
+        for i in 0..100u64 {
+            c.send(Token::new(i, 0.0)).await.unwrap();
+        }
+        for i in 0..100u64 {
+            let t: Token = c.receive_timeout(Duration::from_secs(20)).await.unwrap();
+            assert_eq!(t.id, i);
+            assert_eq!(t.value, (round * 100 + i + 1) as f64);
+        }
+    }
+    let m = c.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (300, 300, 0));
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_message_type_is_dropped_and_counted() {
+    let rt = runtime();
+    let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    k.send_envelope(&ringkernel_core::message::Envelope::from_bytes(
+        77,
+        &[1, 2, 3, 4],
+    ))
+    .await
+    .unwrap();
+    let r: Token = k
+        .call(Token::new(5, 2.0), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(r.value, 4.0);
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (2, 1, 1));
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_wgsl_handler_is_a_compile_error() {
+    let reg = KernelRegistry::new();
+    reg.register_gpu(ringkernel_core::registry::GpuHandler::new("bad").with_wgsl("fn handle( {"));
+    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let e = rt
+        .launch("bad", LaunchOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ringkernel_core::Error::Compile { .. }), "{e}");
+    // The name is free again.
+    assert!(rt
+        .launch(ECHO, LaunchOptions::default().with_name("bad"))
+        .await
+        .is_ok());
+    rt.shutdown().await.unwrap();
+}
+
+/// lavapipe in CI; the GPU on the device machine (whose bundle sets RINGKERNEL_REQUIRE_GPU).
+fn default_adapter() -> AdapterSelection {
+    if std::env::var("RINGKERNEL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        AdapterSelection::Hardware
+    } else {
+        AdapterSelection::Software
+    }
+}
