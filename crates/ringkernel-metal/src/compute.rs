@@ -1,0 +1,543 @@
+//! [`MetalCompute`]: the compute ops on Metal.
+//!
+//! Each op becomes a [`Plan`] (platform-independent, tested on
+//! Linux), whose dispatches are recorded into the current command buffer; consecutive
+//! ops share one compute encoder, and the command buffer is committed when the host
+//! needs results (`read`, `synchronize`, a host `write`) or after
+//! [`MAX_DISPATCHES_PER_BATCH`] dispatches. Buffers are `StorageModeShared`: on unified
+//! memory `read`/`write` copy straight from/to the buffer's memory, with no staging
+//! buffer and no blit. Buffers come from a bounded [`BufferPool`].
+//!
+//! Pipelines are compiled from the MSL that naga generates for the shared WGSL kernels
+//! (`ringkernel-shaders`) and cached by `(kernel, specialisation)`. Large matmuls
+//! ([`plan::prefer_mps`]) go to Metal Performance Shaders' `MPSMatrixMultiplication`
+//! when the device supports it and the `mps` feature is on (the default); the others
+//! run the shared tiled WGSL kernel.
+//!
+//! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there).
+
+use crate::plan::{self, Operand, Plan};
+use crate::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
+use crate::sizing::check_fixed_threadgroup;
+use crate::sys::{CommandBatch, MetalAllocator, MetalBuffer, MetalDevice, Pipeline};
+use ringkernel_core::compute::{
+    check_len, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
+    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+};
+use ringkernel_core::{BackendKind, Error, Result};
+use ringkernel_shaders::{Kernel, Specialization};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Dispatches recorded into one command buffer before it is committed without waiting.
+pub const MAX_DISPATCHES_PER_BATCH: usize = 64;
+
+/// An f32 buffer of the Metal backend: a pooled `StorageModeShared` buffer.
+#[derive(Debug)]
+pub struct MetalTensor {
+    buf: Pooled<MetalAllocator>,
+    len: usize,
+}
+
+impl MetalTensor {
+    /// The underlying Metal buffer (its size class may exceed `len * 4` bytes).
+    pub fn buffer(&self) -> &MetalBuffer {
+        &self.buf
+    }
+}
+
+impl DeviceBuffer for MetalTensor {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Metal
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    batch: Option<CommandBatch>,
+    dispatches: usize,
+    /// Command buffers committed without waiting since the last wait.
+    in_flight: bool,
+    /// Scratch buffers used by recorded work, released after the next wait.
+    keep_alive: Vec<Pooled<MetalAllocator>>,
+}
+
+type PipelineKey = (Kernel, Specialization);
+
+/// A compiled kernel and what naga's buffer-sizes argument must hold for it.
+#[derive(Debug)]
+struct Compiled {
+    pipeline: Pipeline,
+    /// `(index, order)` of the `_buffer_sizes` argument, if the MSL has one.
+    sizes: Option<crate::plan::SizesArg>,
+}
+
+/// The compute ops on the system default Metal device. See the [module docs](self).
+pub struct MetalCompute {
+    device: Arc<MetalDevice>,
+    pool: Arc<BufferPool<MetalAllocator>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Compiled>>>,
+    pending: Mutex<Pending>,
+    /// Whether large matmuls go to Metal Performance Shaders.
+    mps: bool,
+}
+
+impl std::fmt::Debug for MetalCompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetalCompute")
+            .field("device", &self.device.name())
+            .field("pool", &self.pool.stats())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl MetalCompute {
+    /// Opens the system default Metal device. `BackendUnavailable` on non-Apple targets
+    /// and when the system has no Metal device.
+    pub fn new() -> Result<Self> {
+        let device = crate::open_device()?;
+        let config = PoolConfig::for_working_set(device.recommended_working_set_size());
+        Ok(Self::with_device(device, config))
+    }
+
+    /// On an already opened device, with explicit pool limits.
+    pub fn with_device(device: Arc<MetalDevice>, pool: PoolConfig) -> Self {
+        MetalCompute {
+            pool: BufferPool::new(MetalAllocator::new(device.clone()), pool),
+            mps: device.supports_mps(),
+            device,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+        }
+    }
+
+    /// Turns the Metal Performance Shaders matmul off (or back on where the device
+    /// supports it); off, every matmul runs the shared tiled WGSL kernel.
+    pub fn set_use_mps(&mut self, on: bool) {
+        self.mps = on && self.device.supports_mps();
+    }
+
+    /// Whether large matmuls go to Metal Performance Shaders ([`plan::prefer_mps`]).
+    pub fn uses_mps(&self) -> bool {
+        self.mps
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<MetalDevice> {
+        &self.device
+    }
+
+    /// Buffer pool counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Frees every pooled (unused) buffer; returns the bytes freed.
+    pub fn trim_pool(&self) -> usize {
+        self.pool.trim()
+    }
+
+    /// Number of compiled pipelines in the cache.
+    pub fn cached_pipelines(&self) -> usize {
+        lock(&self.pipelines).len()
+    }
+
+    fn pipeline(&self, kernel: Kernel, spec: &Specialization) -> Result<Arc<Compiled>> {
+        let key = (kernel, spec.clone());
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        // Compiled outside the lock; a racing thread may compile the same pipeline
+        // once more, and the first one inserted wins.
+        let msl = ringkernel_shaders::to_msl(kernel, spec)?;
+        let label = format!("{}{:?}", kernel.entry_point(), spec.0);
+        let p = self.device.compile(&label, &msl.source, &msl.entry_point)?;
+        check_fixed_threadgroup(kernel.entry_point(), p.limits(), msl.workgroup_size)?;
+        let sizes = msl
+            .sizes_buffer
+            .map(|i| (i as u32, msl.sizes_order.clone()));
+        let p = Arc::new(Compiled { pipeline: p, sizes });
+        Ok(lock(&self.pipelines).entry(key).or_insert(p).clone())
+    }
+
+    /// The limits of the compiled pipeline of `kernel` specialised with `spec`
+    /// (`threadExecutionWidth`, `maxTotalThreadsPerThreadgroup`), compiling it if needed.
+    pub fn pipeline_limits(
+        &self,
+        kernel: Kernel,
+        spec: &Specialization,
+    ) -> Result<crate::sizing::PipelineLimits> {
+        Ok(self.pipeline(kernel, spec)?.pipeline.limits())
+    }
+
+    fn tensor<'a>(&self, b: &'a dyn DeviceBuffer) -> Result<&'a MetalTensor> {
+        downcast::<MetalTensor>(b, BackendKind::Metal)
+    }
+
+    fn new_tensor(&self, len: usize) -> Result<MetalTensor> {
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| Error::invalid(format!("{len} f32 elements overflow")))?;
+        Ok(MetalTensor {
+            buf: self.pool.acquire(bytes.max(4))?,
+            len,
+        })
+    }
+
+    /// Runs `plan` on `args` (in the op's argument order).
+    fn run(&self, plan: Plan, args: &[&dyn DeviceBuffer]) -> Result<()> {
+        let tensors = args
+            .iter()
+            .map(|a| self.tensor(*a))
+            .collect::<Result<Vec<_>>>()?;
+        for n in &plan.needs {
+            let t = tensors.get(n.arg).ok_or_else(|| {
+                Error::invalid(format!("plan refers to missing argument {}", n.arg))
+            })?;
+            check_len(*t, n.elems, n.what)?;
+        }
+        if plan.dispatches.is_empty() {
+            return Ok(());
+        }
+        let scratch = plan
+            .scratch
+            .iter()
+            .map(|&n| self.new_tensor(n))
+            .collect::<Result<Vec<_>>>()?;
+        let pipelines = plan
+            .dispatches
+            .iter()
+            .map(|d| self.pipeline(d.kernel, &d.spec))
+            .collect::<Result<Vec<_>>>()?;
+        let mut pending = lock(&self.pending);
+        for (d, pipe) in plan.dispatches.iter().zip(&pipelines) {
+            let mut binds: Vec<(u32, &MetalBuffer, usize)> = Vec::with_capacity(d.binds.len());
+            let mut lens: Vec<(u32, usize)> = Vec::with_capacity(d.binds.len());
+            for b in &d.binds {
+                let t: &MetalTensor = match b.operand {
+                    Operand::Arg(i) => tensors.get(i).copied(),
+                    Operand::Scratch(i) => scratch.get(i),
+                }
+                .ok_or_else(|| {
+                    Error::invalid(format!("plan binds a missing operand {:?}", b.operand))
+                })?;
+                binds.push((b.index(), t.buffer(), 0));
+                lens.push((b.binding, t.len * 4));
+            }
+            let sizes = match &pipe.sizes {
+                Some((index, order)) => Some((
+                    *index,
+                    plan::buffer_sizes(order, |b| {
+                        lens.iter().find(|(x, _)| *x == b).map(|(_, n)| *n)
+                    })?,
+                )),
+                None => None,
+            };
+            let mut inline: Vec<(u32, &[u8])> = vec![(plan::PARAMS_BINDING, &d.params)];
+            if let Some((index, bytes)) = &sizes {
+                inline.push((*index, bytes));
+            }
+            if pending.batch.is_none() {
+                pending.batch = Some(self.device.batch()?);
+            }
+            let batch = pending
+                .batch
+                .as_mut()
+                .ok_or_else(|| crate::device_err("no command buffer"))?;
+            batch.dispatch(&pipe.pipeline, &binds, &inline, d.groups, d.threads())?;
+            pending.dispatches += 1;
+        }
+        pending
+            .keep_alive
+            .extend(scratch.into_iter().map(|t| t.buf));
+        if pending.dispatches >= MAX_DISPATCHES_PER_BATCH {
+            if let Some(b) = pending.batch.take() {
+                b.commit(None);
+                pending.in_flight = true;
+                pending.dispatches = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits recorded work and waits for everything committed so far.
+    fn wait_all(&self) -> Result<()> {
+        let mut pending = lock(&self.pending);
+        let batch = match pending.batch.take() {
+            Some(b) => Some(b),
+            // An empty command buffer completes after every earlier one on the queue.
+            None if pending.in_flight => Some(self.device.batch()?),
+            None => None,
+        };
+        pending.dispatches = 0;
+        let result = match batch {
+            Some(b) => b.commit_and_wait(),
+            None => Ok(()),
+        };
+        pending.in_flight = false;
+        pending.keep_alive.clear();
+        result
+    }
+
+    fn range(t: &MetalTensor, offset: usize, n: usize, what: &str) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= t.len => Ok(()),
+            _ => Err(Error::shape(format!(
+                "{what}: elements {offset}..{offset}+{n} outside a buffer of {}",
+                t.len
+            ))),
+        }
+    }
+}
+
+impl ComputeBackend for MetalCompute {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Metal
+    }
+
+    fn device_name(&self) -> String {
+        self.device.name()
+    }
+
+    fn alloc(&self, len: usize) -> Result<BufferRef> {
+        Ok(Arc::new(self.new_tensor(len)?))
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<BufferRef> {
+        let t = self.new_tensor(data.len())?;
+        self.write(&t, 0, data)?;
+        Ok(Arc::new(t))
+    }
+
+    fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        let t = self.tensor(buf)?;
+        Self::range(t, offset, data.len(), "write")?;
+        // Queued GPU work may still read this buffer: let it finish first.
+        self.wait_all()?;
+        t.buffer()
+            .write_bytes(offset * 4, bytemuck::cast_slice(data))
+    }
+
+    fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
+        let t = self.tensor(buf)?;
+        Self::range(t, offset, out.len(), "read")?;
+        self.wait_all()?;
+        t.buffer()
+            .read_bytes(offset * 4, bytemuck::cast_slice_mut(out))
+    }
+
+    fn copy(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: usize,
+        dst: &dyn DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let (s, d) = (self.tensor(src)?, self.tensor(dst)?);
+        Self::range(s, src_offset, len, "copy source")?;
+        Self::range(d, dst_offset, len, "copy destination")?;
+        if std::ptr::eq(s, d) && src_offset < dst_offset + len && dst_offset < src_offset + len {
+            return Err(Error::invalid(
+                "copy between overlapping ranges of one buffer",
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut pending = lock(&self.pending);
+        if pending.batch.is_none() {
+            pending.batch = Some(self.device.batch()?);
+        }
+        let batch = pending
+            .batch
+            .as_mut()
+            .ok_or_else(|| crate::device_err("no command buffer"))?;
+        batch.copy(
+            s.buffer(),
+            src_offset * 4,
+            d.buffer(),
+            dst_offset * 4,
+            len * 4,
+        )
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.wait_all()
+    }
+
+    fn unary(
+        &self,
+        op: UnaryOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        self.run(plan::unary(op, len)?, &[x, out])
+    }
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        self.run(plan::binary(op, len)?, &[a, b, out])
+    }
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        s: f32,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        self.run(plan::binary_scalar(op, s, len)?, &[a, out])
+    }
+    fn matmul(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: MatmulDims,
+    ) -> Result<()> {
+        let plan = plan::matmul(dims)?;
+        if self.mps && plan::prefer_mps(dims) {
+            let (ta, tb, tc) = (self.tensor(a)?, self.tensor(b)?, self.tensor(out)?);
+            let ts = [ta, tb, tc];
+            for n in &plan.needs {
+                check_len(ts[n.arg], n.elems, n.what)?;
+            }
+            let mut pending = lock(&self.pending);
+            if pending.batch.is_none() {
+                pending.batch = Some(self.device.batch()?);
+            }
+            let batch = pending
+                .batch
+                .as_mut()
+                .ok_or_else(|| crate::device_err("no command buffer"))?;
+            batch.matmul_mps(&self.device, ta.buffer(), tb.buffer(), tc.buffer(), dims)?;
+            pending.dispatches += 1;
+            return Ok(());
+        }
+        self.run(plan, &[a, b, out])
+    }
+    fn matvec(
+        &self,
+        a: &dyn DeviceBuffer,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        self.run(plan::matvec(m, k)?, &[a, x, out])
+    }
+    fn dot(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        self.run(plan::dot(len)?, &[a, b, out])
+    }
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: ReduceDims,
+    ) -> Result<()> {
+        self.run(plan::reduce(op, dims)?, &[x, out])
+    }
+    fn softmax(
+        &self,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.run(plan::softmax(rows, cols)?, &[x, out])
+    }
+    fn rms_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.run(plan::rms_norm(rows, cols, eps)?, &[x, weight, out])
+    }
+    fn layer_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        bias: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.run(plan::layer_norm(rows, cols, eps)?, &[x, weight, bias, out])
+    }
+    fn rope(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: RopeDims,
+    ) -> Result<()> {
+        self.run(plan::rope(dims)?, &[x, positions, out])
+    }
+    fn attention_scores(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        self.run(plan::attention_scores(dims)?, &[q, k, out])
+    }
+    fn attention_weighted_sum(
+        &self,
+        p: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        self.run(plan::attention_weighted_sum(dims)?, &[p, v, out])
+    }
+    fn attention(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        self.run(plan::attention(dims)?, &[q, k, v, out])
+    }
+    fn swiglu(
+        &self,
+        gate: &dyn DeviceBuffer,
+        up: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        self.run(plan::swiglu(len)?, &[gate, up, out])
+    }
+}

@@ -1,0 +1,691 @@
+//! The host side of an event-driven actor: queues in shared memory, drain passes
+//! dispatched when messages wait, completion callbacks that collect the outputs.
+//!
+//! Metal has no persistent kernels, so a kernel's handler runs in *drain passes*
+//! (`ringkernel-shaders`' drain template): the input ring, output ring, control block
+//! and handler state live in shared buffers; the host writes requests straight into
+//! input slots, and whenever messages are waiting (and no pass is running) it
+//! dispatches one pass over all of them. The pass's completion callback — a Metal
+//! completion handler on Apple, a plain thread in the Linux tests — reads the outputs,
+//! stamps them (message id, HLC timestamp), queues replies for the host, routes K2K
+//! sends through the runtime, raises [`KernelEvents`] and starts the next pass if more
+//! messages arrived. Nothing waits on an async executor thread.
+//!
+//! Backpressure: a pass takes at most as many messages as the host's reply queue has
+//! room for (`output_capacity`), and while K2K sends wait for a full destination (in
+//! order, retried by one helper OS thread with back-off) no new pass starts — the
+//! event-driven equivalent of a CPU worker that blocks on a full queue.
+//!
+//! The GPU-specific part is one trait, [`DrainTarget`]; everything here is tested on
+//! Linux against a CPU stand-in that follows the drain template's protocol.
+
+use ringkernel_core::control::ControlBlock;
+use ringkernel_core::error::{Error, Result};
+use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
+use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
+use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
+use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::queue::QueueHeader;
+use ringkernel_core::runtime::{
+    KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
+};
+use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
+use ringkernel_core::util::BoxFuture;
+use ringkernel_shaders::params;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+/// Byte offset of slot `index` in a ring of `capacity` slots of `slot_size` bytes.
+pub fn slot_offset(index: u64, capacity: usize, slot_size: usize) -> usize {
+    std::mem::size_of::<QueueHeader>() + (index as usize & (capacity - 1)) * slot_size
+}
+
+/// Bytes of a ring: the 128-byte queue header plus the slots.
+pub fn ring_bytes(capacity: usize, slot_size: usize) -> usize {
+    std::mem::size_of::<QueueHeader>() + capacity * slot_size
+}
+
+/// Where the drain passes of one kernel run: the memory the host shares with the
+/// device, and the dispatch itself.
+///
+/// # Safety
+///
+/// The engine reads and writes through the returned pointers without further checks,
+/// so an implementation must guarantee, for as long as it lives:
+///
+/// * `input()` and `output()` each address [`ring_len`](Self::ring_len) bytes, and
+///   `control()` 128 bytes, of memory the host may read and write, not aliased by any
+///   Rust reference;
+/// * the device side writes only what the drain template writes (output slots and the
+///   worker line of the control block of the pass being run), and only between
+///   `launch` and the call of its `done` callback.
+pub unsafe trait DrainTarget: Send + Sync + 'static {
+    /// Bytes of each ring (at least [`ring_bytes`] of the kernel's capacity and slot size).
+    fn ring_len(&self) -> usize;
+    /// Host address of the input ring.
+    fn input(&self) -> *mut u8;
+    /// Host address of the output ring (same size).
+    fn output(&self) -> *mut u8;
+    /// Host address of the control block (128 bytes).
+    fn control(&self) -> *mut u8;
+    /// Starts one pass with `params`; `done` must be called exactly once when the
+    /// device has finished (from any thread, never the caller's before returning
+    /// unless the work is already complete), or with the error that stopped it.
+    fn launch(&self, params: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>)
+        -> Result<()>;
+}
+
+/// A K2K send waiting for delivery.
+type Route = (KernelTarget, MessageHeader, Vec<u8>);
+
+struct Host {
+    /// Messages written into the input ring.
+    tail: u64,
+    /// Messages handed to passes so far.
+    dispatched: u64,
+    /// Messages whose pass has completed (their input slots are free again).
+    completed: u64,
+    in_flight: bool,
+    replies: VecDeque<Envelope>,
+    drained_after_terminate: u64,
+    /// Set when an active kernel is terminated: passes keep running until the input is
+    /// empty. A kernel terminated while inactive runs no more passes.
+    draining: bool,
+    failed: Option<Error>,
+}
+
+/// A launched kernel driven by drain passes on a [`DrainTarget`].
+pub struct DrainEngine<T: DrainTarget> {
+    id: KernelId,
+    name: String,
+    slot_size: usize,
+    capacity: usize,
+    output_capacity: usize,
+    serial: bool,
+    state_words: u32,
+    target: T,
+    core: Weak<RuntimeCore>,
+    lifecycle: AtomicLifecycle,
+    events: KernelEvents,
+    counters: KernelCounters,
+    clock: HlcClock,
+    host: Mutex<Host>,
+    /// K2K sends not delivered yet (destination full), in order.
+    k2k: Mutex<VecDeque<Route>>,
+    k2k_backlog: AtomicUsize,
+    retrying: AtomicBool,
+    me: Weak<DrainEngine<T>>,
+    started: Mutex<Option<Instant>>,
+}
+
+fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Launch-time description of a drain kernel.
+#[derive(Debug, Clone)]
+pub struct DrainConfig {
+    /// Kernel id.
+    pub id: KernelId,
+    /// Instance name.
+    pub name: String,
+    /// Ring capacity in slots (input and output, power of two).
+    pub capacity: usize,
+    /// Replies kept for the host before passes pause (backpressure).
+    pub output_capacity: usize,
+    /// Slot size in bytes.
+    pub slot_size: usize,
+    /// Whether the handler runs serially (one invocation per pass).
+    pub serial: bool,
+    /// Words of handler state.
+    pub state_words: u32,
+}
+
+impl<T: DrainTarget> DrainEngine<T> {
+    /// A kernel in state `Launched`: writes the ring headers and the control block.
+    pub fn new(cfg: DrainConfig, target: T, core: &Arc<RuntimeCore>) -> Result<Arc<Self>> {
+        ringkernel_core::queue::check_capacity(cfg.capacity)?;
+        if !cfg.slot_size.is_power_of_two()
+            || cfg.slot_size < 2 * HEADER_SIZE
+            || cfg.slot_size > 1 << 16
+        {
+            return Err(Error::invalid(format!(
+                "slot_size must be a power of two in 128..=65536, got {}",
+                cfg.slot_size
+            )));
+        }
+        let need = cfg
+            .capacity
+            .checked_mul(cfg.slot_size)
+            .and_then(|b| b.checked_add(std::mem::size_of::<QueueHeader>()))
+            .ok_or_else(|| Error::invalid("ring size overflows"))?;
+        if target.ring_len() < need {
+            return Err(Error::invalid(format!(
+                "drain target rings hold {} bytes, {need} needed for {} slots of {} bytes",
+                target.ring_len(),
+                cfg.capacity,
+                cfg.slot_size
+            )));
+        }
+        let qh = QueueHeader {
+            capacity: cfg.capacity as u32,
+            slot_size: cfg.slot_size as u32,
+            mask: cfg.capacity as u32 - 1,
+            ..Default::default()
+        };
+        let cb = ControlBlock {
+            kernel_id: cfg.id.0,
+            slot_size: cfg.slot_size as u32,
+            input_capacity: cfg.capacity as u32,
+            output_capacity: cfg.capacity as u32,
+            state: LifecycleState::Launched as u32,
+            ..Default::default()
+        };
+        // SAFETY: by the `DrainTarget` contract `input`/`output` address `ring_len`
+        // bytes (checked above to hold at least the 128-byte header) and `control` 128
+        // bytes; no pass is running yet, so the host is the only one touching them.
+        // Unaligned writes make no alignment claim.
+        unsafe {
+            std::ptr::write_unaligned(target.input().cast::<QueueHeader>(), qh);
+            std::ptr::write_unaligned(target.output().cast::<QueueHeader>(), qh);
+            std::ptr::write_unaligned(target.control().cast::<ControlBlock>(), cb);
+        }
+        let engine = Arc::new_cyclic(|me| DrainEngine {
+            id: cfg.id,
+            name: cfg.name,
+            slot_size: cfg.slot_size,
+            capacity: cfg.capacity,
+            output_capacity: cfg.output_capacity,
+            serial: cfg.serial,
+            state_words: cfg.state_words,
+            target,
+            core: Arc::downgrade(core),
+            lifecycle: AtomicLifecycle::new(LifecycleState::Created),
+            events: KernelEvents::default(),
+            counters: KernelCounters::default(),
+            clock: HlcClock::new(),
+            host: Mutex::new(Host {
+                tail: 0,
+                dispatched: 0,
+                completed: 0,
+                in_flight: false,
+                replies: VecDeque::new(),
+                drained_after_terminate: 0,
+                draining: false,
+                failed: None,
+            }),
+            k2k: Mutex::new(VecDeque::new()),
+            k2k_backlog: AtomicUsize::new(0),
+            retrying: AtomicBool::new(false),
+            me: me.clone(),
+            started: Mutex::new(None),
+        });
+        engine.lifecycle.transition(LifecycleState::Launched)?;
+        Ok(engine)
+    }
+
+    /// The drain target (for backend-specific inspection).
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    /// Starts a pass if the kernel is active (or draining), none is running, messages
+    /// wait, and the host's reply queue has room. Called with the host lock held.
+    fn kick(&self, h: &mut Host) {
+        let state = self.lifecycle.get();
+        let backlog = self.k2k_backlog.load(Ordering::Acquire) > 0;
+        let runs = !backlog
+            && (state == LifecycleState::Active
+                || (state == LifecycleState::Terminating && h.draining));
+        if !runs || h.in_flight || h.failed.is_some() {
+            return;
+        }
+        let waiting = h.tail - h.dispatched;
+        let room = self.output_capacity.saturating_sub(h.replies.len()) as u64;
+        let count = waiting.min(room).min(u32::MAX as u64);
+        if count == 0 {
+            return;
+        }
+        let first = h.dispatched;
+        // Merge the requests' clocks into the kernel's clock before the pass.
+        for i in 0..count {
+            let off = slot_offset(first + i, self.capacity, self.slot_size);
+            // SAFETY: slots [dispatched, tail) were fully written by `try_enqueue` under
+            // this lock and are not read by any pass yet; the offset lies inside the ring.
+            let hdr: MessageHeader =
+                unsafe { std::ptr::read_unaligned(self.target.input().add(off).cast()) };
+            if let Err(e) = self.clock.update(HlcTimestamp(hdr.timestamp)) {
+                tracing::warn!(kernel = %self.name, error = %e, "request timestamp not merged");
+            }
+        }
+        let hlc = self.clock.tick().0;
+        let p = params::Drain {
+            kernel_id: self.id.0,
+            count: count as u32,
+            first_lo: first as u32,
+            first_hi: (first >> 32) as u32,
+            hlc_lo: hlc as u32,
+            hlc_hi: (hlc >> 32) as u32,
+            slot_words: (self.slot_size / 4) as u32,
+            mask: self.capacity as u32 - 1,
+            state_words: self.state_words,
+            _pad: [0; 3],
+        };
+        h.in_flight = true;
+        h.dispatched = first + count;
+        *lock(&self.started) = Some(Instant::now());
+        let me = self.me.clone();
+        let done = Box::new(move |r: Result<()>| {
+            if let Some(e) = me.upgrade() {
+                e.complete(first, count, r);
+            }
+        });
+        if let Err(e) = self.target.launch(p, done) {
+            h.in_flight = false;
+            h.dispatched = first;
+            tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
+            h.failed = Some(e);
+            self.events.notify_all();
+        }
+    }
+
+    /// Completion of the pass over `[first, first + count)`.
+    fn complete(&self, first: u64, count: u64, result: Result<()>) {
+        let elapsed = lock(&self.started).take().map(|s| s.elapsed());
+        let mut routes = Vec::new();
+        {
+            let mut h = lock(&self.host);
+            h.in_flight = false;
+            if let Err(e) = result {
+                tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
+                h.failed = Some(e);
+                drop(h);
+                self.events.notify_all();
+                return;
+            }
+            let mut processed = 0u64;
+            for i in 0..count {
+                let off = slot_offset(first + i, self.capacity, self.slot_size);
+                // SAFETY: the pass over these slots has completed, so the device no
+                // longer writes them; the next pass over the same slots cannot start
+                // before `completed` advances below, under this lock.
+                let mut hdr: MessageHeader =
+                    unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
+                processed += 1;
+                if !hdr.is_valid() {
+                    if hdr.reserved[0] != 0 {
+                        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(kernel = %self.name, status = hdr.reserved[0], "handler refused a message");
+                    }
+                    continue;
+                }
+                let len = hdr.payload_len as usize;
+                if check_payload_fits(len, self.slot_size).is_err() {
+                    self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(kernel = %self.name, len, "handler wrote an oversized payload length; output dropped");
+                    continue;
+                }
+                let mut payload = vec![0u8; len];
+                // SAFETY: as above; `len` fits the slot after the 64-byte header.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.target.output().add(off + HEADER_SIZE),
+                        payload.as_mut_ptr(),
+                        len,
+                    )
+                };
+                if let Some(core) = self.core.upgrade() {
+                    hdr.message_id = core.next_message_id();
+                }
+                hdr.timestamp = self.clock.tick().0;
+                self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+                if hdr.flags & flags::K2K != 0 {
+                    routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
+                } else {
+                    h.replies.push_back(Envelope {
+                        header: hdr,
+                        payload,
+                    });
+                }
+            }
+            h.completed = first + count;
+            if self.lifecycle.get() == LifecycleState::Terminating {
+                h.drained_after_terminate += processed;
+            }
+            self.counters
+                .processed
+                .fetch_add(processed, Ordering::Relaxed);
+            if let Some(el) = elapsed {
+                // Per-message handler latency is not observable inside a pass; record
+                // the pass time shared over its messages.
+                self.counters
+                    .latency
+                    .record(el.as_nanos() as u64 / count.max(1));
+            }
+        }
+        // Route K2K sends without holding the host lock (the destination may be us).
+        let delivered_all = self.route(routes);
+        let mut h = lock(&self.host);
+        self.kick(&mut h);
+        drop(h);
+        if !delivered_all {
+            self.retry_k2k_later();
+        }
+        self.events.output.notify(usize::MAX);
+        self.events.input_space.notify(usize::MAX);
+        self.events.state.notify(usize::MAX);
+    }
+
+    /// Delivers the K2K backlog and then `new`, in order, stopping at the first full
+    /// destination (so messages keep their order). Returns whether nothing is left.
+    /// While a backlog exists no new pass starts (backpressure, as a full output
+    /// queue does).
+    fn route(&self, new: Vec<Route>) -> bool {
+        let mut q = lock(&self.k2k);
+        q.extend(new);
+        if let Some(core) = self.core.upgrade() {
+            while let Some((target, hdr, payload)) = q.front() {
+                match core.deliver(target, *hdr, payload) {
+                    Ok(K2kReceipt::QueueFull) => break,
+                    Ok(K2kReceipt::Delivered) => {}
+                    Ok(K2kReceipt::NotFound) | Err(_) => {
+                        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(kernel = %self.name, ?target, "K2K destination gone; message dropped");
+                    }
+                }
+                q.pop_front();
+            }
+        } else {
+            q.clear();
+        }
+        self.k2k_backlog.store(q.len(), Ordering::Release);
+        q.is_empty()
+    }
+
+    /// K2K sends to a full destination are retried from one helper thread (a plain OS
+    /// thread, never an executor thread) with a growing back-off, until the backlog is
+    /// delivered or the kernel is gone; then passes resume.
+    fn retry_k2k_later(&self) {
+        if self.retrying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        std::thread::spawn(move || {
+            let mut wait = std::time::Duration::from_micros(50);
+            loop {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_millis(10));
+                let Some(e) = me.upgrade() else { return };
+                if e.route(Vec::new()) {
+                    e.retrying.store(false, Ordering::Release);
+                    let mut h = lock(&e.host);
+                    e.kick(&mut h);
+                    drop(h);
+                    e.events.notify_all();
+                    // A backlog that formed after the flag was taken needs a new helper.
+                    if e.k2k_backlog.load(Ordering::Acquire) > 0 {
+                        e.retry_k2k_later();
+                    }
+                    return;
+                }
+            }
+        });
+    }
+
+    fn sync_state_to_control(&self, state: LifecycleState) {
+        // SAFETY: `state` lies in the worker line of the 128-byte control block; the
+        // drain template never reads it, so the host writing it cannot race a pass.
+        unsafe {
+            let p = self
+                .target
+                .control()
+                .add(std::mem::offset_of!(ControlBlock, state))
+                .cast::<u32>();
+            std::ptr::write_unaligned(p, state as u32);
+        }
+    }
+}
+
+impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
+    fn id(&self) -> KernelId {
+        self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn state(&self) -> LifecycleState {
+        self.lifecycle.get()
+    }
+    fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+    fn input_capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        check_payload_fits(payload.len(), self.slot_size)?;
+        let mut h = lock(&self.host);
+        if !self.lifecycle.get().accepts_messages() {
+            return Err(Error::KernelTerminated(self.name.clone()));
+        }
+        if let Some(e) = &h.failed {
+            return Err(e.clone());
+        }
+        if h.tail - h.completed >= self.capacity as u64 {
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        let off = slot_offset(h.tail, self.capacity, self.slot_size);
+        let mut hdr = *header;
+        hdr.payload_len = payload.len() as u32;
+        if hdr.flags & flags::CHECKSUM != 0 {
+            hdr.checksum = ringkernel_core::message::fnv1a32(payload);
+        }
+        // SAFETY: slot `tail` is free (tail - completed < capacity, so no pass reads it)
+        // and lies inside the ring; the header and payload fit the slot (checked above).
+        unsafe {
+            std::ptr::write_unaligned(self.target.input().add(off).cast::<MessageHeader>(), hdr);
+            std::ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                self.target.input().add(off + HEADER_SIZE),
+                payload.len(),
+            );
+            h.tail += 1;
+            std::ptr::write_unaligned(self.target.input().cast::<u64>(), h.tail);
+            let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
+            std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
+        }
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        self.kick(&mut h);
+        Ok(())
+    }
+
+    fn try_dequeue(&self) -> Result<Option<Envelope>> {
+        let mut h = lock(&self.host);
+        let env = h.replies.pop_front();
+        if env.is_some() {
+            // Room for more replies: a paused pass may start.
+            self.kick(&mut h);
+        } else if let Some(e) = &h.failed {
+            return Err(e.clone());
+        }
+        Ok(env)
+    }
+
+    fn output_depth(&self) -> usize {
+        lock(&self.host).replies.len()
+    }
+
+    fn activate(&self) -> Result<()> {
+        self.lifecycle.transition(LifecycleState::Active)?;
+        self.sync_state_to_control(LifecycleState::Active);
+        let mut h = lock(&self.host);
+        self.kick(&mut h);
+        drop(h);
+        self.events.state.notify(usize::MAX);
+        Ok(())
+    }
+
+    fn deactivate(&self) -> Result<()> {
+        self.lifecycle.transition(LifecycleState::Deactivated)?;
+        self.sync_state_to_control(LifecycleState::Deactivated);
+        self.events.state.notify(usize::MAX);
+        Ok(())
+    }
+
+    fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>> {
+        Box::pin(async move {
+            let prev = {
+                // Under the host lock, so a completing pass sees state and flag together.
+                let mut h = lock(&self.host);
+                let prev = self.lifecycle.transition(LifecycleState::Terminating)?;
+                h.draining = prev == LifecycleState::Active;
+                prev
+            };
+            self.sync_state_to_control(LifecycleState::Terminating);
+            self.events.notify_all();
+            let mut undelivered = Vec::new();
+            if prev == LifecycleState::Active {
+                // Drain: wait (asynchronously) until every queued message was processed.
+                loop {
+                    let listener = self.events.state.listen();
+                    {
+                        let mut h = lock(&self.host);
+                        self.kick(&mut h);
+                        let routed = self.k2k_backlog.load(Ordering::Acquire) == 0;
+                        if h.failed.is_some() || (h.completed == h.tail && !h.in_flight && routed) {
+                            break;
+                        }
+                    }
+                    listener.await;
+                }
+            } else {
+                // Not active: let a pass started before the deactivation finish, then
+                // hand the messages no pass has taken back.
+                loop {
+                    let listener = self.events.state.listen();
+                    if !lock(&self.host).in_flight {
+                        break;
+                    }
+                    listener.await;
+                }
+                let mut h = lock(&self.host);
+                while h.dispatched < h.tail {
+                    let off = slot_offset(h.dispatched, self.capacity, self.slot_size);
+                    let slot_end = off + self.slot_size;
+                    let mut slot = vec![0u8; self.slot_size];
+                    // SAFETY: slots [dispatched, tail) are written and not in any pass
+                    // (the kernel is not active, so none runs); range inside the ring.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.target.input().add(off),
+                            slot.as_mut_ptr(),
+                            slot_end - off,
+                        )
+                    };
+                    match ringkernel_core::message::read_slot(&slot) {
+                        Ok(env) => undelivered.push(env),
+                        Err(e) => {
+                            tracing::warn!(kernel = %self.name, error = %e, "corrupt queued message")
+                        }
+                    }
+                    h.dispatched += 1;
+                }
+                h.completed = h.tail;
+            }
+            self.lifecycle.transition(LifecycleState::Terminated)?;
+            self.sync_state_to_control(LifecycleState::Terminated);
+            let h = lock(&self.host);
+            let report = TerminateReport {
+                drained: h.drained_after_terminate,
+                undelivered,
+                replies_waiting: h.replies.len(),
+            };
+            let failed = h.failed.clone();
+            drop(h);
+            self.events.notify_all();
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(report),
+            }
+        })
+    }
+
+    fn events(&self) -> &KernelEvents {
+        &self.events
+    }
+
+    fn metrics(&self) -> KernelMetrics {
+        let h = lock(&self.host);
+        let depth = (h.tail - h.completed) as usize;
+        let out = h.replies.len();
+        drop(h);
+        self.counters
+            .snapshot(self.id, &self.name, self.lifecycle.get(), depth, out)
+    }
+}
+
+/// Launches a drain kernel on `core`: checks the options, reserves the instance name
+/// (the handler name unless `opts.name` says otherwise), builds the target with
+/// `make_target(id)`, makes the engine reachable and activates it if asked. The name is
+/// released again if anything fails. Shared by [`MetalRuntime`](crate::MetalRuntime)
+/// and the Linux tests, which run it with a CPU stand-in target.
+pub fn launch_engine<T: DrainTarget>(
+    core: &Arc<RuntimeCore>,
+    handler: &str,
+    opts: &LaunchOptions,
+    serial: bool,
+    state_bytes: usize,
+    make_target: impl FnOnce(KernelId) -> Result<T>,
+) -> Result<KernelHandle> {
+    opts.validate()?;
+    let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
+    let id = core.reserve(&name)?;
+    let built = make_target(id).and_then(|target| {
+        let cfg = DrainConfig {
+            id,
+            name: name.clone(),
+            capacity: opts.queue_capacity,
+            output_capacity: opts.output_capacity,
+            slot_size: opts.slot_size,
+            serial,
+            state_words: u32::try_from(state_bytes / 4)
+                .map_err(|_| Error::invalid("state_bytes too large"))?,
+        };
+        DrainEngine::new(cfg, target, core)
+    });
+    let engine = match built {
+        Ok(e) => e,
+        Err(e) => {
+            core.release(&name);
+            return Err(e);
+        }
+    };
+    core.insert(engine.clone());
+    if opts.auto_activate {
+        engine.activate()?;
+    }
+    Ok(core.handle(engine, opts))
+}
+
+impl<T: DrainTarget> std::fmt::Debug for DrainEngine<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainEngine")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("serial", &self.serial)
+            .finish()
+    }
+}
+
+impl<T: DrainTarget> DrainEngine<T> {
+    /// Whether passes run the serial drain entry point.
+    pub fn is_serial(&self) -> bool {
+        self.serial
+    }
+}

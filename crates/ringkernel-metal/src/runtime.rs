@@ -1,0 +1,293 @@
+//! [`MetalRuntime`]: event-driven actors on Metal.
+//!
+//! A kernel is a WGSL handler (registered with
+//! [`KernelRegistry::register_gpu`](ringkernel_core::registry::KernelRegistry::register_gpu))
+//! composed with the shared drain template, translated to MSL by naga and compiled
+//! once per handler. Its queues, control block and state live in `StorageModeShared`
+//! buffers; [`DrainEngine`](crate::engine::DrainEngine) does the host side: requests are written in place into
+//! input slots, a drain pass is dispatched whenever messages wait, and the command
+//! buffer's completion handler (`addCompletedHandler`, on a Metal thread) collects the
+//! outputs, routes K2K sends and wakes waiters. No executor thread ever blocks.
+//!
+//! The built-in kernels (`rk.echo`, `rk.stage`, `rk.counter`) are registered with
+//! their WGSL versions from `ringkernel-shaders`.
+//!
+//! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there). The
+//! engine logic is tested on Linux against a CPU stand-in (`tests/engine.rs`).
+
+use crate::engine::{launch_engine, ring_bytes, DrainTarget};
+use crate::msl::HostSlot;
+use crate::sizing::{check_fixed_threadgroup, groups_for};
+use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
+use ringkernel_core::util::BoxFuture;
+use ringkernel_core::{BackendKind, Error, Result};
+use ringkernel_shaders::{drain, grid_for, params, Kernel};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Registers the WGSL versions of the built-in kernels on `registry` (a handler
+/// already registered with WGSL under the same name is kept).
+pub fn register_builtins(registry: &KernelRegistry) {
+    for (name, wgsl, state_bytes) in drain::builtin_handlers() {
+        let has_wgsl = registry
+            .gpu(name)
+            .map(|h| h.wgsl.is_some())
+            .unwrap_or(false);
+        if !has_wgsl {
+            registry.register_gpu(
+                GpuHandler::new(name)
+                    .with_wgsl(wgsl)
+                    .with_state_bytes(state_bytes),
+            );
+        }
+    }
+}
+
+/// What the host binds for a drain pass, by Metal buffer index: the parameter block,
+/// then the control block, input ring, output ring and handler state (the order of
+/// the buffers in [`DrainTarget`]). Checked against the generated MSL by the tests.
+pub const DRAIN_SLOTS: [HostSlot; 5] = [
+    HostSlot {
+        index: 0,
+        name: "rk_params",
+        writes: false,
+    },
+    HostSlot {
+        index: 1,
+        name: "rk_control",
+        writes: true,
+    },
+    HostSlot {
+        index: 2,
+        name: "rk_input",
+        writes: false,
+    },
+    HostSlot {
+        index: 3,
+        name: "rk_output",
+        writes: true,
+    },
+    HostSlot {
+        index: 4,
+        name: "rk_state",
+        writes: true,
+    },
+];
+
+struct Compiled {
+    pipeline: Arc<Pipeline>,
+    serial: bool,
+    /// `(index, order)` of naga's buffer-sizes argument, if the MSL has one.
+    sizes: Option<crate::plan::SizesArg>,
+}
+
+/// Actors on the system default Metal device. See the [module docs](self).
+pub struct MetalRuntime {
+    core: Arc<RuntimeCore>,
+    device: Arc<MetalDevice>,
+    compiled: Mutex<HashMap<(String, String), Arc<Compiled>>>,
+}
+
+impl std::fmt::Debug for MetalRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetalRuntime")
+            .field("device", &self.device.name())
+            .finish()
+    }
+}
+
+impl MetalRuntime {
+    /// A runtime on the system default device, resolving handler names through
+    /// `registry` (the built-in kernels are added). `BackendUnavailable` on non-Apple
+    /// targets and when the system has no Metal device.
+    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+        let device = crate::open_device()?;
+        register_builtins(&registry);
+        Ok(MetalRuntime {
+            core: RuntimeCore::new(BackendKind::Metal, registry),
+            device,
+            compiled: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<MetalDevice> {
+        &self.device
+    }
+
+    fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
+        let wgsl = handler.wgsl.as_deref().ok_or_else(|| {
+            Error::KernelNotFound(format!(
+                "GPU handler {:?} has no WGSL source (needed by Metal)",
+                handler.name
+            ))
+        })?;
+        let key = (handler.name.clone(), wgsl.to_string());
+        if let Some(c) = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(c.clone());
+        }
+        let v = ringkernel_shaders::validate_source(&handler.name, &drain::compose(wgsl))?;
+        let serial = drain::is_serial(&v.module);
+        let kernel = if serial {
+            Kernel::DrainSerial
+        } else {
+            Kernel::Drain
+        };
+        let msl = ringkernel_shaders::module_to_msl(
+            &v,
+            kernel.entry_point(),
+            kernel.bindings(),
+            &Default::default(),
+        )?;
+        let pipeline = self
+            .device
+            .compile(&handler.name, &msl.source, &msl.entry_point)?;
+        check_fixed_threadgroup(kernel.entry_point(), pipeline.limits(), msl.workgroup_size)?;
+        let sizes = msl
+            .sizes_buffer
+            .map(|i| (i as u32, msl.sizes_order.clone()));
+        let c = Arc::new(Compiled {
+            pipeline: Arc::new(pipeline),
+            serial,
+            sizes,
+        });
+        self.compiled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, c.clone());
+        Ok(c)
+    }
+}
+
+/// The shared buffers and pipeline of one kernel's drain passes.
+struct MetalDrainTarget {
+    device: Arc<MetalDevice>,
+    compiled: Arc<Compiled>,
+    control: MetalBuffer,
+    input: MetalBuffer,
+    output: MetalBuffer,
+    state: MetalBuffer,
+}
+
+// SAFETY: the three pointers are `contents()` of StorageModeShared buffers owned by
+// the target (live as long as it): the rings are `ring_len` bytes each (allocated with
+// exactly that size in `launch`), the control buffer `size_of::<ControlBlock>()` = 128
+// bytes. No Rust reference aliases them. The GPU writes them only while a pass runs,
+// and only where the drain template writes (output slots of the pass, the worker
+// line of the control block, the state buffer the host never touches afterwards).
+unsafe impl DrainTarget for MetalDrainTarget {
+    fn ring_len(&self) -> usize {
+        self.input.len().min(self.output.len())
+    }
+    fn input(&self) -> *mut u8 {
+        self.input.contents()
+    }
+    fn output(&self) -> *mut u8 {
+        self.output.contents()
+    }
+    fn control(&self) -> *mut u8 {
+        self.control.contents()
+    }
+    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+        let kernel = if self.compiled.serial {
+            Kernel::DrainSerial
+        } else {
+            Kernel::Drain
+        };
+        let groups = if self.compiled.serial {
+            [1, 1, 1]
+        } else {
+            grid_for(groups_for(p.count as usize, drain::DRAIN_WORKGROUP_SIZE as usize) as u64)
+        };
+        let buffers = [&self.control, &self.input, &self.output, &self.state];
+        let binds: Vec<(u32, &MetalBuffer, usize)> = DRAIN_SLOTS[1..]
+            .iter()
+            .zip(buffers)
+            .map(|(s, b)| (s.index, b, 0))
+            .collect();
+        let sizes = match &self.compiled.sizes {
+            Some((index, order)) => Some((
+                *index,
+                crate::plan::buffer_sizes(order, |b| {
+                    binds
+                        .iter()
+                        .find(|(i, _, _)| *i == b)
+                        .map(|(_, buf, _)| buf.len())
+                })?,
+            )),
+            None => None,
+        };
+        let mut inline: Vec<(u32, &[u8])> = vec![(DRAIN_SLOTS[0].index, bytemuck::bytes_of(&p))];
+        if let Some((index, bytes)) = &sizes {
+            inline.push((*index, bytes));
+        }
+        let mut batch = self.device.batch()?;
+        batch.dispatch(
+            &self.compiled.pipeline,
+            &binds,
+            &inline,
+            groups,
+            kernel.workgroup_size(),
+        )?;
+        batch.commit(Some(done));
+        Ok(())
+    }
+}
+
+impl RingKernelRuntime for MetalRuntime {
+    fn core(&self) -> &Arc<RuntimeCore> {
+        &self.core
+    }
+
+    fn launch<'a>(
+        &'a self,
+        handler: &'a str,
+        opts: LaunchOptions,
+    ) -> BoxFuture<'a, Result<KernelHandle>> {
+        Box::pin(async move {
+            opts.validate()?;
+            let gpu = self.core.registry().gpu(handler)?;
+            let compiled = self.compile(&gpu)?;
+            let serial = compiled.serial;
+            let ring = ring_bytes(opts.queue_capacity, opts.slot_size);
+            let state_bytes = opts
+                .state_bytes
+                .max(gpu.state_bytes)
+                .max(drain::MIN_STATE_BYTES)
+                .next_multiple_of(4);
+            launch_engine(&self.core, handler, &opts, serial, state_bytes, |_id| {
+                let target = MetalDrainTarget {
+                    device: self.device.clone(),
+                    compiled,
+                    control: self
+                        .device
+                        .new_buffer(std::mem::size_of::<ringkernel_core::control::ControlBlock>())?,
+                    input: self.device.new_buffer(ring)?,
+                    output: self.device.new_buffer(ring)?,
+                    state: self.device.new_buffer(state_bytes)?,
+                };
+                // The handler's state starts at zero (written explicitly rather than
+                // relying on how the allocator initialises memory).
+                target.state.write_bytes(0, &vec![0u8; state_bytes])?;
+                Ok(target)
+            })
+        })
+    }
+
+    fn device_info(&self) -> String {
+        format!(
+            "Metal: {} (unified memory: {}, working set {} MiB)",
+            self.device.name(),
+            self.device.has_unified_memory(),
+            self.device.recommended_working_set_size() >> 20
+        )
+    }
+}

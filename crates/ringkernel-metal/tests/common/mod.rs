@@ -1,0 +1,200 @@
+//! A CPU stand-in for the GPU side of a drain pass, following the protocol of
+//! `ringkernel-shaders`' `kernels/drain.wgsl` and the built-in `Token` handlers
+//! (`kernels/handlers/*.wgsl`): read requests from input slots, write each output to the
+//! same slot of the output ring (`magic == 0` and a status for no output), stamp the
+//! pass's HLC into the token, advance the worker line of the control block, and report
+//! completion from another thread, as a Metal completion handler does.
+
+#![allow(dead_code)]
+
+use ringkernel_core::builtin::Token;
+use ringkernel_core::control::ControlBlock;
+use ringkernel_core::message::{
+    flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
+};
+use ringkernel_core::{Error, Result};
+use ringkernel_metal::engine::{ring_bytes, DrainTarget};
+use ringkernel_shaders::params;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the stand-in handler does with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handler {
+    /// `rk.echo`: value · 2, hops + 1, reply.
+    Echo,
+    /// `rk.stage`: value + 1, hops + 1; K2K to `route[hops]` while hops < route_len.
+    Stage,
+    /// `rk.counter` (serial): value = messages seen so far (state), hops + 1, reply.
+    Counter,
+    /// Refuses every message with status 7.
+    Refuse,
+}
+
+struct Mem(Box<[u64]>);
+
+/// Host-visible memory of one kernel and the stand-in "device".
+pub struct CpuTarget {
+    input: *mut u8,
+    output: *mut u8,
+    control: *mut u8,
+    state: *mut u8,
+    _mem: [Mem; 4],
+    handler: Handler,
+    slot_size: usize,
+    ring_len: usize,
+    /// Passes launched.
+    pub passes: Arc<AtomicU64>,
+    /// Makes every later launch fail.
+    pub fail_launch: Arc<AtomicBool>,
+}
+
+// SAFETY (test stand-in): the pointers address the boxed memory owned by `_mem`, which
+// lives as long as the target; host and "device" touch disjoint slots, as on a GPU, and
+// passes of one kernel never overlap (the engine runs one at a time).
+unsafe impl Send for CpuTarget {}
+// SAFETY: as above.
+unsafe impl Sync for CpuTarget {}
+
+impl CpuTarget {
+    /// Memory for rings of `capacity` slots of `slot_size` bytes.
+    pub fn new(capacity: usize, slot_size: usize, handler: Handler) -> Self {
+        let words = ring_bytes(capacity, slot_size) / 8;
+        let mut mem = [
+            Mem(vec![0u64; words].into()),
+            Mem(vec![0u64; words].into()),
+            Mem(vec![0u64; 16].into()),
+            Mem(vec![0u64; 2].into()),
+        ];
+        let input = mem[0].0.as_mut_ptr().cast();
+        let output = mem[1].0.as_mut_ptr().cast();
+        let control = mem[2].0.as_mut_ptr().cast();
+        let state = mem[3].0.as_mut_ptr().cast();
+        CpuTarget {
+            input,
+            output,
+            control,
+            state,
+            _mem: mem,
+            handler,
+            slot_size,
+            ring_len: words * 8,
+            passes: Arc::new(AtomicU64::new(0)),
+            fail_launch: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ptrs(*mut u8, *mut u8, *mut u8, *mut u8);
+// SAFETY: see CpuTarget.
+unsafe impl Send for Ptrs {}
+
+fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
+    let Ptrs(input, output, control, state) = ptrs;
+    let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
+    let hlc = p.hlc_lo as u64 | ((p.hlc_hi as u64) << 32);
+    for j in 0..p.count as u64 {
+        let base = 128 + ((first + j) as usize & p.mask as usize) * slot_size;
+        // SAFETY: the slot lies in the ring and belongs to this pass.
+        let req: MessageHeader = unsafe { std::ptr::read_unaligned(input.add(base).cast()) };
+        let mut tok: Token =
+            unsafe { std::ptr::read_unaligned(input.add(base + HEADER_SIZE).cast()) };
+        let mut out = MessageHeader {
+            magic: MESSAGE_MAGIC,
+            version: MESSAGE_VERSION,
+            type_id: Token::TYPE_ID,
+            payload_len: 72,
+            correlation_id: req.correlation_id,
+            source_kernel: p.kernel_id,
+            dest_kernel: req.source_kernel,
+            flags: flags::REPLY,
+            ..Default::default()
+        };
+        let is_token = req.type_id == Token::TYPE_ID && req.payload_len == 72;
+        if handler == Handler::Refuse || !is_token {
+            out = MessageHeader::default();
+            out.reserved[0] = if is_token {
+                7
+            } else {
+                ringkernel_shaders::drain::ERR_TYPE_MISMATCH
+            };
+        } else {
+            tok.stamps[tok.hops.min(3) as usize] = hlc;
+            match handler {
+                Handler::Echo => {
+                    tok.value *= 2.0;
+                    tok.hops += 1;
+                }
+                Handler::Stage => {
+                    tok.value += 1.0;
+                    tok.hops += 1;
+                    if tok.hops < tok.route_len.min(4) {
+                        out.flags = flags::K2K;
+                        out.dest_kernel = tok.route[tok.hops as usize];
+                    }
+                }
+                Handler::Counter => {
+                    // SAFETY: 16-byte state buffer, one pass at a time.
+                    let n = unsafe { std::ptr::read_unaligned(state.cast::<u64>()) } + 1;
+                    unsafe { std::ptr::write_unaligned(state.cast::<u64>(), n) };
+                    tok.value = n as f64;
+                    tok.hops += 1;
+                }
+                Handler::Refuse => unreachable!(),
+            }
+        }
+        // SAFETY: as above, output ring.
+        unsafe {
+            std::ptr::write_unaligned(output.add(base).cast(), out);
+            std::ptr::write_unaligned(output.add(base + HEADER_SIZE).cast(), tok);
+        }
+    }
+    let end = first + p.count as u64;
+    // SAFETY: worker line of the control block, written only by passes (one at a time).
+    unsafe {
+        let cb = control.cast::<ControlBlock>();
+        let mut c = std::ptr::read_unaligned(cb);
+        c.input_head = end;
+        c.output_tail = end;
+        c.processed += p.count as u64;
+        c.hlc = hlc;
+        c.heartbeat += 1;
+        std::ptr::write_unaligned(cb, c);
+    }
+}
+
+// SAFETY: the pointers address the boxed memory owned by the target: rings of
+// `ring_len` bytes, a 128-byte control block. The stand-in "device" writes only output
+// slots of the running pass and the worker line, between `launch` and `done`.
+unsafe impl DrainTarget for CpuTarget {
+    fn ring_len(&self) -> usize {
+        self.ring_len
+    }
+    fn input(&self) -> *mut u8 {
+        self.input
+    }
+    fn output(&self) -> *mut u8 {
+        self.output
+    }
+    fn control(&self) -> *mut u8 {
+        self.control
+    }
+    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+        if self.fail_launch.load(Ordering::SeqCst) {
+            return Err(Error::Device("stand-in launch failure".into()));
+        }
+        assert_eq!(p.slot_words as usize * 4, self.slot_size);
+        self.passes.fetch_add(1, Ordering::SeqCst);
+        let ptrs = Ptrs(self.input, self.output, self.control, self.state);
+        let (handler, slot) = (self.handler, self.slot_size);
+        std::thread::spawn(move || {
+            let ptrs = ptrs;
+            std::thread::sleep(Duration::from_micros(100));
+            run_pass(ptrs, p, handler, slot);
+            done(Ok(()));
+        });
+        Ok(())
+    }
+}
