@@ -1,0 +1,580 @@
+//! Benchmarks of the CUDA backend (run on a GPU machine, release build):
+//!
+//! ```text
+//! cargo run --release -p ringkernel-cuda --example cuda_bench -- [--quick] [--out results.txt]
+//! ```
+//!
+//! 1. One message host → GPU handler → host: round trip p50/p99 through a persistent
+//!    kernel (engine API, spinning; and `KernelHandle::call`), beside one kernel launch
+//!    per message + synchronise, and a CUDA-graph replay per message.
+//! 2. Streaming 64-byte-payload messages through one persistent kernel (msgs/s).
+//! 3. K2K on the GPU: messages/s from one kernel to another through the device inbox,
+//!    and the one-way latency (device clock).
+//! 4. add / softmax / RMSNorm on 64M f32 (GB/s) and a device-to-device copy.
+//! 5. matmul 8192² fp32 and TF32 (TFLOP/s).
+
+use ringkernel_core::builtin::{Token, ECHO};
+use ringkernel_core::compute::{BinaryOp, ComputeBackend, MatmulDims};
+use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::util::SplitMix64;
+use ringkernel_core::Result;
+use ringkernel_cuda::baseline::{check_echo, LaunchBaseline};
+use ringkernel_cuda::{CudaCompute, CudaRuntime};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+const STREAM_SRC: &str = r#"
+// bench.stream: replies with the same 64-byte payload (parallel: one thread a message).
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)ctx; (void)state; (void)out_hdr;
+    const uint4* s = (const uint4*)in_payload;
+    uint4* d = (uint4*)out_payload;
+    for (unsigned i = 0; i < in_hdr->payload_len / 16; i++) d[i] = s[i];
+    return 1;
+}
+"#;
+
+const K2K_SRC_SRC: &str = r#"
+// bench.k2k_src: payload {u32 dest, u32 count}: sends `count` messages to kernel `dest`
+// through its device inbox (retrying while it is full), each carrying the device time
+// of its send; replies when done. Parallel: several triggers send at once.
+struct Trigger { unsigned dest; unsigned count; };
+struct Probe { unsigned long long sent_ns; unsigned long long pad[3]; };
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)state; (void)out_hdr; (void)out_payload;
+    Trigger t = *(const Trigger*)in_payload;
+    for (unsigned i = 0; i < t.count; i++) {
+        Probe p;
+        p.pad[0] = p.pad[1] = p.pad[2] = 0;
+        for (;;) {
+            p.sent_ns = rk_globaltimer_ns();
+            int r = rk_send_to(ctx, t.dest, 0x42, &p, sizeof(Probe));
+            if (r == RK_K2K_DELIVERED) break;
+            if (r == RK_K2K_NOT_FOUND) return -3;
+            __nanosleep(64);
+        }
+    }
+    out_hdr->payload_len = 0;
+    return 1;
+}
+"#;
+
+const K2K_SINK_SRC: &str = r#"
+// bench.k2k_sink: counts K2K probes and their one-way latency (device clock). A host
+// message {u64 expected} arms it; once `expected` probes have arrived it replies with
+// {count, sum_ns, max_ns} and resets. Serial.
+#define RK_HANDLER_SERIAL 1
+struct SinkState { unsigned long long expected, count, sum, max; };
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    SinkState* s = (SinkState*)state;
+    if (!ctx->from_inbox) {
+        s->expected = *(const unsigned long long*)in_payload;
+    } else {
+        unsigned long long lat = rk_globaltimer_ns() - *(const unsigned long long*)in_payload;
+        s->count++;
+        s->sum += lat;
+        if (lat > s->max) s->max = lat;
+    }
+    if (s->expected != 0 && s->count >= s->expected) {
+        unsigned long long* o = (unsigned long long*)out_payload;
+        o[0] = s->count; o[1] = s->sum; o[2] = s->max;
+        out_hdr->payload_len = 24;
+        out_hdr->type_id = 0x43;
+        s->expected = 0; s->count = 0; s->sum = 0; s->max = 0;
+        return 1;
+    }
+    return 0;
+}
+"#;
+
+struct Report {
+    text: String,
+    out: Option<String>,
+}
+
+impl Report {
+    /// Prints a line and rewrites the output file, so a run cut short keeps its numbers.
+    fn line(&mut self, s: String) {
+        println!("{s}");
+        let _ = writeln!(self.text, "{s}");
+        if let Some(p) = &self.out {
+            let _ = std::fs::write(p, &self.text);
+        }
+    }
+}
+
+async fn phase<T>(
+    what: &str,
+    secs: u64,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(r) => r,
+        Err(_) => Err(ringkernel_core::Error::Device(format!(
+            "{what}: no result within {secs} s"
+        ))),
+    }
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn spin_dequeue(k: &ringkernel_core::runtime::KernelHandle) -> Result<Envelope> {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = k.engine().try_dequeue()? {
+            return Ok(e);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(ringkernel_core::Error::Timeout(Duration::from_secs(10)));
+        }
+        std::hint::spin_loop();
+    }
+}
+
+async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
+    let reg = KernelRegistry::new();
+    ringkernel_cuda::register_cuda_builtins(&reg);
+    reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(STREAM_SRC));
+    reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
+    reg.register_gpu(
+        GpuHandler::new("bench.k2k_sink")
+            .with_cuda(K2K_SINK_SRC)
+            .with_state_bytes(32),
+    );
+    let rt = CudaRuntime::new(reg).await?;
+    rep.line(format!("runtime: {}", rt.device_info()));
+    for h in [ECHO, "bench.stream", "bench.k2k_src", "bench.k2k_sink"] {
+        rt.preload(h)?;
+    }
+
+    // ---- 1. round trip ----
+    let n = if quick { 2_000 } else { 20_000 };
+    let k = rt
+        .launch(ECHO, LaunchOptions::default().with_block_size(128))
+        .await?;
+    let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..(n + 2000) as u64 {
+        h.message_id = i + 1;
+        h.correlation_id = i + 1;
+        let t = Token::new(i, i as f64);
+        let t0 = Instant::now();
+        k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))?;
+        let r = spin_dequeue(&k)?.decode::<Token>()?;
+        let dt = t0.elapsed().as_secs_f64() * 1e6;
+        if r.id != i || r.value != 2.0 * i as f64 {
+            return Err(ringkernel_core::Error::Device(format!(
+                "wrong echo {r:?} for {i}"
+            )));
+        }
+        if i >= 2000 {
+            samples.push(dt);
+        }
+    }
+    let (p50, p99) = (pct(&mut samples, 0.5), pct(&mut samples, 0.99));
+    rep.line(format!("round trip, persistent kernel (engine, spin): p50 {p50:.2} us  p99 {p99:.2} us  ({n} msgs)"));
+    let mut call_samples = Vec::with_capacity(n / 4);
+    for i in 0..(n / 4) as u64 {
+        let t0 = Instant::now();
+        let r: Token = k.call(Token::new(i, 1.0), Duration::from_secs(10)).await?;
+        call_samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r.id, i);
+    }
+    let (c50, c99) = (pct(&mut call_samples, 0.5), pct(&mut call_samples, 0.99));
+    rep.line(format!(
+        "round trip, persistent kernel (KernelHandle::call): p50 {c50:.2} us  p99 {c99:.2} us"
+    ));
+    k.terminate().await?;
+
+    let base = LaunchBaseline::new(0)?;
+    let mut launch = Vec::with_capacity(n);
+    let mut graph = Vec::with_capacity(n);
+    for i in 0..(n + 500) as u64 {
+        let t = Token::new(i, i as f64);
+        let t0 = Instant::now();
+        let r = base.round_trip_launch(&t, i + 1)?;
+        let dt = t0.elapsed().as_secs_f64() * 1e6;
+        check_echo(&t, &r)?;
+        let t1 = Instant::now();
+        let r = base.round_trip_graph(&t, i + 1)?;
+        let dg = t1.elapsed().as_secs_f64() * 1e6;
+        check_echo(&t, &r)?;
+        if i >= 500 {
+            launch.push(dt);
+            graph.push(dg);
+        }
+    }
+    let (l50, l99) = (pct(&mut launch, 0.5), pct(&mut launch, 0.99));
+    let (g50, g99) = (pct(&mut graph, 0.5), pct(&mut graph, 0.99));
+    rep.line(format!(
+        "round trip, kernel launch + sync per message: p50 {l50:.2} us  p99 {l99:.2} us"
+    ));
+    rep.line(format!(
+        "round trip, CUDA graph replay + sync per message: p50 {g50:.2} us  p99 {g99:.2} us"
+    ));
+    rep.line(format!(
+        "persistent vs launch: {:.2}x faster at p50; vs graph replay: {:.2}x",
+        l50 / p50,
+        g50 / p50
+    ));
+
+    // ---- 2. K2K on the GPU ----
+    eprintln!("[bench] k2k");
+    let sink = rt
+        .launch(
+            "bench.k2k_sink",
+            LaunchOptions::default()
+                .with_queue_capacity(1 << 14)
+                .with_block_size(256),
+        )
+        .await?;
+    let src = rt
+        .launch(
+            "bench.k2k_src",
+            LaunchOptions::default().with_block_size(128),
+        )
+        .await?;
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Trigger {
+        dest: u32,
+        count: u32,
+    }
+    let arm = |expected: u64| Envelope::from_bytes(0x44, &expected.to_le_bytes());
+    let trig = |count: u32| {
+        Envelope::from_bytes(
+            0x45,
+            bytemuck::bytes_of(&Trigger {
+                dest: sink.id().0,
+                count,
+            }),
+        )
+    };
+    let read3 = |e: &Envelope| -> [u64; 3] {
+        let mut o = [0u64; 3];
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = u64::from_le_bytes(e.payload[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        o
+    };
+    // Throughput: 128 triggers handled in parallel, each sending `per` messages.
+    let per: u32 = if quick { 1_000 } else { 5_000 };
+    let senders = 128u32;
+    let total_k2k = per as u64 * senders as u64;
+    eprintln!("[bench] k2k kernels launched");
+    sink.send_envelope(&arm(total_k2k)).await?;
+    let t0 = Instant::now();
+    for _ in 0..senders {
+        src.send_envelope(&trig(per)).await?;
+    }
+    eprintln!("[bench] k2k triggers sent");
+    let r = sink.receive_envelope(Some(Duration::from_secs(60))).await?;
+    eprintln!("[bench] k2k sink replied");
+    let secs = t0.elapsed().as_secs_f64();
+    let [count, sum, max] = read3(&r);
+    rep.line(format!(
+        "K2K on the GPU (128 sender threads -> one kernel's inbox): {:.2} M msgs/s ({count} msgs in {secs:.3} s); under load one-way mean {:.2} us, max {:.2} us",
+        count as f64 / secs / 1e6,
+        sum as f64 / count as f64 / 1e3,
+        max as f64 / 1e3
+    ));
+    for _ in 0..senders {
+        src.receive_envelope(Some(Duration::from_secs(10))).await?;
+    }
+    // Latency: one message at a time.
+    let pings = if quick { 100 } else { 500 };
+    let mut lat = Vec::with_capacity(pings);
+    for _ in 0..pings {
+        sink.send_envelope(&arm(1)).await?;
+        src.send_envelope(&trig(1)).await?;
+        let r = sink.receive_envelope(Some(Duration::from_secs(10))).await?;
+        let [_, sum, _] = read3(&r);
+        lat.push(sum as f64 / 1e3);
+        src.receive_envelope(Some(Duration::from_secs(10))).await?;
+    }
+    let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
+    // ---- 3. streaming 64-byte payloads ----
+    eprintln!("[bench] streaming");
+    let total: u64 = if quick { 1_000_000 } else { 20_000_000 };
+    let k = rt
+        .launch(
+            "bench.stream",
+            LaunchOptions::default()
+                .with_slot_size(128)
+                .with_queue_capacity(1 << 16)
+                .with_block_size(1024),
+        )
+        .await?;
+    let payload = [0x5Au8; 64];
+    let hs = MessageHeader::new(0x77, 64);
+    let streamer = rt.streamer(&k)?;
+    let consumer = {
+        let streamer = streamer.clone();
+        std::thread::spawn(move || -> Result<u64> {
+            let mut got = 0u64;
+            let mut bad = 0u64;
+            let start = Instant::now();
+            while got < total {
+                let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
+                    if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
+                        bad += 1;
+                    }
+                })?;
+                got += n as u64;
+                if n == 0 {
+                    if start.elapsed() > Duration::from_secs(60) {
+                        return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            if bad > 0 {
+                return Err(ringkernel_core::Error::Device(format!(
+                    "{bad} corrupt stream replies"
+                )));
+            }
+            Ok(got)
+        })
+    };
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while sent < total {
+        let want = (total - sent).min(4096) as usize;
+        let n = streamer.try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
+        sent += n as u64;
+        if n == 0 {
+            if t0.elapsed() > Duration::from_secs(60) {
+                return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
+            }
+            std::hint::spin_loop();
+        }
+    }
+    let got = consumer
+        .join()
+        .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
+    let secs = t0.elapsed().as_secs_f64();
+    rep.line(format!(
+        "streaming 64-B payloads through one persistent kernel: {:.2} M msgs/s ({got} msgs in {secs:.3} s; CudaStreamer batches, one producer + one consumer thread)",
+        got as f64 / secs / 1e6
+    ));
+    // The same through the per-message engine API (one index update per message).
+    let per_msg: u64 = total / 10;
+    let engine = k.engine().clone();
+    let consumer = {
+        let engine = engine.clone();
+        std::thread::spawn(move || -> Result<u64> {
+            let mut got = 0u64;
+            let start = Instant::now();
+            while got < per_msg {
+                match engine.try_dequeue()? {
+                    Some(_) => got += 1,
+                    None => {
+                        if start.elapsed() > Duration::from_secs(60) {
+                            return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
+                        }
+                        std::hint::spin_loop()
+                    }
+                }
+            }
+            Ok(got)
+        })
+    };
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while sent < per_msg {
+        match engine.try_enqueue(&hs, &payload) {
+            Ok(()) => sent += 1,
+            Err(ringkernel_core::Error::QueueFull { .. }) => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    let got = consumer
+        .join()
+        .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
+    let secs = t0.elapsed().as_secs_f64();
+    rep.line(format!(
+        "streaming 64-B payloads, per-message try_enqueue/try_dequeue: {:.2} M msgs/s ({got} msgs)",
+        got as f64 / secs / 1e6
+    ));
+    let m = k.metrics();
+    rep.line(format!(
+        "  kernel metrics: processed {} dropped {}",
+        m.processed, m.dropped
+    ));
+    eprintln!("[bench] terminating the streaming kernel");
+    k.terminate().await?;
+    eprintln!("[bench] terminated");
+
+    rt.shutdown().await?;
+    Ok(())
+}
+
+fn time_op(gpu: &CudaCompute, reps: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    for i in 0..3 {
+        f(i)?;
+    }
+    gpu.synchronize()?;
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..reps {
+        let t0 = Instant::now();
+        f(i)?;
+        gpu.synchronize()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(pct(&mut times, 0.5))
+}
+
+fn compute(rep: &mut Report, quick: bool) -> Result<()> {
+    let gpu = CudaCompute::new(0)?;
+    rep.line(format!("compute: {}", gpu.device_name()));
+    let n: usize = 64 << 20;
+    let mut rng = SplitMix64::new(7);
+    let data: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(n, -2.0, 2.0)).collect();
+    let bufs: Vec<_> = data.iter().map(|d| gpu.upload(d)).collect::<Result<_>>()?;
+    let out = gpu.alloc(n)?;
+    let reps = if quick { 5 } else { 30 };
+    let gbs = |bytes: f64, s: f64| bytes / s / 1e9;
+    let copy = time_op(&gpu, reps, |i| gpu.copy(&*bufs[i % 3], 0, &*out, 0, n))?;
+    let copy_bw = gbs(8.0 * n as f64, copy);
+    rep.line(format!(
+        "copy d2d 64M f32: {:.3} ms, {copy_bw:.0} GB/s (read + write)",
+        copy * 1e3
+    ));
+    let add = time_op(&gpu, reps, |i| {
+        gpu.binary(BinaryOp::Add, &*bufs[i % 3], &*bufs[(i + 1) % 3], &*out, n)
+    })?;
+    let add_bw = gbs(12.0 * n as f64, add);
+    rep.line(format!(
+        "add 64M f32: {:.3} ms, {add_bw:.0} GB/s = {:.1}% of copy",
+        add * 1e3,
+        100.0 * add_bw / copy_bw
+    ));
+    let cols = 4096;
+    let rows = n / cols;
+    let sm = time_op(&gpu, reps, |i| {
+        gpu.softmax(&*bufs[i % 3], &*out, rows, cols)
+    })?;
+    let sm_bw = gbs(8.0 * n as f64, sm);
+    rep.line(format!(
+        "softmax [{rows}x{cols}]: {:.3} ms, {sm_bw:.0} GB/s = {:.1}% of copy",
+        sm * 1e3,
+        100.0 * sm_bw / copy_bw
+    ));
+    let w = gpu.upload(&rng.vec(cols, 0.5, 1.5))?;
+    let rms = time_op(&gpu, reps, |i| {
+        gpu.rms_norm(&*bufs[i % 3], &*w, &*out, rows, cols, 1e-6)
+    })?;
+    let rms_bw = gbs(8.0 * n as f64, rms);
+    rep.line(format!(
+        "rms_norm [{rows}x{cols}]: {:.3} ms, {rms_bw:.0} GB/s = {:.1}% of copy",
+        rms * 1e3,
+        100.0 * rms_bw / copy_bw
+    ));
+    // Spot-check the softmax output of the last run against the CPU.
+    let mut row0 = vec![0.0f32; cols];
+    gpu.softmax(&*bufs[0], &*out, rows, cols)?;
+    gpu.read(&*out, 0, &mut row0)?;
+    let want = ringkernel_core::compute::reference::softmax(&data[0][..cols], 1, cols);
+    let err = ringkernel_core::util::rel_error(&row0, &want);
+    rep.line(format!("  softmax row 0 rel err vs f64: {err:.1e}"));
+    drop(bufs);
+    drop(out);
+
+    let m = 8192usize;
+    let a = gpu.upload(&rng.vec(m * m, -1.0, 1.0))?;
+    let b = gpu.upload(&rng.vec(m * m, -1.0, 1.0))?;
+    let c = gpu.alloc(m * m)?;
+    let dims = MatmulDims {
+        batch: 1,
+        m,
+        k: m,
+        n: m,
+        b_batched: false,
+    };
+    let flops = 2.0 * (m as f64).powi(3);
+    let mm_reps = if quick { 3 } else { 10 };
+    gpu.set_tf32(false);
+    let f32t = time_op(&gpu, mm_reps, |_| gpu.matmul(&*a, &*b, &*c, dims))?;
+    rep.line(format!(
+        "matmul {m}^3 fp32: {:.2} ms, {:.1} TFLOP/s",
+        f32t * 1e3,
+        flops / f32t / 1e12
+    ));
+    gpu.set_tf32(true);
+    let tf = time_op(&gpu, mm_reps, |_| gpu.matmul(&*a, &*b, &*c, dims))?;
+    gpu.set_tf32(false);
+    rep.line(format!(
+        "matmul {m}^3 tf32: {:.2} ms, {:.1} TFLOP/s",
+        tf * 1e3,
+        flops / tf / 1e12
+    ));
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1).cloned());
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    let mut rep = Report {
+        text: String::new(),
+        out: None,
+    };
+    match ringkernel_cuda::probe() {
+        Ok(d) => rep.line(format!("device: {d}")),
+        Err(e) => {
+            eprintln!("no CUDA: {e}");
+            std::process::exit(2);
+        }
+    }
+    rep.out = out;
+    let mut failed = false;
+    // A watchdog: a wedged GPU or runtime must not eat the whole device session.
+    let watchdog = std::env::var("BENCH_WATCHDOG_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200u64);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(watchdog));
+        eprintln!("[bench] watchdog: no end after {watchdog} s, exiting");
+        std::process::exit(3);
+    });
+    if only.as_deref() != Some("actors") {
+        if let Err(e) = compute(&mut rep, quick) {
+            rep.line(format!("compute benchmarks FAILED: {e}"));
+            failed = true;
+        }
+    }
+    if only.as_deref() != Some("compute") {
+        let exec = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        if let Err(e) =
+            exec.block_on(async { phase("actor benchmarks", 150, actors(&mut rep, quick)).await })
+        {
+            rep.line(format!("actor benchmarks FAILED: {e}"));
+            failed = true;
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,310 @@
+// ringkernel.cuh: the binary layouts RingKernel shares between the host and CUDA
+// devices, and the handler ABI of persistent kernels.
+//
+// Every struct here mirrors a #[repr(C)] struct of ringkernel-core (or of
+// ringkernel-cuda for the CUDA-only ones) field for field. The layout test
+// (`layout_matches_rust` in crates/ringkernel-cuda/tests/gpu_smoke.rs) compiles kernels/layout.cu, which
+// writes offsetof() of every field, and compares them with the Rust tables.
+//
+// The file is self-contained (no system headers) so NVRTC compiles it as is.
+//
+// ---------------------------------------------------------------------------------
+// HANDLER ABI
+// ---------------------------------------------------------------------------------
+//
+// A CUDA handler is registered as a GpuHandler whose `cuda` source defines
+//
+//     __device__ int handle(RkContext* ctx,
+//                           const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+//                           RkMessageHeader* out_hdr, unsigned char* out_payload,
+//                           void* state);
+//
+// The runtime concatenates this header, the handler source and the persistent template
+// (kernels/persistent.cu) and compiles them with NVRTC for the device's architecture.
+//
+// * It is called once per message, by one thread. `in_hdr`/`in_payload` are a copy of
+//   the input slot in device memory (read-only). `out_hdr` is pre-filled as a reply
+//   (magic, version, same type_id and payload_len, correlation_id = request's
+//   correlation_id, flags = RK_FLAG_REPLY, source = this kernel, dest = the request's
+//   source (0: the host), timestamp
+//   = a fresh HLC tick); the handler writes `out_payload` (at most
+//   `ctx->max_payload` bytes) and may change `out_hdr->type_id` / `payload_len`.
+// * Return 1 to emit the reply into the kernel's output queue, 0 to emit nothing, a
+//   negative value to drop the message with that error code (counted in the control
+//   block's `dropped`, the code kept in `last_error`).
+// * `state` points at the kernel's `state_bytes` of zero-initialised device memory,
+//   kept across messages.
+// * By default up to blockDim messages are handled in parallel, one per thread
+//   (replies still leave in input order). A handler whose messages depend on each other
+//   (through `state`, or by sending K2K messages whose order matters) defines
+//   `#define RK_HANDLER_SERIAL 1` before `handle`: messages are then handled one after
+//   the other, in order, by thread 0.
+// * `rk_send_to(ctx, dest_kernel_id, type_id, payload, len)` sends a message to another
+//   CUDA kernel of the same runtime on the same GPU, through its device-memory inbox
+//   (no host hop). It returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
+// * `ctx->now` is this kernel's HLC timestamp after merging the request's timestamp
+//   (what the CPU backend's `ctx.clock().peek()` returns).
+// ---------------------------------------------------------------------------------
+
+#ifndef RINGKERNEL_CUH
+#define RINGKERNEL_CUH
+
+typedef unsigned int rk_u32;
+typedef unsigned long long rk_u64;
+typedef int rk_i32;
+
+#define RK_MESSAGE_MAGIC 0x474D4B52u /* "RKMG" little-endian */
+#define RK_MESSAGE_VERSION 1u
+#define RK_HEADER_SIZE 64u
+
+#define RK_FLAG_CHECKSUM (1u << 0)
+#define RK_FLAG_REPLY (1u << 1)
+#define RK_FLAG_K2K (1u << 2)
+#define RK_FLAG_PUBSUB (1u << 3)
+
+#define RK_CMD_NONE 0u
+#define RK_CMD_ACTIVATE 1u
+#define RK_CMD_DEACTIVATE 2u
+#define RK_CMD_TERMINATE 3u
+
+#define RK_STATE_CREATED 0u
+#define RK_STATE_LAUNCHED 1u
+#define RK_STATE_ACTIVE 2u
+#define RK_STATE_DEACTIVATED 3u
+#define RK_STATE_TERMINATING 4u
+#define RK_STATE_TERMINATED 5u
+
+#define RK_K2K_DELIVERED 0
+#define RK_K2K_QUEUE_FULL 1
+#define RK_K2K_NOT_FOUND 2
+
+/* Error codes a kernel writes into ControlBlock.last_error. */
+#define RK_ERR_BAD_HEADER 1u
+#define RK_ERR_CLOCK_DRIFT 2u
+#define RK_ERR_HANDLER 3u
+#define RK_ERR_CHECKSUM 4u
+
+#define RK_HLC_LOGICAL_BITS 20
+#define RK_HLC_LOGICAL_MASK ((1ull << RK_HLC_LOGICAL_BITS) - 1ull)
+
+/* core::message::MessageHeader (64 bytes). */
+struct __align__(8) RkMessageHeader {
+    rk_u32 magic;
+    rk_u32 version;
+    rk_u32 type_id;
+    rk_u32 payload_len;
+    rk_u64 message_id;
+    rk_u64 correlation_id;
+    rk_u32 source_kernel;
+    rk_u32 dest_kernel;
+    rk_u64 timestamp;
+    rk_u32 checksum;
+    rk_u32 flags;
+    rk_u32 reserved[2];
+};
+
+/* core::control::ControlBlock (128 bytes): line 0 host-written, line 1 device-written. */
+struct __align__(128) RkControlBlock {
+    /* host line */
+    rk_u32 command;
+    rk_u32 command_seq;
+    rk_u32 kernel_id;
+    rk_u32 slot_size;
+    rk_u64 input_tail;
+    rk_u64 output_head;
+    rk_u32 input_capacity;
+    rk_u32 output_capacity;
+    rk_u64 max_drift_ms;
+    rk_u32 host_reserved[4];
+    /* device line */
+    rk_u32 state;
+    rk_u32 command_ack;
+    rk_u64 input_head;
+    rk_u64 output_tail;
+    rk_u64 processed;
+    rk_u64 dropped;
+    rk_u64 hlc;
+    rk_u32 last_error;
+    rk_u32 heartbeat;
+    rk_u32 device_reserved[2];
+};
+
+/* core::queue::QueueHeader (128 bytes): producer line, then consumer line. */
+struct __align__(64) RkQueueHeader {
+    rk_u64 tail;
+    rk_u32 capacity;
+    rk_u32 slot_size;
+    rk_u32 mask;
+    rk_u32 producer_reserved[11];
+    rk_u64 head;
+    rk_u32 consumer_reserved[14];
+};
+
+/* A K2K inbox in device memory (ringkernel-cuda's DeviceInbox, 128 bytes), followed by
+ * `capacity` slots of `slot_size` bytes and then `capacity` 8-byte ready words.
+ * Any number of producers (other kernels' threads) reserve an index with a CAS on
+ * `reserve`, write the slot, then publish it by writing `index + 1` into its ready word;
+ * the one consumer (the owning kernel) takes slots in index order once their ready word
+ * says so and advances `head`. */
+struct __align__(64) RkInbox {
+    rk_u64 reserve;
+    rk_u32 capacity;
+    rk_u32 slot_size;
+    rk_u32 mask;
+    rk_u32 producer_reserved[11];
+    rk_u64 head;
+    rk_u32 consumer_reserved[14];
+};
+
+/* Device routing table entry (ringkernel-cuda's DeviceRoute, 32 bytes), indexed by
+ * kernel id. `valid` is 1 while the kernel accepts K2K messages. */
+struct __align__(8) RkRoute {
+    rk_u64 inbox;      /* device address of the RkInbox */
+    rk_u64 slots;      /* device address of slot 0 */
+    rk_u64 ready;      /* device address of the ready words */
+    rk_u32 kernel_id;
+    rk_u32 valid;
+};
+
+/* Everything a persistent kernel is launched with (ringkernel-cuda's LaunchParams;
+ * passed by value as the only kernel parameter). All fields are 8 bytes wide. */
+struct __align__(8) RkLaunchParams {
+    rk_u64 control;        /* RkControlBlock*, mapped host memory */
+    rk_u64 in_queue;       /* RkQueueHeader*, mapped host memory, slots follow */
+    rk_u64 out_queue;      /* RkQueueHeader*, mapped host memory, slots follow */
+    rk_u64 inbox;          /* RkInbox*, device memory */
+    rk_u64 inbox_slots;
+    rk_u64 inbox_ready;
+    rk_u64 routes;         /* RkRoute[route_count], device memory */
+    rk_u64 route_count;
+    rk_u64 scratch_in;     /* blockDim slots, device memory */
+    rk_u64 scratch_out;    /* blockDim slots, device memory */
+    rk_u64 state;          /* handler state, device memory */
+    rk_u64 clock_offset_ns;/* host UNIX time in ns at launch (device maps %globaltimer onto it) */
+    rk_u64 kernel_id;
+    rk_u64 slot_size;
+    rk_u64 in_capacity;
+    rk_u64 out_capacity;
+    rk_u64 inbox_capacity;
+    rk_u64 max_drift_ms;
+};
+
+/* What a handler sees (device-only; not shared with the host). */
+struct RkContext {
+    rk_u32 kernel_id;
+    rk_u32 max_payload;
+    rk_u64 message_index; /* position of this message in the kernel's input stream */
+    rk_u64 now;           /* HLC after merging the request */
+    const RkRoute* routes;
+    rk_u64 route_count;
+    rk_u32 slot_size;
+    rk_u32 from_inbox;    /* 1 when the message came through the K2K inbox */
+    rk_u64 send_ts;       /* HLC timestamp to put on messages this handler sends */
+    rk_u64 correlation_id;/* the request's correlation id (carried by replies and K2K sends) */
+};
+
+/* ---- memory-order helpers (system scope: the host is the other party) ---- */
+
+__device__ __forceinline__ rk_u64 rk_ld_acquire_sys(const rk_u64* p) {
+    rk_u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ rk_u32 rk_ld_acquire_sys32(const rk_u32* p) {
+    rk_u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void rk_st_release_sys(rk_u64* p, rk_u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void rk_st_release_sys32(rk_u32* p, rk_u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ rk_u64 rk_ld_acquire_gpu(const rk_u64* p) {
+    rk_u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void rk_st_release_gpu(rk_u64* p, rk_u64 v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ rk_u64 rk_globaltimer_ns() {
+    rk_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* ---- hybrid logical clock (same packing as ringkernel-core's hlc.rs: 44 | 20) ---- */
+
+__device__ __forceinline__ rk_u64 rk_hlc_pack(rk_u64 l, rk_u64 c) {
+    return (l << RK_HLC_LOGICAL_BITS) | (c & RK_HLC_LOGICAL_MASK);
+}
+
+/* Local / send event. */
+__device__ __forceinline__ rk_u64 rk_hlc_tick(rk_u64 state, rk_u64 pt_ms) {
+    rk_u64 l = state >> RK_HLC_LOGICAL_BITS, c = state & RK_HLC_LOGICAL_MASK;
+    if (pt_ms > l) return rk_hlc_pack(pt_ms, 0);
+    if (c + 1 > RK_HLC_LOGICAL_MASK) return rk_hlc_pack(l + 1, 0);
+    return rk_hlc_pack(l, c + 1);
+}
+
+/* Receive event (Kulkarni et al. 2014). Returns 0 (and leaves *state alone) when the
+ * remote timestamp is more than max_drift_ms ahead of the physical clock. */
+__device__ __forceinline__ int rk_hlc_update(rk_u64* state, rk_u64 remote, rk_u64 pt_ms, rk_u64 max_drift_ms) {
+    rk_u64 l = *state >> RK_HLC_LOGICAL_BITS, c = *state & RK_HLC_LOGICAL_MASK;
+    rk_u64 ml = remote >> RK_HLC_LOGICAL_BITS, mc = remote & RK_HLC_LOGICAL_MASK;
+    if (ml > pt_ms && ml - pt_ms > max_drift_ms) return 0;
+    rk_u64 nl = l > ml ? l : ml;
+    if (pt_ms > nl) nl = pt_ms;
+    rk_u64 nc;
+    if (nl == l && nl == ml) nc = (c > mc ? c : mc) + 1;
+    else if (nl == l) nc = c + 1;
+    else if (nl == ml) nc = mc + 1;
+    else nc = 0;
+    if (nc > RK_HLC_LOGICAL_MASK) { nl += 1; nc = 0; }
+    *state = rk_hlc_pack(nl, nc);
+    return 1;
+}
+
+/* ---- K2K send into another kernel's device inbox ---- */
+
+__device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
+    if (len > ctx->max_payload) return RK_K2K_NOT_FOUND;
+    if ((rk_u64)dest >= ctx->route_count) return RK_K2K_NOT_FOUND;
+    const volatile RkRoute* r = (const volatile RkRoute*)&ctx->routes[dest];
+    if (r->valid != 1u || r->kernel_id != dest) return RK_K2K_NOT_FOUND;
+    RkInbox* ib = (RkInbox*)r->inbox;
+    unsigned char* slots = (unsigned char*)r->slots;
+    rk_u64* ready = (rk_u64*)r->ready;
+    rk_u64 cap = ib->capacity;
+    rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
+    for (;;) {
+        rk_u64 head = rk_ld_acquire_gpu(&ib->head);
+        if (idx - head >= cap) return RK_K2K_QUEUE_FULL;
+        rk_u64 seen = atomicCAS(&ib->reserve, idx, idx + 1);
+        if (seen == idx) break;
+        idx = seen;
+    }
+    RkMessageHeader* h = (RkMessageHeader*)(slots + (idx & (cap - 1)) * (rk_u64)ib->slot_size);
+    h->magic = RK_MESSAGE_MAGIC;
+    h->version = RK_MESSAGE_VERSION;
+    h->type_id = type_id;
+    h->payload_len = len;
+    h->message_id = ((rk_u64)ctx->kernel_id << 40) | (ctx->message_index & 0xFFFFFFFFFFull);
+    h->correlation_id = ctx->correlation_id;
+    h->source_kernel = ctx->kernel_id;
+    h->dest_kernel = dest;
+    h->timestamp = ctx->send_ts;
+    h->checksum = 0;
+    h->flags = RK_FLAG_K2K;
+    h->reserved[0] = 0;
+    h->reserved[1] = 0;
+    unsigned char* dst = (unsigned char*)(h + 1);
+    const unsigned char* src = (const unsigned char*)payload;
+    for (rk_u32 i = 0; i < len; i++) dst[i] = src[i];
+    rk_st_release_gpu(&ready[idx & (cap - 1)], idx + 1);
+    return RK_K2K_DELIVERED;
+}
+
+#endif /* RINGKERNEL_CUH */

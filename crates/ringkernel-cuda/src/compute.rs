@@ -1,0 +1,1311 @@
+//! [`CudaCompute`]: every [`ComputeBackend`] op on one CUDA device.
+//!
+//! The kernels are in `kernels/ops.cu`, compiled once by NVRTC for the device's own
+//! architecture (and cached on disk, see [`crate::nvrtc`]). Matmul goes through cuBLAS
+//! (`cublasSgemmStridedBatched`, row-major through the transpose identity
+//! `Cᵀ = Bᵀ·Aᵀ`), in strict FP32 unless [`CudaCompute::set_tf32`] asks for TF32.
+//!
+//! All work is queued on one non-blocking stream, in order; `read` and `synchronize`
+//! wait for it. Buffers are allocated stream-ordered (`cuMemAllocAsync`) and freed the
+//! same way when the last reference goes, so a buffer dropped while a kernel still uses
+//! it stays valid until that kernel has run.
+
+use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, Module, Stream};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result as cu, sys};
+use ringkernel_core::compute::{
+    check_len, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
+    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+};
+use ringkernel_core::{BackendKind, Error, Result};
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Source of the op kernels.
+pub(crate) const OPS_SRC: &str = include_str!("../kernels/ops.cu");
+
+/// Largest `head_dim` the fused attention kernel handles (32 lanes × 8).
+const FUSED_MAX_HEAD_DIM: usize = 256;
+/// Largest grid y/z dimension.
+const MAX_GRID_YZ: usize = 65535;
+
+struct Func(sys::CUfunction);
+// SAFETY: a CUfunction handle is immutable and usable from any thread with the context
+// current; the module it belongs to outlives it (both live in ComputeInner).
+unsafe impl Send for Func {}
+// SAFETY: as above.
+unsafe impl Sync for Func {}
+
+struct Cublas(blas_sys::cublasHandle_t);
+// SAFETY: the handle is only used under the Mutex in ComputeInner.
+unsafe impl Send for Cublas {}
+
+impl Drop for Cublas {
+    fn drop(&mut self) {
+        // SAFETY: destroys the handle created in `cublas`, exactly once.
+        unsafe {
+            let _ = blas::destroy_handle(self.0);
+        }
+    }
+}
+
+pub(crate) struct ComputeInner {
+    // Field order matters for Drop: handles and module before the stream and device.
+    cublas: Mutex<Option<Cublas>>,
+    funcs: Mutex<HashMap<String, Arc<Func>>>,
+    module: Module,
+    stream: Stream,
+    dev: Arc<Device>,
+    tf32: AtomicBool,
+}
+
+/// CUDA implementation of [`ComputeBackend`] on one device.
+///
+/// ```no_run
+/// use ringkernel_core::compute::{ComputeBackend, BinaryOp};
+/// let gpu = ringkernel_cuda::CudaCompute::new(0)?;
+/// let a = gpu.upload(&[1.0, 2.0, 3.0])?;
+/// let b = gpu.upload(&[10.0, 20.0, 30.0])?;
+/// let out = gpu.alloc(3)?;
+/// gpu.binary(BinaryOp::Add, &*a, &*b, &*out, 3)?;
+/// let mut host = [0.0f32; 3];
+/// gpu.read(&*out, 0, &mut host)?;
+/// assert_eq!(host, [11.0, 22.0, 33.0]);
+/// # Ok::<(), ringkernel_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CudaCompute {
+    inner: Arc<ComputeInner>,
+}
+
+impl std::fmt::Debug for CudaCompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaCompute")
+            .field("device", &self.inner.dev.info.name)
+            .finish()
+    }
+}
+
+/// A device-resident f32 buffer of [`CudaCompute`].
+pub struct CudaBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    owner: Arc<ComputeInner>,
+}
+
+impl std::fmt::Debug for CudaBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl CudaBuffer {
+    /// The device address (for interoperation with other CUDA code).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl DeviceBuffer for CudaBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if self.ptr != 0 && self.owner.dev.bind().is_ok() {
+            // SAFETY: ptr was allocated by malloc_async on this stream; freeing it in
+            // stream order waits for the work queued before, which may still use it.
+            unsafe {
+                let _ = cu::free_async(self.ptr, self.owner.stream.raw);
+            }
+        }
+    }
+}
+
+fn arg<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
+}
+
+fn grid_1d(n: usize, threads: u32, sms: u32) -> u32 {
+    // Grid-stride kernels: enough blocks to fill the GPU several times over, no more.
+    let want = n.div_ceil(threads as usize).max(1);
+    want.min(sms as usize * 32).max(1) as u32
+}
+
+impl CudaCompute {
+    /// Opens device `ordinal` and compiles (or loads from the cache) the op kernels.
+    /// [`Error::BackendUnavailable`] without a driver, a GPU or NVRTC;
+    /// [`Error::InvalidArgument`] while persistent kernels run in this process (a module
+    /// load would wait for them: create the compute backend first).
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let dev = Device::open(ordinal)?;
+        ensure_nvrtc()?;
+        let cubin =
+            crate::nvrtc::compile_cubin(OPS_SRC, "ops", dev.info.cc, dev.info.driver_version)?;
+        let module = dev.load_module(&cubin)?;
+        let stream = dev.new_stream()?;
+        Ok(CudaCompute {
+            inner: Arc::new(ComputeInner {
+                cublas: Mutex::new(None),
+                funcs: Mutex::new(HashMap::new()),
+                module,
+                stream,
+                dev,
+                tf32: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Allows (true) or forbids (false, the default) TF32 tensor-core math in matmul:
+    /// about 8× faster on Ampere and later, with about 1e-3 relative error.
+    pub fn set_tf32(&self, allow: bool) {
+        self.inner.tf32.store(allow, Ordering::Relaxed);
+    }
+
+    /// Whether TF32 is allowed in matmul.
+    pub fn tf32(&self) -> bool {
+        self.inner.tf32.load(Ordering::Relaxed)
+    }
+
+    /// Facts about the device.
+    pub fn device_info(&self) -> &crate::DeviceInfo {
+        &self.inner.dev.info
+    }
+
+    /// The raw stream all ops are queued on (for graph capture and interop).
+    pub fn raw_stream(&self) -> sys::CUstream {
+        self.inner.stream.raw
+    }
+
+    /// Records every op `f` queues into a CUDA graph instead of running it, and returns
+    /// the graph ready to be replayed with [`CudaGraph::launch`]. Buffers used by the
+    /// ops must outlive the graph. Ops that allocate temporaries (reductions, dot,
+    /// unfused attention) and `read` cannot be captured.
+    pub fn capture(&self, f: impl FnOnce(&CudaCompute) -> Result<()>) -> Result<CudaGraph> {
+        let inner = &self.inner;
+        inner.dev.bind()?;
+        // SAFETY: valid stream; thread-local capture mode so other threads' CUDA calls
+        // are unaffected.
+        unsafe {
+            cu::stream::begin_capture(
+                inner.stream.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(dev_err("begin capture"))?;
+        let r = f(self);
+        // SAFETY: ends the capture begun above on the same stream.
+        let graph =
+            unsafe { cu::stream::end_capture(inner.stream.raw) }.map_err(dev_err("end capture"));
+        r?;
+        let graph = graph?;
+        // SAFETY: graph was just captured and is valid.
+        let exec = unsafe { cu::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        let exec = match exec {
+            Ok(e) => e,
+            Err(e) => {
+                // SAFETY: destroys the graph captured above.
+                unsafe {
+                    let _ = cu::graph::destroy(graph);
+                }
+                return Err(Error::Device(format!("CUDA graph instantiate: {e}")));
+            }
+        };
+        Ok(CudaGraph {
+            graph,
+            exec,
+            owner: self.inner.clone(),
+        })
+    }
+
+    fn func(&self, name: &str) -> Result<Arc<Func>> {
+        let mut funcs = self
+            .inner
+            .funcs
+            .lock()
+            .map_err(|_| Error::Device("function table poisoned".into()))?;
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(Func(self.inner.module.function(name)?));
+        funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let f = self.func(name)?;
+        self.inner.dev.bind()?;
+        // SAFETY: `f` is a kernel of our module whose parameter list matches `args`
+        // (each call site passes pointers to locals of the exact C types, in order);
+        // every buffer pointer was length-checked by the caller against what the
+        // kernel touches; the stream is valid.
+        unsafe { cu::launch_kernel(f.0, grid, block, smem, self.inner.stream.raw, args) }
+            .map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
+    }
+
+    fn buf<'a>(&self, b: &'a dyn DeviceBuffer) -> Result<&'a CudaBuffer> {
+        let cb = downcast::<CudaBuffer>(b, BackendKind::Cuda)?;
+        if !Arc::ptr_eq(&cb.owner, &self.inner) {
+            return Err(Error::Device(
+                "buffer belongs to another CUDA device or context".into(),
+            ));
+        }
+        Ok(cb)
+    }
+
+    fn sms(&self) -> u32 {
+        self.inner.dev.info.sm_count.max(1)
+    }
+
+    fn raw_alloc(&self, len: usize) -> Result<CudaBuffer> {
+        self.inner.dev.bind()?;
+        if len == 0 {
+            return Ok(CudaBuffer {
+                ptr: 0,
+                len: 0,
+                owner: self.inner.clone(),
+            });
+        }
+        let bytes = len
+            .checked_mul(4)
+            .ok_or_else(|| Error::invalid("allocation size overflows"))?;
+        // SAFETY: stream-ordered allocation of `bytes` on our valid stream.
+        let ptr = unsafe { cu::malloc_async(self.inner.stream.raw, bytes) }
+            .map_err(dev_err("cuMemAllocAsync"))?;
+        Ok(CudaBuffer {
+            ptr,
+            len,
+            owner: self.inner.clone(),
+        })
+    }
+
+    fn with_cublas<R>(&self, f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>) -> Result<R> {
+        ensure_cublas()?;
+        let mut guard = self
+            .inner
+            .cublas
+            .lock()
+            .map_err(|_| Error::Device("cuBLAS handle poisoned".into()))?;
+        if guard.is_none() {
+            self.inner.dev.bind()?;
+            let h =
+                blas::create_handle().map_err(|e| Error::Device(format!("cublasCreate: {e:?}")))?;
+            let h = Cublas(h);
+            // SAFETY: valid handle and stream.
+            unsafe { blas::set_stream(h.0, self.inner.stream.raw as blas_sys::cudaStream_t) }
+                .map_err(|e| Error::Device(format!("cublasSetStream: {e:?}")))?;
+            *guard = Some(h);
+        }
+        let h = guard
+            .as_ref()
+            .map(|h| h.0)
+            .ok_or_else(|| Error::Device("cuBLAS handle missing".into()))?;
+        self.inner.dev.bind()?;
+        f(h)
+    }
+
+    fn elementwise_grid(&self, len: usize) -> u32 {
+        grid_1d(len.div_ceil(4), 256, self.sms())
+    }
+
+    fn row_threads(cols: usize) -> u32 {
+        let per = if cols.is_multiple_of(4) {
+            cols / 4
+        } else {
+            cols
+        };
+        let t = per.div_ceil(4).div_ceil(32) * 32;
+        t.clamp(64, 1024) as u32
+    }
+
+    /// Dynamic shared memory for caching a row of `cols` floats, or 0 when it does not fit.
+    fn row_cache_bytes(&self, name: &str, cols: usize) -> Result<u32> {
+        let bytes = cols.saturating_mul(4);
+        let limit = (self.inner.dev.info.max_smem_optin as usize)
+            .saturating_sub(1024)
+            .min(64 * 1024);
+        if bytes == 0 || bytes > limit {
+            return Ok(0);
+        }
+        if bytes > 48 * 1024 {
+            let f = self.func(name)?;
+            // SAFETY: valid function; raises its dynamic shared memory limit within the
+            // device's opt-in maximum.
+            unsafe {
+                cu::function::set_function_attribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+            }
+            .map_err(dev_err("set shared memory limit"))?;
+        }
+        Ok(bytes as u32)
+    }
+
+    fn reduce_impl(
+        &self,
+        op: ReduceOp,
+        x: &CudaBuffer,
+        out: &CudaBuffer,
+        dims: ReduceDims,
+    ) -> Result<()> {
+        let (kname, scale) = match op {
+            ReduceOp::Sum => ("sum", 1.0f32),
+            ReduceOp::Mean => ("sum", 1.0 / dims.axis as f32),
+            ReduceOp::Max => ("max", 1.0),
+            ReduceOp::Min => ("min", 1.0),
+        };
+        let sms = self.sms() as usize;
+        if dims.inner > 1 {
+            let total = dims.outer * dims.inner;
+            let (mut px, mut po) = (x.ptr, out.ptr);
+            let (mut o, mut a, mut i, mut s) = (
+                dims.outer as u64,
+                dims.axis as u64,
+                dims.inner as u64,
+                scale,
+            );
+            return self.launch(
+                &format!("rk_reduce_cols_{kname}"),
+                (grid_1d(total, 256, self.sms()), 1, 1),
+                (256, 1, 1),
+                0,
+                &mut [
+                    arg(&mut px),
+                    arg(&mut po),
+                    arg(&mut o),
+                    arg(&mut a),
+                    arg(&mut i),
+                    arg(&mut s),
+                ],
+            );
+        }
+        let threads = 256u32;
+        if dims.outer >= 2 * sms || dims.axis < 65536 || dims.outer > MAX_GRID_YZ {
+            let (mut px, mut po) = (x.ptr, out.ptr);
+            let (mut r, mut c, mut s) = (dims.outer as u64, dims.axis as u64, scale);
+            return self.launch(
+                &format!("rk_reduce_rows_{kname}"),
+                ((dims.outer.min(1 << 30)) as u32, 1, 1),
+                (threads, 1, 1),
+                0,
+                &mut [
+                    arg(&mut px),
+                    arg(&mut po),
+                    arg(&mut r),
+                    arg(&mut c),
+                    arg(&mut s),
+                ],
+            );
+        }
+        // Few long rows: split each row over several blocks, then reduce the partials.
+        let mut parts = (sms * 8).div_ceil(dims.outer).min(dims.axis / 4096).max(1);
+        // Keep chunks a multiple of 4 floats so the vector path stays aligned.
+        while parts > 1 && !dims.axis.div_ceil(parts).is_multiple_of(4) {
+            parts -= 1;
+        }
+        let partial = self.raw_alloc(dims.outer * parts)?;
+        {
+            let (mut px, mut pp) = (x.ptr, partial.ptr);
+            let (mut c, mut p) = (dims.axis as u64, parts as u64);
+            self.launch(
+                &format!("rk_reduce_partial_{kname}"),
+                (parts as u32, dims.outer as u32, 1),
+                (threads, 1, 1),
+                0,
+                &mut [arg(&mut px), arg(&mut pp), arg(&mut c), arg(&mut p)],
+            )?;
+        }
+        let (mut pp, mut po) = (partial.ptr, out.ptr);
+        let (mut r, mut c, mut s) = (dims.outer as u64, parts as u64, scale);
+        self.launch(
+            &format!("rk_reduce_rows_{kname}"),
+            (dims.outer as u32, 1, 1),
+            (threads, 1, 1),
+            0,
+            &mut [
+                arg(&mut pp),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut s),
+            ],
+        )
+        // `partial` is freed stream-ordered after the kernels.
+    }
+
+    fn check_attention(dims: &AttentionDims) -> Result<()> {
+        if dims.kv_len > dims.kv_stride {
+            return Err(Error::shape(format!(
+                "attention: kv_len {} exceeds kv_stride {}",
+                dims.kv_len, dims.kv_stride
+            )));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn scores_impl(&self, q: u64, k: u64, out: u64, dims: &AttentionDims) -> Result<()> {
+        let mut b0 = 0usize;
+        while b0 < dims.batch_heads {
+            let nb = (dims.batch_heads - b0).min(MAX_GRID_YZ);
+            let (mut pq, mut pk, mut po) = (
+                q + (b0 * dims.q_len * dims.head_dim * 4) as u64,
+                k + (b0 * dims.kv_stride * dims.head_dim * 4) as u64,
+                out + (b0 * dims.q_len * dims.kv_len * 4) as u64,
+            );
+            let (mut ql, mut kl, mut ks, mut hd) = (
+                dims.q_len as u64,
+                dims.kv_len as u64,
+                dims.kv_stride as u64,
+                dims.head_dim as u64,
+            );
+            let (mut sc, mut ca, mut qo) = (dims.scale, dims.causal as i32, dims.q_offset as u64);
+            let gy = dims.q_len.div_ceil(8);
+            if gy > MAX_GRID_YZ {
+                return Err(Error::shape(format!(
+                    "attention: q_len {} too long for one launch",
+                    dims.q_len
+                )));
+            }
+            self.launch(
+                "rk_attn_scores",
+                (dims.kv_len.div_ceil(32) as u32, gy as u32, nb as u32),
+                (32, 8, 1),
+                0,
+                &mut [
+                    arg(&mut pq),
+                    arg(&mut pk),
+                    arg(&mut po),
+                    arg(&mut ql),
+                    arg(&mut kl),
+                    arg(&mut ks),
+                    arg(&mut hd),
+                    arg(&mut sc),
+                    arg(&mut ca),
+                    arg(&mut qo),
+                ],
+            )?;
+            b0 += nb;
+        }
+        Ok(())
+    }
+
+    fn weighted_sum_impl(&self, p: u64, v: u64, out: u64, dims: &AttentionDims) -> Result<()> {
+        let mut b0 = 0usize;
+        while b0 < dims.batch_heads {
+            let nb = (dims.batch_heads - b0).min(MAX_GRID_YZ);
+            let (mut pp, mut pv, mut po) = (
+                p + (b0 * dims.q_len * dims.kv_len * 4) as u64,
+                v + (b0 * dims.kv_stride * dims.head_dim * 4) as u64,
+                out + (b0 * dims.q_len * dims.head_dim * 4) as u64,
+            );
+            let (mut ql, mut kl, mut ks, mut hd) = (
+                dims.q_len as u64,
+                dims.kv_len as u64,
+                dims.kv_stride as u64,
+                dims.head_dim as u64,
+            );
+            let gy = dims.q_len.div_ceil(8);
+            if gy > MAX_GRID_YZ {
+                return Err(Error::shape(format!(
+                    "attention: q_len {} too long for one launch",
+                    dims.q_len
+                )));
+            }
+            self.launch(
+                "rk_attn_weighted_sum",
+                (dims.head_dim.div_ceil(32) as u32, gy as u32, nb as u32),
+                (32, 8, 1),
+                0,
+                &mut [
+                    arg(&mut pp),
+                    arg(&mut pv),
+                    arg(&mut po),
+                    arg(&mut ql),
+                    arg(&mut kl),
+                    arg(&mut ks),
+                    arg(&mut hd),
+                ],
+            )?;
+            b0 += nb;
+        }
+        Ok(())
+    }
+
+    fn softmax_impl(&self, x: u64, out: u64, rows: usize, cols: usize) -> Result<()> {
+        let smem = self.row_cache_bytes("rk_softmax", cols)?;
+        let (mut px, mut po) = (x, out);
+        let (mut r, mut c, mut cached) = (rows as u64, cols as u64, (smem > 0) as i32);
+        self.launch(
+            "rk_softmax",
+            (rows.min(1 << 30) as u32, 1, 1),
+            (Self::row_threads(cols), 1, 1),
+            smem,
+            &mut [
+                arg(&mut px),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut cached),
+            ],
+        )
+    }
+}
+
+/// A captured, instantiated CUDA graph of ops (see [`CudaCompute::capture`]).
+pub struct CudaGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    owner: Arc<ComputeInner>,
+}
+
+// SAFETY: graph handles may be launched from any thread with the context current.
+unsafe impl Send for CudaGraph {}
+// SAFETY: launching does not mutate the handle.
+unsafe impl Sync for CudaGraph {}
+
+impl std::fmt::Debug for CudaGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaGraph").finish()
+    }
+}
+
+impl CudaGraph {
+    /// Replays the graph on the compute stream (asynchronously, like any op).
+    pub fn launch(&self) -> Result<()> {
+        self.owner.dev.bind()?;
+        // SAFETY: valid executable graph and stream of the same context.
+        unsafe { cu::graph::launch(self.exec, self.owner.stream.raw) }
+            .map_err(dev_err("graph launch"))
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        if self.owner.dev.bind().is_ok() {
+            // SAFETY: destroys the handles created in capture, exactly once; pending
+            // launches keep their own references inside the driver.
+            unsafe {
+                let _ = cu::graph::exec_destroy(self.exec);
+                let _ = cu::graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
+impl ComputeBackend for CudaCompute {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn device_name(&self) -> String {
+        let i = &self.inner.dev.info;
+        format!("{} (sm_{}{}, {} SMs)", i.name, i.cc.0, i.cc.1, i.sm_count)
+    }
+
+    fn alloc(&self, len: usize) -> Result<BufferRef> {
+        Ok(Arc::new(self.raw_alloc(len)?))
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<BufferRef> {
+        let b = self.raw_alloc(data.len())?;
+        if !data.is_empty() {
+            // SAFETY: b.ptr holds data.len() floats; the pageable source is staged by the
+            // driver before the call returns.
+            unsafe { cu::memcpy_htod_async(b.ptr, data, self.inner.stream.raw) }
+                .map_err(dev_err("upload"))?;
+        }
+        Ok(Arc::new(b))
+    }
+
+    fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
+        let b = self.buf(buf)?;
+        let end = offset
+            .checked_add(data.len())
+            .ok_or_else(|| Error::invalid("write range overflows"))?;
+        check_len(buf, end, "write")?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.inner.dev.bind()?;
+        // SAFETY: range checked above; pageable source staged before return.
+        unsafe { cu::memcpy_htod_async(b.ptr + (offset * 4) as u64, data, self.inner.stream.raw) }
+            .map_err(dev_err("write"))
+    }
+
+    fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
+        let b = self.buf(buf)?;
+        let end = offset
+            .checked_add(out.len())
+            .ok_or_else(|| Error::invalid("read range overflows"))?;
+        check_len(buf, end, "read")?;
+        if out.is_empty() {
+            return self.synchronize();
+        }
+        self.inner.dev.bind()?;
+        // SAFETY: range checked above; the copy into pageable memory completes before
+        // the call returns, and we synchronise the stream anyway.
+        unsafe { cu::memcpy_dtoh_async(out, b.ptr + (offset * 4) as u64, self.inner.stream.raw) }
+            .map_err(dev_err("read"))?;
+        self.synchronize()
+    }
+
+    fn copy(
+        &self,
+        src: &dyn DeviceBuffer,
+        src_offset: usize,
+        dst: &dyn DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let s = self.buf(src)?;
+        let d = self.buf(dst)?;
+        let se = src_offset
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("copy range overflows"))?;
+        let de = dst_offset
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("copy range overflows"))?;
+        check_len(src, se, "copy source")?;
+        check_len(dst, de, "copy destination")?;
+        if len == 0 {
+            return Ok(());
+        }
+        if s.ptr == d.ptr && src_offset < de && dst_offset < se && src_offset != dst_offset {
+            return Err(Error::invalid("copy: overlapping ranges within one buffer"));
+        }
+        self.inner.dev.bind()?;
+        // SAFETY: both ranges checked above and do not overlap.
+        unsafe {
+            cu::memcpy_dtod_async(
+                d.ptr + (dst_offset * 4) as u64,
+                s.ptr + (src_offset * 4) as u64,
+                len * 4,
+                self.inner.stream.raw,
+            )
+        }
+        .map_err(dev_err("copy"))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.inner.stream.synchronize()
+    }
+
+    fn unary(
+        &self,
+        op: UnaryOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (xb, ob) = (self.buf(x)?, self.buf(out)?);
+        check_len(x, len, "unary input")?;
+        check_len(out, len, "unary output")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut px, mut po, mut n) = (xb.ptr, ob.ptr, len as u64);
+        self.launch(
+            &format!("rk_unary_{}", op.name()),
+            (self.elementwise_grid(len), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [arg(&mut px), arg(&mut po), arg(&mut n)],
+        )
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
+        check_len(a, len, "binary lhs")?;
+        check_len(b, len, "binary rhs")?;
+        check_len(out, len, "binary output")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut pa, mut pb, mut po, mut n) = (ab.ptr, bb.ptr, ob.ptr, len as u64);
+        self.launch(
+            &format!("rk_binary_{}", op.name()),
+            (self.elementwise_grid(len), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [arg(&mut pa), arg(&mut pb), arg(&mut po), arg(&mut n)],
+        )
+    }
+
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        s: f32,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, ob) = (self.buf(a)?, self.buf(out)?);
+        check_len(a, len, "scalar lhs")?;
+        check_len(out, len, "scalar output")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut pa, mut sv, mut po, mut n) = (ab.ptr, s, ob.ptr, len as u64);
+        self.launch(
+            &format!("rk_scalar_{}", op.name()),
+            (self.elementwise_grid(len), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [arg(&mut pa), arg(&mut sv), arg(&mut po), arg(&mut n)],
+        )
+    }
+
+    fn matmul(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: MatmulDims,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
+        let MatmulDims {
+            batch,
+            m,
+            k,
+            n,
+            b_batched,
+        } = dims;
+        let bsz = |x: usize, y: usize| {
+            x.checked_mul(y)
+                .ok_or_else(|| Error::shape("matmul: size overflows"))
+        };
+        check_len(a, bsz(batch, bsz(m, k)?)?, "matmul A")?;
+        check_len(
+            b,
+            if b_batched {
+                bsz(batch, bsz(k, n)?)?
+            } else {
+                bsz(k, n)?
+            },
+            "matmul B",
+        )?;
+        check_len(out, bsz(batch, bsz(m, n)?)?, "matmul out")?;
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            self.inner.dev.bind()?;
+            // SAFETY: out holds batch*m*n floats (checked); zero them as the empty sum.
+            return unsafe {
+                cu::memset_d8_async(ob.ptr, 0, batch * m * n * 4, self.inner.stream.raw)
+            }
+            .map_err(dev_err("memset"));
+        }
+        let to_i32 = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| {
+                Error::shape(format!(
+                    "matmul: {what} = {v} exceeds cuBLAS's 32-bit limit"
+                ))
+            })
+        };
+        let (mi, ni, ki, bi) = (
+            to_i32(m, "m")?,
+            to_i32(n, "n")?,
+            to_i32(k, "k")?,
+            to_i32(batch, "batch")?,
+        );
+        let tf32 = self.tf32();
+        self.with_cublas(|h| {
+            let mode = if tf32 {
+                blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+            } else {
+                blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+            };
+            // SAFETY: valid handle; the mode is a valid enum value.
+            unsafe { blas_sys::cublasSetMathMode(h, mode) }
+                .result()
+                .map_err(|e| Error::Device(format!("cublasSetMathMode: {e:?}")))?;
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            // Row-major C[m,n] = A[m,k]·B[k,n] is column-major Cᵀ[n,m] = Bᵀ[n,k]·Aᵀ[k,m],
+            // and a row-major X is its column-major transpose with the same memory.
+            // SAFETY: all three buffers were length-checked for the strides and counts
+            // below; alpha/beta are host scalars (default pointer mode).
+            unsafe {
+                blas::sgemm_strided_batched(
+                    h,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    &alpha,
+                    bb.ptr as *const f32,
+                    ni,
+                    if b_batched { (k * n) as i64 } else { 0 },
+                    ab.ptr as *const f32,
+                    ki,
+                    (m * k) as i64,
+                    &beta,
+                    ob.ptr as *mut f32,
+                    ni,
+                    (m * n) as i64,
+                    bi,
+                )
+            }
+            .map_err(|e| Error::Device(format!("cublasSgemmStridedBatched: {e:?}")))
+        })
+    }
+
+    fn matvec(
+        &self,
+        a: &dyn DeviceBuffer,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        let (ab, xb, ob) = (self.buf(a)?, self.buf(x)?, self.buf(out)?);
+        check_len(
+            a,
+            m.checked_mul(k)
+                .ok_or_else(|| Error::shape("matvec: size overflows"))?,
+            "matvec A",
+        )?;
+        check_len(x, k, "matvec x")?;
+        check_len(out, m, "matvec out")?;
+        if m == 0 {
+            return Ok(());
+        }
+        let (mut pa, mut px, mut po, mut mm, mut kk) = (ab.ptr, xb.ptr, ob.ptr, m as u64, k as u64);
+        self.launch(
+            "rk_matvec",
+            (m.div_ceil(8).min(i32::MAX as usize) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut pa),
+                arg(&mut px),
+                arg(&mut po),
+                arg(&mut mm),
+                arg(&mut kk),
+            ],
+        )
+    }
+
+    fn dot(
+        &self,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
+        check_len(a, len, "dot lhs")?;
+        check_len(b, len, "dot rhs")?;
+        check_len(out, 1, "dot out")?;
+        let parts = (self.sms() as usize * 4).min(len.div_ceil(4096)).max(1);
+        let partial = self.raw_alloc(parts)?;
+        {
+            let (mut pa, mut pb, mut pp, mut n) = (ab.ptr, bb.ptr, partial.ptr, len as u64);
+            self.launch(
+                "rk_dot_partial",
+                (parts as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &mut [arg(&mut pa), arg(&mut pb), arg(&mut pp), arg(&mut n)],
+            )?;
+        }
+        let (mut pp, mut po, mut r, mut c, mut s) =
+            (partial.ptr, ob.ptr, 1u64, parts as u64, 1.0f32);
+        self.launch(
+            "rk_reduce_rows_sum",
+            (1, 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut pp),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut s),
+            ],
+        )
+    }
+
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: ReduceDims,
+    ) -> Result<()> {
+        let (xb, ob) = (self.buf(x)?, self.buf(out)?);
+        if dims.axis == 0 {
+            return Err(Error::shape(
+                "reduce: the reduced axis must have at least one element",
+            ));
+        }
+        let total = dims
+            .outer
+            .checked_mul(dims.axis)
+            .and_then(|v| v.checked_mul(dims.inner))
+            .ok_or_else(|| Error::shape("reduce: size overflows"))?;
+        check_len(x, total, "reduce input")?;
+        check_len(out, dims.outer * dims.inner, "reduce output")?;
+        if dims.outer == 0 || dims.inner == 0 {
+            return Ok(());
+        }
+        self.reduce_impl(op, xb, ob, dims)
+    }
+
+    fn softmax(
+        &self,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let (xb, ob) = (self.buf(x)?, self.buf(out)?);
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| Error::shape("softmax: size overflows"))?;
+        check_len(x, n, "softmax input")?;
+        check_len(out, n, "softmax output")?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.softmax_impl(xb.ptr, ob.ptr, rows, cols)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xb, wb, ob) = (self.buf(x)?, self.buf(weight)?, self.buf(out)?);
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| Error::shape("rms_norm: size overflows"))?;
+        check_len(x, n, "rms_norm input")?;
+        check_len(weight, cols, "rms_norm weight")?;
+        check_len(out, n, "rms_norm output")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let smem = self.row_cache_bytes("rk_rms_norm", cols)?;
+        let (mut px, mut pw, mut po) = (xb.ptr, wb.ptr, ob.ptr);
+        let (mut r, mut c, mut e, mut cached) = (rows as u64, cols as u64, eps, (smem > 0) as i32);
+        self.launch(
+            "rk_rms_norm",
+            (rows.min(1 << 30) as u32, 1, 1),
+            (Self::row_threads(cols), 1, 1),
+            smem,
+            &mut [
+                arg(&mut px),
+                arg(&mut pw),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut e),
+                arg(&mut cached),
+            ],
+        )
+    }
+
+    fn layer_norm(
+        &self,
+        x: &dyn DeviceBuffer,
+        weight: &dyn DeviceBuffer,
+        bias: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xb, wb, bb, ob) = (
+            self.buf(x)?,
+            self.buf(weight)?,
+            self.buf(bias)?,
+            self.buf(out)?,
+        );
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| Error::shape("layer_norm: size overflows"))?;
+        check_len(x, n, "layer_norm input")?;
+        check_len(weight, cols, "layer_norm weight")?;
+        check_len(bias, cols, "layer_norm bias")?;
+        check_len(out, n, "layer_norm output")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let smem = self.row_cache_bytes("rk_layer_norm", cols)?;
+        let (mut px, mut pw, mut pb, mut po) = (xb.ptr, wb.ptr, bb.ptr, ob.ptr);
+        let (mut r, mut c, mut e, mut cached) = (rows as u64, cols as u64, eps, (smem > 0) as i32);
+        let threads = (cols.div_ceil(4).div_ceil(32) * 32).clamp(64, 1024) as u32;
+        self.launch(
+            "rk_layer_norm",
+            (rows.min(1 << 30) as u32, 1, 1),
+            (threads, 1, 1),
+            smem,
+            &mut [
+                arg(&mut px),
+                arg(&mut pw),
+                arg(&mut pb),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut e),
+                arg(&mut cached),
+            ],
+        )
+    }
+
+    fn rope(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: RopeDims,
+    ) -> Result<()> {
+        let (xb, pb, ob) = (self.buf(x)?, self.buf(positions)?, self.buf(out)?);
+        if !dims.head_dim.is_multiple_of(2) {
+            return Err(Error::shape(format!(
+                "rope: head_dim must be even, got {}",
+                dims.head_dim
+            )));
+        }
+        let n = dims
+            .seq
+            .checked_mul(dims.heads)
+            .and_then(|v| v.checked_mul(dims.head_dim))
+            .ok_or_else(|| Error::shape("rope: size overflows"))?;
+        check_len(x, n, "rope input")?;
+        check_len(positions, dims.seq, "rope positions")?;
+        check_len(out, n, "rope output")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut px, mut pp, mut po) = (xb.ptr, pb.ptr, ob.ptr);
+        let (mut s, mut h, mut d, mut base) = (
+            dims.seq as u64,
+            dims.heads as u64,
+            dims.head_dim as u64,
+            dims.base,
+        );
+        self.launch(
+            "rk_rope",
+            (grid_1d(n / 2, 256, self.sms()), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut px),
+                arg(&mut pp),
+                arg(&mut po),
+                arg(&mut s),
+                arg(&mut h),
+                arg(&mut d),
+                arg(&mut base),
+            ],
+        )
+    }
+
+    fn attention_scores(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (qb, kb, ob) = (self.buf(q)?, self.buf(k)?, self.buf(out)?);
+        Self::check_attention(&dims)?;
+        check_len(
+            q,
+            dims.batch_heads * dims.q_len * dims.head_dim,
+            "attention q",
+        )?;
+        check_len(
+            k,
+            dims.batch_heads * dims.kv_stride * dims.head_dim,
+            "attention k",
+        )?;
+        check_len(
+            out,
+            dims.batch_heads * dims.q_len * dims.kv_len,
+            "attention scores",
+        )?;
+        if dims.batch_heads * dims.q_len * dims.kv_len == 0 {
+            return Ok(());
+        }
+        self.scores_impl(qb.ptr, kb.ptr, ob.ptr, &dims)
+    }
+
+    fn attention_weighted_sum(
+        &self,
+        p: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (pb, vb, ob) = (self.buf(p)?, self.buf(v)?, self.buf(out)?);
+        Self::check_attention(&dims)?;
+        check_len(
+            p,
+            dims.batch_heads * dims.q_len * dims.kv_len,
+            "attention probabilities",
+        )?;
+        check_len(
+            v,
+            dims.batch_heads * dims.kv_stride * dims.head_dim,
+            "attention v",
+        )?;
+        check_len(
+            out,
+            dims.batch_heads * dims.q_len * dims.head_dim,
+            "attention out",
+        )?;
+        if dims.batch_heads * dims.q_len * dims.head_dim == 0 {
+            return Ok(());
+        }
+        self.weighted_sum_impl(pb.ptr, vb.ptr, ob.ptr, &dims)
+    }
+
+    fn attention(
+        &self,
+        q: &dyn DeviceBuffer,
+        k: &dyn DeviceBuffer,
+        v: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: AttentionDims,
+    ) -> Result<()> {
+        let (qb, kb, vb, ob) = (self.buf(q)?, self.buf(k)?, self.buf(v)?, self.buf(out)?);
+        Self::check_attention(&dims)?;
+        check_len(
+            q,
+            dims.batch_heads * dims.q_len * dims.head_dim,
+            "attention q",
+        )?;
+        check_len(
+            k,
+            dims.batch_heads * dims.kv_stride * dims.head_dim,
+            "attention k",
+        )?;
+        check_len(
+            v,
+            dims.batch_heads * dims.kv_stride * dims.head_dim,
+            "attention v",
+        )?;
+        check_len(
+            out,
+            dims.batch_heads * dims.q_len * dims.head_dim,
+            "attention out",
+        )?;
+        if dims.batch_heads * dims.q_len * dims.head_dim == 0 {
+            return Ok(());
+        }
+        if dims.head_dim <= FUSED_MAX_HEAD_DIM && dims.q_len <= i32::MAX as usize {
+            let mut b0 = 0usize;
+            while b0 < dims.batch_heads {
+                let nb = (dims.batch_heads - b0).min(MAX_GRID_YZ);
+                let (mut pq, mut pk, mut pv, mut po) = (
+                    qb.ptr + (b0 * dims.q_len * dims.head_dim * 4) as u64,
+                    kb.ptr + (b0 * dims.kv_stride * dims.head_dim * 4) as u64,
+                    vb.ptr + (b0 * dims.kv_stride * dims.head_dim * 4) as u64,
+                    ob.ptr + (b0 * dims.q_len * dims.head_dim * 4) as u64,
+                );
+                let (mut ql, mut kl, mut ks, mut hd) = (
+                    dims.q_len as u64,
+                    dims.kv_len as u64,
+                    dims.kv_stride as u64,
+                    dims.head_dim as u64,
+                );
+                let (mut sc, mut ca, mut qo) =
+                    (dims.scale, dims.causal as i32, dims.q_offset as u64);
+                self.launch(
+                    "rk_attention",
+                    (dims.q_len as u32, nb as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    &mut [
+                        arg(&mut pq),
+                        arg(&mut pk),
+                        arg(&mut pv),
+                        arg(&mut po),
+                        arg(&mut ql),
+                        arg(&mut kl),
+                        arg(&mut ks),
+                        arg(&mut hd),
+                        arg(&mut sc),
+                        arg(&mut ca),
+                        arg(&mut qo),
+                    ],
+                )?;
+                b0 += nb;
+            }
+            return Ok(());
+        }
+        // Unfused: scores, softmax, weighted sum through a temporary.
+        let scores = self.raw_alloc(dims.batch_heads * dims.q_len * dims.kv_len)?;
+        let probs = self.raw_alloc(dims.batch_heads * dims.q_len * dims.kv_len)?;
+        self.scores_impl(qb.ptr, kb.ptr, scores.ptr, &dims)?;
+        self.softmax_impl(
+            scores.ptr,
+            probs.ptr,
+            dims.batch_heads * dims.q_len,
+            dims.kv_len,
+        )?;
+        self.weighted_sum_impl(probs.ptr, vb.ptr, ob.ptr, &dims)
+    }
+
+    fn swiglu(
+        &self,
+        gate: &dyn DeviceBuffer,
+        up: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        len: usize,
+    ) -> Result<()> {
+        let (gb, ub, ob) = (self.buf(gate)?, self.buf(up)?, self.buf(out)?);
+        check_len(gate, len, "swiglu gate")?;
+        check_len(up, len, "swiglu up")?;
+        check_len(out, len, "swiglu output")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut pg, mut pu, mut po, mut n) = (gb.ptr, ub.ptr, ob.ptr, len as u64);
+        self.launch(
+            "rk_swiglu",
+            (self.elementwise_grid(len), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [arg(&mut pg), arg(&mut pu), arg(&mut po), arg(&mut n)],
+        )
+    }
+}

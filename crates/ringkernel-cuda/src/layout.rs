@@ -1,0 +1,272 @@
+//! The CUDA-only shared structs (device inbox, route entry, launch parameters) and the
+//! layout check: a device kernel (`kernels/layout.cu`) writes `sizeof` and `offsetof()`
+//! of every struct mirrored in `kernels/ringkernel.cuh` and `kernels/token.cuh`, and
+//! [`check_device_layout`] compares them with the Rust definitions (ringkernel-core's
+//! field tables for the core structs).
+
+use crate::driver::{dev_err, Device, DeviceMemory};
+use bytemuck::{Pod, Zeroable};
+use cudarc::driver::result as cu;
+use ringkernel_core::builtin::Token;
+use ringkernel_core::control::{ControlBlock, CONTROL_BLOCK_FIELDS, MESSAGE_HEADER_FIELDS};
+use ringkernel_core::message::MessageHeader;
+use ringkernel_core::queue::{QueueHeader, QUEUE_HEADER_FIELDS};
+use ringkernel_core::{Error, Result};
+use std::ffi::c_void;
+use std::mem::{offset_of, size_of};
+use std::sync::Arc;
+
+/// Header of a K2K inbox in device memory (`RkInbox`, 128 bytes): followed by
+/// `capacity` slots and `capacity` 8-byte ready words. Producers (other kernels) claim
+/// an index with a CAS on `reserve`, write the slot and publish it by storing
+/// `index + 1` in its ready word; the owning kernel consumes in index order and
+/// advances `head`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DeviceInbox {
+    /// Next index to claim (producers, atomically).
+    pub reserve: u64,
+    /// Capacity in slots (power of two).
+    pub capacity: u32,
+    /// Slot size in bytes.
+    pub slot_size: u32,
+    /// `capacity - 1`.
+    pub mask: u32,
+    /// Padding to the end of the producer line.
+    pub producer_reserved: [u32; 11],
+    /// Slots consumed so far (the owning kernel).
+    pub head: u64,
+    /// Padding to the end of the consumer line.
+    pub consumer_reserved: [u32; 14],
+}
+
+/// One entry of the device routing table (`RkRoute`, 32 bytes), indexed by kernel id.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct DeviceRoute {
+    /// Device address of the kernel's [`DeviceInbox`].
+    pub inbox: u64,
+    /// Device address of its slot 0.
+    pub slots: u64,
+    /// Device address of its ready words.
+    pub ready: u64,
+    /// The kernel id (equal to the index; checked by senders).
+    pub kernel_id: u32,
+    /// 1 while the kernel accepts K2K messages.
+    pub valid: u32,
+}
+
+/// The one parameter of the persistent kernel (`RkLaunchParams`), passed by value.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct LaunchParams {
+    /// Device address of the control block (mapped host memory).
+    pub control: u64,
+    /// Device address of the input queue header (mapped host memory).
+    pub in_queue: u64,
+    /// Device address of the output queue header (mapped host memory).
+    pub out_queue: u64,
+    /// Device address of the K2K inbox header.
+    pub inbox: u64,
+    /// Device address of the inbox slots.
+    pub inbox_slots: u64,
+    /// Device address of the inbox ready words.
+    pub inbox_ready: u64,
+    /// Device address of the routing table.
+    pub routes: u64,
+    /// Entries in the routing table.
+    pub route_count: u64,
+    /// Device scratch for the input slots of a batch.
+    pub scratch_in: u64,
+    /// Device scratch for the output slots of a batch.
+    pub scratch_out: u64,
+    /// Device address of the handler state.
+    pub state: u64,
+    /// The host's UNIX time in ns at launch; the kernel maps `%globaltimer` onto it.
+    pub clock_offset_ns: u64,
+    /// This kernel's id.
+    pub kernel_id: u64,
+    /// Slot size in bytes.
+    pub slot_size: u64,
+    /// Input queue capacity.
+    pub in_capacity: u64,
+    /// Output queue capacity.
+    pub out_capacity: u64,
+    /// Inbox capacity.
+    pub inbox_capacity: u64,
+    /// Maximum HLC drift accepted, ms.
+    pub max_drift_ms: u64,
+}
+
+const _: () = {
+    assert!(size_of::<DeviceInbox>() == 128);
+    assert!(offset_of!(DeviceInbox, head) == 64);
+    assert!(size_of::<DeviceRoute>() == 32);
+    assert!(size_of::<LaunchParams>() == 18 * 8);
+};
+
+/// Field tables of the CUDA-only structs, as the Rust compiler lays them out.
+pub const DEVICE_INBOX_FIELDS: &[(&str, usize)] = &[
+    ("reserve", offset_of!(DeviceInbox, reserve)),
+    ("capacity", offset_of!(DeviceInbox, capacity)),
+    ("slot_size", offset_of!(DeviceInbox, slot_size)),
+    ("mask", offset_of!(DeviceInbox, mask)),
+    (
+        "producer_reserved",
+        offset_of!(DeviceInbox, producer_reserved),
+    ),
+    ("head", offset_of!(DeviceInbox, head)),
+    (
+        "consumer_reserved",
+        offset_of!(DeviceInbox, consumer_reserved),
+    ),
+];
+
+/// See [`DEVICE_INBOX_FIELDS`].
+pub const DEVICE_ROUTE_FIELDS: &[(&str, usize)] = &[
+    ("inbox", offset_of!(DeviceRoute, inbox)),
+    ("slots", offset_of!(DeviceRoute, slots)),
+    ("ready", offset_of!(DeviceRoute, ready)),
+    ("kernel_id", offset_of!(DeviceRoute, kernel_id)),
+    ("valid", offset_of!(DeviceRoute, valid)),
+];
+
+/// See [`DEVICE_INBOX_FIELDS`].
+pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
+    ("control", offset_of!(LaunchParams, control)),
+    ("in_queue", offset_of!(LaunchParams, in_queue)),
+    ("out_queue", offset_of!(LaunchParams, out_queue)),
+    ("inbox", offset_of!(LaunchParams, inbox)),
+    ("inbox_slots", offset_of!(LaunchParams, inbox_slots)),
+    ("inbox_ready", offset_of!(LaunchParams, inbox_ready)),
+    ("routes", offset_of!(LaunchParams, routes)),
+    ("route_count", offset_of!(LaunchParams, route_count)),
+    ("scratch_in", offset_of!(LaunchParams, scratch_in)),
+    ("scratch_out", offset_of!(LaunchParams, scratch_out)),
+    ("state", offset_of!(LaunchParams, state)),
+    ("clock_offset_ns", offset_of!(LaunchParams, clock_offset_ns)),
+    ("kernel_id", offset_of!(LaunchParams, kernel_id)),
+    ("slot_size", offset_of!(LaunchParams, slot_size)),
+    ("in_capacity", offset_of!(LaunchParams, in_capacity)),
+    ("out_capacity", offset_of!(LaunchParams, out_capacity)),
+    ("inbox_capacity", offset_of!(LaunchParams, inbox_capacity)),
+    ("max_drift_ms", offset_of!(LaunchParams, max_drift_ms)),
+];
+
+/// Field table of the built-in [`Token`].
+pub const TOKEN_FIELDS: &[(&str, usize)] = &[
+    ("id", offset_of!(Token, id)),
+    ("value", offset_of!(Token, value)),
+    ("stamps", offset_of!(Token, stamps)),
+    ("route", offset_of!(Token, route)),
+    ("route_len", offset_of!(Token, route_len)),
+    ("hops", offset_of!(Token, hops)),
+];
+
+/// A field table: (field name, offset) in declaration order.
+pub type FieldTable = &'static [(&'static str, usize)];
+
+/// Every struct the layout kernel reports, in its order: (CUDA name, Rust size, fields).
+pub fn expected_layout() -> Vec<(&'static str, usize, FieldTable)> {
+    vec![
+        (
+            "RkControlBlock",
+            size_of::<ControlBlock>(),
+            CONTROL_BLOCK_FIELDS,
+        ),
+        (
+            "RkMessageHeader",
+            size_of::<MessageHeader>(),
+            MESSAGE_HEADER_FIELDS,
+        ),
+        (
+            "RkQueueHeader",
+            size_of::<QueueHeader>(),
+            QUEUE_HEADER_FIELDS,
+        ),
+        ("RkInbox", size_of::<DeviceInbox>(), DEVICE_INBOX_FIELDS),
+        ("RkRoute", size_of::<DeviceRoute>(), DEVICE_ROUTE_FIELDS),
+        (
+            "RkLaunchParams",
+            size_of::<LaunchParams>(),
+            LAUNCH_PARAMS_FIELDS,
+        ),
+        ("RkToken", size_of::<Token>(), TOKEN_FIELDS),
+    ]
+}
+
+/// Source of the layout kernel (headers included).
+pub(crate) fn layout_source() -> String {
+    format!(
+        "{}\n{}\n{}",
+        include_str!("../kernels/ringkernel.cuh"),
+        include_str!("../kernels/token.cuh"),
+        include_str!("../kernels/layout.cu")
+    )
+}
+
+/// Runs the layout kernel on device `ordinal` and returns what it wrote: for each struct
+/// of [`expected_layout`], its size then its field offsets, then the end marker
+/// `0xC0FFEE`.
+pub fn device_layout(ordinal: usize) -> Result<Vec<u64>> {
+    let dev = Device::open(ordinal)?;
+    let cubin = crate::nvrtc::compile_cubin(
+        &layout_source(),
+        "layout",
+        dev.info.cc,
+        dev.info.driver_version,
+    )?;
+    let module = dev.load_module(&cubin)?;
+    let f = module.function("rk_layout")?;
+    let count: usize = expected_layout()
+        .iter()
+        .map(|(_, _, f)| 1 + f.len())
+        .sum::<usize>()
+        + 1;
+    let stream = Arc::new(dev.new_stream()?);
+    let out = DeviceMemory::zeroed(&stream, count * 8)?;
+    let mut p = out.ptr();
+    let mut args = [&mut p as *mut u64 as *mut c_void];
+    // SAFETY: rk_layout takes one `unsigned long long*` and writes `count` values into
+    // it; `out` holds count * 8 bytes.
+    unsafe { cu::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, stream.raw, &mut args) }
+        .map_err(dev_err("launch layout"))?;
+    stream.synchronize()?;
+    let mut host = vec![0u64; count];
+    // SAFETY: reads count u64 from a buffer of that size, after the kernel finished.
+    unsafe { cu::memcpy_dtoh_async(&mut host, out.ptr(), stream.raw) }
+        .map_err(dev_err("read layout"))?;
+    stream.synchronize()?;
+    Ok(host)
+}
+
+/// Compares the device layout with the Rust one; [`Error::Device`] lists every
+/// difference.
+pub fn check_device_layout(ordinal: usize) -> Result<()> {
+    let got = device_layout(ordinal)?;
+    let mut i = 0;
+    let mut diffs = Vec::new();
+    for (name, size, fields) in expected_layout() {
+        if got[i] != size as u64 {
+            diffs.push(format!("sizeof({name}): device {} host {size}", got[i]));
+        }
+        i += 1;
+        for (field, off) in fields {
+            if got[i] != *off as u64 {
+                diffs.push(format!("{name}.{field}: device {} host {off}", got[i]));
+            }
+            i += 1;
+        }
+    }
+    if got[i] != 0xC0FFEE {
+        diffs.push("the layout kernel wrote a different number of values than expected".into());
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Device(format!(
+            "CUDA/Rust layout mismatch: {}",
+            diffs.join("; ")
+        )))
+    }
+}

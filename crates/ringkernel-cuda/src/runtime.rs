@@ -1,0 +1,1119 @@
+//! [`CudaRuntime`]: persistent GPU actors.
+//!
+//! Every launched kernel is one real persistent CUDA kernel (one block of
+//! `LaunchOptions::block_size` threads) on its own non-blocking stream, running the
+//! template `kernels/persistent.cu` with the handler's CUDA C source compiled in (the
+//! handler ABI is documented in `kernels/ringkernel.cuh`).
+//!
+//! ## Memory
+//!
+//! * Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP | PORTABLE)`) per
+//!   kernel: the [`ControlBlock`] (host line: commands, host-side indices; device line:
+//!   state, counters, HLC), the input queue ([`QueueHeader`] + slots; the host produces,
+//!   the device consumes) and the output queue (the device produces, the host consumes).
+//!   Each index is written by one side only, on its own cache line; the host publishes
+//!   with release stores, the device reads with `ld.acquire.sys` and re-fetches slot data
+//!   with `__ldcv`, and publishes with `__threadfence_system()` + `st.release.sys`.
+//! * Device memory per kernel: the K2K inbox ([`DeviceInbox`] + slots + ready words),
+//!   scratch slots, handler state, all allocated on the kernel's own stream before the
+//!   kernel is launched on it. Per runtime: the routing table ([`DeviceRoute`] per kernel
+//!   id, up to [`MAX_DEVICE_ROUTES`]), through which `rk_send_to` on the device writes
+//!   straight into another kernel's inbox (no host hop). Each kernel writes its own
+//!   entry when it starts and clears it when told to terminate, so the host never copies
+//!   into device memory while kernels run.
+//!
+//! Kernel memory is kept until the runtime is dropped (a K2K sender on the GPU may
+//! still hold a terminated kernel's inbox address), and freed only after every kernel
+//! has exited.
+//!
+//! ## Host side
+//!
+//! One pump thread per runtime watches every kernel's device-written indices and raises
+//! [`KernelEvents`]: `output` when replies arrive, `input_space` when the device frees
+//! input slots. It spins while work is in flight and parks when idle (a send wakes it).
+//!
+//! ## Limits
+//!
+//! * `grid_size` must be 1 (one block per kernel).
+//! * Kernel ids at or above [`MAX_DEVICE_ROUTES`] cannot receive K2K messages on the GPU.
+//! * Persistent kernels occupy hardware work queues for their whole life; the runtime
+//!   raises `CUDA_DEVICE_MAX_CONNECTIONS` to 32 (unless set) so other streams rarely
+//!   queue behind one. Keep the number of live kernels per GPU well under that.
+//! * Loading a CUDA module waits, in the driver, for every kernel running in the
+//!   context (measured on an H200, driver 580): with persistent kernels, forever. So
+//!   the backend loads modules eagerly (`CUDA_MODULE_LOADING=EAGER` unless set),
+//!   refuses to load one while persistent kernels run (an error, never a hang), and
+//!   [`CudaRuntime::preload`] loads a handler's module up front. Launch a handler that
+//!   was not preloaded only while no kernel runs; create [`CudaCompute`](crate::CudaCompute)
+//!   before launching kernels.
+
+use crate::driver::{dev_err, ensure_nvrtc, Device, DeviceMemory, MappedMemory, Module, Stream};
+use crate::layout::{DeviceInbox, DeviceRoute, LaunchParams};
+use cudarc::driver::{result as cu, sys};
+use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
+use ringkernel_core::control::{command, ControlBlock};
+use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
+use ringkernel_core::message::{
+    check_payload_fits, read_slot, write_slot, Envelope, MessageHeader,
+};
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::queue::QueueHeader;
+use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::runtime::{
+    KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
+    TerminateReport,
+};
+use ringkernel_core::telemetry::{KernelMetrics, LatencySummary};
+use ringkernel_core::util::BoxFuture;
+use ringkernel_core::{BackendKind, Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Entries of the device routing table (kernel ids `0..MAX_DEVICE_ROUTES`).
+pub const MAX_DEVICE_ROUTES: usize = 4096;
+
+/// Per-thread stack the runtime reserves for its context (`CU_LIMIT_STACK_SIZE`).
+///
+/// Launching a kernel that needs more local memory than the context has reserved makes
+/// the driver grow the reservation, and it waits for every running kernel to finish
+/// first: with persistent kernels running, forever. So the runtime reserves this much
+/// up front (before its first kernel runs) and refuses handlers whose kernel needs more.
+pub const RUNTIME_STACK_BYTES: usize = 4096;
+
+const HEADER_LINE: usize = 128;
+/// How long `launch` waits for the kernel to report that it runs.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long `terminate` waits for the kernel to exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub(crate) const HEADER_SRC: &str = include_str!("../kernels/ringkernel.cuh");
+pub(crate) const TOKEN_SRC: &str = include_str!("../kernels/token.cuh");
+pub(crate) const TEMPLATE_SRC: &str = include_str!("../kernels/persistent.cu");
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves plain data behind; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The full source of a persistent kernel for a handler.
+pub fn persistent_source(handler_cuda: &str) -> String {
+    format!("{HEADER_SRC}\n#line 1 \"handler.cu\"\n{handler_cuda}\n#line 1 \"persistent.cu\"\n{TEMPLATE_SRC}")
+}
+
+/// Registers the CUDA versions of the built-in kernels `rk.echo`, `rk.stage` and
+/// `rk.counter` (semantics in [`ringkernel_core::builtin`]).
+pub fn register_cuda_builtins(reg: &KernelRegistry) {
+    let with_token = |src: &str| format!("{TOKEN_SRC}\n{src}");
+    reg.register_gpu(
+        GpuHandler::new(ECHO).with_cuda(with_token(include_str!("../kernels/builtin_echo.cu"))),
+    );
+    reg.register_gpu(
+        GpuHandler::new(STAGE).with_cuda(with_token(include_str!("../kernels/builtin_stage.cu"))),
+    );
+    reg.register_gpu(
+        GpuHandler::new(COUNTER)
+            .with_cuda(with_token(include_str!("../kernels/builtin_counter.cu")))
+            .with_state_bytes(8),
+    );
+}
+
+/// All memory of one kernel; kept by the runtime until it is dropped.
+struct KernelMemory {
+    mapped: MappedMemory,
+    device: DeviceMemory,
+}
+
+/// Lets senders wake the pump thread cheaply (only when it is parked).
+#[derive(Default)]
+struct PumpWaker {
+    thread: Mutex<Option<std::thread::Thread>>,
+    parked: AtomicBool,
+}
+
+impl PumpWaker {
+    fn wake(&self) {
+        if self.parked.swap(false, Ordering::AcqRel) {
+            if let Some(t) = lock(&self.thread).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+struct RtInner {
+    core: Arc<RuntimeCore>,
+    dev: Arc<Device>,
+    routes: DeviceMemory,
+    modules: Mutex<HashMap<u64, Arc<Module>>>,
+    kernels: Mutex<Vec<Arc<CudaKernel>>>,
+    memory: Mutex<Vec<Arc<KernelMemory>>>,
+    pump: Mutex<Option<std::thread::JoinHandle<()>>>,
+    waker: Arc<PumpWaker>,
+    stop: AtomicBool,
+    desc: String,
+}
+
+impl RtInner {
+    fn wake_pump(&self) {
+        self.waker.parked.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn module_for(&self, handler: &GpuHandler, src: &str) -> Result<Arc<Module>> {
+        let key = crate::nvrtc::fnv1a64(&[src.as_bytes()]);
+        if let Some(m) = lock(&self.modules).get(&key) {
+            return Ok(m.clone());
+        }
+        let full = persistent_source(src);
+        let cubin = crate::nvrtc::compile_cubin(
+            &full,
+            &format!("persistent-{}", handler.name),
+            self.dev.info.cc,
+            self.dev.info.driver_version,
+        )?;
+        let m = Arc::new(self.dev.load_module(&cubin)?);
+        m.function("rk_persistent")?;
+        lock(&self.modules).insert(key, m.clone());
+        Ok(m)
+    }
+}
+
+impl Drop for RtInner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_pump();
+        if let Some(h) = lock(&self.pump).take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        // Every kernel must have exited before its memory goes.
+        for k in lock(&self.kernels).drain(..) {
+            k.force_exit();
+        }
+    }
+}
+
+/// The CUDA runtime: persistent kernels on one GPU. See the [module docs](self).
+///
+/// ```no_run
+/// # async fn demo() -> ringkernel_core::Result<()> {
+/// use ringkernel_core::builtin::{Token, ECHO};
+/// use ringkernel_core::options::LaunchOptions;
+/// use ringkernel_core::registry::KernelRegistry;
+/// use ringkernel_core::runtime::RingKernelRuntime;
+/// let reg = KernelRegistry::new();
+/// ringkernel_cuda::register_cuda_builtins(&reg);
+/// let rt = ringkernel_cuda::CudaRuntime::new(reg).await?;
+/// let k = rt.launch(ECHO, LaunchOptions::default()).await?;
+/// let r: Token = k.call(Token::new(1, 21.0), std::time::Duration::from_secs(1)).await?;
+/// assert_eq!(r.value, 42.0);
+/// rt.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct CudaRuntime {
+    inner: Arc<RtInner>,
+}
+
+impl std::fmt::Debug for CudaRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaRuntime")
+            .field("device", &self.inner.desc)
+            .finish()
+    }
+}
+
+impl CudaRuntime {
+    /// A runtime on device 0 resolving handler names through `registry`. The modules of
+    /// the built-in handlers registered there are loaded right away (see
+    /// [`CudaRuntime::preload`]). [`Error::BackendUnavailable`] without a driver, a GPU
+    /// or NVRTC.
+    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+        Self::on_device(registry, 0).await
+    }
+
+    /// A runtime on device `ordinal`.
+    pub async fn on_device(registry: KernelRegistry, ordinal: usize) -> Result<Self> {
+        let dev = Device::open(ordinal)?;
+        ensure_nvrtc()?;
+        dev.bind()?;
+        let stack = cu::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE)
+            .map_err(dev_err("get stack limit"))?;
+        if stack < RUNTIME_STACK_BYTES {
+            cu::ctx::set_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE, RUNTIME_STACK_BYTES)
+                .map_err(dev_err("set stack limit"))?;
+        }
+        let mem_stream = Arc::new(dev.new_stream()?);
+        let routes = DeviceMemory::zeroed(
+            &mem_stream,
+            MAX_DEVICE_ROUTES * std::mem::size_of::<DeviceRoute>(),
+        )?;
+        let i = &dev.info;
+        let desc = format!(
+            "CUDA {} (device {}, sm_{}{}, {} SMs)",
+            i.name, i.ordinal, i.cc.0, i.cc.1, i.sm_count
+        );
+        let inner = Arc::new(RtInner {
+            core: RuntimeCore::new(BackendKind::Cuda, registry),
+            dev,
+            routes,
+            modules: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(Vec::new()),
+            memory: Mutex::new(Vec::new()),
+            pump: Mutex::new(None),
+            waker: Arc::new(PumpWaker::default()),
+            stop: AtomicBool::new(false),
+            desc,
+        });
+        let weak = Arc::downgrade(&inner);
+        let waker = inner.waker.clone();
+        let h = std::thread::Builder::new()
+            .name("ringkernel-cuda-pump".into())
+            .spawn(move || pump_loop(weak, waker))
+            .map_err(|e| Error::Device(format!("cannot start the CUDA pump thread: {e}")))?;
+        *lock(&inner.waker.thread) = Some(h.thread().clone());
+        *lock(&inner.pump) = Some(h);
+        let rt = CudaRuntime { inner };
+        // Load the built-ins' modules now, before any kernel runs (see the module docs:
+        // a module load waits for running kernels), so they can be launched in any order.
+        for name in [ECHO, STAGE, COUNTER] {
+            if rt
+                .inner
+                .core
+                .registry()
+                .gpu(name)
+                .is_ok_and(|h| h.cuda.is_some())
+            {
+                if let Err(e) = rt.preload(name) {
+                    tracing::warn!(handler = name, error = %e, "preloading a built-in CUDA handler failed");
+                }
+            }
+        }
+        Ok(rt)
+    }
+
+    async fn launch_impl(&self, handler: &str, opts: LaunchOptions) -> Result<KernelHandle> {
+        opts.validate()?;
+        if opts.grid_size != 1 {
+            return Err(Error::invalid(format!(
+                "grid_size must be 1 on CUDA (a persistent kernel is one block), got {}",
+                opts.grid_size
+            )));
+        }
+        let rt = &self.inner;
+        let h = rt.core.registry().gpu(handler)?;
+        let src = h.cuda.clone().ok_or_else(|| {
+            Error::KernelNotFound(format!("handler {handler:?} has no CUDA source"))
+        })?;
+        let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
+        let id = rt.core.reserve(&name)?;
+        match self.start_kernel(&h, &src, id, &name, &opts).await {
+            Ok(engine) => {
+                rt.core.insert(engine.clone());
+                lock(&rt.kernels).push(engine.clone());
+                rt.wake_pump();
+                if opts.auto_activate {
+                    engine.activate()?;
+                }
+                Ok(rt.core.handle(engine, &opts))
+            }
+            Err(e) => {
+                rt.core.release(&name);
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_kernel(
+        &self,
+        h: &GpuHandler,
+        src: &str,
+        id: KernelId,
+        name: &str,
+        opts: &LaunchOptions,
+    ) -> Result<Arc<CudaKernel>> {
+        let rt = &self.inner;
+        let module = rt.module_for(h, src)?;
+        let func = module.function("rk_persistent")?;
+        // SAFETY: valid function handle of a loaded module; reads one attribute.
+        let local = unsafe {
+            cu::function::get_function_attribute(
+                func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            )
+        }
+        .map_err(dev_err("kernel attributes"))?;
+        if local as usize > RUNTIME_STACK_BYTES / 2 {
+            return Err(Error::invalid(format!(
+                "handler {:?} needs {local} bytes of local memory per thread; persistent kernels may use at most {} \
+                 (more would make the driver wait for every running kernel when launching it)",
+                h.name,
+                RUNTIME_STACK_BYTES / 2
+            )));
+        }
+        let slot = opts.slot_size;
+        let (in_cap, out_cap) = (opts.queue_capacity, opts.output_capacity);
+        let inbox_cap = opts.queue_capacity;
+        let block = opts.block_size as usize;
+
+        // Mapped host memory: control block | input queue | output queue.
+        let in_off = HEADER_LINE;
+        let out_off = in_off + HEADER_LINE + in_cap * slot;
+        let mapped_len = out_off + HEADER_LINE + out_cap * slot;
+        let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
+        // Device memory: inbox | inbox slots | ready words | scratch in | scratch out | state.
+        let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
+        let box_slots = HEADER_LINE;
+        let box_ready = box_slots + inbox_cap * slot;
+        let scratch_in = box_ready + inbox_cap * 8;
+        let scratch_out = scratch_in + block * slot;
+        let state_off = scratch_out + block * slot;
+        // Everything of this kernel is allocated on its own (still empty) stream, so no
+        // allocation or copy can queue behind another kernel that never finishes.
+        let stream = Arc::new(rt.dev.new_stream()?);
+        let device = DeviceMemory::zeroed(&stream, state_off + state_bytes)?;
+        let inbox = DeviceInbox {
+            capacity: inbox_cap as u32,
+            slot_size: slot as u32,
+            mask: (inbox_cap - 1) as u32,
+            ..Default::default()
+        };
+        device.write_bytes(0, bytemuck::bytes_of(&inbox))?;
+        let mem = Arc::new(KernelMemory { mapped, device });
+        lock(&rt.memory).push(mem.clone());
+
+        let base = mem.mapped.host_ptr();
+        // SAFETY: the mapped block is `mapped_len` bytes, 4 KiB aligned, zeroed, and not
+        // yet visible to any kernel; the three headers lie inside it at 128-byte aligned
+        // offsets.
+        unsafe {
+            let cb = &mut *(base as *mut ControlBlock);
+            cb.kernel_id = id.0;
+            cb.slot_size = slot as u32;
+            cb.input_capacity = in_cap as u32;
+            cb.output_capacity = out_cap as u32;
+            cb.max_drift_ms = rt.core.hlc().max_drift_ms();
+            for (off, cap) in [(in_off, in_cap), (out_off, out_cap)] {
+                let q = &mut *(base.add(off) as *mut QueueHeader);
+                q.capacity = cap as u32;
+                q.slot_size = slot as u32;
+                q.mask = (cap - 1) as u32;
+            }
+        }
+        let dbase = mem.mapped.device_ptr();
+        let ddev = mem.device.ptr();
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut params = LaunchParams {
+            control: dbase,
+            in_queue: dbase + in_off as u64,
+            out_queue: dbase + out_off as u64,
+            inbox: ddev,
+            inbox_slots: ddev + box_slots as u64,
+            inbox_ready: ddev + box_ready as u64,
+            routes: rt.routes.ptr(),
+            route_count: MAX_DEVICE_ROUTES as u64,
+            scratch_in: ddev + scratch_in as u64,
+            scratch_out: ddev + scratch_out as u64,
+            state: ddev + state_off as u64,
+            clock_offset_ns: unix_ns,
+            kernel_id: id.0 as u64,
+            slot_size: slot as u64,
+            in_capacity: in_cap as u64,
+            out_capacity: out_cap as u64,
+            inbox_capacity: inbox_cap as u64,
+            max_drift_ms: rt.core.hlc().max_drift_ms(),
+        };
+        let kernel = Arc::new(CudaKernel {
+            id,
+            name: name.to_string(),
+            slot,
+            in_cap,
+            out_cap,
+            base,
+            in_off,
+            out_off,
+            mem: mem.clone(),
+            stream,
+            _module: module,
+            lifecycle: AtomicLifecycle::new(LifecycleState::Created),
+            producer: Mutex::new(Producer {
+                tail: 0,
+                head_seen: 0,
+            }),
+            consumer: Mutex::new(Consumer {
+                head: 0,
+                spill: VecDeque::new(),
+            }),
+            command: Mutex::new(0),
+            events: KernelEvents::default(),
+            received: AtomicU64::new(0),
+            seen_out_tail: AtomicU64::new(0),
+            seen_in_head: AtomicU64::new(0),
+            seen_state: AtomicU32::new(0),
+            exited: AtomicBool::new(false),
+            counted: AtomicBool::new(false),
+            rt: Arc::downgrade(rt),
+            waker: rt.waker.clone(),
+        });
+        rt.dev.bind()?;
+        {
+            let mut args = [&mut params as *mut LaunchParams as *mut c_void];
+            // SAFETY: rk_persistent takes one RkLaunchParams by value, whose layout
+            // matches LaunchParams (checked by the layout test); every address in it
+            // points into memory that the runtime keeps until the kernel has exited
+            // (KernelMemory is retained in rt.memory, the routing table in rt).
+            unsafe {
+                cu::launch_kernel(
+                    func,
+                    (1, 1, 1),
+                    (block as u32, 1, 1),
+                    0,
+                    kernel.stream.raw,
+                    &mut args,
+                )
+            }
+            .map_err(dev_err("launch of the persistent kernel"))?;
+            crate::driver::RUNNING_PERSISTENT_KERNELS.fetch_add(1, Ordering::AcqRel);
+            kernel.counted.store(true, Ordering::Release);
+        }
+        // Wait (without blocking the executor) until the kernel says it runs.
+        let start = Instant::now();
+        loop {
+            if kernel.device_state() >= LifecycleState::Launched as u32 {
+                break;
+            }
+            if kernel.stream.is_idle()? {
+                kernel.mark_exited();
+                return Err(Error::Device(format!(
+                    "persistent kernel {name} exited before it started"
+                )));
+            }
+            if start.elapsed() > START_TIMEOUT {
+                kernel.force_exit();
+                return Err(Error::Device(format!(
+                    "persistent kernel {name} did not start within {START_TIMEOUT:?} (too many persistent kernels on this GPU?)"
+                )));
+            }
+            futures_timer::Delay::new(Duration::from_micros(50)).await;
+        }
+        // The kernel has published its route entry (it owns it) before reporting Launched.
+        kernel.lifecycle.transition(LifecycleState::Launched)?;
+        Ok(kernel)
+    }
+}
+
+impl CudaRuntime {
+    /// Compiles (or loads from the cache) and loads the persistent-kernel module of
+    /// `handler` now, so a later `launch` does not load a module while other persistent
+    /// kernels run (a module load may have to wait for running kernels on some drivers).
+    pub fn preload(&self, handler: &str) -> Result<()> {
+        let h = self.inner.core.registry().gpu(handler)?;
+        let src = h.cuda.clone().ok_or_else(|| {
+            Error::KernelNotFound(format!("handler {handler:?} has no CUDA source"))
+        })?;
+        self.inner.module_for(&h, &src).map(|_| ())
+    }
+
+    /// A batch interface to a kernel of this runtime, for streaming many messages with
+    /// one queue-index update per batch (see [`CudaStreamer`]).
+    /// [`Error::KernelNotFound`] if `kernel` is not a live kernel of this runtime.
+    pub fn streamer(&self, kernel: &KernelHandle) -> Result<CudaStreamer> {
+        lock(&self.inner.kernels)
+            .iter()
+            .find(|k| k.id == kernel.id())
+            .cloned()
+            .map(|kernel| CudaStreamer { kernel })
+            .ok_or_else(|| {
+                Error::KernelNotFound(format!(
+                    "kernel {} is not a live kernel of this CUDA runtime",
+                    kernel.id()
+                ))
+            })
+    }
+}
+
+/// Batch access to one kernel's queues: many messages per index update, replies read
+/// in place. The same queues as the kernel's [`KernelHandle`]; use one or the other for
+/// receiving (both take replies out of the same output queue).
+///
+/// ```no_run
+/// # async fn demo(rt: &ringkernel_cuda::CudaRuntime, k: &ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
+/// use ringkernel_core::message::MessageHeader;
+/// let s = rt.streamer(k)?;
+/// let h = MessageHeader::new(7, 64);
+/// let payload = [0u8; 64];
+/// let sent = s.try_send_batch(std::iter::repeat_n((&h, &payload[..]), 1000))?;
+/// let got = s.try_receive_batch(usize::MAX, &mut |_hdr, _payload| {})?;
+/// # let _ = (sent, got); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct CudaStreamer {
+    kernel: Arc<CudaKernel>,
+}
+
+impl std::fmt::Debug for CudaStreamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStreamer")
+            .field("kernel", &self.kernel.name)
+            .finish()
+    }
+}
+
+impl CudaStreamer {
+    /// Writes as many of `msgs` as the input queue has room for, then publishes them
+    /// together. Returns how many were written (0 when the queue is full).
+    /// [`Error::KernelTerminated`] once the kernel is terminating;
+    /// [`Error::MessageTooLarge`] for a payload that does not fit a slot (the messages
+    /// before it are written).
+    pub fn try_send_batch<'a>(
+        &self,
+        msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
+    ) -> Result<usize> {
+        self.kernel.send_batch(msgs)
+    }
+
+    /// Calls `f` on up to `max` waiting replies, in order and in place, then frees
+    /// their slots. Returns how many were taken (0 when none is waiting).
+    pub fn try_receive_batch(
+        &self,
+        max: usize,
+        f: &mut dyn FnMut(&MessageHeader, &[u8]),
+    ) -> Result<usize> {
+        self.kernel.receive_batch(max, f)
+    }
+}
+
+impl RingKernelRuntime for CudaRuntime {
+    fn core(&self) -> &Arc<RuntimeCore> {
+        &self.inner.core
+    }
+
+    fn launch<'a>(
+        &'a self,
+        handler: &'a str,
+        opts: LaunchOptions,
+    ) -> BoxFuture<'a, Result<KernelHandle>> {
+        Box::pin(self.launch_impl(handler, opts))
+    }
+
+    fn device_info(&self) -> String {
+        self.inner.desc.clone()
+    }
+}
+
+struct Producer {
+    /// Messages written (the input tail, host copy).
+    tail: u64,
+    /// The device's input head as last read (re-read only when the ring looks full).
+    head_seen: u64,
+}
+
+struct Consumer {
+    head: u64,
+    /// Replies moved out of the ring while terminating (so the device never waits on
+    /// a full output queue nobody reads).
+    spill: VecDeque<Envelope>,
+}
+
+/// One persistent kernel (the [`KernelEngine`] of the CUDA backend).
+struct CudaKernel {
+    id: KernelId,
+    name: String,
+    slot: usize,
+    in_cap: usize,
+    out_cap: usize,
+    /// Host address of the mapped block (control block at 0).
+    base: *mut u8,
+    in_off: usize,
+    out_off: usize,
+    mem: Arc<KernelMemory>,
+    stream: Arc<Stream>,
+    _module: Arc<Module>,
+    lifecycle: AtomicLifecycle,
+    /// The producer side of the input queue.
+    producer: Mutex<Producer>,
+    consumer: Mutex<Consumer>,
+    /// Last command_seq written.
+    command: Mutex<u32>,
+    events: KernelEvents,
+    received: AtomicU64,
+    seen_out_tail: AtomicU64,
+    seen_in_head: AtomicU64,
+    seen_state: AtomicU32,
+    exited: AtomicBool,
+    /// Whether this kernel is counted in RUNNING_PERSISTENT_KERNELS.
+    counted: AtomicBool,
+    rt: Weak<RtInner>,
+    waker: Arc<PumpWaker>,
+}
+
+// SAFETY: `base` points into `mem.mapped`, which this value keeps alive; all shared
+// fields in it are accessed through atomics, and slot bytes only by the side that owns
+// the slot at that moment (guarded by the producer/consumer mutexes on the host).
+unsafe impl Send for CudaKernel {}
+// SAFETY: as above.
+unsafe impl Sync for CudaKernel {}
+
+impl CudaKernel {
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.mem.mapped.len());
+        // SAFETY: `off` is an 8-aligned offset of a u64 field inside the mapped block,
+        // which lives as long as self; AtomicU64 has the layout of u64.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.mem.mapped.len());
+        // SAFETY: as u64_at, for a 4-aligned u32 field.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+    // Control block fields (offsets from ringkernel-core's ControlBlock).
+    fn cb_command(&self) -> &AtomicU32 {
+        self.u32_at(std::mem::offset_of!(ControlBlock, command))
+    }
+    fn cb_command_seq(&self) -> &AtomicU32 {
+        self.u32_at(std::mem::offset_of!(ControlBlock, command_seq))
+    }
+    fn cb_command_ack(&self) -> &AtomicU32 {
+        self.u32_at(std::mem::offset_of!(ControlBlock, command_ack))
+    }
+    fn device_state(&self) -> u32 {
+        self.u32_at(std::mem::offset_of!(ControlBlock, state))
+            .load(Ordering::Acquire)
+    }
+    fn cb_u64(&self, off: usize) -> u64 {
+        self.u64_at(off).load(Ordering::Acquire)
+    }
+    fn in_tail(&self) -> &AtomicU64 {
+        self.u64_at(self.in_off + std::mem::offset_of!(QueueHeader, tail))
+    }
+    fn in_head(&self) -> &AtomicU64 {
+        self.u64_at(self.in_off + std::mem::offset_of!(QueueHeader, head))
+    }
+    fn out_tail(&self) -> &AtomicU64 {
+        self.u64_at(self.out_off + std::mem::offset_of!(QueueHeader, tail))
+    }
+    fn out_head(&self) -> &AtomicU64 {
+        self.u64_at(self.out_off + std::mem::offset_of!(QueueHeader, head))
+    }
+    fn in_slot(&self, index: u64) -> *mut u8 {
+        let i = (index as usize) & (self.in_cap - 1);
+        // SAFETY: i < in_cap, so the slot lies inside the input ring of the mapped block.
+        unsafe { self.base.add(self.in_off + HEADER_LINE + i * self.slot) }
+    }
+    fn out_slot(&self, index: u64) -> *const u8 {
+        let i = (index as usize) & (self.out_cap - 1);
+        // SAFETY: i < out_cap, so the slot lies inside the output ring.
+        unsafe { self.base.add(self.out_off + HEADER_LINE + i * self.slot) }
+    }
+
+    /// Records that the kernel has exited (its stream is idle).
+    fn mark_exited(&self) {
+        self.exited.store(true, Ordering::Release);
+        if self.counted.swap(false, Ordering::AcqRel) {
+            crate::driver::RUNNING_PERSISTENT_KERNELS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn send_command(&self, cmd: u32) -> u32 {
+        let mut seq = lock(&self.command);
+        *seq = seq.wrapping_add(1);
+        self.cb_command().store(cmd, Ordering::Relaxed);
+        // Release: the device reads command_seq with acquire, then command.
+        self.cb_command_seq().store(*seq, Ordering::Release);
+        *seq
+    }
+
+    fn wait_ack(&self, seq: u32, timeout: Duration) -> bool {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while self.cb_command_ack().load(Ordering::Acquire) != seq {
+            if self.exited.load(Ordering::Acquire) || start.elapsed() > timeout {
+                return false;
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        true
+    }
+
+    /// Moves every reply in the output ring into the host-side spill queue.
+    fn spill(&self) {
+        let mut c = lock(&self.consumer);
+        let tail = self.out_tail().load(Ordering::Acquire);
+        while c.head < tail {
+            let slot = self.out_slot(c.head);
+            // SAFETY: slots in [head, tail) were published by the device (release store
+            // of tail, acquire load above) and are not rewritten before head advances.
+            let bytes = unsafe { std::slice::from_raw_parts(slot, self.slot) };
+            match read_slot(bytes) {
+                Ok(env) => c.spill.push_back(env),
+                Err(e) => {
+                    tracing::warn!(kernel = %self.name, error = %e, "dropping a corrupt reply")
+                }
+            }
+            c.head += 1;
+        }
+        self.out_head().store(c.head, Ordering::Release);
+    }
+
+    /// Makes sure the kernel has exited (used on drop and failed launches): asks it to
+    /// terminate, keeps its output queue drained, waits for the stream. Blocking.
+    fn force_exit(&self) {
+        if self.exited.load(Ordering::Acquire) {
+            return;
+        }
+        if self.device_state() != LifecycleState::Terminated as u32 {
+            self.send_command(command::TERMINATE);
+        }
+        let start = Instant::now();
+        while self.device_state() != LifecycleState::Terminated as u32 {
+            self.spill();
+            match self.stream.is_idle() {
+                Ok(true) | Err(_) => break,
+                Ok(false) => {}
+            }
+            if start.elapsed() > EXIT_TIMEOUT {
+                tracing::error!(kernel = %self.name, "persistent kernel did not exit; its memory is leaked");
+                if let Some(rt) = self.rt.upgrade() {
+                    // Never free memory a running kernel may touch.
+                    std::mem::forget(rt.memory.lock().map(|mut m| std::mem::take(&mut *m)));
+                }
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let _ = self.stream.synchronize();
+        self.mark_exited();
+    }
+
+    /// Writes the host-side indices into the control block's host line (they are not
+    /// written per message: the device polls that line for commands).
+    fn mirror_host_indices(&self) {
+        let tail = lock(&self.producer).tail;
+        let head = lock(&self.consumer).head;
+        self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
+            .store(tail, Ordering::Relaxed);
+        self.u64_at(std::mem::offset_of!(ControlBlock, output_head))
+            .store(head, Ordering::Relaxed);
+    }
+
+    /// Writes as many of `msgs` as fit into the input queue and publishes them with
+    /// one release store of the tail. Returns how many were written. A payload that
+    /// does not fit a slot is `MessageTooLarge` (messages before it stay written).
+    fn send_batch<'a>(
+        &self,
+        msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
+    ) -> Result<usize> {
+        let mut p = lock(&self.producer);
+        if !self.lifecycle.get().accepts_messages() {
+            return Err(Error::KernelTerminated(self.name.clone()));
+        }
+        let cap = self.in_cap as u64;
+        let start = p.tail;
+        let mut result = Ok(());
+        for (header, payload) in msgs {
+            if p.tail - p.head_seen >= cap {
+                p.head_seen = self.in_head().load(Ordering::Acquire);
+                if p.tail - p.head_seen >= cap {
+                    break;
+                }
+            }
+            // SAFETY: slot `tail` is free (tail - head < capacity: the device has
+            // consumed it), lies inside the mapped input ring, and only this producer
+            // (holding the lock) writes it until the tail is published below.
+            let slot = unsafe { std::slice::from_raw_parts_mut(self.in_slot(p.tail), self.slot) };
+            if let Err(e) = write_slot(slot, header, payload) {
+                result = Err(e);
+                break;
+            }
+            p.tail += 1;
+        }
+        let written = (p.tail - start) as usize;
+        if written > 0 {
+            self.in_tail().store(p.tail, Ordering::Release);
+        }
+        drop(p);
+        if written > 0 {
+            self.received.fetch_add(written as u64, Ordering::Relaxed);
+            self.waker.wake();
+        }
+        result.map(|_| written)
+    }
+
+    /// Takes up to `max` replies out of the output queue, calling `f` on each in place
+    /// (no copy), and frees their slots with one store. Returns how many were taken.
+    fn receive_batch(&self, max: usize, f: &mut dyn FnMut(&MessageHeader, &[u8])) -> Result<usize> {
+        let mut c = lock(&self.consumer);
+        let mut taken = 0usize;
+        while taken < max {
+            let Some(env) = c.spill.pop_front() else {
+                break;
+            };
+            f(&env.header, &env.payload);
+            taken += 1;
+        }
+        let tail = self.out_tail().load(Ordering::Acquire);
+        let start = c.head;
+        let mut bad = None;
+        while taken < max && c.head < tail {
+            // SAFETY: slots in [head, tail) were published by the device (acquire load
+            // above) and are not rewritten until head advances past them.
+            let bytes = unsafe { std::slice::from_raw_parts(self.out_slot(c.head), self.slot) };
+            let header: MessageHeader =
+                bytemuck::pod_read_unaligned(&bytes[..ringkernel_core::message::HEADER_SIZE]);
+            let len = header.payload_len as usize;
+            c.head += 1;
+            if check_payload_fits(len, self.slot).is_err() {
+                bad = Some(Error::Device(format!(
+                    "corrupt reply header in kernel {}",
+                    self.name
+                )));
+                break;
+            }
+            f(
+                &header,
+                &bytes[ringkernel_core::message::HEADER_SIZE
+                    ..ringkernel_core::message::HEADER_SIZE + len],
+            );
+            taken += 1;
+        }
+        if c.head != start {
+            self.out_head().store(c.head, Ordering::Release);
+        }
+        match bad {
+            Some(e) => Err(e),
+            None => Ok(taken),
+        }
+    }
+
+    async fn terminate_impl(&self) -> Result<TerminateReport> {
+        let prev = {
+            let _p = lock(&self.producer);
+            self.lifecycle.transition(LifecycleState::Terminating)?
+        };
+        self.events.state.notify(usize::MAX);
+        let processed_before = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
+        let _ = prev;
+        self.send_command(command::TERMINATE);
+        let start = Instant::now();
+        loop {
+            if self.device_state() == LifecycleState::Terminated as u32 {
+                break;
+            }
+            if self.stream.is_idle()? {
+                break;
+            }
+            // Keep the output ring drained so a draining kernel never waits for space.
+            if self.out_tail().load(Ordering::Acquire) - lock(&self.consumer).head
+                >= (self.out_cap as u64) / 2
+            {
+                self.spill();
+                self.events.output.notify(usize::MAX);
+            }
+            if start.elapsed() > EXIT_TIMEOUT {
+                return Err(Error::Timeout(EXIT_TIMEOUT));
+            }
+            futures_timer::Delay::new(Duration::from_micros(100)).await;
+        }
+        let sync = self.stream.synchronize();
+        self.mark_exited();
+        sync?;
+        let processed_after = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
+        // Whatever is still in the input queue was not processed: hand it back.
+        let mut undelivered = Vec::new();
+        {
+            let tail = lock(&self.producer).tail;
+            let mut head = self.in_head().load(Ordering::Acquire);
+            while head < tail {
+                // SAFETY: the kernel has exited, so nothing else touches the slots.
+                let bytes = unsafe { std::slice::from_raw_parts(self.in_slot(head), self.slot) };
+                match read_slot(bytes) {
+                    Ok(env) => undelivered.push(env),
+                    Err(e) => {
+                        tracing::warn!(kernel = %self.name, error = %e, "corrupt undelivered message")
+                    }
+                }
+                head += 1;
+            }
+        }
+        let replies_waiting = self.output_depth();
+        self.mirror_host_indices();
+        self.lifecycle.transition(LifecycleState::Terminated)?;
+        if let Some(rt) = self.rt.upgrade() {
+            lock(&rt.kernels).retain(|k| k.id != self.id);
+        }
+        self.events.notify_all();
+        Ok(TerminateReport {
+            drained: processed_after.saturating_sub(processed_before),
+            undelivered,
+            replies_waiting,
+        })
+    }
+}
+
+impl Drop for CudaKernel {
+    fn drop(&mut self) {
+        self.force_exit();
+    }
+}
+
+impl KernelEngine for CudaKernel {
+    fn id(&self) -> KernelId {
+        self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn state(&self) -> LifecycleState {
+        self.lifecycle.get()
+    }
+    fn slot_size(&self) -> usize {
+        self.slot
+    }
+    fn input_capacity(&self) -> usize {
+        self.in_cap
+    }
+
+    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        check_payload_fits(payload.len(), self.slot)?;
+        if self.send_batch(std::iter::once((header, payload)))? == 0 {
+            return Err(Error::QueueFull {
+                capacity: self.in_cap,
+            });
+        }
+        Ok(())
+    }
+
+    fn try_dequeue(&self) -> Result<Option<Envelope>> {
+        let mut c = lock(&self.consumer);
+        if let Some(env) = c.spill.pop_front() {
+            return Ok(Some(env));
+        }
+        let tail = self.out_tail().load(Ordering::Acquire);
+        if c.head >= tail {
+            return Ok(None);
+        }
+        // SAFETY: slot `head` was published by the device (acquire load of tail above)
+        // and is not rewritten until head advances past it.
+        let bytes = unsafe { std::slice::from_raw_parts(self.out_slot(c.head), self.slot) };
+        let r = read_slot(bytes);
+        c.head += 1;
+        self.out_head().store(c.head, Ordering::Release);
+        r.map(Some)
+    }
+
+    fn output_depth(&self) -> usize {
+        let c = lock(&self.consumer);
+        let tail = self.out_tail().load(Ordering::Acquire);
+        c.spill.len() + tail.saturating_sub(c.head) as usize
+    }
+
+    fn activate(&self) -> Result<()> {
+        self.lifecycle.transition(LifecycleState::Active)?;
+        self.send_command(command::ACTIVATE);
+        self.events.state.notify(usize::MAX);
+        Ok(())
+    }
+
+    fn deactivate(&self) -> Result<()> {
+        self.lifecycle.transition(LifecycleState::Deactivated)?;
+        let seq = self.send_command(command::DEACTIVATE);
+        // Wait for the device to acknowledge (microseconds), so no message sent after
+        // this returns is processed before the next activate.
+        if !self.wait_ack(seq, Duration::from_secs(5)) {
+            tracing::warn!(kernel = %self.name, "the device did not acknowledge deactivate within 5 s");
+        }
+        self.events.state.notify(usize::MAX);
+        Ok(())
+    }
+
+    fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>> {
+        Box::pin(self.terminate_impl())
+    }
+
+    fn events(&self) -> &KernelEvents {
+        &self.events
+    }
+
+    fn metrics(&self) -> KernelMetrics {
+        let processed = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
+        let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
+        let emitted = self.out_tail().load(Ordering::Acquire);
+        let tail = lock(&self.producer).tail;
+        let head = self.in_head().load(Ordering::Acquire);
+        self.mirror_host_indices();
+        KernelMetrics {
+            id: self.id,
+            name: self.name.clone(),
+            state: self.state(),
+            received: self.received.load(Ordering::Relaxed),
+            processed,
+            dropped,
+            emitted,
+            queue_depth: tail.saturating_sub(head) as usize,
+            output_depth: self.output_depth(),
+            latency: LatencySummary::default(),
+        }
+    }
+}
+
+fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
+    let mut idle_since = Instant::now();
+    loop {
+        let Some(inner) = rt.upgrade() else { return };
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let kernels: Vec<Arc<CudaKernel>> = lock(&inner.kernels).clone();
+        drop(inner);
+        let mut activity = false;
+        // Only device-written words are read here, so the pump never contends with
+        // the host threads that write the input side.
+        for k in &kernels {
+            let t = k.out_tail().load(Ordering::Acquire);
+            if k.seen_out_tail.swap(t, Ordering::AcqRel) != t {
+                k.events.output.notify(usize::MAX);
+                activity = true;
+            }
+            let h = k.in_head().load(Ordering::Acquire);
+            if k.seen_in_head.swap(h, Ordering::AcqRel) != h {
+                k.events.input_space.notify(usize::MAX);
+                activity = true;
+            }
+            let s = k.device_state();
+            if k.seen_state.swap(s, Ordering::AcqRel) != s {
+                k.events.state.notify(usize::MAX);
+            }
+        }
+        drop(kernels);
+        let now = Instant::now();
+        if activity {
+            idle_since = now;
+        }
+        let idle = now - idle_since;
+        if idle < Duration::from_millis(2) {
+            std::hint::spin_loop();
+        } else if idle < Duration::from_millis(20) {
+            std::thread::yield_now();
+        } else {
+            // A send wakes us (PumpWaker); the timeout bounds the latency of replies
+            // that arrive without a send (K2K pipelines, long handlers).
+            waker.parked.store(true, Ordering::Release);
+            std::thread::park_timeout(Duration::from_millis(1));
+            // `parked` already false: a sender woke us, so work is coming: spin again.
+            if !waker.parked.swap(false, Ordering::AcqRel) {
+                idle_since = Instant::now();
+            }
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Every compute op on the GPU against the f64 reference: ringkernel-core's testkit
+//! (awkward sizes, poisoned outputs, error contract) plus CUDA-specific paths the
+//! testkit's small sizes do not reach (multi-block reductions, rows too long for shared
+//! memory, unfused attention, cuBLAS batched/broadcast matmul, TF32, graph capture).
+
+use ringkernel_core::compute::{
+    reference, AttentionDims, BinaryOp, ComputeBackend, MatmulDims, ReduceDims, ReduceOp, UnaryOp,
+};
+use ringkernel_core::util::{rel_error, SplitMix64};
+use ringkernel_cuda::CudaCompute;
+
+fn gpu() -> CudaCompute {
+    CudaCompute::new(0).expect("CUDA device 0")
+}
+
+fn poisoned(g: &CudaCompute, n: usize) -> ringkernel_core::compute::BufferRef {
+    g.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+fn read(g: &CudaCompute, b: &ringkernel_core::compute::BufferRef, n: usize) -> Vec<f32> {
+    let mut v = vec![0.0f32; n];
+    g.read(&**b, 0, &mut v).unwrap();
+    v
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn testkit_check_all() {
+    let g = gpu();
+    let report =
+        ringkernel_core::compute::testkit::check_all(&g).expect("every op within tolerance");
+    println!("{report}");
+    assert!(report.passed());
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn matmul_batched_and_broadcast_vs_f64() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for (batch, m, k, n, b_batched) in [
+        (1, 1, 1, 1, false),
+        (3, 65, 129, 33, true),
+        (4, 127, 257, 63, false),
+        (1, 512, 1024, 256, false),
+    ] {
+        let dims = MatmulDims {
+            batch,
+            m,
+            k,
+            n,
+            b_batched,
+        };
+        let a = rng.vec(batch * m * k, -1.0, 1.0);
+        let b = rng.vec(if b_batched { batch * k * n } else { k * n }, -1.0, 1.0);
+        let out = poisoned(&g, batch * m * n);
+        g.matmul(
+            &*g.upload(&a).unwrap(),
+            &*g.upload(&b).unwrap(),
+            &*out,
+            dims,
+        )
+        .unwrap();
+        let got = read(&g, &out, batch * m * n);
+        let err = rel_error(&got, &reference::matmul(&a, &b, dims));
+        println!("matmul {dims:?}: rel err {err:.2e}");
+        assert!(err < 1e-5, "fp32 matmul {dims:?}: {err}");
+        g.set_tf32(true);
+        g.matmul(
+            &*g.upload(&a).unwrap(),
+            &*g.upload(&b).unwrap(),
+            &*out,
+            dims,
+        )
+        .unwrap();
+        let got = read(&g, &out, batch * m * n);
+        let err32 = rel_error(&got, &reference::matmul(&a, &b, dims));
+        g.set_tf32(false);
+        println!("matmul {dims:?} tf32: rel err {err32:.2e}");
+        assert!(err32 < 3e-3, "tf32 matmul {dims:?}: {err32}");
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn long_reductions_use_several_blocks() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for dims in [
+        ReduceDims {
+            outer: 1,
+            axis: (1 << 22) + 3,
+            inner: 1,
+        },
+        ReduceDims {
+            outer: 3,
+            axis: 1 << 20,
+            inner: 1,
+        },
+        ReduceDims {
+            outer: 5,
+            axis: 1000,
+            inner: 37,
+        },
+    ] {
+        let n = dims.outer * dims.axis * dims.inner;
+        let x = rng.vec(n, -1.0, 1.0);
+        let dx = g.upload(&x).unwrap();
+        for op in ReduceOp::ALL {
+            let out = poisoned(&g, dims.outer * dims.inner);
+            g.reduce(op, &*dx, &*out, dims).unwrap();
+            let got = read(&g, &out, dims.outer * dims.inner);
+            let err = rel_error(&got, &reference::reduce(op, &x, dims));
+            assert!(err < 1e-4, "{op:?} {dims:?}: {err}");
+        }
+    }
+    let n = (1 << 22) + 5;
+    let (a, b) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+    let out = poisoned(&g, 1);
+    g.dot(&*g.upload(&a).unwrap(), &*g.upload(&b).unwrap(), &*out, n)
+        .unwrap();
+    let err = rel_error(&read(&g, &out, 1), &reference::dot(&a, &b));
+    assert!(err < 1e-4, "dot: {err}");
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn rows_longer_than_shared_memory() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for (rows, cols) in [(3usize, 40_000usize), (2, 40_001), (64, 4096), (5, 4097)] {
+        let x = rng.vec(rows * cols, -8.0, 8.0);
+        let w = rng.vec(cols, 0.5, 1.5);
+        let bias = rng.vec(cols, -1.0, 1.0);
+        let (dx, dw, db) = (
+            g.upload(&x).unwrap(),
+            g.upload(&w).unwrap(),
+            g.upload(&bias).unwrap(),
+        );
+        let out = poisoned(&g, rows * cols);
+        g.softmax(&*dx, &*out, rows, cols).unwrap();
+        let err = rel_error(
+            &read(&g, &out, rows * cols),
+            &reference::softmax(&x, rows, cols),
+        );
+        assert!(err < 1e-5, "softmax {rows}x{cols}: {err}");
+        let out = poisoned(&g, rows * cols);
+        g.rms_norm(&*dx, &*dw, &*out, rows, cols, 1e-6).unwrap();
+        let err = rel_error(
+            &read(&g, &out, rows * cols),
+            &reference::rms_norm(&x, &w, rows, cols, 1e-6),
+        );
+        assert!(err < 1e-5, "rms_norm {rows}x{cols}: {err}");
+        let out = poisoned(&g, rows * cols);
+        g.layer_norm(&*dx, &*dw, &*db, &*out, rows, cols, 1e-5)
+            .unwrap();
+        let err = rel_error(
+            &read(&g, &out, rows * cols),
+            &reference::layer_norm(&x, &w, &bias, rows, cols, 1e-5),
+        );
+        assert!(err < 1e-5, "layer_norm {rows}x{cols}: {err}");
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn attention_fused_and_unfused_paths() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for (bh, q_len, kv_len, kv_stride, head_dim, causal, q_offset) in [
+        (3, 17, 40, 48, 64, true, 23),
+        (2, 5, 300, 300, 128, false, 0),
+        (2, 9, 33, 40, 300, true, 24),
+        (1, 1, 1000, 1024, 256, true, 999),
+    ] {
+        let dims = AttentionDims {
+            batch_heads: bh,
+            q_len,
+            kv_len,
+            kv_stride,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            causal,
+            q_offset,
+        };
+        let q = rng.vec(bh * q_len * head_dim, -1.0, 1.0);
+        let k = rng.vec(bh * kv_stride * head_dim, -1.0, 1.0);
+        let v = rng.vec(bh * kv_stride * head_dim, -1.0, 1.0);
+        let out = poisoned(&g, bh * q_len * head_dim);
+        g.attention(
+            &*g.upload(&q).unwrap(),
+            &*g.upload(&k).unwrap(),
+            &*g.upload(&v).unwrap(),
+            &*out,
+            dims,
+        )
+        .unwrap();
+        let err = rel_error(
+            &read(&g, &out, bh * q_len * head_dim),
+            &reference::attention(&q, &k, &v, dims),
+        );
+        println!("attention {dims:?}: {err:.2e}");
+        assert!(err < 1e-5, "attention {dims:?}: {err}");
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn captured_graph_replays_with_fresh_inputs() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    let n = 10_007;
+    let (da, db, tmp, out) = (
+        g.alloc(n).unwrap(),
+        g.alloc(n).unwrap(),
+        g.alloc(n).unwrap(),
+        g.alloc(n).unwrap(),
+    );
+    let graph = g
+        .capture(|c| {
+            c.binary(BinaryOp::Mul, &*da, &*db, &*tmp, n)?;
+            c.unary(UnaryOp::Exp, &*tmp, &*out, n)
+        })
+        .expect("capture");
+    for _ in 0..3 {
+        let (a, b) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -1.0, 1.0));
+        g.write(&*da, 0, &a).unwrap();
+        g.write(&*db, 0, &b).unwrap();
+        g.write(&*out, 0, &vec![f32::NAN; n]).unwrap();
+        graph.launch().unwrap();
+        let got = read(&g, &out, n);
+        let want: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| ((*x * *y) as f64).exp())
+            .collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-6, "graph replay: {err}");
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn bad_arguments_are_errors() {
+    let g = gpu();
+    let a = g.upload(&[1.0; 16]).unwrap();
+    let out = g.alloc(16).unwrap();
+    assert!(matches!(
+        g.unary(UnaryOp::Exp, &*a, &*out, 17),
+        Err(ringkernel_core::Error::ShapeMismatch(_))
+    ));
+    assert!(matches!(
+        g.reduce(
+            ReduceOp::Sum,
+            &*a,
+            &*out,
+            ReduceDims {
+                outer: 1,
+                axis: 0,
+                inner: 1
+            }
+        ),
+        Err(ringkernel_core::Error::ShapeMismatch(_))
+    ));
+    let mut host = [0.0f32; 4];
+    assert!(g.read(&*a, 14, &mut host).is_err());
+    assert!(g.copy(&*a, 0, &*a, 4, 8).is_err(), "overlapping copy");
+    let other = gpu();
+    let foreign = other.upload(&[1.0; 16]).unwrap();
+    assert!(matches!(
+        g.unary(UnaryOp::Exp, &*foreign, &*out, 16),
+        Err(ringkernel_core::Error::Device(_))
+    ));
+}
