@@ -57,7 +57,11 @@ const _: () = assert!(std::mem::size_of::<Token>() == 72);
 impl Token {
     /// A token with `id` and `value`, no route.
     pub fn new(id: u64, value: f64) -> Self {
-        Token { id, value, ..Default::default() }
+        Token {
+            id,
+            value,
+            ..Default::default()
+        }
     }
     /// A token that will travel through `stages` (at most 4 kernel ids).
     pub fn routed(id: u64, value: f64, stages: &[KernelId]) -> Self {
@@ -95,7 +99,10 @@ fn stage(ctx: &mut KernelContext<'_>, mut t: Token) -> Result<Option<Token>> {
                     }
                 }
                 K2kReceipt::NotFound => {
-                    return Err(crate::Error::KernelNotFound(format!("pipeline stage {next} (from {})", ctx.name())))
+                    return Err(crate::Error::KernelNotFound(format!(
+                        "pipeline stage {next} (from {})",
+                        ctx.name()
+                    )))
                 }
             }
         }
@@ -115,12 +122,15 @@ pub fn register_cpu_builtins(reg: &KernelRegistry) {
     });
     reg.register_cpu(STAGE, || Box::new(handler_fn(stage)));
     reg.register_cpu(COUNTER, || {
-        Box::new(stateful_fn(0u64, |ctx: &mut KernelContext<'_>, n: &mut u64, mut t: Token| {
-            *n += 1;
-            stamp(ctx, &mut t);
-            t.value = *n as f64;
-            t.hops += 1;
-            Some(t)
-        }))
+        Box::new(stateful_fn(
+            0u64,
+            |ctx: &mut KernelContext<'_>, n: &mut u64, mut t: Token| {
+                *n += 1;
+                stamp(ctx, &mut t);
+                t.value = *n as f64;
+                t.hops += 1;
+                Some(t)
+            },
+        ))
     });
 }

@@ -41,7 +41,16 @@ impl<'a> KernelContext<'a> {
         slot_size: usize,
         sink: &'a mut dyn OutputSink,
     ) -> Self {
-        KernelContext { id, name, core, hlc, counters, request, slot_size, sink }
+        KernelContext {
+            id,
+            name,
+            core,
+            hlc,
+            counters,
+            request,
+            slot_size,
+            sink,
+        }
     }
 
     /// This kernel's id.
@@ -102,9 +111,15 @@ impl<'a> KernelContext<'a> {
     /// reply to the host's original call. Never blocks: a full destination is
     /// [`K2kReceipt::QueueFull`]. A payload too large for this kernel's slots is
     /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge).
-    pub fn send_to<M: RingMessage>(&mut self, target: impl Into<KernelTarget>, msg: &M) -> Result<K2kReceipt> {
+    pub fn send_to<M: RingMessage>(
+        &mut self,
+        target: impl Into<KernelTarget>,
+        msg: &M,
+    ) -> Result<K2kReceipt> {
         let h = self.header_for::<M>(flags::K2K)?;
-        let r = self.core.deliver(&target.into(), h, bytemuck::bytes_of(msg))?;
+        let r = self
+            .core
+            .deliver(&target.into(), h, bytemuck::bytes_of(msg))?;
         if r == K2kReceipt::Delivered {
             self.counters.emitted.fetch_add(1, Ordering::Relaxed);
         }
@@ -116,7 +131,9 @@ impl<'a> KernelContext<'a> {
     pub fn publish<M: RingMessage>(&mut self, topic: &str, msg: &M) -> Result<usize> {
         let h = self.header_for::<M>(flags::PUBSUB)?;
         let report = self.core.publish_raw(topic, h, bytemuck::bytes_of(msg))?;
-        self.counters.emitted.fetch_add(report.delivered as u64, Ordering::Relaxed);
+        self.counters
+            .emitted
+            .fetch_add(report.delivered as u64, Ordering::Relaxed);
         Ok(report.delivered)
     }
 }

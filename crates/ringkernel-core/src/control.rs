@@ -154,21 +154,43 @@ mod tests {
             ("heartbeat", &cb.heartbeat as *const _ as usize),
         ];
         for (name, addr) in actual {
-            let want = CONTROL_BLOCK_FIELDS.iter().find(|(n, _)| *n == name).unwrap().1;
+            let want = CONTROL_BLOCK_FIELDS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap()
+                .1;
             assert_eq!(addr - base, want, "{name}");
         }
         let h = crate::message::MessageHeader::default();
         let hb = &h as *const _ as usize;
         assert_eq!(&h.timestamp as *const _ as usize - hb, 40);
-        assert_eq!(MESSAGE_HEADER_FIELDS.iter().find(|(n, _)| *n == "timestamp").unwrap().1, 40);
+        assert_eq!(
+            MESSAGE_HEADER_FIELDS
+                .iter()
+                .find(|(n, _)| *n == "timestamp")
+                .unwrap()
+                .1,
+            40
+        );
     }
 
     #[test]
     fn host_and_device_lines_are_disjoint() {
         // Every host field lies in [0, 64), every worker field in [64, 128).
         for (name, off) in CONTROL_BLOCK_FIELDS {
-            let host = ["command", "command_seq", "kernel_id", "slot_size", "input_tail", "output_head",
-                "input_capacity", "output_capacity", "max_drift_ms", "host_reserved"].contains(name);
+            let host = [
+                "command",
+                "command_seq",
+                "kernel_id",
+                "slot_size",
+                "input_tail",
+                "output_head",
+                "input_capacity",
+                "output_capacity",
+                "max_drift_ms",
+                "host_reserved",
+            ]
+            .contains(name);
             assert_eq!(host, *off < DEVICE_LINE_OFFSET, "{name} at {off}");
         }
     }

@@ -22,9 +22,11 @@
 pub mod backend;
 pub mod builtin;
 pub mod compute;
+pub mod conformance;
 pub mod context;
 pub mod control;
 pub mod error;
+pub mod gpu_type;
 pub mod hlc;
 pub mod k2k;
 pub mod lifecycle;
@@ -34,6 +36,7 @@ pub mod pubsub;
 pub mod queue;
 pub mod registry;
 pub mod runtime;
+mod sync;
 pub mod telemetry;
 pub mod util;
 

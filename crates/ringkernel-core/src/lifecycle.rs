@@ -96,7 +96,8 @@ impl AtomicLifecycle {
 
     /// Current state.
     pub fn get(&self) -> LifecycleState {
-        LifecycleState::from_u32(self.0.load(Ordering::Acquire)).expect("only valid states are stored")
+        LifecycleState::from_u32(self.0.load(Ordering::Acquire))
+            .expect("only valid states are stored")
     }
 
     /// Moves to `to` if the current state allows it (atomically: of two racing callers
@@ -142,7 +143,11 @@ mod tests {
                     assert_eq!(r, Ok(from), "{from:?} -> {to:?} should be allowed");
                     assert_eq!(s.get(), to);
                 } else {
-                    assert_eq!(r, Err(Error::InvalidState { from, to }), "{from:?} -> {to:?}");
+                    assert_eq!(
+                        r,
+                        Err(Error::InvalidState { from, to }),
+                        "{from:?} -> {to:?}"
+                    );
                     assert_eq!(s.get(), from, "a refused transition must not change state");
                 }
             }

@@ -248,7 +248,11 @@ mod tests {
 
     #[test]
     fn slot_round_trip_with_checksum() {
-        let msg = Ping { a: 1 << 40, b: 2.5, c: 9 };
+        let msg = Ping {
+            a: 1 << 40,
+            b: 2.5,
+            c: 9,
+        };
         let mut env = Envelope::new(&msg);
         env.header.flags |= flags::CHECKSUM;
         env.header.message_id = 42;
@@ -267,12 +271,19 @@ mod tests {
     fn oversized_payload_is_rejected() {
         let payload = vec![1u8; DEFAULT_SLOT_SIZE - HEADER_SIZE + 1];
         let mut slot = vec![0u8; DEFAULT_SLOT_SIZE];
-        let err = write_slot(&mut slot, &MessageHeader::new(1, payload.len()), &payload).unwrap_err();
+        let err =
+            write_slot(&mut slot, &MessageHeader::new(1, payload.len()), &payload).unwrap_err();
         assert_eq!(
             err,
-            Error::MessageTooLarge { size: DEFAULT_SLOT_SIZE - HEADER_SIZE + 1, max: DEFAULT_SLOT_SIZE - HEADER_SIZE }
+            Error::MessageTooLarge {
+                size: DEFAULT_SLOT_SIZE - HEADER_SIZE + 1,
+                max: DEFAULT_SLOT_SIZE - HEADER_SIZE
+            }
         );
-        assert!(slot.iter().all(|&b| b == 0), "a refused write leaves the slot untouched");
+        assert!(
+            slot.iter().all(|&b| b == 0),
+            "a refused write leaves the slot untouched"
+        );
         // Exactly the maximum fits.
         let payload = vec![1u8; DEFAULT_SLOT_SIZE - HEADER_SIZE];
         write_slot(&mut slot, &MessageHeader::new(1, payload.len()), &payload).unwrap();
@@ -281,9 +292,18 @@ mod tests {
     #[test]
     fn decode_checks_type() {
         let env = Envelope::from_bytes(3, &[0u8; 16]);
-        assert_eq!(env.decode::<Ping>(), Err(Error::TypeMismatch { expected: 7, found: 3 }));
+        assert_eq!(
+            env.decode::<Ping>(),
+            Err(Error::TypeMismatch {
+                expected: 7,
+                found: 3
+            })
+        );
         let env = Envelope::from_bytes(7, &[0u8; 8]);
-        assert!(matches!(env.decode::<Ping>(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            env.decode::<Ping>(),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]

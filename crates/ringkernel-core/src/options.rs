@@ -104,21 +104,30 @@ impl LaunchOptions {
 
     /// Checks every field; [`Error::InvalidArgument`] names the first bad one.
     pub fn validate(&self) -> Result<()> {
-        for (what, v) in [("queue_capacity", self.queue_capacity), ("output_capacity", self.output_capacity)] {
+        for (what, v) in [
+            ("queue_capacity", self.queue_capacity),
+            ("output_capacity", self.output_capacity),
+        ] {
             if v < 2 || !v.is_power_of_two() || v > (1 << 24) {
                 return Err(Error::invalid(format!(
                     "{what} must be a power of two in 2..=16777216, got {v}"
                 )));
             }
         }
-        if !self.slot_size.is_power_of_two() || self.slot_size < 2 * HEADER_SIZE || self.slot_size > 65536 {
+        if !self.slot_size.is_power_of_two()
+            || self.slot_size < 2 * HEADER_SIZE
+            || self.slot_size > 65536
+        {
             return Err(Error::invalid(format!(
                 "slot_size must be a power of two in 128..=65536, got {}",
                 self.slot_size
             )));
         }
         if self.block_size == 0 || self.block_size > 1024 {
-            return Err(Error::invalid(format!("block_size must be in 1..=1024, got {}", self.block_size)));
+            return Err(Error::invalid(format!(
+                "block_size must be in 1..=1024, got {}",
+                self.block_size
+            )));
         }
         if matches!(&self.name, Some(n) if n.is_empty()) {
             return Err(Error::invalid("instance name must not be empty"));
@@ -136,14 +145,32 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let e = LaunchOptions::default().with_queue_capacity(1000).validate().unwrap_err();
+        let e = LaunchOptions::default()
+            .with_queue_capacity(1000)
+            .validate()
+            .unwrap_err();
         assert!(e.to_string().contains("queue_capacity"), "{e}");
-        let e = LaunchOptions::default().with_slot_size(100).validate().unwrap_err();
+        let e = LaunchOptions::default()
+            .with_slot_size(100)
+            .validate()
+            .unwrap_err();
         assert!(e.to_string().contains("slot_size"), "{e}");
-        assert!(LaunchOptions::default().with_slot_size(64).validate().is_err());
-        assert!(LaunchOptions::default().with_block_size(0).validate().is_err());
-        assert!(LaunchOptions::default().with_grid_size(0).validate().is_err());
-        assert!(LaunchOptions::default().with_queue_capacity(1).validate().is_err());
+        assert!(LaunchOptions::default()
+            .with_slot_size(64)
+            .validate()
+            .is_err());
+        assert!(LaunchOptions::default()
+            .with_block_size(0)
+            .validate()
+            .is_err());
+        assert!(LaunchOptions::default()
+            .with_grid_size(0)
+            .validate()
+            .is_err());
+        assert!(LaunchOptions::default()
+            .with_queue_capacity(1)
+            .validate()
+            .is_err());
         assert!(LaunchOptions::default().validate().is_ok());
     }
 }

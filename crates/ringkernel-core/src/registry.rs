@@ -84,7 +84,14 @@ impl std::fmt::Debug for KernelRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelRegistry")
             .field("cpu", &self.cpu_names())
-            .field("gpu", &self.gpu.read().map(|g| g.keys().cloned().collect::<Vec<_>>()).unwrap_or_default())
+            .field(
+                "gpu",
+                &self
+                    .gpu
+                    .read()
+                    .map(|g| g.keys().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            )
             .finish()
     }
 }
@@ -96,8 +103,15 @@ impl KernelRegistry {
     }
 
     /// Registers a CPU handler factory under `name` (replacing an earlier one).
-    pub fn register_cpu(&self, name: impl Into<String>, factory: impl Fn() -> Box<dyn CpuHandler> + Send + Sync + 'static) {
-        self.cpu.write().expect("registry lock").insert(name.into(), Arc::new(factory));
+    pub fn register_cpu(
+        &self,
+        name: impl Into<String>,
+        factory: impl Fn() -> Box<dyn CpuHandler> + Send + Sync + 'static,
+    ) {
+        self.cpu
+            .write()
+            .expect("registry lock")
+            .insert(name.into(), Arc::new(factory));
     }
 
     /// Registers a typed closure as a CPU handler (see [`handler_fn`]).
@@ -155,14 +169,25 @@ impl KernelRegistry {
         g.get(name).cloned().ok_or_else(|| {
             let mut names: Vec<_> = g.keys().cloned().collect();
             names.sort();
-            Error::KernelNotFound(format!("no GPU handler named {name:?} (registered: {})", names.join(", ")))
+            Error::KernelNotFound(format!(
+                "no GPU handler named {name:?} (registered: {})",
+                names.join(", ")
+            ))
         })
     }
 
     /// Names of all CPU handlers (registry and global), sorted.
     pub fn cpu_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.cpu.read().map(|c| c.keys().cloned().collect()).unwrap_or_default();
-        v.extend(inventory::iter::<StaticCpuHandler>.into_iter().map(|s| s.name.to_string()));
+        let mut v: Vec<String> = self
+            .cpu
+            .read()
+            .map(|c| c.keys().cloned().collect())
+            .unwrap_or_default();
+        v.extend(
+            inventory::iter::<StaticCpuHandler>
+                .into_iter()
+                .map(|s| s.name.to_string()),
+        );
         v.sort();
         v.dedup();
         v
@@ -220,7 +245,10 @@ where
     Out: HandlerOutput,
     F: FnMut(&mut KernelContext<'_>, Req) -> Out + Send + 'static,
 {
-    FnHandler { f, _req: PhantomData }
+    FnHandler {
+        f,
+        _req: PhantomData,
+    }
 }
 
 impl<Req, Out, F> CpuHandler for FnHandler<Req, F>
@@ -250,7 +278,11 @@ where
     Out: HandlerOutput,
     F: FnMut(&mut KernelContext<'_>, &mut S, Req) -> Out + Send + 'static,
 {
-    StatefulHandler { state: init, f, _req: PhantomData }
+    StatefulHandler {
+        state: init,
+        f,
+        _req: PhantomData,
+    }
 }
 
 impl<S, Req, Out, F> CpuHandler for StatefulHandler<S, Req, F>

@@ -142,7 +142,10 @@ impl std::fmt::Debug for RuntimeCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RuntimeCore")
             .field("backend", &self.backend)
-            .field("kernels", &self.kernels.read().map(|k| k.len()).unwrap_or(0))
+            .field(
+                "kernels",
+                &self.kernels.read().map(|k| k.len()).unwrap_or(0),
+            )
             .finish()
     }
 }
@@ -189,7 +192,9 @@ impl RuntimeCore {
     pub fn reserve(&self, name: &str) -> Result<KernelId> {
         let mut names = self.names.write().expect("names lock");
         if names.contains_key(name) {
-            return Err(Error::invalid(format!("a kernel named {name:?} is already running")));
+            return Err(Error::invalid(format!(
+                "a kernel named {name:?} is already running"
+            )));
         }
         let id = KernelId(self.next_kernel.fetch_add(1, Ordering::Relaxed));
         names.insert(name.to_string(), id);
@@ -203,7 +208,10 @@ impl RuntimeCore {
 
     /// Makes a launched engine reachable (K2K, pub/sub, lookups).
     pub fn insert(&self, engine: Arc<dyn KernelEngine>) {
-        self.kernels.write().expect("kernels lock").insert(engine.id(), engine);
+        self.kernels
+            .write()
+            .expect("kernels lock")
+            .insert(engine.id(), engine);
     }
 
     /// Removes a terminated kernel from the tables and its subscriptions.
@@ -229,7 +237,13 @@ impl RuntimeCore {
 
     /// Every live kernel, by id.
     pub fn engines(&self) -> Vec<Arc<dyn KernelEngine>> {
-        let mut v: Vec<_> = self.kernels.read().expect("kernels lock").values().cloned().collect();
+        let mut v: Vec<_> = self
+            .kernels
+            .read()
+            .expect("kernels lock")
+            .values()
+            .cloned()
+            .collect();
         v.sort_by_key(|e| e.id());
         v
     }
@@ -237,7 +251,12 @@ impl RuntimeCore {
     /// Routes one message into a kernel's input queue (K2K, host-side routing between
     /// GPU passes). Never blocks. `MessageTooLarge` is an error; a missing or
     /// terminated kernel and a full queue are receipts.
-    pub fn deliver(&self, target: &KernelTarget, mut header: MessageHeader, payload: &[u8]) -> Result<K2kReceipt> {
+    pub fn deliver(
+        &self,
+        target: &KernelTarget,
+        mut header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
         let Some(engine) = self.lookup(target) else {
             return Ok(K2kReceipt::NotFound);
         };
@@ -253,7 +272,12 @@ impl RuntimeCore {
 
     /// Publishes one message to `topic`: a copy goes into the input queue of every
     /// kernel subscribed with a matching filter.
-    pub fn publish_raw(&self, topic: &str, header: MessageHeader, payload: &[u8]) -> Result<PublishReport> {
+    pub fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport> {
         validate_topic(topic)?;
         let mut report = PublishReport::default();
         for id in self.broker.subscribers(topic)? {
@@ -284,7 +308,11 @@ impl RuntimeCore {
     }
 
     /// Wraps an engine in a user-facing handle.
-    pub fn handle(self: &Arc<Self>, engine: Arc<dyn KernelEngine>, opts: &LaunchOptions) -> KernelHandle {
+    pub fn handle(
+        self: &Arc<Self>,
+        engine: Arc<dyn KernelEngine>,
+        opts: &LaunchOptions,
+    ) -> KernelHandle {
         KernelHandle {
             inner: Arc::new(HandleInner {
                 engine,
@@ -299,7 +327,10 @@ impl RuntimeCore {
     pub async fn terminate_all(&self) -> Result<ShutdownReport> {
         let mut report = ShutdownReport::default();
         for e in self.engines() {
-            if matches!(e.state(), LifecycleState::Terminated | LifecycleState::Terminating) {
+            if matches!(
+                e.state(),
+                LifecycleState::Terminated | LifecycleState::Terminating
+            ) {
                 self.remove(e.id());
                 continue;
             }
@@ -331,7 +362,11 @@ pub trait RingKernelRuntime: Send + Sync {
 
     /// Launches a kernel running the handler registered as `handler`.
     /// [`Error::KernelNotFound`] if no handler of that name exists for this backend.
-    fn launch<'a>(&'a self, handler: &'a str, opts: LaunchOptions) -> BoxFuture<'a, Result<KernelHandle>>;
+    fn launch<'a>(
+        &'a self,
+        handler: &'a str,
+        opts: LaunchOptions,
+    ) -> BoxFuture<'a, Result<KernelHandle>>;
 
     /// A one-line description of the device the runtime runs on.
     fn device_info(&self) -> String;
@@ -427,6 +462,25 @@ impl Future for Wait {
     }
 }
 
+/// How long a receive polls cooperatively before it sleeps on the output event.
+const RECEIVE_SPIN: Duration = Duration::from_micros(20);
+
+/// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
 async fn wait_for(listener: EventListener, deadline: Option<Instant>) -> bool {
     let delay = match deadline {
         None => None,
@@ -502,15 +556,22 @@ impl KernelHandle {
     /// blocking the thread) or, with `LaunchOptions::wait_when_full(false)`, returns
     /// [`Error::QueueFull`]. Returns the message id (also its correlation id).
     pub async fn send<M: RingMessage>(&self, msg: M) -> Result<u64> {
-        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), None).await
+        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), None)
+            .await
     }
 
     /// Sends raw payload bytes with a type id.
     pub async fn send_envelope(&self, env: &Envelope) -> Result<u64> {
-        self.send_bytes(env.header.type_id, &env.payload, None).await
+        self.send_bytes(env.header.type_id, &env.payload, None)
+            .await
     }
 
-    async fn send_bytes(&self, type_id: u32, payload: &[u8], deadline: Option<Instant>) -> Result<u64> {
+    async fn send_bytes(
+        &self,
+        type_id: u32,
+        payload: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<u64> {
         let h = self.stamp(type_id, payload.len());
         loop {
             match self.inner.engine.try_enqueue(&h, payload) {
@@ -536,7 +597,7 @@ impl KernelHandle {
 
     /// Takes the first message (stash first, then the queue) that `pred` accepts,
     /// stashing the others. `Ok(None)` when none is there now.
-    fn take_matching(&self, pred: &dyn Fn(&Envelope) -> bool) -> Result<Option<Envelope>> {
+    fn take_matching(&self, pred: &(dyn Fn(&Envelope) -> bool + Sync)) -> Result<Option<Envelope>> {
         let mut stash = self.inner.stash.lock().expect("stash lock");
         if let Some(pos) = stash.iter().position(pred) {
             return Ok(stash.remove(pos));
@@ -558,14 +619,42 @@ impl KernelHandle {
             self.inner.engine.events().output.notify(usize::MAX);
         }
         if let Some(env) = &found {
-            if let Err(e) = self.inner.core.hlc().update(HlcTimestamp(env.header.timestamp)) {
+            if let Err(e) = self
+                .inner
+                .core
+                .hlc()
+                .update(HlcTimestamp(env.header.timestamp))
+            {
                 tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
             }
         }
         Ok(found)
     }
 
-    async fn receive_where(&self, pred: &dyn Fn(&Envelope) -> bool, deadline: Option<Instant>, timeout: Duration) -> Result<Envelope> {
+    async fn receive_where(
+        &self,
+        pred: &(dyn Fn(&Envelope) -> bool + Sync),
+        deadline: Option<Instant>,
+        timeout: Duration,
+    ) -> Result<Envelope> {
+        // Replies to a request usually arrive within microseconds. Before registering a
+        // listener (whose wake-up costs a scheduler round trip), poll cooperatively for
+        // a short while: each round hands the thread back to the executor, so other
+        // tasks keep running and nothing blocks.
+        let spin_until = Instant::now() + RECEIVE_SPIN;
+        loop {
+            if let Some(env) = self.take_matching(pred)? {
+                return Ok(env);
+            }
+            let now = Instant::now();
+            if now >= spin_until
+                || deadline.is_some_and(|d| now >= d)
+                || self.state() == LifecycleState::Terminated
+            {
+                break;
+            }
+            YieldNow(false).await;
+        }
         loop {
             if let Some(env) = self.take_matching(pred)? {
                 return Ok(env);
@@ -592,7 +681,8 @@ impl KernelHandle {
     /// `timeout` (forever with `None`).
     pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.receive_where(&|_| true, deadline, timeout.unwrap_or_default()).await
+        self.receive_where(&|_| true, deadline, timeout.unwrap_or_default())
+            .await
     }
 
     fn decode_or_keep<M: RingMessage>(&self, env: Envelope) -> Result<M> {
@@ -629,7 +719,11 @@ impl KernelHandle {
 
     /// Sends `req` and waits up to `timeout` for the reply with its correlation id.
     /// Other messages arriving meanwhile are kept for later receives.
-    pub async fn call<Req: RingMessage, Resp: RingMessage>(&self, req: Req, timeout: Duration) -> Result<Resp> {
+    pub async fn call<Req: RingMessage, Resp: RingMessage>(
+        &self,
+        req: Req,
+        timeout: Duration,
+    ) -> Result<Resp> {
         let deadline = Instant::now() + timeout;
         let id = self
             .send_bytes(Req::TYPE_ID, bytemuck::bytes_of(&req), Some(deadline))
@@ -640,7 +734,10 @@ impl KernelHandle {
             })?;
         let env = self
             .receive_where(
-                &|e: &Envelope| e.header.correlation_id == id && e.header.flags & crate::message::flags::REPLY != 0,
+                &|e: &Envelope| {
+                    e.header.correlation_id == id
+                        && e.header.flags & crate::message::flags::REPLY != 0
+                },
                 Some(deadline),
                 timeout,
             )

@@ -93,8 +93,14 @@ mod tests {
 
     #[test]
     fn rng_is_deterministic_and_spread() {
-        let a: Vec<u64> = { let mut r = SplitMix64::new(1); (0..4).map(|_| r.next_u64()).collect() };
-        let b: Vec<u64> = { let mut r = SplitMix64::new(1); (0..4).map(|_| r.next_u64()).collect() };
+        let a: Vec<u64> = {
+            let mut r = SplitMix64::new(1);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
+        let b: Vec<u64> = {
+            let mut r = SplitMix64::new(1);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
         assert_eq!(a, b);
         let mut r = SplitMix64::new(2);
         let v = r.vec(10_000, -1.0, 1.0);
