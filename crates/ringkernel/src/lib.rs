@@ -1,9 +1,78 @@
 //! # RingKernel
 //!
 //! Persistent GPU actors and portable compute ops on CPU, CUDA, WebGPU and Metal.
-//! (Facade: being assembled.)
+//!
+//! * **Actors.** A *kernel* is a named, long-lived actor with its own state and
+//!   lock-free input and output queues. On CUDA it is a persistent GPU kernel; on
+//!   WebGPU and Metal the host dispatches a drain pass whenever messages wait; on the CPU
+//!   it is a thread. Start a runtime with [`RingKernel::builder`], launch kernels by
+//!   handler name, and talk to them through [`KernelHandle`]s: `send`, `receive`,
+//!   correlated `call`, lifecycle, metrics. Kernels talk to each other (K2K) and through
+//!   MQTT-style topics, all stamped with a hybrid logical clock.
+//! * **Compute.** [`compute`] holds the tensor-op library on the same backends.
+//!
+//! ```
+//! use ringkernel::prelude::*;
+//! use std::time::Duration;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let rt = RingKernel::builder().backend(Backend::Auto).build().await?; // CPU if no GPU
+//! let echo = rt.launch(builtin::ECHO, LaunchOptions::default()).await?;
+//! let reply: Token = echo.call(Token::new(7, 1.5), Duration::from_secs(5)).await?;
+//! assert_eq!((reply.id, reply.value, reply.hops), (7, 3.0, 1));
+//! rt.shutdown().await?;
+//! # Ok::<(), ringkernel::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The backend crates (`ringkernel-cpu`, `-cuda`, `-wgpu`, `-metal`) and the
+//! backend-neutral core ([`core`]) can be used directly; this crate ties them together.
+
+#![warn(missing_docs)]
+
+mod backends;
+mod builder;
+mod info;
+mod runtime;
+
+pub mod compute;
 
 pub use ringkernel_core as core;
 pub use ringkernel_core::{BackendKind, Error, Result};
 
-pub mod compute;
+pub use builder::{Backend, RingKernelBuilder, Selection, Skipped, BACKEND_ENV};
+pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
+pub use runtime::RingKernel;
+
+pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+
+pub use ringkernel_core::builtin;
+pub use ringkernel_core::context::KernelContext;
+pub use ringkernel_core::options::LaunchOptions;
+pub use ringkernel_core::runtime::{KernelHandle, KernelId};
+
+/// The README's example, compiled and run as a doctest so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExample;
+
+/// Everything most programs need: `use ringkernel::prelude::*;`.
+pub mod prelude {
+    pub use crate::builder::{Backend, RingKernelBuilder, Selection};
+    pub use crate::compute::{Device, KvCache, Tensor};
+    pub use crate::runtime::RingKernel;
+    pub use ringkernel_core::backend::BackendKind;
+    pub use ringkernel_core::builtin::{self, Token};
+    pub use ringkernel_core::context::KernelContext;
+    pub use ringkernel_core::error::{Error, Result};
+    pub use ringkernel_core::gpu_type::GpuType;
+    pub use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
+    pub use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
+    pub use ringkernel_core::lifecycle::LifecycleState;
+    pub use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
+    pub use ringkernel_core::options::LaunchOptions;
+    pub use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+    pub use ringkernel_core::runtime::{KernelHandle, KernelId, PublishReport};
+    pub use ringkernel_core::telemetry::{KernelMetrics, LatencySummary, RuntimeMetrics};
+    pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+}

@@ -1,0 +1,359 @@
+//! [`RingKernelBuilder`]: choosing a backend ([`Backend`]) and the handlers a runtime
+//! knows, and starting it.
+
+use crate::backends::{self, WgpuAdapter};
+use crate::core::builtin::{self, register_cpu_builtins};
+use crate::core::context::KernelContext;
+use crate::core::message::RingMessage;
+use crate::core::registry::{CpuHandler, GpuHandler, HandlerOutput, KernelRegistry};
+use crate::runtime::RingKernel;
+use crate::{BackendKind, Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// Environment variable that overrides [`Backend::Auto`]: `cpu`, `cuda`, `wgpu` or
+/// `metal` (the same variable `Device::auto()` reads for compute).
+pub const BACKEND_ENV: &str = "RINGKERNEL_BACKEND";
+
+/// Which backend a [`RingKernel`] runtime runs on.
+///
+/// `Auto` takes the first hardware GPU backend that starts, in the order Metal, CUDA,
+/// WebGPU (on a hardware adapter only), and falls back to the CPU. The reason each
+/// skipped backend gave is kept in [`RingKernel::selection`]. An explicit choice that
+/// cannot start is [`Error::BackendUnavailable`] with that reason.
+///
+/// ```
+/// use ringkernel::Backend;
+/// let b: Backend = "wgpu".parse().unwrap();
+/// assert_eq!(b, Backend::Wgpu);
+/// assert_eq!(Backend::default(), Backend::Auto);
+/// assert_eq!("auto".parse::<Backend>().unwrap().to_string(), "auto");
+/// assert!("tpu".parse::<Backend>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The best available backend: Metal > CUDA > WebGPU (hardware adapter) > CPU.
+    #[default]
+    Auto,
+    /// Kernel threads on the host CPU. Always available.
+    Cpu,
+    /// Persistent kernels on an NVIDIA GPU.
+    Cuda,
+    /// Event-driven kernels through WebGPU (wgpu); any adapter, software included.
+    Wgpu,
+    /// Event-driven kernels on an Apple GPU.
+    Metal,
+}
+
+impl Backend {
+    /// The concrete backend, or `None` for [`Backend::Auto`].
+    pub fn kind(self) -> Option<BackendKind> {
+        match self {
+            Backend::Auto => None,
+            Backend::Cpu => Some(BackendKind::Cpu),
+            Backend::Cuda => Some(BackendKind::Cuda),
+            Backend::Wgpu => Some(BackendKind::Wgpu),
+            Backend::Metal => Some(BackendKind::Metal),
+        }
+    }
+
+    /// Lower-case name (`auto`, `cpu`, `cuda`, `wgpu`, `metal`).
+    pub fn as_str(self) -> &'static str {
+        match self.kind() {
+            None => "auto",
+            Some(k) => k.as_str(),
+        }
+    }
+}
+
+impl From<BackendKind> for Backend {
+    fn from(k: BackendKind) -> Self {
+        match k {
+            BackendKind::Cpu => Backend::Cpu,
+            BackendKind::Cuda => Backend::Cuda,
+            BackendKind::Wgpu => Backend::Wgpu,
+            BackendKind::Metal => Backend::Metal,
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+    /// Parses `auto`, `cpu`, `cuda`, `wgpu` (or `webgpu`) and `metal`, any case.
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(Backend::Auto);
+        }
+        BackendKind::parse(s).map(Backend::from).ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown backend {s:?}: expected auto, cpu, cuda, wgpu or metal"
+            ))
+        })
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A backend that was not chosen, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The backend.
+    pub backend: BackendKind,
+    /// Why it was not used, in words a user can act on.
+    pub reason: String,
+}
+
+/// How the backend of a runtime was chosen.
+///
+/// ```no_run
+/// # async fn f() -> ringkernel::Result<()> {
+/// use ringkernel::{Backend, RingKernel};
+/// let rt = RingKernel::builder().backend(Backend::Auto).build().await?;
+/// for s in &rt.selection().skipped {
+///     println!("skipped {}: {}", s.backend, s.reason);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// What was asked for.
+    pub requested: Backend,
+    /// Set when `Auto` was overridden by [`BACKEND_ENV`]: the variable's value.
+    pub env_override: Option<String>,
+    /// The backend the runtime runs on.
+    pub chosen: BackendKind,
+    /// Backends tried (or ruled out) before `chosen`, in order, with their reasons.
+    pub skipped: Vec<Skipped>,
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (requested {}", self.chosen, self.requested)?;
+        if let Some(v) = &self.env_override {
+            write!(f, ", {BACKEND_ENV}={v}")?;
+        }
+        f.write_str(")")?;
+        for s in &self.skipped {
+            write!(f, "; skipped {}: {}", s.backend, s.reason)?;
+        }
+        Ok(())
+    }
+}
+
+type Registration = Box<dyn FnOnce(&KernelRegistry) + Send>;
+
+/// Builds a [`RingKernel`] runtime. Made by [`RingKernel::builder`].
+///
+/// ```
+/// use ringkernel::prelude::*;
+///
+/// #[repr(C)]
+/// #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+/// struct Num(u64);
+/// impl ringkernel::core::message::RingMessage for Num {
+///     const TYPE_ID: u32 = 0x100;
+///     const NAME: &'static str = "Num";
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let rt = RingKernel::builder()
+///     .backend(Backend::Cpu)
+///     .register_fn("inc", |_ctx: &mut KernelContext<'_>, n: Num| Some(Num(n.0 + 1)))
+///     .build()
+///     .await?;
+/// let k = rt.launch("inc", LaunchOptions::default()).await?;
+/// let out: Num = k.call(Num(41), std::time::Duration::from_secs(5)).await?;
+/// assert_eq!(out.0, 42);
+/// rt.shutdown().await?;
+/// # Ok::<(), ringkernel::Error>(())
+/// # }).unwrap();
+/// ```
+pub struct RingKernelBuilder {
+    backend: Backend,
+    use_env: bool,
+    registry: KernelRegistry,
+    pending: Vec<Registration>,
+}
+
+impl Default for RingKernelBuilder {
+    fn default() -> Self {
+        RingKernelBuilder {
+            backend: Backend::Auto,
+            use_env: true,
+            registry: KernelRegistry::new(),
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for RingKernelBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingKernelBuilder")
+            .field("backend", &self.backend)
+            .field("use_env", &self.use_env)
+            .field("registry", &self.registry)
+            .field("pending_registrations", &self.pending.len())
+            .finish()
+    }
+}
+
+impl RingKernelBuilder {
+    /// A builder for [`Backend::Auto`] with an empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Chooses the backend (default [`Backend::Auto`]).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Whether [`Backend::Auto`] honours [`BACKEND_ENV`] (default true). Explicit
+    /// choices never read it.
+    pub fn use_env(mut self, yes: bool) -> Self {
+        self.use_env = yes;
+        self
+    }
+
+    /// Uses `registry` for handler lookups (it is shared, not copied: handlers added to
+    /// it later are found too). Handlers added with the `register_*` methods of this
+    /// builder go into it, whichever order the calls come in.
+    pub fn registry(mut self, registry: KernelRegistry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Registers a typed closure as a CPU handler: it receives `Req` and returns
+    /// nothing, `Option<Reply>` or `Result<..>` of those.
+    pub fn register_fn<Req, Out, F>(mut self, name: impl Into<String>, f: F) -> Self
+    where
+        Req: RingMessage,
+        Out: HandlerOutput,
+        F: FnMut(&mut KernelContext<'_>, Req) -> Out + Clone + Send + Sync + 'static,
+    {
+        let name = name.into();
+        self.pending.push(Box::new(move |r| r.register_fn(name, f)));
+        self
+    }
+
+    /// Registers a CPU handler factory (one handler value per launched kernel).
+    pub fn register_cpu(
+        mut self,
+        name: impl Into<String>,
+        factory: impl Fn() -> Box<dyn CpuHandler> + Send + Sync + 'static,
+    ) -> Self {
+        let name = name.into();
+        self.pending
+            .push(Box::new(move |r| r.register_cpu(name, factory)));
+        self
+    }
+
+    /// Registers a GPU handler (WGSL and/or CUDA C source).
+    pub fn register_gpu(mut self, handler: GpuHandler) -> Self {
+        self.pending
+            .push(Box::new(move |r| r.register_gpu(handler)));
+        self
+    }
+
+    /// Starts the runtime. The registry gets the built-in kernels (`rk.echo`,
+    /// `rk.stage`, `rk.counter`) for the CPU and for the chosen GPU backend, unless a
+    /// handler of that name is already there.
+    ///
+    /// Errors: [`Error::BackendUnavailable`] when an explicitly chosen backend cannot
+    /// start (the reason says why), [`Error::InvalidArgument`] when [`BACKEND_ENV`]
+    /// holds an unknown name.
+    pub async fn build(self) -> Result<RingKernel> {
+        let RingKernelBuilder {
+            backend,
+            use_env,
+            registry,
+            pending,
+        } = self;
+        // The CPU built-ins go in unless the user registered a handler of that name:
+        // they are built in a scratch registry and copied over one by one.
+        let existing = registry.cpu_names();
+        let missing: Vec<&str> = [builtin::ECHO, builtin::STAGE, builtin::COUNTER]
+            .into_iter()
+            .filter(|n| !existing.iter().any(|e| e == n))
+            .collect();
+        if !missing.is_empty() {
+            let builtins = KernelRegistry::new();
+            register_cpu_builtins(&builtins);
+            for name in missing {
+                let f = builtins.cpu(name)?;
+                registry.register_cpu(name, move || f());
+            }
+        }
+        for p in pending {
+            p(&registry);
+        }
+
+        let mut env_override = None;
+        let mut effective = backend;
+        if backend == Backend::Auto && use_env {
+            if let Ok(v) = std::env::var(BACKEND_ENV) {
+                if !v.trim().is_empty() {
+                    effective = v.parse::<Backend>().map_err(|_| {
+                        Error::invalid(format!(
+                            "{BACKEND_ENV}={v:?} is not a backend: expected auto, cpu, cuda, wgpu or metal"
+                        ))
+                    })?;
+                    env_override = Some(v);
+                }
+            }
+        }
+
+        let mut skipped = Vec::new();
+        let (runtime, chosen) = match effective.kind() {
+            Some(kind) => {
+                backends::register_gpu_builtins(kind, &registry);
+                let rt = backends::start(kind, registry.clone(), WgpuAdapter::Any).await?;
+                (rt, kind)
+            }
+            None => {
+                let mut found = None;
+                for kind in [BackendKind::Metal, BackendKind::Cuda, BackendKind::Wgpu] {
+                    backends::register_gpu_builtins(kind, &registry);
+                    match backends::start(kind, registry.clone(), WgpuAdapter::HardwareOnly).await {
+                        Ok(rt) => {
+                            found = Some((rt, kind));
+                            break;
+                        }
+                        Err(e) => {
+                            let reason = match e {
+                                Error::BackendUnavailable { reason, .. } => reason,
+                                other => other.to_string(),
+                            };
+                            tracing::info!(backend = %kind, %reason, "backend skipped by auto selection");
+                            skipped.push(Skipped {
+                                backend: kind,
+                                reason,
+                            });
+                        }
+                    }
+                }
+                match found {
+                    Some(f) => f,
+                    None => (
+                        backends::start(BackendKind::Cpu, registry.clone(), WgpuAdapter::Any)
+                            .await?,
+                        BackendKind::Cpu,
+                    ),
+                }
+            }
+        };
+        let selection = Selection {
+            requested: backend,
+            env_override,
+            chosen,
+            skipped,
+        };
+        tracing::info!(selection = %selection, device = %runtime.device_info(), "RingKernel runtime started");
+        Ok(RingKernel::from_parts(runtime, registry, selection))
+    }
+}

@@ -1,0 +1,155 @@
+//! [`RingKernel`]: a started runtime on one backend.
+
+use crate::builder::{RingKernelBuilder, Selection};
+use crate::core::hlc::HlcClock;
+use crate::core::k2k::KernelTarget;
+use crate::core::message::{Envelope, RingMessage};
+use crate::core::options::LaunchOptions;
+use crate::core::pubsub::SubscriptionId;
+use crate::core::registry::KernelRegistry;
+use crate::core::runtime::{
+    KernelHandle, KernelId, PublishReport, RingKernelRuntime, RuntimeExt, ShutdownReport,
+};
+use crate::core::telemetry::RuntimeMetrics;
+use crate::{BackendKind, Result};
+use std::fmt;
+use std::sync::Arc;
+
+/// A RingKernel runtime: launches kernels on its backend and routes messages between
+/// them and the host. Cheap to clone (shared).
+///
+/// ```
+/// use ringkernel::prelude::*;
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let rt = RingKernel::builder().backend(Backend::Cpu).build().await?;
+/// let echo = rt.launch(builtin::ECHO, LaunchOptions::default()).await?;
+/// let back: Token = echo.call(Token::new(1, 21.0), Duration::from_secs(5)).await?;
+/// assert_eq!(back.value, 42.0);
+/// assert_eq!(rt.backend(), BackendKind::Cpu);
+/// rt.shutdown().await?;
+/// # Ok::<(), ringkernel::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct RingKernel {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    runtime: Arc<dyn RingKernelRuntime>,
+    registry: KernelRegistry,
+    selection: Selection,
+}
+
+impl fmt::Debug for RingKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingKernel")
+            .field("backend", &self.backend())
+            .field("device", &self.device_info())
+            .field("selection", &self.inner.selection)
+            .finish()
+    }
+}
+
+impl RingKernel {
+    /// A builder: choose a backend and handlers, then `build().await`.
+    pub fn builder() -> RingKernelBuilder {
+        RingKernelBuilder::new()
+    }
+
+    pub(crate) fn from_parts(
+        runtime: Arc<dyn RingKernelRuntime>,
+        registry: KernelRegistry,
+        selection: Selection,
+    ) -> Self {
+        RingKernel {
+            inner: Arc::new(Inner {
+                runtime,
+                registry,
+                selection,
+            }),
+        }
+    }
+
+    /// Launches a kernel running the handler registered as `handler`. Several kernels
+    /// can run one handler under different instance names
+    /// ([`LaunchOptions::with_name`]).
+    ///
+    /// Errors: [`Error::KernelNotFound`](crate::Error::KernelNotFound) for an unknown
+    /// handler, [`Error::InvalidArgument`](crate::Error::InvalidArgument) for bad
+    /// options or an instance name already in use.
+    pub async fn launch(&self, handler: &str, opts: LaunchOptions) -> Result<KernelHandle> {
+        self.inner.runtime.launch(handler, opts).await
+    }
+
+    /// A handle to a live kernel, by id or instance name.
+    pub fn kernel(&self, target: impl Into<KernelTarget>) -> Option<KernelHandle> {
+        self.inner.runtime.kernel(&target.into())
+    }
+
+    /// Subscribes a kernel to an MQTT-style topic filter (`+` one level, `#` the rest).
+    /// Published messages matching it arrive in the kernel's input queue.
+    pub fn subscribe(&self, kernel: KernelId, filter: &str) -> Result<SubscriptionId> {
+        self.inner.runtime.subscribe(kernel, filter)
+    }
+
+    /// Removes a subscription.
+    pub fn unsubscribe(&self, id: SubscriptionId) -> Result<()> {
+        self.inner.runtime.unsubscribe(id)
+    }
+
+    /// Publishes a typed message to `topic` from the host. Never waits: the report says
+    /// which subscribers got it and which had a full queue.
+    pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
+        self.inner.runtime.publish(topic, msg)
+    }
+
+    /// Publishes an already-built message to `topic`.
+    pub fn publish_envelope(&self, topic: &str, env: &Envelope) -> Result<PublishReport> {
+        self.inner.runtime.publish_envelope(topic, env)
+    }
+
+    /// Metrics of every live kernel, with runtime-wide totals.
+    pub fn metrics(&self) -> RuntimeMetrics {
+        self.inner.runtime.metrics()
+    }
+
+    /// Terminates every kernel (active ones drain their queues first) and releases the
+    /// backend. Safe to call more than once.
+    pub async fn shutdown(&self) -> Result<ShutdownReport> {
+        self.inner.runtime.shutdown().await
+    }
+
+    /// The backend the runtime runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.runtime.backend()
+    }
+
+    /// A one-line description of the device.
+    pub fn device_info(&self) -> String {
+        self.inner.runtime.device_info()
+    }
+
+    /// How the backend was chosen, with the reason for every backend skipped.
+    pub fn selection(&self) -> &Selection {
+        &self.inner.selection
+    }
+
+    /// The host's hybrid logical clock: it stamps every message the host sends and
+    /// merges every reply it receives.
+    pub fn clock(&self) -> &HlcClock {
+        self.inner.runtime.core().hlc()
+    }
+
+    /// The handler registry (shared: handlers registered on it later can be launched).
+    pub fn registry(&self) -> &KernelRegistry {
+        &self.inner.registry
+    }
+
+    /// The backend runtime behind the facade.
+    pub fn runtime(&self) -> &Arc<dyn RingKernelRuntime> {
+        &self.inner.runtime
+    }
+}

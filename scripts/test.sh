@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The whole CI run: tests, every example, the release demo, the Metal type-check for
+# Apple targets, formatting and clippy. Run from anywhere in the checkout:
+#
+#   ./scripts/test.sh
+#
+# Every step runs even when an earlier one failed, so one run reports every problem;
+# the script exits non-zero if any step failed, and ends with a per-step summary.
+#
+# Environment:
+#   RK_DEMO_MESSAGES   tokens for the release demo (default 1000000)
+#   RK_SKIP_CLIPPY=1   skip the final workspace clippy step
+#   RK_FAIL_FAST=1     stop at the first failing step
+#   CARGO_TARGET_DIR   as usual (CI times this script from a cold target directory)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# Headless CI has no XDG_RUNTIME_DIR; Mesa's Vulkan driver then prints an "error" line
+# for every adapter probe. A private empty one keeps the log readable.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  XDG_RUNTIME_DIR=$(mktemp -d)
+  export XDG_RUNTIME_DIR
+fi
+
+START=$(date +%s)
+SUMMARY=()
+FAILED=()
+N=0
+
+# step NAME FUNCTION: prints a header, runs FUNCTION under `set -e` in a subshell,
+# records its time and outcome.
+step() {
+  local name=$1 fn=$2 t0 rc
+  N=$((N + 1))
+  echo
+  echo "================================================================================"
+  echo "== [$N] $name"
+  echo "================================================================================"
+  t0=$(date +%s)
+  set +e
+  (
+    set -euo pipefail
+    "$fn"
+  )
+  rc=$?
+  set -e
+  local took=$(($(date +%s) - t0))
+  if [ "$rc" -eq 0 ]; then
+    SUMMARY+=("$(printf '  [%2d] ok      %4ds  %s' "$N" "$took" "$name")")
+  else
+    SUMMARY+=("$(printf '  [%2d] FAILED  %4ds  %s (exit %d)' "$N" "$took" "$name" "$rc")")
+    FAILED+=("$name")
+    echo "== [$N] FAILED (exit $rc): $name"
+    if [ "${RK_FAIL_FAST:-0}" = "1" ]; then
+      finish
+    fi
+  fi
+}
+
+finish() {
+  echo
+  echo "==== summary: $(($(date +%s) - START))s in total"
+  printf '%s\n' "${SUMMARY[@]}"
+  if [ "${#FAILED[@]}" -gt 0 ]; then
+    echo "==== ${#FAILED[@]} step(s) FAILED"
+    exit 1
+  fi
+  echo "==== all steps passed"
+  exit 0
+}
+
+# ---------------------------------------------------------------------------------------
+have_lavapipe() {
+  local f
+  for f in /usr/share/vulkan/icd.d/lvp_icd*.json /etc/vulkan/icd.d/lvp_icd*.json; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+
+lavapipe() {
+  if have_lavapipe; then
+    echo "lavapipe is installed"
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "WARNING: apt-get is not available: install Mesa's lavapipe (Vulkan software driver) by hand; going on without it"
+    return 0
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      sudo="sudo"
+    else
+      echo "WARNING: not root and no sudo: cannot install mesa-vulkan-drivers; the WebGPU tests will find no adapter"
+      return 0
+    fi
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q mesa-vulkan-drivers libvulkan1
+  if have_lavapipe; then
+    echo "lavapipe installed"
+  else
+    echo "WARNING: lavapipe still not found after installing mesa-vulkan-drivers"
+  fi
+}
+
+tests() {
+  cargo test --workspace --no-fail-fast
+}
+
+examples() {
+  local f ex
+  for f in crates/ringkernel/examples/*.rs; do
+    ex=$(basename "$f" .rs)
+    echo "---- example $ex"
+    cargo run -q -p ringkernel --example "$ex"
+  done
+  if [ -f crates/ringkernel-wgpu/examples/wgpu_hello.rs ]; then
+    echo "---- example wgpu_hello (ringkernel-wgpu)"
+    cargo run -q -p ringkernel-wgpu --example wgpu_hello
+  fi
+  # The actor examples again on the WebGPU backend (lavapipe here).
+  if have_lavapipe; then
+    for ex in basic_hello_kernel kernel_states request_response pub_sub kernel_to_kernel batch_processor telemetry; do
+      echo "---- example $ex --backend wgpu"
+      cargo run -q -p ringkernel --example "$ex" -- --backend wgpu
+    done
+  else
+    echo "SKIPPED: actor examples on --backend wgpu (no lavapipe)"
+  fi
+}
+
+MESSAGES="${RK_DEMO_MESSAGES:-1000000}"
+demo() {
+  cargo build --release -p ringkernel-cli
+  cargo run -q --release -p ringkernel-cli -- info
+  cargo run -q --release -p ringkernel-cli -- demo --messages "$MESSAGES"
+}
+
+metal() {
+  local target="aarch64-apple-darwin" out
+  if ! command -v rustup >/dev/null 2>&1; then
+    echo "SKIPPED: Metal type-check ($target target unavailable: rustup is not installed)"
+    return 0
+  fi
+  if ! out=$(rustup target add "$target" 2>&1); then
+    echo "SKIPPED: Metal type-check ($target target unavailable: $(echo "$out" | tail -n 1))"
+    return 0
+  fi
+  cargo check -p ringkernel-metal --target "$target"
+  cargo clippy -p ringkernel-metal --target "$target" -- -D warnings
+}
+
+fmt() {
+  cargo fmt --all -- --check
+}
+
+clippy() {
+  cargo clippy --workspace --all-targets -- -D warnings
+}
+
+step "Mesa lavapipe (software Vulkan) for the WebGPU tests" lavapipe
+step "cargo test --workspace" tests
+step "examples: cargo run -p ringkernel --example ... (CPU, then wgpu) and wgpu_hello" examples
+step "release demo: ringkernel demo --messages $MESSAGES" demo
+step "Metal type-check: cargo check + clippy -p ringkernel-metal --target aarch64-apple-darwin" metal
+step "cargo fmt --all -- --check" fmt
+if [ "${RK_SKIP_CLIPPY:-0}" = "1" ]; then
+  echo
+  echo "== clippy skipped (RK_SKIP_CLIPPY=1)"
+else
+  step "cargo clippy --workspace --all-targets -- -D warnings" clippy
+fi
+finish
