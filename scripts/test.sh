@@ -128,6 +128,10 @@ examples() {
       echo "---- example $ex --backend wgpu"
       cargo run -q -p ringkernel --example "$ex" -- --backend wgpu
     done
+    for ex in tensor_ops transformer_block; do
+      echo "---- example $ex --device wgpu"
+      cargo run -q -p ringkernel --example "$ex" -- --device wgpu
+    done
   else
     echo "SKIPPED: actor examples on --backend wgpu (no lavapipe)"
   fi
@@ -138,6 +142,10 @@ demo() {
   cargo build --release -p ringkernel-cli
   cargo run -q --release -p ringkernel-cli -- info
   cargo run -q --release -p ringkernel-cli -- demo --messages "$MESSAGES"
+  if have_lavapipe; then
+    echo "---- demo on the WebGPU backend (lavapipe: a software rasteriser, so fewer tokens)"
+    cargo run -q --release -p ringkernel-cli -- demo --backend wgpu --messages 20000
+  fi
 }
 
 metal() {

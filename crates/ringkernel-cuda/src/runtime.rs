@@ -1062,6 +1062,8 @@ impl KernelEngine for CudaKernel {
             emitted,
             queue_depth: tail.saturating_sub(head) as usize,
             output_depth: self.output_depth(),
+            // The persistent kernel does not time its handler yet, so there are no
+            // latency samples (count 0) rather than made-up figures.
             latency: LatencySummary::default(),
         }
     }

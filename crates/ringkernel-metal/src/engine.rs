@@ -261,7 +261,8 @@ impl<T: DrainTarget> DrainEngine<T> {
                 tracing::warn!(kernel = %self.name, error = %e, "request timestamp not merged");
             }
         }
-        let hlc = self.clock.tick().0;
+        // One receive timestamp per message of the batch (the drain template adds j).
+        let hlc = self.clock.reserve(count as u32).0;
         let p = params::Drain {
             kernel_id: self.id.0,
             count: count as u32,

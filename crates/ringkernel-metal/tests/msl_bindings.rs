@@ -198,11 +198,30 @@ fn op_plans_bind_what_the_msl_expects() {
             }
         }
     }
+    // The vec4 variants are a WebGPU-side optimisation the Metal plans do not use yet;
+    // every other compute kernel must be reachable from some op plan.
+    let vec4 = [
+        Kernel::Unary4,
+        Kernel::Binary4,
+        Kernel::BinaryScalar4,
+        Kernel::Swiglu4,
+        Kernel::Softmax4,
+        Kernel::RmsNorm4,
+    ];
     let all: BTreeSet<Kernel> = Kernel::ALL
         .into_iter()
-        .filter(|k| !matches!(k, Kernel::Drain | Kernel::DrainSerial))
+        .filter(|k| !matches!(k, Kernel::Drain | Kernel::DrainSerial) && !vec4.contains(k))
         .collect();
-    assert_eq!(seen, all, "every compute kernel is used by some op plan");
+    assert_eq!(
+        seen, all,
+        "every scalar compute kernel is used by some op plan"
+    );
+    for k in vec4 {
+        assert!(
+            !seen.contains(&k),
+            "{k:?} is planned now: drop it from the vec4 list"
+        );
+    }
 }
 
 #[test]

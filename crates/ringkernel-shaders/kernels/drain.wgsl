@@ -184,7 +184,8 @@ fn rk_process(j: u32) {
     ctx.batch_index = j;
     ctx.batch_len = rk_params.count;
     ctx.index = index;
-    ctx.hlc = rk_params.hlc;
+    // The host reserved `count` consecutive timestamps: message j gets the j-th.
+    ctx.hlc = rk_u64_add32(rk_params.hlc, j);
     ctx.request = rk_read_header(base);
     ctx.out_used = 0u;
     let status = handle(&ctx, base + RK_HEADER_WORDS, base + RK_HEADER_WORDS);
@@ -214,7 +215,7 @@ fn rk_finish() {
     rk_control.input_head = end;
     rk_control.output_tail = end;
     rk_control.processed = rk_u64_add32(rk_control.processed, rk_params.count);
-    rk_control.hlc = rk_params.hlc;
+    rk_control.hlc = rk_u64_add32(rk_params.hlc, rk_params.count - 1u);
     rk_control.heartbeat = rk_control.heartbeat + 1u;
 }
 

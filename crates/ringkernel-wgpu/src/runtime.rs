@@ -666,7 +666,8 @@ fn round(shared: &Shared) -> Result<bool> {
                 i += run;
             }
         }
-        let hlc = e.hlc.peek().0;
+        // One receive timestamp per message of the batch (the drain template adds j).
+        let hlc = e.hlc.reserve(p.count as u32).0;
         let dp = params::Drain {
             kernel_id: e.id.0,
             count: p.count as u32,
