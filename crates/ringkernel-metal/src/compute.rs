@@ -16,15 +16,15 @@
 //!
 //! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there).
 
-use crate::plan::{self, Operand, Plan};
-use crate::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
-use crate::sizing::check_fixed_threadgroup;
 use crate::sys::{CommandBatch, MetalAllocator, MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::compute::{
     check_len, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
     MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
 use ringkernel_core::{BackendKind, Error, Result};
+use ringkernel_drain::plan::{self, Operand, Plan};
+use ringkernel_drain::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
+use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::{Kernel, Specialization};
 use std::any::Any;
 use std::collections::HashMap;
@@ -76,7 +76,7 @@ type PipelineKey = (Kernel, Specialization);
 struct Compiled {
     pipeline: Pipeline,
     /// `(index, order)` of the `_buffer_sizes` argument, if the MSL has one.
-    sizes: Option<crate::plan::SizesArg>,
+    sizes: Option<ringkernel_drain::plan::SizesArg>,
 }
 
 /// The compute ops on the system default Metal device. See the [module docs](self).
@@ -177,7 +177,7 @@ impl MetalCompute {
         &self,
         kernel: Kernel,
         spec: &Specialization,
-    ) -> Result<crate::sizing::PipelineLimits> {
+    ) -> Result<ringkernel_drain::sizing::PipelineLimits> {
         Ok(self.pipeline(kernel, spec)?.pipeline.limits())
     }
 

@@ -13,20 +13,19 @@
 //!   `ringkernel-shaders` (WGSL, validated by naga, translated to MSL by naga — the
 //!   translator wgpu itself uses on every Mac), and the WebGPU backend runs the same WGSL
 //!   in CI on a software Vulkan adapter.
-//! * **Tested on Linux**, everything that does not need a Mac:
+//! * **Shares its host logic with the WebGPU backend** through `ringkernel-drain`, where
+//!   it is tested on Linux:
 //!   - the MSL of every kernel the backend loads (each op's kernels with every
 //!     specialisation, the drain pass of each built-in actor) has its `[[buffer(N)]]`
-//!     parameters compared with what the host binds there ([`plan`], [`msl`],
-//!     `tests/msl_bindings.rs`), including naga's buffer-sizes argument;
+//!     parameters compared with what the host binds there ([`plan`], [`msl`]),
+//!     including naga's buffer-sizes argument;
 //!   - the dispatch plan of every op: entry point, parameter bytes, buffers, grid
 //!     ([`plan`]);
 //!   - the bounded buffer pool ([`pool`]) and threadgroup sizing ([`sizing`]);
 //!   - the host side of the actor runtime ([`engine`]: queues in shared memory, drain
 //!     scheduling, completion handling, lifecycle, K2K routing with backpressure) against
-//!     a CPU stand-in for the GPU passes, including the cross-backend behavioural suite
-//!     `ringkernel_core::conformance` (`tests/conformance.rs`);
-//!   - the K2K inbox and route layouts and the inbox arena ([`k2k`]);
-//!   - the `BackendUnavailable` path (`tests/unavailable.rs`).
+//!     a CPU stand-in for the GPU passes, including the cross-backend behavioural suite;
+//! * **Tested here**: the `BackendUnavailable` path (`tests/unavailable.rs`).
 //! * **Not executed by CI**: no Apple GPU is available to CI, so the objc2 glue (device,
 //!   buffers, pipeline compilation, command encoding, MPS matmul, completion handlers)
 //!   has never run in this project's tests. It is deliberately thin: it only turns the
@@ -50,14 +49,12 @@
 #![warn(missing_docs)]
 
 pub mod compute;
-pub mod engine;
-pub mod k2k;
-pub mod msl;
-pub mod plan;
-pub mod pool;
 pub mod runtime;
-pub mod sizing;
 mod sys;
+
+/// The platform-independent pieces Metal runs, shared with the WebGPU backend and
+/// tested in CI: the drain host, the op plans, the buffer pool and threadgroup sizing.
+pub use ringkernel_drain::{engine, msl, plan, pool, sizing};
 
 pub use compute::MetalCompute;
 pub use runtime::MetalRuntime;

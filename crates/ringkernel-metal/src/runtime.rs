@@ -4,7 +4,7 @@
 //! [`KernelRegistry::register_gpu`](ringkernel_core::registry::KernelRegistry::register_gpu))
 //! composed with the shared drain template, translated to MSL by naga and compiled
 //! once per handler. Its queues, control block and state live in `StorageModeShared`
-//! buffers; [`DrainEngine`](crate::engine::DrainEngine) does the host side: requests are written in place into
+//! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host side: requests are written in place into
 //! input slots, a drain pass is dispatched whenever messages wait, and the command
 //! buffer's completion handler (`addCompletedHandler`, on a Metal thread) collects the
 //! outputs, routes K2K sends and wakes waiters. No executor thread ever blocks.
@@ -15,15 +15,14 @@
 //! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there). The
 //! engine logic is tested on Linux against a CPU stand-in (`tests/engine.rs`).
 
-use crate::engine::{launch_engine, ring_bytes, DrainTarget};
-use crate::msl::HostSlot;
-use crate::sizing::{check_fixed_threadgroup, groups_for};
 use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
 use ringkernel_core::util::BoxFuture;
 use ringkernel_core::{BackendKind, Error, Result};
+use ringkernel_drain::engine::{launch_engine, ring_bytes, DrainTarget, DRAIN_SLOTS};
+use ringkernel_drain::sizing::{check_fixed_threadgroup, groups_for};
 use ringkernel_shaders::{drain, grid_for, params, Kernel};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,42 +45,11 @@ pub fn register_builtins(registry: &KernelRegistry) {
     }
 }
 
-/// What the host binds for a drain pass, by Metal buffer index: the parameter block,
-/// then the control block, input ring, output ring and handler state (the order of
-/// the buffers in [`DrainTarget`]). Checked against the generated MSL by the tests.
-pub const DRAIN_SLOTS: [HostSlot; 5] = [
-    HostSlot {
-        index: 0,
-        name: "rk_params",
-        writes: false,
-    },
-    HostSlot {
-        index: 1,
-        name: "rk_control",
-        writes: true,
-    },
-    HostSlot {
-        index: 2,
-        name: "rk_input",
-        writes: false,
-    },
-    HostSlot {
-        index: 3,
-        name: "rk_output",
-        writes: true,
-    },
-    HostSlot {
-        index: 4,
-        name: "rk_state",
-        writes: true,
-    },
-];
-
 struct Compiled {
     pipeline: Arc<Pipeline>,
     serial: bool,
     /// `(index, order)` of naga's buffer-sizes argument, if the MSL has one.
-    sizes: Option<crate::plan::SizesArg>,
+    sizes: Option<ringkernel_drain::plan::SizesArg>,
 }
 
 /// Actors on the system default Metal device. See the [module docs](self).
@@ -216,7 +184,7 @@ unsafe impl DrainTarget for MetalDrainTarget {
         let sizes = match &self.compiled.sizes {
             Some((index, order)) => Some((
                 *index,
-                crate::plan::buffer_sizes(order, |b| {
+                ringkernel_drain::plan::buffer_sizes(order, |b| {
                     binds
                         .iter()
                         .find(|(i, _, _)| *i == b)

@@ -6,7 +6,6 @@
 //! not executed by CI, which has no Apple GPU.
 
 use super::Completion;
-use crate::sizing::PipelineLimits;
 use crate::{device_err, unavailable};
 use block2::RcBlock;
 use objc2::rc::Retained;
@@ -18,6 +17,7 @@ use objc2_metal::{
     MTLCreateSystemDefaultDevice, MTLDevice, MTLLibrary, MTLResourceOptions, MTLSize,
 };
 use ringkernel_core::{BackendKind, Error, Result};
+use ringkernel_drain::sizing::PipelineLimits;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Mutex;

@@ -15,14 +15,14 @@ mod unsupported;
 #[cfg(not(target_vendor = "apple"))]
 pub use unsupported::*;
 
-use crate::pool::PoolAllocator;
 use ringkernel_core::Result;
+use ringkernel_drain::pool::PoolAllocator;
 use std::sync::Arc;
 
 /// Completion callback of a committed command buffer (called on a Metal thread).
 pub(crate) type Completion = Box<dyn FnOnce(Result<()>) + Send + 'static>;
 
-/// Allocates shared-storage buffers of one device, for the [`BufferPool`](crate::pool::BufferPool).
+/// Allocates shared-storage buffers of one device, for the [`BufferPool`](ringkernel_drain::pool::BufferPool).
 #[derive(Debug, Clone)]
 pub struct MetalAllocator {
     device: Arc<MetalDevice>,

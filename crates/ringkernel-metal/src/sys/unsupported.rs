@@ -3,8 +3,8 @@
 //! returns `BackendUnavailable`, so every method below is statically unreachable.
 
 use super::Completion;
-use crate::sizing::PipelineLimits;
 use ringkernel_core::Result;
+use ringkernel_drain::sizing::PipelineLimits;
 use std::convert::Infallible;
 
 /// The Metal device. Not available on this target: [`system_default`](Self::system_default)

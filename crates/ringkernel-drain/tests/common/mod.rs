@@ -13,7 +13,7 @@ use ringkernel_core::message::{
     flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use ringkernel_core::{Error, Result};
-use ringkernel_metal::engine::{ring_bytes, DrainTarget};
+use ringkernel_drain::engine::{ring_bytes, DrainTarget};
 use ringkernel_shaders::params;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -15,7 +15,7 @@
 //! device on Apple targets and by a fake allocator in the Linux tests.
 //!
 //! ```
-//! use ringkernel_metal::pool::{BufferPool, PoolAllocator, PoolConfig};
+//! use ringkernel_drain::pool::{BufferPool, PoolAllocator, PoolConfig};
 //! use ringkernel_core::Result;
 //!
 //! struct Heap;

@@ -9,7 +9,7 @@ use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::{KernelEngine, KernelHandle, RuntimeCore};
 use ringkernel_core::{BackendKind, Error};
-use ringkernel_metal::engine::{DrainConfig, DrainEngine, DrainTarget};
+use ringkernel_drain::engine::{DrainConfig, DrainEngine, DrainTarget};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

@@ -14,7 +14,7 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
 use ringkernel_core::util::BoxFuture;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_metal::engine::launch_engine;
+use ringkernel_drain::engine::launch_engine;
 use std::sync::Arc;
 
 struct StandInRuntime {

@@ -6,9 +6,9 @@
 use ringkernel_core::compute::{
     AttentionDims, BinaryOp, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
-use ringkernel_metal::msl::{check_host_bindings, parse_entry_points, HostSlot, MslEntryPoint};
-use ringkernel_metal::plan::{self, Plan};
-use ringkernel_metal::runtime::DRAIN_SLOTS;
+use ringkernel_drain::engine::DRAIN_SLOTS;
+use ringkernel_drain::msl::{check_host_bindings, parse_entry_points, HostSlot, MslEntryPoint};
+use ringkernel_drain::plan::{self, Plan};
 use ringkernel_shaders::{drain, Access, Kernel};
 use std::collections::BTreeSet;
 

@@ -34,7 +34,7 @@ impl PipelineLimits {
 /// is smaller than that, and never 0. Bad limits (0) are [`Error::Device`].
 ///
 /// ```
-/// use ringkernel_metal::sizing::{fit_threadgroup, PipelineLimits};
+/// use ringkernel_drain::sizing::{fit_threadgroup, PipelineLimits};
 /// let l = PipelineLimits { thread_execution_width: 32, max_total_threads: 896 };
 /// assert_eq!(fit_threadgroup(l, 1024).unwrap(), 896);
 /// assert_eq!(fit_threadgroup(l, 100).unwrap(), 96);

@@ -19,6 +19,7 @@
 //! The GPU-specific part is one trait, [`DrainTarget`]; everything here is tested on
 //! Linux against a CPU stand-in that follows the drain template's protocol.
 
+use crate::msl::HostSlot;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
@@ -77,6 +78,37 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     fn launch(&self, params: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>)
         -> Result<()>;
 }
+
+/// What the host binds for a drain pass, by Metal buffer index: the parameter block,
+/// then the control block, input ring, output ring and handler state (the order of
+/// the buffers in [`DrainTarget`]). Checked against the generated MSL by the tests.
+pub const DRAIN_SLOTS: [HostSlot; 5] = [
+    HostSlot {
+        index: 0,
+        name: "rk_params",
+        writes: false,
+    },
+    HostSlot {
+        index: 1,
+        name: "rk_control",
+        writes: true,
+    },
+    HostSlot {
+        index: 2,
+        name: "rk_input",
+        writes: false,
+    },
+    HostSlot {
+        index: 3,
+        name: "rk_output",
+        writes: true,
+    },
+    HostSlot {
+        index: 4,
+        name: "rk_state",
+        writes: true,
+    },
+];
 
 /// A K2K send waiting for delivery.
 type Route = (KernelTarget, MessageHeader, Vec<u8>);
@@ -634,7 +666,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
 /// Launches a drain kernel on `core`: checks the options, reserves the instance name
 /// (the handler name unless `opts.name` says otherwise), builds the target with
 /// `make_target(id)`, makes the engine reachable and activates it if asked. The name is
-/// released again if anything fails. Shared by [`MetalRuntime`](crate::MetalRuntime)
+/// released again if anything fails. Shared by the Metal and WebGPU runtimes
 /// and the Linux tests, which run it with a CPU stand-in target.
 pub fn launch_engine<T: DrainTarget>(
     core: &Arc<RuntimeCore>,
