@@ -6,8 +6,9 @@
 // the handler is serial, run the handler on one message each.
 //
 // Host memory (mapped): control block, input queue (host produces), output queue
-// (device produces). Device memory: the K2K inbox (other kernels produce), scratch
-// copies of the slots being handled, handler state.
+// (device produces), latency ring (one entry per message: the handler's run time on
+// %globaltimer, see ringkernel-cuda's metrics.rs). Device memory: the K2K inbox (other
+// kernels produce), scratch copies of the slots being handled, handler state.
 
 #ifndef RK_HANDLER_SERIAL
 #define RK_HANDLER_SERIAL 0
@@ -42,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     __shared__ rk_u32 s_exit;
     __shared__ rk_u32 s_active;     // 1 while the kernel processes messages
     __shared__ rk_u64 s_first;      // index of the first message of the batch
+    __shared__ rk_u64 s_sample;     // messages taken before this batch (latency ring index)
     __shared__ rk_u64 s_out_tail;
     __shared__ rk_u64 s_inbox_head;
     __shared__ rk_u32 s_warp_ready[RK_MAX_BLOCK / 32];
@@ -161,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             s_n = n;
             s_src = src;
             s_first = src ? inbox_head : in_head;
+            s_sample = processed;
             s_out_tail = out_tail;
             heartbeat++;
             if (n == 0 && !s_exit && mirrors_dirty) {
@@ -241,9 +244,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 const RkMessageHeader* ih = (const RkMessageHeader*)(scratch_in + (rk_u64)m * slot);
                 RkMessageHeader* oh = (RkMessageHeader*)(scratch_out + (rk_u64)m * slot);
                 int r;
+                rk_u32 lat = RK_NO_SAMPLE;
+                // The same checks as the host's read path (core's slot rings).
                 if (ih->magic != RK_MESSAGE_MAGIC || ih->version != RK_MESSAGE_VERSION ||
                     ih->payload_len > slot - RK_HEADER_SIZE) {
                     r = -(int)RK_ERR_BAD_HEADER;
+                } else if ((ih->flags & RK_FLAG_CHECKSUM) &&
+                           rk_fnv1a32((const unsigned char*)(ih + 1), ih->payload_len) != ih->checksum) {
+                    r = -(int)RK_ERR_CHECKSUM;
                 } else {
                     RkContext ctx;
                     ctx.kernel_id = (rk_u32)p.kernel_id;
@@ -269,10 +277,20 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     oh->flags = RK_FLAG_REPLY;
                     oh->reserved[0] = 0;
                     oh->reserved[1] = 0;
+                    const rk_u64 t0 = rk_globaltimer_ns();
                     r = handle(&ctx, ih, (const unsigned char*)(ih + 1), oh, (unsigned char*)(oh + 1), (void*)p.state);
+                    const rk_u64 dt = rk_globaltimer_ns() - t0;
+                    lat = dt < (rk_u64)RK_NO_SAMPLE ? (rk_u32)dt : RK_NO_SAMPLE - 1u;
                     if (r == 1 && oh->payload_len > slot - RK_HEADER_SIZE) r = -(int)RK_ERR_HANDLER;
                 }
                 s_result[m] = r;
+                if (p.latency) {
+                    // One 64-bit store per message (coalesced across the warp), no fence:
+                    // the sequence number in the upper half tells the host whether the
+                    // entry is the one it expects (see ringkernel-cuda's metrics.rs).
+                    const rk_u64 idx = s_sample + m;
+                    ((volatile rk_u64*)p.latency)[idx & (p.latency_capacity - 1)] = ((idx + 1ull) << 32) | lat;
+                }
             }
         }
         __syncthreads();

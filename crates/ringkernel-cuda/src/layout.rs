@@ -96,13 +96,18 @@ pub struct LaunchParams {
     pub inbox_capacity: u64,
     /// Maximum HLC drift accepted, ms.
     pub max_drift_ms: u64,
+    /// Device address of the latency ring (mapped host memory; see
+    /// [`metrics`](crate::metrics)), or 0 for none.
+    pub latency: u64,
+    /// Entries in the latency ring (a power of two).
+    pub latency_capacity: u64,
 }
 
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
     assert!(size_of::<DeviceRoute>() == 32);
-    assert!(size_of::<LaunchParams>() == 18 * 8);
+    assert!(size_of::<LaunchParams>() == 20 * 8);
 };
 
 /// Field tables of the CUDA-only structs, as the Rust compiler lays them out.
@@ -151,6 +156,11 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
     ("out_capacity", offset_of!(LaunchParams, out_capacity)),
     ("inbox_capacity", offset_of!(LaunchParams, inbox_capacity)),
     ("max_drift_ms", offset_of!(LaunchParams, max_drift_ms)),
+    ("latency", offset_of!(LaunchParams, latency)),
+    (
+        "latency_capacity",
+        offset_of!(LaunchParams, latency_capacity),
+    ),
 ];
 
 /// Field table of the built-in [`Token`].
