@@ -57,7 +57,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     rk_u32 ack = 0;
     bool terminating = false;
     rk_u64 in_head = 0, in_tail = 0, out_tail = 0, out_head_seen = 0, inbox_head = 0;
-    rk_u64 hlc = 0, processed = 0, dropped = 0;
+    // processed: handler ran and succeeded; dropped: refused or corrupt (the host's
+    // metrics semantics); taken: every message taken (the latency ring's index).
+    rk_u64 hlc = 0, processed = 0, dropped = 0, taken = 0;
+    rk_u32 batch_dropped = 0;
     rk_u32 last_error = 0, heartbeat = 0, backoff = 0, idle_rounds = 0;
     bool prefer_inbox = false;
     bool mirrors_dirty = false;
@@ -163,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             s_n = n;
             s_src = src;
             s_first = src ? inbox_head : in_head;
-            s_sample = processed;
+            s_sample = taken;
             s_out_tail = out_tail;
             heartbeat++;
             if (n == 0 && !s_exit && mirrors_dirty) {
@@ -298,12 +301,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         // ---- compact replies (in input order) and count ----
         if (tid == 0) {
             rk_u32 pos = 0;
+            batch_dropped = 0;
             for (rk_u32 m = 0; m < n; m++) {
                 int r = s_result[m];
                 s_pos[m] = pos;
                 if (r == 1) pos++;
-                else if (r < 0) { dropped++; last_error = (rk_u32)(-r); }
+                else if (r < 0) { batch_dropped++; last_error = (rk_u32)(-r); }
             }
+            dropped += batch_dropped;
             s_n = pos;  // replies this batch
         }
         __syncthreads();
@@ -323,7 +328,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         __syncthreads();
         if (tid == 0) {
             out_tail += replies;
-            processed += n;
+            processed += n - batch_dropped;
+            taken += n;
             // Counters for the host's metrics, written before the release below so a
             // host that has seen a reply also sees the counts that include it.
             cb->processed = processed;
