@@ -648,7 +648,10 @@ impl CudaStreamer {
     }
 
     /// Calls `f` on up to `max` waiting replies, in order and in place, then frees
-    /// their slots. Returns how many were taken (0 when none is waiting).
+    /// their slots with one index store. Returns how many were taken (0 when none is
+    /// waiting). Every reply is validated as by [`KernelHandle`]'s receive path (magic,
+    /// version, payload length, checksum when flagged): a corrupt one is consumed and
+    /// returned as [`Error::Device`], after the replies before it were passed to `f`.
     pub fn try_receive_batch(
         &self,
         max: usize,
