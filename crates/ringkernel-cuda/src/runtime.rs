@@ -64,7 +64,7 @@ use cudarc::driver::{result as cu, sys};
 use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
 use ringkernel_core::control::{command, ControlBlock};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
+use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::queue::slot::{SlotConsumer, SlotProducer};
 use ringkernel_core::queue::QueueHeader;
@@ -1066,8 +1066,8 @@ impl KernelEngine for CudaEngine {
     }
 
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        // Checked first so an oversized payload is never reported as a full queue.
-        check_payload_fits(payload.len(), self.slot)?;
+        // The ring checks the size before the space, so an oversized payload is
+        // `MessageTooLarge`, never `QueueFull`.
         if self.send_batch(std::iter::once((header, payload)))? == 0 {
             return Err(Error::QueueFull {
                 capacity: self.in_cap,
