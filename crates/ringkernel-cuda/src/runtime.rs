@@ -907,8 +907,8 @@ impl CudaEngine {
     /// Writes the host-side indices into the control block's host line (they are not
     /// written per message: the device polls that line for commands).
     fn mirror_host_indices(&self) {
-        let tail = lock(&self.producer).stats().enqueued;
-        let head = lock(&self.consumer).ring.stats().dequeued;
+        let tail = lock(&self.producer).position();
+        let head = lock(&self.consumer).ring.position();
         self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
             .store(tail, Ordering::Relaxed);
         self.u64_at(std::mem::offset_of!(ControlBlock, output_head))
@@ -927,9 +927,11 @@ impl CudaEngine {
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
         }
-        let before = p.stats().enqueued;
+        // Local index reads only: the device-written head is read by the ring only
+        // when it looks full.
+        let before = p.position();
         let result = p.try_push_batch(msgs);
-        let written = p.stats().enqueued.wrapping_sub(before);
+        let written = p.position().wrapping_sub(before);
         drop(p);
         if written > 0 {
             self.received.fetch_add(written, Ordering::Relaxed);
@@ -1140,6 +1142,9 @@ impl KernelEngine for CudaEngine {
 
 fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
     let mut idle_since = Instant::now();
+    // Indices of the kernels that took messages in this round (reused: no allocation
+    // per round).
+    let mut moved: Vec<usize> = Vec::new();
     loop {
         let Some(inner) = rt.upgrade() else { return };
         if inner.stop.load(Ordering::Acquire) {
@@ -1148,24 +1153,35 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
         let kernels: Vec<Arc<CudaEngine>> = lock(&inner.kernels).clone();
         drop(inner);
         let mut activity = false;
+        moved.clear();
         // Only device-written words are read here, so the pump never contends with
         // the host threads that write the input side.
-        for k in &kernels {
+        for (i, k) in kernels.iter().enumerate() {
+            let mut m = false;
             let t = k.out_tail().load(Ordering::Acquire);
             if k.seen_out_tail.swap(t, Ordering::AcqRel) != t {
                 k.events.output.notify(usize::MAX);
-                activity = true;
+                m = true;
             }
             let h = k.in_head().load(Ordering::Acquire);
             if k.seen_in_head.swap(h, Ordering::AcqRel) != h {
                 k.events.input_space.notify(usize::MAX);
-                activity = true;
+                m = true;
             }
             let s = k.device_state();
             if k.seen_state.swap(s, Ordering::AcqRel) != s {
                 k.events.state.notify(usize::MAX);
             }
-            k.collect_metrics();
+            if m {
+                moved.push(i);
+                activity = true;
+            }
+        }
+        // After every notification (off the reply path): fold the latency samples of
+        // the kernels that took messages. `metrics()` folds too, so samples that
+        // become visible after this pass are never missed.
+        for &i in &moved {
+            kernels[i].collect_metrics();
         }
         drop(kernels);
         let now = Instant::now();
@@ -1326,7 +1342,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 let msgs: Vec<_> = toks.iter().map(|t| (&h, bytemuck::bytes_of(t))).collect();
                 assert_eq!(s.try_send_batch(msgs)?, 3);
                 eventually("three replies", || e.output_depth() == 3).await;
-                let head = lock(&e.consumer).ring.stats().dequeued;
+                let head = lock(&e.consumer).ring.position();
                 let bad = slot_addr(&e, e.out_off, e.out_cap, head + 1);
                 // SAFETY: the reply is published and not being read (this test is the
                 // only consumer); flipping the magic byte corrupts it in host memory.
@@ -1372,7 +1388,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             // A payload changed after the checksum was taken is dropped with its reason.
             k.deactivate().await?;
             assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
-            let idx = lock(&e.producer).stats().enqueued - 1;
+            let idx = lock(&e.producer).position() - 1;
             let slot = slot_addr(&e, e.in_off, e.in_cap, idx);
             // SAFETY: the kernel is deactivated, so the device does not read the slot
             // now; the payload byte lies inside it.

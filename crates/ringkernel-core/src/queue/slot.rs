@@ -504,6 +504,13 @@ impl SlotProducer {
         result.map(|()| written)
     }
 
+    /// The tail index: the index the next message will get (the number pushed so far
+    /// when the ring started at 0). A plain read of this side's own copy: no atomic
+    /// access to the shared header.
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
     /// Free slots (a lower bound: the consumer may free more meanwhile).
     pub fn free(&self) -> usize {
         let head = self.ring.head().load(Ordering::Acquire);
@@ -718,6 +725,12 @@ impl SlotConsumer {
                 }
             }
         }
+    }
+
+    /// The head index: the index of the next message to take (the number taken so far
+    /// when the ring started at 0). A plain read of this side's own copy.
+    pub fn position(&self) -> u64 {
+        self.head
     }
 
     /// Messages waiting.
