@@ -32,6 +32,10 @@
 // * Return 1 to emit the reply into the kernel's output queue, 0 to emit nothing, a
 //   negative value to drop the message with that error code (counted in the control
 //   block's `dropped`, the code kept in `last_error`).
+// * Each call is timed on the device clock (%globaltimer) and reported as the kernel's
+//   handler latency. Messages whose slot fails validation (magic, version, length, or
+//   the checksum when RK_FLAG_CHECKSUM is set) never reach the handler: they are
+//   dropped with RK_ERR_BAD_HEADER / RK_ERR_CHECKSUM.
 // * `state` points at the kernel's `state_bytes` of zero-initialised device memory,
 //   kept across messages.
 // * By default up to blockDim messages are handled in parallel, one per thread
