@@ -136,9 +136,11 @@ fn oversized_payload_mid_batch_publishes_the_ones_before() {
 }
 
 /// A ring in caller-owned memory (as a GPU backend maps it), with both halves made by
-/// `from_raw_parts`, so the test can corrupt slots behind the producer's back.
+/// `from_raw_parts`, so the test can corrupt slots behind the producer's back. Every
+/// access goes through one raw pointer (no reference to the memory is ever made).
 struct RawRing {
-    mem: Vec<Line>,
+    base: *mut u8,
+    lines: usize,
 }
 
 #[repr(C, align(64))]
@@ -152,38 +154,45 @@ impl RawRing {
         start_index: u64,
     ) -> (Self, SlotProducer, SlotConsumer) {
         let bytes = ring_bytes(capacity, slot_size).unwrap();
-        let mut mem = vec![Line([0; 64]); bytes.div_ceil(64)];
+        let lines = bytes.div_ceil(64);
+        let mem: Box<[Line]> = vec![Line([0; 64]); lines].into_boxed_slice();
+        let base = Box::into_raw(mem).cast::<u8>();
         let mut header: QueueHeader = new_header(capacity, slot_size).unwrap();
         header.tail = start_index;
         header.head = start_index;
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: `mem` holds `bytes` bytes aligned to 64; the header goes at offset 0.
+        // SAFETY: `base` holds `bytes` bytes aligned to 64; the header goes at offset 0.
         unsafe { base.cast::<QueueHeader>().write(header) };
         let h = NonNull::new(base.cast::<QueueHeader>()).unwrap();
-        // SAFETY: the slots follow the 128-byte header inside `mem`.
+        // SAFETY: the slots follow the 128-byte header inside the allocation.
         let slots = NonNull::new(unsafe { base.add(std::mem::size_of::<QueueHeader>()) }).unwrap();
-        // SAFETY: `mem` outlives both halves (the test keeps the RawRing alive and drops
-        // the halves first); there is exactly one producer and one consumer; nothing else
+        // SAFETY: the allocation outlives both halves (each test drops them before the
+        // RawRing); there is exactly one producer and one consumer; nothing else
         // touches the indices.
         let tx = unsafe { SlotProducer::from_raw_parts(h, slots, None).unwrap() };
         // SAFETY: as above.
         let rx = unsafe { SlotConsumer::from_raw_parts(h, slots, None).unwrap() };
-        (RawRing { mem }, tx, rx)
+        (RawRing { base, lines }, tx, rx)
     }
 
-    /// Mutable bytes of the slot of `index` (the test only calls this while the slot
-    /// is published and not being read).
-    fn slot_mut(&mut self, index: u64, capacity: usize, slot_size: usize) -> &mut [u8] {
+    /// Applies `f` to the bytes of the slot of `index` (the test only calls this while
+    /// the slot is published and not being read).
+    fn corrupt(&self, index: u64, capacity: usize, slot_size: usize, f: fn(&mut [u8])) {
         let off =
             std::mem::size_of::<QueueHeader>() + (index as usize & (capacity - 1)) * slot_size;
-        let all = bytemuck_bytes(&mut self.mem);
-        &mut all[off..off + slot_size]
+        assert!(off + slot_size <= self.lines * 64);
+        // SAFETY: the slot lies inside the allocation, and no ring half reads or writes
+        // it while `f` runs (single-threaded test, slot published and not popped).
+        f(unsafe { std::slice::from_raw_parts_mut(self.base.add(off), slot_size) })
     }
 }
 
-fn bytemuck_bytes(lines: &mut [Line]) -> &mut [u8] {
-    // SAFETY: `Line` is 64 plain bytes with no padding.
-    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), lines.len() * 64) }
+impl Drop for RawRing {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.base.cast::<Line>(), self.lines);
+        // SAFETY: `base` came from `Box::into_raw` of a boxed slice of `lines` Lines
+        // and is freed once, after both halves were dropped.
+        drop(unsafe { Box::from_raw(slice) });
+    }
 }
 
 #[test]
@@ -223,14 +232,14 @@ fn corrupt_slots_are_rejected_on_the_batch_path_like_on_try_pop() {
     for (what, corrupt, needle) in cases {
         let mut errors = Vec::new();
         for batch in [false, true] {
-            let (mut mem, mut tx, mut rx) = RawRing::new(8, 128, 0);
+            let (mem, mut tx, mut rx) = RawRing::new(8, 128, 0);
             let mut h = hdr(0);
             h.flags |= flags::CHECKSUM;
             for i in 0..3u64 {
                 h.message_id = i;
                 tx.try_push(&h, &i.to_le_bytes()).unwrap();
             }
-            corrupt(mem.slot_mut(1, 8, 128));
+            mem.corrupt(1, 8, 128, corrupt);
             let mut ids = Vec::new();
             let err = if batch {
                 let r = rx.try_pop_batch_with(usize::MAX, |h, _| ids.push(h.message_id));
@@ -266,7 +275,7 @@ fn corrupt_slots_are_rejected_on_the_batch_path_like_on_try_pop() {
 
 #[test]
 fn two_threads_stream_batches() {
-    const N: u64 = 200_000;
+    const N: u64 = if cfg!(miri) { 3_000 } else { 200_000 };
     let (mut tx, mut rx) = slot_channel(64, 128).unwrap();
     let producer = std::thread::spawn(move || {
         let mut next = 0u64;
