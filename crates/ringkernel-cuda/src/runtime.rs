@@ -680,14 +680,21 @@ impl RingKernelRuntime for CudaRuntime {
 }
 
 /// The header of the ring at byte `off` of the mapped block at `base`.
-fn ring_header(base: *mut u8, off: usize) -> NonNull<QueueHeader> {
-    // SAFETY: `base` is the non-null host address of the mapped block and `off` lies
-    // inside it (callers pass the queue offsets computed in `start_kernel`).
+///
+/// # Safety
+/// `base` is the (non-null) host address of a kernel's mapped block and a ring's
+/// header and slots lie inside it from byte `off` on (the queue offsets of
+/// `start_kernel`).
+unsafe fn ring_header(base: *mut u8, off: usize) -> NonNull<QueueHeader> {
+    // SAFETY: in bounds of a non-null allocation (the caller's promise).
     unsafe { NonNull::new_unchecked(base.add(off).cast()) }
 }
 
 /// The slots of the ring at byte `off` of the mapped block at `base`.
-fn ring_slots(base: *mut u8, off: usize) -> NonNull<u8> {
+///
+/// # Safety
+/// As for [`ring_header`].
+unsafe fn ring_slots(base: *mut u8, off: usize) -> NonNull<u8> {
     // SAFETY: as in `ring_header`; the slots follow the 128-byte header.
     unsafe { NonNull::new_unchecked(base.add(off + HEADER_LINE)) }
 }
