@@ -141,8 +141,8 @@ fn spin_dequeue(k: &ringkernel_core::runtime::KernelHandle) -> Result<Envelope> 
 }
 
 async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
+    // The runtime adds the CUDA built-ins itself.
     let reg = KernelRegistry::new();
-    ringkernel_cuda::register_cuda_builtins(&reg);
     reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(STREAM_SRC));
     reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
     reg.register_gpu(

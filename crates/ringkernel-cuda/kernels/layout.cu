@@ -82,6 +82,8 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkLaunchParams, out_capacity);
     out[i++] = RK_OFF(RkLaunchParams, inbox_capacity);
     out[i++] = RK_OFF(RkLaunchParams, max_drift_ms);
+    out[i++] = RK_OFF(RkLaunchParams, latency);
+    out[i++] = RK_OFF(RkLaunchParams, latency_capacity);
     out[i++] = sizeof(RkToken);
     out[i++] = RK_OFF(RkToken, id);
     out[i++] = RK_OFF(RkToken, value);

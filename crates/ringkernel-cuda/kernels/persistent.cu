@@ -6,8 +6,9 @@
 // the handler is serial, run the handler on one message each.
 //
 // Host memory (mapped): control block, input queue (host produces), output queue
-// (device produces). Device memory: the K2K inbox (other kernels produce), scratch
-// copies of the slots being handled, handler state.
+// (device produces), latency ring (one entry per message: the handler's run time on
+// %globaltimer, see ringkernel-cuda's metrics.rs). Device memory: the K2K inbox (other
+// kernels produce), scratch copies of the slots being handled, handler state.
 
 #ifndef RK_HANDLER_SERIAL
 #define RK_HANDLER_SERIAL 0
@@ -42,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     __shared__ rk_u32 s_exit;
     __shared__ rk_u32 s_active;     // 1 while the kernel processes messages
     __shared__ rk_u64 s_first;      // index of the first message of the batch
+    __shared__ rk_u64 s_sample;     // messages taken before this batch (latency ring index)
     __shared__ rk_u64 s_out_tail;
     __shared__ rk_u64 s_inbox_head;
     __shared__ rk_u32 s_warp_ready[RK_MAX_BLOCK / 32];
@@ -55,7 +57,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     rk_u32 ack = 0;
     bool terminating = false;
     rk_u64 in_head = 0, in_tail = 0, out_tail = 0, out_head_seen = 0, inbox_head = 0;
-    rk_u64 hlc = 0, processed = 0, dropped = 0;
+    // processed: handler ran and succeeded; dropped: refused or corrupt (the host's
+    // metrics semantics); taken: every message taken (the latency ring's index).
+    rk_u64 hlc = 0, processed = 0, dropped = 0, taken = 0;
+    rk_u32 batch_dropped = 0;
     rk_u32 last_error = 0, heartbeat = 0, backoff = 0, idle_rounds = 0;
     bool prefer_inbox = false;
     bool mirrors_dirty = false;
@@ -161,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             s_n = n;
             s_src = src;
             s_first = src ? inbox_head : in_head;
+            s_sample = taken;
             s_out_tail = out_tail;
             heartbeat++;
             if (n == 0 && !s_exit && mirrors_dirty) {
@@ -241,9 +247,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 const RkMessageHeader* ih = (const RkMessageHeader*)(scratch_in + (rk_u64)m * slot);
                 RkMessageHeader* oh = (RkMessageHeader*)(scratch_out + (rk_u64)m * slot);
                 int r;
+                rk_u32 lat = RK_NO_SAMPLE;
+                // The same checks as the host's read path (core's slot rings).
                 if (ih->magic != RK_MESSAGE_MAGIC || ih->version != RK_MESSAGE_VERSION ||
                     ih->payload_len > slot - RK_HEADER_SIZE) {
                     r = -(int)RK_ERR_BAD_HEADER;
+                } else if ((ih->flags & RK_FLAG_CHECKSUM) &&
+                           rk_fnv1a32((const unsigned char*)(ih + 1), ih->payload_len) != ih->checksum) {
+                    r = -(int)RK_ERR_CHECKSUM;
                 } else {
                     RkContext ctx;
                     ctx.kernel_id = (rk_u32)p.kernel_id;
@@ -269,10 +280,20 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     oh->flags = RK_FLAG_REPLY;
                     oh->reserved[0] = 0;
                     oh->reserved[1] = 0;
+                    const rk_u64 t0 = rk_globaltimer_ns();
                     r = handle(&ctx, ih, (const unsigned char*)(ih + 1), oh, (unsigned char*)(oh + 1), (void*)p.state);
+                    const rk_u64 dt = rk_globaltimer_ns() - t0;
+                    lat = dt < (rk_u64)RK_NO_SAMPLE ? (rk_u32)dt : RK_NO_SAMPLE - 1u;
                     if (r == 1 && oh->payload_len > slot - RK_HEADER_SIZE) r = -(int)RK_ERR_HANDLER;
                 }
                 s_result[m] = r;
+                if (p.latency) {
+                    // One 64-bit store per message (coalesced across the warp), no fence:
+                    // the sequence number in the upper half tells the host whether the
+                    // entry is the one it expects (see ringkernel-cuda's metrics.rs).
+                    const rk_u64 idx = s_sample + m;
+                    ((volatile rk_u64*)p.latency)[idx & (p.latency_capacity - 1)] = ((idx + 1ull) << 32) | lat;
+                }
             }
         }
         __syncthreads();
@@ -280,12 +301,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         // ---- compact replies (in input order) and count ----
         if (tid == 0) {
             rk_u32 pos = 0;
+            batch_dropped = 0;
             for (rk_u32 m = 0; m < n; m++) {
                 int r = s_result[m];
                 s_pos[m] = pos;
                 if (r == 1) pos++;
-                else if (r < 0) { dropped++; last_error = (rk_u32)(-r); }
+                else if (r < 0) { batch_dropped++; last_error = (rk_u32)(-r); }
             }
+            dropped += batch_dropped;
             s_n = pos;  // replies this batch
         }
         __syncthreads();
@@ -305,7 +328,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         __syncthreads();
         if (tid == 0) {
             out_tail += replies;
-            processed += n;
+            processed += n - batch_dropped;
+            taken += n;
             // Counters for the host's metrics, written before the release below so a
             // host that has seen a reply also sees the counts that include it.
             cb->processed = processed;

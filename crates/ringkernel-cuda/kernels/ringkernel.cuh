@@ -32,6 +32,10 @@
 // * Return 1 to emit the reply into the kernel's output queue, 0 to emit nothing, a
 //   negative value to drop the message with that error code (counted in the control
 //   block's `dropped`, the code kept in `last_error`).
+// * Each call is timed on the device clock (%globaltimer) and reported as the kernel's
+//   handler latency. Messages whose slot fails validation (magic, version, length, or
+//   the checksum when RK_FLAG_CHECKSUM is set) never reach the handler: they are
+//   dropped with RK_ERR_BAD_HEADER / RK_ERR_CHECKSUM.
 // * `state` points at the kernel's `state_bytes` of zero-initialised device memory,
 //   kept across messages.
 // * By default up to blockDim messages are handled in parallel, one per thread
@@ -83,6 +87,10 @@ typedef int rk_i32;
 #define RK_ERR_CLOCK_DRIFT 2u
 #define RK_ERR_HANDLER 3u
 #define RK_ERR_CHECKSUM 4u
+
+/* Latency value of a latency-ring entry for a message no handler ran on
+ * (ringkernel-cuda's metrics::NO_SAMPLE). */
+#define RK_NO_SAMPLE 0xFFFFFFFFu
 
 #define RK_HLC_LOGICAL_BITS 20
 #define RK_HLC_LOGICAL_MASK ((1ull << RK_HLC_LOGICAL_BITS) - 1ull)
@@ -187,6 +195,8 @@ struct __align__(8) RkLaunchParams {
     rk_u64 out_capacity;
     rk_u64 inbox_capacity;
     rk_u64 max_drift_ms;
+    rk_u64 latency;        /* rk_u64[latency_capacity] latency ring, mapped host memory (0: none) */
+    rk_u64 latency_capacity;
 };
 
 /* What a handler sees (device-only; not shared with the host). */
@@ -233,6 +243,16 @@ __device__ __forceinline__ rk_u64 rk_globaltimer_ns() {
     rk_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+/* FNV-1a over `len` bytes (core::message::fnv1a32), for flagged checksums. */
+__device__ __forceinline__ rk_u32 rk_fnv1a32(const unsigned char* p, rk_u32 len) {
+    rk_u32 h = 0x811c9dc5u;
+    for (rk_u32 i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x01000193u;
+    }
+    return h;
 }
 
 /* ---- hybrid logical clock (same packing as ringkernel-core's hlc.rs: 44 | 20) ---- */

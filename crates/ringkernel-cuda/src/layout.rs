@@ -96,13 +96,18 @@ pub struct LaunchParams {
     pub inbox_capacity: u64,
     /// Maximum HLC drift accepted, ms.
     pub max_drift_ms: u64,
+    /// Device address of the latency ring (mapped host memory; see
+    /// [`metrics`](crate::metrics)), or 0 for none.
+    pub latency: u64,
+    /// Entries in the latency ring (a power of two).
+    pub latency_capacity: u64,
 }
 
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
     assert!(size_of::<DeviceRoute>() == 32);
-    assert!(size_of::<LaunchParams>() == 18 * 8);
+    assert!(size_of::<LaunchParams>() == 20 * 8);
 };
 
 /// Field tables of the CUDA-only structs, as the Rust compiler lays them out.
@@ -151,6 +156,11 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
     ("out_capacity", offset_of!(LaunchParams, out_capacity)),
     ("inbox_capacity", offset_of!(LaunchParams, inbox_capacity)),
     ("max_drift_ms", offset_of!(LaunchParams, max_drift_ms)),
+    ("latency", offset_of!(LaunchParams, latency)),
+    (
+        "latency_capacity",
+        offset_of!(LaunchParams, latency_capacity),
+    ),
 ];
 
 /// Field table of the built-in [`Token`].
@@ -268,5 +278,96 @@ pub fn check_device_layout(ordinal: usize) -> Result<()> {
             "CUDA/Rust layout mismatch: {}",
             diffs.join("; ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Host-only checks of the CUDA sources against the Rust tables (the offsets
+    //! themselves need a device: `layout_matches_rust` in tests/gpu_smoke.rs).
+    use super::*;
+
+    /// The field names of `struct ... {name} {` in `src`, in declaration order.
+    fn cuda_fields(src: &str, name: &str) -> Vec<String> {
+        let start = src
+            .lines()
+            .position(|l| l.starts_with("struct ") && l.contains(&format!(" {name} {{")))
+            .unwrap_or_else(|| panic!("struct {name} not found"));
+        src.lines()
+            .skip(start + 1)
+            .take_while(|l| !l.starts_with("};"))
+            .map(|l| l.split("/*").next().unwrap().trim())
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let decl = l.trim_end_matches(';');
+                let decl = decl.split('[').next().unwrap();
+                decl.split_whitespace().last().unwrap().to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cuda_structs_declare_the_rust_fields_in_order() {
+        let src = layout_source();
+        for (name, _, fields) in expected_layout() {
+            let want: Vec<&str> = fields.iter().map(|(f, _)| *f).collect();
+            assert_eq!(cuda_fields(&src, name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_layout_kernel_reports_every_field_in_table_order() {
+        let src = include_str!("../kernels/layout.cu");
+        let mut reported = Vec::new();
+        for l in src.lines().map(str::trim) {
+            if let Some(rest) = l.strip_prefix("out[i++] = sizeof(") {
+                reported.push((rest.trim_end_matches(");").to_string(), None));
+            } else if let Some(rest) = l.strip_prefix("out[i++] = RK_OFF(") {
+                let (s, f) = rest.trim_end_matches(");").split_once(',').unwrap();
+                reported.push((s.trim().to_string(), Some(f.trim().to_string())));
+            }
+        }
+        let mut want = Vec::new();
+        for (name, _, fields) in expected_layout() {
+            want.push((name.to_string(), None));
+            for (f, _) in fields {
+                want.push((name.to_string(), Some(f.to_string())));
+            }
+        }
+        assert_eq!(reported, want);
+    }
+
+    #[test]
+    fn device_constants_match_the_host() {
+        use crate::metrics::{device_error, NO_SAMPLE};
+        let cuh = include_str!("../kernels/ringkernel.cuh");
+        let define = |name: &str| -> u32 {
+            let l = cuh
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} not defined"));
+            let v = l[name.len() + 8..].split("/*").next().unwrap().trim();
+            if let Some(bit) = v.strip_prefix("(1u << ") {
+                return 1 << bit.trim_end_matches(')').parse::<u32>().unwrap();
+            }
+            let v = v.trim_end_matches('u');
+            match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                Some(hex) => u32::from_str_radix(hex, 16).unwrap(),
+                None => v.parse().unwrap(),
+            }
+        };
+        assert_eq!(define("RK_NO_SAMPLE"), NO_SAMPLE);
+        assert_eq!(define("RK_ERR_BAD_HEADER"), device_error::BAD_HEADER);
+        assert_eq!(define("RK_ERR_CLOCK_DRIFT"), device_error::CLOCK_DRIFT);
+        assert_eq!(define("RK_ERR_HANDLER"), device_error::HANDLER);
+        assert_eq!(define("RK_ERR_CHECKSUM"), device_error::CHECKSUM);
+        assert_eq!(
+            define("RK_MESSAGE_MAGIC"),
+            ringkernel_core::message::MESSAGE_MAGIC
+        );
+        assert_eq!(
+            define("RK_FLAG_CHECKSUM"),
+            ringkernel_core::message::flags::CHECKSUM
+        );
     }
 }

@@ -12,8 +12,9 @@
 //! * [`CudaRuntime`]: persistent actors. Each launched kernel is a real persistent GPU
 //!   kernel on its own stream, polling its queues in pinned, device-mapped host memory;
 //!   kernels on one GPU message each other (K2K) through device-memory inboxes.
-//! * [`register_cuda_builtins`]: the CUDA versions of `rk.echo`, `rk.stage` and
-//!   `rk.counter`.
+//!   The runtime registers the CUDA versions of the built-ins `rk.echo`, `rk.stage` and
+//!   `rk.counter` itself ([`register_cuda_builtins`] does the same for a registry
+//!   alone), and records handler latency on the device clock ([`metrics`]).
 //!
 //! ```no_run
 //! match ringkernel_cuda::probe() {
@@ -28,6 +29,7 @@ pub mod baseline;
 pub mod compute;
 mod driver;
 pub mod layout;
+pub mod metrics;
 pub mod nvrtc;
 pub mod runtime;
 
@@ -35,7 +37,7 @@ pub use compute::{CudaBuffer, CudaCompute, CudaGraph};
 pub use driver::{
     driver_library_candidates, driver_library_present, DeviceInfo, DRIVER_LIBRARY_ENV,
 };
-pub use runtime::{register_cuda_builtins, CudaRuntime, CudaStreamer};
+pub use runtime::{check_launch_options, register_cuda_builtins, CudaRuntime, CudaStreamer};
 
 use ringkernel_core::Result;
 

@@ -28,13 +28,23 @@
 //!
 //! ## Host side
 //!
+//! Both queues are core's slot rings ([`SlotProducer`]/[`SlotConsumer`] over the mapped
+//! memory): one index store per batch, and every read path (single, batch, spill,
+//! undelivered) validates each slot the same way (magic, version, length, checksum).
+//! The device applies the same checks to what it reads.
+//!
 //! One pump thread per runtime watches every kernel's device-written indices and raises
 //! [`KernelEvents`]: `output` when replies arrive, `input_space` when the device frees
 //! input slots. It spins while work is in flight and parks when idle (a send wakes it).
+//! It also folds the device's handler-latency samples (timed with `%globaltimer`, see
+//! [`metrics`](crate::metrics)) into each kernel's histogram and logs dropped messages
+//! with their reason.
 //!
 //! ## Limits
 //!
-//! * `grid_size` must be 1 (one block per kernel).
+//! * `grid_size` must be 1 (one block per kernel): `launch` returns
+//!   [`Error::InvalidArgument`] otherwise (see [`check_launch_options`]).
+//!   `block_size` is the number of threads of that block (messages handled in parallel).
 //! * Kernel ids at or above [`MAX_DEVICE_ROUTES`] cannot receive K2K messages on the GPU.
 //! * Persistent kernels occupy hardware work queues for their whole life; the runtime
 //!   raises `CUDA_DEVICE_MAX_CONNECTIONS` to 32 (unless set) so other streams rarely
@@ -49,25 +59,27 @@
 
 use crate::driver::{dev_err, ensure_nvrtc, Device, DeviceMemory, MappedMemory, Module, Stream};
 use crate::layout::{DeviceInbox, DeviceRoute, LaunchParams};
+use crate::metrics::{drop_reason, LatencyReader, LATENCY_RING_CAPACITY};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
 use ringkernel_core::control::{command, ControlBlock};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{
-    check_payload_fits, read_slot, write_slot, Envelope, MessageHeader,
-};
+use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::queue::slot::{SlotConsumer, SlotProducer};
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
     TerminateReport,
 };
-use ringkernel_core::telemetry::{KernelMetrics, LatencySummary};
-use ringkernel_core::util::BoxFuture;
+use ringkernel_core::telemetry::{KernelMetrics, LatencyHistogram};
+use ringkernel_core::util::{lock, BoxFuture};
 use ringkernel_core::{BackendKind, Error, Result};
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -93,31 +105,67 @@ pub(crate) const HEADER_SRC: &str = include_str!("../kernels/ringkernel.cuh");
 pub(crate) const TOKEN_SRC: &str = include_str!("../kernels/token.cuh");
 pub(crate) const TEMPLATE_SRC: &str = include_str!("../kernels/persistent.cu");
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain data behind; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The full source of a persistent kernel for a handler.
 pub fn persistent_source(handler_cuda: &str) -> String {
     format!("{HEADER_SRC}\n#line 1 \"handler.cu\"\n{handler_cuda}\n#line 1 \"persistent.cu\"\n{TEMPLATE_SRC}")
 }
 
-/// Registers the CUDA versions of the built-in kernels `rk.echo`, `rk.stage` and
-/// `rk.counter` (semantics in [`ringkernel_core::builtin`]).
-pub fn register_cuda_builtins(reg: &KernelRegistry) {
+/// The CUDA built-ins: (name, CUDA source, state bytes).
+fn builtin_handlers() -> [(&'static str, String, usize); 3] {
     let with_token = |src: &str| format!("{TOKEN_SRC}\n{src}");
-    reg.register_gpu(
-        GpuHandler::new(ECHO).with_cuda(with_token(include_str!("../kernels/builtin_echo.cu"))),
-    );
-    reg.register_gpu(
-        GpuHandler::new(STAGE).with_cuda(with_token(include_str!("../kernels/builtin_stage.cu"))),
-    );
-    reg.register_gpu(
-        GpuHandler::new(COUNTER)
-            .with_cuda(with_token(include_str!("../kernels/builtin_counter.cu")))
-            .with_state_bytes(8),
-    );
+    [
+        (
+            ECHO,
+            with_token(include_str!("../kernels/builtin_echo.cu")),
+            0,
+        ),
+        (
+            STAGE,
+            with_token(include_str!("../kernels/builtin_stage.cu")),
+            0,
+        ),
+        (
+            COUNTER,
+            with_token(include_str!("../kernels/builtin_counter.cu")),
+            8,
+        ),
+    ]
+}
+
+/// Registers the CUDA versions of the built-in kernels `rk.echo`, `rk.stage` and
+/// `rk.counter` (semantics in [`ringkernel_core::builtin`]), replacing CUDA sources
+/// registered under those names.
+///
+/// [`CudaRuntime::new`] already registers them (keeping a CUDA source registered under
+/// the same name), so callers need this only to fill a registry before a runtime
+/// exists.
+pub fn register_cuda_builtins(reg: &KernelRegistry) {
+    for (name, src, state) in builtin_handlers() {
+        reg.register_gpu(GpuHandler::new(name).with_cuda(src).with_state_bytes(state));
+    }
+}
+
+/// Registers the built-ins that have no CUDA source in `reg` yet (what the runtime's
+/// constructor does, as the other backends' constructors do).
+fn register_missing_cuda_builtins(reg: &KernelRegistry) {
+    for (name, src, state) in builtin_handlers() {
+        if !matches!(reg.gpu(name), Ok(h) if h.cuda.is_some()) {
+            reg.register_gpu(GpuHandler::new(name).with_cuda(src).with_state_bytes(state));
+        }
+    }
+}
+
+/// The launch options CUDA cannot honour: `grid_size` must be 1 (a persistent kernel is
+/// one block). The options' own checks come first.
+pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
+    opts.validate()?;
+    if opts.grid_size != 1 {
+        return Err(Error::invalid(format!(
+            "grid_size must be 1 on CUDA (a persistent kernel is one block), got {}",
+            opts.grid_size
+        )));
+    }
+    Ok(())
 }
 
 /// All memory of one kernel; kept by the runtime until it is dropped.
@@ -148,7 +196,7 @@ struct RtInner {
     dev: Arc<Device>,
     routes: DeviceMemory,
     modules: Mutex<HashMap<u64, Arc<Module>>>,
-    kernels: Mutex<Vec<Arc<CudaKernel>>>,
+    kernels: Mutex<Vec<Arc<CudaEngine>>>,
     memory: Mutex<Vec<Arc<KernelMemory>>>,
     pump: Mutex<Option<std::thread::JoinHandle<()>>>,
     waker: Arc<PumpWaker>,
@@ -205,9 +253,8 @@ impl Drop for RtInner {
 /// use ringkernel_core::options::LaunchOptions;
 /// use ringkernel_core::registry::KernelRegistry;
 /// use ringkernel_core::runtime::RingKernelRuntime;
-/// let reg = KernelRegistry::new();
-/// ringkernel_cuda::register_cuda_builtins(&reg);
-/// let rt = ringkernel_cuda::CudaRuntime::new(reg).await?;
+/// // The runtime registers the CUDA built-ins (rk.echo, rk.stage, rk.counter) itself.
+/// let rt = ringkernel_cuda::CudaRuntime::new(KernelRegistry::new()).await?;
 /// let k = rt.launch(ECHO, LaunchOptions::default()).await?;
 /// let r: Token = k.call(Token::new(1, 21.0), std::time::Duration::from_secs(1)).await?;
 /// assert_eq!(r.value, 42.0);
@@ -227,10 +274,11 @@ impl std::fmt::Debug for CudaRuntime {
 }
 
 impl CudaRuntime {
-    /// A runtime on device 0 resolving handler names through `registry`. The modules of
-    /// the built-in handlers registered there are loaded right away (see
-    /// [`CudaRuntime::preload`]). [`Error::BackendUnavailable`] without a driver, a GPU
-    /// or NVRTC.
+    /// A runtime on device 0 resolving handler names through `registry`. The CUDA
+    /// built-ins (`rk.echo`, `rk.stage`, `rk.counter`) are added to it unless a CUDA
+    /// source is already registered under their name, and their modules are loaded
+    /// right away (see [`CudaRuntime::preload`]). [`Error::BackendUnavailable`] without
+    /// a driver, a GPU or NVRTC.
     pub async fn new(registry: KernelRegistry) -> Result<Self> {
         Self::on_device(registry, 0).await
     }
@@ -239,6 +287,7 @@ impl CudaRuntime {
     pub async fn on_device(registry: KernelRegistry, ordinal: usize) -> Result<Self> {
         let dev = Device::open(ordinal)?;
         ensure_nvrtc()?;
+        register_missing_cuda_builtins(&registry);
         dev.bind()?;
         let stack = cu::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE)
             .map_err(dev_err("get stack limit"))?;
@@ -296,13 +345,7 @@ impl CudaRuntime {
     }
 
     async fn launch_impl(&self, handler: &str, opts: LaunchOptions) -> Result<KernelHandle> {
-        opts.validate()?;
-        if opts.grid_size != 1 {
-            return Err(Error::invalid(format!(
-                "grid_size must be 1 on CUDA (a persistent kernel is one block), got {}",
-                opts.grid_size
-            )));
-        }
+        check_launch_options(&opts)?;
         let rt = &self.inner;
         let h = rt.core.registry().gpu(handler)?;
         let src = h.cuda.clone().ok_or_else(|| {
@@ -334,7 +377,7 @@ impl CudaRuntime {
         id: KernelId,
         name: &str,
         opts: &LaunchOptions,
-    ) -> Result<Arc<CudaKernel>> {
+    ) -> Result<Arc<CudaEngine>> {
         let rt = &self.inner;
         let module = rt.module_for(h, src)?;
         let func = module.function("rk_persistent")?;
@@ -359,10 +402,11 @@ impl CudaRuntime {
         let inbox_cap = opts.queue_capacity;
         let block = opts.block_size as usize;
 
-        // Mapped host memory: control block | input queue | output queue.
+        // Mapped host memory: control block | input queue | output queue | latency ring.
         let in_off = HEADER_LINE;
         let out_off = in_off + HEADER_LINE + in_cap * slot;
-        let mapped_len = out_off + HEADER_LINE + out_cap * slot;
+        let lat_off = out_off + HEADER_LINE + out_cap * slot;
+        let mapped_len = lat_off + LATENCY_RING_CAPACITY * 8;
         let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
         // Device memory: inbox | inbox slots | ready words | scratch in | scratch out | state.
         let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
@@ -403,6 +447,28 @@ impl CudaRuntime {
                 q.mask = (cap - 1) as u32;
             }
         }
+        let keep: Arc<dyn Any + Send + Sync> = mem.clone();
+        // SAFETY: the input ring lies inside the mapped block (which `keep` holds), its
+        // header was initialised above; the host is its only producer (this value, kept
+        // behind a mutex) and the device kernel its only consumer, which reads the tail
+        // with ld.acquire.sys and frees slots only after it has copied them.
+        let producer = unsafe {
+            SlotProducer::from_raw_parts(
+                ring_header(base, in_off),
+                ring_slots(base, in_off),
+                Some(keep.clone()),
+            )?
+        };
+        // SAFETY: as above for the output ring, roles swapped: the device is the only
+        // producer (it writes slots in [tail, head + capacity), then st.release.sys of
+        // the tail, and reads the head with ld.acquire.sys), this value the only consumer.
+        let consumer = unsafe {
+            SlotConsumer::from_raw_parts(
+                ring_header(base, out_off),
+                ring_slots(base, out_off),
+                Some(keep),
+            )?
+        };
         let dbase = mem.mapped.device_ptr();
         let ddev = mem.device.ptr();
         let unix_ns = std::time::SystemTime::now()
@@ -428,8 +494,10 @@ impl CudaRuntime {
             out_capacity: out_cap as u64,
             inbox_capacity: inbox_cap as u64,
             max_drift_ms: rt.core.hlc().max_drift_ms(),
+            latency: dbase + lat_off as u64,
+            latency_capacity: LATENCY_RING_CAPACITY as u64,
         };
-        let kernel = Arc::new(CudaKernel {
+        let kernel = Arc::new(CudaEngine {
             id,
             name: name.to_string(),
             slot,
@@ -438,18 +506,19 @@ impl CudaRuntime {
             base,
             in_off,
             out_off,
+            lat_off,
             mem: mem.clone(),
             stream,
             _module: module,
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
-            producer: Mutex::new(Producer {
-                tail: 0,
-                head_seen: 0,
-            }),
+            producer: Mutex::new(producer),
             consumer: Mutex::new(Consumer {
-                head: 0,
+                ring: consumer,
                 spill: VecDeque::new(),
             }),
+            latency: LatencyHistogram::new(),
+            latency_reader: Mutex::new(LatencyReader::new()),
+            seen_dropped: AtomicU64::new(0),
             command: Mutex::new(0),
             events: KernelEvents::default(),
             received: AtomicU64::new(0),
@@ -554,7 +623,7 @@ impl CudaRuntime {
 /// ```
 #[derive(Clone)]
 pub struct CudaStreamer {
-    kernel: Arc<CudaKernel>,
+    kernel: Arc<CudaEngine>,
 }
 
 impl std::fmt::Debug for CudaStreamer {
@@ -579,7 +648,10 @@ impl CudaStreamer {
     }
 
     /// Calls `f` on up to `max` waiting replies, in order and in place, then frees
-    /// their slots. Returns how many were taken (0 when none is waiting).
+    /// their slots with one index store. Returns how many were taken (0 when none is
+    /// waiting). Every reply is validated as by [`KernelHandle`]'s receive path (magic,
+    /// version, payload length, checksum when flagged): a corrupt one is consumed and
+    /// returned as [`Error::Device`], after the replies before it were passed to `f`.
     pub fn try_receive_batch(
         &self,
         max: usize,
@@ -607,22 +679,36 @@ impl RingKernelRuntime for CudaRuntime {
     }
 }
 
-struct Producer {
-    /// Messages written (the input tail, host copy).
-    tail: u64,
-    /// The device's input head as last read (re-read only when the ring looks full).
-    head_seen: u64,
+/// The header of the ring at byte `off` of the mapped block at `base`.
+///
+/// # Safety
+/// `base` is the (non-null) host address of a kernel's mapped block and a ring's
+/// header and slots lie inside it from byte `off` on (the queue offsets of
+/// `start_kernel`).
+unsafe fn ring_header(base: *mut u8, off: usize) -> NonNull<QueueHeader> {
+    // SAFETY: in bounds of a non-null allocation (the caller's promise).
+    unsafe { NonNull::new_unchecked(base.add(off).cast()) }
 }
 
+/// The slots of the ring at byte `off` of the mapped block at `base`.
+///
+/// # Safety
+/// As for [`ring_header`].
+unsafe fn ring_slots(base: *mut u8, off: usize) -> NonNull<u8> {
+    // SAFETY: as in `ring_header`; the slots follow the 128-byte header.
+    unsafe { NonNull::new_unchecked(base.add(off + HEADER_LINE)) }
+}
+
+/// The host side of the output queue.
 struct Consumer {
-    head: u64,
+    ring: SlotConsumer,
     /// Replies moved out of the ring while terminating (so the device never waits on
     /// a full output queue nobody reads).
     spill: VecDeque<Envelope>,
 }
 
 /// One persistent kernel (the [`KernelEngine`] of the CUDA backend).
-struct CudaKernel {
+struct CudaEngine {
     id: KernelId,
     name: String,
     slot: usize,
@@ -632,13 +718,21 @@ struct CudaKernel {
     base: *mut u8,
     in_off: usize,
     out_off: usize,
+    /// Offset of the latency ring in the mapped block.
+    lat_off: usize,
     mem: Arc<KernelMemory>,
     stream: Arc<Stream>,
     _module: Arc<Module>,
     lifecycle: AtomicLifecycle,
     /// The producer side of the input queue.
-    producer: Mutex<Producer>,
+    producer: Mutex<SlotProducer>,
     consumer: Mutex<Consumer>,
+    /// Handler latency measured by the device (`%globaltimer`), folded in from the
+    /// latency ring.
+    latency: LatencyHistogram,
+    latency_reader: Mutex<LatencyReader>,
+    /// `dropped` as last reported in the log.
+    seen_dropped: AtomicU64,
     /// Last command_seq written.
     command: Mutex<u32>,
     events: KernelEvents,
@@ -656,11 +750,11 @@ struct CudaKernel {
 // SAFETY: `base` points into `mem.mapped`, which this value keeps alive; all shared
 // fields in it are accessed through atomics, and slot bytes only by the side that owns
 // the slot at that moment (guarded by the producer/consumer mutexes on the host).
-unsafe impl Send for CudaKernel {}
+unsafe impl Send for CudaEngine {}
 // SAFETY: as above.
-unsafe impl Sync for CudaKernel {}
+unsafe impl Sync for CudaEngine {}
 
-impl CudaKernel {
+impl CudaEngine {
     fn u64_at(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off.is_multiple_of(8) && off + 8 <= self.mem.mapped.len());
         // SAFETY: `off` is an 8-aligned offset of a u64 field inside the mapped block,
@@ -689,27 +783,46 @@ impl CudaKernel {
     fn cb_u64(&self, off: usize) -> u64 {
         self.u64_at(off).load(Ordering::Acquire)
     }
-    fn in_tail(&self) -> &AtomicU64 {
-        self.u64_at(self.in_off + std::mem::offset_of!(QueueHeader, tail))
-    }
     fn in_head(&self) -> &AtomicU64 {
         self.u64_at(self.in_off + std::mem::offset_of!(QueueHeader, head))
     }
     fn out_tail(&self) -> &AtomicU64 {
         self.u64_at(self.out_off + std::mem::offset_of!(QueueHeader, tail))
     }
-    fn out_head(&self) -> &AtomicU64 {
-        self.u64_at(self.out_off + std::mem::offset_of!(QueueHeader, head))
+    /// The latency ring (written by the device, one 64-bit store per entry).
+    fn latency_ring(&self) -> &[AtomicU64] {
+        debug_assert!(self.lat_off + LATENCY_RING_CAPACITY * 8 <= self.mem.mapped.len());
+        // SAFETY: the ring is LATENCY_RING_CAPACITY 8-aligned u64 inside the mapped
+        // block, which lives as long as self; the device only stores whole words.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.add(self.lat_off).cast::<AtomicU64>(),
+                LATENCY_RING_CAPACITY,
+            )
+        }
     }
-    fn in_slot(&self, index: u64) -> *mut u8 {
-        let i = (index as usize) & (self.in_cap - 1);
-        // SAFETY: i < in_cap, so the slot lies inside the input ring of the mapped block.
-        unsafe { self.base.add(self.in_off + HEADER_LINE + i * self.slot) }
-    }
-    fn out_slot(&self, index: u64) -> *const u8 {
-        let i = (index as usize) & (self.out_cap - 1);
-        // SAFETY: i < out_cap, so the slot lies inside the output ring.
-        unsafe { self.base.add(self.out_off + HEADER_LINE + i * self.slot) }
+
+    /// Folds the device's new latency samples into the histogram and logs newly
+    /// dropped messages with their reason. Cheap when nothing changed (host reads of
+    /// mapped host memory only).
+    fn collect_metrics(&self) {
+        let folded = lock(&self.latency_reader).fold(self.latency_ring(), &self.latency);
+        if folded.lost > 0 {
+            tracing::debug!(kernel = %self.name, lost = folded.lost, "latency samples overwritten before the host read them");
+        }
+        let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
+        let before = self.seen_dropped.swap(dropped, Ordering::AcqRel);
+        if dropped > before {
+            let code = self
+                .u32_at(std::mem::offset_of!(ControlBlock, last_error))
+                .load(Ordering::Acquire);
+            tracing::warn!(
+                kernel = %self.name,
+                count = dropped - before,
+                reason = %drop_reason(code),
+                "messages dropped on the device"
+            );
+        }
     }
 
     /// Records that the kernel has exited (its stream is idle).
@@ -746,24 +859,26 @@ impl CudaKernel {
         true
     }
 
-    /// Moves every reply in the output ring into the host-side spill queue.
+    /// Moves every reply in the output ring into the host-side spill queue (corrupt
+    /// ones are logged and dropped: the ring validates every slot).
     fn spill(&self) {
         let mut c = lock(&self.consumer);
-        let tail = self.out_tail().load(Ordering::Acquire);
-        while c.head < tail {
-            let slot = self.out_slot(c.head);
-            // SAFETY: slots in [head, tail) were published by the device (release store
-            // of tail, acquire load above) and are not rewritten before head advances.
-            let bytes = unsafe { std::slice::from_raw_parts(slot, self.slot) };
-            match read_slot(bytes) {
-                Ok(env) => c.spill.push_back(env),
+        let Consumer { ring, spill } = &mut *c;
+        loop {
+            let r = ring.try_pop_batch_with(usize::MAX, |header, payload| {
+                spill.push_back(Envelope {
+                    header: *header,
+                    payload: payload.to_vec(),
+                })
+            });
+            match r {
+                Ok(0) => break,
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(kernel = %self.name, error = %e, "dropping a corrupt reply")
                 }
             }
-            c.head += 1;
         }
-        self.out_head().store(c.head, Ordering::Release);
     }
 
     /// Makes sure the kernel has exited (used on drop and failed launches): asks it to
@@ -799,8 +914,8 @@ impl CudaKernel {
     /// Writes the host-side indices into the control block's host line (they are not
     /// written per message: the device polls that line for commands).
     fn mirror_host_indices(&self) {
-        let tail = lock(&self.producer).tail;
-        let head = lock(&self.consumer).head;
+        let tail = lock(&self.producer).position();
+        let head = lock(&self.consumer).ring.position();
         self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
             .store(tail, Ordering::Relaxed);
         self.u64_at(std::mem::offset_of!(ControlBlock, output_head))
@@ -808,8 +923,9 @@ impl CudaKernel {
     }
 
     /// Writes as many of `msgs` as fit into the input queue and publishes them with
-    /// one release store of the tail. Returns how many were written. A payload that
-    /// does not fit a slot is `MessageTooLarge` (messages before it stay written).
+    /// one release store of the tail (core's [`SlotProducer::try_push_batch`]).
+    /// Returns how many were written. A payload that does not fit a slot is
+    /// `MessageTooLarge` (messages before it stay written).
     fn send_batch<'a>(
         &self,
         msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
@@ -818,40 +934,24 @@ impl CudaKernel {
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
         }
-        let cap = self.in_cap as u64;
-        let start = p.tail;
-        let mut result = Ok(());
-        for (header, payload) in msgs {
-            if p.tail - p.head_seen >= cap {
-                p.head_seen = self.in_head().load(Ordering::Acquire);
-                if p.tail - p.head_seen >= cap {
-                    break;
-                }
-            }
-            // SAFETY: slot `tail` is free (tail - head < capacity: the device has
-            // consumed it), lies inside the mapped input ring, and only this producer
-            // (holding the lock) writes it until the tail is published below.
-            let slot = unsafe { std::slice::from_raw_parts_mut(self.in_slot(p.tail), self.slot) };
-            if let Err(e) = write_slot(slot, header, payload) {
-                result = Err(e);
-                break;
-            }
-            p.tail += 1;
-        }
-        let written = (p.tail - start) as usize;
-        if written > 0 {
-            self.in_tail().store(p.tail, Ordering::Release);
-        }
+        // Local index reads only: the device-written head is read by the ring only
+        // when it looks full.
+        let before = p.position();
+        let result = p.try_push_batch(msgs);
+        let written = p.position().wrapping_sub(before);
         drop(p);
         if written > 0 {
-            self.received.fetch_add(written as u64, Ordering::Relaxed);
+            self.received.fetch_add(written, Ordering::Relaxed);
             self.waker.wake();
         }
-        result.map(|_| written)
+        result
     }
 
     /// Takes up to `max` replies out of the output queue, calling `f` on each in place
-    /// (no copy), and frees their slots with one store. Returns how many were taken.
+    /// (no copy), and frees their slots with one store. Every slot is validated as on
+    /// [`try_dequeue`](KernelEngine::try_dequeue) (core's
+    /// [`SlotConsumer::try_pop_batch_with`]): a corrupt one is consumed and reported
+    /// as an error after the replies before it. Returns how many were taken.
     fn receive_batch(&self, max: usize, f: &mut dyn FnMut(&MessageHeader, &[u8])) -> Result<usize> {
         let mut c = lock(&self.consumer);
         let mut taken = 0usize;
@@ -862,37 +962,38 @@ impl CudaKernel {
             f(&env.header, &env.payload);
             taken += 1;
         }
-        let tail = self.out_tail().load(Ordering::Acquire);
-        let start = c.head;
-        let mut bad = None;
-        while taken < max && c.head < tail {
-            // SAFETY: slots in [head, tail) were published by the device (acquire load
-            // above) and are not rewritten until head advances past them.
-            let bytes = unsafe { std::slice::from_raw_parts(self.out_slot(c.head), self.slot) };
-            let header: MessageHeader =
-                bytemuck::pod_read_unaligned(&bytes[..ringkernel_core::message::HEADER_SIZE]);
-            let len = header.payload_len as usize;
-            c.head += 1;
-            if check_payload_fits(len, self.slot).is_err() {
-                bad = Some(Error::Device(format!(
-                    "corrupt reply header in kernel {}",
-                    self.name
-                )));
-                break;
+        if taken < max {
+            taken += c.ring.try_pop_batch_with(max - taken, &mut *f)?;
+        }
+        Ok(taken)
+    }
+
+    /// The messages left in the input queue once the kernel has exited, read (and
+    /// validated) through a consumer over the input ring that takes the exited
+    /// device's place.
+    fn take_undelivered(&self) -> Result<Vec<Envelope>> {
+        debug_assert!(self.exited.load(Ordering::Acquire));
+        let _p = lock(&self.producer);
+        // SAFETY: the kernel has exited (its stream is idle), so the device consumer is
+        // gone and this is the only consumer of the input ring, which lies inside the
+        // mapped block that `self.mem` keeps; the producer is locked above, so no slot
+        // is written meanwhile.
+        let mut ring = unsafe {
+            SlotConsumer::from_raw_parts(
+                ring_header(self.base, self.in_off),
+                ring_slots(self.base, self.in_off),
+                None,
+            )?
+        };
+        let mut undelivered = Vec::new();
+        loop {
+            match ring.try_pop() {
+                Ok(Some(env)) => undelivered.push(env),
+                Ok(None) => return Ok(undelivered),
+                Err(e) => {
+                    tracing::warn!(kernel = %self.name, error = %e, "corrupt undelivered message")
+                }
             }
-            f(
-                &header,
-                &bytes[ringkernel_core::message::HEADER_SIZE
-                    ..ringkernel_core::message::HEADER_SIZE + len],
-            );
-            taken += 1;
-        }
-        if c.head != start {
-            self.out_head().store(c.head, Ordering::Release);
-        }
-        match bad {
-            Some(e) => Err(e),
-            None => Ok(taken),
         }
     }
 
@@ -902,7 +1003,12 @@ impl CudaKernel {
             self.lifecycle.transition(LifecycleState::Terminating)?
         };
         self.events.state.notify(usize::MAX);
-        let processed_before = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
+        // Drained: every message taken during the drain, handled or dropped.
+        let taken = || {
+            self.cb_u64(std::mem::offset_of!(ControlBlock, processed))
+                + self.cb_u64(std::mem::offset_of!(ControlBlock, dropped))
+        };
+        let taken_before = taken();
         let _ = prev;
         self.send_command(command::TERMINATE);
         let start = Instant::now();
@@ -914,9 +1020,7 @@ impl CudaKernel {
                 break;
             }
             // Keep the output ring drained so a draining kernel never waits for space.
-            if self.out_tail().load(Ordering::Acquire) - lock(&self.consumer).head
-                >= (self.out_cap as u64) / 2
-            {
+            if lock(&self.consumer).ring.len() >= self.out_cap / 2 {
                 self.spill();
                 self.events.output.notify(usize::MAX);
             }
@@ -928,24 +1032,10 @@ impl CudaKernel {
         let sync = self.stream.synchronize();
         self.mark_exited();
         sync?;
-        let processed_after = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
+        let taken_after = taken();
         // Whatever is still in the input queue was not processed: hand it back.
-        let mut undelivered = Vec::new();
-        {
-            let tail = lock(&self.producer).tail;
-            let mut head = self.in_head().load(Ordering::Acquire);
-            while head < tail {
-                // SAFETY: the kernel has exited, so nothing else touches the slots.
-                let bytes = unsafe { std::slice::from_raw_parts(self.in_slot(head), self.slot) };
-                match read_slot(bytes) {
-                    Ok(env) => undelivered.push(env),
-                    Err(e) => {
-                        tracing::warn!(kernel = %self.name, error = %e, "corrupt undelivered message")
-                    }
-                }
-                head += 1;
-            }
-        }
+        let undelivered = self.take_undelivered()?;
+        self.collect_metrics();
         let replies_waiting = self.output_depth();
         self.mirror_host_indices();
         self.lifecycle.transition(LifecycleState::Terminated)?;
@@ -954,20 +1044,20 @@ impl CudaKernel {
         }
         self.events.notify_all();
         Ok(TerminateReport {
-            drained: processed_after.saturating_sub(processed_before),
+            drained: taken_after.saturating_sub(taken_before),
             undelivered,
             replies_waiting,
         })
     }
 }
 
-impl Drop for CudaKernel {
+impl Drop for CudaEngine {
     fn drop(&mut self) {
         self.force_exit();
     }
 }
 
-impl KernelEngine for CudaKernel {
+impl KernelEngine for CudaEngine {
     fn id(&self) -> KernelId {
         self.id
     }
@@ -985,7 +1075,8 @@ impl KernelEngine for CudaKernel {
     }
 
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        check_payload_fits(payload.len(), self.slot)?;
+        // The ring checks the size before the space, so an oversized payload is
+        // `MessageTooLarge`, never `QueueFull`.
         if self.send_batch(std::iter::once((header, payload)))? == 0 {
             return Err(Error::QueueFull {
                 capacity: self.in_cap,
@@ -999,23 +1090,12 @@ impl KernelEngine for CudaKernel {
         if let Some(env) = c.spill.pop_front() {
             return Ok(Some(env));
         }
-        let tail = self.out_tail().load(Ordering::Acquire);
-        if c.head >= tail {
-            return Ok(None);
-        }
-        // SAFETY: slot `head` was published by the device (acquire load of tail above)
-        // and is not rewritten until head advances past it.
-        let bytes = unsafe { std::slice::from_raw_parts(self.out_slot(c.head), self.slot) };
-        let r = read_slot(bytes);
-        c.head += 1;
-        self.out_head().store(c.head, Ordering::Release);
-        r.map(Some)
+        c.ring.try_pop()
     }
 
     fn output_depth(&self) -> usize {
         let c = lock(&self.consumer);
-        let tail = self.out_tail().load(Ordering::Acquire);
-        c.spill.len() + tail.saturating_sub(c.head) as usize
+        c.spill.len() + c.ring.len()
     }
 
     fn activate(&self) -> Result<()> {
@@ -1049,9 +1129,9 @@ impl KernelEngine for CudaKernel {
         let processed = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
         let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
         let emitted = self.out_tail().load(Ordering::Acquire);
-        let tail = lock(&self.producer).tail;
-        let head = self.in_head().load(Ordering::Acquire);
+        let input = lock(&self.producer).stats();
         self.mirror_host_indices();
+        self.collect_metrics();
         KernelMetrics {
             id: self.id,
             name: self.name.clone(),
@@ -1060,42 +1140,55 @@ impl KernelEngine for CudaKernel {
             processed,
             dropped,
             emitted,
-            queue_depth: tail.saturating_sub(head) as usize,
+            queue_depth: input.depth,
             output_depth: self.output_depth(),
-            // The persistent kernel does not time its handler yet, so there are no
-            // latency samples (count 0) rather than made-up figures.
-            latency: LatencySummary::default(),
+            latency: self.latency.summary(),
         }
     }
 }
 
 fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
     let mut idle_since = Instant::now();
+    // Indices of the kernels that took messages in this round (reused: no allocation
+    // per round).
+    let mut moved: Vec<usize> = Vec::new();
     loop {
         let Some(inner) = rt.upgrade() else { return };
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
-        let kernels: Vec<Arc<CudaKernel>> = lock(&inner.kernels).clone();
+        let kernels: Vec<Arc<CudaEngine>> = lock(&inner.kernels).clone();
         drop(inner);
         let mut activity = false;
+        moved.clear();
         // Only device-written words are read here, so the pump never contends with
         // the host threads that write the input side.
-        for k in &kernels {
+        for (i, k) in kernels.iter().enumerate() {
+            let mut m = false;
             let t = k.out_tail().load(Ordering::Acquire);
             if k.seen_out_tail.swap(t, Ordering::AcqRel) != t {
                 k.events.output.notify(usize::MAX);
-                activity = true;
+                m = true;
             }
             let h = k.in_head().load(Ordering::Acquire);
             if k.seen_in_head.swap(h, Ordering::AcqRel) != h {
                 k.events.input_space.notify(usize::MAX);
-                activity = true;
+                m = true;
             }
             let s = k.device_state();
             if k.seen_state.swap(s, Ordering::AcqRel) != s {
                 k.events.state.notify(usize::MAX);
             }
+            if m {
+                moved.push(i);
+                activity = true;
+            }
+        }
+        // After every notification (off the reply path): fold the latency samples of
+        // the kernels that took messages. `metrics()` folds too, so samples that
+        // become visible after this pass are never missed.
+        for &i in &moved {
+            kernels[i].collect_metrics();
         }
         drop(kernels);
         let now = Instant::now();
@@ -1117,5 +1210,218 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
                 idle_since = Instant::now();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringkernel_core::builtin::Token;
+    use ringkernel_core::message::{flags, RingMessage};
+
+    #[test]
+    fn grid_size_must_be_one() {
+        check_launch_options(&LaunchOptions::default()).unwrap();
+        match check_launch_options(&LaunchOptions::default().with_grid_size(2)) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("grid_size must be 1"), "{m}"),
+            other => panic!("grid_size 2 must be refused, got {other:?}"),
+        }
+        // The options' own checks still come first.
+        assert!(matches!(
+            check_launch_options(&LaunchOptions::default().with_block_size(0)),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn builtins_are_registered_without_replacing_a_users_cuda_source() {
+        let reg = KernelRegistry::new();
+        reg.register_gpu(GpuHandler::new(ECHO).with_cuda("// mine"));
+        reg.register_gpu(GpuHandler::new(STAGE).with_wgsl("// wgsl only"));
+        register_missing_cuda_builtins(&reg);
+        assert_eq!(reg.gpu(ECHO).unwrap().cuda.as_deref(), Some("// mine"));
+        let stage = reg.gpu(STAGE).unwrap();
+        assert!(stage.cuda.unwrap().contains("handle("));
+        assert_eq!(stage.wgsl.as_deref(), Some("// wgsl only"));
+        let counter = reg.gpu(COUNTER).unwrap();
+        assert_eq!(counter.state_bytes, 8);
+        // The explicit registration replaces CUDA sources.
+        register_cuda_builtins(&reg);
+        assert_ne!(reg.gpu(ECHO).unwrap().cuda.as_deref(), Some("// mine"));
+    }
+
+    // ---- GPU tests (run with `cargo test -p ringkernel-cuda --lib -- --ignored`) ----
+
+    fn on_gpu<F, Fut>(reg: KernelRegistry, f: F)
+    where
+        F: FnOnce(CudaRuntime) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let exec = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        exec.block_on(async {
+            let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+            f(rt).await.unwrap();
+        });
+    }
+
+    /// Polls `cond` for up to 10 s.
+    async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting: {what}"
+            );
+            futures_timer::Delay::new(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Host address of the slot that holds message `index` of a ring at `off`.
+    fn slot_addr(e: &CudaEngine, off: usize, cap: usize, index: u64) -> *mut u8 {
+        let i = index as usize & (cap - 1);
+        // SAFETY: i < cap, so the slot lies inside that ring of the mapped block.
+        unsafe { e.base.add(off + HEADER_LINE + i * e.slot) }
+    }
+
+    fn token_header(flags_: u32) -> MessageHeader {
+        let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
+        h.flags = flags_;
+        h
+    }
+
+    #[test]
+    #[ignore = "needs CUDA GPU"]
+    fn device_latency_samples_reach_the_histogram() {
+        let reg = KernelRegistry::new();
+        reg.register_gpu(GpuHandler::new("spin20us").with_cuda(
+            r#"
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    unsigned long long t0 = rk_globaltimer_ns();
+    while (rk_globaltimer_ns() - t0 < 20000ull) {}
+    for (unsigned i = 0; i < in_hdr->payload_len; i++) out_payload[i] = in_payload[i];
+    (void)ctx; (void)out_hdr; (void)state;
+    return 1;
+}
+"#,
+        ));
+        on_gpu(reg, |rt| async move {
+            rt.preload("spin20us")?;
+            let echo = rt.launch(ECHO, LaunchOptions::default()).await?;
+            let spin = rt.launch("spin20us", LaunchOptions::default()).await?;
+            for i in 0..1000 {
+                echo.send(Token::new(i, 1.0)).await?;
+            }
+            for _ in 0..1000 {
+                let _: Token = echo.receive_timeout(Duration::from_secs(10)).await?;
+            }
+            // Every reply was published after its sample: all 1000 are there.
+            let m = echo.metrics();
+            assert_eq!((m.processed, m.latency.count), (1000, 1000), "{m:?}");
+            for i in 0..50 {
+                spin.send(Token::new(i, 1.0)).await?;
+            }
+            for _ in 0..50 {
+                let _: Token = spin.receive_timeout(Duration::from_secs(10)).await?;
+            }
+            let l = spin.metrics().latency;
+            assert_eq!(l.count, 50, "{l:?}");
+            assert!(l.p50_ns >= 20_000, "a 20 us handler measured {l:?}");
+            assert!(l.max_ns < 100_000_000, "{l:?}");
+            rt.shutdown().await?;
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[ignore = "needs CUDA GPU"]
+    fn corrupt_replies_are_rejected_on_the_batch_and_single_read_paths() {
+        on_gpu(KernelRegistry::new(), |rt| async move {
+            let k = rt.launch(ECHO, LaunchOptions::default()).await?;
+            let s = rt.streamer(&k)?;
+            let e = s.kernel.clone();
+            let h = token_header(0);
+            for round in 0..2u64 {
+                let toks: Vec<Token> = (0..3).map(|i| Token::new(round * 10 + i, 1.0)).collect();
+                let msgs: Vec<_> = toks.iter().map(|t| (&h, bytemuck::bytes_of(t))).collect();
+                assert_eq!(s.try_send_batch(msgs)?, 3);
+                eventually("three replies", || e.output_depth() == 3).await;
+                let head = lock(&e.consumer).ring.position();
+                let bad = slot_addr(&e, e.out_off, e.out_cap, head + 1);
+                // SAFETY: the reply is published and not being read (this test is the
+                // only consumer); flipping the magic byte corrupts it in host memory.
+                unsafe { *bad ^= 0xFF };
+                let mut ids = Vec::new();
+                let mut take = |_: &MessageHeader, p: &[u8]| {
+                    ids.push(bytemuck::pod_read_unaligned::<Token>(p).id)
+                };
+                let err = if round == 0 {
+                    s.try_receive_batch(usize::MAX, &mut take)
+                        .expect_err("a corrupt reply fails the batch read")
+                } else {
+                    let first = e.try_dequeue()?.expect("first reply");
+                    take(&first.header, &first.payload);
+                    e.try_dequeue()
+                        .expect_err("a corrupt reply fails try_dequeue")
+                };
+                assert!(
+                    matches!(&err, Error::Device(m) if m.contains("magic")),
+                    "{err}"
+                );
+                assert_eq!(s.try_receive_batch(usize::MAX, &mut take)?, 1);
+                assert_eq!(ids, vec![round * 10, round * 10 + 2], "round {round}");
+            }
+            rt.shutdown().await?;
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[ignore = "needs CUDA GPU"]
+    fn the_device_checks_flagged_checksums() {
+        on_gpu(KernelRegistry::new(), |rt| async move {
+            let k = rt.launch(ECHO, LaunchOptions::default()).await?;
+            let s = rt.streamer(&k)?;
+            let e = s.kernel.clone();
+            let h = token_header(flags::CHECKSUM);
+            let t = Token::new(1, 2.0);
+            // A valid checksum passes (the device computes FNV-1a as the host does).
+            assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
+            let r: Token = k.receive_timeout(Duration::from_secs(10)).await?;
+            assert_eq!((r.id, r.value), (1, 4.0));
+            // A payload changed after the checksum was taken is dropped with its reason.
+            k.deactivate().await?;
+            assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
+            let idx = lock(&e.producer).position() - 1;
+            let slot = slot_addr(&e, e.in_off, e.in_cap, idx);
+            // SAFETY: the kernel is deactivated, so the device does not read the slot
+            // now; the payload byte lies inside it.
+            unsafe { *slot.add(ringkernel_core::message::HEADER_SIZE) ^= 1 };
+            k.activate().await?;
+            eventually("the corrupt message is dropped", || {
+                k.metrics().dropped == 1
+            })
+            .await;
+            let code = e
+                .u32_at(std::mem::offset_of!(ControlBlock, last_error))
+                .load(Ordering::Acquire);
+            assert_eq!(code, crate::metrics::device_error::CHECKSUM);
+            assert!(
+                k.try_receive::<Token>()?.is_none(),
+                "no reply for a dropped message"
+            );
+            // processed counts handled messages only, as on the other backends.
+            let m = k.metrics();
+            assert_eq!(
+                (m.processed, m.dropped, m.latency.count),
+                (1, 1, 1),
+                "{m:?}"
+            );
+            rt.shutdown().await?;
+            Ok(())
+        });
     }
 }

@@ -82,7 +82,7 @@ fn add_matches_reference() {
 #[ignore = "needs CUDA GPU"]
 fn one_echo_through_a_persistent_kernel() {
     let reg = KernelRegistry::new();
-    ringkernel_cuda::register_cuda_builtins(&reg);
+    // No explicit registration: the runtime registers the CUDA built-ins itself.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -404,6 +404,36 @@ impl SlotProducer {
         Ok(Self::from_ring(ring))
     }
 
+    /// Whether slot `tail` is free, re-reading the consumer's head only when the ring
+    /// looks full.
+    #[inline(always)]
+    fn has_room(&mut self) -> bool {
+        let cap = self.ring.capacity as u64;
+        if self.tail.wrapping_sub(self.cached_head) < cap {
+            return true;
+        }
+        self.cached_head = self.ring.head().load(Ordering::Acquire);
+        self.tail.wrapping_sub(self.cached_head) < cap
+    }
+
+    /// Writes one message into slot `tail` and advances the local tail without
+    /// publishing it. The caller has checked the payload size and [`has_room`].
+    ///
+    /// [`has_room`]: Self::has_room
+    #[inline(always)]
+    fn write_next(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        // SAFETY: slot `tail` lies in [head, head + capacity) (the caller checked
+        // `has_room`, whose head was acquire-loaded), so the consumer has released it and
+        // will not read it until we publish a tail past it; the pointer covers
+        // `slot_size` bytes of the region.
+        let slot = unsafe {
+            std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.tail), self.ring.slot_size)
+        };
+        fill_slot(slot, header, payload)?;
+        self.tail = self.tail.wrapping_add(1);
+        Ok(())
+    }
+
     /// Writes `header` and `payload` into the next slot. `MessageTooLarge` if the payload
     /// does not fit a slot, `QueueFull` if no slot is free; in both cases nothing changes.
     ///
@@ -412,26 +442,73 @@ impl SlotProducer {
     #[inline]
     pub fn try_push(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         check_payload_fits(payload.len(), self.ring.slot_size)?;
-        let cap = self.ring.capacity as u64;
-        if self.tail.wrapping_sub(self.cached_head) >= cap {
-            self.cached_head = self.ring.head().load(Ordering::Acquire);
-            if self.tail.wrapping_sub(self.cached_head) >= cap {
-                self.ring.full_rejections.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::QueueFull {
-                    capacity: self.ring.capacity,
-                });
-            }
+        if !self.has_room() {
+            self.ring.full_rejections.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::QueueFull {
+                capacity: self.ring.capacity,
+            });
         }
-        // SAFETY: slot `tail` lies in [head + 0, head + capacity), so the consumer has
-        // released it (acquire load of head above or earlier) and will not read it until
-        // we publish tail + 1; the pointer covers `slot_size` bytes of the region.
-        let slot = unsafe {
-            std::slice::from_raw_parts_mut(self.ring.slot_ptr(self.tail), self.ring.slot_size)
-        };
-        fill_slot(slot, header, payload)?;
-        self.tail = self.tail.wrapping_add(1);
+        self.write_next(header, payload)?;
         self.ring.tail().store(self.tail, Ordering::Release);
         Ok(())
+    }
+
+    /// Writes messages from `msgs`, in order, into free slots and publishes them all
+    /// with one release store of the tail (one index update per batch instead of one
+    /// per message). Stops at the end of `msgs` or when the ring is full, and returns
+    /// how many were written: the first `n` items of `msgs`. When the ring fills up,
+    /// the item after them has been taken from the iterator but not written, and one
+    /// rejection is counted in [`stats`](Self::stats); `Ok(0)` means the ring was full.
+    ///
+    /// A payload that does not fit a slot is `MessageTooLarge`: the messages before it
+    /// are written and published (they count in `stats().enqueued`), nothing after it
+    /// is taken. Each message is stamped as by [`try_push`](Self::try_push).
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::slot::slot_channel;
+    ///
+    /// let (mut tx, mut rx) = slot_channel(4, 128).unwrap();
+    /// let h = MessageHeader::new(1, 0);
+    /// let msgs = [b"a", b"b", b"c", b"d", b"e"];
+    /// let n = tx.try_push_batch(msgs.iter().map(|p| (&h, &p[..]))).unwrap();
+    /// assert_eq!(n, 4); // the ring holds four
+    /// let mut got = Vec::new();
+    /// rx.try_pop_batch_with(usize::MAX, |_, p| got.push(p[0])).unwrap();
+    /// assert_eq!(got, b"abcd");
+    /// ```
+    pub fn try_push_batch<'a, I>(&mut self, msgs: I) -> Result<usize>
+    where
+        I: IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
+    {
+        let start = self.tail;
+        let mut result = Ok(());
+        for (header, payload) in msgs {
+            if let Err(e) = check_payload_fits(payload.len(), self.ring.slot_size) {
+                result = Err(e);
+                break;
+            }
+            if !self.has_room() {
+                self.ring.full_rejections.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            if let Err(e) = self.write_next(header, payload) {
+                result = Err(e);
+                break;
+            }
+        }
+        let written = self.tail.wrapping_sub(start) as usize;
+        if written > 0 {
+            self.ring.tail().store(self.tail, Ordering::Release);
+        }
+        result.map(|()| written)
+    }
+
+    /// The tail index: the index the next message will get (the number pushed so far
+    /// when the ring started at 0). A plain read of this side's own copy: no atomic
+    /// access to the shared header.
+    pub fn position(&self) -> u64 {
+        self.tail
     }
 
     /// Free slots (a lower bound: the consumer may free more meanwhile).
@@ -551,6 +628,76 @@ impl SlotConsumer {
         res.map(Some)
     }
 
+    /// Calls `f` on up to `max` waiting messages, in order and in place (no copy), then
+    /// frees all their slots with one release store of the head. Returns how many were
+    /// passed to `f` (`Ok(0)` when the ring is empty or `max` is 0).
+    ///
+    /// Every slot is validated exactly as by [`try_pop`](Self::try_pop) (magic and
+    /// version, `payload_len` within the slot, checksum when flagged). A corrupt slot
+    /// ends the batch: it is consumed (so it cannot wedge the ring), the messages
+    /// before it have been passed to `f` and are freed too, and its error is returned.
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::slot::slot_channel;
+    ///
+    /// let (mut tx, mut rx) = slot_channel(8, 128).unwrap();
+    /// for i in 0..5u8 {
+    ///     tx.try_push(&MessageHeader::new(2, 0), &[i]).unwrap();
+    /// }
+    /// let mut sum = 0;
+    /// assert_eq!(rx.try_pop_batch_with(3, |_, p| sum += p[0]).unwrap(), 3);
+    /// assert_eq!(sum, 0 + 1 + 2);
+    /// assert_eq!(rx.try_pop_batch_with(usize::MAX, |_, p| sum += p[0]).unwrap(), 2);
+    /// assert_eq!(rx.try_pop_batch_with(usize::MAX, |_, _| unreachable!()).unwrap(), 0);
+    /// ```
+    pub fn try_pop_batch_with(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&MessageHeader, &[u8]),
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut avail = self.cached_tail.wrapping_sub(self.head);
+        if avail < max as u64 {
+            self.cached_tail = self.ring.tail().load(Ordering::Acquire);
+            avail = self.cached_tail.wrapping_sub(self.head);
+        }
+        let n = avail.min(max as u64);
+        let start = self.head;
+        let mut result = Ok(());
+        while self.head.wrapping_sub(start) < n {
+            let index = self.head;
+            // SAFETY: head < tail (acquire-loaded above or when cached), so the producer
+            // has finished writing this slot and will not touch it until we publish a
+            // head past it; the pointer covers `slot_size` bytes of the region.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(self.ring.slot_ptr(index), self.ring.slot_size)
+            };
+            self.head = index.wrapping_add(1);
+            match check_slot(bytes, index) {
+                Ok(h) => {
+                    // SAFETY: as in `try_pop_with`: 8-aligned, Pod, ours until published.
+                    let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+                    f(
+                        header,
+                        &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+                    );
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let taken = self.head.wrapping_sub(start);
+        if taken > 0 {
+            self.ring.head().store(self.head, Ordering::Release);
+        }
+        result.map(|()| taken as usize)
+    }
+
     /// Calls `f` on the oldest slot's header and payload in place (no copy), then frees
     /// the slot. Returns `None` when empty. Corrupt slots are consumed, logged with
     /// `tracing::warn!` and skipped; use [`try_pop_with`](Self::try_pop_with) to see
@@ -578,6 +725,12 @@ impl SlotConsumer {
                 }
             }
         }
+    }
+
+    /// The head index: the index of the next message to take (the number taken so far
+    /// when the ring started at 0). A plain read of this side's own copy.
+    pub fn position(&self) -> u64 {
+        self.head
     }
 
     /// Messages waiting.
