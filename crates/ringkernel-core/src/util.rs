@@ -87,6 +87,22 @@ pub fn rel_error(out: &[f32], reference: &[f64]) -> f64 {
     }
 }
 
+/// Locks `m`, recovering the guard if a panicking thread poisoned it.
+///
+/// Every mutex in RingKernel guards state that stays consistent across a panic in a
+/// user handler (handlers never run while one of these locks is held), so poisoning
+/// carries no information here; this is the one place that says so.
+///
+/// ```
+/// use std::sync::Mutex;
+/// let m = Mutex::new(1);
+/// *ringkernel_core::util::lock(&m) += 1;
+/// assert_eq!(*m.lock().unwrap(), 2);
+/// ```
+pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,20 +131,4 @@ mod tests {
         assert!(rel_error(&[f32::NAN, 2.0], &[1.0, 2.0]).is_infinite());
         assert!((rel_error(&[1.1], &[1.0]) - 0.1).abs() < 1e-6);
     }
-}
-
-/// Locks `m`, recovering the guard if a panicking thread poisoned it.
-///
-/// Every mutex in RingKernel guards state that stays consistent across a panic in a
-/// user handler (handlers never run while one of these locks is held), so poisoning
-/// carries no information here; this is the one place that says so.
-///
-/// ```
-/// use std::sync::Mutex;
-/// let m = Mutex::new(1);
-/// *ringkernel_core::util::lock(&m) += 1;
-/// assert_eq!(*m.lock().unwrap(), 2);
-/// ```
-pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
