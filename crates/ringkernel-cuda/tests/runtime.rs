@@ -26,13 +26,12 @@ where
         .build()
         .unwrap();
     exec.block_on(async {
-        let reg = KernelRegistry::new();
-        ringkernel_cuda::register_cuda_builtins(&reg);
-        let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+        let rt = runtime().await;
         f(rt).await.unwrap();
     });
 }
 
+/// A CUDA runtime with the built-in kernels.
 async fn runtime() -> CudaRuntime {
     let reg = KernelRegistry::new();
     ringkernel_cuda::register_cuda_builtins(&reg);
