@@ -474,7 +474,7 @@ async fn pipeline(
 
     while received < n {
         while sent < n && sent - received < window {
-            let tok = Token::routed(sent, sent as f64, &route);
+            let tok = Token::routed(sent, sent as f64, &route)?;
             let before = rt.clock().peek().0;
             match first.try_send(&tok) {
                 Ok(_) => {
@@ -715,7 +715,7 @@ async fn one_at_a_time(
         let id = first_id + i;
         let before = rt.clock().peek().0;
         let t0 = Instant::now();
-        stages[0].send(Token::routed(id, 0.5, &route)).await?;
+        stages[0].send(Token::routed(id, 0.5, &route)?).await?;
         let t: Token = stages[2]
             .receive_timeout(stall)
             .await

@@ -15,11 +15,11 @@
 //! own versions (WGSL, CUDA C) of the same names.
 
 use crate::context::KernelContext;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ids::KernelId;
 use crate::k2k::K2kReceipt;
 use crate::message::RingMessage;
 use crate::registry::{handler_fn, stateful_fn, KernelRegistry};
-use crate::runtime::KernelId;
 use bytemuck::{Pod, Zeroable};
 
 /// Name of the echo kernel.
@@ -28,6 +28,9 @@ pub const ECHO: &str = "rk.echo";
 pub const STAGE: &str = "rk.stage";
 /// Name of the counting subscriber kernel.
 pub const COUNTER: &str = "rk.counter";
+
+/// Most pipeline stages a [`Token`] can carry (the length of [`Token::route`]).
+pub const MAX_ROUTE: usize = 4;
 
 /// The message of the built-in kernels (72 bytes).
 #[repr(C)]
@@ -40,7 +43,7 @@ pub struct Token {
     /// HLC timestamps (packed) written by up to four hops.
     pub stamps: [u64; 4],
     /// Kernel ids of a pipeline, in order (`route[0]` is the first stage).
-    pub route: [u32; 4],
+    pub route: [u32; MAX_ROUTE],
     /// Number of valid entries in `route`.
     pub route_len: u32,
     /// Hops taken so far.
@@ -63,15 +66,30 @@ impl Token {
             ..Default::default()
         }
     }
-    /// A token that will travel through `stages` (at most 4 kernel ids).
-    pub fn routed(id: u64, value: f64, stages: &[KernelId]) -> Self {
-        assert!(stages.len() <= 4, "a token carries at most 4 hops");
+    /// A token that will travel through `stages`, in order. A token carries at most
+    /// [`MAX_ROUTE`] kernel ids: more is [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// use ringkernel_core::builtin::Token;
+    /// use ringkernel_core::runtime::KernelId;
+    /// let t = Token::routed(1, 0.5, &[KernelId(3), KernelId(4)])?;
+    /// assert_eq!((t.route_len, t.route[1]), (2, 4));
+    /// assert!(Token::routed(1, 0.5, &[KernelId(3); 5]).is_err());
+    /// # Ok::<(), ringkernel_core::Error>(())
+    /// ```
+    pub fn routed(id: u64, value: f64, stages: &[KernelId]) -> Result<Self> {
+        if stages.len() > MAX_ROUTE {
+            return Err(Error::invalid(format!(
+                "a token carries at most {MAX_ROUTE} pipeline stages, {} were given",
+                stages.len()
+            )));
+        }
         let mut t = Token::new(id, value);
-        for (i, s) in stages.iter().enumerate() {
-            t.route[i] = s.0;
+        for (slot, s) in t.route.iter_mut().zip(stages) {
+            *slot = s.0;
         }
         t.route_len = stages.len() as u32;
-        t
+        Ok(t)
     }
 }
 
@@ -99,7 +117,7 @@ fn stage(ctx: &mut KernelContext<'_>, mut t: Token) -> Result<Option<Token>> {
                     }
                 }
                 K2kReceipt::NotFound => {
-                    return Err(crate::Error::KernelNotFound(format!(
+                    return Err(Error::KernelNotFound(format!(
                         "pipeline stage {next} (from {})",
                         ctx.name()
                     )))
@@ -133,4 +151,28 @@ pub fn register_cpu_builtins(reg: &KernelRegistry) {
             },
         ))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routed_keeps_the_stages_in_order() {
+        let t = Token::routed(9, 1.5, &[KernelId(5), KernelId(2), KernelId(8)]).unwrap();
+        assert_eq!((t.id, t.value, t.hops), (9, 1.5, 0));
+        assert_eq!((t.route, t.route_len), ([5, 2, 8, 0], 3));
+        let full: Vec<KernelId> = (1..=MAX_ROUTE as u32).map(KernelId).collect();
+        assert_eq!(Token::routed(0, 0.0, &full).unwrap().route, [1, 2, 3, 4]);
+        assert_eq!(Token::routed(0, 0.0, &[]).unwrap().route_len, 0);
+    }
+
+    #[test]
+    fn routed_with_too_many_stages_is_an_error() {
+        let stages: Vec<KernelId> = (1..=5).map(KernelId).collect();
+        match Token::routed(1, 0.0, &stages) {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("5"), "{msg}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
 }

@@ -17,6 +17,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 pub mod reference;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 /// A device-resident f32 buffer. Each backend downcasts to its own type.

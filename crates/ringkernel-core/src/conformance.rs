@@ -9,18 +9,19 @@
 //! failure. They are executor-agnostic (no task spawning; waiting uses the runtime's
 //! own async API), so any executor can drive them.
 //!
-//! A backend's test file runs each of them on its own runtime, one test function per
-//! check so failures are named:
+//! Only built with the `testkit` feature (enable it in a backend's `[dev-dependencies]`).
+//!
+//! A backend's test file runs each of them on a fresh runtime, one `#[test]` per check
+//! so failures are named, with [`conformance_tests!`](crate::conformance_tests):
 //!
 //! ```ignore
-//! #[tokio::test(flavor = "multi_thread")]
-//! async fn lifecycle() {
-//!     let rt = MyRuntime::new(KernelRegistry::new()).await.unwrap();
-//!     ringkernel_core::conformance::lifecycle(&rt).await.unwrap();
+//! ringkernel_core::conformance_tests! {
+//!     runtime: MyRuntime::new(KernelRegistry::new()).await.unwrap(),
+//!     scale: ringkernel_core::conformance::Scale::quick(),
 //! }
 //! ```
 //!
-//! or all of them at once with [`run_all`].
+//! or all of them at once on one runtime with [`run_all`].
 
 use crate::builtin::{Token, COUNTER, ECHO, STAGE};
 use crate::error::{Error, Result};
@@ -710,7 +711,7 @@ pub async fn k2k_pipeline(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
         };
         while received < n {
             while sent < n && sent - received < window {
-                match s1.try_send(&Token::routed(sent, sent as f64, &route)) {
+                match s1.try_send(&Token::routed(sent, sent as f64, &route)?) {
                     Ok(_) => sent += 1,
                     Err(Error::QueueFull { .. }) => break,
                     Err(e) => return Err(fail(T, format!("send of token {sent}: {e}"))),
@@ -906,20 +907,191 @@ pub async fn queue_full(rt: &dyn RingKernelRuntime) -> Result<()> {
     .await
 }
 
+/// One conformance test, by name (what [`conformance_tests!`](crate::conformance_tests)
+/// makes a `#[test]` of).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Case {
+    /// [`lifecycle`].
+    Lifecycle,
+    /// [`call_correlation`] with [`Scale::callers`] × [`Scale::calls_per_caller`].
+    CallCorrelation,
+    /// [`echo_many`] with [`Scale::echo_messages`].
+    EchoMany,
+    /// [`deactivate_keeps_messages`].
+    DeactivateKeepsMessages,
+    /// [`terminate_in_flight`].
+    TerminateInFlight,
+    /// [`unknown_kernel`].
+    UnknownKernel,
+    /// [`bad_capacity`].
+    BadCapacity,
+    /// [`oversized_payload`].
+    OversizedPayload,
+    /// [`receive_timeout`].
+    ReceiveTimeout,
+    /// [`k2k_pipeline`] with [`Scale::pipeline_messages`].
+    K2kPipeline,
+    /// [`pubsub_fanout`].
+    PubsubFanout,
+    /// [`queue_full`].
+    QueueFull,
+}
+
+impl Case {
+    /// Every case, in the order [`run_all`] runs them.
+    pub const ALL: [Case; 12] = [
+        Case::Lifecycle,
+        Case::CallCorrelation,
+        Case::EchoMany,
+        Case::DeactivateKeepsMessages,
+        Case::TerminateInFlight,
+        Case::UnknownKernel,
+        Case::BadCapacity,
+        Case::OversizedPayload,
+        Case::ReceiveTimeout,
+        Case::K2kPipeline,
+        Case::PubsubFanout,
+        Case::QueueFull,
+    ];
+
+    /// Runs this test on `rt` (volume tests sized by `scale`).
+    pub async fn run(self, rt: &dyn RingKernelRuntime, scale: Scale) -> Result<()> {
+        match self {
+            Case::Lifecycle => lifecycle(rt).await,
+            Case::CallCorrelation => {
+                call_correlation(rt, scale.callers, scale.calls_per_caller).await
+            }
+            Case::EchoMany => echo_many(rt, scale.echo_messages).await,
+            Case::DeactivateKeepsMessages => deactivate_keeps_messages(rt).await,
+            Case::TerminateInFlight => terminate_in_flight(rt).await,
+            Case::UnknownKernel => unknown_kernel(rt).await,
+            Case::BadCapacity => bad_capacity(rt).await,
+            Case::OversizedPayload => oversized_payload(rt).await,
+            Case::ReceiveTimeout => receive_timeout(rt).await,
+            Case::K2kPipeline => k2k_pipeline(rt, scale.pipeline_messages).await,
+            Case::PubsubFanout => pubsub_fanout(rt).await,
+            Case::QueueFull => queue_full(rt).await,
+        }
+    }
+}
+
+/// Runs `case` on `rt`, then shuts the runtime down and checks that the test left no
+/// kernel running. The body of each test [`conformance_tests!`](crate::conformance_tests)
+/// writes.
+pub async fn run_case(rt: &dyn RingKernelRuntime, case: Case, scale: Scale) -> Result<()> {
+    let r = case.run(rt, scale).await;
+    let report = rt.shutdown().await;
+    r?;
+    let report = report.map_err(|e| fail("shutdown", format!("after {case:?}: {e}")))?;
+    if report.kernels != 0 {
+        return Err(fail(
+            "shutdown",
+            format!("{case:?} left {} kernel(s) running", report.kernels),
+        ));
+    }
+    Ok(())
+}
+
+/// Drives `fut` to completion on the calling thread, parking it while the future waits
+/// (the conformance tests spawn no tasks and need no reactor, so this is all the
+/// executor they need).
+pub fn block_on<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        // A wake between the poll and here leaves the token set: park returns at once.
+        std::thread::park();
+    }
+}
+
+/// One `#[test]` per conformance [`Case`](crate::conformance::Case), each on a fresh
+/// runtime that it shuts down afterwards ([`run_case`](crate::conformance::run_case)).
+///
+/// Keys, in this order (only `runtime` is required):
+///
+/// * `runtime:` an expression making the runtime (any [`RingKernelRuntime`]); it is
+///   evaluated inside an `async` block, so it may `.await`.
+/// * `scale:` the [`Scale`](crate::conformance::Scale) of the volume tests (default
+///   [`Scale::quick`](crate::conformance::Scale::quick)).
+/// * `serial:` a `static` `Mutex<()>` each test holds while it runs (for devices that
+///   must not run several test runtimes at once).
+/// * `ignore:` a reason string: every test is `#[ignore = reason]` (e.g. "needs CUDA GPU").
+///
+/// ```ignore
+/// ringkernel_core::conformance_tests! {
+///     runtime: CudaRuntime::new(KernelRegistry::new()).await.unwrap(),
+///     scale: Scale::full(),
+///     serial: SERIAL,
+///     ignore: "needs CUDA GPU",
+/// }
+/// ```
+///
+/// The tests run on [`block_on`](crate::conformance::block_on); no async test
+/// framework is needed.
+#[macro_export]
+macro_rules! conformance_tests {
+    (
+        runtime: $rt:expr
+        $(, scale: $scale:expr)?
+        $(, serial: $lock:path)?
+        $(, ignore: $reason:literal)?
+        $(,)?
+    ) => {
+        $crate::conformance_tests!(@cases ($rt) ($($scale)?) ($($lock)?) ($($reason)?)
+            lifecycle Lifecycle,
+            call_correlation CallCorrelation,
+            echo_many EchoMany,
+            deactivate_keeps_messages DeactivateKeepsMessages,
+            terminate_in_flight TerminateInFlight,
+            unknown_kernel UnknownKernel,
+            bad_capacity BadCapacity,
+            oversized_payload OversizedPayload,
+            receive_timeout ReceiveTimeout,
+            k2k_pipeline K2kPipeline,
+            pubsub_fanout PubsubFanout,
+            queue_full QueueFull,
+        );
+    };
+    (@cases $rt:tt $scale:tt $lock:tt $reason:tt $($name:ident $case:ident,)*) => {
+        $($crate::conformance_tests!(@case $name $case $rt $scale $lock $reason);)*
+    };
+    (@case $name:ident $case:ident ($rt:expr) ($($scale:expr)?) ($($lock:path)?) ($($reason:literal)?)) => {
+        #[test]
+        $(#[ignore = $reason])?
+        fn $name() {
+            $(let _serial = $crate::util::lock(&$lock);)?
+            #[allow(unused_mut, unused_assignments)]
+            let mut scale = $crate::conformance::Scale::quick();
+            $(scale = $scale;)?
+            let r = $crate::conformance::block_on(async {
+                let rt = $rt;
+                $crate::conformance::run_case(&rt, $crate::conformance::Case::$case, scale).await
+            });
+            if let Err(e) = r {
+                panic!("{e}");
+            }
+        }
+    };
+}
+
 /// Runs every conformance test in turn, stopping at the first failure.
 pub async fn run_all(rt: &dyn RingKernelRuntime, scale: Scale) -> Result<()> {
-    lifecycle(rt).await?;
-    call_correlation(rt, scale.callers, scale.calls_per_caller).await?;
-    echo_many(rt, scale.echo_messages).await?;
-    deactivate_keeps_messages(rt).await?;
-    terminate_in_flight(rt).await?;
-    unknown_kernel(rt).await?;
-    bad_capacity(rt).await?;
-    oversized_payload(rt).await?;
-    receive_timeout(rt).await?;
-    k2k_pipeline(rt, scale.pipeline_messages).await?;
-    pubsub_fanout(rt).await?;
-    queue_full(rt).await?;
+    for case in Case::ALL {
+        case.run(rt, scale).await?;
+    }
     Ok(())
 }
 
@@ -930,8 +1102,37 @@ mod tests {
     #[test]
     fn join_all_keeps_order() {
         let futs: Vec<_> = (0..5).map(|i| async move { i * 10 }).collect();
-        let out = futures_block_on(join_all(futs));
+        let out = block_on(join_all(futs));
         assert_eq!(out, vec![0, 10, 20, 30, 40]);
+    }
+
+    #[test]
+    fn block_on_sleeps_until_woken_from_another_thread() {
+        let start = Instant::now();
+        block_on(crate::util::sleep(Duration::from_millis(30)));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        // A value produced on another thread and woken through the waker.
+        let (tx, rx) = std::sync::mpsc::channel::<std::task::Waker>();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let t = std::thread::spawn(move || {
+            let w = rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+            flag.store(true, Ordering::SeqCst);
+            w.wake();
+        });
+        let mut tx = Some(tx);
+        let v = block_on(std::future::poll_fn(|cx| {
+            if done.load(Ordering::SeqCst) {
+                return Poll::Ready(7);
+            }
+            if let Some(tx) = tx.take() {
+                tx.send(cx.waker().clone()).unwrap();
+            }
+            Poll::Pending
+        }));
+        assert_eq!(v, 7);
+        t.join().unwrap();
     }
 
     #[test]
@@ -942,17 +1143,5 @@ mod tests {
         }
         assert!(f(1).is_ok());
         assert_eq!(f(2), Err(Error::Device("conformance demo: x was 2".into())));
-    }
-
-    /// Minimal executor for futures that never wait.
-    fn futures_block_on<F: Future>(f: F) -> F::Output {
-        let mut f = Box::pin(f);
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        loop {
-            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-                return v;
-            }
-        }
     }
 }

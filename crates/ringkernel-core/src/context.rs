@@ -2,9 +2,10 @@
 
 use crate::error::Result;
 use crate::hlc::{HlcClock, HlcTimestamp};
+use crate::ids::KernelId;
 use crate::k2k::{K2kReceipt, KernelTarget};
 use crate::message::{check_payload_fits, flags, MessageHeader, RingMessage};
-use crate::runtime::{KernelId, RuntimeCore};
+use crate::pubsub::PublishReport;
 use crate::telemetry::KernelCounters;
 use std::sync::atomic::Ordering;
 
@@ -16,11 +17,35 @@ pub trait OutputSink {
     fn emit(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()>;
 }
 
+/// What a handler's context needs from its runtime: message ids, K2K delivery and
+/// topic publishing. [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a
+/// trait, so that this module does not depend on the runtime module that uses it).
+pub trait MessageRouter: Send + Sync {
+    /// A fresh message id, unique within the runtime.
+    fn next_message_id(&self) -> u64;
+    /// Routes one message into a kernel's input queue without blocking (see
+    /// [`RuntimeCore::deliver`](crate::runtime::RuntimeCore::deliver)).
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt>;
+    /// Publishes one message to every kernel subscribed to `topic` (see
+    /// [`RuntimeCore::publish_raw`](crate::runtime::RuntimeCore::publish_raw)).
+    fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport>;
+}
+
 /// The handler's view of its kernel and the runtime while handling one message.
 pub struct KernelContext<'a> {
     id: KernelId,
     name: &'a str,
-    core: &'a RuntimeCore,
+    core: &'a dyn MessageRouter,
     hlc: &'a HlcClock,
     counters: &'a KernelCounters,
     request: MessageHeader,
@@ -34,7 +59,7 @@ impl<'a> KernelContext<'a> {
     pub fn new(
         id: KernelId,
         name: &'a str,
-        core: &'a RuntimeCore,
+        core: &'a dyn MessageRouter,
         hlc: &'a HlcClock,
         counters: &'a KernelCounters,
         request: MessageHeader,

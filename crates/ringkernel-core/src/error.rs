@@ -1,7 +1,7 @@
 //! The one error type of RingKernel.
 
 use crate::backend::BackendKind;
-use crate::lifecycle::LifecycleState;
+use crate::state::LifecycleState;
 use std::time::Duration;
 
 /// Result alias used throughout RingKernel.

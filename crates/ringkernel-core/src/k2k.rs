@@ -2,13 +2,11 @@
 //! (4-neighbour) and 3-D (6-neighbour) tile grids.
 //!
 //! A handler sends with [`KernelContext::send_to`](crate::context::KernelContext::send_to);
-//! the runtime routes by id or name and answers with a [`K2kReceipt`]. GPU backends
-//! keep K2K inboxes in device memory with the [`K2kInboxHeader`] and [`RouteEntry`]
-//! layouts defined here.
+//! the runtime routes by id or name and answers with a [`K2kReceipt`]. The routing
+//! tables name the neighbours of each tile of a 2-D or 3-D grid of kernels.
 
 use crate::error::{Error, Result};
-use crate::runtime::KernelId;
-use bytemuck::{Pod, Zeroable};
+use crate::ids::KernelId;
 use std::collections::HashMap;
 
 /// Where a K2K message goes.
@@ -51,140 +49,6 @@ pub enum K2kReceipt {
     /// No such kernel (or it has terminated); the message was not delivered.
     NotFound,
 }
-
-/// Header of a K2K inbox in device memory (64 bytes). An inbox is this header followed
-/// by `capacity` slots of `slot_size` bytes; `head`/`tail` follow the queue rules
-/// (64-bit, monotonically increasing, slot = index & mask).
-///
-/// Unlike [`QueueHeader`](crate::queue::QueueHeader), `tail` is claimed by several
-/// writers (neighbouring kernels) with an atomic add, and all fields share one cache
-/// line: inboxes are small and touched by device atomics, where line sharing between
-/// the host and device is not the issue it is for the host queues. 64-bit fields are
-/// `vec2<u32>` (low word first) in WGSL.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct K2kInboxHeader {
-    /// Messages consumed. Written by the owner kernel only.
-    pub head: u64,
-    /// Slots claimed by senders (atomic add).
-    pub tail: u64,
-    /// Number of slots (power of two).
-    pub capacity: u32,
-    /// Slot size in bytes (power of two, >= 128).
-    pub slot_size: u32,
-    /// `capacity - 1`.
-    pub mask: u32,
-    /// Kernel id of the inbox's owner (the receiver).
-    pub owner_kernel: u32,
-    /// Messages delivered into this inbox (senders add 1 after writing a slot).
-    pub delivered: u64,
-    /// Sends refused because the inbox was full (senders add 1).
-    pub rejected: u64,
-    /// [`inbox_flags`] bits.
-    pub flags: u32,
-    /// Explicit padding to 64 bytes, always zero.
-    pub reserved: [u32; 3],
-}
-
-/// Bits of [`K2kInboxHeader::flags`].
-pub mod inbox_flags {
-    /// The inbox is initialised and accepts messages.
-    pub const ACTIVE: u32 = 1 << 0;
-    /// The owner has terminated: senders must report `NotFound`.
-    pub const CLOSED: u32 = 1 << 1;
-}
-
-impl K2kInboxHeader {
-    /// A fresh, active header for an inbox of `capacity` slots of `slot_size` bytes
-    /// owned by `owner` (`InvalidArgument` for a bad capacity or slot size).
-    pub fn new(owner: KernelId, capacity: usize, slot_size: usize) -> Result<Self> {
-        crate::queue::slot::slot_region_bytes(capacity, slot_size)?;
-        Ok(K2kInboxHeader {
-            capacity: capacity as u32,
-            slot_size: slot_size as u32,
-            mask: capacity as u32 - 1,
-            owner_kernel: owner.0,
-            flags: inbox_flags::ACTIVE,
-            ..Default::default()
-        })
-    }
-}
-
-const _: () = {
-    use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<K2kInboxHeader>() == 64);
-    assert!(align_of::<K2kInboxHeader>() == 64);
-    assert!(offset_of!(K2kInboxHeader, head) == 0);
-    assert!(offset_of!(K2kInboxHeader, tail) == 8);
-    assert!(offset_of!(K2kInboxHeader, capacity) == 16);
-    assert!(offset_of!(K2kInboxHeader, slot_size) == 20);
-    assert!(offset_of!(K2kInboxHeader, mask) == 24);
-    assert!(offset_of!(K2kInboxHeader, owner_kernel) == 28);
-    assert!(offset_of!(K2kInboxHeader, delivered) == 32);
-    assert!(offset_of!(K2kInboxHeader, rejected) == 40);
-    assert!(offset_of!(K2kInboxHeader, flags) == 48);
-    assert!(offset_of!(K2kInboxHeader, reserved) == 52);
-};
-
-/// Field names with their offsets for [`K2kInboxHeader`] (for the WGSL/CUDA/Metal
-/// layout tests).
-pub const K2K_INBOX_HEADER_FIELDS: &[(&str, usize)] = &[
-    ("head", 0),
-    ("tail", 8),
-    ("capacity", 16),
-    ("slot_size", 20),
-    ("mask", 24),
-    ("owner_kernel", 28),
-    ("delivered", 32),
-    ("rejected", 40),
-    ("flags", 48),
-    ("reserved", 52),
-];
-
-/// One routing-table entry (32 bytes): where a neighbour's inbox is.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct RouteEntry {
-    /// Kernel id of the neighbour (0 when there is none).
-    pub dest_kernel: u32,
-    /// Direction code: [`Dir2::code`] or [`Dir3::code`].
-    pub direction: u32,
-    /// Device address (or offset into the backend's inbox buffer) of the neighbour's
-    /// [`K2kInboxHeader`]; 0 until the backend fills it in.
-    pub inbox_addr: u64,
-    /// [`route_flags`] bits.
-    pub flags: u32,
-    /// Explicit padding to 32 bytes, always zero.
-    pub reserved: [u32; 3],
-}
-
-/// Bits of [`RouteEntry::flags`].
-pub mod route_flags {
-    /// A neighbour exists in this direction.
-    pub const VALID: u32 = 1 << 0;
-    /// The neighbour was reached by wrapping around a periodic edge.
-    pub const WRAPPED: u32 = 1 << 1;
-}
-
-const _: () = {
-    use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<RouteEntry>() == 32);
-    assert!(align_of::<RouteEntry>() == 8);
-    assert!(offset_of!(RouteEntry, dest_kernel) == 0);
-    assert!(offset_of!(RouteEntry, direction) == 4);
-    assert!(offset_of!(RouteEntry, inbox_addr) == 8);
-    assert!(offset_of!(RouteEntry, flags) == 16);
-    assert!(offset_of!(RouteEntry, reserved) == 20);
-};
-
-/// Field names with their offsets for [`RouteEntry`].
-pub const ROUTE_ENTRY_FIELDS: &[(&str, usize)] = &[
-    ("dest_kernel", 0),
-    ("direction", 4),
-    ("inbox_addr", 8),
-    ("flags", 16),
-    ("reserved", 20),
-];
 
 /// The four directions of a 2-D tile grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -326,21 +190,6 @@ fn index_ids(
     Ok(pos)
 }
 
-fn entry(dest: Option<(KernelId, bool)>, code: u32) -> RouteEntry {
-    match dest {
-        Some((id, wrapped)) => RouteEntry {
-            dest_kernel: id.0,
-            direction: code,
-            flags: route_flags::VALID | if wrapped { route_flags::WRAPPED } else { 0 },
-            ..Default::default()
-        },
-        None => RouteEntry {
-            direction: code,
-            ..Default::default()
-        },
-    }
-}
-
 /// Routing table for a `width × height` grid of kernels (row-major ids), optionally
 /// periodic (wrap-around edges).
 ///
@@ -423,30 +272,6 @@ impl RoutingTable2D {
             (i / self.width as usize) as u32,
         ))
     }
-
-    /// The device-side route entries of tile `(x, y)`, in the order of `neighbours`
-    /// (`inbox_addr` 0: see [`route_entries_with`](Self::route_entries_with)).
-    pub fn route_entries(&self, x: u32, y: u32) -> [RouteEntry; 4] {
-        self.route_entries_with(x, y, |_| 0)
-    }
-
-    /// As [`route_entries`](Self::route_entries), with `inbox_addr` filled in by
-    /// `inbox_of` for each existing neighbour.
-    pub fn route_entries_with(
-        &self,
-        x: u32,
-        y: u32,
-        inbox_of: impl Fn(KernelId) -> u64,
-    ) -> [RouteEntry; 4] {
-        Dir2::ALL.map(|d| {
-            let dest = self.resolve(x, y, d);
-            let mut e = entry(dest, d.code());
-            if let Some((id, _)) = dest {
-                e.inbox_addr = inbox_of(id);
-            }
-            e
-        })
-    }
 }
 
 /// Routing table for a `w × h × d` grid of kernels (x fastest), optionally periodic.
@@ -528,28 +353,5 @@ impl RoutingTable3D {
         let i = *self.pos.get(&id)?;
         let (w, h) = (self.dims[0] as usize, self.dims[1] as usize);
         Some([(i % w) as u32, ((i / w) % h) as u32, (i / (w * h)) as u32])
-    }
-
-    /// The device-side route entries of tile `p`, in the order of `neighbours`
-    /// (`inbox_addr` 0: see [`route_entries_with`](Self::route_entries_with)).
-    pub fn route_entries(&self, p: [u32; 3]) -> [RouteEntry; 6] {
-        self.route_entries_with(p, |_| 0)
-    }
-
-    /// As [`route_entries`](Self::route_entries), with `inbox_addr` filled in by
-    /// `inbox_of` for each existing neighbour.
-    pub fn route_entries_with(
-        &self,
-        p: [u32; 3],
-        inbox_of: impl Fn(KernelId) -> u64,
-    ) -> [RouteEntry; 6] {
-        Dir3::ALL.map(|d| {
-            let dest = self.resolve(p, d);
-            let mut e = entry(dest, d.code());
-            if let Some((id, _)) = dest {
-                e.inbox_addr = inbox_of(id);
-            }
-            e
-        })
     }
 }

@@ -22,12 +22,14 @@
 pub mod backend;
 pub mod builtin;
 pub mod compute;
+#[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 pub mod context;
 pub mod control;
 pub mod error;
 pub mod gpu_type;
 pub mod hlc;
+pub mod ids;
 pub mod k2k;
 pub mod lifecycle;
 pub mod message;
@@ -36,6 +38,7 @@ pub mod pubsub;
 pub mod queue;
 pub mod registry;
 pub mod runtime;
+mod state;
 mod sync;
 pub mod telemetry;
 pub mod util;
@@ -57,9 +60,10 @@ pub mod prelude {
     pub use crate::context::KernelContext;
     pub use crate::error::{Error, Result};
     pub use crate::hlc::{HlcClock, HlcTimestamp};
+    pub use crate::ids::KernelId;
     pub use crate::k2k::{K2kReceipt, KernelTarget};
     pub use crate::lifecycle::LifecycleState;
     pub use crate::message::{Envelope, MessageHeader, RingMessage};
     pub use crate::options::LaunchOptions;
-    pub use crate::runtime::{KernelHandle, KernelId, RingKernelRuntime};
+    pub use crate::runtime::{KernelHandle, RingKernelRuntime};
 }

@@ -19,9 +19,15 @@ pub struct LaunchOptions {
     pub output_capacity: usize,
     /// Slot size in bytes: 64-byte header plus payload (power of two, at least 128).
     pub slot_size: usize,
-    /// Threads per block (CUDA) / workgroup size (WGSL). Ignored on the CPU.
+    /// Threads of the kernel's block on CUDA (the persistent kernel is one block of this
+    /// many threads; each gets its own device scratch slots). Must be in 1..=1024 on
+    /// every backend ([`validate`](Self::validate)), but only CUDA uses it: the CPU
+    /// runs one thread per kernel, and the WebGPU and Metal drain passes use the
+    /// workgroup size fixed in their WGSL, whatever this says.
     pub block_size: u32,
-    /// Blocks in the grid (CUDA). Ignored on the CPU and WebGPU.
+    /// Blocks in the grid. Must be at least 1 everywhere, and exactly 1 on CUDA (a
+    /// persistent kernel is one block; any other value fails the launch with
+    /// [`Error::InvalidArgument`]). Ignored by the CPU, WebGPU and Metal backends.
     pub grid_size: u32,
     /// Activate right after launch (default true). When false the kernel stays
     /// `Launched` until [`KernelHandle::activate`](crate::runtime::KernelHandle::activate).
@@ -70,12 +76,14 @@ impl LaunchOptions {
         self.slot_size = bytes;
         self
     }
-    /// Sets the GPU block (workgroup) size.
+    /// Sets the CUDA block size ([`block_size`](Self::block_size): ignored by the CPU,
+    /// WebGPU and Metal backends).
     pub fn with_block_size(mut self, threads: u32) -> Self {
         self.block_size = threads;
         self
     }
-    /// Sets the GPU grid size.
+    /// Sets the grid size ([`grid_size`](Self::grid_size): must stay 1 on CUDA, ignored
+    /// elsewhere).
     pub fn with_grid_size(mut self, blocks: u32) -> Self {
         self.grid_size = blocks;
         self

@@ -9,16 +9,13 @@
 //! kernel's input queue (see [`RuntimeCore::publish`](crate::runtime::RuntimeCore::publish)).
 
 use crate::error::{Error, Result};
-use crate::runtime::KernelId;
+use crate::ids::KernelId;
+pub use crate::ids::SubscriptionId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::RwLock;
 
 /// Longest topic or filter in bytes (the MQTT limit of a UTF-8 string).
 pub const MAX_TOPIC_LEN: usize = 65_535;
-
-/// Identifies one subscription (for [`Broker::unsubscribe`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SubscriptionId(pub u64);
 
 /// A validated topic filter.
 ///
@@ -131,6 +128,17 @@ pub fn validate_topic(topic: &str) -> Result<()> {
 struct Inner {
     next_id: u64,
     subs: BTreeMap<SubscriptionId, (TopicFilter, KernelId)>,
+}
+
+/// How a publish went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    /// Kernels whose input queue received the message.
+    pub delivered: usize,
+    /// Subscribed kernels whose queue was full (not delivered).
+    pub queue_full: Vec<KernelId>,
+    /// Subscribed kernels that have terminated (not delivered).
+    pub not_found: Vec<KernelId>,
 }
 
 /// Subscriptions of kernels to topic filters. Thread-safe.

@@ -13,16 +13,19 @@
 //! on top of those, so it behaves the same on every backend.
 
 use crate::backend::BackendKind;
+use crate::context::MessageRouter;
 use crate::error::{Error, Result};
 use crate::hlc::{HlcClock, HlcTimestamp};
+pub use crate::ids::KernelId;
 use crate::k2k::{K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
 use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
 use crate::options::LaunchOptions;
+pub use crate::pubsub::PublishReport;
 use crate::pubsub::{validate_topic, Broker, SubscriptionId};
 use crate::registry::KernelRegistry;
 use crate::telemetry::{KernelMetrics, RuntimeMetrics};
-use crate::util::BoxFuture;
+use crate::util::{lock, BoxFuture};
 use event_listener::{Event, EventListener};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -31,21 +34,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-
-/// Identifies a kernel within a runtime. `KernelId(0)` is the host.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KernelId(pub u32);
-
-impl KernelId {
-    /// The host (source of messages sent by [`KernelHandle::send`]).
-    pub const HOST: KernelId = KernelId(0);
-}
-
-impl std::fmt::Display for KernelId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
 
 /// Wake-ups a backend raises so async waiters never poll or block.
 #[derive(Debug, Default)]
@@ -111,17 +99,6 @@ pub trait KernelEngine: Send + Sync + 'static {
     fn events(&self) -> &KernelEvents;
     /// Metrics snapshot.
     fn metrics(&self) -> KernelMetrics;
-}
-
-/// How a publish went.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishReport {
-    /// Kernels whose input queue received the message.
-    pub delivered: usize,
-    /// Subscribed kernels whose queue was full (not delivered).
-    pub queue_full: Vec<KernelId>,
-    /// Subscribed kernels that have terminated (not delivered).
-    pub not_found: Vec<KernelId>,
 }
 
 /// State shared by all backends' runtimes: kernel table, ids, host clock, broker,
@@ -341,6 +318,28 @@ impl RuntimeCore {
             report.undelivered += r.undelivered.len();
         }
         Ok(report)
+    }
+}
+
+impl MessageRouter for RuntimeCore {
+    fn next_message_id(&self) -> u64 {
+        RuntimeCore::next_message_id(self)
+    }
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
+        RuntimeCore::deliver(self, target, header, payload)
+    }
+    fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport> {
+        RuntimeCore::publish_raw(self, topic, header, payload)
     }
 }
 
@@ -598,7 +597,7 @@ impl KernelHandle {
     /// Takes the first message (stash first, then the queue) that `pred` accepts,
     /// stashing the others. `Ok(None)` when none is there now.
     fn take_matching(&self, pred: &(dyn Fn(&Envelope) -> bool + Sync)) -> Result<Option<Envelope>> {
-        let mut stash = self.inner.stash.lock().expect("stash lock");
+        let mut stash = lock(&self.inner.stash);
         if let Some(pos) = stash.iter().position(pred) {
             return Ok(stash.remove(pos));
         }
@@ -690,7 +689,7 @@ impl KernelHandle {
             Ok(m) => Ok(m),
             Err(e) => {
                 // Not what the caller expected: keep it for a later receive.
-                self.inner.stash.lock().expect("stash lock").push_front(env);
+                lock(&self.inner.stash).push_front(env);
                 Err(e)
             }
         }

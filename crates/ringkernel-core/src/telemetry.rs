@@ -1,8 +1,8 @@
 //! Telemetry: per-kernel counters, handler-latency histograms and runtime snapshots.
 
 use crate::backend::BackendKind;
+use crate::ids::KernelId;
 use crate::lifecycle::LifecycleState;
-use crate::runtime::KernelId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 

@@ -58,10 +58,10 @@ use ringkernel_core::runtime::{
     TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
-use ringkernel_core::util::BoxFuture;
+use ringkernel_core::util::{lock, BoxFuture};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -108,13 +108,6 @@ fn cpu_model() -> Option<String> {
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .filter(|v| !v.is_empty())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the data
-    // (queues, reports) stays consistent because every critical section is a single
-    // non-panicking operation.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The CPU actor runtime. Each kernel is a dedicated thread running its registered

@@ -29,48 +29,21 @@ fn runtime() -> CpuRuntime {
     CpuRuntime::with_registry(KernelRegistry::new())
 }
 
-/// Runs one conformance check on a fresh runtime and shuts it down cleanly.
-macro_rules! conformance {
-    ($name:ident, |$rt:ident| $call:expr) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            let $rt = runtime();
-            let r: Result<()> = $call.await;
-            r.unwrap();
-            let report = $rt.shutdown().await.unwrap();
-            assert_eq!(
-                report.kernels, 0,
-                "the conformance test left kernels running"
-            );
-        }
-    };
+ringkernel_core::conformance_tests! {
+    runtime: runtime(),
+    scale: scale(),
 }
 
-conformance!(lifecycle, |rt| conf::lifecycle(&rt));
-conformance!(call_correlation, |rt| conf::call_correlation(
-    &rt,
-    scale().callers,
-    scale().calls_per_caller
-));
-conformance!(echo_many, |rt| conf::echo_many(&rt, scale().echo_messages));
-conformance!(deactivate_keeps_messages, |rt| {
-    conf::deactivate_keeps_messages(&rt)
-});
-conformance!(terminate_in_flight, |rt| conf::terminate_in_flight(&rt));
-conformance!(unknown_kernel, |rt| conf::unknown_kernel(&rt));
-conformance!(bad_capacity, |rt| conf::bad_capacity(&rt));
-conformance!(oversized_payload, |rt| conf::oversized_payload(&rt));
-conformance!(receive_timeout, |rt| conf::receive_timeout(&rt));
-conformance!(k2k_pipeline, |rt| conf::k2k_pipeline(
-    &rt,
-    scale().pipeline_messages
-));
-conformance!(pubsub_fanout, |rt| conf::pubsub_fanout(&rt));
-conformance!(queue_full, |rt| conf::queue_full(&rt));
-conformance!(run_all_on_one_runtime, |rt| conf::run_all(
-    &rt,
-    conf::Scale::quick()
-));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_all_on_one_runtime() {
+    let rt = runtime();
+    conf::run_all(&rt, conf::Scale::quick()).await.unwrap();
+    let report = rt.shutdown().await.unwrap();
+    assert_eq!(
+        report.kernels, 0,
+        "the conformance tests left kernels running"
+    );
+}
 
 /// What a receipt is, as a number a handler can put into a reply.
 fn receipt_code(r: K2kReceipt) -> f64 {

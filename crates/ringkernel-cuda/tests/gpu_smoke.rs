@@ -147,7 +147,10 @@ fn modules_load_before_kernels_run_and_never_hang() {
             .await
             .expect("a preloaded handler launches beside a running kernel");
         let t: Token = s
-            .call(Token::routed(3, 1.0, &[s.id()]), Duration::from_secs(10))
+            .call(
+                Token::routed(3, 1.0, &[s.id()]).unwrap(),
+                Duration::from_secs(10),
+            )
             .await
             .expect("stage");
         assert_eq!((t.hops, t.value), (1, 2.0));

@@ -26,47 +26,24 @@ where
         .build()
         .unwrap();
     exec.block_on(async {
-        let reg = KernelRegistry::new();
-        ringkernel_cuda::register_cuda_builtins(&reg);
-        let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+        let rt = runtime().await;
         f(rt).await.unwrap();
     });
 }
 
-macro_rules! conformance_test {
-    ($name:ident, |$rt:ident| $body:expr) => {
-        #[test]
-        #[ignore = "needs CUDA GPU"]
-        fn $name() {
-            with_runtime(|$rt| async move {
-                let r = $body.await;
-                $rt.shutdown().await?;
-                r
-            });
-        }
-    };
+/// A CUDA runtime with the built-in kernels.
+async fn runtime() -> CudaRuntime {
+    let reg = KernelRegistry::new();
+    ringkernel_cuda::register_cuda_builtins(&reg);
+    CudaRuntime::new(reg).await.expect("CUDA runtime")
 }
 
-conformance_test!(lifecycle, |rt| conformance::lifecycle(&rt));
-conformance_test!(call_correlation, |rt| conformance::call_correlation(
-    &rt, 8, 500
-));
-conformance_test!(echo_one_million, |rt| conformance::echo_many(
-    &rt, 1_000_000
-));
-conformance_test!(deactivate_keeps_messages, |rt| {
-    conformance::deactivate_keeps_messages(&rt)
-});
-conformance_test!(terminate_in_flight, |rt| conformance::terminate_in_flight(
-    &rt
-));
-conformance_test!(unknown_kernel, |rt| conformance::unknown_kernel(&rt));
-conformance_test!(bad_capacity, |rt| conformance::bad_capacity(&rt));
-conformance_test!(oversized_payload, |rt| conformance::oversized_payload(&rt));
-conformance_test!(receive_timeout, |rt| conformance::receive_timeout(&rt));
-conformance_test!(k2k_pipeline, |rt| conformance::k2k_pipeline(&rt, 100_000));
-conformance_test!(pubsub_fanout, |rt| conformance::pubsub_fanout(&rt));
-conformance_test!(queue_full, |rt| conformance::queue_full(&rt));
+ringkernel_core::conformance_tests! {
+    runtime: runtime().await,
+    scale: conformance::Scale::full(),
+    serial: SERIAL,
+    ignore: "needs CUDA GPU",
+}
 
 /// Terminate really ends the GPU kernel: its stream goes idle and the kernel id is
 /// gone from the runtime; shutdown with kernels still running terminates them.
@@ -115,12 +92,12 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
             .await?;
         let route = [s1.id(), s2.id()];
         let t: Token = {
-            s1.send(Token::routed(1, 1.0, &route)).await?;
+            s1.send(Token::routed(1, 1.0, &route)?).await?;
             s2.receive_timeout(Duration::from_secs(10)).await?
         };
         assert_eq!((t.hops, t.value), (2, 3.0));
         s2.terminate().await?;
-        s1.send(Token::routed(2, 1.0, &route)).await?;
+        s1.send(Token::routed(2, 1.0, &route)?).await?;
         let start = std::time::Instant::now();
         while s1.metrics().dropped == 0 {
             assert!(

@@ -59,27 +59,12 @@ fn rt() -> StandInRuntime {
     }
 }
 
-macro_rules! conformance_tests {
-    ($($name:ident => |$rt:ident| $body:expr;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            let $rt = rt();
-            $body.await.unwrap();
-        }
-    )*};
-}
-
-conformance_tests! {
-    lifecycle => |r| conformance::lifecycle(&r);
-    call_correlation => |r| conformance::call_correlation(&r, 4, 50);
-    echo_many => |r| conformance::echo_many(&r, 5_000);
-    deactivate_keeps_messages => |r| conformance::deactivate_keeps_messages(&r);
-    terminate_in_flight => |r| conformance::terminate_in_flight(&r);
-    unknown_kernel => |r| conformance::unknown_kernel(&r);
-    bad_capacity => |r| conformance::bad_capacity(&r);
-    oversized_payload => |r| conformance::oversized_payload(&r);
-    receive_timeout => |r| conformance::receive_timeout(&r);
-    k2k_pipeline => |r| conformance::k2k_pipeline(&r, 1_000);
-    pubsub_fanout => |r| conformance::pubsub_fanout(&r);
-    queue_full => |r| conformance::queue_full(&r);
+ringkernel_core::conformance_tests! {
+    runtime: rt(),
+    scale: conformance::Scale {
+        echo_messages: 5_000,
+        pipeline_messages: 1_000,
+        callers: 4,
+        calls_per_caller: 50,
+    },
 }

@@ -183,7 +183,9 @@ async fn k2k_pipeline_routes_between_passes() {
     let (c, _) = launch(&core, "c", Handler::Stage, opts);
     let route = [a.id(), b.id(), c.id()];
     for i in 0..10 {
-        a.send(Token::routed(i, 0.0, &route)).await.unwrap();
+        a.send(Token::routed(i, 0.0, &route).unwrap())
+            .await
+            .unwrap();
     }
     for _ in 0..10 {
         let t: Token = c.receive_timeout(Duration::from_secs(5)).await.unwrap();
@@ -330,7 +332,9 @@ async fn k2k_to_a_full_destination_waits_and_keeps_order() {
     let (b, _) = launch(&core, "b", Handler::Stage, small);
     let route = [a.id(), b.id()];
     for i in 0..40 {
-        a.send(Token::routed(i, 0.0, &route)).await.unwrap();
+        a.send(Token::routed(i, 0.0, &route).unwrap())
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     // B is not active: its 4 slots fill, the rest waits at A (nothing dropped).

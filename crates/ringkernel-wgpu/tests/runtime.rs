@@ -19,30 +19,14 @@ fn runtime() -> WgpuRuntime {
         .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
 }
 
-macro_rules! conformance {
-    ($($name:ident => $f:ident($($arg:expr),*);)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            let rt = runtime();
-            conf::$f(&rt $(, $arg)*).await.unwrap_or_else(|e| panic!("{e}"));
-            rt.shutdown().await.unwrap();
-        }
-    )*};
-}
-
-conformance! {
-    lifecycle => lifecycle();
-    call_correlation => call_correlation(4, 50);
-    echo_many => echo_many(20_000);
-    deactivate_keeps_messages => deactivate_keeps_messages();
-    terminate_in_flight => terminate_in_flight();
-    unknown_kernel => unknown_kernel();
-    bad_capacity => bad_capacity();
-    oversized_payload => oversized_payload();
-    receive_timeout => receive_timeout();
-    k2k_pipeline => k2k_pipeline(2_000);
-    pubsub_fanout => pubsub_fanout();
-    queue_full => queue_full();
+ringkernel_core::conformance_tests! {
+    runtime: runtime(),
+    scale: conf::Scale {
+        echo_messages: 20_000,
+        pipeline_messages: 2_000,
+        callers: 4,
+        calls_per_caller: 50,
+    },
 }
 
 /// Random doubles of every kind the Token arithmetic must get bit-exact: the WGSL f64

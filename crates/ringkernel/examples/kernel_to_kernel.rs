@@ -69,7 +69,7 @@ async fn main() -> Result<()> {
     let route = [s1.id(), s2.id(), s3.id()];
     let n = 1000u64;
     for i in 0..n {
-        s1.send(Token::routed(i, i as f64, &route)).await?;
+        s1.send(Token::routed(i, i as f64, &route)?).await?;
     }
     for i in 0..n {
         let t: Token = s3.receive_timeout(WAIT).await?;

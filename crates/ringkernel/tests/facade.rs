@@ -161,7 +161,7 @@ async fn builtins_are_registered_on_every_runtime() {
         .await
         .unwrap();
     let r: Token = stage
-        .call(Token::routed(5, 1.0, &[stage.id()]), WAIT)
+        .call(Token::routed(5, 1.0, &[stage.id()]).unwrap(), WAIT)
         .await
         .unwrap();
     assert_eq!((r.value, r.hops), (2.0, 1));

@@ -56,7 +56,7 @@ async fn windowed_pipeline_passes_many_laps() {
     let (mut sent, mut received) = (0u64, 0u64);
     while received < n {
         while sent < n && sent - received < window {
-            match s1.try_send(&Token::routed(sent, 0.0, &route)) {
+            match s1.try_send(&Token::routed(sent, 0.0, &route).unwrap()) {
                 Ok(_) => sent += 1,
                 Err(Error::QueueFull { .. }) => break,
                 Err(e) => panic!("{e}"),

@@ -7,7 +7,7 @@
 //!   shared with the GPU backends ([`QueueHeader`]), SPSC and MPSC.
 //!
 //! Every capacity must be a power of two (anything else is
-//! [`Error::InvalidArgument`](crate::Error::InvalidArgument)). Indices are 64-bit and
+//! [`Error::InvalidArgument`]). Indices are 64-bit and
 //! only ever increase; the slot is `index & (capacity - 1)`.
 
 pub mod mpsc;

@@ -17,8 +17,8 @@
 //! Every op of the backend trait ([`ComputeBackend`]) has a method on [`Tensor`] that
 //! checks shapes and devices first ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
 //! [`Error::Device`](crate::Error::Device)). The f64 reference implementations the
-//! backends are tested against are in [`reference`], and the conformance kit every
-//! backend runs is [`testkit`].
+//! backends are tested against are in [`reference`]; the op test kit every backend
+//! runs is `ringkernel_core::compute::testkit` (feature `testkit` of ringkernel-core).
 
 mod device;
 mod kv_cache;
@@ -29,6 +29,6 @@ pub use kv_cache::{KvCache, KvView};
 pub use tensor::Tensor;
 
 pub use ringkernel_core::compute::{
-    reference, testkit, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
-    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    reference, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+    ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
