@@ -20,34 +20,23 @@ use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
 use ringkernel_core::util::BoxFuture;
-use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{launch_engine, ring_bytes, DrainTarget, DRAIN_SLOTS};
-use ringkernel_drain::sizing::{check_fixed_threadgroup, groups_for};
-use ringkernel_shaders::{drain, grid_for, params, Kernel};
+use ringkernel_core::{BackendKind, Result};
+use ringkernel_core::util::lock;
+use ringkernel_drain::engine::{
+    launch_engine, ring_bytes, state_bytes, DrainModule, DrainTarget, DRAIN_SLOTS,
+};
+use ringkernel_drain::sizing::check_fixed_threadgroup;
+use ringkernel_shaders::params;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Registers the WGSL versions of the built-in kernels on `registry` (a handler
-/// already registered with WGSL under the same name is kept).
-pub fn register_builtins(registry: &KernelRegistry) {
-    for (name, wgsl, state_bytes) in drain::builtin_handlers() {
-        let has_wgsl = registry
-            .gpu(name)
-            .map(|h| h.wgsl.is_some())
-            .unwrap_or(false);
-        if !has_wgsl {
-            registry.register_gpu(
-                GpuHandler::new(name)
-                    .with_wgsl(wgsl)
-                    .with_state_bytes(state_bytes),
-            );
-        }
-    }
-}
+/// Registers the WGSL versions of the built-in kernels on `registry` (the shared
+/// [`ringkernel_drain::engine::register_builtins`]).
+pub use ringkernel_drain::engine::register_builtins;
 
 struct Compiled {
     pipeline: Arc<Pipeline>,
-    serial: bool,
+    module: DrainModule,
     /// `(index, order)` of naga's buffer-sizes argument, if the MSL has one.
     sizes: Option<ringkernel_drain::plan::SizesArg>,
 }
@@ -87,30 +76,17 @@ impl MetalRuntime {
     }
 
     fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        let wgsl = handler.wgsl.as_deref().ok_or_else(|| {
-            Error::KernelNotFound(format!(
-                "GPU handler {:?} has no WGSL source (needed by Metal)",
-                handler.name
-            ))
-        })?;
-        let key = (handler.name.clone(), wgsl.to_string());
-        if let Some(c) = self
-            .compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        let key = (
+            handler.name.clone(),
+            handler.wgsl.clone().unwrap_or_default(),
+        );
+        if let Some(c) = lock(&self.compiled).get(&key) {
             return Ok(c.clone());
         }
-        let v = ringkernel_shaders::validate_source(&handler.name, &drain::compose(wgsl))?;
-        let serial = drain::is_serial(&v.module);
-        let kernel = if serial {
-            Kernel::DrainSerial
-        } else {
-            Kernel::Drain
-        };
+        let module = DrainModule::compose(handler)?;
+        let kernel = module.kernel();
         let msl = ringkernel_shaders::module_to_msl(
-            &v,
+            &module.validated,
             kernel.entry_point(),
             kernel.bindings(),
             &Default::default(),
@@ -124,13 +100,10 @@ impl MetalRuntime {
             .map(|i| (i as u32, msl.sizes_order.clone()));
         let c = Arc::new(Compiled {
             pipeline: Arc::new(pipeline),
-            serial,
+            module,
             sizes,
         });
-        self.compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, c.clone());
+        lock(&self.compiled).insert(key, c.clone());
         Ok(c)
     }
 }
@@ -165,16 +138,8 @@ unsafe impl DrainTarget for MetalDrainTarget {
         self.control.contents()
     }
     fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
-        let kernel = if self.compiled.serial {
-            Kernel::DrainSerial
-        } else {
-            Kernel::Drain
-        };
-        let groups = if self.compiled.serial {
-            [1, 1, 1]
-        } else {
-            grid_for(groups_for(p.count as usize, drain::DRAIN_WORKGROUP_SIZE as usize) as u64)
-        };
+        let kernel = self.compiled.module.kernel();
+        let groups = self.compiled.module.groups(p.count);
         let buffers = [&self.control, &self.input, &self.output, &self.state];
         let binds: Vec<(u32, &MetalBuffer, usize)> = DRAIN_SLOTS[1..]
             .iter()
@@ -224,13 +189,9 @@ impl RingKernelRuntime for MetalRuntime {
             opts.validate()?;
             let gpu = self.core.registry().gpu(handler)?;
             let compiled = self.compile(&gpu)?;
-            let serial = compiled.serial;
+            let serial = compiled.module.serial;
             let ring = ring_bytes(opts.queue_capacity, opts.slot_size);
-            let state_bytes = opts
-                .state_bytes
-                .max(gpu.state_bytes)
-                .max(drain::MIN_STATE_BYTES)
-                .next_multiple_of(4);
+            let state_bytes = state_bytes(&gpu, &opts);
             launch_engine(&self.core, handler, &opts, serial, state_bytes, |_id| {
                 let target = MetalDrainTarget {
                     device: self.device.clone(),

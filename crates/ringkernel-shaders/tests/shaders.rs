@@ -3,7 +3,6 @@
 
 use naga::proc::Layouter;
 use ringkernel_core::control::{CONTROL_BLOCK_FIELDS, MESSAGE_HEADER_FIELDS};
-use ringkernel_core::k2k::{K2K_INBOX_HEADER_FIELDS, ROUTE_ENTRY_FIELDS};
 use ringkernel_core::queue::QUEUE_HEADER_FIELDS;
 use ringkernel_shaders::{drain, params, Family, Kernel, Specialization};
 
@@ -191,18 +190,6 @@ fn shared_struct_layouts_match_rust() {
         "RkQueueHeader",
         QUEUE_HEADER_FIELDS,
         std::mem::size_of::<ringkernel_core::queue::QueueHeader>(),
-    );
-    assert_layout(
-        &v.module,
-        "RkK2kInboxHeader",
-        K2K_INBOX_HEADER_FIELDS,
-        std::mem::size_of::<ringkernel_core::k2k::K2kInboxHeader>(),
-    );
-    assert_layout(
-        &v.module,
-        "RkRouteEntry",
-        ROUTE_ENTRY_FIELDS,
-        std::mem::size_of::<ringkernel_core::k2k::RouteEntry>(),
     );
 }
 
