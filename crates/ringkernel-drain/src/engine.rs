@@ -49,6 +49,7 @@
 //! CI through the WebGPU backend on a software Vulkan adapter.
 
 use crate::msl::HostSlot;
+use crate::sizing::groups_for;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
@@ -57,13 +58,12 @@ use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::queue::QueueHeader;
+use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::util::{lock, BoxFuture};
-use crate::sizing::groups_for;
 use ringkernel_shaders::{drain, grid_for, params, Kernel};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -353,6 +353,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             slot_size: cfg.slot_size as u32,
             input_capacity: cfg.capacity as u32,
             output_capacity: cfg.capacity as u32,
+            max_drift_ms: ringkernel_core::hlc::DEFAULT_MAX_DRIFT_MS,
             state: LifecycleState::Launched as u32,
             ..Default::default()
         };
@@ -434,9 +435,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             if let Err(e) = self.clock.update(HlcTimestamp(hdr.timestamp)) {
                 tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
                 // SAFETY: as above; `magic` is the header's first word.
-                unsafe {
-                    std::ptr::write_unaligned(self.target.input().add(off).cast::<u32>(), 0)
-                };
+                unsafe { std::ptr::write_unaligned(self.target.input().add(off).cast::<u32>(), 0) };
             }
         }
         // One receive timestamp per message of the batch (the drain template adds j).
@@ -507,9 +506,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                             handled += 1;
                             processed += 1;
                         }
-                        drain::ERR_INVALID_REQUEST => {
-                            self.drop_message(DropReason::InvalidRequest)
-                        }
+                        drain::ERR_INVALID_REQUEST => self.drop_message(DropReason::InvalidRequest),
                         status => {
                             handled += 1;
                             self.drop_message(DropReason::Refused(status));
@@ -560,8 +557,8 @@ impl<T: DrainTarget> DrainEngine<T> {
             if let Some(el) = elapsed {
                 // A pass cannot time its messages one by one: each message that reached
                 // the handler gets the pass time shared over the pass.
-                let per = u64::try_from(el.as_nanos() / u128::from(count.max(1)))
-                    .unwrap_or(u64::MAX);
+                let per =
+                    u64::try_from(el.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
                 for _ in 0..handled {
                     self.counters.latency.record(per);
                 }

@@ -114,7 +114,13 @@ mod tests {
             slot_runs(6, 4, 8, 256),
             vec![128 + 6 * 256..128 + 8 * 256, 128..128 + 2 * 256]
         );
-        assert_eq!(slot_runs(13, 8, 8, 128).iter().map(|r| r.len()).sum::<usize>(), 8 * 128);
+        assert_eq!(
+            slot_runs(13, 8, 8, 128)
+                .iter()
+                .map(|r| r.len())
+                .sum::<usize>(),
+            8 * 128
+        );
         assert!(slot_runs(3, 0, 8, 128).is_empty());
     }
 

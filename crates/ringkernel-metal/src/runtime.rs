@@ -19,9 +19,9 @@ use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
+use ringkernel_core::util::lock;
 use ringkernel_core::util::BoxFuture;
 use ringkernel_core::{BackendKind, Result};
-use ringkernel_core::util::lock;
 use ringkernel_drain::engine::{
     launch_engine, ring_bytes, state_bytes, DrainModule, DrainTarget, DRAIN_SLOTS,
 };

@@ -252,9 +252,8 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         for run in &runs {
             // SAFETY: the engine calls `launch` with its host lock held, under which
             // alone input slots are written; `run` lies in the input ring.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
-            };
+            let bytes =
+                unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
             q.write_buffer(&self.input, run.start as u64, bytes);
         }
         // SAFETY: the host writes the control block only under the engine's host lock
