@@ -436,7 +436,7 @@ impl WgpuRuntime {
         let limits = dev.limits();
         let max = limits
             .max_buffer_size
-            .min(u64::from(limits.max_storage_buffer_binding_size));
+            .min(limits.max_storage_buffer_binding_size);
         if ring_len > max || state_bytes as u64 > max {
             return Err(Error::invalid(format!(
                 "a queue of {} slots of {} bytes does not fit the device's storage-buffer limit ({max} bytes)",
