@@ -164,6 +164,41 @@ impl DrainModule {
     }
 }
 
+/// Compiled drain handlers of one runtime, by handler name and WGSL source (a handler
+/// registered again with other WGSL compiles anew).
+pub struct CompileCache<C> {
+    compiled: Mutex<std::collections::HashMap<(String, String), Arc<C>>>,
+}
+
+impl<C> Default for CompileCache<C> {
+    fn default() -> Self {
+        CompileCache {
+            compiled: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl<C> CompileCache<C> {
+    /// The compiled form of `handler`: from the cache, or composed
+    /// ([`DrainModule::compose`]) and compiled by `compile` (an error is not cached).
+    pub fn get_or_compile(
+        &self,
+        handler: &GpuHandler,
+        compile: impl FnOnce(DrainModule) -> Result<C>,
+    ) -> Result<Arc<C>> {
+        let key = (
+            handler.name.clone(),
+            handler.wgsl.clone().unwrap_or_default(),
+        );
+        if let Some(c) = lock(&self.compiled).get(&key) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(compile(DrainModule::compose(handler)?)?);
+        lock(&self.compiled).insert(key, c.clone());
+        Ok(c)
+    }
+}
+
 /// Bytes of handler state a kernel gets: the larger of what the handler and the launch
 /// options ask for, at least [`drain::MIN_STATE_BYTES`], rounded up to whole words.
 pub fn state_bytes(handler: &GpuHandler, opts: &LaunchOptions) -> usize {

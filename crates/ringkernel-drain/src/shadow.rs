@@ -86,6 +86,27 @@ impl HostRings {
     }
 }
 
+/// The memory methods of a [`DrainTarget`](crate::engine::DrainTarget) whose rings are
+/// the [`HostRings`] in field `$field`: `ring_len`, `input`, `output` and `control`.
+/// Used inside the target's `unsafe impl DrainTarget`.
+#[macro_export]
+macro_rules! host_rings_memory {
+    ($field:ident) => {
+        fn ring_len(&self) -> usize {
+            self.$field.ring_len()
+        }
+        fn input(&self) -> *mut u8 {
+            self.$field.input()
+        }
+        fn output(&self) -> *mut u8 {
+            self.$field.output()
+        }
+        fn control(&self) -> *mut u8 {
+            self.$field.control()
+        }
+    };
+}
+
 /// The byte ranges of a ring (from its start, header included) that hold the slots of
 /// queue indices `[first, first + count)`: one range, or two where the batch wraps.
 pub fn slot_runs(first: u64, count: u64, capacity: usize, slot_size: usize) -> Vec<Range<usize>> {

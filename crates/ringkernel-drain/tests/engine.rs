@@ -382,18 +382,10 @@ fn a_target_too_small_for_the_rings_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_each_message_once_with_a_latency_sample() {
     let core = core();
-    let (k, _) = launch(
-        &core,
-        "echo",
-        Handler::Echo,
-        LaunchOptions::default().with_queue_capacity(64),
-    );
-    for i in 0..50 {
-        k.send(Token::new(i, 1.0)).await.unwrap();
-    }
-    for _ in 0..50 {
-        let _: Token = k.receive_timeout(Duration::from_secs(5)).await.unwrap();
-    }
+    let opts = LaunchOptions::default().with_queue_capacity(64);
+    let k = launch(&core, "echo", Handler::Echo, opts).0;
+    let replies = k.call_many((0..50).map(|i| Token::new(i, 1.0))).await;
+    assert_eq!(replies, 50);
     let m = k.metrics();
     assert_eq!(
         (m.received, m.processed, m.dropped, m.emitted),
@@ -491,4 +483,22 @@ async fn k2k_to_a_terminated_kernel_is_dropped_not_processed() {
         (m.received, m.processed, m.dropped, m.emitted),
         (5, 0, 5, 0)
     );
+}
+
+/// Sends `msgs` and receives as many replies; returns how many came back.
+trait CallMany {
+    async fn call_many(&self, msgs: impl Iterator<Item = Token>) -> usize;
+}
+impl CallMany for KernelHandle {
+    async fn call_many(&self, msgs: impl Iterator<Item = Token>) -> usize {
+        let mut n = 0;
+        for m in msgs {
+            self.send(m).await.unwrap();
+            n += 1;
+        }
+        for _ in 0..n {
+            let _: Token = self.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        }
+        n
+    }
 }

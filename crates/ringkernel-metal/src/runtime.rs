@@ -19,16 +19,14 @@ use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
-use ringkernel_core::util::lock;
 use ringkernel_core::util::BoxFuture;
 use ringkernel_core::{BackendKind, Result};
 use ringkernel_drain::engine::{
-    launch_engine, ring_bytes, state_bytes, DrainModule, DrainTarget, DRAIN_SLOTS,
+    launch_engine, ring_bytes, state_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS,
 };
 use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::params;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Registers the WGSL versions of the built-in kernels on `registry` (the shared
 /// [`ringkernel_drain::engine::register_builtins`]).
@@ -45,7 +43,7 @@ struct Compiled {
 pub struct MetalRuntime {
     core: Arc<RuntimeCore>,
     device: Arc<MetalDevice>,
-    compiled: Mutex<HashMap<(String, String), Arc<Compiled>>>,
+    compiled: CompileCache<Compiled>,
 }
 
 impl std::fmt::Debug for MetalRuntime {
@@ -66,7 +64,7 @@ impl MetalRuntime {
         Ok(MetalRuntime {
             core: RuntimeCore::new(BackendKind::Metal, registry),
             device,
-            compiled: Mutex::new(HashMap::new()),
+            compiled: CompileCache::default(),
         })
     }
 
@@ -76,14 +74,11 @@ impl MetalRuntime {
     }
 
     fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        let key = (
-            handler.name.clone(),
-            handler.wgsl.clone().unwrap_or_default(),
-        );
-        if let Some(c) = lock(&self.compiled).get(&key) {
-            return Ok(c.clone());
-        }
-        let module = DrainModule::compose(handler)?;
+        self.compiled
+            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    }
+
+    fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
         let kernel = module.kernel();
         let msl = ringkernel_shaders::module_to_msl(
             &module.validated,
@@ -91,20 +86,16 @@ impl MetalRuntime {
             kernel.bindings(),
             &Default::default(),
         )?;
-        let pipeline = self
-            .device
-            .compile(&handler.name, &msl.source, &msl.entry_point)?;
+        let pipeline = self.device.compile(name, &msl.source, &msl.entry_point)?;
         check_fixed_threadgroup(kernel.entry_point(), pipeline.limits(), msl.workgroup_size)?;
         let sizes = msl
             .sizes_buffer
             .map(|i| (i as u32, msl.sizes_order.clone()));
-        let c = Arc::new(Compiled {
+        Ok(Compiled {
             pipeline: Arc::new(pipeline),
             module,
             sizes,
-        });
-        lock(&self.compiled).insert(key, c.clone());
-        Ok(c)
+        })
     }
 }
 

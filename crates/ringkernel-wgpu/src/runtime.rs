@@ -35,10 +35,11 @@ use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
 use ringkernel_core::util::{lock, BoxFuture};
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{launch_engine, state_bytes, DrainModule, DrainTarget};
+use ringkernel_drain::engine::{
+    launch_engine, state_bytes, CompileCache, DrainModule, DrainTarget,
+};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -230,18 +231,7 @@ struct WgpuDrainTarget {
 // the device-written control fields, after the pass finished and before `done`. `done`
 // runs on the poller thread, never inside `launch`.
 unsafe impl DrainTarget for WgpuDrainTarget {
-    fn ring_len(&self) -> usize {
-        self.rings.ring_len()
-    }
-    fn input(&self) -> *mut u8 {
-        self.rings.input()
-    }
-    fn output(&self) -> *mut u8 {
-        self.rings.output()
-    }
-    fn control(&self) -> *mut u8 {
-        self.rings.control()
-    }
+    ringkernel_drain::host_rings_memory!(rings);
 
     fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
         self.poller.ensure_thread()?;
@@ -314,7 +304,7 @@ pub struct WgpuRuntime {
     core: Arc<RuntimeCore>,
     ctx: Arc<GpuContext>,
     poller: Arc<Poller>,
-    compiled: Mutex<HashMap<(String, String), Arc<Compiled>>>,
+    compiled: CompileCache<Compiled>,
 }
 
 impl std::fmt::Debug for WgpuRuntime {
@@ -345,7 +335,7 @@ impl WgpuRuntime {
             core: RuntimeCore::new(BackendKind::Wgpu, registry),
             poller: Poller::new(ctx.clone()),
             ctx,
-            compiled: Mutex::new(HashMap::new()),
+            compiled: CompileCache::default(),
         }
     }
 
@@ -355,14 +345,11 @@ impl WgpuRuntime {
     }
 
     fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        let key = (
-            handler.name.clone(),
-            handler.wgsl.clone().unwrap_or_default(),
-        );
-        if let Some(c) = lock(&self.compiled).get(&key) {
-            return Ok(c.clone());
-        }
-        let module = DrainModule::compose(handler)?;
+        self.compiled
+            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    }
+
+    fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
         let dev = &self.ctx.device;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let entries: Vec<wgpu::BindGroupLayoutEntry> = drain::BINDINGS
@@ -397,11 +384,11 @@ impl WgpuRuntime {
             immediate_size: 0,
         });
         let shader = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&handler.name),
+            label: Some(name),
             source: wgpu::ShaderSource::Wgsl(module.source.as_str().into()),
         });
         let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&handler.name),
+            label: Some(name),
             layout: Some(&pipeline_layout),
             module: &shader,
             entry_point: Some(module.kernel().entry_point()),
@@ -411,16 +398,14 @@ impl WgpuRuntime {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Compile {
                 backend: BackendKind::Wgpu,
-                log: format!("{}: {e}", handler.name),
+                log: format!("{name}: {e}"),
             });
         }
-        let c = Arc::new(Compiled {
+        Ok(Compiled {
             pipeline,
             layout,
             module,
-        });
-        lock(&self.compiled).insert(key, c.clone());
-        Ok(c)
+        })
     }
 
     /// The buffers of one kernel; its state starts zeroed.

@@ -139,23 +139,32 @@ async fn workload(rt: &WgpuRuntime, tag: u64) -> Result<()> {
     Ok(())
 }
 
+/// Runs [`workload`] on `n` threads at once, each on the runtime `make(tag)` returns.
+fn on_threads(n: u64, make: impl Fn(u64) -> WgpuRuntime + Send + Sync + 'static) {
+    let make = Arc::new(make);
+    let threads: Vec<_> = (0..n)
+        .map(|tag| {
+            let make = make.clone();
+            std::thread::spawn(move || {
+                let rt = make(tag);
+                tokio_rt(2)
+                    .block_on(workload(&rt, tag))
+                    .unwrap_or_else(|e| panic!("runtime {tag}: {e}"));
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 #[test]
 fn eight_runtimes_at_once() {
     watchdog("8 runtimes", Duration::from_secs(240), || {
-        let threads: Vec<_> = (0..8u64)
-            .map(|tag| {
-                std::thread::spawn(move || {
-                    let rt = WgpuRuntime::with_selection(KernelRegistry::new(), adapter())
-                        .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
-                    tokio_rt(2)
-                        .block_on(workload(&rt, tag))
-                        .unwrap_or_else(|e| panic!("runtime {tag}: {e}"));
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        on_threads(8, |_| {
+            WgpuRuntime::with_selection(KernelRegistry::new(), adapter())
+                .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
+        });
     });
 }
 
@@ -219,27 +228,14 @@ fn own_devices_and_a_compute_backend_on_the_same_device() {
                 rounds
             })
         };
-        let threads: Vec<_> = (0..4u64)
-            .map(|tag| {
-                let ctx = ctx.clone();
-                std::thread::spawn(move || {
-                    let rt = if tag == 0 {
-                        WgpuRuntime::with_context(KernelRegistry::new(), ctx)
-                    } else {
-                        WgpuRuntime::with_context(
-                            KernelRegistry::new(),
-                            GpuContext::new(&adapter()).unwrap(),
-                        )
-                    };
-                    tokio_rt(2)
-                        .block_on(workload(&rt, tag))
-                        .unwrap_or_else(|e| panic!("runtime {tag}: {e}"));
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+        on_threads(4, move |tag| {
+            let ctx = if tag == 0 {
+                ctx.clone()
+            } else {
+                GpuContext::new(&adapter()).unwrap()
+            };
+            WgpuRuntime::with_context(KernelRegistry::new(), ctx)
+        });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(ops.join().unwrap() >= 5);
     });

@@ -159,18 +159,7 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
 // `ring_len` bytes, a 128-byte control block. The stand-in "device" writes only output
 // slots of the running pass and the worker line, between `launch` and `done`.
 unsafe impl DrainTarget for CpuTarget {
-    fn ring_len(&self) -> usize {
-        self.rings.ring_len()
-    }
-    fn input(&self) -> *mut u8 {
-        self.rings.input()
-    }
-    fn output(&self) -> *mut u8 {
-        self.rings.output()
-    }
-    fn control(&self) -> *mut u8 {
-        self.rings.control()
-    }
+    ringkernel_drain::host_rings_memory!(rings);
     fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
         if self.fail_launch.load(Ordering::SeqCst) {
             return Err(Error::Device("stand-in launch failure".into()));
