@@ -4,8 +4,8 @@
 //! [`KernelRegistry::register_gpu`](ringkernel_core::registry::KernelRegistry::register_gpu))
 //! composed with the shared drain template, translated to MSL by naga and compiled
 //! once per handler. Its queues, control block and state live in `StorageModeShared`
-//! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host side: requests are written in place into
-//! input slots, a drain pass is dispatched whenever messages wait, and the command
+//! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host
+//! side: requests are written in place into input slots, a drain pass is dispatched whenever messages wait, and the command
 //! buffer's completion handler (`addCompletedHandler`, on a Metal thread) collects the
 //! outputs, routes K2K sends and wakes waiters. No executor thread ever blocks.
 //!
@@ -13,7 +13,9 @@
 //! their WGSL versions from `ringkernel-shaders`.
 //!
 //! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there). The
-//! engine logic is tested on Linux against a CPU stand-in (`tests/engine.rs`).
+//! host side is `ringkernel-drain`'s engine, which CI runs through the WebGPU backend
+//! on lavapipe and against a CPU stand-in (`ringkernel-drain/tests/engine.rs`); this
+//! file is only the Metal glue (buffers, pipeline, command buffer).
 
 use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;

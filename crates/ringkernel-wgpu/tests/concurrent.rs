@@ -240,3 +240,35 @@ fn own_devices_and_a_compute_backend_on_the_same_device() {
         assert!(ops.join().unwrap() >= 5);
     });
 }
+
+/// A validation error that another user of the device caused outside an error scope
+/// (it lands in the context's error list) must neither stop the runtime's passes nor
+/// be taken from that user. Before the shared drain engine, the runtime's round
+/// returned early on it with its readback buffers still mapped, and its kernels never
+/// advanced again (a hang at the next `terminate`).
+#[test]
+fn an_error_elsewhere_on_the_device_does_not_stop_the_runtime() {
+    watchdog("error elsewhere", Duration::from_secs(120), || {
+        let ctx = GpuContext::new(&adapter()).unwrap();
+        let rt = WgpuRuntime::with_context(KernelRegistry::new(), ctx.clone());
+        tokio_rt(2).block_on(async {
+            let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+            calls(&k, 1, 5).await.unwrap();
+            let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("misused"),
+                size: 16,
+                usage: wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            // Offset 2 is not 4-aligned: a validation error, not captured by any scope.
+            ctx.queue.write_buffer(&buf, 2, &[0u8; 4]);
+            ctx.queue.submit([]);
+            calls(&k, 2, 20).await.unwrap();
+            rt.shutdown().await.unwrap();
+        });
+        assert!(
+            matches!(ctx.take_error(), Err(Error::Device(_))),
+            "the error stays with the context's other users"
+        );
+    });
+}
