@@ -300,7 +300,6 @@ struct Host {
     /// Messages whose pass has completed (their input slots are free again).
     completed: u64,
     in_flight: bool,
-    replies: VecDeque<Envelope>,
     drained_after_terminate: u64,
     /// Set when an active kernel is terminated: passes keep running until the input is
     /// empty. A kernel terminated while inactive runs no more passes.
@@ -324,6 +323,13 @@ pub struct DrainEngine<T: DrainTarget> {
     counters: KernelCounters,
     clock: HlcClock,
     host: Mutex<Host>,
+    /// Replies for the host. A lock of its own, so that receivers do not contend with
+    /// senders; taken after `host` where both are held.
+    replies: Mutex<VecDeque<Envelope>>,
+    /// Set while messages wait for room in `replies` (a pass is owed after a dequeue).
+    starved: AtomicBool,
+    /// Set once `Host::failed` is.
+    failed: AtomicBool,
     /// K2K sends not delivered yet (destination full), in order.
     k2k: Mutex<VecDeque<Route>>,
     k2k_backlog: AtomicUsize,
@@ -420,11 +426,13 @@ impl<T: DrainTarget> DrainEngine<T> {
                 dispatched: 0,
                 completed: 0,
                 in_flight: false,
-                replies: VecDeque::new(),
                 drained_after_terminate: 0,
                 draining: false,
                 failed: None,
             }),
+            replies: Mutex::new(VecDeque::new()),
+            starved: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             k2k: Mutex::new(VecDeque::new()),
             k2k_backlog: AtomicUsize::new(0),
             retrying: AtomicBool::new(false),
@@ -452,7 +460,16 @@ impl<T: DrainTarget> DrainEngine<T> {
             return;
         }
         let waiting = h.tail - h.dispatched;
-        let room = self.output_capacity.saturating_sub(h.replies.len()) as u64;
+        if waiting == 0 {
+            return;
+        }
+        let room = {
+            let replies = lock(&self.replies);
+            let room = self.output_capacity.saturating_sub(replies.len()) as u64;
+            // Set inside the replies lock: a dequeue after this sees it.
+            self.starved.store(room == 0, Ordering::SeqCst);
+            room
+        };
         let count = waiting.min(room).min(u32::MAX as u64);
         if count == 0 {
             return;
@@ -500,9 +517,15 @@ impl<T: DrainTarget> DrainEngine<T> {
             h.in_flight = false;
             h.dispatched = first;
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
-            h.failed = Some(e);
+            self.fail(h, e);
             self.events.notify_all();
         }
+    }
+
+    /// Stops the kernel for good with `e` (reported by every later call).
+    fn fail(&self, h: &mut Host, e: Error) {
+        h.failed = Some(e);
+        self.failed.store(true, Ordering::Release);
     }
 
     /// Counts and logs one dropped message.
@@ -514,90 +537,97 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// Completion of the pass over `[first, first + count)`.
     fn complete(&self, first: u64, count: u64, result: Result<()>) {
         let elapsed = lock(&self.started).take().map(|s| s.elapsed());
+        if let Err(e) = result {
+            tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
+            let mut h = lock(&self.host);
+            h.in_flight = false;
+            self.fail(&mut h, e);
+            drop(h);
+            self.events.notify_all();
+            return;
+        }
+        // The outputs are read without the host lock (senders and receivers go on
+        // meanwhile): until `in_flight` clears and `completed` advances below, no pass
+        // and no `try_enqueue` touches the slots of this pass.
         let mut routes = Vec::new();
+        let mut replies = Vec::with_capacity(count as usize);
+        let core = self.core.upgrade();
+        let (mut processed, mut handled) = (0u64, 0u64);
+        for i in 0..count {
+            let off = slot_offset(first + i, self.capacity, self.slot_size);
+            // SAFETY: the pass over these slots has completed, so the device no longer
+            // writes them; the next pass over the same slots cannot start before
+            // `completed` advances below (and `in_flight` clears), under the host lock.
+            let mut hdr: MessageHeader =
+                unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
+            if !hdr.is_valid() {
+                match hdr.reserved[0] {
+                    0 => {
+                        // Handled, no output.
+                        handled += 1;
+                        processed += 1;
+                    }
+                    drain::ERR_INVALID_REQUEST => self.drop_message(DropReason::InvalidRequest),
+                    status => {
+                        handled += 1;
+                        self.drop_message(DropReason::Refused(status));
+                    }
+                }
+                continue;
+            }
+            handled += 1;
+            let len = hdr.payload_len as usize;
+            if check_payload_fits(len, self.slot_size).is_err() {
+                self.drop_message(DropReason::CorruptOutput);
+                continue;
+            }
+            let mut payload = vec![0u8; len];
+            // SAFETY: as above; `len` fits the slot after the 64-byte header.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.target.output().add(off + HEADER_SIZE),
+                    payload.as_mut_ptr(),
+                    len,
+                )
+            };
+            if let Some(core) = &core {
+                hdr.message_id = core.next_message_id();
+            }
+            hdr.reserved = [0; 2];
+            hdr.timestamp = self.clock.tick().0;
+            if hdr.flags & flags::K2K != 0 {
+                // Processed and emitted once delivered (see `route`).
+                routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
+            } else {
+                processed += 1;
+                replies.push(Envelope {
+                    header: hdr,
+                    payload,
+                });
+            }
+        }
+        if let Some(el) = elapsed {
+            // A pass cannot time its messages one by one: each message that reached
+            // the handler gets the pass time shared over the pass.
+            let per = u64::try_from(el.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
+            for _ in 0..handled {
+                self.counters.latency.record(per);
+            }
+        }
         {
             let mut h = lock(&self.host);
             h.in_flight = false;
-            if let Err(e) = result {
-                tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
-                h.failed = Some(e);
-                drop(h);
-                self.events.notify_all();
-                return;
-            }
-            let core = self.core.upgrade();
-            let (mut processed, mut replies, mut handled) = (0u64, 0u64, 0u64);
-            for i in 0..count {
-                let off = slot_offset(first + i, self.capacity, self.slot_size);
-                // SAFETY: the pass over these slots has completed, so the device no
-                // longer writes them; the next pass over the same slots cannot start
-                // before `completed` advances below, under this lock.
-                let mut hdr: MessageHeader =
-                    unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
-                if !hdr.is_valid() {
-                    match hdr.reserved[0] {
-                        0 => {
-                            // Handled, no output.
-                            handled += 1;
-                            processed += 1;
-                        }
-                        drain::ERR_INVALID_REQUEST => self.drop_message(DropReason::InvalidRequest),
-                        status => {
-                            handled += 1;
-                            self.drop_message(DropReason::Refused(status));
-                        }
-                    }
-                    continue;
-                }
-                handled += 1;
-                let len = hdr.payload_len as usize;
-                if check_payload_fits(len, self.slot_size).is_err() {
-                    self.drop_message(DropReason::CorruptOutput);
-                    continue;
-                }
-                let mut payload = vec![0u8; len];
-                // SAFETY: as above; `len` fits the slot after the 64-byte header.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.target.output().add(off + HEADER_SIZE),
-                        payload.as_mut_ptr(),
-                        len,
-                    )
-                };
-                if let Some(core) = &core {
-                    hdr.message_id = core.next_message_id();
-                }
-                hdr.reserved = [0; 2];
-                hdr.timestamp = self.clock.tick().0;
-                if hdr.flags & flags::K2K != 0 {
-                    // Processed and emitted once delivered (see `route`).
-                    routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
-                } else {
-                    processed += 1;
-                    replies += 1;
-                    h.replies.push_back(Envelope {
-                        header: hdr,
-                        payload,
-                    });
-                }
-            }
             h.completed = first + count;
             if self.lifecycle.get() == LifecycleState::Terminating {
                 h.drained_after_terminate += count;
             }
             self.counters
+                .emitted
+                .fetch_add(replies.len() as u64, Ordering::Relaxed);
+            self.counters
                 .processed
                 .fetch_add(processed, Ordering::Relaxed);
-            self.counters.emitted.fetch_add(replies, Ordering::Relaxed);
-            if let Some(el) = elapsed {
-                // A pass cannot time its messages one by one: each message that reached
-                // the handler gets the pass time shared over the pass.
-                let per =
-                    u64::try_from(el.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
-                for _ in 0..handled {
-                    self.counters.latency.record(per);
-                }
-            }
+            lock(&self.replies).extend(replies);
         }
         // Route K2K sends without holding the host lock (the destination may be us).
         let delivered_all = self.route(routes);
@@ -748,19 +778,23 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
-        let mut h = lock(&self.host);
-        let env = h.replies.pop_front();
+        let env = lock(&self.replies).pop_front();
         if env.is_some() {
-            // Room for more replies: a paused pass may start.
-            self.kick(&mut h);
-        } else if let Some(e) = &h.failed {
-            return Err(e.clone());
+            if self.starved.load(Ordering::SeqCst) {
+                // Room for more replies: the paused pass may start.
+                let mut h = lock(&self.host);
+                self.kick(&mut h);
+            }
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
         }
         Ok(env)
     }
 
     fn output_depth(&self) -> usize {
-        lock(&self.host).replies.len()
+        lock(&self.replies).len()
     }
 
     fn activate(&self) -> Result<()> {
@@ -850,7 +884,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
             let report = TerminateReport {
                 drained: h.drained_after_terminate,
                 undelivered,
-                replies_waiting: h.replies.len(),
+                replies_waiting: self.output_depth(),
             };
             let failed = h.failed.clone();
             drop(h);
@@ -869,8 +903,8 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     fn metrics(&self) -> KernelMetrics {
         let h = lock(&self.host);
         let depth = (h.tail - h.completed) as usize;
-        let out = h.replies.len();
         drop(h);
+        let out = self.output_depth();
         self.counters
             .snapshot(self.id, &self.name, self.lifecycle.get(), depth, out)
     }
