@@ -1,25 +1,55 @@
-//! The host side of an event-driven actor: queues in shared memory, drain passes
-//! dispatched when messages wait, completion callbacks that collect the outputs.
+//! The host side of an event-driven actor: queues in memory the host shares with the
+//! device, drain passes dispatched when messages wait, completions that collect the
+//! outputs. Written once for every event-driven backend (WebGPU and Metal).
 //!
-//! Metal has no persistent kernels, so a kernel's handler runs in *drain passes*
-//! (`ringkernel-shaders`' drain template): the input ring, output ring, control block
-//! and handler state live in shared buffers; the host writes requests straight into
-//! input slots, and whenever messages are waiting (and no pass is running) it
-//! dispatches one pass over all of them. The pass's completion callback — a Metal
-//! completion handler on Apple, a plain thread in the Linux tests — reads the outputs,
-//! stamps them (message id, HLC timestamp), queues replies for the host, routes K2K
-//! sends through the runtime, raises [`KernelEvents`] and starts the next pass if more
-//! messages arrived. Nothing waits on an async executor thread.
+//! WebGPU and Metal have no persistent kernels, so a kernel's handler runs in *drain
+//! passes* (`ringkernel-shaders`' drain template): the input ring, output ring, control
+//! block and handler state live in device buffers; the host writes requests straight
+//! into input slots, and whenever messages are waiting (and no pass is running) it
+//! dispatches one pass over all of them. The pass's completion — a Metal completion
+//! handler, a wgpu buffer-map callback run by the backend's poller, a plain thread in
+//! the tests — reads the outputs, stamps them (message id, HLC timestamp), queues
+//! replies for the host, routes K2K sends through the runtime, raises [`KernelEvents`]
+//! and starts the next pass if more messages arrived. Nothing waits on an async
+//! executor thread.
 //!
 //! Backpressure: a pass takes at most as many messages as the host's reply queue has
 //! room for (`output_capacity`), and while K2K sends wait for a full destination (in
 //! order, retried by one helper OS thread with back-off) no new pass starts — the
 //! event-driven equivalent of a CPU worker that blocks on a full queue.
 //!
+//! ## Metrics
+//!
+//! The same meaning as on the CPU backend (`ringkernel-cpu`); every message taken by a
+//! pass ends up counted exactly once, as processed or as dropped:
+//!
+//! * `received`: messages accepted into the input ring.
+//! * `processed`: messages the handler handled successfully (status 0): with a reply,
+//!   without output, or with a K2K send that was delivered. A K2K send counts when it is
+//!   delivered (it may wait for room at its destination), as a CPU handler's `send_to`
+//!   returns only once it is.
+//! * `dropped`: messages that were not handled, each logged with its [`DropReason`]: the
+//!   handler refused it (non-zero status, e.g. a wrong type), the host refused it before
+//!   the pass (its timestamp is too far ahead of the kernel's clock, as on the CPU; the
+//!   slot is invalidated and the drain template skips it), its output was corrupt, or its
+//!   K2K destination is gone. A refused message is dropped, not processed.
+//! * `emitted`: outputs that left the kernel: replies queued for the host and K2K sends
+//!   delivered.
+//! * latency: one sample per message that reached the handler. A pass cannot time its
+//!   messages one by one, so each sample is the pass's time (dispatch to completion)
+//!   divided by its message count.
+//!
+//! Messages are validated the same way everywhere: an output slot is a message when its
+//! header [`is_valid`](MessageHeader::is_valid) (magic and version) and its payload
+//! length fits the slot; the drain template checks requests the same way before it runs
+//! the handler.
+//!
 //! The GPU-specific part is one trait, [`DrainTarget`]; everything here is tested on
-//! Linux against a CPU stand-in that follows the drain template's protocol.
+//! Linux against a CPU stand-in that follows the drain template's protocol, and runs in
+//! CI through the WebGPU backend on a software Vulkan adapter.
 
 use crate::msl::HostSlot;
+use crate::sizing::groups_for;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
@@ -28,15 +58,16 @@ use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::queue::QueueHeader;
+use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
-use ringkernel_core::util::BoxFuture;
-use ringkernel_shaders::params;
+use ringkernel_core::util::{lock, BoxFuture};
+use ringkernel_shaders::{drain, grid_for, params, Kernel};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 /// Byte offset of slot `index` in a ring of `capacity` slots of `slot_size` bytes.
@@ -63,6 +94,11 @@ pub fn ring_bytes(capacity: usize, slot_size: usize) -> usize {
 /// * the device side writes only what the drain template writes (output slots and the
 ///   worker line of the control block of the pass being run), and only between
 ///   `launch` and the call of its `done` callback.
+///
+/// A backend without memory the host and the device share (wgpu) keeps host copies
+/// ([`HostRings`](crate::shadow::HostRings)) and moves the bytes in `launch` (the
+/// pass's input slots and the control block up) and before `done` (the pass's output
+/// slots and the device-written fields of the control block down).
 pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// Bytes of each ring (at least [`ring_bytes`] of the kernel's capacity and slot size).
     fn ring_len(&self) -> usize;
@@ -72,11 +108,104 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     fn output(&self) -> *mut u8;
     /// Host address of the control block (128 bytes).
     fn control(&self) -> *mut u8;
-    /// Starts one pass with `params`; `done` must be called exactly once when the
-    /// device has finished (from any thread, never the caller's before returning
-    /// unless the work is already complete), or with the error that stopped it.
+    /// Starts one pass with `params` over the input slots `[first, first + count)`.
+    /// `done` must be called exactly once when the device has finished (with the
+    /// outputs in place), or with the error that stopped it, from another thread or
+    /// after `launch` returned: the engine calls `launch` with its host lock held, and
+    /// `done` takes that lock. When `launch` returns an error, `done` is never called.
     fn launch(&self, params: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>)
         -> Result<()>;
+}
+
+/// A handler's WGSL composed with the drain template and validated by naga: what a
+/// backend compiles for a drain kernel.
+pub struct DrainModule {
+    /// The complete WGSL module (template, f64 library, handler).
+    pub source: String,
+    /// naga's module and validation info.
+    pub validated: ringkernel_shaders::Validated,
+    /// Whether the handler asks for in-order processing (`RK_SERIAL`).
+    pub serial: bool,
+}
+
+impl DrainModule {
+    /// Composes and validates `handler`'s WGSL; a handler without WGSL is
+    /// [`Error::KernelNotFound`], WGSL that does not validate [`Error::Compile`].
+    pub fn compose(handler: &GpuHandler) -> Result<Self> {
+        let wgsl = handler.wgsl.as_deref().ok_or_else(|| {
+            Error::KernelNotFound(format!("GPU handler {:?} has no WGSL source", handler.name))
+        })?;
+        let source = drain::compose(wgsl);
+        let validated = ringkernel_shaders::validate_source(&handler.name, &source)?;
+        let serial = drain::is_serial(&validated.module);
+        Ok(DrainModule {
+            source,
+            validated,
+            serial,
+        })
+    }
+
+    /// The entry point passes run.
+    pub fn kernel(&self) -> Kernel {
+        if self.serial {
+            Kernel::DrainSerial
+        } else {
+            Kernel::Drain
+        }
+    }
+
+    /// Workgroups (threadgroups) of a pass over `count` messages.
+    pub fn groups(&self, count: u32) -> [u32; 3] {
+        if self.serial {
+            [1, 1, 1]
+        } else {
+            grid_for(groups_for(count as usize, drain::DRAIN_WORKGROUP_SIZE as usize) as u64)
+        }
+    }
+}
+
+/// Compiled drain handlers of one runtime, by handler name and WGSL source (a handler
+/// registered again with other WGSL compiles anew).
+pub struct CompileCache<C> {
+    compiled: Mutex<std::collections::HashMap<(String, String), Arc<C>>>,
+}
+
+impl<C> Default for CompileCache<C> {
+    fn default() -> Self {
+        CompileCache {
+            compiled: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+impl<C> CompileCache<C> {
+    /// The compiled form of `handler`: from the cache, or composed
+    /// ([`DrainModule::compose`]) and compiled by `compile` (an error is not cached).
+    pub fn get_or_compile(
+        &self,
+        handler: &GpuHandler,
+        compile: impl FnOnce(DrainModule) -> Result<C>,
+    ) -> Result<Arc<C>> {
+        let key = (
+            handler.name.clone(),
+            handler.wgsl.clone().unwrap_or_default(),
+        );
+        if let Some(c) = lock(&self.compiled).get(&key) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(compile(DrainModule::compose(handler)?)?);
+        lock(&self.compiled).insert(key, c.clone());
+        Ok(c)
+    }
+}
+
+/// Bytes of handler state a kernel gets: the larger of what the handler and the launch
+/// options ask for, at least [`drain::MIN_STATE_BYTES`], rounded up to whole words.
+pub fn state_bytes(handler: &GpuHandler, opts: &LaunchOptions) -> usize {
+    opts.state_bytes
+        .max(handler.state_bytes)
+        .max(drain::MIN_STATE_BYTES)
+        .next_multiple_of(4)
 }
 
 /// What the host binds for a drain pass, by Metal buffer index: the parameter block,
@@ -113,6 +242,56 @@ pub const DRAIN_SLOTS: [HostSlot; 5] = [
 /// A K2K send waiting for delivery.
 type Route = (KernelTarget, MessageHeader, Vec<u8>);
 
+/// Why a message was dropped (see the [module docs](self#metrics)); logged with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The handler returned this non-zero status (e.g.
+    /// [`ERR_TYPE_MISMATCH`](ringkernel_shaders::drain::ERR_TYPE_MISMATCH)).
+    Refused(u32),
+    /// The request was not valid when the pass ran: its header was not a message of
+    /// this version, or the host refused it before the pass (its timestamp was too far
+    /// ahead of the kernel's clock).
+    InvalidRequest,
+    /// The handler wrote an output whose payload length does not fit the slot.
+    CorruptOutput,
+    /// A K2K send whose destination is gone (terminated, unknown, or the runtime
+    /// was dropped).
+    DestinationGone,
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DropReason::Refused(s) => write!(f, "the handler refused it (status {s})"),
+            DropReason::InvalidRequest => f.write_str("the request was not a valid message"),
+            DropReason::CorruptOutput => {
+                f.write_str("the handler wrote a payload length that does not fit the slot")
+            }
+            DropReason::DestinationGone => f.write_str("its K2K destination is gone"),
+        }
+    }
+}
+
+/// Registers the WGSL versions of the built-in kernels (`rk.echo`, `rk.stage`,
+/// `rk.counter`) on `registry`, with the semantics of the CPU ones in
+/// [`ringkernel_core::builtin`]. A handler already registered with WGSL under one of
+/// these names is kept. Every event-driven runtime calls this in its constructor.
+pub fn register_builtins(registry: &KernelRegistry) {
+    for (name, wgsl, state_bytes) in drain::builtin_handlers() {
+        let has_wgsl = registry
+            .gpu(name)
+            .map(|h| h.wgsl.is_some())
+            .unwrap_or(false);
+        if !has_wgsl {
+            registry.register_gpu(
+                GpuHandler::new(name)
+                    .with_wgsl(wgsl)
+                    .with_state_bytes(state_bytes),
+            );
+        }
+    }
+}
+
 struct Host {
     /// Messages written into the input ring.
     tail: u64,
@@ -121,7 +300,6 @@ struct Host {
     /// Messages whose pass has completed (their input slots are free again).
     completed: u64,
     in_flight: bool,
-    replies: VecDeque<Envelope>,
     drained_after_terminate: u64,
     /// Set when an active kernel is terminated: passes keep running until the input is
     /// empty. A kernel terminated while inactive runs no more passes.
@@ -145,16 +323,19 @@ pub struct DrainEngine<T: DrainTarget> {
     counters: KernelCounters,
     clock: HlcClock,
     host: Mutex<Host>,
+    /// Replies for the host. A lock of its own, so that receivers do not contend with
+    /// senders; taken after `host` where both are held.
+    replies: Mutex<VecDeque<Envelope>>,
+    /// Set while messages wait for room in `replies` (a pass is owed after a dequeue).
+    starved: AtomicBool,
+    /// Set once `Host::failed` is.
+    failed: AtomicBool,
     /// K2K sends not delivered yet (destination full), in order.
     k2k: Mutex<VecDeque<Route>>,
     k2k_backlog: AtomicUsize,
     retrying: AtomicBool,
     me: Weak<DrainEngine<T>>,
     started: Mutex<Option<Instant>>,
-}
-
-fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Launch-time description of a drain kernel.
@@ -213,6 +394,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             slot_size: cfg.slot_size as u32,
             input_capacity: cfg.capacity as u32,
             output_capacity: cfg.capacity as u32,
+            max_drift_ms: ringkernel_core::hlc::DEFAULT_MAX_DRIFT_MS,
             state: LifecycleState::Launched as u32,
             ..Default::default()
         };
@@ -244,11 +426,13 @@ impl<T: DrainTarget> DrainEngine<T> {
                 dispatched: 0,
                 completed: 0,
                 in_flight: false,
-                replies: VecDeque::new(),
                 drained_after_terminate: 0,
                 draining: false,
                 failed: None,
             }),
+            replies: Mutex::new(VecDeque::new()),
+            starved: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             k2k: Mutex::new(VecDeque::new()),
             k2k_backlog: AtomicUsize::new(0),
             retrying: AtomicBool::new(false),
@@ -276,13 +460,24 @@ impl<T: DrainTarget> DrainEngine<T> {
             return;
         }
         let waiting = h.tail - h.dispatched;
-        let room = self.output_capacity.saturating_sub(h.replies.len()) as u64;
+        if waiting == 0 {
+            return;
+        }
+        let room = {
+            let replies = lock(&self.replies);
+            let room = self.output_capacity.saturating_sub(replies.len()) as u64;
+            // Set inside the replies lock: a dequeue after this sees it.
+            self.starved.store(room == 0, Ordering::SeqCst);
+            room
+        };
         let count = waiting.min(room).min(u32::MAX as u64);
         if count == 0 {
             return;
         }
         let first = h.dispatched;
-        // Merge the requests' clocks into the kernel's clock before the pass.
+        // Merge the requests' clocks into the kernel's clock before the pass. A request
+        // too far ahead of the clock is refused, as the CPU backend does: its slot is
+        // invalidated, so the drain template skips it (counted at completion).
         for i in 0..count {
             let off = slot_offset(first + i, self.capacity, self.slot_size);
             // SAFETY: slots [dispatched, tail) were fully written by `try_enqueue` under
@@ -290,7 +485,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             let hdr: MessageHeader =
                 unsafe { std::ptr::read_unaligned(self.target.input().add(off).cast()) };
             if let Err(e) = self.clock.update(HlcTimestamp(hdr.timestamp)) {
-                tracing::warn!(kernel = %self.name, error = %e, "request timestamp not merged");
+                tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
+                // SAFETY: as above; `magic` is the header's first word.
+                unsafe { std::ptr::write_unaligned(self.target.input().add(off).cast::<u32>(), 0) };
             }
         }
         // One receive timestamp per message of the batch (the drain template adds j).
@@ -320,84 +517,117 @@ impl<T: DrainTarget> DrainEngine<T> {
             h.in_flight = false;
             h.dispatched = first;
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
-            h.failed = Some(e);
+            self.fail(h, e);
             self.events.notify_all();
         }
+    }
+
+    /// Stops the kernel for good with `e` (reported by every later call).
+    fn fail(&self, h: &mut Host, e: Error) {
+        h.failed = Some(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Counts and logs one dropped message.
+    fn drop_message(&self, reason: DropReason) {
+        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(kernel = %self.name, %reason, "message dropped");
     }
 
     /// Completion of the pass over `[first, first + count)`.
     fn complete(&self, first: u64, count: u64, result: Result<()>) {
         let elapsed = lock(&self.started).take().map(|s| s.elapsed());
+        if let Err(e) = result {
+            tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
+            let mut h = lock(&self.host);
+            h.in_flight = false;
+            self.fail(&mut h, e);
+            drop(h);
+            self.events.notify_all();
+            return;
+        }
+        // The outputs are read without the host lock (senders and receivers go on
+        // meanwhile): until `in_flight` clears and `completed` advances below, no pass
+        // and no `try_enqueue` touches the slots of this pass.
         let mut routes = Vec::new();
+        let mut replies = Vec::with_capacity(count as usize);
+        let core = self.core.upgrade();
+        let (mut processed, mut handled) = (0u64, 0u64);
+        for i in 0..count {
+            let off = slot_offset(first + i, self.capacity, self.slot_size);
+            // SAFETY: the pass over these slots has completed, so the device no longer
+            // writes them; the next pass over the same slots cannot start before
+            // `completed` advances below (and `in_flight` clears), under the host lock.
+            let mut hdr: MessageHeader =
+                unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
+            if !hdr.is_valid() {
+                match hdr.reserved[0] {
+                    0 => {
+                        // Handled, no output.
+                        handled += 1;
+                        processed += 1;
+                    }
+                    drain::ERR_INVALID_REQUEST => self.drop_message(DropReason::InvalidRequest),
+                    status => {
+                        handled += 1;
+                        self.drop_message(DropReason::Refused(status));
+                    }
+                }
+                continue;
+            }
+            handled += 1;
+            let len = hdr.payload_len as usize;
+            if check_payload_fits(len, self.slot_size).is_err() {
+                self.drop_message(DropReason::CorruptOutput);
+                continue;
+            }
+            let mut payload = vec![0u8; len];
+            // SAFETY: as above; `len` fits the slot after the 64-byte header.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.target.output().add(off + HEADER_SIZE),
+                    payload.as_mut_ptr(),
+                    len,
+                )
+            };
+            if let Some(core) = &core {
+                hdr.message_id = core.next_message_id();
+            }
+            hdr.reserved = [0; 2];
+            hdr.timestamp = self.clock.tick().0;
+            if hdr.flags & flags::K2K != 0 {
+                // Processed and emitted once delivered (see `route`).
+                routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
+            } else {
+                processed += 1;
+                replies.push(Envelope {
+                    header: hdr,
+                    payload,
+                });
+            }
+        }
+        if let Some(el) = elapsed {
+            // A pass cannot time its messages one by one: each message that reached
+            // the handler gets the pass time shared over the pass.
+            let per = u64::try_from(el.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
+            for _ in 0..handled {
+                self.counters.latency.record(per);
+            }
+        }
         {
             let mut h = lock(&self.host);
             h.in_flight = false;
-            if let Err(e) = result {
-                tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
-                h.failed = Some(e);
-                drop(h);
-                self.events.notify_all();
-                return;
-            }
-            let mut processed = 0u64;
-            for i in 0..count {
-                let off = slot_offset(first + i, self.capacity, self.slot_size);
-                // SAFETY: the pass over these slots has completed, so the device no
-                // longer writes them; the next pass over the same slots cannot start
-                // before `completed` advances below, under this lock.
-                let mut hdr: MessageHeader =
-                    unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
-                processed += 1;
-                if !hdr.is_valid() {
-                    if hdr.reserved[0] != 0 {
-                        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(kernel = %self.name, status = hdr.reserved[0], "handler refused a message");
-                    }
-                    continue;
-                }
-                let len = hdr.payload_len as usize;
-                if check_payload_fits(len, self.slot_size).is_err() {
-                    self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(kernel = %self.name, len, "handler wrote an oversized payload length; output dropped");
-                    continue;
-                }
-                let mut payload = vec![0u8; len];
-                // SAFETY: as above; `len` fits the slot after the 64-byte header.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.target.output().add(off + HEADER_SIZE),
-                        payload.as_mut_ptr(),
-                        len,
-                    )
-                };
-                if let Some(core) = self.core.upgrade() {
-                    hdr.message_id = core.next_message_id();
-                }
-                hdr.timestamp = self.clock.tick().0;
-                self.counters.emitted.fetch_add(1, Ordering::Relaxed);
-                if hdr.flags & flags::K2K != 0 {
-                    routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
-                } else {
-                    h.replies.push_back(Envelope {
-                        header: hdr,
-                        payload,
-                    });
-                }
-            }
             h.completed = first + count;
             if self.lifecycle.get() == LifecycleState::Terminating {
-                h.drained_after_terminate += processed;
+                h.drained_after_terminate += count;
             }
+            self.counters
+                .emitted
+                .fetch_add(replies.len() as u64, Ordering::Relaxed);
             self.counters
                 .processed
                 .fetch_add(processed, Ordering::Relaxed);
-            if let Some(el) = elapsed {
-                // Per-message handler latency is not observable inside a pass; record
-                // the pass time shared over its messages.
-                self.counters
-                    .latency
-                    .record(el.as_nanos() as u64 / count.max(1));
-            }
+            lock(&self.replies).extend(replies);
         }
         // Route K2K sends without holding the host lock (the destination may be us).
         let delivered_all = self.route(routes);
@@ -423,16 +653,21 @@ impl<T: DrainTarget> DrainEngine<T> {
             while let Some((target, hdr, payload)) = q.front() {
                 match core.deliver(target, *hdr, payload) {
                     Ok(K2kReceipt::QueueFull) => break,
-                    Ok(K2kReceipt::Delivered) => {}
+                    Ok(K2kReceipt::Delivered) => {
+                        self.counters.processed.fetch_add(1, Ordering::Relaxed);
+                        self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+                    }
                     Ok(K2kReceipt::NotFound) | Err(_) => {
-                        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(kernel = %self.name, ?target, "K2K destination gone; message dropped");
+                        tracing::warn!(kernel = %self.name, ?target, "K2K destination gone");
+                        self.drop_message(DropReason::DestinationGone);
                     }
                 }
                 q.pop_front();
             }
         } else {
-            q.clear();
+            for _ in q.drain(..) {
+                self.drop_message(DropReason::DestinationGone);
+            }
         }
         self.k2k_backlog.store(q.len(), Ordering::Release);
         q.is_empty()
@@ -468,9 +703,13 @@ impl<T: DrainTarget> DrainEngine<T> {
         });
     }
 
-    fn sync_state_to_control(&self, state: LifecycleState) {
+    /// Mirrors `state` into the control block. Called with the host lock held, so a
+    /// target that copies the control block in `launch` (also under that lock) sees
+    /// whole values.
+    fn sync_state_to_control(&self, _held: &mut Host, state: LifecycleState) {
         // SAFETY: `state` lies in the worker line of the 128-byte control block; the
-        // drain template never reads it, so the host writing it cannot race a pass.
+        // drain template never reads or writes it, so the host writing it cannot race
+        // a pass.
         unsafe {
             let p = self
                 .target
@@ -539,25 +778,29 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
-        let mut h = lock(&self.host);
-        let env = h.replies.pop_front();
+        let env = lock(&self.replies).pop_front();
         if env.is_some() {
-            // Room for more replies: a paused pass may start.
-            self.kick(&mut h);
-        } else if let Some(e) = &h.failed {
-            return Err(e.clone());
+            if self.starved.load(Ordering::SeqCst) {
+                // Room for more replies: the paused pass may start.
+                let mut h = lock(&self.host);
+                self.kick(&mut h);
+            }
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
         }
         Ok(env)
     }
 
     fn output_depth(&self) -> usize {
-        lock(&self.host).replies.len()
+        lock(&self.replies).len()
     }
 
     fn activate(&self) -> Result<()> {
-        self.lifecycle.transition(LifecycleState::Active)?;
-        self.sync_state_to_control(LifecycleState::Active);
         let mut h = lock(&self.host);
+        self.lifecycle.transition(LifecycleState::Active)?;
+        self.sync_state_to_control(&mut h, LifecycleState::Active);
         self.kick(&mut h);
         drop(h);
         self.events.state.notify(usize::MAX);
@@ -565,8 +808,10 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     }
 
     fn deactivate(&self) -> Result<()> {
+        let mut h = lock(&self.host);
         self.lifecycle.transition(LifecycleState::Deactivated)?;
-        self.sync_state_to_control(LifecycleState::Deactivated);
+        self.sync_state_to_control(&mut h, LifecycleState::Deactivated);
+        drop(h);
         self.events.state.notify(usize::MAX);
         Ok(())
     }
@@ -578,9 +823,9 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                 let mut h = lock(&self.host);
                 let prev = self.lifecycle.transition(LifecycleState::Terminating)?;
                 h.draining = prev == LifecycleState::Active;
+                self.sync_state_to_control(&mut h, LifecycleState::Terminating);
                 prev
             };
-            self.sync_state_to_control(LifecycleState::Terminating);
             self.events.notify_all();
             let mut undelivered = Vec::new();
             if prev == LifecycleState::Active {
@@ -622,22 +867,24 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                         )
                     };
                     match ringkernel_core::message::read_slot(&slot) {
-                        Ok(env) => undelivered.push(env),
+                        Ok(env) if env.header.is_valid() => undelivered.push(env),
+                        Ok(_) => self.drop_message(DropReason::InvalidRequest),
                         Err(e) => {
-                            tracing::warn!(kernel = %self.name, error = %e, "corrupt queued message")
+                            tracing::warn!(kernel = %self.name, error = %e, "corrupt queued message");
+                            self.drop_message(DropReason::InvalidRequest);
                         }
                     }
                     h.dispatched += 1;
                 }
                 h.completed = h.tail;
             }
+            let mut h = lock(&self.host);
             self.lifecycle.transition(LifecycleState::Terminated)?;
-            self.sync_state_to_control(LifecycleState::Terminated);
-            let h = lock(&self.host);
+            self.sync_state_to_control(&mut h, LifecycleState::Terminated);
             let report = TerminateReport {
                 drained: h.drained_after_terminate,
                 undelivered,
-                replies_waiting: h.replies.len(),
+                replies_waiting: self.output_depth(),
             };
             let failed = h.failed.clone();
             drop(h);
@@ -656,8 +903,8 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     fn metrics(&self) -> KernelMetrics {
         let h = lock(&self.host);
         let depth = (h.tail - h.completed) as usize;
-        let out = h.replies.len();
         drop(h);
+        let out = self.output_depth();
         self.counters
             .snapshot(self.id, &self.name, self.lifecycle.get(), depth, out)
     }

@@ -11,6 +11,7 @@
 //!   scheduling, completion, lifecycle, K2K routing with backpressure, metrics. A backend
 //!   implements only [`DrainTarget`](engine::DrainTarget): where the rings live and how
 //!   to run one pass.
+//! * [`shadow`]: host copies of the rings for a target without shared memory (wgpu).
 //! * [`plan`]: the dispatch plan of every op (kernels, parameter bytes, bindings, grid).
 //! * [`pool`]: a bounded buffer pool, generic over the allocator.
 //! * [`sizing`]: workgroup/threadgroup sizing and grid geometry.
@@ -23,4 +24,5 @@ pub mod engine;
 pub mod msl;
 pub mod plan;
 pub mod pool;
+pub mod shadow;
 pub mod sizing;

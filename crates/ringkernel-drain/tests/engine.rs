@@ -4,7 +4,9 @@
 
 use ringkernel_core::builtin::Token;
 use ringkernel_core::control::ControlBlock;
+use ringkernel_core::hlc::HlcTimestamp;
 use ringkernel_core::lifecycle::LifecycleState;
+use ringkernel_core::message::{MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::{KernelEngine, KernelHandle, RuntimeCore};
@@ -219,6 +221,11 @@ async fn refusals_wrong_types_and_oversize_are_reported() {
         Err(Error::Timeout(_))
     ));
     assert_eq!(k.metrics().dropped, 1);
+    assert_eq!(
+        k.metrics().processed,
+        0,
+        "a refused message is not processed"
+    );
 
     let (e, _) = launch(
         &core,
@@ -374,4 +381,128 @@ fn a_target_too_small_for_the_rings_is_refused() {
         DrainEngine::new(cfg(3, 256), CpuTarget::new(4, 256, Handler::Echo), &core).unwrap_err();
     assert!(e.to_string().contains("power of two"), "{e}");
     assert!(DrainEngine::new(cfg(4, 256), CpuTarget::new(4, 256, Handler::Echo), &core).is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_each_message_once_with_a_latency_sample() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(64);
+    let k = launch(&core, "echo", Handler::Echo, opts).0;
+    let replies = k.call_many((0..50).map(|i| Token::new(i, 1.0))).await;
+    assert_eq!(replies, 50);
+    let m = k.metrics();
+    assert_eq!(
+        (m.received, m.processed, m.dropped, m.emitted),
+        (50, 50, 0, 50)
+    );
+    assert_eq!(
+        m.latency.count, 50,
+        "one handler latency sample per message"
+    );
+
+    // Refused: dropped, not processed; it still reached the handler (a sample).
+    let (r, _) = launch(
+        &core,
+        "refuse",
+        Handler::Refuse,
+        LaunchOptions::default().with_queue_capacity(8),
+    );
+    for i in 0..3 {
+        r.send(Token::new(i, 1.0)).await.unwrap();
+    }
+    let r2 = r.clone();
+    wait_until(move || r2.metrics().dropped == 3).await;
+    let m = r.metrics();
+    assert_eq!(
+        (m.received, m.processed, m.dropped, m.emitted),
+        (3, 0, 3, 0)
+    );
+    assert_eq!(m.latency.count, 3);
+}
+
+async fn wait_until(cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_too_far_ahead_of_the_clock_is_dropped_before_the_handler() {
+    let core = core();
+    let (k, engine) = launch(
+        &core,
+        "echo",
+        Handler::Echo,
+        LaunchOptions::default().with_queue_capacity(8),
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut h = MessageHeader::new(Token::TYPE_ID, 72);
+    h.timestamp = HlcTimestamp::new(now_ms + 3_600_000, 0).as_u64();
+    engine
+        .try_enqueue(&h, bytemuck::bytes_of(&Token::new(1, 1.0)))
+        .unwrap();
+    let r: Token = k
+        .call(Token::new(2, 4.0), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(r.value, 8.0, "the kernel goes on");
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (2, 1, 1));
+    assert_eq!(
+        m.latency.count, 1,
+        "the refused request never reached the handler"
+    );
+    assert!(
+        k.try_receive::<Token>().unwrap().is_none(),
+        "no reply for it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k2k_to_a_terminated_kernel_is_dropped_not_processed() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (a, _) = launch(&core, "a", Handler::Stage, opts.clone());
+    let (b, _) = launch(&core, "b", Handler::Stage, opts);
+    let route = [a.id().0, b.id().0];
+    b.terminate().await.unwrap();
+    for i in 0..5 {
+        let mut t = Token::new(i, 0.0);
+        t.route[..2].copy_from_slice(&route);
+        t.route_len = 2;
+        a.send(t).await.unwrap();
+    }
+    let a2 = a.clone();
+    wait_until(move || a2.metrics().dropped == 5).await;
+    let m = a.metrics();
+    assert_eq!(
+        (m.received, m.processed, m.dropped, m.emitted),
+        (5, 0, 5, 0)
+    );
+}
+
+/// Sends `msgs` and receives as many replies; returns how many came back.
+trait CallMany {
+    async fn call_many(&self, msgs: impl Iterator<Item = Token>) -> usize;
+}
+impl CallMany for KernelHandle {
+    async fn call_many(&self, msgs: impl Iterator<Item = Token>) -> usize {
+        let mut n = 0;
+        for m in msgs {
+            self.send(m).await.unwrap();
+            n += 1;
+        }
+        for _ in 0..n {
+            let _: Token = self.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        }
+        n
+    }
 }

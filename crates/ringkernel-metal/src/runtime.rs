@@ -4,8 +4,8 @@
 //! [`KernelRegistry::register_gpu`](ringkernel_core::registry::KernelRegistry::register_gpu))
 //! composed with the shared drain template, translated to MSL by naga and compiled
 //! once per handler. Its queues, control block and state live in `StorageModeShared`
-//! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host side: requests are written in place into
-//! input slots, a drain pass is dispatched whenever messages wait, and the command
+//! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host
+//! side: requests are written in place into input slots, a drain pass is dispatched whenever messages wait, and the command
 //! buffer's completion handler (`addCompletedHandler`, on a Metal thread) collects the
 //! outputs, routes K2K sends and wakes waiters. No executor thread ever blocks.
 //!
@@ -13,41 +13,30 @@
 //! their WGSL versions from `ringkernel-shaders`.
 //!
 //! Compiled for Apple targets in CI; not executed by CI (no Apple GPU there). The
-//! engine logic is tested on Linux against a CPU stand-in (`tests/engine.rs`).
+//! host side is `ringkernel-drain`'s engine, which CI runs through the WebGPU backend
+//! on lavapipe and against a CPU stand-in (`ringkernel-drain/tests/engine.rs`); this
+//! file is only the Metal glue (buffers, pipeline, command buffer).
 
 use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
 use ringkernel_core::util::BoxFuture;
-use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{launch_engine, ring_bytes, DrainTarget, DRAIN_SLOTS};
-use ringkernel_drain::sizing::{check_fixed_threadgroup, groups_for};
-use ringkernel_shaders::{drain, grid_for, params, Kernel};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use ringkernel_core::{BackendKind, Result};
+use ringkernel_drain::engine::{
+    launch_engine, ring_bytes, state_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS,
+};
+use ringkernel_drain::sizing::check_fixed_threadgroup;
+use ringkernel_shaders::params;
+use std::sync::Arc;
 
-/// Registers the WGSL versions of the built-in kernels on `registry` (a handler
-/// already registered with WGSL under the same name is kept).
-pub fn register_builtins(registry: &KernelRegistry) {
-    for (name, wgsl, state_bytes) in drain::builtin_handlers() {
-        let has_wgsl = registry
-            .gpu(name)
-            .map(|h| h.wgsl.is_some())
-            .unwrap_or(false);
-        if !has_wgsl {
-            registry.register_gpu(
-                GpuHandler::new(name)
-                    .with_wgsl(wgsl)
-                    .with_state_bytes(state_bytes),
-            );
-        }
-    }
-}
+/// Registers the WGSL versions of the built-in kernels on `registry` (the shared
+/// [`ringkernel_drain::engine::register_builtins`]).
+pub use ringkernel_drain::engine::register_builtins;
 
 struct Compiled {
     pipeline: Arc<Pipeline>,
-    serial: bool,
+    module: DrainModule,
     /// `(index, order)` of naga's buffer-sizes argument, if the MSL has one.
     sizes: Option<ringkernel_drain::plan::SizesArg>,
 }
@@ -56,7 +45,7 @@ struct Compiled {
 pub struct MetalRuntime {
     core: Arc<RuntimeCore>,
     device: Arc<MetalDevice>,
-    compiled: Mutex<HashMap<(String, String), Arc<Compiled>>>,
+    compiled: CompileCache<Compiled>,
 }
 
 impl std::fmt::Debug for MetalRuntime {
@@ -77,7 +66,7 @@ impl MetalRuntime {
         Ok(MetalRuntime {
             core: RuntimeCore::new(BackendKind::Metal, registry),
             device,
-            compiled: Mutex::new(HashMap::new()),
+            compiled: CompileCache::default(),
         })
     }
 
@@ -87,51 +76,28 @@ impl MetalRuntime {
     }
 
     fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        let wgsl = handler.wgsl.as_deref().ok_or_else(|| {
-            Error::KernelNotFound(format!(
-                "GPU handler {:?} has no WGSL source (needed by Metal)",
-                handler.name
-            ))
-        })?;
-        let key = (handler.name.clone(), wgsl.to_string());
-        if let Some(c) = self
-            .compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
-            return Ok(c.clone());
-        }
-        let v = ringkernel_shaders::validate_source(&handler.name, &drain::compose(wgsl))?;
-        let serial = drain::is_serial(&v.module);
-        let kernel = if serial {
-            Kernel::DrainSerial
-        } else {
-            Kernel::Drain
-        };
+        self.compiled
+            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    }
+
+    fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
+        let kernel = module.kernel();
         let msl = ringkernel_shaders::module_to_msl(
-            &v,
+            &module.validated,
             kernel.entry_point(),
             kernel.bindings(),
             &Default::default(),
         )?;
-        let pipeline = self
-            .device
-            .compile(&handler.name, &msl.source, &msl.entry_point)?;
+        let pipeline = self.device.compile(name, &msl.source, &msl.entry_point)?;
         check_fixed_threadgroup(kernel.entry_point(), pipeline.limits(), msl.workgroup_size)?;
         let sizes = msl
             .sizes_buffer
             .map(|i| (i as u32, msl.sizes_order.clone()));
-        let c = Arc::new(Compiled {
+        Ok(Compiled {
             pipeline: Arc::new(pipeline),
-            serial,
+            module,
             sizes,
-        });
-        self.compiled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, c.clone());
-        Ok(c)
+        })
     }
 }
 
@@ -165,16 +131,8 @@ unsafe impl DrainTarget for MetalDrainTarget {
         self.control.contents()
     }
     fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
-        let kernel = if self.compiled.serial {
-            Kernel::DrainSerial
-        } else {
-            Kernel::Drain
-        };
-        let groups = if self.compiled.serial {
-            [1, 1, 1]
-        } else {
-            grid_for(groups_for(p.count as usize, drain::DRAIN_WORKGROUP_SIZE as usize) as u64)
-        };
+        let kernel = self.compiled.module.kernel();
+        let groups = self.compiled.module.groups(p.count);
         let buffers = [&self.control, &self.input, &self.output, &self.state];
         let binds: Vec<(u32, &MetalBuffer, usize)> = DRAIN_SLOTS[1..]
             .iter()
@@ -224,13 +182,9 @@ impl RingKernelRuntime for MetalRuntime {
             opts.validate()?;
             let gpu = self.core.registry().gpu(handler)?;
             let compiled = self.compile(&gpu)?;
-            let serial = compiled.serial;
+            let serial = compiled.module.serial;
             let ring = ring_bytes(opts.queue_capacity, opts.slot_size);
-            let state_bytes = opts
-                .state_bytes
-                .max(gpu.state_bytes)
-                .max(drain::MIN_STATE_BYTES)
-                .next_multiple_of(4);
+            let state_bytes = state_bytes(&gpu, &opts);
             launch_engine(&self.core, handler, &opts, serial, state_bytes, |_id| {
                 let target = MetalDrainTarget {
                     device: self.device.clone(),

@@ -54,29 +54,6 @@ struct RkQueueHeader {
     consumer_reserved: array<u32, 14>,
 }
 
-// k2k::K2kInboxHeader (64 bytes): a device-side K2K inbox (header + slots)
-struct RkK2kInboxHeader {
-    head: vec2<u32>,
-    tail: vec2<u32>,
-    capacity: u32,
-    slot_size: u32,
-    mask: u32,
-    owner_kernel: u32,
-    delivered: vec2<u32>,
-    rejected: vec2<u32>,
-    flags: u32,
-    reserved: array<u32, 3>,
-}
-
-// k2k::RouteEntry (32 bytes): where a neighbour's inbox is
-struct RkRouteEntry {
-    dest_kernel: u32,
-    direction: u32,
-    inbox_addr: vec2<u32>,
-    flags: u32,
-    reserved: array<u32, 3>,
-}
-
 // params::Drain
 struct RkDrainParams {
     kernel_id: u32,
@@ -113,6 +90,7 @@ const RK_FLAG_K2K: u32 = 4u;
 const RK_HEADER_WORDS: u32 = 16u;
 const RK_QUEUE_HEADER_WORDS: u32 = 32u;
 const RK_ERR_TYPE_MISMATCH: u32 = 1u;
+const RK_ERR_INVALID_REQUEST: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> rk_params: RkDrainParams;
 @group(0) @binding(1) var<storage, read_write> rk_control: RkControlBlock;
@@ -188,7 +166,12 @@ fn rk_process(j: u32) {
     ctx.hlc = rk_u64_add32(rk_params.hlc, j);
     ctx.request = rk_read_header(base);
     ctx.out_used = 0u;
-    let status = handle(&ctx, base + RK_HEADER_WORDS, base + RK_HEADER_WORDS);
+    // A slot whose header is not a message of this version (the host invalidates one it
+    // refuses, e.g. for clock drift) never reaches the handler.
+    var status = RK_ERR_INVALID_REQUEST;
+    if (ctx.request.magic == RK_MESSAGE_MAGIC && ctx.request.version == RK_MESSAGE_VERSION) {
+        status = handle(&ctx, base + RK_HEADER_WORDS, base + RK_HEADER_WORDS);
+    }
     if (status == 0u && ctx.out_used != 0u) {
         rk_output[base] = RK_MESSAGE_MAGIC;
         rk_output[base + 1u] = RK_MESSAGE_VERSION;

@@ -20,10 +20,10 @@
 //! [`MessageHeader`](ringkernel_core::message::MessageHeader) (16 words, `RkMessageHeader`
 //! in WGSL; 64-bit fields are `vec2<u32>`, low word first) followed by the payload.
 //!
-//! The template also declares the WGSL mirrors of the other shared layouts:
-//! `RkControlBlock`, `RkQueueHeader`, `RkK2kInboxHeader` and `RkRouteEntry` (device-side
-//! K2K inboxes and routing tables), all checked against `ringkernel-core`'s field
-//! tables by this crate's tests.
+//! The template also declares the WGSL mirrors of the other shared layouts it touches,
+//! `RkControlBlock` and `RkQueueHeader`, checked against `ringkernel-core`'s field
+//! tables by this crate's tests. K2K sends leave a pass as ordinary output slots with
+//! the K2K flag; the host routes them (there is no device-side inbox).
 //!
 //! ## The handler ABI
 //!
@@ -55,9 +55,12 @@
 //! The host stamps what the device cannot know: `message_id` (unique per runtime) and the
 //! HLC `timestamp` of each output; the device writes `magic`, `version`, `type_id`,
 //! `payload_len`, `correlation_id` (the request's), `source_kernel`, `dest_kernel` and
-//! `flags`. A slot with `magic == 0` has no output; its `reserved[0]` word carries the
-//! handler's status. The device also advances its half of the control block
-//! (`input_head`, `output_tail`, `processed`, `hlc`, `heartbeat`).
+//! `flags`. A slot whose header is not valid (`magic == 0`) has no output; its
+//! `reserved[0]` word carries the handler's status (0: the handler chose not to answer).
+//! The template checks each request's magic and version first: an invalid request never
+//! reaches the handler and gets status [`ERR_INVALID_REQUEST`]. The device also advances
+//! its half of the control block (`input_head`, `output_tail`, `processed`, `hlc`,
+//! `heartbeat`).
 //!
 //! ## f64 without f64
 //!
@@ -95,6 +98,9 @@ fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
 pub const DRAIN_WORKGROUP_SIZE: u32 = 64;
 /// Handler status: the request was of another type than the handler takes.
 pub const ERR_TYPE_MISMATCH: u32 = 1;
+/// Status written by the template itself: the request slot's header is not a valid
+/// message (wrong magic or version), so the handler was not run.
+pub const ERR_INVALID_REQUEST: u32 = 2;
 /// Words of the queue header in front of the slots.
 pub const QUEUE_HEADER_WORDS: u32 = 32;
 /// Minimum size of the state buffer in bytes.

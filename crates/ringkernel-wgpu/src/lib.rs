@@ -257,6 +257,24 @@ impl GpuContext {
         }))
     }
 
+    /// The process-wide device on the adapter chosen by `sel`: opened by the first call
+    /// for this selection, then handed out to every caller (it stays open until the
+    /// process ends). [`WgpuRuntime::with_selection`] uses it, so that several runtimes
+    /// in one process share one device instead of each creating and destroying its own
+    /// Vulkan instance and device while the others run (which some drivers do not
+    /// survive). A failure is not cached: the next call tries again.
+    pub fn shared(sel: &AdapterSelection) -> Result<Arc<Self>> {
+        static SHARED: Mutex<Vec<(AdapterSelection, Arc<GpuContext>)>> = Mutex::new(Vec::new());
+        // Held while a device opens, so that two first callers do not open two.
+        let mut all = ringkernel_core::util::lock(&SHARED);
+        if let Some((_, ctx)) = all.iter().find(|(s, _)| s == sel) {
+            return Ok(ctx.clone());
+        }
+        let ctx = GpuContext::new(sel)?;
+        all.push((sel.clone(), ctx.clone()));
+        Ok(ctx)
+    }
+
     /// Takes the errors wgpu reported since the last call, as one [`Error::Device`].
     pub fn take_error(&self) -> Result<()> {
         let mut v = self

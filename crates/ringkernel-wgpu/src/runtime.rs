@@ -1,245 +1,316 @@
 //! [`WgpuRuntime`]: event-driven actors on wgpu.
 //!
 //! WebGPU has no persistent kernels, so a kernel here is a WGSL handler run by **drain
-//! passes** (see [`ringkernel_shaders::drain`] for the template and the handler ABI):
+//! passes** (see [`ringkernel_shaders::drain`] for the template and the handler ABI).
+//! The host side — queues, pass scheduling, completion, stamping, K2K routing with
+//! backpressure, lifecycle, metrics — is the shared drain engine
+//! ([`ringkernel_drain::engine`]), the same code the Metal backend runs. This module is
+//! only the device glue, a [`DrainTarget`]:
 //!
-//! * Each kernel owns device buffers in the shared binary layout: its
-//!   [`ControlBlock`](ringkernel_core::control::ControlBlock), an input and an output ring
-//!   ([`QueueHeader`](ringkernel_core::queue::QueueHeader) + slots) and its handler state.
-//! * `send` writes the message straight into the slot of a host-side image of the input
-//!   ring and wakes the runtime's **worker thread**.
-//! * The worker, in rounds: for every active kernel with messages waiting it uploads
-//!   *all* waiting slots (up to the room left in the output queue) and records one
-//!   dispatch for them (one invocation per message, or one in-order invocation for
-//!   `RK_SERIAL` handlers); all kernels' passes go into one submission. It then reads the
-//!   output slots and control block back, stamps message ids and HLC timestamps, puts
-//!   replies into the kernel's output queue and routes K2K messages to their destination
-//!   kernels with [`RuntimeCore::deliver`] (a full destination is retried next round,
-//!   never dropped).
-//! * Lifecycle: activate/deactivate take effect at the next round; terminate is carried
-//!   out by the worker between rounds (an active kernel drains first, an inactive one
-//!   hands its queued messages back).
+//! * Each kernel owns device buffers in the shared binary layout (control block, input
+//!   and output ring, handler state) and host copies of the rings and control block
+//!   ([`HostRings`]): wgpu has no memory the host and the device share.
+//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the control
+//!   block, records one dispatch and the copies of the output slots and the
+//!   device-written control fields into a readback buffer, submits, and asks for the
+//!   readback buffer to be mapped.
+//! * The map callback only hands the completion to the runtime's **poller**, one OS
+//!   thread that drives the device (`Device::poll`) while passes are outstanding and
+//!   finishes them: it copies the readback into the host copies, unmaps, and calls the
+//!   engine's completion, which may start the next pass. Completions never run inside a
+//!   wgpu call made with an engine lock held (a map callback can run on any thread that
+//!   polls or submits on the device), and a callback run by another thread's poll (a
+//!   [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
+//!   reaches its poller.
+//!
+//! Several runtimes may share one device ([`WgpuRuntime::with_selection`] uses the
+//! process-wide [`GpuContext::shared`] one), and one runtime may be used from any number
+//! of tasks.
 
 use crate::{AdapterSelection, GpuContext};
 use event_listener::{Event, Listener};
 use ringkernel_core::control::ControlBlock;
-use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
-use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
-use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{
-    check_payload_fits, flags, read_slot, write_slot, Envelope, MessageHeader, HEADER_SIZE,
-};
 use ringkernel_core::options::LaunchOptions;
-use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
-use ringkernel_core::runtime::{
-    KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
-    TerminateReport,
-};
-use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
-use ringkernel_core::util::BoxFuture;
+use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
+use ringkernel_core::util::{lock, BoxFuture};
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_shaders::{drain, params, Kernel};
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use ringkernel_drain::engine::{
+    launch_engine, state_bytes, CompileCache, DrainModule, DrainTarget,
+};
+use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
+use ringkernel_shaders::{drain, params, Access};
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const QH: usize = std::mem::size_of::<QueueHeader>();
-const CB: u64 = std::mem::size_of::<ControlBlock>() as u64;
+pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
-/// Registers the WGSL versions of the built-in kernels (`rk.echo`, `rk.stage`,
-/// `rk.counter`) on `reg`, with the same semantics as the CPU ones in
-/// [`ringkernel_core::builtin`]. Their `Token.value` arithmetic is exact f64 (done on the
-/// IEEE-754 bits, see [`ringkernel_shaders::drain`]).
-pub fn register_wgsl_builtins(reg: &KernelRegistry) {
-    for (name, src, state) in drain::builtin_handlers() {
-        reg.register_gpu(GpuHandler::new(name).with_wgsl(src).with_state_bytes(state));
+const CB: usize = std::mem::size_of::<ControlBlock>();
+
+/// A drain pass waiting for its readback, finished by the poller.
+struct Completion {
+    staging: wgpu::Buffer,
+    rings: Arc<HostRings>,
+    /// Byte ranges of the output ring that the pass wrote.
+    runs: Vec<Range<usize>>,
+    done: Box<dyn FnOnce(Result<()>) + Send>,
+}
+
+impl Completion {
+    /// Copies the readback into the host copies, unmaps, and reports to the engine.
+    fn finish(self, mapped: std::result::Result<(), wgpu::BufferAsyncError>) {
+        let result = match mapped {
+            Ok(()) => {
+                let copied = self.copy_out();
+                self.staging.unmap();
+                copied
+            }
+            Err(e) => Err(Error::Device(format!("readback of a drain pass: {e}"))),
+        };
+        (self.done)(result);
+    }
+
+    fn copy_out(&self) -> Result<()> {
+        let view = self
+            .staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))?;
+        let ring_len = self.rings.ring_len();
+        let control = ring_len + DEVICE_WRITTEN.start..ring_len + DEVICE_WRITTEN.end;
+        if view.len() < control.end {
+            return Err(Error::Device("readback buffer too small".into()));
+        }
+        for run in &self.runs {
+            let src = &view[run.clone()];
+            // SAFETY: `run` lies in the output ring (`slot_runs` of the pass, checked
+            // against `ring_len` by the engine); the pass is complete and its `done` has
+            // not been called, so by the `DrainTarget` contract nobody else touches
+            // these output slots now.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    self.rings.output().add(run.start),
+                    src.len(),
+                )
+            };
+        }
+        let src = &view[control];
+        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block and holds only
+        // fields the host never writes; no other pass of this kernel is running.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.rings.control().add(DEVICE_WRITTEN.start),
+                src.len(),
+            )
+        };
+        Ok(())
     }
 }
 
-fn register_missing_builtins(reg: &KernelRegistry) {
-    for (name, src, state) in drain::builtin_handlers() {
-        if !matches!(reg.gpu(name), Ok(h) if h.wgsl.is_some()) {
-            reg.register_gpu(GpuHandler::new(name).with_wgsl(src).with_state_bytes(state));
+/// Drives the device for a runtime's passes and finishes them, on one OS thread.
+struct Poller {
+    ctx: Arc<GpuContext>,
+    /// Passes whose readback map callback has run.
+    ready: Mutex<Vec<(Completion, std::result::Result<(), wgpu::BufferAsyncError>)>>,
+    /// Passes submitted and not finished yet.
+    outstanding: AtomicUsize,
+    wake: Event,
+    /// Whether the thread runs (started with the first pass).
+    started: Mutex<bool>,
+}
+
+impl Poller {
+    /// A poller on `ctx`; its thread starts with the first pass and ends once the
+    /// poller is unused (no runtime, kernel or pending pass refers to it).
+    fn new(ctx: Arc<GpuContext>) -> Arc<Self> {
+        Arc::new(Poller {
+            ctx,
+            ready: Mutex::new(Vec::new()),
+            outstanding: AtomicUsize::new(0),
+            wake: Event::new(),
+            started: Mutex::new(false),
+        })
+    }
+
+    fn ensure_thread(self: &Arc<Self>) -> Result<()> {
+        let mut started = lock(&self.started);
+        if !*started {
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("ringkernel-wgpu-poll".into())
+                .spawn(move || Poller::run(weak))
+                .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
+            *started = true;
+        }
+        Ok(())
+    }
+
+    /// Maps `c.staging` once the submitted pass is done; `c` is finished on the
+    /// poller's thread.
+    fn watch(self: &Arc<Self>, c: Completion) {
+        self.outstanding.fetch_add(1, Ordering::AcqRel);
+        let staging = c.staging.clone();
+        let me = self.clone();
+        // The callback runs on whichever thread polls or submits on the device (or at
+        // once, on error): it only queues the completion and wakes the poller.
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            lock(&me.ready).push((c, r));
+            me.wake.notify(usize::MAX);
+        });
+        self.wake.notify(usize::MAX);
+    }
+
+    fn run(weak: Weak<Poller>) {
+        loop {
+            let Some(p) = weak.upgrade() else { return };
+            let listener = p.wake.listen();
+            let ready = std::mem::take(&mut *lock(&p.ready));
+            if !ready.is_empty() {
+                let n = ready.len();
+                for (c, r) in ready {
+                    c.finish(r);
+                }
+                p.outstanding.fetch_sub(n, Ordering::AcqRel);
+                continue;
+            }
+            if p.outstanding.load(Ordering::Acquire) == 0 {
+                drop(p);
+                listener.wait_timeout(Duration::from_millis(200));
+                continue;
+            }
+            let wait = wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: Some(Duration::from_secs(1)),
+            };
+            match p.ctx.device.poll(wait) {
+                Ok(_) | Err(wgpu::PollError::Timeout) => {}
+                Err(e) => {
+                    tracing::error!(adapter = %p.ctx.info.name, error = %e, "wgpu poll failed");
+                }
+            }
+            if lock(&p.ready).is_empty() {
+                // The callbacks of our passes were taken by another thread's poll or
+                // submit and are about to run there: they wake us.
+                drop(p);
+                listener.wait_timeout(Duration::from_millis(2));
+            }
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain data behind: keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// A compiled drain handler: pipeline and bind group layout.
+struct Compiled {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    module: DrainModule,
 }
 
-/// Host image of an input ring: slots in the shared layout, written in place by `send`.
-struct HostRing {
-    bytes: Vec<u8>,
-    head: u64,
-    tail: u64,
-}
-
-struct Gpu {
+/// The device buffers of one kernel and its host copies.
+struct WgpuDrainTarget {
+    ctx: Arc<GpuContext>,
+    poller: Arc<Poller>,
+    compiled: Arc<Compiled>,
+    rings: Arc<HostRings>,
+    capacity: usize,
+    slot_size: usize,
     params: wgpu::Buffer,
     control: wgpu::Buffer,
     input: wgpu::Buffer,
     output: wgpu::Buffer,
     staging: wgpu::Buffer,
     bind: wgpu::BindGroup,
-    pipeline: wgpu::ComputePipeline,
-    serial: bool,
 }
 
-struct Engine {
-    id: KernelId,
-    name: String,
-    slot_size: usize,
-    capacity: usize,
-    out_capacity: usize,
-    state_words: u32,
-    life: AtomicLifecycle,
-    was_active: AtomicBool,
-    input: Mutex<HostRing>,
-    output: Mutex<VecDeque<Envelope>>,
-    k2k_pending: Mutex<VecDeque<(KernelId, MessageHeader, Vec<u8>)>>,
-    counters: KernelCounters,
-    events: KernelEvents,
-    hlc: HlcClock,
-    drained: AtomicU64,
-    report: Mutex<Option<TerminateReport>>,
-    gpu: Gpu,
-    wake: Arc<Event>,
-}
+// SAFETY: `input`/`output`/`control` are the host copies in `rings` (owned through an
+// `Arc`, alive as long as the target and every pending completion): rings of
+// `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
+// The "device" side (the poller's copy-out) writes only the output slots of the pass and
+// the device-written control fields, after the pass finished and before `done`. `done`
+// runs on the poller thread, never inside `launch`.
+unsafe impl DrainTarget for WgpuDrainTarget {
+    ringkernel_drain::host_rings_memory!(rings);
 
-impl Engine {
-    fn pending(&self) -> u64 {
-        let r = lock(&self.input);
-        r.tail - r.head
-    }
-}
-
-impl KernelEngine for Engine {
-    fn id(&self) -> KernelId {
-        self.id
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn state(&self) -> LifecycleState {
-        self.life.get()
-    }
-    fn slot_size(&self) -> usize {
-        self.slot_size
-    }
-    fn input_capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        check_payload_fits(payload.len(), self.slot_size)?;
-        if !self.life.get().accepts_messages() {
-            return Err(Error::KernelTerminated(self.name.clone()));
+    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+        self.poller.ensure_thread()?;
+        let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
+        let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
+        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        for run in &runs {
+            // SAFETY: the engine calls `launch` with its host lock held, under which
+            // alone input slots are written; `run` lies in the input ring.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
+            q.write_buffer(&self.input, run.start as u64, bytes);
         }
+        // SAFETY: the host writes the control block only under the engine's host lock
+        // (held now), and no pass of this kernel is running, so the device-written part
+        // is not being copied in either.
+        let control = unsafe { std::slice::from_raw_parts(self.rings.control(), CB) };
+        q.write_buffer(&self.control, 0, control);
+        q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("rk drain"),
+        });
         {
-            let mut r = lock(&self.input);
-            if (r.tail - r.head) as usize >= self.capacity {
-                return Err(Error::QueueFull {
-                    capacity: self.capacity,
-                });
-            }
-            let slot = (r.tail as usize) & (self.capacity - 1);
-            let off = slot * self.slot_size;
-            write_slot(&mut r.bytes[off..off + self.slot_size], header, payload)?;
-            r.tail += 1;
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("rk drain"),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&self.compiled.pipeline);
+            pass.set_bind_group(0, &self.bind, &[]);
+            let [x, y, z] = self.compiled.module.groups(p.count);
+            pass.dispatch_workgroups(x, y, z);
         }
-        self.counters.received.fetch_add(1, Ordering::Relaxed);
-        self.wake.notify(usize::MAX);
-        Ok(())
-    }
-
-    fn try_dequeue(&self) -> Result<Option<Envelope>> {
-        let (e, was_full) = {
-            let mut out = lock(&self.output);
-            let was_full = out.len() >= self.out_capacity;
-            (out.pop_front(), was_full)
-        };
-        if e.is_some() && was_full {
-            // The worker skips a kernel whose output queue is full: tell it there is room.
-            self.wake.notify(usize::MAX);
+        for run in &runs {
+            enc.copy_buffer_to_buffer(
+                &self.output,
+                run.start as u64,
+                &self.staging,
+                run.start as u64,
+                run.len() as u64,
+            );
         }
-        Ok(e)
-    }
-
-    fn output_depth(&self) -> usize {
-        lock(&self.output).len()
-    }
-
-    fn activate(&self) -> Result<()> {
-        self.life.transition(LifecycleState::Active)?;
-        self.events.state.notify(usize::MAX);
-        self.wake.notify(usize::MAX);
+        let ring_len = self.rings.ring_len() as u64;
+        enc.copy_buffer_to_buffer(
+            &self.control,
+            DEVICE_WRITTEN.start as u64,
+            &self.staging,
+            ring_len + DEVICE_WRITTEN.start as u64,
+            DEVICE_WRITTEN.len() as u64,
+        );
+        q.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!(
+                "drain pass on {}: {e}",
+                self.ctx.info.name
+            )));
+        }
+        self.poller.watch(Completion {
+            staging: self.staging.clone(),
+            rings: self.rings.clone(),
+            runs,
+            done,
+        });
         Ok(())
-    }
-
-    fn deactivate(&self) -> Result<()> {
-        self.life.transition(LifecycleState::Deactivated)?;
-        self.events.state.notify(usize::MAX);
-        Ok(())
-    }
-
-    fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>> {
-        Box::pin(async move {
-            let from = self.life.transition(LifecycleState::Terminating)?;
-            self.was_active
-                .store(from == LifecycleState::Active, Ordering::SeqCst);
-            self.events.state.notify(usize::MAX);
-            self.wake.notify(usize::MAX);
-            loop {
-                let l = self.events.state.listen();
-                if self.life.get() == LifecycleState::Terminated {
-                    break;
-                }
-                l.await;
-            }
-            let mut r = lock(&self.report).take().unwrap_or_default();
-            r.replies_waiting = self.output_depth();
-            Ok(r)
-        })
-    }
-
-    fn events(&self) -> &KernelEvents {
-        &self.events
-    }
-
-    fn metrics(&self) -> KernelMetrics {
-        self.counters.snapshot(
-            self.id,
-            &self.name,
-            self.life.get(),
-            self.pending() as usize,
-            self.output_depth(),
-        )
     }
 }
 
-struct Shared {
-    ctx: Arc<GpuContext>,
-    core: Arc<RuntimeCore>,
-    engines: Mutex<Vec<Arc<Engine>>>,
-    wake: Arc<Event>,
-    stop: AtomicBool,
-    pipelines: Mutex<HashMap<String, (wgpu::ComputePipeline, bool)>>,
-}
-
-/// The wgpu implementation of [`RingKernelRuntime`].
+/// The wgpu implementation of [`RingKernelRuntime`]. See the [module docs](self).
 pub struct WgpuRuntime {
-    shared: Arc<Shared>,
-    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    core: Arc<RuntimeCore>,
+    ctx: Arc<GpuContext>,
+    poller: Arc<Poller>,
+    compiled: CompileCache<Compiled>,
 }
 
 impl std::fmt::Debug for WgpuRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuRuntime")
-            .field("adapter", &self.shared.ctx.info)
+            .field("adapter", &self.ctx.info)
             .finish()
     }
 }
@@ -251,125 +322,112 @@ impl WgpuRuntime {
         Self::with_selection(registry, AdapterSelection::from_env())
     }
 
-    /// A runtime on the adapter chosen by `sel`.
+    /// A runtime on the adapter chosen by `sel`, on the process-wide device of that
+    /// adapter ([`GpuContext::shared`]).
     pub fn with_selection(registry: KernelRegistry, sel: AdapterSelection) -> Result<Self> {
-        Ok(Self::with_context(registry, GpuContext::new(&sel)?))
+        Ok(Self::with_context(registry, GpuContext::shared(&sel)?))
     }
 
     /// A runtime on an existing device (e.g. shared with a [`WgpuCompute`](crate::WgpuCompute)).
     pub fn with_context(registry: KernelRegistry, ctx: Arc<GpuContext>) -> Self {
-        register_missing_builtins(&registry);
-        let shared = Arc::new(Shared {
-            ctx,
-            core: RuntimeCore::new(BackendKind::Wgpu, registry),
-            engines: Mutex::new(Vec::new()),
-            wake: Arc::new(Event::new()),
-            stop: AtomicBool::new(false),
-            pipelines: Mutex::new(HashMap::new()),
-        });
-        let weak = Arc::downgrade(&shared);
-        let worker = std::thread::Builder::new()
-            .name("ringkernel-wgpu".into())
-            .spawn(move || worker(weak))
-            .ok();
+        register_wgsl_builtins(&registry);
         WgpuRuntime {
-            shared,
-            worker: Mutex::new(worker),
+            core: RuntimeCore::new(BackendKind::Wgpu, registry),
+            poller: Poller::new(ctx.clone()),
+            ctx,
+            compiled: CompileCache::default(),
         }
     }
 
     /// The device the runtime runs on.
     pub fn context(&self) -> &Arc<GpuContext> {
-        &self.shared.ctx
+        &self.ctx
     }
 
-    fn pipeline(&self, handler: &str, wgsl: &str) -> Result<(wgpu::ComputePipeline, bool)> {
-        if let Some(p) = lock(&self.shared.pipelines).get(handler) {
-            return Ok(p.clone());
-        }
-        let src = drain::compose(wgsl);
-        let v = ringkernel_shaders::validate_source(handler, &src)?;
-        let serial = drain::is_serial(&v.module);
-        let k = if serial {
-            Kernel::DrainSerial
-        } else {
-            Kernel::Drain
-        };
-        let dev = &self.shared.ctx.device;
+    fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
+        self.compiled
+            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    }
+
+    fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
+        let dev = &self.ctx.device;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(handler),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = drain::BINDINGS
+            .iter()
+            .map(|b| wgpu::BindGroupLayoutEntry {
+                binding: b.binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: match b.access {
+                    Access::Uniform => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    access => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: access == Access::Read,
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                },
+                count: None,
+            })
+            .collect();
+        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("rk drain"),
+            entries: &entries,
         });
-        let p = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(handler),
-            layout: None,
-            module: &module,
-            entry_point: Some(k.entry_point()),
+        let pipeline_layout = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("rk drain"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let shader = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(module.source.as_str().into()),
+        });
+        let pipeline = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(&pipeline_layout),
+            module: &shader,
+            entry_point: Some(module.kernel().entry_point()),
             compilation_options: Default::default(),
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Compile {
                 backend: BackendKind::Wgpu,
-                log: format!("{handler}: {e}"),
+                log: format!("{name}: {e}"),
             });
         }
-        lock(&self.shared.pipelines).insert(handler.to_string(), (p.clone(), serial));
-        Ok((p, serial))
+        Ok(Compiled {
+            pipeline,
+            layout,
+            module,
+        })
     }
 
-    fn launch_now(&self, handler: &str, opts: &LaunchOptions) -> Result<KernelHandle> {
-        opts.validate()?;
-        let h = self.shared.core.registry().gpu(handler)?;
-        let wgsl = h.wgsl.clone().ok_or_else(|| {
-            Error::KernelNotFound(format!("GPU handler {handler:?} has no WGSL source"))
-        })?;
-        let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
-        let id = self.shared.core.reserve(&name)?;
-        match self.build(id, &name, handler, &wgsl, h.state_bytes, opts) {
-            Ok(engine) => {
-                lock(&self.shared.engines).push(engine.clone());
-                let dynamic: Arc<dyn KernelEngine> = engine;
-                self.shared.core.insert(dynamic.clone());
-                Ok(self.shared.core.handle(dynamic, opts))
-            }
-            Err(e) => {
-                self.shared.core.release(&name);
-                Err(e)
-            }
-        }
-    }
-
-    fn build(
+    /// The buffers of one kernel; its state starts zeroed.
+    fn target(
         &self,
-        id: KernelId,
-        name: &str,
-        handler: &str,
-        wgsl: &str,
-        handler_state: usize,
+        compiled: Arc<Compiled>,
         opts: &LaunchOptions,
-    ) -> Result<Arc<Engine>> {
-        let (pipeline, serial) = self.pipeline(handler, wgsl)?;
-        let dev = &self.shared.ctx.device;
-        let cap = opts.queue_capacity;
-        let ring_bytes = (QH + cap * opts.slot_size) as u64;
+        state_bytes: usize,
+    ) -> Result<WgpuDrainTarget> {
+        let dev = &self.ctx.device;
+        let rings = Arc::new(HostRings::new(opts.queue_capacity, opts.slot_size));
+        let ring_len = rings.ring_len() as u64;
         let limits = dev.limits();
-        if ring_bytes
-            > limits
-                .max_buffer_size
-                .min(limits.max_storage_buffer_binding_size)
-        {
+        let max = limits
+            .max_buffer_size
+            .min(limits.max_storage_buffer_binding_size);
+        if ring_len > max || state_bytes as u64 > max {
             return Err(Error::invalid(format!(
-                "a queue of {cap} slots of {} bytes does not fit the device's storage-buffer limit",
-                opts.slot_size
+                "a queue of {} slots of {} bytes does not fit the device's storage-buffer limit ({max} bytes)",
+                opts.queue_capacity, opts.slot_size
             )));
         }
-        let state_bytes = opts
-            .state_bytes
-            .max(handler_state)
-            .max(drain::MIN_STATE_BYTES)
-            .next_multiple_of(4);
         let storage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
@@ -381,120 +439,67 @@ impl WgpuRuntime {
                 mapped_at_creation: false,
             })
         };
-        let gparams = mk(
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let params = mk(
             "rk params",
             std::mem::size_of::<params::Drain>() as u64,
             wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         );
-        let control = mk("rk control", CB, storage);
-        let input = mk("rk input", ring_bytes, storage);
-        let output = mk("rk output", ring_bytes, storage);
+        let control = mk("rk control", CB as u64, storage);
+        let input = mk("rk input", ring_len, storage);
+        let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
         let staging = mk(
             "rk readback",
-            ring_bytes + CB,
+            ring_len + CB as u64,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         );
-        // Initial contents: control block and queue headers in the shared layout, zero state.
-        let cb = ControlBlock {
-            kernel_id: id.0,
-            slot_size: opts.slot_size as u32,
-            input_capacity: cap as u32,
-            output_capacity: cap as u32,
-            max_drift_ms: ringkernel_core::hlc::DEFAULT_MAX_DRIFT_MS,
-            state: LifecycleState::Launched as u32,
-            ..Default::default()
-        };
-        let q = &self.shared.ctx.queue;
-        q.write_buffer(&control, 0, bytemuck::bytes_of(&cb));
-        let qh = QueueHeader {
-            capacity: cap as u32,
-            slot_size: opts.slot_size as u32,
-            mask: (cap - 1) as u32,
-            ..Default::default()
-        };
-        q.write_buffer(&input, 0, bytemuck::bytes_of(&qh));
-        q.write_buffer(&output, 0, bytemuck::bytes_of(&qh));
-        q.write_buffer(&state, 0, &vec![0u8; state_bytes]);
-        let layout = pipeline.get_bind_group_layout(0);
-        let used = |b: u32| b != 4 || wgsl.contains("rk_state");
-        let entries: Vec<wgpu::BindGroupEntry> = [
-            (0, &gparams),
-            (1, &control),
-            (2, &input),
-            (3, &output),
-            (4, &state),
-        ]
-        .into_iter()
-        .filter(|(b, _)| used(*b))
-        .map(|(binding, buf)| wgpu::BindGroupEntry {
-            binding,
-            resource: buf.as_entire_binding(),
-        })
-        .collect();
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
+        // depends on how the allocator initialises memory.
+        self.ctx
+            .queue
+            .write_buffer(&state, 0, &vec![0u8; state_bytes]);
         let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(name),
-            layout: &layout,
-            entries: &entries,
+            label: Some("rk drain"),
+            layout: &compiled.layout,
+            entries: &[
+                (0, &params),
+                (1, &control),
+                (2, &input),
+                (3, &output),
+                (4, &state),
+            ]
+            .map(|(binding, buf)| wgpu::BindGroupEntry {
+                binding,
+                resource: buf.as_entire_binding(),
+            }),
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("bind group of {name}: {e}")));
+            return Err(Error::Device(format!(
+                "buffers of a kernel on {}: {e}",
+                self.ctx.info.name
+            )));
         }
-        let engine = Arc::new(Engine {
-            id,
-            name: name.to_string(),
+        Ok(WgpuDrainTarget {
+            ctx: self.ctx.clone(),
+            poller: self.poller.clone(),
+            compiled,
+            rings,
+            capacity: opts.queue_capacity,
             slot_size: opts.slot_size,
-            capacity: cap,
-            out_capacity: opts.output_capacity,
-            state_words: (state_bytes / 4) as u32,
-            life: AtomicLifecycle::new(LifecycleState::Created),
-            was_active: AtomicBool::new(false),
-            input: Mutex::new(HostRing {
-                bytes: vec![0; cap * opts.slot_size],
-                head: 0,
-                tail: 0,
-            }),
-            output: Mutex::new(VecDeque::new()),
-            k2k_pending: Mutex::new(VecDeque::new()),
-            counters: KernelCounters::default(),
-            events: KernelEvents::default(),
-            hlc: HlcClock::new(),
-            drained: AtomicU64::new(0),
-            report: Mutex::new(None),
-            gpu: Gpu {
-                params: gparams,
-                control,
-                input,
-                output,
-                staging,
-                bind,
-                pipeline,
-                serial,
-            },
-            wake: self.shared.wake.clone(),
-        });
-        engine.life.transition(LifecycleState::Launched)?;
-        if opts.auto_activate {
-            engine.life.transition(LifecycleState::Active)?;
-        }
-        Ok(engine)
-    }
-}
-
-impl Drop for WgpuRuntime {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify(usize::MAX);
-        if let Some(h) = lock(&self.worker).take() {
-            let _ = h.join();
-        }
+            params,
+            control,
+            input,
+            output,
+            staging,
+            bind,
+        })
     }
 }
 
 impl RingKernelRuntime for WgpuRuntime {
     fn core(&self) -> &Arc<RuntimeCore> {
-        &self.shared.core
+        &self.core
     }
 
     fn launch<'a>(
@@ -502,342 +507,26 @@ impl RingKernelRuntime for WgpuRuntime {
         handler: &'a str,
         opts: LaunchOptions,
     ) -> BoxFuture<'a, Result<KernelHandle>> {
-        Box::pin(async move { self.launch_now(handler, &opts) })
+        Box::pin(async move {
+            opts.validate()?;
+            let gpu = self.core.registry().gpu(handler)?;
+            let compiled = self.compile(&gpu)?;
+            let serial = compiled.module.serial;
+            let state = state_bytes(&gpu, &opts);
+            launch_engine(&self.core, handler, &opts, serial, state, |_id| {
+                self.target(compiled, &opts, state)
+            })
+        })
     }
 
     fn device_info(&self) -> String {
-        format!("wgpu: {}", self.shared.ctx.info)
+        format!("wgpu: {}", self.ctx.info)
     }
-}
-
-/// One kernel's pass within a round.
-struct Pass {
-    engine: Arc<Engine>,
-    first: u64,
-    count: u64,
-    terminating: bool,
-}
-
-fn worker(weak: Weak<Shared>) {
-    loop {
-        let Some(shared) = weak.upgrade() else { return };
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let listener = shared.wake.listen();
-        let busy = match round(&shared) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(error = %e, "wgpu drain round failed");
-                false
-            }
-        };
-        drop(shared);
-        if !busy {
-            listener.wait_timeout(Duration::from_millis(50));
-        }
-    }
-}
-
-/// Retries K2K messages that met a full queue. Returns whether any are still waiting.
-fn flush_k2k(shared: &Shared, e: &Engine) -> bool {
-    let mut pending = lock(&e.k2k_pending);
-    while let Some((dest, h, payload)) = pending.pop_front() {
-        match shared.core.deliver(&KernelTarget::Id(dest), h, &payload) {
-            Ok(K2kReceipt::Delivered) => {
-                e.counters.emitted.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(K2kReceipt::QueueFull) => {
-                pending.push_front((dest, h, payload));
-                return true;
-            }
-            Ok(K2kReceipt::NotFound) | Err(_) => {
-                tracing::warn!(kernel = %e.name, %dest, "K2K destination not found; message dropped");
-                e.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-    false
-}
-
-fn finish_terminate(e: &Engine) {
-    let mut undelivered = Vec::new();
-    {
-        let mut r = lock(&e.input);
-        while r.head < r.tail {
-            let slot = (r.head as usize) & (e.capacity - 1);
-            let off = slot * e.slot_size;
-            if let Ok(env) = read_slot(&r.bytes[off..off + e.slot_size]) {
-                undelivered.push(env);
-            }
-            r.head += 1;
-        }
-    }
-    *lock(&e.report) = Some(TerminateReport {
-        drained: e.drained.load(Ordering::Relaxed),
-        undelivered,
-        replies_waiting: 0,
-    });
-    let _ = e.life.transition(LifecycleState::Terminated);
-    e.events.notify_all();
-}
-
-/// One round: a drain pass for every kernel with work, one submission. Returns whether
-/// anything happened (so the worker polls again at once).
-fn round(shared: &Shared) -> Result<bool> {
-    let engines: Vec<Arc<Engine>> = lock(&shared.engines).clone();
-    let mut passes = Vec::new();
-    let mut k2k_waiting = false;
-    for e in &engines {
-        let state = e.life.get();
-        k2k_waiting |= flush_k2k(shared, e);
-        let terminating = state == LifecycleState::Terminating;
-        let draining =
-            state == LifecycleState::Active || (terminating && e.was_active.load(Ordering::SeqCst));
-        if terminating && !draining {
-            finish_terminate(e);
-            continue;
-        }
-        if !draining {
-            continue;
-        }
-        let (first, waiting) = {
-            let r = lock(&e.input);
-            (r.head, r.tail - r.head)
-        };
-        if waiting == 0 {
-            if terminating && lock(&e.k2k_pending).is_empty() {
-                finish_terminate(e);
-            }
-            continue;
-        }
-        let room = if terminating {
-            usize::MAX
-        } else {
-            e.out_capacity.saturating_sub(e.output_depth())
-        };
-        let count = waiting.min(room as u64);
-        if count == 0 || !lock(&e.k2k_pending).is_empty() {
-            continue;
-        }
-        passes.push(Pass {
-            engine: e.clone(),
-            first,
-            count,
-            terminating,
-        });
-    }
-    lock(&shared.engines).retain(|e| e.life.get() != LifecycleState::Terminated);
-    if passes.is_empty() {
-        return Ok(k2k_waiting);
-    }
-    let started = Instant::now();
-    let q = &shared.ctx.queue;
-    let mut enc = shared
-        .ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("rk drain"),
-        });
-    for p in &passes {
-        let e = &p.engine;
-        let g = &e.gpu;
-        let mask = e.capacity as u64 - 1;
-        let ss = e.slot_size as u64;
-        // Upload the waiting slots (one or two ranges when the ring wraps) and merge
-        // their timestamps into the kernel's clock.
-        {
-            let r = lock(&e.input);
-            let mut i = 0;
-            while i < p.count {
-                let slot = (p.first + i) & mask;
-                let run = (p.count - i).min(e.capacity as u64 - slot);
-                let off = (slot * ss) as usize;
-                let bytes = &r.bytes[off..off + (run * ss) as usize];
-                q.write_buffer(&g.input, QH as u64 + slot * ss, bytes);
-                for j in 0..run as usize {
-                    let h: MessageHeader = bytemuck::pod_read_unaligned(
-                        &bytes[j * e.slot_size..j * e.slot_size + HEADER_SIZE],
-                    );
-                    if let Err(err) = e.hlc.update(HlcTimestamp(h.timestamp)) {
-                        tracing::warn!(kernel = %e.name, error = %err, "message timestamp not merged");
-                    }
-                }
-                i += run;
-            }
-        }
-        // One receive timestamp per message of the batch (the drain template adds j).
-        let hlc = e.hlc.reserve(p.count as u32).0;
-        let dp = params::Drain {
-            kernel_id: e.id.0,
-            count: p.count as u32,
-            first_lo: p.first as u32,
-            first_hi: (p.first >> 32) as u32,
-            hlc_lo: hlc as u32,
-            hlc_hi: (hlc >> 32) as u32,
-            slot_words: (ss / 4) as u32,
-            mask: mask as u32,
-            state_words: e.state_words,
-            _pad: [0; 3],
-        };
-        q.write_buffer(&g.params, 0, bytemuck::bytes_of(&dp));
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("rk drain"),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&g.pipeline);
-            pass.set_bind_group(0, &g.bind, &[]);
-            if g.serial {
-                pass.dispatch_workgroups(1, 1, 1);
-            } else {
-                let grid = ringkernel_shaders::grid_for(
-                    p.count.div_ceil(drain::DRAIN_WORKGROUP_SIZE as u64),
-                );
-                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-            }
-        }
-        // Read back the output slots of the batch and the control block.
-        let mut i = 0;
-        while i < p.count {
-            let slot = (p.first + i) & mask;
-            let run = (p.count - i).min(e.capacity as u64 - slot);
-            enc.copy_buffer_to_buffer(
-                &g.output,
-                QH as u64 + slot * ss,
-                &g.staging,
-                QH as u64 + slot * ss,
-                run * ss,
-            );
-            i += run;
-        }
-        let ring_bytes = (QH + e.capacity * e.slot_size) as u64;
-        enc.copy_buffer_to_buffer(&g.control, 0, &g.staging, ring_bytes, CB);
-    }
-    q.submit([enc.finish()]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (i, p) in passes.iter().enumerate() {
-        let tx = tx.clone();
-        p.engine
-            .gpu
-            .staging
-            .map_async(wgpu::MapMode::Read, .., move |r| {
-                let _ = tx.send((i, r));
-            });
-    }
-    drop(tx);
-    shared.ctx.wait()?;
-    let mut mapped = vec![false; passes.len()];
-    for (i, r) in rx.try_iter() {
-        match r {
-            Ok(()) => mapped[i] = true,
-            Err(err) => tracing::error!(error = %err, "readback map failed"),
-        }
-    }
-    let elapsed = started.elapsed().as_nanos() as u64;
-    for (p, ok) in passes.iter().zip(mapped) {
-        if !ok {
-            continue;
-        }
-        collect(shared, p, elapsed)?;
-    }
-    Ok(true)
-}
-
-/// Takes one pass's outputs out of its mapped readback buffer.
-fn collect(shared: &Shared, p: &Pass, elapsed_ns: u64) -> Result<()> {
-    let e = &p.engine;
-    let mask = e.capacity as u64 - 1;
-    let ss = e.slot_size;
-    let mut replies = Vec::new();
-    let mut sends = Vec::new();
-    let mut dropped = 0u64;
-    {
-        let view = e
-            .gpu
-            .staging
-            .get_mapped_range(..)
-            .map_err(|err| Error::Device(format!("readback: {err}")))?;
-        let ring_bytes = QH + e.capacity * ss;
-        let cb: ControlBlock =
-            bytemuck::pod_read_unaligned(&view[ring_bytes..ring_bytes + CB as usize]);
-        if cb.input_head != p.first + p.count {
-            tracing::warn!(kernel = %e.name, head = cb.input_head, "drain pass did not advance the input head");
-        }
-        for j in 0..p.count {
-            let slot = ((p.first + j) & mask) as usize;
-            let off = QH + slot * ss;
-            let bytes = &view[off..off + ss];
-            let mut h: MessageHeader = bytemuck::pod_read_unaligned(&bytes[..HEADER_SIZE]);
-            if h.magic == 0 {
-                let status = h.reserved[0];
-                if status != 0 {
-                    dropped += 1;
-                    tracing::warn!(kernel = %e.name, status, "handler refused a message; dropped");
-                }
-                continue;
-            }
-            match read_slot(bytes) {
-                Ok(env) => {
-                    h = env.header;
-                    h.reserved = [0; 2];
-                    h.message_id = shared.core.next_message_id();
-                    h.timestamp = e.hlc.tick().0;
-                    let env = Envelope {
-                        header: h,
-                        payload: env.payload,
-                    };
-                    if h.flags & flags::K2K != 0 {
-                        sends.push(env);
-                    } else {
-                        replies.push(env);
-                    }
-                }
-                Err(err) => {
-                    dropped += 1;
-                    tracing::warn!(kernel = %e.name, error = %err, "corrupt output slot; dropped");
-                }
-            }
-        }
-    }
-    e.gpu.staging.unmap();
-    let n = p.count;
-    e.counters
-        .processed
-        .fetch_add(n - dropped, Ordering::Relaxed);
-    e.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
-    let per = elapsed_ns / n.max(1);
-    for _ in 0..n {
-        e.counters.latency.record(per);
-    }
-    if p.terminating {
-        e.drained.fetch_add(n, Ordering::Relaxed);
-    }
-    // Free the input slots.
-    lock(&e.input).head = p.first + n;
-    e.events.input_space.notify(usize::MAX);
-    if !replies.is_empty() {
-        e.counters
-            .emitted
-            .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        lock(&e.output).extend(replies);
-        e.events.output.notify(usize::MAX);
-    }
-    if !sends.is_empty() {
-        let mut pending = lock(&e.k2k_pending);
-        pending.extend(
-            sends
-                .into_iter()
-                .map(|env| (KernelId(env.header.dest_kernel), env.header, env.payload)),
-        );
-    }
-    flush_k2k(shared, e);
-    Ok(())
 }
 
 #[allow(dead_code)]
 fn _assert_send_sync() {
     fn ok<T: Send + Sync>() {}
     ok::<WgpuRuntime>();
-    ok::<Engine>();
+    ok::<WgpuDrainTarget>();
 }

@@ -155,3 +155,36 @@ fn default_adapter() -> AdapterSelection {
         AdapterSelection::Software
     }
 }
+
+/// The drain template skips a request whose header is not a valid message (the host
+/// invalidates one whose timestamp is too far ahead of the kernel's clock): it is
+/// dropped without reaching the handler, and the kernel goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_too_far_ahead_of_the_clock_is_dropped() {
+    use ringkernel_core::hlc::HlcTimestamp;
+    use ringkernel_core::message::{MessageHeader, RingMessage};
+    let rt = runtime();
+    let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut h = MessageHeader::new(Token::TYPE_ID, 72);
+    h.timestamp = HlcTimestamp::new(now_ms + 3_600_000, 0).as_u64();
+    k.engine()
+        .try_enqueue(&h, bytemuck::bytes_of(&Token::new(1, 1.0)))
+        .unwrap();
+    let r: Token = k
+        .call(Token::new(2, 4.0), Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(r.value, 8.0);
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (2, 1, 1));
+    assert_eq!(
+        m.latency.count, 1,
+        "the refused request never reached the handler"
+    );
+    assert!(k.try_receive::<Token>().unwrap().is_none());
+    rt.shutdown().await.unwrap();
+}

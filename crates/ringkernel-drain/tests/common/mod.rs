@@ -13,7 +13,8 @@ use ringkernel_core::message::{
     flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use ringkernel_core::{Error, Result};
-use ringkernel_drain::engine::{ring_bytes, DrainTarget};
+use ringkernel_drain::engine::DrainTarget;
+use ringkernel_drain::shadow::HostRings;
 use ringkernel_shaders::params;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,21 +37,18 @@ struct Mem(Box<[u64]>);
 
 /// Host-visible memory of one kernel and the stand-in "device".
 pub struct CpuTarget {
-    input: *mut u8,
-    output: *mut u8,
-    control: *mut u8,
+    rings: HostRings,
     state: *mut u8,
-    _mem: [Mem; 4],
+    _state: Mem,
     handler: Handler,
     slot_size: usize,
-    ring_len: usize,
     /// Passes launched.
     pub passes: Arc<AtomicU64>,
     /// Makes every later launch fail.
     pub fail_launch: Arc<AtomicBool>,
 }
 
-// SAFETY (test stand-in): the pointers address the boxed memory owned by `_mem`, which
+// SAFETY (test stand-in): `state` addresses the boxed memory owned by `_state`, which
 // lives as long as the target; host and "device" touch disjoint slots, as on a GPU, and
 // passes of one kernel never overlap (the engine runs one at a time).
 unsafe impl Send for CpuTarget {}
@@ -60,26 +58,14 @@ unsafe impl Sync for CpuTarget {}
 impl CpuTarget {
     /// Memory for rings of `capacity` slots of `slot_size` bytes.
     pub fn new(capacity: usize, slot_size: usize, handler: Handler) -> Self {
-        let words = ring_bytes(capacity, slot_size) / 8;
-        let mut mem = [
-            Mem(vec![0u64; words].into()),
-            Mem(vec![0u64; words].into()),
-            Mem(vec![0u64; 16].into()),
-            Mem(vec![0u64; 2].into()),
-        ];
-        let input = mem[0].0.as_mut_ptr().cast();
-        let output = mem[1].0.as_mut_ptr().cast();
-        let control = mem[2].0.as_mut_ptr().cast();
-        let state = mem[3].0.as_mut_ptr().cast();
+        let mut mem = Mem(vec![0u64; 2].into());
+        let state = mem.0.as_mut_ptr().cast();
         CpuTarget {
-            input,
-            output,
-            control,
+            rings: HostRings::new(capacity, slot_size),
             state,
-            _mem: mem,
+            _state: mem,
             handler,
             slot_size,
-            ring_len: words * 8,
             passes: Arc::new(AtomicU64::new(0)),
             fail_launch: Arc::new(AtomicBool::new(false)),
         }
@@ -113,7 +99,11 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
             ..Default::default()
         };
         let is_token = req.type_id == Token::TYPE_ID && req.payload_len == 72;
-        if handler == Handler::Refuse || !is_token {
+        if !req.is_valid() {
+            // The template skips an invalid request without running the handler.
+            out = MessageHeader::default();
+            out.reserved[0] = ringkernel_shaders::drain::ERR_INVALID_REQUEST;
+        } else if handler == Handler::Refuse || !is_token {
             out = MessageHeader::default();
             out.reserved[0] = if is_token {
                 7
@@ -169,25 +159,14 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
 // `ring_len` bytes, a 128-byte control block. The stand-in "device" writes only output
 // slots of the running pass and the worker line, between `launch` and `done`.
 unsafe impl DrainTarget for CpuTarget {
-    fn ring_len(&self) -> usize {
-        self.ring_len
-    }
-    fn input(&self) -> *mut u8 {
-        self.input
-    }
-    fn output(&self) -> *mut u8 {
-        self.output
-    }
-    fn control(&self) -> *mut u8 {
-        self.control
-    }
+    ringkernel_drain::host_rings_memory!(rings);
     fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
         if self.fail_launch.load(Ordering::SeqCst) {
             return Err(Error::Device("stand-in launch failure".into()));
         }
         assert_eq!(p.slot_words as usize * 4, self.slot_size);
         self.passes.fetch_add(1, Ordering::SeqCst);
-        let ptrs = Ptrs(self.input, self.output, self.control, self.state);
+        let ptrs = Ptrs(self.input(), self.output(), self.control(), self.state);
         let (handler, slot) = (self.handler, self.slot_size);
         std::thread::spawn(move || {
             let ptrs = ptrs;
