@@ -4,8 +4,9 @@
 //! when the last [`BufferRef`] goes. Ops take contiguous row-major buffers and explicit
 //! dimensions; they are enqueued in order and may run asynchronously: `read` (and
 //! `synchronize`) wait for the work before them. Shape checking against tensors is the
-//! facade's job; every backend still checks buffer lengths with [`check_len`] so a bad
-//! call is an error and never an out-of-bounds access.
+//! facade's job; every backend still checks the dimensions and buffer lengths of each
+//! op with [`checks`] (written once, with checked arithmetic) so a bad call is an error
+//! and never an out-of-bounds access.
 //!
 //! The f64 reference implementations every backend is tested against are in
 //! [`reference`].
@@ -16,6 +17,7 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+pub mod checks;
 pub mod reference;
 pub mod testkit;
 
