@@ -107,11 +107,7 @@ pub fn copy(
     range(src, src_offset, len, "copy source")?;
     range(dst, dst_offset, len, "copy destination")?;
     // Both ends are in range, so these sums do not overflow.
-    if len > 0
-        && same(src, dst)
-        && src_offset < dst_offset + len
-        && dst_offset < src_offset + len
-    {
+    if len > 0 && same(src, dst) && src_offset < dst_offset + len && dst_offset < src_offset + len {
         return Err(Error::invalid(
             "copy: source and destination ranges of one buffer overlap",
         ));
@@ -218,7 +214,12 @@ pub fn layer_norm(rows: usize, cols: usize) -> Result<Needs> {
     let n = product(&[rows, cols], "layer_norm")?;
     Ok(Needs::new(
         "layer_norm",
-        &[(n, "input"), (cols, "weight"), (cols, "bias"), (n, "output")],
+        &[
+            (n, "input"),
+            (cols, "weight"),
+            (cols, "bias"),
+            (n, "output"),
+        ],
     ))
 }
 
