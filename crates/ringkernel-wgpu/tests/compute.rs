@@ -206,7 +206,7 @@ fn bad_calls_are_typed_errors() {
                 inner: 1
             }
         ),
-        Err(Error::InvalidArgument(_))
+        Err(Error::ShapeMismatch(_))
     ));
     let mut out = [0.0; 9];
     assert!(matches!(
