@@ -20,6 +20,20 @@ pub struct Step<'a, B> {
     pub buffers: Vec<(&'a Bind, &'a B)>,
 }
 
+impl<B: DeviceBuffer> Step<'_, B> {
+    /// The bytes of naga's buffer-sizes argument for this step (Metal): for each
+    /// `(group, binding)` of the MSL's `sizes_order`, the byte length of the buffer
+    /// bound there ([`plan::buffer_sizes`]).
+    pub fn buffer_sizes(&self, order: &[Option<(u32, u32)>]) -> Result<Vec<u8>> {
+        plan::buffer_sizes(order, |binding| {
+            self.buffers
+                .iter()
+                .find(|(b, _)| b.binding == binding)
+                .and_then(|(_, buf)| buf.len().checked_mul(4))
+        })
+    }
+}
+
 /// What a backend provides to run plans.
 pub trait PlanDevice: Send + Sync {
     /// The backend's buffer type.
