@@ -237,7 +237,7 @@ fn elementwise(
         return Ok(Plan::empty(needs));
     }
     let inputs = needs.args.len() - 1;
-    let vec4 = len % 4 == 0;
+    let vec4 = len.is_multiple_of(4);
     let (kernel, names, threads) = if vec4 {
         (kernels.1, ["a4", "b4", "out4"], len / 4)
     } else {
@@ -593,7 +593,7 @@ fn norm(
 /// is a multiple of 4).
 pub fn softmax(rows: usize, cols: usize) -> Result<Plan> {
     let needs = checks::softmax(rows, cols)?;
-    let (kernel, binds) = if cols % 4 == 0 {
+    let (kernel, binds) = if cols.is_multiple_of(4) {
         (
             Kernel::Softmax4,
             vec![read(1, "x4", 0), write(4, "out4", 1)],
@@ -608,7 +608,7 @@ pub fn softmax(rows: usize, cols: usize) -> Result<Plan> {
 /// multiple of 4).
 pub fn rms_norm(rows: usize, cols: usize, eps: f32) -> Result<Plan> {
     let needs = checks::rms_norm(rows, cols)?;
-    let (kernel, n) = if cols % 4 == 0 {
+    let (kernel, n) = if cols.is_multiple_of(4) {
         (Kernel::RmsNorm4, ["x4", "w4", "out4"])
     } else {
         (Kernel::RmsNorm, ["x", "w", "out"])
@@ -811,7 +811,7 @@ mod tests {
             let plan = binary(BinaryOp::Add, len).unwrap();
             let d = &plan.dispatches[0];
             // Lengths divisible by 4 run the vec4 kernel, a thread per vec4.
-            let (kernel, threads) = if len % 4 == 0 {
+            let (kernel, threads) = if len.is_multiple_of(4) {
                 (Kernel::Binary4, len / 4)
             } else {
                 (Kernel::Binary, len)

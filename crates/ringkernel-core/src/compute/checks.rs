@@ -225,7 +225,7 @@ pub fn layer_norm(rows: usize, cols: usize) -> Result<Needs> {
 
 /// `rope(x, positions, out, dims)`; an odd `head_dim` is [`Error::ShapeMismatch`].
 pub fn rope(d: RopeDims) -> Result<Needs> {
-    if d.head_dim % 2 != 0 {
+    if !d.head_dim.is_multiple_of(2) {
         return Err(Error::shape(format!(
             "rope: head_dim must be even, got {}",
             d.head_dim
