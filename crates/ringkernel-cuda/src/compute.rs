@@ -666,7 +666,7 @@ impl ComputeBackend for CudaCompute {
     ) -> Result<()> {
         let s = self.buf(src)?;
         let d = self.buf(dst)?;
-        checks::copy(src, src_offset, dst, dst_offset, len)?;
+        checks::copy((src, src_offset), (dst, dst_offset), len)?;
         if len == 0 {
             return Ok(());
         }

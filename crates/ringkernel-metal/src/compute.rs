@@ -345,7 +345,7 @@ impl ComputeBackend for MetalCompute {
         len: usize,
     ) -> Result<()> {
         let (s, d) = (self.buffer(src)?, self.buffer(dst)?);
-        checks::copy(src, src_offset, dst, dst_offset, len)?;
+        checks::copy((src, src_offset), (dst, dst_offset), len)?;
         if len == 0 {
             return Ok(());
         }

@@ -11,8 +11,9 @@
 //   [outer, chunks, inner] partials (the plan keeps chunks at 1024 elements: a thread
 //   looping over hundreds of thousands of elements may never finish on some drivers).
 // dot_partial: out[g] = Σ x[i]·y[i] over chunk g.
-// Every per-thread loop accumulates pairwise (Pairwise below), and threads combine in a
-// tree, so a sum of n terms carries O(log n) rounding error, not O(n).
+// No f32 sum runs long: threads of reduce_rows/dot_partial add at most 4 terms in a row
+// (rows_leaf), reduce_strided threads accumulate pairwise (Pairwise), and threads
+// combine in a tree, so a sum of n terms carries O(log n) rounding error, not O(n).
 
 struct ReduceParams {
     outer: u32,
@@ -50,7 +51,8 @@ fn combine(u: f32, v: f32) -> f32 {
     }
 }
 
-// Pairwise accumulation by a binary counter: part[k] holds the combination of a block of
+// Pairwise accumulation by a binary counter (for reduce_strided, whose threads loop
+// over up to 1024 elements): part[k] holds the combination of a block of
 // 2^k values, and a new value merges with the full blocks below it, as a carry
 // propagates. A sum of n values has O(log n) rounding error (a running f32 sum of ten
 // million values drifts by parts per million), and there is no compensation term a
@@ -87,6 +89,32 @@ fn pw_total(acc: ptr<function, Pairwise>) -> f32 {
     return t;
 }
 
+// Four interleaved accumulators over a thread's elements first, first + 256, ... below
+// end, combined pairwise. With the plan's chunks of 16 elements per thread each one adds
+// at most 4 terms in a row, so the leaves of the sum are short (in registers: no array
+// indexing on the hot path). `rows_leaf` reads x, `dot_leaf` x·y.
+fn rows_leaf(first: u32, end: u32, base: u32) -> f32 {
+    var a = vec4<f32>(identity());
+    for (var i = first; i < end; i += 1024u) {
+        a.x = combine(a.x, x[base + i]);
+        if (i + 256u < end) { a.y = combine(a.y, x[base + i + 256u]); }
+        if (i + 512u < end) { a.z = combine(a.z, x[base + i + 512u]); }
+        if (i + 768u < end) { a.w = combine(a.w, x[base + i + 768u]); }
+    }
+    return combine(combine(a.x, a.y), combine(a.z, a.w));
+}
+
+fn dot_leaf(first: u32, end: u32) -> f32 {
+    var a = vec4<f32>(0.0);
+    for (var i = first; i < end; i += 1024u) {
+        a.x += x[i] * y[i];
+        if (i + 256u < end) { a.y += x[i + 256u] * y[i + 256u]; }
+        if (i + 512u < end) { a.z += x[i + 512u] * y[i + 512u]; }
+        if (i + 768u < end) { a.w += x[i + 768u] * y[i + 768u]; }
+    }
+    return (a.x + a.y) + (a.z + a.w);
+}
+
 fn tree(lid: u32, v: f32) -> f32 {
     red[lid] = v;
     workgroupBarrier();
@@ -111,11 +139,7 @@ fn reduce_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let start = chunk * p.chunk_len;
     let end = min(start + p.chunk_len, p.axis);
     let base = row * p.axis;
-    var acc: Pairwise;
-    for (var i = start + lid; i < end; i += 256u) {
-        pw_add(&acc, x[base + i]);
-    }
-    let r = tree(lid, pw_total(&acc));
+    let r = tree(lid, rows_leaf(start + lid, end, base));
     if (lid == 0u) {
         out[g] = r * p.scale;
     }
@@ -150,11 +174,7 @@ fn dot_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let start = g * p.chunk_len;
     let end = min(start + p.chunk_len, p.axis);
     // OP is 0 (sum) for this entry point.
-    var acc: Pairwise;
-    for (var i = start + lid; i < end; i += 256u) {
-        pw_add(&acc, x[i] * y[i]);
-    }
-    let r = tree(lid, pw_total(&acc));
+    let r = tree(lid, dot_leaf(start + lid, end));
     if (lid == 0u) {
         out[g] = r * p.scale;
     }

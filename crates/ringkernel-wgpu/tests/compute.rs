@@ -328,14 +328,14 @@ fn overflowing_sizes_are_errors_not_wraps() {
     assert!(shape(g.reduce(ReduceOp::Sum, &*b, &*o, rd)));
     assert!(shape(g.softmax(&*b, &*o, h, 4)));
     let ad = AttentionDims {
-        batch_heads: h,
-        q_len: 2,
-        kv_len: 1,
-        kv_stride: 1,
-        head_dim: 1,
-        scale: 1.0,
-        causal: false,
-        q_offset: 0,
+        batch_heads: 3,
+        q_len: h,
+        kv_len: 4,
+        kv_stride: 4,
+        head_dim: 8,
+        scale: 0.5,
+        causal: true,
+        q_offset: 1,
     };
     assert!(shape(g.attention(&*b, &*b, &*b, &*o, ad)));
     // 2^40 elements fit usize but not the kernels' u32 indices: the planner refuses it.

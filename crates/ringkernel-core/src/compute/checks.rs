@@ -94,20 +94,20 @@ pub fn range(buf: &dyn DeviceBuffer, offset: usize, n: usize, what: &str) -> Res
     check_len(buf, end, what)
 }
 
-/// The checks of `copy(src, src_offset, dst, dst_offset, len)`: both ranges inside
-/// their buffers ([`Error::ShapeMismatch`]) and, within one buffer, not overlapping
+/// The checks of `copy(src, src_offset, dst, dst_offset, len)`, given as
+/// `(src, src_offset)` and `(dst, dst_offset)`: both ranges inside their buffers
+/// ([`Error::ShapeMismatch`]) and, within one buffer, not overlapping
 /// ([`Error::InvalidArgument`]).
 pub fn copy(
-    src: &dyn DeviceBuffer,
-    src_offset: usize,
-    dst: &dyn DeviceBuffer,
-    dst_offset: usize,
+    from: (&dyn DeviceBuffer, usize),
+    to: (&dyn DeviceBuffer, usize),
     len: usize,
 ) -> Result<()> {
-    range(src, src_offset, len, "copy source")?;
-    range(dst, dst_offset, len, "copy destination")?;
+    let ((src, so), (dst, d)) = (from, to);
+    range(src, so, len, "copy source")?;
+    range(dst, d, len, "copy destination")?;
     // Both ends are in range, so these sums do not overflow.
-    if len > 0 && same(src, dst) && src_offset < dst_offset + len && dst_offset < src_offset + len {
+    if len > 0 && same(src, dst) && so < d + len && d < so + len {
         return Err(Error::invalid(
             "copy: source and destination ranges of one buffer overlap",
         ));
@@ -429,13 +429,13 @@ mod tests {
         range(&a, 4, 6, "read").unwrap();
         shape(range(&a, 5, 6, "read"));
         shape(range(&a, usize::MAX, 2, "read"));
-        copy(&a, 0, &a, 5, 5).unwrap();
+        copy((&a, 0), (&a, 5), 5).unwrap();
         assert!(matches!(
-            copy(&a, 0, &a, 4, 5),
+            copy((&a, 0), (&a, 4), 5),
             Err(Error::InvalidArgument(_))
         ));
-        copy(&a, 0, &b, 0, 10).unwrap();
-        shape(copy(&a, 1, &b, 0, 10));
+        copy((&a, 0), (&b, 0), 10).unwrap();
+        shape(copy((&a, 1), (&b, 0), 10));
         distinct("unary", &b, &[&a]).unwrap();
         assert!(distinct("unary", &a, &[&b, &a]).is_err());
     }

@@ -224,7 +224,7 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (s, d) = (cpu(src)?, cpu(dst)?);
-        checks::copy(src, src_offset, dst, dst_offset, len)?;
+        checks::copy((src, src_offset), (dst, dst_offset), len)?;
         let (s_end, d_end) = (src_offset + len, dst_offset + len);
         if std::ptr::eq(s, d) {
             d.write().copy_within(src_offset..s_end, dst_offset);
