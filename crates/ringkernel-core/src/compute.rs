@@ -35,6 +35,25 @@ pub trait DeviceBuffer: Send + Sync + Debug + 'static {
     fn backend(&self) -> BackendKind;
 }
 
+/// Implements [`DeviceBuffer`] for a backend's buffer type that keeps its length in
+/// elements in a `len: usize` field: `impl_device_buffer!(MyBuffer, BackendKind::Cpu)`.
+#[macro_export]
+macro_rules! impl_device_buffer {
+    ($ty:ty, $kind:expr) => {
+        impl $crate::compute::DeviceBuffer for $ty {
+            fn len(&self) -> usize {
+                self.len
+            }
+            fn as_any(&self) -> &dyn ::std::any::Any {
+                self
+            }
+            fn backend(&self) -> $crate::BackendKind {
+                $kind
+            }
+        }
+    };
+}
+
 /// A shared reference to a device buffer.
 pub type BufferRef = Arc<dyn DeviceBuffer>;
 

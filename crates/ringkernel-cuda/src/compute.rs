@@ -18,7 +18,6 @@ use ringkernel_core::compute::{
     ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
 use ringkernel_core::{BackendKind, Error, Result};
-use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,17 +110,7 @@ impl CudaBuffer {
     }
 }
 
-impl DeviceBuffer for CudaBuffer {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-}
+ringkernel_core::impl_device_buffer!(CudaBuffer, BackendKind::Cuda);
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {

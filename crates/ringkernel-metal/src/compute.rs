@@ -28,7 +28,6 @@ use ringkernel_drain::plan::{self, PARAMS_BINDING};
 use ringkernel_drain::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::{Kernel, Specialization};
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -49,17 +48,7 @@ impl MetalTensor {
     }
 }
 
-impl DeviceBuffer for MetalTensor {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Metal
-    }
-}
+ringkernel_core::impl_device_buffer!(MetalTensor, BackendKind::Metal);
 
 #[derive(Default)]
 struct Pending {

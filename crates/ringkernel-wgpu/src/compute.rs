@@ -18,7 +18,6 @@ use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
 use ringkernel_drain::exec::{PlanDevice, Step};
 use ringkernel_shaders::{Family, Kernel, Specialization};
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,17 +41,7 @@ impl WgpuBuffer {
     }
 }
 
-impl DeviceBuffer for WgpuBuffer {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Wgpu
-    }
-}
+ringkernel_core::impl_device_buffer!(WgpuBuffer, BackendKind::Wgpu);
 
 struct Batch {
     encoder: Option<wgpu::CommandEncoder>,
