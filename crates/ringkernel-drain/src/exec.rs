@@ -34,6 +34,9 @@ impl<B: DeviceBuffer> Step<'_, B> {
     }
 }
 
+/// A buffer and an element offset into it.
+pub type At<'a, B> = (&'a B, usize);
+
 /// What a backend provides to run plans.
 pub trait PlanDevice: Send + Sync {
     /// The backend's buffer type.
@@ -55,6 +58,15 @@ pub trait PlanDevice: Send + Sync {
     fn retire(&self, scratch: Vec<Self::Buffer>) {
         drop(scratch);
     }
+
+    /// Copies `len > 0` elements from `src[src_offset..]` to `dst[dst_offset..]` after
+    /// queued work (ranges checked, not overlapping: see [`copy`]).
+    fn copy_elems(
+        &self,
+        src: At<'_, Self::Buffer>,
+        dst: At<'_, Self::Buffer>,
+        len: usize,
+    ) -> Result<()>;
 
     /// `matmul`; a backend with a faster library path overrides this and falls back to
     /// running the plan (see [`run`]).
@@ -88,6 +100,23 @@ pub fn prepare<'a, D: PlanDevice + ?Sized>(
         }
     }
     Ok(bufs)
+}
+
+/// `copy` of [`ComputeBackend`](ringkernel_core::compute::ComputeBackend): downcasts,
+/// checks both ranges ([`checks::copy`]) and hands a non-empty copy to
+/// [`PlanDevice::copy_elems`].
+pub fn copy<D: PlanDevice + ?Sized>(
+    dev: &D,
+    src: (&dyn DeviceBuffer, usize),
+    dst: (&dyn DeviceBuffer, usize),
+    len: usize,
+) -> Result<()> {
+    let (s, d) = (dev.buffer(src.0)?, dev.buffer(dst.0)?);
+    checks::copy(src, dst, len)?;
+    if len == 0 {
+        return Ok(());
+    }
+    dev.copy_elems((s, src.1), (d, dst.1), len)
 }
 
 /// Runs `plan` on `args` (the op's buffer arguments in order).
@@ -130,12 +159,22 @@ pub fn run<D: PlanDevice + ?Sized>(dev: &D, plan: &Plan, args: &[&dyn DeviceBuff
 
 /// Expands, inside `impl ComputeBackend for T` where `T:`[`PlanDevice`], to every
 /// compute op of the trait: each plans the op ([`plan`](crate::plan)) and runs it
-/// ([`run`]); `matmul` goes through [`PlanDevice::run_matmul`]. The memory methods
-/// (`alloc`, `upload`, `read`, `write`, `copy`, `synchronize`), `kind` and
+/// ([`run`]); `matmul` goes through [`PlanDevice::run_matmul`], `copy` through
+/// [`copy`]. `alloc`, `upload`, `read`, `write`, `synchronize`, `kind` and
 /// `device_name` are the backend's own.
 #[macro_export]
 macro_rules! planned_ops {
     () => {
+        fn copy(
+            &self,
+            src: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            src_offset: usize,
+            dst: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dst_offset: usize,
+            len: usize,
+        ) -> ::ringkernel_core::Result<()> {
+            $crate::exec::copy(self, (src, src_offset), (dst, dst_offset), len)
+        }
         fn unary(
             &self,
             op: ::ringkernel_core::compute::UnaryOp,

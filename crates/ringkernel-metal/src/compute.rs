@@ -23,7 +23,7 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::exec::{self, PlanDevice, Step};
+use ringkernel_drain::exec::{self, At, PlanDevice, Step};
 use ringkernel_drain::plan::{self, PARAMS_BINDING};
 use ringkernel_drain::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
@@ -268,6 +268,12 @@ impl PlanDevice for MetalCompute {
             .extend(scratch.into_iter().map(|t| t.buf));
     }
 
+    fn copy_elems(&self, s: At<MetalTensor>, d: At<MetalTensor>, n: usize) -> Result<()> {
+        let mut pending = lock(&self.pending);
+        let batch = self.open(&mut pending)?;
+        batch.copy(s.0.buffer(), s.1 * 4, d.0.buffer(), d.1 * 4, n * 4)
+    }
+
     fn run_matmul(&self, dims: MatmulDims, args: [&dyn DeviceBuffer; 3]) -> Result<()> {
         let plan = plan::matmul(dims)?;
         if !(self.mps && plan::prefer_mps(dims)) {
@@ -323,25 +329,6 @@ impl ComputeBackend for MetalCompute {
         self.wait_all()?;
         t.buffer()
             .read_bytes(offset * 4, bytemuck::cast_slice_mut(out))
-    }
-
-    fn copy(
-        &self,
-        src: &dyn DeviceBuffer,
-        src_offset: usize,
-        dst: &dyn DeviceBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let (s, d) = (self.buffer(src)?, self.buffer(dst)?);
-        checks::copy((src, src_offset), (dst, dst_offset), len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let mut pending = lock(&self.pending);
-        let batch = self.open(&mut pending)?;
-        let (so, dof, n) = (src_offset * 4, dst_offset * 4, len * 4);
-        batch.copy(s.buffer(), so, d.buffer(), dof, n)
     }
 
     fn synchronize(&self) -> Result<()> {

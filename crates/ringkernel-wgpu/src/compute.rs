@@ -300,6 +300,32 @@ impl PlanDevice for WgpuCompute {
         }
         Ok(())
     }
+
+    fn copy_elems(
+        &self,
+        (s, so): (&WgpuBuffer, usize),
+        (d, dof): (&WgpuBuffer, usize),
+        len: usize,
+    ) -> Result<()> {
+        let tmp = if s.id == d.id {
+            // wgpu does not copy within one buffer: go through a scratch buffer.
+            Some(self.new_buffer(len)?)
+        } else {
+            None
+        };
+        let mut batch = lock(&self.batch);
+        let enc = self.encoder(&mut batch);
+        let (so, dof, bytes) = ((so * 4) as u64, (dof * 4) as u64, (len * 4) as u64);
+        match tmp {
+            Some(tmp) => {
+                enc.copy_buffer_to_buffer(&s.buf, so, &tmp.buf, 0, bytes);
+                enc.copy_buffer_to_buffer(&tmp.buf, 0, &d.buf, dof, bytes);
+            }
+            None => enc.copy_buffer_to_buffer(&s.buf, so, &d.buf, dof, bytes),
+        }
+        batch.ops += 1;
+        Ok(())
+    }
 }
 
 impl ComputeBackend for WgpuCompute {
@@ -355,46 +381,6 @@ impl ComputeBackend for WgpuCompute {
             .ctx
             .read_bytes(&b.buf, (offset * 4) as u64, (out.len() * 4) as u64)?;
         bytemuck::cast_slice_mut(out).copy_from_slice(&bytes);
-        Ok(())
-    }
-
-    fn copy(
-        &self,
-        src: &dyn DeviceBuffer,
-        src_offset: usize,
-        dst: &dyn DeviceBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let s = self.buf(src)?;
-        let d = self.buf(dst)?;
-        checks::copy((src, src_offset), (dst, dst_offset), len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let same = s.id == d.id;
-        let tmp = if same {
-            // wgpu does not copy within one buffer: go through a scratch buffer.
-            Some(self.new_buffer(len)?)
-        } else {
-            None
-        };
-        let mut batch = lock(&self.batch);
-        let enc = self.encoder(&mut batch);
-        let bytes = (len * 4) as u64;
-        if let Some(tmp) = tmp {
-            enc.copy_buffer_to_buffer(&s.buf, (src_offset * 4) as u64, &tmp.buf, 0, bytes);
-            enc.copy_buffer_to_buffer(&tmp.buf, 0, &d.buf, (dst_offset * 4) as u64, bytes);
-        } else {
-            enc.copy_buffer_to_buffer(
-                &s.buf,
-                (src_offset * 4) as u64,
-                &d.buf,
-                (dst_offset * 4) as u64,
-                bytes,
-            );
-        }
-        batch.ops += 1;
         Ok(())
     }
 
