@@ -370,11 +370,11 @@ pub fn matvec(m: usize, k: usize) -> Result<Plan> {
     Ok(Plan::one(needs, dsp))
 }
 
-/// Elements one threadgroup of a row-reduction pass covers at most: 16 per thread,
-/// summed in order, then a tree over the 256 threads. Longer rows take further passes
+/// Elements one threadgroup of a row-reduction pass covers at most: 64 per thread,
+/// summed in short pairwise runs (see `reduce.wgsl`), then a tree over the 256 threads. Longer rows take further passes
 /// over the partials (one chunking rule for every reduction and `dot`), so every sum
 /// is short serial runs joined by trees and stays accurate at any length.
-pub const REDUCE_CHUNK: usize = 16 * WORKGROUP_SIZE as usize;
+pub const REDUCE_CHUNK: usize = 64 * WORKGROUP_SIZE as usize;
 
 /// The shape of one `ReduceRows` pass: `rows` rows of `axis` elements, each split
 /// into `chunks` chunks of `chunk_len`, results multiplied by `scale`.
@@ -487,7 +487,7 @@ fn strided_passes(plan: &mut Plan, code: u32, d: ReduceDims, scale: f32) {
 
 /// `reduce(op, x, out, dims)`: a contiguous axis (`inner == 1`) is reduced by
 /// threadgroup tree reductions over chunks of at most [`REDUCE_CHUNK`] (one pass per
-/// factor of 4096 in the length); a strided one by one thread per output and chunk
+/// factor of 16384 in the length); a strided one by one thread per output and chunk
 /// of at most [`STRIDED_CHUNK`] (likewise in passes). Every thread accumulates
 /// pairwise. `Mean` reduces as a sum scaled by `1/axis`.
 pub fn reduce(op: ReduceOp, d: ReduceDims) -> Result<Plan> {
@@ -921,8 +921,9 @@ mod tests {
         .unwrap();
         assert_eq!(short.dispatches.len(), 1);
         assert_eq!(p::<params::Reduce>(&short.dispatches[0]).scale, 0.01);
-        // 10^6 → 245 partials → 1; 10^9 → 244,141 → 60 → 1.
-        for (axis, passes) in [(4096, 1), (4097, 2), (1_000_000, 2), (1_000_000_000, 3)] {
+        // 10^6 → 62 partials → 1; 10^9 → 61,036 → 4 → 1.
+        let c = REDUCE_CHUNK;
+        for (axis, passes) in [(c, 1), (c + 1, 2), (1_000_000, 2), (1_000_000_000, 3)] {
             let outer = if axis > 1_000_000 { 1 } else { 3 };
             let plan = reduce(
                 ReduceOp::Mean,

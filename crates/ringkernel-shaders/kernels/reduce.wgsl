@@ -4,7 +4,7 @@
 // reduce_rows: x viewed as [outer, axis] (contiguous axis). Workgroup g (linear over a
 //   2-D grid) reduces chunk (g % chunks) of row (g / chunks) into out[g], scaled.
 //   A long row is reduced in passes: chunks partials, then passes over them (the
-//   host's plan keeps chunks at 4096 elements, 16 per thread).
+//   host's plan keeps chunks at 16384 elements, 64 per thread).
 // reduce_strided: x as [outer, axis, inner] with inner > 1: one thread per element of
 //   out [outer, chunks, inner], looping over its chunk of the axis (neighbouring
 //   threads read neighbouring addresses). A long axis takes further passes over the
@@ -12,8 +12,9 @@
 //   looping over hundreds of thousands of elements may never finish on some drivers).
 // dot_partial: out[g] = Σ x[i]·y[i] over chunk g.
 // No f32 sum runs long: threads of reduce_rows/dot_partial add at most 4 terms in a row
-// (rows_leaf), reduce_strided threads accumulate pairwise (Pairwise), and threads
-// combine in a tree, so a sum of n terms carries O(log n) rounding error, not O(n).
+// (rows_leaf; the plan's chunks are 16384 elements, 64 per thread), reduce_strided
+// threads accumulate pairwise (Pairwise), and threads combine in a tree, so a sum of n
+// terms carries O(log n) rounding error, not O(n).
 
 struct ReduceParams {
     outer: u32,
@@ -89,28 +90,51 @@ fn pw_total(acc: ptr<function, Pairwise>) -> f32 {
     return t;
 }
 
-// Four interleaved accumulators over a thread's elements first, first + 256, ... below
-// end, combined pairwise. With the plan's chunks of 16 elements per thread each one adds
-// at most 4 terms in a row, so the leaves of the sum are short (in registers: no array
-// indexing on the hot path). `rows_leaf` reads x, `dot_leaf` x·y.
+// A thread's share of a row chunk: its elements first, first + 256, ... below end (64
+// when the plan's chunk of 16384 is full). Each run of four is combined pairwise (a
+// "quad"), and four accumulators in registers each add one quad in four, so no f32 sum
+// adds more than 4 terms in a row (a running sum of millions drifts by parts per
+// million). Indices stay far below u32::MAX (buffers are at most a few GiB).
+fn ld(i: u32, end: u32, base: u32) -> f32 {
+    if (i < end) {
+        return x[base + i];
+    }
+    return identity();
+}
+
+fn quad(i: u32, end: u32, base: u32) -> f32 {
+    return combine(combine(ld(i, end, base), ld(i + 256u, end, base)),
+                   combine(ld(i + 512u, end, base), ld(i + 768u, end, base)));
+}
+
 fn rows_leaf(first: u32, end: u32, base: u32) -> f32 {
     var a = vec4<f32>(identity());
-    for (var i = first; i < end; i += 1024u) {
-        a.x = combine(a.x, x[base + i]);
-        if (i + 256u < end) { a.y = combine(a.y, x[base + i + 256u]); }
-        if (i + 512u < end) { a.z = combine(a.z, x[base + i + 512u]); }
-        if (i + 768u < end) { a.w = combine(a.w, x[base + i + 768u]); }
+    for (var i = first; i < end; i += 4096u) {
+        a.x = combine(a.x, quad(i, end, base));
+        a.y = combine(a.y, quad(i + 1024u, end, base));
+        a.z = combine(a.z, quad(i + 2048u, end, base));
+        a.w = combine(a.w, quad(i + 3072u, end, base));
     }
     return combine(combine(a.x, a.y), combine(a.z, a.w));
 }
 
+// The same for dot_partial's x[i]·y[i].
+fn ld_dot(i: u32, end: u32) -> f32 {
+    if (i < end) {
+        return x[i] * y[i];
+    }
+    return 0.0;
+}
+
+fn quad_dot(i: u32, end: u32) -> f32 {
+    return (ld_dot(i, end) + ld_dot(i + 256u, end)) + (ld_dot(i + 512u, end) + ld_dot(i + 768u, end));
+}
+
 fn dot_leaf(first: u32, end: u32) -> f32 {
     var a = vec4<f32>(0.0);
-    for (var i = first; i < end; i += 1024u) {
-        a.x += x[i] * y[i];
-        if (i + 256u < end) { a.y += x[i + 256u] * y[i + 256u]; }
-        if (i + 512u < end) { a.z += x[i + 512u] * y[i + 512u]; }
-        if (i + 768u < end) { a.w += x[i + 768u] * y[i + 768u]; }
+    for (var i = first; i < end; i += 4096u) {
+        a += vec4<f32>(quad_dot(i, end), quad_dot(i + 1024u, end), quad_dot(i + 2048u, end),
+                       quad_dot(i + 3072u, end));
     }
     return (a.x + a.y) + (a.z + a.w);
 }
