@@ -4,8 +4,9 @@
 //! when the last [`BufferRef`] goes. Ops take contiguous row-major buffers and explicit
 //! dimensions; they are enqueued in order and may run asynchronously: `read` (and
 //! `synchronize`) wait for the work before them. Shape checking against tensors is the
-//! facade's job; every backend still checks buffer lengths with [`check_len`] so a bad
-//! call is an error and never an out-of-bounds access.
+//! facade's job; every backend still checks the dimensions and buffer lengths of each
+//! op with [`checks`] (written once, with checked arithmetic) so a bad call is an error
+//! and never an out-of-bounds access.
 //!
 //! The f64 reference implementations every backend is tested against are in
 //! [`reference`].
@@ -16,6 +17,7 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+pub mod checks;
 pub mod reference;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -32,6 +34,25 @@ pub trait DeviceBuffer: Send + Sync + Debug + 'static {
     fn as_any(&self) -> &dyn Any;
     /// The backend the buffer belongs to.
     fn backend(&self) -> BackendKind;
+}
+
+/// Implements [`DeviceBuffer`] for a backend's buffer type that keeps its length in
+/// elements in a `len: usize` field: `impl_device_buffer!(MyBuffer, BackendKind::Cpu)`.
+#[macro_export]
+macro_rules! impl_device_buffer {
+    ($ty:ty, $kind:expr) => {
+        impl $crate::compute::DeviceBuffer for $ty {
+            fn len(&self) -> usize {
+                self.len
+            }
+            fn as_any(&self) -> &dyn ::std::any::Any {
+                self
+            }
+            fn backend(&self) -> $crate::BackendKind {
+                $kind
+            }
+        }
+    };
 }
 
 /// A shared reference to a device buffer.

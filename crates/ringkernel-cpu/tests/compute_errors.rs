@@ -2,7 +2,8 @@
 //! overflowing dimensions, bad pools, and crossed concurrent ops (no deadlock).
 
 use ringkernel_core::compute::{
-    testkit, AttentionDims, BinaryOp, ComputeBackend, MatmulDims, RopeDims, UnaryOp,
+    testkit, AttentionDims, BinaryOp, ComputeBackend, MatmulDims, ReduceDims, ReduceOp, RopeDims,
+    UnaryOp,
 };
 use ringkernel_core::Error;
 use ringkernel_cpu::CpuCompute;
@@ -111,6 +112,109 @@ fn overflowing_and_invalid_dims_are_errors() {
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(cpu.alloc(usize::MAX / 2), Err(Error::Device(_))));
+}
+
+/// Dimensions whose products overflow `usize` are `ShapeMismatch` for every op that
+/// multiplies dimensions (checked in `ringkernel_core::compute::checks`, never wrapped).
+#[test]
+fn every_overflowing_product_is_a_shape_error() {
+    let cpu = CpuCompute::new();
+    let b = cpu.upload(&[1.0; 16]).unwrap();
+    let (x, o) = (&*b, &*cpu.alloc(16).unwrap());
+    let h = usize::MAX / 2 + 1;
+    let ad = AttentionDims {
+        batch_heads: h,
+        q_len: 2,
+        kv_len: 2,
+        kv_stride: 2,
+        head_dim: 2,
+        scale: 1.0,
+        causal: false,
+        q_offset: 0,
+    };
+    let rd = ReduceDims {
+        outer: 2,
+        axis: h,
+        inner: 1,
+    };
+    let results = [
+        cpu.reduce(ReduceOp::Sum, x, o, rd),
+        cpu.reduce(ReduceOp::Max, x, o, ReduceDims { inner: 2, ..rd }),
+        cpu.softmax(x, o, h, 2),
+        cpu.rms_norm(x, x, o, 2, h, 1e-5),
+        cpu.layer_norm(x, x, x, o, h, 4, 1e-5),
+        cpu.attention_scores(x, x, o, ad),
+        cpu.attention_weighted_sum(x, x, o, ad),
+        cpu.attention(x, x, x, o, ad),
+        cpu.rope(
+            x,
+            x,
+            o,
+            RopeDims {
+                seq: 2,
+                heads: h,
+                head_dim: 2,
+                base: 1e4,
+            },
+        ),
+        cpu.matmul(
+            x,
+            x,
+            o,
+            MatmulDims {
+                batch: 1 << 16,
+                m: 1 << 16,
+                k: 1 << 16,
+                n: 1 << 16,
+                b_batched: false,
+            },
+        ),
+    ];
+    for (i, r) in results.into_iter().enumerate() {
+        assert!(matches!(r, Err(Error::ShapeMismatch(_))), "case {i}: {r:?}");
+    }
+}
+
+/// The sum of 10,000,000 × 0.1f32 is 1,000,000.015; an f32 running sum gives 1,000,016.
+#[test]
+fn long_sums_keep_f32_precision() {
+    let cpu = CpuCompute::new();
+    let n = 10_000_000;
+    let x = cpu.upload(&vec![0.1f32; n]).unwrap();
+    let out = cpu.alloc(2).unwrap();
+    let exact = n as f64 * 0.1f32 as f64;
+    for (op, dims, want) in [
+        (ReduceOp::Sum, (1, n, 1), exact),
+        (ReduceOp::Sum, (1, n / 2, 2), exact / 2.0),
+        (ReduceOp::Mean, (2, n / 2, 1), 0.1f32 as f64),
+    ] {
+        let (outer, axis, inner) = dims;
+        cpu.reduce(op, &*x, &*out, ReduceDims { outer, axis, inner })
+            .unwrap();
+        let mut got = [0.0f32; 2];
+        cpu.read(&*out, 0, &mut got[..outer * inner]).unwrap();
+        for g in &got[..outer * inner] {
+            let err = (*g as f64 - want).abs() / want;
+            assert!(err < 1e-7, "{op:?} {dims:?}: {g} vs {want}");
+        }
+    }
+    let one = CpuCompute::with_threads(1).unwrap();
+    let x1 = one.upload(&vec![0.1f32; n]).unwrap();
+    let o1 = one.alloc(1).unwrap();
+    one.reduce(
+        ReduceOp::Sum,
+        &*x1,
+        &*o1,
+        ReduceDims {
+            outer: 1,
+            axis: n,
+            inner: 1,
+        },
+    )
+    .unwrap();
+    let mut got = [0.0f32];
+    one.read(&*o1, 0, &mut got).unwrap();
+    assert!((got[0] as f64 - exact).abs() < 0.1, "{}", got[0]);
 }
 
 #[test]

@@ -120,9 +120,28 @@ extern "C" __global__ void rk_swiglu(const float* __restrict__ gate, const float
 
 // ------------------------------------------------------------------ block reductions
 
-struct RSum { __device__ static float id() { return 0.0f; } __device__ static float f(float a, float b) { return a + b; } };
-struct RMax { __device__ static float id() { return NEG_INF; } __device__ static float f(float a, float b) { return fmaxf(a, b); } };
-struct RMin { __device__ static float id() { return POS_INF; } __device__ static float f(float a, float b) { return fminf(a, b); } };
+// R::A is what one thread accumulates its share in: double for sums (a float running sum
+// over millions of elements drifts by parts per million; the sums across threads are
+// trees and stay in float), float for max/min. R::f combines two floats, R::acc adds a
+// float into an accumulator.
+struct RSum {
+    typedef double A;
+    __device__ static float id() { return 0.0f; }
+    __device__ static float f(float a, float b) { return a + b; }
+    __device__ static double acc(double a, float b) { return a + (double)b; }
+};
+struct RMax {
+    typedef float A;
+    __device__ static float id() { return NEG_INF; }
+    __device__ static float f(float a, float b) { return fmaxf(a, b); }
+    __device__ static float acc(float a, float b) { return fmaxf(a, b); }
+};
+struct RMin {
+    typedef float A;
+    __device__ static float id() { return POS_INF; }
+    __device__ static float f(float a, float b) { return fminf(a, b); }
+    __device__ static float acc(float a, float b) { return fminf(a, b); }
+};
 
 template <class R>
 __device__ __forceinline__ float warp_reduce(float v) {
@@ -150,18 +169,18 @@ __device__ __forceinline__ void reduce_rows_body(const float* __restrict__ x, fl
     __shared__ float sh[WARP];
     for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* r = x + row * cols;
-        float acc = R::id();
+        typename R::A acc = R::id();
         if ((cols & 3) == 0) {
             const float4* r4 = (const float4*)r;
             for (u64 i = threadIdx.x; i < cols / 4; i += blockDim.x) {
                 float4 v = r4[i];
-                acc = R::f(acc, R::f(R::f(v.x, v.y), R::f(v.z, v.w)));
+                acc = R::acc(R::acc(R::acc(R::acc(acc, v.x), v.y), v.z), v.w);
             }
         } else {
-            for (u64 i = threadIdx.x; i < cols; i += blockDim.x) acc = R::f(acc, r[i]);
+            for (u64 i = threadIdx.x; i < cols; i += blockDim.x) acc = R::acc(acc, r[i]);
         }
-        acc = block_reduce<R>(acc, sh);
-        if (threadIdx.x == 0) out[row] = acc * scale;
+        const float total = block_reduce<R>((float)acc, sh);
+        if (threadIdx.x == 0) out[row] = total * scale;
     }
 }
 
@@ -174,19 +193,19 @@ __device__ __forceinline__ void reduce_partial_body(const float* __restrict__ x,
     const u64 chunk = (cols + parts - 1) / parts;
     const u64 begin = p * chunk, end = begin + chunk < cols ? begin + chunk : cols;
     const float* r = x + row * cols;
-    float acc = R::id();
+    typename R::A acc = R::id();
     if ((cols & 3) == 0 && (chunk & 3) == 0) {
         const float4* r4 = (const float4*)(r + begin);
         const u64 n4 = end > begin ? (end - begin) / 4 : 0;
         for (u64 i = threadIdx.x; i < n4; i += blockDim.x) {
             float4 v = r4[i];
-            acc = R::f(acc, R::f(R::f(v.x, v.y), R::f(v.z, v.w)));
+            acc = R::acc(R::acc(R::acc(R::acc(acc, v.x), v.y), v.z), v.w);
         }
     } else {
-        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) acc = R::f(acc, r[i]);
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) acc = R::acc(acc, r[i]);
     }
-    acc = block_reduce<R>(acc, sh);
-    if (threadIdx.x == 0) partial[row * parts + p] = acc;
+    const float total = block_reduce<R>((float)acc, sh);
+    if (threadIdx.x == 0) partial[row * parts + p] = total;
 }
 
 // Reduction over the middle axis of [outer, axis, inner] with inner > 1: one thread per
@@ -197,9 +216,9 @@ __device__ __forceinline__ void reduce_cols_body(const float* __restrict__ x, fl
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (u64)gridDim.x * blockDim.x) {
         const u64 o = t / inner, i = t % inner;
         const float* base = x + o * axis * inner + i;
-        float acc = R::id();
-        for (u64 a = 0; a < axis; a++) acc = R::f(acc, base[a * inner]);
-        out[t] = acc * scale;
+        typename R::A acc = R::id();
+        for (u64 a = 0; a < axis; a++) acc = R::acc(acc, base[a * inner]);
+        out[t] = (float)acc * scale;
     }
 }
 
@@ -217,18 +236,18 @@ RK_REDUCE(min, RMin)
 // Dot product, first stage: block p sums a[i]*b[i] over its grid-stride share.
 extern "C" __global__ void rk_dot_partial(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ partial, u64 n) {
     __shared__ float sh[WARP];
-    float acc = 0.0f;
+    double acc = 0.0;  // see RSum
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 n4 = n / 4;
     const float4* a4 = (const float4*)a;
     const float4* b4 = (const float4*)b;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
         float4 u = a4[i], v = b4[i];
-        acc += u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w;
+        acc += (double)(u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w);
     }
-    for (u64 i = n4 * 4 + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) acc += a[i] * b[i];
-    acc = block_reduce<RSum>(acc, sh);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+    for (u64 i = n4 * 4 + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) acc += (double)(a[i] * b[i]);
+    const float total = block_reduce<RSum>((float)acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
 // out[m] = A[m, :] . x, one warp per row.

@@ -14,11 +14,10 @@ use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, Module, Stream
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::compute::{
-    check_len, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
-    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+    ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
 use ringkernel_core::{BackendKind, Error, Result};
-use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,17 +110,7 @@ impl CudaBuffer {
     }
 }
 
-impl DeviceBuffer for CudaBuffer {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Cuda
-    }
-}
+ringkernel_core::impl_device_buffer!(CudaBuffer, BackendKind::Cuda);
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
@@ -455,16 +444,6 @@ impl CudaCompute {
         // `partial` is freed stream-ordered after the kernels.
     }
 
-    fn check_attention(dims: &AttentionDims) -> Result<()> {
-        if dims.kv_len > dims.kv_stride {
-            return Err(Error::shape(format!(
-                "attention: kv_len {} exceeds kv_stride {}",
-                dims.kv_len, dims.kv_stride
-            )));
-        }
-        Ok(())
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn scores_impl(&self, q: u64, k: u64, out: u64, dims: &AttentionDims) -> Result<()> {
         let mut b0 = 0usize;
@@ -642,10 +621,7 @@ impl ComputeBackend for CudaCompute {
 
     fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
         let b = self.buf(buf)?;
-        let end = offset
-            .checked_add(data.len())
-            .ok_or_else(|| Error::invalid("write range overflows"))?;
-        check_len(buf, end, "write")?;
+        checks::range(buf, offset, data.len(), "write")?;
         if data.is_empty() {
             return Ok(());
         }
@@ -657,10 +633,7 @@ impl ComputeBackend for CudaCompute {
 
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
         let b = self.buf(buf)?;
-        let end = offset
-            .checked_add(out.len())
-            .ok_or_else(|| Error::invalid("read range overflows"))?;
-        check_len(buf, end, "read")?;
+        checks::range(buf, offset, out.len(), "read")?;
         if out.is_empty() {
             return self.synchronize();
         }
@@ -682,19 +655,9 @@ impl ComputeBackend for CudaCompute {
     ) -> Result<()> {
         let s = self.buf(src)?;
         let d = self.buf(dst)?;
-        let se = src_offset
-            .checked_add(len)
-            .ok_or_else(|| Error::invalid("copy range overflows"))?;
-        let de = dst_offset
-            .checked_add(len)
-            .ok_or_else(|| Error::invalid("copy range overflows"))?;
-        check_len(src, se, "copy source")?;
-        check_len(dst, de, "copy destination")?;
+        checks::copy((src, src_offset), (dst, dst_offset), len)?;
         if len == 0 {
             return Ok(());
-        }
-        if s.ptr == d.ptr && src_offset < de && dst_offset < se && src_offset != dst_offset {
-            return Err(Error::invalid("copy: overlapping ranges within one buffer"));
         }
         self.inner.dev.bind()?;
         // SAFETY: both ranges checked above and do not overlap.
@@ -721,8 +684,7 @@ impl ComputeBackend for CudaCompute {
         len: usize,
     ) -> Result<()> {
         let (xb, ob) = (self.buf(x)?, self.buf(out)?);
-        check_len(x, len, "unary input")?;
-        check_len(out, len, "unary output")?;
+        checks::unary(len).check(&[x, out])?;
         if len == 0 {
             return Ok(());
         }
@@ -745,9 +707,7 @@ impl ComputeBackend for CudaCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
-        check_len(a, len, "binary lhs")?;
-        check_len(b, len, "binary rhs")?;
-        check_len(out, len, "binary output")?;
+        checks::binary(len).check(&[a, b, out])?;
         if len == 0 {
             return Ok(());
         }
@@ -770,8 +730,7 @@ impl ComputeBackend for CudaCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, ob) = (self.buf(a)?, self.buf(out)?);
-        check_len(a, len, "scalar lhs")?;
-        check_len(out, len, "scalar output")?;
+        checks::binary_scalar(len).check(&[a, out])?;
         if len == 0 {
             return Ok(());
         }
@@ -800,21 +759,7 @@ impl ComputeBackend for CudaCompute {
             n,
             b_batched,
         } = dims;
-        let bsz = |x: usize, y: usize| {
-            x.checked_mul(y)
-                .ok_or_else(|| Error::shape("matmul: size overflows"))
-        };
-        check_len(a, bsz(batch, bsz(m, k)?)?, "matmul A")?;
-        check_len(
-            b,
-            if b_batched {
-                bsz(batch, bsz(k, n)?)?
-            } else {
-                bsz(k, n)?
-            },
-            "matmul B",
-        )?;
-        check_len(out, bsz(batch, bsz(m, n)?)?, "matmul out")?;
+        checks::matmul(dims)?.check(&[a, b, out])?;
         if batch == 0 || m == 0 || n == 0 {
             return Ok(());
         }
@@ -890,14 +835,7 @@ impl ComputeBackend for CudaCompute {
         k: usize,
     ) -> Result<()> {
         let (ab, xb, ob) = (self.buf(a)?, self.buf(x)?, self.buf(out)?);
-        check_len(
-            a,
-            m.checked_mul(k)
-                .ok_or_else(|| Error::shape("matvec: size overflows"))?,
-            "matvec A",
-        )?;
-        check_len(x, k, "matvec x")?;
-        check_len(out, m, "matvec out")?;
+        checks::matvec(m, k)?.check(&[a, x, out])?;
         if m == 0 {
             return Ok(());
         }
@@ -925,9 +863,7 @@ impl ComputeBackend for CudaCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
-        check_len(a, len, "dot lhs")?;
-        check_len(b, len, "dot rhs")?;
-        check_len(out, 1, "dot out")?;
+        checks::dot(len).check(&[a, b, out])?;
         let parts = (self.sms() as usize * 4).min(len.div_ceil(4096)).max(1);
         let partial = self.raw_alloc(parts)?;
         {
@@ -965,18 +901,7 @@ impl ComputeBackend for CudaCompute {
         dims: ReduceDims,
     ) -> Result<()> {
         let (xb, ob) = (self.buf(x)?, self.buf(out)?);
-        if dims.axis == 0 {
-            return Err(Error::shape(
-                "reduce: the reduced axis must have at least one element",
-            ));
-        }
-        let total = dims
-            .outer
-            .checked_mul(dims.axis)
-            .and_then(|v| v.checked_mul(dims.inner))
-            .ok_or_else(|| Error::shape("reduce: size overflows"))?;
-        check_len(x, total, "reduce input")?;
-        check_len(out, dims.outer * dims.inner, "reduce output")?;
+        checks::reduce(dims)?.check(&[x, out])?;
         if dims.outer == 0 || dims.inner == 0 {
             return Ok(());
         }
@@ -991,11 +916,9 @@ impl ComputeBackend for CudaCompute {
         cols: usize,
     ) -> Result<()> {
         let (xb, ob) = (self.buf(x)?, self.buf(out)?);
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| Error::shape("softmax: size overflows"))?;
-        check_len(x, n, "softmax input")?;
-        check_len(out, n, "softmax output")?;
+        let needs = checks::softmax(rows, cols)?;
+        needs.check(&[x, out])?;
+        let n = needs.elems(0);
         if n == 0 {
             return Ok(());
         }
@@ -1012,12 +935,9 @@ impl ComputeBackend for CudaCompute {
         eps: f32,
     ) -> Result<()> {
         let (xb, wb, ob) = (self.buf(x)?, self.buf(weight)?, self.buf(out)?);
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| Error::shape("rms_norm: size overflows"))?;
-        check_len(x, n, "rms_norm input")?;
-        check_len(weight, cols, "rms_norm weight")?;
-        check_len(out, n, "rms_norm output")?;
+        let needs = checks::rms_norm(rows, cols)?;
+        needs.check(&[x, weight, out])?;
+        let n = needs.elems(0);
         if n == 0 {
             return Ok(());
         }
@@ -1057,13 +977,9 @@ impl ComputeBackend for CudaCompute {
             self.buf(bias)?,
             self.buf(out)?,
         );
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| Error::shape("layer_norm: size overflows"))?;
-        check_len(x, n, "layer_norm input")?;
-        check_len(weight, cols, "layer_norm weight")?;
-        check_len(bias, cols, "layer_norm bias")?;
-        check_len(out, n, "layer_norm output")?;
+        let needs = checks::layer_norm(rows, cols)?;
+        needs.check(&[x, weight, bias, out])?;
+        let n = needs.elems(0);
         if n == 0 {
             return Ok(());
         }
@@ -1097,20 +1013,9 @@ impl ComputeBackend for CudaCompute {
         dims: RopeDims,
     ) -> Result<()> {
         let (xb, pb, ob) = (self.buf(x)?, self.buf(positions)?, self.buf(out)?);
-        if !dims.head_dim.is_multiple_of(2) {
-            return Err(Error::shape(format!(
-                "rope: head_dim must be even, got {}",
-                dims.head_dim
-            )));
-        }
-        let n = dims
-            .seq
-            .checked_mul(dims.heads)
-            .and_then(|v| v.checked_mul(dims.head_dim))
-            .ok_or_else(|| Error::shape("rope: size overflows"))?;
-        check_len(x, n, "rope input")?;
-        check_len(positions, dims.seq, "rope positions")?;
-        check_len(out, n, "rope output")?;
+        let needs = checks::rope(dims)?;
+        needs.check(&[x, positions, out])?;
+        let n = needs.elems(0);
         if n == 0 {
             return Ok(());
         }
@@ -1146,23 +1051,9 @@ impl ComputeBackend for CudaCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (qb, kb, ob) = (self.buf(q)?, self.buf(k)?, self.buf(out)?);
-        Self::check_attention(&dims)?;
-        check_len(
-            q,
-            dims.batch_heads * dims.q_len * dims.head_dim,
-            "attention q",
-        )?;
-        check_len(
-            k,
-            dims.batch_heads * dims.kv_stride * dims.head_dim,
-            "attention k",
-        )?;
-        check_len(
-            out,
-            dims.batch_heads * dims.q_len * dims.kv_len,
-            "attention scores",
-        )?;
-        if dims.batch_heads * dims.q_len * dims.kv_len == 0 {
+        let needs = checks::attention_scores(&dims)?;
+        needs.check(&[q, k, out])?;
+        if needs.elems(2) == 0 {
             return Ok(());
         }
         self.scores_impl(qb.ptr, kb.ptr, ob.ptr, &dims)
@@ -1176,23 +1067,9 @@ impl ComputeBackend for CudaCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (pb, vb, ob) = (self.buf(p)?, self.buf(v)?, self.buf(out)?);
-        Self::check_attention(&dims)?;
-        check_len(
-            p,
-            dims.batch_heads * dims.q_len * dims.kv_len,
-            "attention probabilities",
-        )?;
-        check_len(
-            v,
-            dims.batch_heads * dims.kv_stride * dims.head_dim,
-            "attention v",
-        )?;
-        check_len(
-            out,
-            dims.batch_heads * dims.q_len * dims.head_dim,
-            "attention out",
-        )?;
-        if dims.batch_heads * dims.q_len * dims.head_dim == 0 {
+        let needs = checks::attention_weighted_sum(&dims)?;
+        needs.check(&[p, v, out])?;
+        if needs.elems(2) == 0 {
             return Ok(());
         }
         self.weighted_sum_impl(pb.ptr, vb.ptr, ob.ptr, &dims)
@@ -1207,28 +1084,10 @@ impl ComputeBackend for CudaCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (qb, kb, vb, ob) = (self.buf(q)?, self.buf(k)?, self.buf(v)?, self.buf(out)?);
-        Self::check_attention(&dims)?;
-        check_len(
-            q,
-            dims.batch_heads * dims.q_len * dims.head_dim,
-            "attention q",
-        )?;
-        check_len(
-            k,
-            dims.batch_heads * dims.kv_stride * dims.head_dim,
-            "attention k",
-        )?;
-        check_len(
-            v,
-            dims.batch_heads * dims.kv_stride * dims.head_dim,
-            "attention v",
-        )?;
-        check_len(
-            out,
-            dims.batch_heads * dims.q_len * dims.head_dim,
-            "attention out",
-        )?;
-        if dims.batch_heads * dims.q_len * dims.head_dim == 0 {
+        let needs = checks::attention(&dims)?;
+        needs.check(&[q, k, v, out])?;
+        let sizes = checks::attention_sizes(&dims)?;
+        if sizes.q == 0 {
             return Ok(());
         }
         if dims.head_dim <= FUSED_MAX_HEAD_DIM && dims.q_len <= i32::MAX as usize {
@@ -1273,8 +1132,8 @@ impl ComputeBackend for CudaCompute {
             return Ok(());
         }
         // Unfused: scores, softmax, weighted sum through a temporary.
-        let scores = self.raw_alloc(dims.batch_heads * dims.q_len * dims.kv_len)?;
-        let probs = self.raw_alloc(dims.batch_heads * dims.q_len * dims.kv_len)?;
+        let scores = self.raw_alloc(sizes.scores)?;
+        let probs = self.raw_alloc(sizes.scores)?;
         self.scores_impl(qb.ptr, kb.ptr, scores.ptr, &dims)?;
         self.softmax_impl(
             scores.ptr,
@@ -1293,9 +1152,7 @@ impl ComputeBackend for CudaCompute {
         len: usize,
     ) -> Result<()> {
         let (gb, ub, ob) = (self.buf(gate)?, self.buf(up)?, self.buf(out)?);
-        check_len(gate, len, "swiglu gate")?;
-        check_len(up, len, "swiglu up")?;
-        check_len(out, len, "swiglu output")?;
+        checks::swiglu(len).check(&[gate, up, out])?;
         if len == 0 {
             return Ok(());
         }

@@ -272,3 +272,34 @@ fn bad_arguments_are_errors() {
         Err(ringkernel_core::Error::Device(_))
     ));
 }
+
+/// 10,000,000 × 0.1f32 sums to 1,000,000.015: every reduction path (multi-block
+/// partials, one block per row, strided columns) and `dot` must stay within 2e-7 of
+/// it, where a float running sum per thread drifts by parts per million.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn long_sums_keep_f32_precision() {
+    let g = gpu();
+    let n = 10_000_000;
+    let x = g.upload(&vec![0.1f32; n]).unwrap();
+    let exact = n as f64 * 0.1f32 as f64;
+    for (op, (outer, axis, inner), want) in [
+        (ReduceOp::Sum, (1, n, 1), exact),
+        (ReduceOp::Mean, (2, n / 2, 1), 0.1f32 as f64),
+        (ReduceOp::Sum, (400, n / 400, 1), exact / 400.0),
+        (ReduceOp::Sum, (1, n / 2, 2), exact / 2.0),
+    ] {
+        let out = poisoned(&g, outer * inner);
+        g.reduce(op, &*x, &*out, ReduceDims { outer, axis, inner })
+            .unwrap();
+        for v in read(&g, &out, outer * inner) {
+            let err = (v as f64 - want).abs() / want;
+            assert!(err < 2e-7, "{op:?} {outer}x{axis}x{inner}: {v} vs {want}");
+        }
+    }
+    let ones = g.upload(&vec![1.0f32; n]).unwrap();
+    let out = poisoned(&g, 1);
+    g.dot(&*x, &*ones, &*out, n).unwrap();
+    let v = read(&g, &out, 1)[0] as f64;
+    assert!((v - exact).abs() / exact < 2e-7, "dot: {v} vs {exact}");
+}

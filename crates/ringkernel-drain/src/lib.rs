@@ -13,6 +13,8 @@
 //!   to run one pass.
 //! * [`shadow`]: host copies of the rings for a target without shared memory (wgpu).
 //! * [`plan`]: the dispatch plan of every op (kernels, parameter bytes, bindings, grid).
+//! * [`exec`]: running plans ([`PlanDevice`](exec::PlanDevice), [`planned_ops!`]), the
+//!   compute-op host both backends share.
 //! * [`pool`]: a bounded buffer pool, generic over the allocator.
 //! * [`sizing`]: workgroup/threadgroup sizing and grid geometry.
 //! * [`msl`]: a reader for naga's MSL entry points, so binding indices are checked
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod exec;
 pub mod msl;
 pub mod plan;
 pub mod pool;

@@ -1,19 +1,25 @@
-//! Dispatch plans: how each compute op maps onto the shared WGSL kernels.
+//! Dispatch plans: how each compute op maps onto the shared WGSL kernels, decided
+//! once for both event-driven backends.
 //!
-//! A [`Plan`] is everything the Metal host needs to run one op, decided without a GPU:
-//! which kernels ([`Kernel`]) with which specialisation, the parameter block bytes (bound
-//! with `setBytes` at `[[buffer(0)]]`), which operand goes to which `[[buffer(N)]]`, the
-//! threadgroup grid, the scratch buffers, and how many elements each operand must hold.
-//! The platform layer only turns a plan into `setBuffer`/`dispatchThreadgroups` calls.
+//! A [`Plan`] is everything a host needs to run one op, decided without a GPU: which
+//! kernels ([`Kernel`]) with which specialisation, the parameter block bytes (bound at
+//! WGSL `@binding(0)`, Metal `[[buffer(0)]]`), which operand goes to which binding, the
+//! workgroup grid, the scratch buffers, and how many elements each operand must hold
+//! (from [`checks`], the op checks every backend shares). The WebGPU and Metal backends
+//! run plans through [`exec`](crate::exec); they only turn dispatches into their API's
+//! calls.
 //!
-//! Plans are tested on Linux: their buffer indices are compared with the `[[buffer(N)]]`
-//! attributes of the MSL that naga generates for the same kernel (`tests/msl_bindings.rs`),
-//! and their grids are checked to cover the work exactly as the WGSL indexes it.
-//! Every index the kernels use is `u32`, so sizes beyond `u32::MAX` are
+//! Plans are tested on Linux: the WebGPU backend runs them on lavapipe in CI, their
+//! buffer indices are compared with the `[[buffer(N)]]` attributes of the MSL that naga
+//! generates for the same kernel (`tests/msl_bindings.rs`), and their grids are checked
+//! to cover the work exactly as the WGSL indexes it. Inconsistent shapes are
+//! [`Error::ShapeMismatch`]; every index the kernels use is `u32`, so sizes beyond
+//! `u32::MAX` (and grids beyond 65535 groups in one dimension) are
 //! [`Error::InvalidArgument`].
 
 use crate::msl::HostSlot;
 use crate::sizing::groups_for;
+use ringkernel_core::compute::checks::{self, Needs};
 use ringkernel_core::compute::{
     AttentionDims, BinaryOp, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
@@ -148,17 +154,6 @@ pub fn buffer_sizes(
     Ok(bytemuck::cast_slice(&words).to_vec())
 }
 
-/// A minimum length an operand must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Need {
-    /// Which argument.
-    pub arg: usize,
-    /// Elements it must hold at least.
-    pub elems: usize,
-    /// What it is, for the error message.
-    pub what: &'static str,
-}
-
 /// Everything needed to run one op.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
@@ -166,8 +161,33 @@ pub struct Plan {
     pub dispatches: Vec<Dispatch>,
     /// Scratch buffer lengths in elements.
     pub scratch: Vec<usize>,
-    /// Length each argument must have.
-    pub needs: Vec<Need>,
+    /// Length each argument must have ([`checks`]).
+    pub needs: Needs,
+}
+
+impl Plan {
+    fn empty(needs: Needs) -> Plan {
+        Plan {
+            needs,
+            ..Plan::default()
+        }
+    }
+
+    fn one(needs: Needs, dispatch: Dispatch) -> Plan {
+        Plan {
+            dispatches: vec![dispatch],
+            scratch: vec![],
+            needs,
+        }
+    }
+
+    /// Whether some dispatch writes argument `arg`.
+    pub fn writes_arg(&self, arg: usize) -> bool {
+        self.dispatches
+            .iter()
+            .flat_map(|d| &d.binds)
+            .any(|b| b.writes && b.operand == Operand::Arg(arg))
+    }
 }
 
 fn u32_of(v: usize, what: &str) -> Result<u32> {
@@ -176,16 +196,6 @@ fn u32_of(v: usize, what: &str) -> Result<u32> {
             "{what} = {v} exceeds the 32-bit indices of the GPU kernels"
         ))
     })
-}
-
-fn mul(a: usize, b: usize, what: &str) -> Result<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| Error::invalid(format!("{what} overflows")))
-}
-
-/// Checks that the largest flat index a kernel computes fits `u32`.
-fn fits(total: usize, what: &str) -> Result<u32> {
-    u32_of(total, what)
 }
 
 fn bind(binding: u32, wgsl_name: &'static str, operand: Operand, writes: bool) -> Bind {
@@ -202,9 +212,6 @@ fn read(binding: u32, name: &'static str, arg: usize) -> Bind {
 fn write(binding: u32, name: &'static str, arg: usize) -> Bind {
     bind(binding, name, Operand::Arg(arg), true)
 }
-fn need(arg: usize, elems: usize, what: &'static str) -> Need {
-    Need { arg, elems, what }
-}
 
 /// Grid for `threads` threads of 256-thread groups, spread over x and y.
 fn thread_grid(threads: usize) -> [u32; 3] {
@@ -215,107 +222,89 @@ fn bytes<T: bytemuck::Pod>(p: &T) -> Vec<u8> {
     bytemuck::bytes_of(p).to_vec()
 }
 
+/// An elementwise op over `len` elements: the `vec4` kernel (16-byte accesses, closer
+/// to the memory bandwidth) when `len` is a multiple of 4, else the scalar one. The
+/// inputs are bound at 1 (and 2), the output at 3.
 fn elementwise(
-    kernel: Kernel,
+    kernels: (Kernel, Kernel),
     spec: Specialization,
-    len: usize,
+    needs: Needs,
     scalar: f32,
-    binds: Vec<Bind>,
-    n_args: usize,
 ) -> Result<Plan> {
-    let len32 = fits(len, "elementwise length")?;
-    let needs = (0..n_args)
-        .map(|a| need(a, len, if a + 1 == n_args { "out" } else { "input" }))
-        .collect();
+    let len = needs.elems(0);
+    u32_of(len, "elementwise length")?;
     if len == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
+    let inputs = needs.args.len() - 1;
+    let vec4 = len.is_multiple_of(4);
+    let (kernel, names, threads) = if vec4 {
+        (kernels.1, ["a4", "b4", "out4"], len / 4)
+    } else {
+        (kernels.0, ["a", "b", "out"], len)
+    };
+    let mut binds: Vec<Bind> = (0..inputs)
+        .map(|i| read(1 + i as u32, names[i], i))
+        .collect();
+    binds.push(write(3, names[2], inputs));
     let p = params::Elementwise {
-        len: len32,
+        len: threads as u32,
         scalar,
         _pad: [0; 2],
     };
-    Ok(Plan {
-        dispatches: vec![Dispatch {
-            kernel,
-            spec,
-            params: bytes(&p),
-            binds,
-            groups: thread_grid(len),
-        }],
-        scratch: vec![],
-        needs,
-    })
+    let d = Dispatch {
+        kernel,
+        spec,
+        params: bytes(&p),
+        binds,
+        groups: thread_grid(threads),
+    };
+    Ok(Plan::one(needs, d))
 }
 
 /// `unary(op, x, out, len)`.
 pub fn unary(op: UnaryOp, len: usize) -> Result<Plan> {
+    let kernels = (Kernel::Unary, Kernel::Unary4);
     elementwise(
-        Kernel::Unary,
+        kernels,
         Specialization::op(op.code()),
-        len,
+        checks::unary(len),
         0.0,
-        vec![read(1, "a", 0), write(3, "out", 1)],
-        2,
     )
 }
 
 /// `binary(op, a, b, out, len)`.
 pub fn binary(op: BinaryOp, len: usize) -> Result<Plan> {
-    let binds = vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)];
+    let kernels = (Kernel::Binary, Kernel::Binary4);
     elementwise(
-        Kernel::Binary,
+        kernels,
         Specialization::op(op.code()),
-        len,
+        checks::binary(len),
         0.0,
-        binds,
-        3,
     )
 }
 
 /// `binary_scalar(op, a, s, out, len)`.
 pub fn binary_scalar(op: BinaryOp, s: f32, len: usize) -> Result<Plan> {
-    let binds = vec![read(1, "a", 0), write(3, "out", 1)];
-    elementwise(
-        Kernel::BinaryScalar,
-        Specialization::op(op.code()),
-        len,
-        s,
-        binds,
-        2,
-    )
+    let kernels = (Kernel::BinaryScalar, Kernel::BinaryScalar4);
+    let needs = checks::binary_scalar(len);
+    elementwise(kernels, Specialization::op(op.code()), needs, s)
 }
 
 /// `swiglu(gate, up, out, len)`.
 pub fn swiglu(len: usize) -> Result<Plan> {
-    let binds = vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)];
-    elementwise(Kernel::Swiglu, Specialization::none(), len, 0.0, binds, 3)
+    let kernels = (Kernel::Swiglu, Kernel::Swiglu4);
+    elementwise(kernels, Specialization::none(), checks::swiglu(len), 0.0)
 }
 
 /// `matmul(a, b, out, dims)` on the tiled kernel: a 64×64 output tile per threadgroup,
-/// grid `(⌈n/64⌉, ⌈m/64⌉, batch)`.
+/// grid `(⌈n/64⌉, ⌈m/64⌉, batch)`. `k = 0` writes zeros.
 pub fn matmul(d: MatmulDims) -> Result<Plan> {
-    let a_len = mul(mul(d.batch, d.m, "matmul A")?, d.k, "matmul A")?;
-    let b_len = if d.b_batched {
-        mul(mul(d.batch, d.k, "matmul B")?, d.n, "matmul B")?
-    } else {
-        mul(d.k, d.n, "matmul B")?
-    };
-    let c_len = mul(mul(d.batch, d.m, "matmul out")?, d.n, "matmul out")?;
-    let needs = vec![
-        need(0, a_len, "A"),
-        need(1, b_len, "B"),
-        need(2, c_len, "out"),
-    ];
-    fits(a_len.max(b_len).max(c_len), "matmul size")?;
+    let needs = checks::matmul(d)?;
+    let (a_len, b_len, c_len) = (needs.elems(0), needs.elems(1), needs.elems(2));
+    u32_of(a_len.max(b_len).max(c_len), "matmul size")?;
     if c_len == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
     let tile = MATMUL_TILE as usize;
     let groups = [groups_for(d.n, tile), groups_for(d.m, tile), d.batch];
@@ -324,6 +313,7 @@ pub fn matmul(d: MatmulDims) -> Result<Plan> {
             "matmul {d:?} needs a grid of {groups:?} tiles, over 65535 in one dimension"
         )));
     }
+    // Every product below is at most one of the lengths checked above.
     let p = params::Matmul {
         m: d.m as u32,
         k: d.k as u32,
@@ -334,17 +324,14 @@ pub fn matmul(d: MatmulDims) -> Result<Plan> {
         c_stride: (d.m * d.n) as u32,
         _pad: 0,
     };
-    Ok(Plan {
-        dispatches: vec![Dispatch {
-            kernel: Kernel::Matmul,
-            spec: Specialization::none(),
-            params: bytes(&p),
-            binds: vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)],
-            groups: groups.map(|g| g as u32),
-        }],
-        scratch: vec![],
-        needs,
-    })
+    let dsp = Dispatch {
+        kernel: Kernel::Matmul,
+        spec: Specialization::none(),
+        params: bytes(&p),
+        binds: vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)],
+        groups: groups.map(|g| g as u32),
+    };
+    Ok(Plan::one(needs, dsp))
 }
 
 /// Whether a matmul is large enough for Metal Performance Shaders to beat the shared
@@ -358,48 +345,36 @@ pub fn prefer_mps(d: MatmulDims) -> bool {
 
 /// `matvec(a, x, out, m, k)`: one threadgroup per row.
 pub fn matvec(m: usize, k: usize) -> Result<Plan> {
-    let a_len = mul(m, k, "matvec A")?;
-    let needs = vec![need(0, a_len, "A"), need(1, k, "x"), need(2, m, "out")];
-    fits(a_len, "matvec size")?;
+    let needs = checks::matvec(m, k)?;
+    let a_len = u32_of(needs.elems(0), "matvec size")?;
     if m == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
     let p = params::Matmul {
         m: m as u32,
         k: k as u32,
         n: 1,
         batch: 1,
-        a_stride: a_len as u32,
+        a_stride: a_len,
         b_stride: 0,
         c_stride: m as u32,
         _pad: 0,
     };
-    Ok(Plan {
-        dispatches: vec![Dispatch {
-            kernel: Kernel::Matvec,
-            spec: Specialization::none(),
-            params: bytes(&p),
-            binds: vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)],
-            groups: grid_for(m as u64),
-        }],
-        scratch: vec![],
-        needs,
-    })
+    let dsp = Dispatch {
+        kernel: Kernel::Matvec,
+        spec: Specialization::none(),
+        params: bytes(&p),
+        binds: vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)],
+        groups: grid_for(m as u64),
+    };
+    Ok(Plan::one(needs, dsp))
 }
 
-/// Elements one threadgroup of a first reduction pass covers at least (16 per thread),
-/// so long rows are split into partials and finished by a second pass.
-pub const REDUCE_CHUNK: usize = 16 * WORKGROUP_SIZE as usize;
-/// Most partials per row (the second pass reduces them with one threadgroup).
-pub const MAX_CHUNKS: usize = 1024;
-
-fn chunking(axis: usize) -> (usize, usize) {
-    let chunks = groups_for(axis, REDUCE_CHUNK).clamp(1, MAX_CHUNKS);
-    (chunks, axis.div_ceil(chunks))
-}
+/// Elements one threadgroup of a row-reduction pass covers at most: 64 per thread,
+/// summed in short pairwise runs (see `reduce.wgsl`), then a tree over the 256 threads. Longer rows take further passes
+/// over the partials (one chunking rule for every reduction and `dot`), so every sum
+/// is short serial runs joined by trees and stays accurate at any length.
+pub const REDUCE_CHUNK: usize = 64 * WORKGROUP_SIZE as usize;
 
 /// The shape of one `ReduceRows` pass: `rows` rows of `axis` elements, each split
 /// into `chunks` chunks of `chunk_len`, results multiplied by `scale`.
@@ -430,26 +405,98 @@ fn reduce_rows_dispatch(code: u32, r: RowPass, x: Operand, out: Operand) -> Disp
     }
 }
 
-/// `reduce(op, x, out, dims)`: a contiguous axis (`inner == 1`) is reduced by
-/// threadgroup tree reductions (two passes for long rows); a strided one by one thread
-/// per output. `Mean` reduces as a sum scaled by `1/axis`.
-pub fn reduce(op: ReduceOp, d: ReduceDims) -> Result<Plan> {
-    if d.axis == 0 {
-        return Err(Error::invalid("reduction over an empty axis"));
+/// Appends the `ReduceRows` passes that reduce `rows` rows of `axis` elements at `src`
+/// (already split into chunks of [`REDUCE_CHUNK`]) into `out`, the last pass scaled.
+fn reduce_passes(
+    plan: &mut Plan,
+    code: u32,
+    rows: usize,
+    axis: usize,
+    src: Operand,
+    out: Operand,
+    scale: f32,
+) {
+    let (mut src, mut len) = (src, axis);
+    loop {
+        let chunks = len.div_ceil(REDUCE_CHUNK);
+        let last = chunks == 1;
+        let dst = if last {
+            out
+        } else {
+            plan.scratch.push(rows * chunks);
+            Operand::Scratch(plan.scratch.len() - 1)
+        };
+        let pass = RowPass {
+            rows,
+            axis: len,
+            chunks,
+            chunk_len: if last { len } else { REDUCE_CHUNK },
+            scale: if last { scale } else { 1.0 },
+        };
+        plan.dispatches
+            .push(reduce_rows_dispatch(code, pass, src, dst));
+        if last {
+            return;
+        }
+        (src, len) = (dst, chunks);
     }
-    let x_len = mul(
-        mul(d.outer, d.axis, "reduce input")?,
-        d.inner,
-        "reduce input",
-    )?;
-    let out_len = mul(d.outer, d.inner, "reduce output")?;
-    let needs = vec![need(0, x_len, "x"), need(1, out_len, "out")];
-    fits(x_len, "reduce size")?;
-    if out_len == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
+}
+
+/// Elements of the axis one thread of a strided reduction pass covers at most; a
+/// longer axis takes further passes over the partials.
+pub const STRIDED_CHUNK: usize = 1024;
+
+/// Appends the `ReduceStrided` passes of `[outer, axis, inner]` (`inner > 1`): each
+/// reduces chunks of at most [`STRIDED_CHUNK`] into `[outer, chunks, inner]` partials,
+/// until one chunk is left; the last pass writes `out`, scaled.
+fn strided_passes(plan: &mut Plan, code: u32, d: ReduceDims, scale: f32) {
+    let (mut src, mut axis) = (Operand::Arg(0), d.axis);
+    loop {
+        let chunks = axis.div_ceil(STRIDED_CHUNK);
+        let last = chunks == 1;
+        // At most the input's length, which fits u32.
+        let outputs = d.outer * chunks * d.inner;
+        let dst = if last {
+            Operand::Arg(1)
+        } else {
+            plan.scratch.push(outputs);
+            Operand::Scratch(plan.scratch.len() - 1)
+        };
+        let p = params::Reduce {
+            outer: d.outer as u32,
+            axis: axis as u32,
+            inner: d.inner as u32,
+            chunks: chunks as u32,
+            chunk_len: if last { axis } else { STRIDED_CHUNK } as u32,
+            scale: if last { scale } else { 1.0 },
+            _pad: [0; 2],
+        };
+        plan.dispatches.push(Dispatch {
+            kernel: Kernel::ReduceStrided,
+            spec: Specialization::op(code),
+            params: bytes(&p),
+            binds: vec![bind(1, "x", src, false), bind(3, "out", dst, true)],
+            groups: thread_grid(outputs),
         });
+        if last {
+            return;
+        }
+        (src, axis) = (dst, chunks);
+    }
+}
+
+/// `reduce(op, x, out, dims)`: a contiguous axis (`inner == 1`) is reduced by
+/// threadgroup tree reductions over chunks of at most [`REDUCE_CHUNK`] (one pass per
+/// factor of 16384 in the length); a strided one by one thread per output and chunk
+/// of at most [`STRIDED_CHUNK`] (likewise in passes). Every thread accumulates
+/// pairwise. `Mean` reduces as a sum scaled by `1/axis`.
+pub fn reduce(op: ReduceOp, d: ReduceDims) -> Result<Plan> {
+    let needs = checks::reduce(d)?;
+    u32_of(needs.elems(0), "reduce size")?;
+    let out_len = needs.elems(1);
+    let mut plan = Plan::empty(needs);
+    if out_len == 0 {
+        return Ok(plan);
     }
     let code = op.code();
     let scale = if op == ReduceOp::Mean {
@@ -458,100 +505,44 @@ pub fn reduce(op: ReduceOp, d: ReduceDims) -> Result<Plan> {
         1.0
     };
     if d.inner > 1 {
-        let p = params::Reduce {
-            outer: d.outer as u32,
-            axis: d.axis as u32,
-            inner: d.inner as u32,
-            chunks: 1,
-            chunk_len: d.axis as u32,
-            scale,
-            _pad: [0; 2],
-        };
-        return Ok(Plan {
-            dispatches: vec![Dispatch {
-                kernel: Kernel::ReduceStrided,
-                spec: Specialization::op(code),
-                params: bytes(&p),
-                binds: vec![read(1, "x", 0), write(3, "out", 1)],
-                groups: thread_grid(out_len),
-            }],
-            scratch: vec![],
-            needs,
-        });
+        strided_passes(&mut plan, code, d, scale);
+        return Ok(plan);
     }
-    let (chunks, chunk_len) = chunking(d.axis);
-    if chunks == 1 {
-        let dsp = reduce_rows_dispatch(
-            code,
-            RowPass {
-                rows: d.outer,
-                axis: d.axis,
-                chunks: 1,
-                chunk_len: d.axis,
-                scale,
-            },
-            Operand::Arg(0),
-            Operand::Arg(1),
-        );
-        return Ok(Plan {
-            dispatches: vec![dsp],
-            scratch: vec![],
-            needs,
-        });
-    }
-    let partials = mul(d.outer, chunks, "reduce partials")?;
-    let first = reduce_rows_dispatch(
+    reduce_passes(
+        &mut plan,
         code,
-        RowPass {
-            rows: d.outer,
-            axis: d.axis,
-            chunks,
-            chunk_len,
-            scale: 1.0,
-        },
+        d.outer,
+        d.axis,
         Operand::Arg(0),
-        Operand::Scratch(0),
-    );
-    let second = reduce_rows_dispatch(
-        code,
-        RowPass {
-            rows: d.outer,
-            axis: chunks,
-            chunks: 1,
-            chunk_len: chunks,
-            scale,
-        },
-        Operand::Scratch(0),
         Operand::Arg(1),
+        scale,
     );
-    Ok(Plan {
-        dispatches: vec![first, second],
-        scratch: vec![partials],
-        needs,
-    })
+    Ok(plan)
 }
 
-/// `dot(a, b, out, len)`: partial dot products per chunk, then a sum of the partials.
+/// `dot(a, b, out, len)`: partial dot products per chunk of [`REDUCE_CHUNK`], then sums
+/// of the partials as in [`reduce`].
 pub fn dot(len: usize) -> Result<Plan> {
-    let needs = vec![need(0, len, "a"), need(1, len, "b"), need(2, 1, "out")];
-    fits(len, "dot length")?;
-    let (chunks, chunk_len) = chunking(len.max(1));
+    let mut plan = Plan::empty(checks::dot(len));
+    u32_of(len, "dot length")?;
+    let chunks = len.div_ceil(REDUCE_CHUNK).max(1);
     let direct = chunks == 1;
     let p = params::Reduce {
         outer: 1,
         axis: len as u32,
         inner: 1,
         chunks: chunks as u32,
-        chunk_len: chunk_len as u32,
+        chunk_len: if direct { len } else { REDUCE_CHUNK } as u32,
         scale: 1.0,
         _pad: [0; 2],
     };
     let partial_out = if direct {
         Operand::Arg(2)
     } else {
+        plan.scratch.push(chunks);
         Operand::Scratch(0)
     };
-    let first = Dispatch {
+    plan.dispatches.push(Dispatch {
         kernel: Kernel::DotPartial,
         spec: Specialization::none(),
         params: bytes(&p),
@@ -561,47 +552,26 @@ pub fn dot(len: usize) -> Result<Plan> {
             bind(3, "out", partial_out, true),
         ],
         groups: grid_for(chunks as u64),
-    };
-    if direct {
-        return Ok(Plan {
-            dispatches: vec![first],
-            scratch: vec![],
-            needs,
-        });
+    });
+    if !direct {
+        let sum = ReduceOp::Sum.code();
+        reduce_passes(&mut plan, sum, 1, chunks, partial_out, Operand::Arg(2), 1.0);
     }
-    let second = reduce_rows_dispatch(
-        ReduceOp::Sum.code(),
-        RowPass {
-            rows: 1,
-            axis: chunks,
-            chunks: 1,
-            chunk_len: chunks,
-            scale: 1.0,
-        },
-        Operand::Scratch(0),
-        Operand::Arg(2),
-    );
-    Ok(Plan {
-        dispatches: vec![first, second],
-        scratch: vec![chunks],
-        needs,
-    })
+    Ok(plan)
 }
 
+/// A one-threadgroup-per-row kernel over `[rows, cols]` (`Norm` params).
 fn norm(
     kernel: Kernel,
+    needs: Needs,
     rows: usize,
     cols: usize,
     eps: f32,
     binds: Vec<Bind>,
-    needs: Vec<Need>,
 ) -> Result<Plan> {
-    fits(mul(rows, cols, "norm size")?, "norm size")?;
+    u32_of(needs.elems(0), "norm size")?;
     if rows == 0 || cols == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
     let p = params::Norm {
         rows: rows as u32,
@@ -609,89 +579,64 @@ fn norm(
         eps,
         _pad: 0,
     };
-    Ok(Plan {
-        dispatches: vec![Dispatch {
-            kernel,
-            spec: Specialization::none(),
-            params: bytes(&p),
-            binds,
-            groups: grid_for(rows as u64),
-        }],
-        scratch: vec![],
-        needs,
-    })
+    let dsp = Dispatch {
+        kernel,
+        spec: Specialization::none(),
+        params: bytes(&p),
+        binds,
+        groups: grid_for(rows as u64),
+    };
+    Ok(Plan::one(needs, dsp))
 }
 
-/// `softmax(x, out, rows, cols)`: one threadgroup per row.
+/// `softmax(x, out, rows, cols)`: one threadgroup per row (`vec4` accesses when `cols`
+/// is a multiple of 4).
 pub fn softmax(rows: usize, cols: usize) -> Result<Plan> {
-    let n = mul(rows, cols, "softmax size")?;
-    norm(
-        Kernel::Softmax,
-        rows,
-        cols,
-        0.0,
-        vec![read(1, "x", 0), write(4, "out", 1)],
-        vec![need(0, n, "x"), need(1, n, "out")],
-    )
+    let needs = checks::softmax(rows, cols)?;
+    let (kernel, binds) = if cols.is_multiple_of(4) {
+        (
+            Kernel::Softmax4,
+            vec![read(1, "x4", 0), write(4, "out4", 1)],
+        )
+    } else {
+        (Kernel::Softmax, vec![read(1, "x", 0), write(4, "out", 1)])
+    };
+    norm(kernel, needs, rows, cols, 0.0, binds)
 }
 
-/// `rms_norm(x, weight, out, rows, cols, eps)`.
+/// `rms_norm(x, weight, out, rows, cols, eps)` (`vec4` accesses when `cols` is a
+/// multiple of 4).
 pub fn rms_norm(rows: usize, cols: usize, eps: f32) -> Result<Plan> {
-    let n = mul(rows, cols, "rms_norm size")?;
-    norm(
-        Kernel::RmsNorm,
-        rows,
-        cols,
-        eps,
-        vec![read(1, "x", 0), read(2, "w", 1), write(4, "out", 2)],
-        vec![need(0, n, "x"), need(1, cols, "weight"), need(2, n, "out")],
-    )
+    let needs = checks::rms_norm(rows, cols)?;
+    let (kernel, n) = if cols.is_multiple_of(4) {
+        (Kernel::RmsNorm4, ["x4", "w4", "out4"])
+    } else {
+        (Kernel::RmsNorm, ["x", "w", "out"])
+    };
+    let binds = vec![read(1, n[0], 0), read(2, n[1], 1), write(4, n[2], 2)];
+    norm(kernel, needs, rows, cols, eps, binds)
 }
 
 /// `layer_norm(x, weight, bias, out, rows, cols, eps)`.
 pub fn layer_norm(rows: usize, cols: usize, eps: f32) -> Result<Plan> {
-    let n = mul(rows, cols, "layer_norm size")?;
-    norm(
-        Kernel::LayerNorm,
-        rows,
-        cols,
-        eps,
-        vec![
-            read(1, "x", 0),
-            read(2, "w", 1),
-            read(3, "bias", 2),
-            write(4, "out", 3),
-        ],
-        vec![
-            need(0, n, "x"),
-            need(1, cols, "weight"),
-            need(2, cols, "bias"),
-            need(3, n, "out"),
-        ],
-    )
+    let needs = checks::layer_norm(rows, cols)?;
+    let binds = vec![
+        read(1, "x", 0),
+        read(2, "w", 1),
+        read(3, "bias", 2),
+        write(4, "out", 3),
+    ];
+    norm(Kernel::LayerNorm, needs, rows, cols, eps, binds)
 }
 
 /// `rope(x, positions, out, dims)`: a thread per rotated pair. The kernel reads `x`
 /// through its global `q` and the positions through `k`.
 pub fn rope(d: RopeDims) -> Result<Plan> {
-    if !d.head_dim.is_multiple_of(2) {
-        return Err(Error::invalid(format!(
-            "RoPE needs an even head_dim, got {}",
-            d.head_dim
-        )));
-    }
-    let n = mul(mul(d.seq, d.heads, "rope size")?, d.head_dim, "rope size")?;
-    let needs = vec![
-        need(0, n, "x"),
-        need(1, d.seq, "positions"),
-        need(2, n, "out"),
-    ];
-    fits(n, "rope size")?;
+    let needs = checks::rope(d)?;
+    let n = needs.elems(0);
+    u32_of(n, "rope size")?;
     if n == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
     let p = params::Rope {
         seq: d.seq as u32,
@@ -699,45 +644,20 @@ pub fn rope(d: RopeDims) -> Result<Plan> {
         head_dim: d.head_dim as u32,
         base: d.base,
     };
-    Ok(Plan {
-        dispatches: vec![Dispatch {
-            kernel: Kernel::Rope,
-            spec: Specialization::none(),
-            params: bytes(&p),
-            binds: vec![read(1, "q", 0), read(2, "k", 1), write(4, "out", 2)],
-            groups: thread_grid(n / 2),
-        }],
-        scratch: vec![],
-        needs,
-    })
-}
-
-struct AttnSizes {
-    q: usize,
-    kv: usize,
-    scores: usize,
-    out: usize,
-}
-
-fn attn_sizes(d: &AttentionDims) -> Result<AttnSizes> {
-    if d.kv_stride < d.kv_len {
-        return Err(Error::invalid(format!(
-            "kv_stride {} is smaller than kv_len {}",
-            d.kv_stride, d.kv_len
-        )));
-    }
-    let rows = mul(d.batch_heads, d.q_len, "attention rows")?;
-    let s = AttnSizes {
-        q: mul(rows, d.head_dim, "attention q")?,
-        kv: mul(
-            mul(d.batch_heads, d.kv_stride, "attention kv")?,
-            d.head_dim,
-            "attention kv",
-        )?,
-        scores: mul(rows, d.kv_len, "attention scores")?,
-        out: mul(rows, d.head_dim, "attention out")?,
+    let dsp = Dispatch {
+        kernel: Kernel::Rope,
+        spec: Specialization::none(),
+        params: bytes(&p),
+        binds: vec![read(1, "q", 0), read(2, "k", 1), write(4, "out", 2)],
+        groups: thread_grid(n / 2),
     };
-    fits(s.q.max(s.kv).max(s.scores).max(s.out), "attention size")?;
+    Ok(Plan::one(needs, dsp))
+}
+
+/// The tensor sizes of an attention call, within the kernels' 32-bit indices.
+fn attn_sizes(d: &AttentionDims) -> Result<checks::AttentionSizes> {
+    let s = checks::attention_sizes(d)?;
+    u32_of(s.q.max(s.kv).max(s.scores), "attention size")?;
     Ok(s)
 }
 
@@ -790,89 +710,56 @@ fn weighted_sum_dispatch(
 
 /// `attention_scores(q, k, out, dims)`: a thread per score.
 pub fn attention_scores(d: AttentionDims) -> Result<Plan> {
+    let needs = checks::attention_scores(&d)?;
     let s = attn_sizes(&d)?;
-    let needs = vec![
-        need(0, s.q, "q"),
-        need(1, s.kv, "k"),
-        need(2, s.scores, "scores"),
-    ];
     if s.scores == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+        return Ok(Plan::empty(needs));
     }
-    let dsp = scores_dispatch(
-        &d,
-        Operand::Arg(0),
-        Operand::Arg(1),
-        Operand::Arg(2),
-        s.scores,
-    );
-    Ok(Plan {
-        dispatches: vec![dsp],
-        scratch: vec![],
-        needs,
-    })
+    let (q, k, out) = (Operand::Arg(0), Operand::Arg(1), Operand::Arg(2));
+    Ok(Plan::one(needs, scores_dispatch(&d, q, k, out, s.scores)))
 }
 
 /// `attention_weighted_sum(p, v, out, dims)`: a thread per output element (the kernel
 /// reads the probabilities through its global `q`).
 pub fn attention_weighted_sum(d: AttentionDims) -> Result<Plan> {
+    let needs = checks::attention_weighted_sum(&d)?;
     let s = attn_sizes(&d)?;
-    let needs = vec![
-        need(0, s.scores, "probabilities"),
-        need(1, s.kv, "v"),
-        need(2, s.out, "out"),
-    ];
-    if s.out == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+    if s.q == 0 {
+        return Ok(Plan::empty(needs));
     }
-    let dsp = weighted_sum_dispatch(&d, Operand::Arg(0), Operand::Arg(1), Operand::Arg(2), s.out);
-    Ok(Plan {
-        dispatches: vec![dsp],
-        scratch: vec![],
-        needs,
-    })
+    let (p, v, out) = (Operand::Arg(0), Operand::Arg(1), Operand::Arg(2));
+    Ok(Plan::one(needs, weighted_sum_dispatch(&d, p, v, out, s.q)))
 }
 
 /// `attention(q, k, v, out, dims)`: the fused kernel (one threadgroup per head and
 /// query row) up to `head_dim` 512; beyond that scores → softmax → weighted sum
-/// through a scratch buffer.
+/// through scratch buffers. `kv_len = 0` (a softmax over no keys) is
+/// [`Error::InvalidArgument`].
 pub fn attention(d: AttentionDims) -> Result<Plan> {
+    let needs = checks::attention(&d)?;
     let s = attn_sizes(&d)?;
-    let needs = vec![
-        need(0, s.q, "q"),
-        need(1, s.kv, "k"),
-        need(2, s.kv, "v"),
-        need(3, s.out, "out"),
-    ];
-    if s.out == 0 {
-        return Ok(Plan {
-            needs,
-            ..Plan::default()
-        });
+    if s.q == 0 {
+        return Ok(Plan::empty(needs));
+    }
+    if d.kv_len == 0 {
+        return Err(Error::invalid(
+            "attention: kv_len must be at least 1 (softmax over no keys)",
+        ));
     }
     if d.head_dim <= ATTENTION_MAX_HEAD_DIM {
-        return Ok(Plan {
-            dispatches: vec![Dispatch {
-                kernel: Kernel::Attention,
-                spec: Specialization::none(),
-                params: attention_params(&d),
-                binds: vec![
-                    read(1, "q", 0),
-                    read(2, "k", 1),
-                    read(3, "v", 2),
-                    write(4, "out", 3),
-                ],
-                groups: grid_for((d.batch_heads * d.q_len) as u64),
-            }],
-            scratch: vec![],
-            needs,
-        });
+        let dsp = Dispatch {
+            kernel: Kernel::Attention,
+            spec: Specialization::none(),
+            params: attention_params(&d),
+            binds: vec![
+                read(1, "q", 0),
+                read(2, "k", 1),
+                read(3, "v", 2),
+                write(4, "out", 3),
+            ],
+            groups: grid_for((d.batch_heads * d.q_len) as u64),
+        };
+        return Ok(Plan::one(needs, dsp));
     }
     let rows = d.batch_heads * d.q_len;
     let scores = scores_dispatch(
@@ -883,16 +770,15 @@ pub fn attention(d: AttentionDims) -> Result<Plan> {
         s.scores,
     );
     let mut soft = softmax(rows, d.kv_len)?.dispatches.remove(0);
-    soft.binds = vec![
-        bind(1, "x", Operand::Scratch(0), false),
-        bind(4, "out", Operand::Scratch(1), true),
-    ];
+    for b in &mut soft.binds {
+        b.operand = Operand::Scratch(if b.writes { 1 } else { 0 });
+    }
     let sum = weighted_sum_dispatch(
         &d,
         Operand::Scratch(1),
         Operand::Arg(2),
         Operand::Arg(3),
-        s.out,
+        s.q,
     );
     Ok(Plan {
         dispatches: vec![scores, soft, sum],
@@ -924,20 +810,31 @@ mod tests {
         ] {
             let plan = binary(BinaryOp::Add, len).unwrap();
             let d = &plan.dispatches[0];
-            assert_eq!(p::<params::Elementwise>(d).len as usize, len);
-            assert!(d.total_threads() as usize >= len, "{len}");
+            // Lengths divisible by 4 run the vec4 kernel, a thread per vec4.
+            let (kernel, threads) = if len.is_multiple_of(4) {
+                (Kernel::Binary4, len / 4)
+            } else {
+                (Kernel::Binary, len)
+            };
+            assert_eq!(d.kernel, kernel);
+            assert_eq!(p::<params::Elementwise>(d).len as usize, threads);
+            assert!(d.total_threads() as usize >= threads, "{len}");
             // The kernel's linear index: gid.x + gid.y * nwg.x * 256. The last thread
-            // must reach len - 1, and no dimension may exceed 65535 groups.
+            // must reach threads - 1, and no dimension may exceed 65535 groups.
             let max_index = (d.groups[0] as u64 * 256 - 1)
                 + (d.groups[1] as u64 - 1) * d.groups[0] as u64 * 256;
-            assert!(max_index + 1 >= len as u64);
+            assert!(max_index + 1 >= threads as u64);
             assert!(d.groups.iter().all(|&g| g <= MAX_WORKGROUPS_PER_DIM));
-            assert_eq!(plan.needs.len(), 3);
+            assert_eq!(plan.needs.args.len(), 3);
         }
         assert!(unary(UnaryOp::Exp, 0).unwrap().dispatches.is_empty());
         assert!(matches!(
             unary(UnaryOp::Exp, 1 << 33),
             Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            matvec(usize::MAX, 2),
+            Err(Error::ShapeMismatch(_))
         ));
         assert_eq!(
             unary(UnaryOp::Gelu, 5).unwrap().dispatches[0].spec,
@@ -964,14 +861,8 @@ mod tests {
             (mp.a_stride, mp.b_stride, mp.c_stride),
             (65 * 7, 0, 65 * 129)
         );
-        assert_eq!(
-            plan.needs,
-            vec![
-                need(0, 3 * 65 * 7, "A"),
-                need(1, 7 * 129, "B"),
-                need(2, 3 * 65 * 129, "out")
-            ]
-        );
+        let lens: Vec<usize> = plan.needs.args.iter().map(|n| n.elems).collect();
+        assert_eq!(lens, vec![3 * 65 * 7, 7 * 129, 3 * 65 * 129]);
         let batched = matmul(MatmulDims {
             b_batched: true,
             ..d
@@ -1018,7 +909,7 @@ mod tests {
     }
 
     #[test]
-    fn long_reductions_take_two_passes() {
+    fn long_reductions_take_passes_of_one_chunk_rule() {
         let short = reduce(
             ReduceOp::Mean,
             ReduceDims {
@@ -1030,47 +921,74 @@ mod tests {
         .unwrap();
         assert_eq!(short.dispatches.len(), 1);
         assert_eq!(p::<params::Reduce>(&short.dispatches[0]).scale, 0.01);
-        let long = reduce(
-            ReduceOp::Mean,
-            ReduceDims {
-                outer: 3,
-                axis: 1_000_000,
-                inner: 1,
-            },
-        )
-        .unwrap();
-        assert_eq!(long.dispatches.len(), 2);
-        let (a, b): (params::Reduce, params::Reduce) =
-            (p(&long.dispatches[0]), p(&long.dispatches[1]));
-        assert_eq!(a.scale, 1.0, "the mean is scaled once, at the end");
-        assert_eq!(b.scale, 1e-6);
-        assert!(a.chunks as usize * a.chunk_len as usize >= 1_000_000);
-        assert!(
-            (a.chunks as usize - 1) * (a.chunk_len as usize) < 1_000_000,
-            "no empty chunk"
-        );
-        assert_eq!(long.scratch, vec![3 * a.chunks as usize]);
-        assert_eq!(b.axis, a.chunks);
-        assert_eq!(long.dispatches[1].binds[0].operand, Operand::Scratch(0));
-        let strided = reduce(
-            ReduceOp::Max,
-            ReduceDims {
-                outer: 2,
-                axis: 5,
-                inner: 3,
-            },
-        )
-        .unwrap();
-        assert_eq!(strided.dispatches[0].kernel, Kernel::ReduceStrided);
-        assert!(reduce(
-            ReduceOp::Sum,
-            ReduceDims {
-                outer: 1,
-                axis: 0,
-                inner: 1
+        // 10^6 → 62 partials → 1; 10^9 → 61,036 → 4 → 1.
+        let c = REDUCE_CHUNK;
+        for (axis, passes) in [(c, 1), (c + 1, 2), (1_000_000, 2), (1_000_000_000, 3)] {
+            let outer = if axis > 1_000_000 { 1 } else { 3 };
+            let plan = reduce(
+                ReduceOp::Mean,
+                ReduceDims {
+                    outer,
+                    axis,
+                    inner: 1,
+                },
+            )
+            .unwrap();
+            assert_eq!(plan.dispatches.len(), passes, "axis {axis}");
+            assert_eq!(plan.scratch.len(), passes - 1);
+            let ps: Vec<params::Reduce> = plan.dispatches.iter().map(p).collect();
+            let mut len = axis;
+            for (i, rp) in ps.iter().enumerate() {
+                let last = i + 1 == passes;
+                assert_eq!(rp.axis as usize, len);
+                assert!(rp.chunk_len as usize <= REDUCE_CHUNK);
+                assert!(rp.chunks as usize * rp.chunk_len as usize >= len);
+                assert!(
+                    (rp.chunks as usize - 1) * (rp.chunk_len as usize) < len,
+                    "no empty chunk"
+                );
+                assert_eq!(
+                    rp.scale,
+                    if last { 1.0 / axis as f32 } else { 1.0 },
+                    "scaled once"
+                );
+                if !last {
+                    assert_eq!(plan.scratch[i], outer * rp.chunks as usize);
+                    assert_eq!(plan.dispatches[i + 1].binds[0].operand, Operand::Scratch(i));
+                }
+                len = rp.chunks as usize;
             }
-        )
-        .is_err());
+            assert_eq!(len, 1);
+        }
+        let strided = |axis| {
+            reduce(
+                ReduceOp::Max,
+                ReduceDims {
+                    outer: 2,
+                    axis,
+                    inner: 3,
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(strided(5).dispatches.len(), 1);
+        assert_eq!(strided(5).dispatches[0].kernel, Kernel::ReduceStrided);
+        let long = strided(3000);
+        assert_eq!(long.dispatches.len(), 2);
+        assert_eq!(long.scratch, vec![2 * 3 * 3]);
+        let first: params::Reduce = p(&long.dispatches[0]);
+        assert_eq!((first.chunks, first.chunk_len), (3, STRIDED_CHUNK as u32));
+        assert!(matches!(
+            reduce(
+                ReduceOp::Sum,
+                ReduceDims {
+                    outer: 1,
+                    axis: 0,
+                    inner: 1
+                }
+            ),
+            Err(Error::ShapeMismatch(_))
+        ));
         let dp = dot(10_000_000).unwrap();
         assert_eq!(dp.dispatches.len(), 2);
         assert_eq!(dot(10).unwrap().dispatches.len(), 1);

@@ -14,17 +14,23 @@ use std::collections::BTreeSet;
 
 fn every_plan() -> Vec<(String, Plan)> {
     let mut v: Vec<(String, Plan)> = Vec::new();
-    for op in UnaryOp::ALL {
-        v.push((format!("unary {op:?}"), plan::unary(op, 1000).unwrap()));
+    // 1000 elements run the vec4 kernels, 1001 the scalar ones.
+    for len in [1000, 1001] {
+        for op in UnaryOp::ALL {
+            v.push((format!("unary {op:?} {len}"), plan::unary(op, len).unwrap()));
+        }
+        for op in BinaryOp::ALL {
+            v.push((
+                format!("binary {op:?} {len}"),
+                plan::binary(op, len).unwrap(),
+            ));
+            v.push((
+                format!("binary_scalar {op:?} {len}"),
+                plan::binary_scalar(op, 2.0, len).unwrap(),
+            ));
+        }
+        v.push((format!("swiglu {len}"), plan::swiglu(len).unwrap()));
     }
-    for op in BinaryOp::ALL {
-        v.push((format!("binary {op:?}"), plan::binary(op, 1000).unwrap()));
-        v.push((
-            format!("binary_scalar {op:?}"),
-            plan::binary_scalar(op, 2.0, 1000).unwrap(),
-        ));
-    }
-    v.push(("swiglu".into(), plan::swiglu(1000).unwrap()));
     v.push((
         "matmul".into(),
         plan::matmul(MatmulDims {
@@ -68,7 +74,7 @@ fn every_plan() -> Vec<(String, Plan)> {
                 op,
                 ReduceDims {
                     outer: 3,
-                    axis: 5,
+                    axis: 5000,
                     inner: 7,
                 },
             )
@@ -77,8 +83,13 @@ fn every_plan() -> Vec<(String, Plan)> {
     }
     v.push(("dot short".into(), plan::dot(100).unwrap()));
     v.push(("dot long".into(), plan::dot(1_000_000).unwrap()));
-    v.push(("softmax".into(), plan::softmax(4, 33).unwrap()));
-    v.push(("rms_norm".into(), plan::rms_norm(4, 33, 1e-5).unwrap()));
+    for cols in [33, 32] {
+        v.push((format!("softmax {cols}"), plan::softmax(4, cols).unwrap()));
+        v.push((
+            format!("rms_norm {cols}"),
+            plan::rms_norm(4, cols, 1e-5).unwrap(),
+        ));
+    }
     v.push(("layer_norm".into(), plan::layer_norm(4, 33, 1e-5).unwrap()));
     v.push((
         "rope".into(),
@@ -198,30 +209,12 @@ fn op_plans_bind_what_the_msl_expects() {
             }
         }
     }
-    // The vec4 variants are a WebGPU-side optimisation the Metal plans do not use yet;
-    // every other compute kernel must be reachable from some op plan.
-    let vec4 = [
-        Kernel::Unary4,
-        Kernel::Binary4,
-        Kernel::BinaryScalar4,
-        Kernel::Swiglu4,
-        Kernel::Softmax4,
-        Kernel::RmsNorm4,
-    ];
+    // Every compute kernel is reachable from some op plan (the vec4 variants included).
     let all: BTreeSet<Kernel> = Kernel::ALL
         .into_iter()
-        .filter(|k| !matches!(k, Kernel::Drain | Kernel::DrainSerial) && !vec4.contains(k))
+        .filter(|k| !matches!(k, Kernel::Drain | Kernel::DrainSerial))
         .collect();
-    assert_eq!(
-        seen, all,
-        "every scalar compute kernel is used by some op plan"
-    );
-    for k in vec4 {
-        assert!(
-            !seen.contains(&k),
-            "{k:?} is planned now: drop it from the vec4 list"
-        );
-    }
+    assert_eq!(seen, all, "every compute kernel is used by some op plan");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! [`MetalCompute`]: the compute ops on Metal.
 //!
-//! Each op becomes a [`Plan`] (platform-independent, tested on
-//! Linux), whose dispatches are recorded into the current command buffer; consecutive
+//! Each op becomes a [`Plan`](ringkernel_drain::plan::Plan) of the shared planner (the
+//! plans the WebGPU backend runs in CI), executed through [`PlanDevice`]: dispatches
+//! are recorded into the current command buffer; consecutive
 //! ops share one compute encoder, and the command buffer is committed when the host
 //! needs results (`read`, `synchronize`, a host `write`) or after
 //! [`MAX_DISPATCHES_PER_BATCH`] dispatches. Buffers are `StorageModeShared`: on unified
@@ -18,17 +19,17 @@
 
 use crate::sys::{CommandBatch, MetalAllocator, MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::compute::{
-    check_len, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer,
-    MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, downcast, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
 };
+use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::plan::{self, Operand, Plan};
+use ringkernel_drain::exec::{self, At, PlanDevice, Step};
+use ringkernel_drain::plan::{self, PARAMS_BINDING};
 use ringkernel_drain::pool::{BufferPool, PoolConfig, PoolStats, Pooled};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::{Kernel, Specialization};
-use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// Dispatches recorded into one command buffer before it is committed without waiting.
 pub const MAX_DISPATCHES_PER_BATCH: usize = 64;
@@ -47,17 +48,7 @@ impl MetalTensor {
     }
 }
 
-impl DeviceBuffer for MetalTensor {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Metal
-    }
-}
+ringkernel_core::impl_device_buffer!(MetalTensor, BackendKind::Metal);
 
 #[derive(Default)]
 struct Pending {
@@ -96,10 +87,6 @@ impl std::fmt::Debug for MetalCompute {
             .field("pool", &self.pool.stats())
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl MetalCompute {
@@ -181,10 +168,6 @@ impl MetalCompute {
         Ok(self.pipeline(kernel, spec)?.pipeline.limits())
     }
 
-    fn tensor<'a>(&self, b: &'a dyn DeviceBuffer) -> Result<&'a MetalTensor> {
-        downcast::<MetalTensor>(b, BackendKind::Metal)
-    }
-
     fn new_tensor(&self, len: usize) -> Result<MetalTensor> {
         let bytes = len
             .checked_mul(4)
@@ -195,72 +178,19 @@ impl MetalCompute {
         })
     }
 
-    /// Runs `plan` on `args` (in the op's argument order).
-    fn run(&self, plan: Plan, args: &[&dyn DeviceBuffer]) -> Result<()> {
-        let tensors = args
-            .iter()
-            .map(|a| self.tensor(*a))
-            .collect::<Result<Vec<_>>>()?;
-        for n in &plan.needs {
-            let t = tensors.get(n.arg).ok_or_else(|| {
-                Error::invalid(format!("plan refers to missing argument {}", n.arg))
-            })?;
-            check_len(*t, n.elems, n.what)?;
-        }
-        if plan.dispatches.is_empty() {
-            return Ok(());
-        }
-        let scratch = plan
-            .scratch
-            .iter()
-            .map(|&n| self.new_tensor(n))
-            .collect::<Result<Vec<_>>>()?;
-        let pipelines = plan
-            .dispatches
-            .iter()
-            .map(|d| self.pipeline(d.kernel, &d.spec))
-            .collect::<Result<Vec<_>>>()?;
-        let mut pending = lock(&self.pending);
-        for (d, pipe) in plan.dispatches.iter().zip(&pipelines) {
-            let mut binds: Vec<(u32, &MetalBuffer, usize)> = Vec::with_capacity(d.binds.len());
-            let mut lens: Vec<(u32, usize)> = Vec::with_capacity(d.binds.len());
-            for b in &d.binds {
-                let t: &MetalTensor = match b.operand {
-                    Operand::Arg(i) => tensors.get(i).copied(),
-                    Operand::Scratch(i) => scratch.get(i),
-                }
-                .ok_or_else(|| {
-                    Error::invalid(format!("plan binds a missing operand {:?}", b.operand))
-                })?;
-                binds.push((b.index(), t.buffer(), 0));
-                lens.push((b.binding, t.len * 4));
-            }
-            let sizes = match &pipe.sizes {
-                Some((index, order)) => Some((
-                    *index,
-                    plan::buffer_sizes(order, |b| {
-                        lens.iter().find(|(x, _)| *x == b).map(|(_, n)| *n)
-                    })?,
-                )),
-                None => None,
-            };
-            let mut inline: Vec<(u32, &[u8])> = vec![(plan::PARAMS_BINDING, &d.params)];
-            if let Some((index, bytes)) = &sizes {
-                inline.push((*index, bytes));
-            }
-            if pending.batch.is_none() {
-                pending.batch = Some(self.device.batch()?);
-            }
-            let batch = pending
-                .batch
-                .as_mut()
-                .ok_or_else(|| crate::device_err("no command buffer"))?;
-            batch.dispatch(&pipe.pipeline, &binds, &inline, d.groups, d.threads())?;
-            pending.dispatches += 1;
+    /// The open command buffer of `pending`, begun if there is none.
+    fn open<'a>(&self, pending: &'a mut Pending) -> Result<&'a mut CommandBatch> {
+        if pending.batch.is_none() {
+            pending.batch = Some(self.device.batch()?);
         }
         pending
-            .keep_alive
-            .extend(scratch.into_iter().map(|t| t.buf));
+            .batch
+            .as_mut()
+            .ok_or_else(|| crate::device_err("no command buffer"))
+    }
+
+    /// Commits the open command buffer without waiting once it holds enough work.
+    fn maybe_commit(pending: &mut Pending) {
         if pending.dispatches >= MAX_DISPATCHES_PER_BATCH {
             if let Some(b) = pending.batch.take() {
                 b.commit(None);
@@ -268,7 +198,6 @@ impl MetalCompute {
                 pending.dispatches = 0;
             }
         }
-        Ok(())
     }
 
     /// Commits recorded work and waits for everything committed so far.
@@ -289,15 +218,80 @@ impl MetalCompute {
         pending.keep_alive.clear();
         result
     }
+}
 
-    fn range(t: &MetalTensor, offset: usize, n: usize, what: &str) -> Result<()> {
-        match offset.checked_add(n) {
-            Some(end) if end <= t.len => Ok(()),
-            _ => Err(Error::shape(format!(
-                "{what}: elements {offset}..{offset}+{n} outside a buffer of {}",
-                t.len
-            ))),
+impl PlanDevice for MetalCompute {
+    type Buffer = MetalTensor;
+
+    fn buffer<'a>(&self, b: &'a dyn DeviceBuffer) -> Result<&'a MetalTensor> {
+        downcast::<MetalTensor>(b, BackendKind::Metal)
+    }
+
+    fn scratch(&self, len: usize) -> Result<MetalTensor> {
+        self.new_tensor(len)
+    }
+
+    fn record(&self, steps: &[Step<'_, MetalTensor>]) -> Result<()> {
+        // Compiled (or found) before the command buffer is locked.
+        let pipelines = steps
+            .iter()
+            .map(|s| self.pipeline(s.dispatch.kernel, &s.dispatch.spec))
+            .collect::<Result<Vec<_>>>()?;
+        let mut pending = lock(&self.pending);
+        for (s, pipe) in steps.iter().zip(&pipelines) {
+            let d = s.dispatch;
+            let binds: Vec<(u32, &MetalBuffer, usize)> = s
+                .buffers
+                .iter()
+                .map(|(b, t)| (b.index(), t.buffer(), 0))
+                .collect();
+            let sizes = match &pipe.sizes {
+                Some((index, order)) => Some((*index, s.buffer_sizes(order)?)),
+                None => None,
+            };
+            let mut inline: Vec<(u32, &[u8])> = vec![(PARAMS_BINDING, &d.params)];
+            if let Some((index, bytes)) = &sizes {
+                inline.push((*index, bytes));
+            }
+            let batch = self.open(&mut pending)?;
+            batch.dispatch(&pipe.pipeline, &binds, &inline, d.groups, d.threads())?;
+            pending.dispatches += 1;
         }
+        Self::maybe_commit(&mut pending);
+        Ok(())
+    }
+
+    fn retire(&self, scratch: Vec<MetalTensor>) {
+        // Metal does not retain buffers for the GPU: keep them until the next wait.
+        lock(&self.pending)
+            .keep_alive
+            .extend(scratch.into_iter().map(|t| t.buf));
+    }
+
+    fn copy_elems(&self, s: At<MetalTensor>, d: At<MetalTensor>, n: usize) -> Result<()> {
+        let mut pending = lock(&self.pending);
+        let batch = self.open(&mut pending)?;
+        batch.copy(s.0.buffer(), s.1 * 4, d.0.buffer(), d.1 * 4, n * 4)
+    }
+
+    fn run_matmul(&self, dims: MatmulDims, args: [&dyn DeviceBuffer; 3]) -> Result<()> {
+        let plan = plan::matmul(dims)?;
+        if !(self.mps && plan::prefer_mps(dims)) {
+            return exec::run(self, &plan, &args);
+        }
+        let t = exec::prepare(self, &plan, &args)?;
+        let mut pending = lock(&self.pending);
+        let batch = self.open(&mut pending)?;
+        batch.matmul_mps(
+            &self.device,
+            t[0].buffer(),
+            t[1].buffer(),
+            t[2].buffer(),
+            dims,
+        )?;
+        pending.dispatches += 1;
+        Self::maybe_commit(&mut pending);
+        Ok(())
     }
 }
 
@@ -321,8 +315,8 @@ impl ComputeBackend for MetalCompute {
     }
 
     fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
-        let t = self.tensor(buf)?;
-        Self::range(t, offset, data.len(), "write")?;
+        let t = self.buffer(buf)?;
+        checks::range(buf, offset, data.len(), "write")?;
         // Queued GPU work may still read this buffer: let it finish first.
         self.wait_all()?;
         t.buffer()
@@ -330,214 +324,16 @@ impl ComputeBackend for MetalCompute {
     }
 
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
-        let t = self.tensor(buf)?;
-        Self::range(t, offset, out.len(), "read")?;
+        let t = self.buffer(buf)?;
+        checks::range(buf, offset, out.len(), "read")?;
         self.wait_all()?;
         t.buffer()
             .read_bytes(offset * 4, bytemuck::cast_slice_mut(out))
-    }
-
-    fn copy(
-        &self,
-        src: &dyn DeviceBuffer,
-        src_offset: usize,
-        dst: &dyn DeviceBuffer,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        let (s, d) = (self.tensor(src)?, self.tensor(dst)?);
-        Self::range(s, src_offset, len, "copy source")?;
-        Self::range(d, dst_offset, len, "copy destination")?;
-        if std::ptr::eq(s, d) && src_offset < dst_offset + len && dst_offset < src_offset + len {
-            return Err(Error::invalid(
-                "copy between overlapping ranges of one buffer",
-            ));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        let mut pending = lock(&self.pending);
-        if pending.batch.is_none() {
-            pending.batch = Some(self.device.batch()?);
-        }
-        let batch = pending
-            .batch
-            .as_mut()
-            .ok_or_else(|| crate::device_err("no command buffer"))?;
-        batch.copy(
-            s.buffer(),
-            src_offset * 4,
-            d.buffer(),
-            dst_offset * 4,
-            len * 4,
-        )
     }
 
     fn synchronize(&self) -> Result<()> {
         self.wait_all()
     }
 
-    fn unary(
-        &self,
-        op: UnaryOp,
-        x: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        len: usize,
-    ) -> Result<()> {
-        self.run(plan::unary(op, len)?, &[x, out])
-    }
-    fn binary(
-        &self,
-        op: BinaryOp,
-        a: &dyn DeviceBuffer,
-        b: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        len: usize,
-    ) -> Result<()> {
-        self.run(plan::binary(op, len)?, &[a, b, out])
-    }
-    fn binary_scalar(
-        &self,
-        op: BinaryOp,
-        a: &dyn DeviceBuffer,
-        s: f32,
-        out: &dyn DeviceBuffer,
-        len: usize,
-    ) -> Result<()> {
-        self.run(plan::binary_scalar(op, s, len)?, &[a, out])
-    }
-    fn matmul(
-        &self,
-        a: &dyn DeviceBuffer,
-        b: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: MatmulDims,
-    ) -> Result<()> {
-        let plan = plan::matmul(dims)?;
-        if self.mps && plan::prefer_mps(dims) {
-            let (ta, tb, tc) = (self.tensor(a)?, self.tensor(b)?, self.tensor(out)?);
-            let ts = [ta, tb, tc];
-            for n in &plan.needs {
-                check_len(ts[n.arg], n.elems, n.what)?;
-            }
-            let mut pending = lock(&self.pending);
-            if pending.batch.is_none() {
-                pending.batch = Some(self.device.batch()?);
-            }
-            let batch = pending
-                .batch
-                .as_mut()
-                .ok_or_else(|| crate::device_err("no command buffer"))?;
-            batch.matmul_mps(&self.device, ta.buffer(), tb.buffer(), tc.buffer(), dims)?;
-            pending.dispatches += 1;
-            return Ok(());
-        }
-        self.run(plan, &[a, b, out])
-    }
-    fn matvec(
-        &self,
-        a: &dyn DeviceBuffer,
-        x: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        m: usize,
-        k: usize,
-    ) -> Result<()> {
-        self.run(plan::matvec(m, k)?, &[a, x, out])
-    }
-    fn dot(
-        &self,
-        a: &dyn DeviceBuffer,
-        b: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        len: usize,
-    ) -> Result<()> {
-        self.run(plan::dot(len)?, &[a, b, out])
-    }
-    fn reduce(
-        &self,
-        op: ReduceOp,
-        x: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: ReduceDims,
-    ) -> Result<()> {
-        self.run(plan::reduce(op, dims)?, &[x, out])
-    }
-    fn softmax(
-        &self,
-        x: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        self.run(plan::softmax(rows, cols)?, &[x, out])
-    }
-    fn rms_norm(
-        &self,
-        x: &dyn DeviceBuffer,
-        weight: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.run(plan::rms_norm(rows, cols, eps)?, &[x, weight, out])
-    }
-    fn layer_norm(
-        &self,
-        x: &dyn DeviceBuffer,
-        weight: &dyn DeviceBuffer,
-        bias: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-    ) -> Result<()> {
-        self.run(plan::layer_norm(rows, cols, eps)?, &[x, weight, bias, out])
-    }
-    fn rope(
-        &self,
-        x: &dyn DeviceBuffer,
-        positions: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: RopeDims,
-    ) -> Result<()> {
-        self.run(plan::rope(dims)?, &[x, positions, out])
-    }
-    fn attention_scores(
-        &self,
-        q: &dyn DeviceBuffer,
-        k: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: AttentionDims,
-    ) -> Result<()> {
-        self.run(plan::attention_scores(dims)?, &[q, k, out])
-    }
-    fn attention_weighted_sum(
-        &self,
-        p: &dyn DeviceBuffer,
-        v: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: AttentionDims,
-    ) -> Result<()> {
-        self.run(plan::attention_weighted_sum(dims)?, &[p, v, out])
-    }
-    fn attention(
-        &self,
-        q: &dyn DeviceBuffer,
-        k: &dyn DeviceBuffer,
-        v: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: AttentionDims,
-    ) -> Result<()> {
-        self.run(plan::attention(dims)?, &[q, k, v, out])
-    }
-    fn swiglu(
-        &self,
-        gate: &dyn DeviceBuffer,
-        up: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        len: usize,
-    ) -> Result<()> {
-        self.run(plan::swiglu(len)?, &[gate, up, out])
-    }
+    ringkernel_drain::planned_ops!();
 }

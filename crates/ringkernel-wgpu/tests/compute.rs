@@ -3,7 +3,8 @@
 //! errors). Set RINGKERNEL_WGPU_TEST_ADAPTER=hardware to run them on a GPU instead.
 
 use ringkernel_core::compute::{
-    reference, testkit, BinaryOp, ComputeBackend, MatmulDims, ReduceDims, ReduceOp, UnaryOp,
+    reference, testkit, AttentionDims, BinaryOp, ComputeBackend, MatmulDims, ReduceDims, ReduceOp,
+    UnaryOp,
 };
 use ringkernel_core::util::{rel_error, SplitMix64};
 use ringkernel_core::Error;
@@ -60,7 +61,7 @@ fn large_elementwise_dispatch_covers_every_element() {
 }
 
 #[test]
-fn long_reduction_uses_two_passes_and_is_accurate() {
+fn long_reduction_takes_passes_and_is_accurate() {
     let g = gpu();
     let n = 1_000_003;
     let mut rng = SplitMix64::from_entropy();
@@ -206,7 +207,7 @@ fn bad_calls_are_typed_errors() {
                 inner: 1
             }
         ),
-        Err(Error::InvalidArgument(_))
+        Err(Error::ShapeMismatch(_))
     ));
     let mut out = [0.0; 9];
     assert!(matches!(
@@ -298,4 +299,55 @@ fn vec4_row_kernels_match_reference() {
         );
         assert!(e < 1e-5, "rms_norm {rows}x{cols}: {e}");
     }
+}
+
+/// Sizes whose products overflow `usize` are `ShapeMismatch` (checked once in core,
+/// never wrapped into a small dispatch); sizes that fit `usize` but not the kernels'
+/// 32-bit indices are `InvalidArgument`.
+#[test]
+fn overflowing_sizes_are_errors_not_wraps() {
+    let g = gpu();
+    let b = g.upload(&[1.0; 16]).unwrap();
+    let o = g.alloc(16).unwrap();
+    let h = usize::MAX / 2 + 1;
+    let shape = |r: ringkernel_core::Result<()>| matches!(r, Err(Error::ShapeMismatch(_)));
+    let mm = MatmulDims {
+        batch: 1 << 16,
+        m: 1 << 16,
+        k: 1 << 16,
+        n: 1 << 16,
+        b_batched: true,
+    };
+    assert!(shape(g.matmul(&*b, &*b, &*o, mm)));
+    assert!(shape(g.matvec(&*b, &*b, &*o, h, 2)));
+    let rd = ReduceDims {
+        outer: 2,
+        axis: h,
+        inner: 1,
+    };
+    assert!(shape(g.reduce(ReduceOp::Sum, &*b, &*o, rd)));
+    assert!(shape(g.softmax(&*b, &*o, h, 4)));
+    let ad = AttentionDims {
+        batch_heads: 3,
+        q_len: h,
+        kv_len: 4,
+        kv_stride: 4,
+        head_dim: 8,
+        scale: 0.5,
+        causal: true,
+        q_offset: 1,
+    };
+    assert!(shape(g.attention(&*b, &*b, &*b, &*o, ad)));
+    // 2^40 elements fit usize but not the kernels' u32 indices: the planner refuses it.
+    let r = g.reduce(
+        ReduceOp::Sum,
+        &*b,
+        &*o,
+        ReduceDims {
+            outer: 1 << 20,
+            axis: 1 << 20,
+            inner: 1,
+        },
+    );
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
 }

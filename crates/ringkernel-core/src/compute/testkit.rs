@@ -278,7 +278,8 @@ family!(
     check_linear => linear
 );
 family!(
-    /// dot, and every reduction over the whole tensor and along an axis.
+    /// dot, and every reduction over the whole tensor and along an axis, including
+    /// sums of 10,000,000 elements.
     check_reductions => reductions
 );
 family!(
@@ -299,6 +300,10 @@ family!(
     /// reduction axis is an error.
     check_errors => errors
 );
+
+/// Relative error allowed for a sum of 10,000,000 × 0.1f32 (0.2 on 1,000,000: three f32
+/// steps; an f32 running sum is off by 16).
+const LONG_SUM_TOLERANCE: f64 = 2e-7;
 
 /// Elements after every output that must stay NaN.
 const GUARD: usize = 3;
@@ -643,6 +648,34 @@ impl<'a> Kit<'a> {
                     },
                 );
             }
+        }
+        self.long_sums();
+    }
+
+    /// 10,000,000 × 0.1f32: an f32 running sum drifts to about 1,000,016; the exact sum
+    /// is 1,000,000.015. Whole tensor, long rows and a long strided axis, sum and mean.
+    fn long_sums(&mut self) {
+        const N: usize = 10_000_000;
+        let x = vec![0.1f32; N];
+        for (op, dims) in [
+            (ReduceOp::Sum, (1, N, 1)),
+            (ReduceOp::Mean, (2, N / 2, 1)),
+            (ReduceOp::Sum, (1, N / 2, 2)),
+        ] {
+            let (outer, axis, inner) = dims;
+            let dims = ReduceDims { outer, axis, inner };
+            let r = reference::reduce(op, &x, dims);
+            self.numeric(
+                &format!("reduce {}", op.name()),
+                &format!("long: 0.1 × outer={outer} axis={axis} inner={inner}"),
+                LONG_SUM_TOLERANCE,
+                &r,
+                |k| {
+                    k.run_unary_shape(&[&x], outer * inner, |bb, out| {
+                        k.b.reduce(op, &*bb[0], out, dims)
+                    })
+                },
+            );
         }
     }
 

@@ -2,7 +2,6 @@
 
 use ringkernel_core::compute::{downcast, DeviceBuffer};
 use ringkernel_core::{BackendKind, Error, Result};
-use std::any::Any;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// An f32 buffer in host memory, owned by the CPU backend.
@@ -68,17 +67,7 @@ impl CpuBuffer {
     }
 }
 
-impl DeviceBuffer for CpuBuffer {
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn backend(&self) -> BackendKind {
-        BackendKind::Cpu
-    }
-}
+ringkernel_core::impl_device_buffer!(CpuBuffer, BackendKind::Cpu);
 
 /// An empty vector with room for `len` elements; large ones are backed by transparent
 /// huge pages where the OS offers them (as numpy does), which saves TLB misses when an

@@ -219,10 +219,27 @@ fn fold_lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 multiversion! {
+    /// Σ x accumulated in f64 lanes: a long sum of f32 values keeps f32 precision (an
+    /// f32 accumulator drifts by parts per million over millions of elements).
+    fn sum(x: &[f32]) -> f64 {
+        const L: usize = 8;
+        let mut acc = [0.0f64; L];
+        let chunks = x.chunks_exact(L);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for i in 0..L {
+                acc[i] += c[i] as f64;
+            }
+        }
+        acc.iter().sum::<f64>() + rem.iter().map(|&v| v as f64).sum::<f64>()
+    }
+}
+
+multiversion! {
     /// Σ x, Max x or Min x of a slice (`Mean` gives the sum; the caller divides).
     fn reduce_slice(op: ReduceOp, x: &[f32]) -> f32 {
         match op {
-            ReduceOp::Sum | ReduceOp::Mean => fold_lanes(x, 0.0, |a, b| a + b),
+            ReduceOp::Sum | ReduceOp::Mean => sum(x) as f32,
             ReduceOp::Max => fold_lanes(x, f32::NEG_INFINITY, f32::max),
             ReduceOp::Min => fold_lanes(x, f32::INFINITY, f32::min),
         }
@@ -230,7 +247,17 @@ multiversion! {
 }
 
 multiversion! {
-    /// `acc[i] = op(acc[i], x[i])` (`Mean` accumulates sums).
+    /// `acc[i] += x[i]`, in f64 (see [`sum`]).
+    fn add_into(acc: &mut [f64], x: &[f32]) {
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += v as f64;
+        }
+    }
+}
+
+multiversion! {
+    /// `acc[i] = op(acc[i], x[i])` (`Mean` accumulates sums; long sums should use
+    /// [`add_into`]).
     fn reduce_into(op: ReduceOp, acc: &mut [f32], x: &[f32]) {
         match op {
             ReduceOp::Sum | ReduceOp::Mean => {

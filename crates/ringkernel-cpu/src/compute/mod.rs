@@ -28,7 +28,7 @@ pub use buffer::CpuBuffer;
 use buffer::{cpu, lock};
 use rayon::prelude::*;
 use ringkernel_core::compute::{
-    check_len, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+    checks, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
     ReduceDims, ReduceOp, RopeDims, UnaryOp,
 };
 use ringkernel_core::{BackendKind, Error, Result};
@@ -106,13 +106,6 @@ impl CpuCompute {
             None => f(),
         }
     }
-}
-
-/// `∏ dims`, or [`Error::ShapeMismatch`] when it overflows `usize`.
-fn prod(dims: &[usize], what: &str) -> Result<usize> {
-    dims.iter()
-        .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or_else(|| Error::shape(format!("{what}: element count of {dims:?} overflows")))
 }
 
 /// Applies `f` to matching chunks of `x` and `out`, in parallel when large. (The
@@ -210,21 +203,15 @@ impl ComputeBackend for CpuCompute {
 
     fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
         let b = cpu(buf)?;
-        let end = offset
-            .checked_add(data.len())
-            .ok_or_else(|| Error::shape("write: offset overflows"))?;
-        check_len(buf, end, "write")?;
-        b.write()[offset..end].copy_from_slice(data);
+        checks::range(buf, offset, data.len(), "write")?;
+        b.write()[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
 
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
         let b = cpu(buf)?;
-        let end = offset
-            .checked_add(out.len())
-            .ok_or_else(|| Error::shape("read: offset overflows"))?;
-        check_len(buf, end, "read")?;
-        out.copy_from_slice(&b.read()[offset..end]);
+        checks::range(buf, offset, out.len(), "read")?;
+        out.copy_from_slice(&b.read()[offset..offset + out.len()]);
         Ok(())
     }
 
@@ -237,20 +224,9 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (s, d) = (cpu(src)?, cpu(dst)?);
-        let s_end = src_offset
-            .checked_add(len)
-            .ok_or_else(|| Error::shape("copy: offset overflows"))?;
-        let d_end = dst_offset
-            .checked_add(len)
-            .ok_or_else(|| Error::shape("copy: offset overflows"))?;
-        check_len(src, s_end, "copy source")?;
-        check_len(dst, d_end, "copy destination")?;
+        checks::copy((src, src_offset), (dst, dst_offset), len)?;
+        let (s_end, d_end) = (src_offset + len, dst_offset + len);
         if std::ptr::eq(s, d) {
-            if src_offset < d_end && dst_offset < s_end && len > 0 {
-                return Err(Error::invalid(format!(
-                    "copy within one buffer: ranges {src_offset}..{s_end} and {dst_offset}..{d_end} overlap"
-                )));
-            }
             d.write().copy_within(src_offset..s_end, dst_offset);
         } else {
             let mut l = lock(&[s], d)?;
@@ -272,8 +248,7 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (xb, ob) = (cpu(x)?, cpu(out)?);
-        check_len(x, len, "unary input")?;
-        check_len(out, len, "unary output")?;
+        checks::unary(len).check(&[x, out])?;
         let mut l = lock(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..len], &mut o[..len]);
@@ -290,9 +265,7 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
-        check_len(a, len, "binary lhs")?;
-        check_len(b, len, "binary rhs")?;
-        check_len(out, len, "binary output")?;
+        checks::binary(len).check(&[a, b, out])?;
         let mut l = lock(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
@@ -309,8 +282,7 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, ob) = (cpu(a)?, cpu(out)?);
-        check_len(a, len, "binary_scalar input")?;
-        check_len(out, len, "binary_scalar output")?;
+        checks::binary_scalar(len).check(&[a, out])?;
         let mut l = lock(&[ab], ob)?;
         let (ins, o) = l.parts();
         let (a, o) = (&ins[0][..len], &mut o[..len]);
@@ -333,13 +305,10 @@ impl ComputeBackend for CpuCompute {
             b_batched,
         } = dims;
         let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
-        let a_len = prod(&[batch, m, k], "matmul lhs")?;
-        let b_len = prod(&[if b_batched { batch } else { 1 }, k, n], "matmul rhs")?;
-        let o_len = prod(&[batch, m, n], "matmul output")?;
-        let flops = prod(&[batch, m, n, k], "matmul")?;
-        check_len(a, a_len, "matmul lhs")?;
-        check_len(b, b_len, "matmul rhs")?;
-        check_len(out, o_len, "matmul output")?;
+        let needs = checks::matmul(dims)?;
+        needs.check(&[a, b, out])?;
+        let (a_len, b_len, o_len) = (needs.elems(0), needs.elems(1), needs.elems(2));
+        let flops = checks::product(&[batch, m, n, k], "matmul")?;
         let mut l = lock(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b, o) = (&ins[0][..a_len], &ins[1][..b_len], &mut o[..o_len]);
@@ -417,10 +386,9 @@ impl ComputeBackend for CpuCompute {
         k: usize,
     ) -> Result<()> {
         let (ab, xb, ob) = (cpu(a)?, cpu(x)?, cpu(out)?);
-        let a_len = prod(&[m, k], "matvec matrix")?;
-        check_len(a, a_len, "matvec matrix")?;
-        check_len(x, k, "matvec vector")?;
-        check_len(out, m, "matvec output")?;
+        let needs = checks::matvec(m, k)?;
+        needs.check(&[a, x, out])?;
+        let a_len = needs.elems(0);
         let mut l = lock(&[ab, xb], ob)?;
         let (ins, o) = l.parts();
         let (a, x, o) = (&ins[0][..a_len], &ins[1][..k], &mut o[..m]);
@@ -444,9 +412,7 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
-        check_len(a, len, "dot lhs")?;
-        check_len(b, len, "dot rhs")?;
-        check_len(out, 1, "dot output")?;
+        checks::dot(len).check(&[a, b, out])?;
         let mut l = lock(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b) = (&ins[0][..len], &ins[1][..len]);
@@ -472,16 +438,9 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let ReduceDims { outer, axis, inner } = dims;
         let (xb, ob) = (cpu(x)?, cpu(out)?);
-        if axis == 0 {
-            return Err(Error::shape(format!(
-                "reduce {}: the reduced axis is empty",
-                op.name()
-            )));
-        }
-        let x_len = prod(&[outer, axis, inner], "reduce input")?;
-        let o_len = prod(&[outer, inner], "reduce output")?;
-        check_len(x, x_len, "reduce input")?;
-        check_len(out, o_len, "reduce output")?;
+        let needs = checks::reduce(dims)?;
+        needs.check(&[x, out])?;
+        let (x_len, o_len) = (needs.elems(0), needs.elems(1));
         let mut l = lock(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..x_len], &mut o[..o_len]);
@@ -496,15 +455,17 @@ impl ComputeBackend for CpuCompute {
             if inner == 1 {
                 if outer == 1 && x_len >= PAR_MIN {
                     // one long row: partial results per chunk, combined in f64
-                    let parts: Vec<f32> = x
-                        .par_chunks(CHUNK)
-                        .map(|c| kernels::reduce_slice(op, c))
-                        .collect();
                     let v = match op {
                         ReduceOp::Sum | ReduceOp::Mean => {
-                            parts.iter().map(|&p| p as f64).sum::<f64>() as f32
+                            x.par_chunks(CHUNK).map(kernels::sum).sum::<f64>() as f32
                         }
-                        _ => kernels::reduce_slice(op, &parts),
+                        _ => {
+                            let parts: Vec<f32> = x
+                                .par_chunks(CHUNK)
+                                .map(|c| kernels::reduce_slice(op, c))
+                                .collect();
+                            kernels::reduce_slice(op, &parts)
+                        }
                     };
                     o[0] = finish(v);
                 } else {
@@ -522,13 +483,27 @@ impl ComputeBackend for CpuCompute {
                     let c0 = bi * block;
                     let w = ob.len();
                     let base = oi * axis * inner;
+                    if matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                        // f64 accumulators: a long axis keeps f32 precision
+                        let mut acc = vec![0.0f64; w];
+                        for a in 0..axis {
+                            let r = base + a * inner + c0;
+                            kernels::add_into(&mut acc, &x[r..r + w]);
+                        }
+                        let div = if op == ReduceOp::Mean {
+                            axis as f64
+                        } else {
+                            1.0
+                        };
+                        for (o, a) in ob.iter_mut().zip(acc) {
+                            *o = (a / div) as f32;
+                        }
+                        return;
+                    }
                     ob.copy_from_slice(&x[base + c0..base + c0 + w]);
                     for a in 1..axis {
                         let r = base + a * inner + c0;
                         kernels::reduce_into(op, ob, &x[r..r + w]);
-                    }
-                    if op == ReduceOp::Mean {
-                        ob.iter_mut().for_each(|v| *v /= axis as f32);
                     }
                 };
                 // one task per (outer row, column block); the last block of a row may be short
@@ -554,9 +529,9 @@ impl ComputeBackend for CpuCompute {
         cols: usize,
     ) -> Result<()> {
         let (xb, ob) = (cpu(x)?, cpu(out)?);
-        let n = prod(&[rows, cols], "softmax")?;
-        check_len(x, n, "softmax input")?;
-        check_len(out, n, "softmax output")?;
+        let needs = checks::softmax(rows, cols)?;
+        needs.check(&[x, out])?;
+        let n = needs.elems(0);
         let mut l = lock(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..n], &mut o[..n]);
@@ -581,10 +556,9 @@ impl ComputeBackend for CpuCompute {
         eps: f32,
     ) -> Result<()> {
         let (xb, wb, ob) = (cpu(x)?, cpu(weight)?, cpu(out)?);
-        let n = prod(&[rows, cols], "rms_norm")?;
-        check_len(x, n, "rms_norm input")?;
-        check_len(weight, cols, "rms_norm weight")?;
-        check_len(out, n, "rms_norm output")?;
+        let needs = checks::rms_norm(rows, cols)?;
+        needs.check(&[x, weight, out])?;
+        let n = needs.elems(0);
         let mut l = lock(&[xb, wb], ob)?;
         let (ins, o) = l.parts();
         let (x, w, o) = (&ins[0][..n], &ins[1][..cols], &mut o[..n]);
@@ -610,11 +584,9 @@ impl ComputeBackend for CpuCompute {
         eps: f32,
     ) -> Result<()> {
         let (xb, wb, bb, ob) = (cpu(x)?, cpu(weight)?, cpu(bias)?, cpu(out)?);
-        let n = prod(&[rows, cols], "layer_norm")?;
-        check_len(x, n, "layer_norm input")?;
-        check_len(weight, cols, "layer_norm weight")?;
-        check_len(bias, cols, "layer_norm bias")?;
-        check_len(out, n, "layer_norm output")?;
+        let needs = checks::layer_norm(rows, cols)?;
+        needs.check(&[x, weight, bias, out])?;
+        let n = needs.elems(0);
         let mut l = lock(&[xb, wb, bb], ob)?;
         let (ins, o) = l.parts();
         let (x, w, b, o) = (&ins[0][..n], &ins[1][..cols], &ins[2][..cols], &mut o[..n]);
@@ -643,15 +615,9 @@ impl ComputeBackend for CpuCompute {
             base,
         } = dims;
         let (xb, pb, ob) = (cpu(x)?, cpu(positions)?, cpu(out)?);
-        if head_dim % 2 != 0 {
-            return Err(Error::shape(format!(
-                "rope: head_dim must be even, got {head_dim}"
-            )));
-        }
-        let n = prod(&[seq, heads, head_dim], "rope")?;
-        check_len(x, n, "rope input")?;
-        check_len(positions, seq, "rope positions")?;
-        check_len(out, n, "rope output")?;
+        let needs = checks::rope(dims)?;
+        needs.check(&[x, positions, out])?;
+        let n = needs.elems(0);
         let mut l = lock(&[xb, pb], ob)?;
         let (ins, o) = l.parts();
         let (x, pos, o) = (&ins[0][..n], &ins[1][..seq], &mut o[..n]);
@@ -694,10 +660,8 @@ impl ComputeBackend for CpuCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (qb, kb, ob) = (cpu(q)?, cpu(k)?, cpu(out)?);
-        let s = attention_sizes(&dims)?;
-        check_len(q, s.q, "attention_scores q")?;
-        check_len(k, s.kv, "attention_scores k")?;
-        check_len(out, s.scores, "attention_scores output")?;
+        checks::attention_scores(&dims)?.check(&[q, k, out])?;
+        let s = checks::attention_sizes(&dims)?;
         let mut l = lock(&[qb, kb], ob)?;
         let (ins, o) = l.parts();
         let (q, k, o) = (&ins[0][..s.q], &ins[1][..s.kv], &mut o[..s.scores]);
@@ -710,7 +674,7 @@ impl ComputeBackend for CpuCompute {
             ..
         } = dims;
         self.run(|| {
-            par_rows(o, kv_len, s.scores * d, |r, o| {
+            par_rows(o, kv_len, s.scores.saturating_mul(d), |r, o| {
                 let (b, i) = (r / q_len, r % q_len);
                 let vis = visible(&dims, i);
                 let qr = &q[r * d..(r + 1) * d];
@@ -730,10 +694,8 @@ impl ComputeBackend for CpuCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (pb, vb, ob) = (cpu(p)?, cpu(v)?, cpu(out)?);
-        let s = attention_sizes(&dims)?;
-        check_len(p, s.scores, "attention_weighted_sum probabilities")?;
-        check_len(v, s.kv, "attention_weighted_sum v")?;
-        check_len(out, s.q, "attention_weighted_sum output")?;
+        checks::attention_weighted_sum(&dims)?.check(&[p, v, out])?;
+        let s = checks::attention_sizes(&dims)?;
         let mut l = lock(&[pb, vb], ob)?;
         let (ins, o) = l.parts();
         let (p, v, o) = (&ins[0][..s.scores], &ins[1][..s.kv], &mut o[..s.q]);
@@ -745,7 +707,7 @@ impl ComputeBackend for CpuCompute {
             ..
         } = dims;
         self.run(|| {
-            par_rows(o, d, s.scores * d, |r, o| {
+            par_rows(o, d, s.scores.saturating_mul(d), |r, o| {
                 let b = r / q_len;
                 let pr = &p[r * kv_len..(r + 1) * kv_len];
                 kernels::weighted_rows(pr, &v[b * kv_stride * d..(b * kv_stride + kv_len) * d], o);
@@ -763,11 +725,8 @@ impl ComputeBackend for CpuCompute {
         dims: AttentionDims,
     ) -> Result<()> {
         let (qb, kb, vb, ob) = (cpu(q)?, cpu(k)?, cpu(v)?, cpu(out)?);
-        let s = attention_sizes(&dims)?;
-        check_len(q, s.q, "attention q")?;
-        check_len(k, s.kv, "attention k")?;
-        check_len(v, s.kv, "attention v")?;
-        check_len(out, s.q, "attention output")?;
+        checks::attention(&dims)?.check(&[q, k, v, out])?;
+        let s = checks::attention_sizes(&dims)?;
         let mut l = lock(&[qb, kb, vb], ob)?;
         let (ins, o) = l.parts();
         let (q, k, v, o) = (
@@ -799,7 +758,7 @@ impl ComputeBackend for CpuCompute {
                 kernels::softmax_row(sc, p);
                 kernels::weighted_rows(p, &v[kv0..kv0 + vis * d], o);
             };
-            let work = s.scores * d * 2;
+            let work = s.scores.saturating_mul(d).saturating_mul(2);
             if work < PAR_MIN {
                 let mut scratch = Vec::new();
                 o.chunks_mut(d)
@@ -824,36 +783,13 @@ impl ComputeBackend for CpuCompute {
         len: usize,
     ) -> Result<()> {
         let (gb, ub, ob) = (cpu(gate)?, cpu(up)?, cpu(out)?);
-        check_len(gate, len, "swiglu gate")?;
-        check_len(up, len, "swiglu up")?;
-        check_len(out, len, "swiglu output")?;
+        checks::swiglu(len).check(&[gate, up, out])?;
         let mut l = lock(&[gb, ub], ob)?;
         let (ins, o) = l.parts();
         let (g, u, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
         self.run(|| par_map2(g, u, o, kernels::swiglu));
         Ok(())
     }
-}
-
-/// Element counts of an attention call's buffers.
-struct AttnSizes {
-    q: usize,
-    kv: usize,
-    scores: usize,
-}
-
-fn attention_sizes(d: &AttentionDims) -> Result<AttnSizes> {
-    if d.kv_stride < d.kv_len {
-        return Err(Error::shape(format!(
-            "attention: kv_stride {} is smaller than kv_len {}",
-            d.kv_stride, d.kv_len
-        )));
-    }
-    Ok(AttnSizes {
-        q: prod(&[d.batch_heads, d.q_len, d.head_dim], "attention q")?,
-        kv: prod(&[d.batch_heads, d.kv_stride, d.head_dim], "attention k/v")?,
-        scores: prod(&[d.batch_heads, d.q_len, d.kv_len], "attention scores")?,
-    })
 }
 
 /// How many keys query row `i` sees.
