@@ -325,10 +325,7 @@ impl RingKernelBuilder {
                             break;
                         }
                         Err(e) => {
-                            let reason = match e {
-                                Error::BackendUnavailable { reason, .. } => reason,
-                                other => other.to_string(),
-                            };
+                            let reason = backends::reason(e);
                             tracing::info!(backend = %kind, %reason, "backend skipped by auto selection");
                             skipped.push(Skipped {
                                 backend: kind,

@@ -40,6 +40,7 @@ pub mod compute;
 pub use ringkernel_core as core;
 pub use ringkernel_core::{BackendKind, Error, Result};
 
+pub use backends::{backend_compiled_in, backend_feature};
 pub use builder::{Backend, RingKernelBuilder, Selection, Skipped, BACKEND_ENV};
 pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
 pub use runtime::RingKernel;
