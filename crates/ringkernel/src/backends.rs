@@ -67,10 +67,9 @@ pub const fn backend_compiled_in(backend: BackendKind) -> bool {
 /// `cuda` of the ringkernel crate" (etc.). Empty for a compiled-in backend.
 pub(crate) fn not_compiled_reason(backend: BackendKind) -> String {
     match backend_feature(backend) {
-        Some(f) if !backend_compiled_in(backend) => format!(
-            "not compiled in: enable feature `{f}` of the ringkernel crate \
-             (ringkernel = {{ version = \"0.1\", features = [\"{f}\"] }}, or --features {f})"
-        ),
+        Some(f) if !backend_compiled_in(backend) => {
+            format!("not compiled in: enable feature `{f}` of the ringkernel crate")
+        }
         _ => String::new(),
     }
 }
