@@ -1,7 +1,7 @@
 //! `ringkernel info`: each backend with its state: available (on which device),
 //! unavailable (why) or not compiled in (which feature to enable).
 
-use ringkernel::{probe_backends, Availability, BackendProbe};
+use ringkernel::{probe_backends, BackendProbe};
 
 /// Arguments of `ringkernel info`.
 #[derive(Debug, Clone, clap::Args)]
@@ -39,7 +39,7 @@ fn lines(p: &BackendProbe) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringkernel::BackendKind;
+    use ringkernel::{Availability, BackendKind};
 
     #[test]
     fn every_backend_gets_a_line_with_its_state() {
