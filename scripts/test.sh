@@ -107,30 +107,55 @@ lavapipe() {
   fi
 }
 
+# Two builds of the facade: the workspace build has every backend (the CLI enables
+# ringkernel's `full` feature, and cargo unifies features across the workspace), and
+# `-p ringkernel` alone is its default build: CPU only, the GPU backends "not compiled in".
 tests() {
   cargo test --workspace --no-fail-fast
 }
 
+tests_default() {
+  cargo test -p ringkernel --no-fail-fast
+  # The default build pulls in no GPU stack.
+  local tree
+  tree=$(cargo tree -p ringkernel -e normal --prefix none)
+  if grep -E '^(wgpu|naga|cudarc|ringkernel-(cuda|wgpu|metal|drain|shaders)) ' <<<"$tree"; then
+    echo "the default build of ringkernel depends on a GPU backend (above)"
+    return 1
+  fi
+  echo "cargo tree -p ringkernel -e normal: no GPU backend"
+}
+
 examples() {
-  local f ex
+  local f ex out
+  # The default build (CPU only): every example, then a GPU backend it was built without.
   for f in crates/ringkernel/examples/*.rs; do
     ex=$(basename "$f" .rs)
     echo "---- example $ex"
     cargo run -q -p ringkernel --example "$ex"
   done
+  echo "---- example basic_hello_kernel --backend cuda (default build: must say 'not compiled in')"
+  if out=$(cargo run -q -p ringkernel --example basic_hello_kernel -- --backend cuda 2>&1); then
+    echo "$out"
+    echo "expected a failure: the default build has no CUDA backend"
+    return 1
+  fi
+  echo "$out"
+  grep -q 'not compiled in: enable feature `cuda`' <<<"$out"
   if [ -f crates/ringkernel-wgpu/examples/wgpu_hello.rs ]; then
     echo "---- example wgpu_hello (ringkernel-wgpu)"
     cargo run -q -p ringkernel-wgpu --example wgpu_hello
   fi
-  # The actor examples again on the WebGPU backend (lavapipe here).
+  # The actor and compute examples again on the WebGPU backend (lavapipe here), built
+  # with the `wgpu` feature alone.
   if have_lavapipe; then
     for ex in basic_hello_kernel kernel_states request_response pub_sub kernel_to_kernel batch_processor telemetry; do
-      echo "---- example $ex --backend wgpu"
-      cargo run -q -p ringkernel --example "$ex" -- --backend wgpu
+      echo "---- example $ex --backend wgpu (--features wgpu)"
+      cargo run -q -p ringkernel --features wgpu --example "$ex" -- --backend wgpu
     done
     for ex in tensor_ops transformer_block; do
-      echo "---- example $ex --device wgpu"
-      cargo run -q -p ringkernel --example "$ex" -- --device wgpu
+      echo "---- example $ex --device wgpu (--features wgpu)"
+      cargo run -q -p ringkernel --features wgpu --example "$ex" -- --device wgpu
     done
   else
     echo "SKIPPED: actor examples on --backend wgpu (no lavapipe)"
@@ -168,11 +193,14 @@ fmt() {
 
 clippy() {
   cargo clippy --workspace --all-targets -- -D warnings
+  # The facade's default build (CPU only) compiles other code paths.
+  cargo clippy -p ringkernel --all-targets -- -D warnings
 }
 
 step "Mesa lavapipe (software Vulkan) for the WebGPU tests" lavapipe
-step "cargo test --workspace" tests
-step "examples: cargo run -p ringkernel --example ... (CPU, then wgpu) and wgpu_hello" examples
+step "cargo test --workspace (ringkernel with every backend: the CLI enables \`full\`)" tests
+step "cargo test -p ringkernel (default build: CPU only) + cargo tree check" tests_default
+step "examples: cargo run -p ringkernel --example ... (CPU; then --features wgpu) and wgpu_hello" examples
 step "release demo: ringkernel demo --messages $MESSAGES" demo
 step "Metal type-check: cargo check + clippy -p ringkernel-metal --target aarch64-apple-darwin" metal
 step "cargo fmt --all -- --check" fmt
@@ -180,6 +208,6 @@ if [ "${RK_SKIP_CLIPPY:-0}" = "1" ]; then
   echo
   echo "== clippy skipped (RK_SKIP_CLIPPY=1)"
 else
-  step "cargo clippy --workspace --all-targets -- -D warnings" clippy
+  step "cargo clippy --workspace --all-targets + -p ringkernel (default build) -- -D warnings" clippy
 fi
 finish

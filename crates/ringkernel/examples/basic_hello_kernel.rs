@@ -1,13 +1,22 @@
 //! The smallest RingKernel program: start a runtime, launch a kernel, talk to it.
 //!
 //! ```text
-//! cargo run -p ringkernel --example basic_hello_kernel [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example basic_hello_kernel                              # CPU
+//! cargo run -p ringkernel --features wgpu --example basic_hello_kernel -- --backend wgpu
+//! cargo run -p ringkernel --features full --example basic_hello_kernel -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 //!
 //! 1. `rk.echo`, a built-in kernel every backend provides, doubles a token's value.
 //! 2. On the CPU backend, a handler written here as a Rust closure greets by number.
 
+mod common;
+
 use ringkernel::prelude::*;
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// A request for the `hello` kernel: plain data, fixed layout.
@@ -35,21 +44,14 @@ impl RingMessage for Greeting {
     const NAME: &'static str = "Greeting";
 }
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    common::exit(run().await)
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         .register_fn("hello", |_ctx: &mut KernelContext<'_>, h: Hello| {
             let mut text = [0u8; 32];
             let s = format!("hello, kernel caller #{}", h.who);

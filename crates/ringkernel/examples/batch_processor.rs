@@ -1,36 +1,38 @@
 //! Batch processing: keep many messages in flight instead of one call at a time.
 //!
 //! ```text
-//! cargo run -p ringkernel --example batch_processor [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example batch_processor                              # CPU
+//! cargo run -p ringkernel --features wgpu --example batch_processor -- --backend wgpu
+//! cargo run -p ringkernel --features full --example batch_processor -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 //!
 //! Sends a batch of tokens through an `rk.echo` kernel while receiving replies, with
 //! at most a window of them in flight, checks that every one came back exactly once,
 //! and shows the two kinds of backpressure: `send` waits for space, `try_send` (or a
 //! kernel launched with `with_wait_when_full(false)`) says `QueueFull` at once.
 
-use ringkernel::prelude::*;
-use std::time::{Duration, Instant};
+mod common;
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
+use ringkernel::prelude::*;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 const BATCH: u64 = 20_000;
 const WINDOW: u64 = 512;
 const WAIT: Duration = Duration::from_secs(5);
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         .build()
         .await?;
     println!("runtime on {}", rt.backend());

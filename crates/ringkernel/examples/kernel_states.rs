@@ -1,33 +1,35 @@
 //! A kernel's lifecycle: `Launched → Active ⇄ Deactivated → Terminating → Terminated`.
 //!
 //! ```text
-//! cargo run -p ringkernel --example kernel_states [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example kernel_states                              # CPU
+//! cargo run -p ringkernel --features wgpu --example kernel_states -- --backend wgpu
+//! cargo run -p ringkernel --features full --example kernel_states -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 //!
 //! Messages sent to a kernel that is not active wait in its queue; nothing is lost.
 //! Every transition the state machine does not allow is an `InvalidState` error, and a
 //! terminated kernel refuses messages with `KernelTerminated`.
 
-use ringkernel::prelude::*;
-use std::time::Duration;
+mod common;
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
+use ringkernel::prelude::*;
+use std::process::ExitCode;
+use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         .build()
         .await?;
     println!("runtime on {}", rt.backend());

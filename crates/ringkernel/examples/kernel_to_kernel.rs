@@ -2,27 +2,25 @@
 //! without going through the host.
 //!
 //! ```text
-//! cargo run -p ringkernel --example kernel_to_kernel [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example kernel_to_kernel                              # CPU
+//! cargo run -p ringkernel --features wgpu --example kernel_to_kernel -- --backend wgpu
+//! cargo run -p ringkernel --features full --example kernel_to_kernel -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 //!
 //! 1. A three-stage pipeline of built-in `rk.stage` kernels: the route travels in the
 //!    token, each stage stamps it with its HLC clock and forwards it.
 //! 2. On the CPU backend, a handler that forwards by instance name and reports the
 //!    K2K receipt (`Delivered`, `QueueFull`, `NotFound`) back to the host.
 
-use ringkernel::prelude::*;
-use std::time::Duration;
+mod common;
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
+use ringkernel::prelude::*;
+use std::process::ExitCode;
+use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -41,9 +39,13 @@ async fn settled(k: &KernelHandle) -> KernelMetrics {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         // Forwards a token to the kernel named "sink" and tells the host what happened.
         .register_fn(
             "forwarder",

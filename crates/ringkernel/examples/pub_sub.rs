@@ -1,25 +1,23 @@
 //! Publish/subscribe with MQTT topic filters: `+` matches one level, `#` the rest.
 //!
 //! ```text
-//! cargo run -p ringkernel --example pub_sub [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example pub_sub                              # CPU
+//! cargo run -p ringkernel --features wgpu --example pub_sub -- --backend wgpu
+//! cargo run -p ringkernel --features full --example pub_sub -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 //!
 //! Three `rk.counter` kernels subscribe with different filters; the host publishes to
 //! a few topics; each kernel counts what reached it.
 
-use ringkernel::prelude::*;
-use std::time::Duration;
+mod common;
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
+use ringkernel::prelude::*;
+use std::process::ExitCode;
+use std::time::Duration;
 
 /// Receives replies from `k` until `n` arrived; returns the ids seen.
 async fn drain(k: &KernelHandle, n: usize) -> Result<Vec<u64>> {
@@ -39,9 +37,13 @@ async fn drain(k: &KernelHandle, n: usize) -> Result<Vec<u64>> {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         .build()
         .await?;
     println!("runtime on {}", rt.backend());

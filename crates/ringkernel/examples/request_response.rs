@@ -2,10 +2,19 @@
 //! requests are in flight, and other messages stay queued for later receives.
 //!
 //! ```text
-//! cargo run -p ringkernel --example request_response [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example request_response                              # CPU
+//! cargo run -p ringkernel --features wgpu --example request_response -- --backend wgpu
+//! cargo run -p ringkernel --features full --example request_response -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
+
+mod common;
 
 use ringkernel::prelude::*;
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// Request of the `scale` kernel (CPU backend): multiply `value` by `factor`.
@@ -36,23 +45,16 @@ impl RingMessage for Scaled {
     const NAME: &'static str = "Scaled";
 }
 
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
-
 const WAIT: Duration = Duration::from_secs(5);
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         .register_fn("scale", |_ctx: &mut KernelContext<'_>, s: Scale| {
             Some(Scaled {
                 id: s.id,

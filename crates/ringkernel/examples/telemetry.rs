@@ -1,22 +1,20 @@
 //! Telemetry: per-kernel counters, handler latency percentiles, runtime-wide totals.
 //!
 //! ```text
-//! cargo run -p ringkernel --example telemetry [-- --backend cpu|wgpu|cuda|metal|auto]
+//! cargo run -p ringkernel --example telemetry                              # CPU
+//! cargo run -p ringkernel --features wgpu --example telemetry -- --backend wgpu
+//! cargo run -p ringkernel --features full --example telemetry -- --backend auto
 //! ```
+//!
+//! `--backend` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
+
+mod common;
 
 use ringkernel::prelude::*;
+use std::process::ExitCode;
 use std::time::Duration;
-
-fn backend_arg() -> Result<Backend> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--backend") {
-        Some(i) => args
-            .get(i + 1)
-            .ok_or_else(|| Error::invalid("--backend needs a value"))?
-            .parse(),
-        None => Ok(Backend::Cpu),
-    }
-}
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -52,9 +50,13 @@ fn print(m: &KernelMetrics) {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
+    common::exit(run().await)
+}
+
+async fn run() -> Result<()> {
     let rt = RingKernel::builder()
-        .backend(backend_arg()?)
+        .backend(common::backend_arg()?)
         // Refuses negative values: the error drops the message, counted in `dropped`.
         .register_fn(
             "validate",

@@ -5,32 +5,24 @@
 //! the f64 reference by relative error. Exits non-zero on any failure.
 //!
 //! ```text
-//! cargo run -p ringkernel --example tensor_ops [-- --device auto|cpu|wgpu|cuda|metal]
+//! cargo run -p ringkernel --example tensor_ops                              # CPU
+//! cargo run -p ringkernel --features wgpu --example tensor_ops -- --device wgpu
+//! cargo run -p ringkernel --features full --example tensor_ops -- --device auto
 //! ```
+//!
+//! `--device` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
 
-use ringkernel::compute::{reference, Device, MatmulDims, ReduceDims, ReduceOp, Tensor, UnaryOp};
+mod common;
+
+use ringkernel::compute::{reference, MatmulDims, ReduceDims, ReduceOp, Tensor, UnaryOp};
 use ringkernel::core::util::{rel_error, SplitMix64};
 use ringkernel::Result;
 use std::process::ExitCode;
 
-fn device_from_args() -> Result<Device> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut name = "cpu".to_string();
-    let mut i = 0;
-    while i < args.len() {
-        if let Some(v) = args[i].strip_prefix("--device=") {
-            name = v.to_string();
-        } else if args[i] == "--device" {
-            name = args.get(i + 1).cloned().unwrap_or_default();
-            i += 1;
-        }
-        i += 1;
-    }
-    Device::from_name(&name)
-}
-
 fn run() -> Result<bool> {
-    let dev = device_from_args()?;
+    let dev = common::device_arg()?;
     println!("device: {dev}");
     for s in dev.skipped() {
         println!("  (skipped {}: {})", s.backend, s.reason);

@@ -8,8 +8,16 @@
 //! it is above the tolerance.
 //!
 //! ```text
-//! cargo run -p ringkernel --example transformer_block [-- --device auto|cpu|wgpu|cuda|metal]
+//! cargo run -p ringkernel --example transformer_block                              # CPU
+//! cargo run -p ringkernel --features wgpu --example transformer_block -- --device wgpu
+//! cargo run -p ringkernel --features full --example transformer_block -- --device auto
 //! ```
+//!
+//! `--device` takes auto, cpu, cuda, wgpu or metal (default cpu). Each GPU backend
+//! needs its cargo feature (`cuda`, `wgpu`, `metal`, or `full` for all three); one
+//! left out of the build stops the example with "not compiled in: enable feature …".
+
+mod common;
 
 use ringkernel::compute::{reference, Device, KvCache, MatmulDims, RopeDims, Tensor};
 use ringkernel::core::compute::AttentionDims;
@@ -169,24 +177,8 @@ impl RefLayer {
     }
 }
 
-fn device_from_args() -> Result<Device> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut name = "cpu".to_string();
-    let mut i = 0;
-    while i < args.len() {
-        if let Some(v) = args[i].strip_prefix("--device=") {
-            name = v.to_string();
-        } else if args[i] == "--device" {
-            name = args.get(i + 1).cloned().unwrap_or_default();
-            i += 1;
-        }
-        i += 1;
-    }
-    Device::from_name(&name)
-}
-
 fn run() -> Result<bool> {
-    let dev = device_from_args()?;
+    let dev = common::device_arg()?;
     println!("device: {dev}");
     println!("decoder layer: d_model {D_MODEL}, {HEADS} heads of {HEAD_DIM}, SwiGLU {D_FF}, {STEPS} decode steps");
     let mut rng = SplitMix64::from_entropy();

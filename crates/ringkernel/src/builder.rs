@@ -20,7 +20,10 @@ pub const BACKEND_ENV: &str = "RINGKERNEL_BACKEND";
 /// `Auto` takes the first hardware GPU backend that starts, in the order Metal, CUDA,
 /// WebGPU (on a hardware adapter only), and falls back to the CPU. The reason each
 /// skipped backend gave is kept in [`RingKernel::selection`]. An explicit choice that
-/// cannot start is [`Error::BackendUnavailable`] with that reason.
+/// cannot start is [`Error::BackendUnavailable`] with that reason. The GPU backends are
+/// cargo features of this crate (`cuda`, `wgpu`, `metal`, `full`); one left out of the
+/// build is skipped by `Auto`, and chosen explicitly it is `BackendUnavailable` with
+/// the reason "not compiled in: enable feature `…`".
 ///
 /// ```
 /// use ringkernel::Backend;
@@ -37,11 +40,12 @@ pub enum Backend {
     Auto,
     /// Kernel threads on the host CPU. Always available.
     Cpu,
-    /// Persistent kernels on an NVIDIA GPU.
+    /// Persistent kernels on an NVIDIA GPU (feature `cuda`).
     Cuda,
-    /// Event-driven kernels through WebGPU (wgpu); any adapter, software included.
+    /// Event-driven kernels through WebGPU (wgpu); any adapter, software included
+    /// (feature `wgpu`).
     Wgpu,
-    /// Event-driven kernels on an Apple GPU.
+    /// Event-driven kernels on an Apple GPU (feature `metal`).
     Metal,
 }
 
@@ -325,10 +329,7 @@ impl RingKernelBuilder {
                             break;
                         }
                         Err(e) => {
-                            let reason = match e {
-                                Error::BackendUnavailable { reason, .. } => reason,
-                                other => other.to_string(),
-                            };
+                            let reason = backends::reason(e);
                             tracing::info!(backend = %kind, %reason, "backend skipped by auto selection");
                             skipped.push(Skipped {
                                 backend: kind,

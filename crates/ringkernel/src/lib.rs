@@ -25,6 +25,36 @@
 //! # }).unwrap();
 //! ```
 //!
+//! ## Cargo features: one per GPU backend
+//!
+//! The CPU backend is always built. Each GPU backend is a feature, off by default, so a
+//! CPU-only build compiles no GPU stack (no wgpu, naga or cudarc):
+//!
+//! | Feature | Backend | Brings in |
+//! |---|---|---|
+//! | (none) | CPU | `ringkernel-cpu` |
+//! | `cuda` | CUDA ([`Backend::Cuda`]) | `ringkernel-cuda`, cudarc (driver and NVRTC loaded at run time) |
+//! | `wgpu` | WebGPU ([`Backend::Wgpu`]) | `ringkernel-wgpu`, wgpu, naga |
+//! | `metal` | Metal ([`Backend::Metal`]) | `ringkernel-metal` (Apple targets; unavailable elsewhere) |
+//! | `full` | all three | |
+//!
+//! A backend left out of the build can still be named: the runtime builder,
+//! [`compute::Device`] and `RINGKERNEL_BACKEND` answer with
+//! [`Error::BackendUnavailable`] whose reason reads "not compiled in: enable feature
+//! `cuda` of the ringkernel crate" (etc.), [`probe_backend`] says
+//! [`Availability::NotCompiledIn`], and [`Backend::Auto`] passes over it with that
+//! reason in [`Selection::skipped`]. [`backend_compiled_in`] tells in advance.
+//!
+//! ```
+//! use ringkernel::{backend_compiled_in, Backend, BackendKind, RingKernel};
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! if !backend_compiled_in(BackendKind::Cuda) {
+//!     let err = RingKernel::builder().backend(Backend::Cuda).build().await.unwrap_err();
+//!     assert!(err.to_string().contains("not compiled in: enable feature `cuda`"));
+//! }
+//! # });
+//! ```
+//!
 //! The backend crates (`ringkernel-cpu`, `-cuda`, `-wgpu`, `-metal`) and the
 //! backend-neutral core ([`core`]) can be used directly; this crate ties them together.
 
@@ -40,6 +70,7 @@ pub mod compute;
 pub use ringkernel_core as core;
 pub use ringkernel_core::{BackendKind, Error, Result};
 
+pub use backends::{backend_compiled_in, backend_feature};
 pub use builder::{Backend, RingKernelBuilder, Selection, Skipped, BACKEND_ENV};
 pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
 pub use runtime::RingKernel;

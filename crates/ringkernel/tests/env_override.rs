@@ -50,6 +50,33 @@ async fn env_overrides_auto_only() {
         ));
     }
 
+    // A backend left out of the build: the override names it, so it is an error that
+    // says which feature to enable (for the runtime and for `Device::auto`).
+    for kind in [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Metal] {
+        if ringkernel::backend_compiled_in(kind) {
+            continue;
+        }
+        std::env::set_var(BACKEND_ENV, kind.as_str());
+        let want = format!("not compiled in: enable feature `{}`", kind.as_str());
+        match RingKernel::builder().backend(Backend::Auto).build().await {
+            Err(Error::BackendUnavailable { backend, reason }) => {
+                assert_eq!(backend, kind);
+                assert!(reason.starts_with(&want), "{reason}");
+            }
+            other => panic!(
+                "{kind}: expected BackendUnavailable, got {:?}",
+                other.map(|rt| rt.backend())
+            ),
+        }
+        match ringkernel::compute::Device::auto() {
+            Err(Error::BackendUnavailable { backend, reason }) => {
+                assert_eq!(backend, kind);
+                assert!(reason.starts_with(&want), "{reason}");
+            }
+            other => panic!("{kind}: expected BackendUnavailable, got {other:?}"),
+        }
+    }
+
     // A value that names no backend.
     std::env::set_var(BACKEND_ENV, "tpu");
     let r = RingKernel::builder().backend(Backend::Auto).build().await;

@@ -68,6 +68,16 @@ async fn explicit_cuda_is_unavailable_without_a_driver() {
             assert_eq!(backend, BackendKind::Cuda);
             assert!(!reason.is_empty());
         }
+        (
+            Availability::NotCompiledIn { feature },
+            Err(Error::BackendUnavailable { backend, reason }),
+        ) => {
+            assert_eq!((backend, *feature), (BackendKind::Cuda, "cuda"));
+            assert!(
+                reason.starts_with("not compiled in: enable feature `cuda`"),
+                "{reason}"
+            );
+        }
         (Availability::Available { .. }, Ok(rt)) => {
             // A machine with an NVIDIA driver and GPU.
             assert_eq!(rt.backend(), BackendKind::Cuda);
@@ -108,6 +118,10 @@ fn probes_cover_every_backend_and_the_cpu_is_there() {
         match &p.availability {
             Availability::Available { device } => assert!(!device.is_empty()),
             Availability::Unavailable { reason } => assert!(!reason.is_empty()),
+            Availability::NotCompiledIn { feature } => {
+                assert_eq!(Some(*feature), ringkernel::backend_feature(p.backend));
+                assert!(!ringkernel::backend_compiled_in(p.backend));
+            }
         }
         assert!(p.to_string().starts_with(p.backend.as_str()));
     }

@@ -1,6 +1,7 @@
 //! [`Device`]: one compute backend, chosen explicitly or by [`Device::auto`], and
 //! validated against the CPU before it is trusted.
 
+use crate::backends;
 use crate::core::compute::{
     reference, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims, ReduceDims, ReduceOp,
     UnaryOp,
@@ -66,11 +67,7 @@ impl PartialEq for Device {
 impl Device {
     /// The CPU (rayon's global pool; always available).
     pub fn cpu() -> Device {
-        Self::wrap(
-            Arc::new(ringkernel_cpu::CpuCompute::new()),
-            true,
-            Vec::new(),
-        )
+        Self::wrap(backends::cpu_compute(), true, Vec::new())
     }
 
     /// The CPU with a dedicated pool of `threads` threads (1 for single-thread figures).
@@ -82,25 +79,29 @@ impl Device {
     /// ```
     pub fn cpu_with_threads(threads: usize) -> Result<Device> {
         Ok(Self::wrap(
-            Arc::new(ringkernel_cpu::CpuCompute::with_threads(threads)?),
+            backends::cpu_compute_with_threads(threads)?,
             true,
             Vec::new(),
         ))
     }
 
     /// WebGPU through wgpu, on any adapter (a software one included), validated.
+    /// Needs the `wgpu` feature: without it, [`Error::BackendUnavailable`] saying
+    /// "not compiled in: enable feature `wgpu`".
     pub fn wgpu() -> Result<Device> {
-        Self::from_backend(new_wgpu(false)?)
+        Self::from_backend(backends::wgpu_compute(false)?)
     }
 
-    /// The CUDA GPU `ordinal`, validated.
+    /// The CUDA GPU `ordinal`, validated. Needs the `cuda` feature: without it,
+    /// [`Error::BackendUnavailable`] saying "not compiled in: enable feature `cuda`".
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        Self::from_backend(new_cuda(ordinal)?)
+        Self::from_backend(backends::cuda_compute(ordinal)?)
     }
 
-    /// The default Metal GPU, validated.
+    /// The default Metal GPU, validated. Needs the `metal` feature: without it,
+    /// [`Error::BackendUnavailable`] saying "not compiled in: enable feature `metal`".
     pub fn metal() -> Result<Device> {
-        Self::from_backend(new_metal()?)
+        Self::from_backend(backends::metal_compute()?)
     }
 
     /// The device of `kind` (CUDA device 0; wgpu on any adapter).
@@ -174,15 +175,11 @@ impl Device {
             let backend = match kind {
                 BackendKind::Cpu => {
                     tracing::info!("compute device: cpu");
-                    return Ok(Self::wrap(
-                        Arc::new(ringkernel_cpu::CpuCompute::new()),
-                        true,
-                        skipped,
-                    ));
+                    return Ok(Self::wrap(backends::cpu_compute(), true, skipped));
                 }
-                BackendKind::Metal => new_metal(),
-                BackendKind::Cuda => new_cuda(0),
-                BackendKind::Wgpu => new_wgpu(true),
+                BackendKind::Metal => backends::metal_compute(),
+                BackendKind::Cuda => backends::cuda_compute(0),
+                BackendKind::Wgpu => backends::wgpu_compute(true),
             };
             let outcome = backend.and_then(|b| self_test(&*b).map(|()| b));
             match outcome {
@@ -194,10 +191,7 @@ impl Device {
                     return Ok(Self::wrap(b, true, skipped));
                 }
                 Err(e) => {
-                    let reason = match e {
-                        Error::BackendUnavailable { reason, .. } => reason,
-                        other => other.to_string(),
-                    };
+                    let reason = backends::reason(e);
                     tracing::info!("compute device: skipping {kind}: {reason}");
                     skipped.push(Skipped {
                         backend: kind,
@@ -207,11 +201,7 @@ impl Device {
             }
         }
         // BackendKind::ALL ends with the CPU, which always returns above.
-        Ok(Self::wrap(
-            Arc::new(ringkernel_cpu::CpuCompute::new()),
-            true,
-            skipped,
-        ))
+        Ok(Self::wrap(backends::cpu_compute(), true, skipped))
     }
 
     fn wrap(backend: Arc<dyn ComputeBackend>, validated: bool, skipped: Vec<Skipped>) -> Device {
@@ -346,28 +336,6 @@ pub(crate) fn self_test(b: &dyn ComputeBackend) -> Result<()> {
     )?;
     check("softmax", got, reference::softmax(&x[..66], 6, 11))?;
     Ok(())
-}
-
-/// The wgpu compute backend: on a hardware adapter only for `Auto` (`hardware_only`),
-/// which will not settle for a software one; else on the adapter that
-/// `RINGKERNEL_WGPU_ADAPTER` picks (any when unset).
-fn new_wgpu(hardware_only: bool) -> Result<Arc<dyn ComputeBackend>> {
-    let b = if hardware_only {
-        ringkernel_wgpu::WgpuCompute::new_hardware()?
-    } else {
-        ringkernel_wgpu::WgpuCompute::new()?
-    };
-    Ok(Arc::new(b))
-}
-
-/// The CUDA compute backend on device `ordinal`.
-fn new_cuda(ordinal: usize) -> Result<Arc<dyn ComputeBackend>> {
-    Ok(Arc::new(ringkernel_cuda::CudaCompute::new(ordinal)?))
-}
-
-/// The Metal compute backend.
-fn new_metal() -> Result<Arc<dyn ComputeBackend>> {
-    Ok(Arc::new(ringkernel_metal::MetalCompute::new()?))
 }
 
 #[cfg(test)]
