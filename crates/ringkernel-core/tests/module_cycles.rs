@@ -475,16 +475,6 @@ fn files(list: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// Cycles known when this test was written, in code owned elsewhere: (crate directory,
-/// the cycle's modules). The test fails when one of them is gone too, so this list
-/// only shrinks; nothing may be added to it.
-const KNOWN: &[(&str, &[&str])] = &[
-    // The facade: `RingKernel::builder()` (runtime.rs) names `RingKernelBuilder`, and
-    // `build()` (builder.rs) returns `RingKernel`. Fix: define `builder()` in an
-    // `impl RingKernel` block in builder.rs and move `Selection` out of builder.rs.
-    ("ringkernel", &["crate::builder", "crate::runtime"]),
-];
-
 #[test]
 fn workspace_has_no_module_cycles() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -503,22 +493,7 @@ fn workspace_has_no_module_cycles() {
         let mut fs = Vec::new();
         rust_files(&src, &src, &mut fs);
         checked += 1;
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let known: Vec<&[&str]> = KNOWN
-            .iter()
-            .filter(|(c, _)| *c == name)
-            .map(|(_, m)| *m)
-            .collect();
-        let cycles = find_cycles(&fs);
-        for k in &known {
-            if !cycles.iter().any(|c| c.modules == *k) {
-                report += &format!("\n{name}: the known cycle {k:?} is gone: remove it from KNOWN");
-            }
-        }
-        for c in cycles
-            .iter()
-            .filter(|c| !known.iter().any(|k| c.modules == *k))
-        {
+        for c in find_cycles(&fs) {
             report += &format!(
                 "\n{}: import cycle between {}\n  {}",
                 dir.file_name().unwrap().to_string_lossy(),

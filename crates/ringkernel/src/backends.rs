@@ -80,18 +80,6 @@ fn not_compiled(backend: BackendKind) -> Error {
     Error::unavailable(backend, not_compiled_reason(backend))
 }
 
-/// Registers the GPU versions of the built-in kernels that `backend` needs before its
-/// runtime starts. The WebGPU and Metal runtimes register theirs when constructed.
-pub(crate) fn register_gpu_builtins(backend: BackendKind, reg: &KernelRegistry) {
-    match backend {
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => ringkernel_cuda::register_cuda_builtins(reg),
-        _ => {
-            let _ = reg;
-        }
-    }
-}
-
 /// Starts the runtime of `backend` on `reg`.
 pub(crate) async fn start(
     backend: BackendKind,

@@ -64,6 +64,7 @@ mod backends;
 mod builder;
 mod info;
 mod runtime;
+mod selection;
 
 pub mod compute;
 
@@ -71,9 +72,10 @@ pub use ringkernel_core as core;
 pub use ringkernel_core::{BackendKind, Error, Result};
 
 pub use backends::{backend_compiled_in, backend_feature};
-pub use builder::{Backend, RingKernelBuilder, Selection, Skipped, BACKEND_ENV};
+pub use builder::RingKernelBuilder;
 pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
 pub use runtime::RingKernel;
+pub use selection::{Backend, Selection, Skipped, BACKEND_ENV};
 
 pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
 
@@ -89,9 +91,10 @@ pub struct ReadmeExample;
 
 /// Everything most programs need: `use ringkernel::prelude::*;`.
 pub mod prelude {
-    pub use crate::builder::{Backend, RingKernelBuilder, Selection};
+    pub use crate::builder::RingKernelBuilder;
     pub use crate::compute::{Device, KvCache, Tensor};
     pub use crate::runtime::RingKernel;
+    pub use crate::selection::{Backend, Selection};
     pub use ringkernel_core::backend::BackendKind;
     pub use ringkernel_core::builtin::{self, Token};
     pub use ringkernel_core::context::KernelContext;

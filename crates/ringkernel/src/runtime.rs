@@ -1,6 +1,5 @@
 //! [`RingKernel`]: a started runtime on one backend.
 
-use crate::builder::{RingKernelBuilder, Selection};
 use crate::core::hlc::HlcClock;
 use crate::core::k2k::KernelTarget;
 use crate::core::message::{Envelope, RingMessage};
@@ -11,6 +10,7 @@ use crate::core::runtime::{
     KernelHandle, KernelId, PublishReport, RingKernelRuntime, RuntimeExt, ShutdownReport,
 };
 use crate::core::telemetry::RuntimeMetrics;
+use crate::selection::Selection;
 use crate::{BackendKind, Result};
 use std::fmt;
 use std::sync::Arc;
@@ -54,11 +54,6 @@ impl fmt::Debug for RingKernel {
 }
 
 impl RingKernel {
-    /// A builder: choose a backend and handlers, then `build().await`.
-    pub fn builder() -> RingKernelBuilder {
-        RingKernelBuilder::new()
-    }
-
     pub(crate) fn from_parts(
         runtime: Arc<dyn RingKernelRuntime>,
         registry: KernelRegistry,
