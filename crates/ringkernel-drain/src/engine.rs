@@ -953,6 +953,74 @@ pub fn launch_engine<T: DrainTarget>(
     Ok(core.handle(engine, opts))
 }
 
+/// Launches the WGSL handler registered as `handler` as a drain kernel, as both
+/// event-driven runtimes do: checks the options, looks the handler up, compiles it once
+/// per source through `cache` (`compile` turns the composed drain module into the
+/// backend's pipeline; `serial` tells whether that module runs serially), sizes the
+/// handler state, and hands over to [`launch_engine`] with the target
+/// `make_target(compiled, state_bytes)` builds.
+pub fn launch_gpu_handler<C, T: DrainTarget>(
+    core: &Arc<RuntimeCore>,
+    cache: &CompileCache<C>,
+    handler: &str,
+    opts: &LaunchOptions,
+    compile: impl FnOnce(&str, DrainModule) -> Result<C>,
+    serial: impl FnOnce(&C) -> bool,
+    make_target: impl FnOnce(Arc<C>, usize) -> Result<T>,
+) -> Result<KernelHandle> {
+    opts.validate()?;
+    let gpu = core.registry().gpu(handler)?;
+    let compiled = cache.get_or_compile(&gpu, |module| compile(&gpu.name, module))?;
+    let state = state_bytes(&gpu, opts);
+    let serial = serial(&compiled);
+    launch_engine(core, handler, opts, serial, state, |_id| {
+        make_target(compiled, state)
+    })
+}
+
+/// Implements [`RingKernelRuntime`] for an event-driven runtime, the same way for every
+/// backend. The type needs the fields `core: Arc<RuntimeCore>` and
+/// `compiled: CompileCache<C>` (where `C` has a field `module: DrainModule`), and the
+/// methods `compile_module(&self, &str, DrainModule) -> Result<C>`,
+/// `target(&self, Arc<C>, &LaunchOptions, usize) -> Result<impl DrainTarget>` (the
+/// device buffers of one kernel, with that many bytes of handler state) and
+/// `info(&self) -> String`. Launching goes through [`launch_gpu_handler`].
+#[macro_export]
+macro_rules! drain_runtime {
+    ($ty:ty) => {
+        impl ::ringkernel_core::runtime::RingKernelRuntime for $ty {
+            fn core(&self) -> &::std::sync::Arc<::ringkernel_core::runtime::RuntimeCore> {
+                &self.core
+            }
+
+            fn launch<'a>(
+                &'a self,
+                handler: &'a str,
+                opts: ::ringkernel_core::options::LaunchOptions,
+            ) -> ::ringkernel_core::util::BoxFuture<
+                'a,
+                ::ringkernel_core::Result<::ringkernel_core::runtime::KernelHandle>,
+            > {
+                Box::pin(async move {
+                    $crate::engine::launch_gpu_handler(
+                        &self.core,
+                        &self.compiled,
+                        handler,
+                        &opts,
+                        |name, module| self.compile_module(name, module),
+                        |c| c.module.serial,
+                        |compiled, state| self.target(compiled, &opts, state),
+                    )
+                })
+            }
+
+            fn device_info(&self) -> String {
+                self.info()
+            }
+        }
+    };
+}
+
 impl<T: DrainTarget> std::fmt::Debug for DrainEngine<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DrainEngine")

@@ -19,13 +19,10 @@
 
 use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
-use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
-use ringkernel_core::util::BoxFuture;
+use ringkernel_core::registry::KernelRegistry;
+use ringkernel_core::runtime::RuntimeCore;
 use ringkernel_core::{BackendKind, Result};
-use ringkernel_drain::engine::{
-    launch_engine, ring_bytes, state_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS,
-};
+use ringkernel_drain::engine::{ring_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::params;
 use std::sync::Arc;
@@ -75,9 +72,38 @@ impl MetalRuntime {
         &self.device
     }
 
-    fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        self.compiled
-            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    /// The device buffers of one kernel: control block, rings and `state_bytes` of
+    /// handler state.
+    fn target(
+        &self,
+        compiled: Arc<Compiled>,
+        opts: &LaunchOptions,
+        state_bytes: usize,
+    ) -> Result<MetalDrainTarget> {
+        let ring = ring_bytes(opts.queue_capacity, opts.slot_size);
+        let target = MetalDrainTarget {
+            device: self.device.clone(),
+            compiled,
+            control: self
+                .device
+                .new_buffer(std::mem::size_of::<ringkernel_core::control::ControlBlock>())?,
+            input: self.device.new_buffer(ring)?,
+            output: self.device.new_buffer(ring)?,
+            state: self.device.new_buffer(state_bytes)?,
+        };
+        // The handler's state starts at zero (written explicitly rather than
+        // relying on how the allocator initialises memory).
+        target.state.write_bytes(0, &vec![0u8; state_bytes])?;
+        Ok(target)
+    }
+
+    fn info(&self) -> String {
+        format!(
+            "Metal: {} (unified memory: {}, working set {} MiB)",
+            self.device.name(),
+            self.device.has_unified_memory(),
+            self.device.recommended_working_set_size() >> 20
+        )
     }
 
     fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
@@ -168,48 +194,4 @@ unsafe impl DrainTarget for MetalDrainTarget {
     }
 }
 
-impl RingKernelRuntime for MetalRuntime {
-    fn core(&self) -> &Arc<RuntimeCore> {
-        &self.core
-    }
-
-    fn launch<'a>(
-        &'a self,
-        handler: &'a str,
-        opts: LaunchOptions,
-    ) -> BoxFuture<'a, Result<KernelHandle>> {
-        Box::pin(async move {
-            opts.validate()?;
-            let gpu = self.core.registry().gpu(handler)?;
-            let compiled = self.compile(&gpu)?;
-            let serial = compiled.module.serial;
-            let ring = ring_bytes(opts.queue_capacity, opts.slot_size);
-            let state_bytes = state_bytes(&gpu, &opts);
-            launch_engine(&self.core, handler, &opts, serial, state_bytes, |_id| {
-                let target = MetalDrainTarget {
-                    device: self.device.clone(),
-                    compiled,
-                    control: self
-                        .device
-                        .new_buffer(std::mem::size_of::<ringkernel_core::control::ControlBlock>())?,
-                    input: self.device.new_buffer(ring)?,
-                    output: self.device.new_buffer(ring)?,
-                    state: self.device.new_buffer(state_bytes)?,
-                };
-                // The handler's state starts at zero (written explicitly rather than
-                // relying on how the allocator initialises memory).
-                target.state.write_bytes(0, &vec![0u8; state_bytes])?;
-                Ok(target)
-            })
-        })
-    }
-
-    fn device_info(&self) -> String {
-        format!(
-            "Metal: {} (unified memory: {}, working set {} MiB)",
-            self.device.name(),
-            self.device.has_unified_memory(),
-            self.device.recommended_working_set_size() >> 20
-        )
-    }
-}
+ringkernel_drain::drain_runtime!(MetalRuntime);

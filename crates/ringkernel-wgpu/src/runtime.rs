@@ -31,13 +31,11 @@ use crate::{AdapterSelection, GpuContext};
 use event_listener::{Event, Listener};
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::options::LaunchOptions;
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
-use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore};
-use ringkernel_core::util::{lock, BoxFuture};
+use ringkernel_core::registry::KernelRegistry;
+use ringkernel_core::runtime::RuntimeCore;
+use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{
-    launch_engine, state_bytes, CompileCache, DrainModule, DrainTarget,
-};
+use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
@@ -299,7 +297,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     }
 }
 
-/// The wgpu implementation of [`RingKernelRuntime`]. See the [module docs](self).
+/// The wgpu implementation of [`RingKernelRuntime`](ringkernel_core::runtime::RingKernelRuntime). See the [module docs](self).
 pub struct WgpuRuntime {
     core: Arc<RuntimeCore>,
     ctx: Arc<GpuContext>,
@@ -344,9 +342,8 @@ impl WgpuRuntime {
         &self.ctx
     }
 
-    fn compile(&self, handler: &GpuHandler) -> Result<Arc<Compiled>> {
-        self.compiled
-            .get_or_compile(handler, |module| self.compile_module(&handler.name, module))
+    fn info(&self) -> String {
+        format!("wgpu: {}", self.ctx.info)
     }
 
     fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
@@ -497,32 +494,7 @@ impl WgpuRuntime {
     }
 }
 
-impl RingKernelRuntime for WgpuRuntime {
-    fn core(&self) -> &Arc<RuntimeCore> {
-        &self.core
-    }
-
-    fn launch<'a>(
-        &'a self,
-        handler: &'a str,
-        opts: LaunchOptions,
-    ) -> BoxFuture<'a, Result<KernelHandle>> {
-        Box::pin(async move {
-            opts.validate()?;
-            let gpu = self.core.registry().gpu(handler)?;
-            let compiled = self.compile(&gpu)?;
-            let serial = compiled.module.serial;
-            let state = state_bytes(&gpu, &opts);
-            launch_engine(&self.core, handler, &opts, serial, state, |_id| {
-                self.target(compiled, &opts, state)
-            })
-        })
-    }
-
-    fn device_info(&self) -> String {
-        format!("wgpu: {}", self.ctx.info)
-    }
-}
+ringkernel_drain::drain_runtime!(WgpuRuntime);
 
 #[allow(dead_code)]
 fn _assert_send_sync() {

@@ -16,7 +16,6 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 /// A request for the `hello` kernel: plain data, fixed layout.
@@ -44,14 +43,10 @@ impl RingMessage for Greeting {
     const NAME: &'static str = "Greeting";
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
+    let rt = common::builder()?
         .register_fn("hello", |_ctx: &mut KernelContext<'_>, h: Hello| {
             let mut text = [0u8; 32];
             let s = format!("hello, kernel caller #{}", h.who);

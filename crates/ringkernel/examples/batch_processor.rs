@@ -18,24 +18,15 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 const BATCH: u64 = 20_000;
 const WINDOW: u64 = 512;
-const WAIT: Duration = Duration::from_secs(5);
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
-        .build()
-        .await?;
-    println!("runtime on {}", rt.backend());
+    let rt = common::start(common::builder()?).await?;
     let k = rt
         .launch(
             builtin::ECHO,
@@ -74,7 +65,7 @@ async fn run() -> Result<()> {
         elapsed.as_secs_f64() * 1e3,
         BATCH as f64 / elapsed.as_secs_f64()
     );
-    let m = settled(&k).await;
+    let m = common::settled(&k).await;
     assert_eq!((m.received, m.processed, m.dropped), (BATCH, BATCH, 0));
 
     // Backpressure without waiting: a paused kernel with a 4-slot queue.
@@ -112,20 +103,6 @@ async fn run() -> Result<()> {
     rt.shutdown().await?;
     println!("ok");
     Ok(())
-}
-
-/// A kernel's counters are updated just after its handler returns, so a reply can
-/// arrive a moment before its message is counted: wait (briefly) until every accepted
-/// message is accounted for as processed or dropped.
-async fn settled(k: &KernelHandle) -> KernelMetrics {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let m = k.metrics();
-        if m.processed + m.dropped >= m.received || std::time::Instant::now() > deadline {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 fn record(seen: &mut [bool], t: Token) {

@@ -17,22 +17,14 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
-        .build()
-        .await?;
-    println!("runtime on {}", rt.backend());
+    let rt = common::start(common::builder()?).await?;
 
     // Launched but not active: messages queue up.
     let k = rt

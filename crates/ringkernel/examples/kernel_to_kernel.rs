@@ -19,33 +19,14 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
 
-/// A kernel's counters are updated just after its handler returns, so a reply can
-/// arrive a moment before its message is counted: wait (briefly) until every accepted
-/// message is accounted for as processed or dropped.
-async fn settled(k: &KernelHandle) -> KernelMetrics {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let m = k.metrics();
-        if m.processed + m.dropped >= m.received || std::time::Instant::now() > deadline {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
+    let rt = common::builder()?
         // Forwards a token to the kernel named "sink" and tells the host what happened.
         .register_fn(
             "forwarder",
@@ -82,7 +63,7 @@ async fn run() -> Result<()> {
             "HLC order along the path"
         );
     }
-    let (m1, m3) = (settled(&s1).await, settled(&s3).await);
+    let (m1, m3) = (common::settled(&s1).await, common::settled(&s3).await);
     println!("pipeline: {n} tokens through 3 stages, in order, HLC stamps increasing at every hop");
     assert_eq!((m1.processed, m3.processed), (n, n));
     assert!(

@@ -16,7 +16,6 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 /// Receives replies from `k` until `n` arrived; returns the ids seen.
@@ -36,17 +35,10 @@ async fn drain(k: &KernelHandle, n: usize) -> Result<Vec<u64>> {
     Ok(ids)
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
-        .build()
-        .await?;
-    println!("runtime on {}", rt.backend());
+    let rt = common::start(common::builder()?).await?;
 
     let opts = |name: &str| LaunchOptions::default().with_name(name);
     let temps = rt.launch(builtin::COUNTER, opts("temps")).await?;

@@ -14,7 +14,6 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 /// Request of the `scale` kernel (CPU backend): multiply `value` by `factor`.
@@ -47,14 +46,10 @@ impl RingMessage for Scaled {
 
 const WAIT: Duration = Duration::from_secs(5);
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
+    let rt = common::builder()?
         .register_fn("scale", |_ctx: &mut KernelContext<'_>, s: Scale| {
             Some(Scaled {
                 id: s.id,

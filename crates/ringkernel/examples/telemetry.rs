@@ -13,24 +13,9 @@
 mod common;
 
 use ringkernel::prelude::*;
-use std::process::ExitCode;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(5);
-
-/// A kernel's counters are updated just after its handler returns, so a reply can
-/// arrive a moment before its message is counted: wait (briefly) until every accepted
-/// message is accounted for as processed or dropped.
-async fn settled(k: &KernelHandle) -> KernelMetrics {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let m = k.metrics();
-        if m.processed + m.dropped >= m.received || std::time::Instant::now() > deadline {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
 
 fn print(m: &KernelMetrics) {
     println!(
@@ -49,14 +34,10 @@ fn print(m: &KernelMetrics) {
     );
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
-    common::exit(run().await)
-}
+common::example_main!(run);
 
 async fn run() -> Result<()> {
-    let rt = RingKernel::builder()
-        .backend(common::backend_arg()?)
+    let rt = common::builder()?
         // Refuses negative values: the error drops the message, counted in `dropped`.
         .register_fn(
             "validate",
@@ -80,7 +61,7 @@ async fn run() -> Result<()> {
     for i in 0..200 {
         let _: Token = echo.call(Token::new(i, 1.0), WAIT).await?;
     }
-    let m = settled(&echo).await;
+    let m = common::settled(&echo).await;
     assert_eq!(
         (m.received, m.processed, m.dropped, m.emitted),
         (200, 200, 0, 200)
@@ -101,7 +82,7 @@ async fn run() -> Result<()> {
             let t: Token = v.receive_timeout(WAIT).await?;
             assert!(t.value >= 0.0 && !t.id.is_multiple_of(10));
         }
-        let m = settled(&v).await;
+        let m = common::settled(&v).await;
         assert_eq!((m.received, m.processed, m.dropped), (100, 90, 10));
         assert_eq!(m.latency.count, 100, "refused messages are timed too");
     }
