@@ -133,7 +133,7 @@ pub(crate) struct Locked<'a> {
 
 /// Locks `inputs` for reading and `out` for writing, in address order. An output that
 /// is also an input is an [`Error::InvalidArgument`] (it would need an in-place op).
-pub(crate) fn lock<'a>(inputs: &[&'a CpuBuffer], out: &'a CpuBuffer) -> Result<Locked<'a>> {
+pub(crate) fn lock_buffers<'a>(inputs: &[&'a CpuBuffer], out: &'a CpuBuffer) -> Result<Locked<'a>> {
     if inputs.iter().any(|b| b.addr() == out.addr()) {
         return Err(Error::invalid(
             "the output buffer is also an input of the op; use a separate output buffer",

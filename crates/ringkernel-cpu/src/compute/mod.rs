@@ -25,7 +25,7 @@ mod kernels;
 
 pub use buffer::CpuBuffer;
 
-use buffer::{cpu, lock};
+use buffer::{cpu, lock_buffers};
 use rayon::prelude::*;
 use ringkernel_core::compute::{
     checks, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
@@ -229,7 +229,7 @@ impl ComputeBackend for CpuCompute {
         if std::ptr::eq(s, d) {
             d.write().copy_within(src_offset..s_end, dst_offset);
         } else {
-            let mut l = lock(&[s], d)?;
+            let mut l = lock_buffers(&[s], d)?;
             let (ins, out) = l.parts();
             out[dst_offset..d_end].copy_from_slice(&ins[0][src_offset..s_end]);
         }
@@ -249,7 +249,7 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let (xb, ob) = (cpu(x)?, cpu(out)?);
         checks::unary(len).check(&[x, out])?;
-        let mut l = lock(&[xb], ob)?;
+        let mut l = lock_buffers(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..len], &mut o[..len]);
         self.run(|| par_map1(x, o, |x, o| kernels::unary(op, x, o)));
@@ -266,7 +266,7 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
         checks::binary(len).check(&[a, b, out])?;
-        let mut l = lock(&[ab, bb], ob)?;
+        let mut l = lock_buffers(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
         self.run(|| par_map2(a, b, o, |a, b, o| kernels::binary(op, a, b, o)));
@@ -283,7 +283,7 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let (ab, ob) = (cpu(a)?, cpu(out)?);
         checks::binary_scalar(len).check(&[a, out])?;
-        let mut l = lock(&[ab], ob)?;
+        let mut l = lock_buffers(&[ab], ob)?;
         let (ins, o) = l.parts();
         let (a, o) = (&ins[0][..len], &mut o[..len]);
         self.run(|| par_map1(a, o, |a, o| kernels::binary_scalar(op, a, s, o)));
@@ -309,7 +309,7 @@ impl ComputeBackend for CpuCompute {
         needs.check(&[a, b, out])?;
         let (a_len, b_len, o_len) = (needs.elems(0), needs.elems(1), needs.elems(2));
         let flops = checks::product(&[batch, m, n, k], "matmul")?;
-        let mut l = lock(&[ab, bb], ob)?;
+        let mut l = lock_buffers(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b, o) = (&ins[0][..a_len], &ins[1][..b_len], &mut o[..o_len]);
         if o_len == 0 {
@@ -389,7 +389,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::matvec(m, k)?;
         needs.check(&[a, x, out])?;
         let a_len = needs.elems(0);
-        let mut l = lock(&[ab, xb], ob)?;
+        let mut l = lock_buffers(&[ab, xb], ob)?;
         let (ins, o) = l.parts();
         let (a, x, o) = (&ins[0][..a_len], &ins[1][..k], &mut o[..m]);
         if k == 0 {
@@ -413,7 +413,7 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let (ab, bb, ob) = (cpu(a)?, cpu(b)?, cpu(out)?);
         checks::dot(len).check(&[a, b, out])?;
-        let mut l = lock(&[ab, bb], ob)?;
+        let mut l = lock_buffers(&[ab, bb], ob)?;
         let (ins, o) = l.parts();
         let (a, b) = (&ins[0][..len], &ins[1][..len]);
         o[0] = self.run(|| {
@@ -441,7 +441,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::reduce(dims)?;
         needs.check(&[x, out])?;
         let (x_len, o_len) = (needs.elems(0), needs.elems(1));
-        let mut l = lock(&[xb], ob)?;
+        let mut l = lock_buffers(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..x_len], &mut o[..o_len]);
         let finish = |v: f32| {
@@ -532,7 +532,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::softmax(rows, cols)?;
         needs.check(&[x, out])?;
         let n = needs.elems(0);
-        let mut l = lock(&[xb], ob)?;
+        let mut l = lock_buffers(&[xb], ob)?;
         let (ins, o) = l.parts();
         let (x, o) = (&ins[0][..n], &mut o[..n]);
         let stream = n >= kernels::STREAM_MIN;
@@ -559,7 +559,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::rms_norm(rows, cols)?;
         needs.check(&[x, weight, out])?;
         let n = needs.elems(0);
-        let mut l = lock(&[xb, wb], ob)?;
+        let mut l = lock_buffers(&[xb, wb], ob)?;
         let (ins, o) = l.parts();
         let (x, w, o) = (&ins[0][..n], &ins[1][..cols], &mut o[..n]);
         let stream = n >= kernels::STREAM_MIN;
@@ -587,7 +587,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::layer_norm(rows, cols)?;
         needs.check(&[x, weight, bias, out])?;
         let n = needs.elems(0);
-        let mut l = lock(&[xb, wb, bb], ob)?;
+        let mut l = lock_buffers(&[xb, wb, bb], ob)?;
         let (ins, o) = l.parts();
         let (x, w, b, o) = (&ins[0][..n], &ins[1][..cols], &ins[2][..cols], &mut o[..n]);
         let stream = n >= kernels::STREAM_MIN;
@@ -618,7 +618,7 @@ impl ComputeBackend for CpuCompute {
         let needs = checks::rope(dims)?;
         needs.check(&[x, positions, out])?;
         let n = needs.elems(0);
-        let mut l = lock(&[xb, pb], ob)?;
+        let mut l = lock_buffers(&[xb, pb], ob)?;
         let (ins, o) = l.parts();
         let (x, pos, o) = (&ins[0][..n], &ins[1][..seq], &mut o[..n]);
         let h = head_dim / 2;
@@ -662,7 +662,7 @@ impl ComputeBackend for CpuCompute {
         let (qb, kb, ob) = (cpu(q)?, cpu(k)?, cpu(out)?);
         checks::attention_scores(&dims)?.check(&[q, k, out])?;
         let s = checks::attention_sizes(&dims)?;
-        let mut l = lock(&[qb, kb], ob)?;
+        let mut l = lock_buffers(&[qb, kb], ob)?;
         let (ins, o) = l.parts();
         let (q, k, o) = (&ins[0][..s.q], &ins[1][..s.kv], &mut o[..s.scores]);
         let AttentionDims {
@@ -696,7 +696,7 @@ impl ComputeBackend for CpuCompute {
         let (pb, vb, ob) = (cpu(p)?, cpu(v)?, cpu(out)?);
         checks::attention_weighted_sum(&dims)?.check(&[p, v, out])?;
         let s = checks::attention_sizes(&dims)?;
-        let mut l = lock(&[pb, vb], ob)?;
+        let mut l = lock_buffers(&[pb, vb], ob)?;
         let (ins, o) = l.parts();
         let (p, v, o) = (&ins[0][..s.scores], &ins[1][..s.kv], &mut o[..s.q]);
         let AttentionDims {
@@ -727,7 +727,7 @@ impl ComputeBackend for CpuCompute {
         let (qb, kb, vb, ob) = (cpu(q)?, cpu(k)?, cpu(v)?, cpu(out)?);
         checks::attention(&dims)?.check(&[q, k, v, out])?;
         let s = checks::attention_sizes(&dims)?;
-        let mut l = lock(&[qb, kb, vb], ob)?;
+        let mut l = lock_buffers(&[qb, kb, vb], ob)?;
         let (ins, o) = l.parts();
         let (q, k, v, o) = (
             &ins[0][..s.q],
@@ -784,7 +784,7 @@ impl ComputeBackend for CpuCompute {
     ) -> Result<()> {
         let (gb, ub, ob) = (cpu(gate)?, cpu(up)?, cpu(out)?);
         checks::swiglu(len).check(&[gate, up, out])?;
-        let mut l = lock(&[gb, ub], ob)?;
+        let mut l = lock_buffers(&[gb, ub], ob)?;
         let (ins, o) = l.parts();
         let (g, u, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
         self.run(|| par_map2(g, u, o, kernels::swiglu));
