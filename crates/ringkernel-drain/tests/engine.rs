@@ -63,6 +63,8 @@ async fn call_round_trip_and_control_block() {
         .unwrap();
     assert_eq!((r.id, r.value, r.hops), (5, 42.0, 1));
     // The stand-in advanced the worker line the way the drain template does.
+    // SAFETY: the target's control block is 128 readable bytes (DrainTarget contract),
+    // the pass has completed (its reply arrived), and the read is unaligned.
     let cb: ControlBlock = unsafe { std::ptr::read_unaligned(engine.target().control().cast()) };
     assert_eq!((cb.input_head, cb.output_tail, cb.processed), (1, 1, 1));
     assert_eq!(cb.kernel_id, k.id().0);
