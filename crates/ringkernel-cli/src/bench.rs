@@ -189,7 +189,7 @@ fn spsc_rtrb(n: u64) -> f64 {
 }
 
 fn hlc_ours(n: u64) -> f64 {
-    let clock = HlcClock::new();
+    let clock = HlcClock::new(1);
     let start = Instant::now();
     let mut last = clock.tick();
     for _ in 0..n {

@@ -475,7 +475,7 @@ async fn pipeline(
     while received < n {
         while sent < n && sent - received < window {
             let tok = Token::routed(sent, sent as f64, &route)?;
-            let before = rt.clock().peek().0;
+            let before = rt.clock().peek().packed();
             match first.try_send(&tok) {
                 Ok(_) => {
                     st.sent_ts[sent as usize] = before;
@@ -490,7 +490,7 @@ async fn pipeline(
         }
         let mut got = 0;
         while let Some(t) = last.try_receive::<Token>()? {
-            st.check(t, rt.clock().peek().0, failures);
+            st.check(t, rt.clock().peek().packed(), failures);
             received += 1;
             got += 1;
         }
@@ -504,7 +504,7 @@ async fn pipeline(
                     e,
                 )
             })?;
-            st.check(t, rt.clock().peek().0, failures);
+            st.check(t, rt.clock().peek().packed(), failures);
             received += 1;
         }
         progress.update(received);
@@ -631,7 +631,7 @@ async fn fanout(
             if (0..nsub).any(|s| targets[s] && delivered[s] - st.got[s] >= window) {
                 break;
             }
-            st.pub_ts[next as usize] = rt.clock().peek().0;
+            st.pub_ts[next as usize] = rt.clock().peek().packed();
             let report = rt.publish(TOPICS[topic], &Token::new(next, 0.0))?;
             let want = targets.iter().filter(|m| **m).count();
             if report.delivered != want
@@ -713,7 +713,7 @@ async fn one_at_a_time(
     let mut lat = Vec::with_capacity(samples as usize);
     for i in 0..samples {
         let id = first_id + i;
-        let before = rt.clock().peek().0;
+        let before = rt.clock().peek().packed();
         let t0 = Instant::now();
         stages[0].send(Token::routed(id, 0.5, &route)?).await?;
         let t: Token = stages[2]

@@ -34,9 +34,9 @@ fn bench_tick(c: &mut Criterion) {
     g.bench_function("clock/SystemTime_now", |b| {
         b.iter(|| black_box(systemtime_ms()))
     });
-    let ours = HlcClock::new();
+    let ours = HlcClock::new(1);
     g.bench_function("ringkernel/tick", |b| b.iter(|| black_box(ours.tick())));
-    let ours_std = HlcClock::with_physical_clock(systemtime_ms, 1_000);
+    let ours_std = HlcClock::with_physical_clock(1, systemtime_ms, 1_000);
     g.bench_function("ringkernel/tick_systemtime", |b| {
         b.iter(|| black_box(ours_std.tick()))
     });
@@ -50,10 +50,10 @@ fn bench_tick(c: &mut Criterion) {
 fn bench_update(c: &mut Criterion) {
     let mut g = c.benchmark_group("hlc_update");
     g.throughput(Throughput::Elements(1));
-    let ours = HlcClock::new();
-    let remote = HlcClock::new().tick();
+    let ours = HlcClock::new(1);
+    let remote = HlcClock::new(2).tick();
     g.bench_function("ringkernel/update", |b| {
-        b.iter(|| black_box(ours.update(black_box(remote)).unwrap()))
+        b.iter(|| black_box(ours.update(black_box(&remote)).unwrap()))
     });
     let theirs = uhlc::HLC::default();
     let remote_ts = uhlc::HLC::default().new_timestamp();

@@ -94,7 +94,7 @@ impl Token {
 }
 
 fn stamp(ctx: &KernelContext<'_>, t: &mut Token) {
-    t.stamps[(t.hops as usize).min(3)] = ctx.clock().peek().0;
+    t.stamps[(t.hops as usize).min(3)] = ctx.clock().peek().packed();
 }
 
 fn stage(ctx: &mut KernelContext<'_>, mut t: Token) -> Result<Option<Token>> {

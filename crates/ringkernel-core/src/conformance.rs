@@ -25,7 +25,6 @@
 
 use crate::builtin::{Token, COUNTER, ECHO, STAGE};
 use crate::error::{Error, Result};
-use crate::hlc::HlcTimestamp;
 use crate::lifecycle::LifecycleState;
 use crate::message::{Envelope, RingMessage, HEADER_SIZE};
 use crate::options::LaunchOptions;
@@ -701,7 +700,7 @@ pub async fn k2k_pipeline(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
             let s = &t.stamps;
             ensure!(
                 T,
-                HlcTimestamp(s[0]) > start_stamp && s[0] < s[1] && s[1] < s[2],
+                s[0] > start_stamp.packed() && s[0] < s[1] && s[1] < s[2],
                 "token {}: stamps not strictly increasing along the path: {:?} (host at {:?})",
                 t.id,
                 &s[..3],

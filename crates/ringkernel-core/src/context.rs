@@ -92,7 +92,7 @@ impl<'a> KernelContext<'a> {
     }
     /// HLC timestamp of the message being handled (as merged into this kernel's clock).
     pub fn request_timestamp(&self) -> HlcTimestamp {
-        HlcTimestamp(self.request.timestamp)
+        self.request.hlc()
     }
     /// This kernel's clock.
     pub fn clock(&self) -> &HlcClock {
@@ -106,7 +106,7 @@ impl<'a> KernelContext<'a> {
         h.message_id = self.core.next_message_id();
         h.correlation_id = self.request.correlation_id;
         h.source_kernel = self.id.0;
-        h.timestamp = self.hlc.tick().0;
+        h.set_hlc(self.hlc.tick());
         h.flags = extra_flags;
         Ok(h)
     }

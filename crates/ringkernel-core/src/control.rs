@@ -134,7 +134,7 @@ pub const MESSAGE_HEADER_FIELDS: &[(&str, usize)] = &[
     ("timestamp", 40),
     ("checksum", 48),
     ("flags", 52),
-    ("reserved", 56),
+    ("node_id", 56),
 ];
 
 #[cfg(test)]

@@ -1,21 +1,24 @@
-//! Hybrid Logical Clock (Kulkarni, Demirbas et al., 2014).
+//! Hybrid Logical Clock (Kulkarni, Demirbas et al., 2014), with node ids.
 //!
-//! A timestamp packs the logical physical time `l` (milliseconds since the UNIX epoch,
-//! upper 44 bits) and the counter `c` (lower 20 bits) into one `u64`, so timestamps
-//! compare as integers and the clock state is one `AtomicU64` advanced by CAS (or, when
-//! only the counter moves, by `fetch_add`, which cannot fail): strictly monotonic under
-//! any number of threads. When `c` would overflow within one
-//! millisecond, `l` advances by one (the clock runs ahead of physical time by at most
-//! that much while the burst lasts).
+//! A timestamp is `(time, node)`: `time` packs the logical physical time `l`
+//! (milliseconds since the UNIX epoch, upper 44 bits) and the counter `c` (lower 20
+//! bits) into one `u64`, and `node` is the id of the clock that issued it. Timestamps
+//! order by `(l, c, node)`, so two clocks with different node ids never produce equal
+//! timestamps, and every clock is strictly monotonic. The clock state is one
+//! `AtomicU64` advanced by CAS (or, when only the counter moves, by `fetch_add`, which
+//! cannot fail): strictly monotonic under any number of threads. When `c` would overflow
+//! within one millisecond, `l` advances by one (the clock runs ahead of physical time by
+//! at most that much while the burst lasts).
 //!
 //! ```
 //! use ringkernel_core::hlc::HlcClock;
 //!
-//! let a = HlcClock::new();
-//! let b = HlcClock::new();
-//! let sent = a.tick();                 // send event on a
-//! let received = b.update(sent).unwrap(); // receive event on b
+//! let a = HlcClock::new(1);
+//! let b = HlcClock::new(2);
+//! let sent = a.tick();                      // send event on node 1
+//! let received = b.update(&sent).unwrap(); // receive event on node 2
 //! assert!(received > sent);
+//! assert_eq!((sent.node(), received.node()), (1, 2));
 //! assert!(b.tick() > received);
 //! ```
 //!
@@ -29,7 +32,20 @@
 //!
 //! In the packed form both reduce to one comparison: the new value is `pack(pt, 0)` when
 //! `pt` is ahead of every `l` involved, and otherwise the largest packed value involved
-//! plus one, which also carries a counter overflow into `l`.
+//! plus one, which also carries a counter overflow into `l`. The node id takes no part
+//! in the rules; it only breaks ties between clocks.
+//!
+//! # Layout (host and device)
+//!
+//! [`HlcTimestamp`] is 16 bytes, `#[repr(C)]`: `time: u64` at offset 0, `node: u64` at
+//! offset 8. In a [`MessageHeader`](crate::message::MessageHeader) the two halves are
+//! `timestamp` (offset 40) and `node_id` (offset 56). CUDA kernels see the same fields
+//! (`RkMessageHeader::timestamp` / `node_id`, `unsigned long long`); WGSL, which has no
+//! 64-bit integers, sees each as a `vec2<u32>`, low word first. A runtime gives every
+//! clock it owns its own node id: the runtime's node number in the upper 32 bits and the
+//! clock's index in the lower 32 (0 for the host, the kernel id for a kernel's clock), so
+//! clocks of one runtime never collide, and neither do runtimes with distinct node
+//! numbers.
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,8 +59,9 @@ pub const MAX_LOGICAL: u32 = (1 << LOGICAL_BITS) - 1;
 /// Largest physical part in milliseconds (`2^44 - 1`, about the year 2527).
 pub const MAX_PHYSICAL_MS: u64 = (1 << (64 - LOGICAL_BITS)) - 1;
 
-/// A packed HLC timestamp. Ordering is the HLC order.
-#[repr(transparent)]
+/// An HLC timestamp: packed time (physical ms and logical counter) and the node id of
+/// the clock that issued it. Ordering is the HLC order, ties broken by node id.
+#[repr(C)]
 #[derive(
     Clone,
     Copy,
@@ -58,43 +75,77 @@ pub const MAX_PHYSICAL_MS: u64 = (1 << (64 - LOGICAL_BITS)) - 1;
     bytemuck::Pod,
     bytemuck::Zeroable,
 )]
-pub struct HlcTimestamp(pub u64);
+pub struct HlcTimestamp {
+    time: u64,
+    node: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<HlcTimestamp>() == 16);
+    assert!(std::mem::offset_of!(HlcTimestamp, time) == 0);
+    assert!(std::mem::offset_of!(HlcTimestamp, node) == 8);
+};
 
 impl HlcTimestamp {
-    /// Packs `physical_ms` (< 2^44) and `logical` (< 2^20); larger values are truncated
-    /// to those widths.
+    /// Packs `physical_ms` (< 2^44) and `logical` (< 2^20), node id 0; larger values are
+    /// truncated to those widths.
     ///
     /// ```
     /// use ringkernel_core::hlc::HlcTimestamp;
-    /// let t = HlcTimestamp::new(1_700_000_000_000, 5);
-    /// assert_eq!((t.physical_ms(), t.logical()), (1_700_000_000_000, 5));
+    /// let t = HlcTimestamp::new(1_700_000_000_000, 5).with_node(3);
+    /// assert_eq!((t.physical_ms(), t.logical(), t.node()), (1_700_000_000_000, 5, 3));
     /// ```
     #[inline(always)]
-    pub fn new(physical_ms: u64, logical: u32) -> Self {
-        HlcTimestamp(
-            ((physical_ms & MAX_PHYSICAL_MS) << LOGICAL_BITS) | (logical & MAX_LOGICAL) as u64,
-        )
+    pub const fn new(physical_ms: u64, logical: u32) -> Self {
+        HlcTimestamp {
+            time: ((physical_ms & MAX_PHYSICAL_MS) << LOGICAL_BITS)
+                | (logical & MAX_LOGICAL) as u64,
+            node: 0,
+        }
+    }
+    /// A timestamp from its packed time and node id (as stored in a message header).
+    #[inline(always)]
+    pub const fn from_parts(packed: u64, node: u64) -> Self {
+        HlcTimestamp { time: packed, node }
+    }
+    /// The same time, issued by `node`.
+    #[inline(always)]
+    pub const fn with_node(self, node: u64) -> Self {
+        HlcTimestamp {
+            time: self.time,
+            node,
+        }
     }
     /// The `l` part, in milliseconds since the UNIX epoch.
     #[inline(always)]
-    pub fn physical_ms(self) -> u64 {
-        self.0 >> LOGICAL_BITS
+    pub const fn physical_ms(self) -> u64 {
+        self.time >> LOGICAL_BITS
     }
     /// The `c` part.
     #[inline(always)]
-    pub fn logical(self) -> u32 {
-        (self.0 & MAX_LOGICAL as u64) as u32
+    pub const fn logical(self) -> u32 {
+        (self.time & MAX_LOGICAL as u64) as u32
     }
-    /// The packed value.
+    /// The packed time (`l << 20 | c`), without the node id.
     #[inline(always)]
-    pub fn as_u64(self) -> u64 {
-        self.0
+    pub const fn packed(self) -> u64 {
+        self.time
+    }
+    /// The packed time (same as [`packed`](Self::packed)).
+    #[inline(always)]
+    pub const fn as_u64(self) -> u64 {
+        self.time
+    }
+    /// The node id of the clock that issued this timestamp.
+    #[inline(always)]
+    pub const fn node(self) -> u64 {
+        self.node
     }
 }
 
 impl std::fmt::Display for HlcTimestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.physical_ms(), self.logical())
+        write!(f, "{}.{}@{}", self.physical_ms(), self.logical(), self.node)
     }
 }
 
@@ -134,9 +185,10 @@ pub fn system_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// A hybrid logical clock.
+/// A hybrid logical clock with a node id.
 pub struct HlcClock {
     state: AtomicU64,
+    node: u64,
     clock: PhysicalClock,
     max_drift_ms: u64,
 }
@@ -145,41 +197,50 @@ impl std::fmt::Debug for HlcClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HlcClock")
             .field("last", &self.peek())
+            .field("node", &self.node)
             .field("max_drift_ms", &self.max_drift_ms)
             .finish()
     }
 }
 
-impl Default for HlcClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl HlcClock {
-    /// A clock on the system wall clock with [`DEFAULT_MAX_DRIFT_MS`].
-    pub fn new() -> Self {
-        Self::with_physical_clock(system_clock_ms, DEFAULT_MAX_DRIFT_MS)
+    /// A clock of node `node_id` on the system wall clock with [`DEFAULT_MAX_DRIFT_MS`].
+    /// Give every clock that takes part in one system its own node id: that is what
+    /// keeps timestamps of different clocks apart.
+    pub fn new(node_id: u64) -> Self {
+        Self::with_physical_clock(node_id, system_clock_ms, DEFAULT_MAX_DRIFT_MS)
     }
     /// A clock with another maximum drift.
-    pub fn with_max_drift(max_drift_ms: u64) -> Self {
-        Self::with_physical_clock(system_clock_ms, max_drift_ms)
+    pub fn with_max_drift(node_id: u64, max_drift_ms: u64) -> Self {
+        Self::with_physical_clock(node_id, system_clock_ms, max_drift_ms)
     }
     /// A clock on a custom physical clock (tests use this to control time).
     ///
     /// ```
     /// use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
     /// fn frozen() -> u64 { 1_000 }
-    /// let c = HlcClock::with_physical_clock(frozen, 50);
-    /// assert_eq!(c.tick(), HlcTimestamp::new(1_000, 0));
-    /// assert_eq!(c.tick(), HlcTimestamp::new(1_000, 1));
+    /// let c = HlcClock::with_physical_clock(9, frozen, 50);
+    /// assert_eq!(c.tick(), HlcTimestamp::new(1_000, 0).with_node(9));
+    /// assert_eq!(c.tick(), HlcTimestamp::new(1_000, 1).with_node(9));
     /// ```
-    pub fn with_physical_clock(clock: PhysicalClock, max_drift_ms: u64) -> Self {
+    pub fn with_physical_clock(node_id: u64, clock: PhysicalClock, max_drift_ms: u64) -> Self {
         HlcClock {
             state: AtomicU64::new(0),
+            node: node_id,
             clock,
             max_drift_ms,
         }
+    }
+
+    /// This clock's node id.
+    #[inline(always)]
+    pub fn node_id(&self) -> u64 {
+        self.node
+    }
+
+    #[inline(always)]
+    fn stamp(&self, packed: u64) -> HlcTimestamp {
+        HlcTimestamp::from_parts(packed, self.node)
     }
 
     #[inline(always)]
@@ -199,14 +260,14 @@ impl HlcClock {
                 // counter. fetch_add never fails and always hands out a unique value,
                 // larger than anything stored before it.
                 let prev = self.state.fetch_add(1, Ordering::AcqRel);
-                return HlcTimestamp(prev.wrapping_add(1));
+                return self.stamp(prev.wrapping_add(1));
             }
-            let new = HlcTimestamp::new(pt, 0).0;
+            let new = HlcTimestamp::new(pt, 0).time;
             match self
                 .state
                 .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => return HlcTimestamp(new),
+                Ok(_) => return self.stamp(new),
                 Err(now) => old = now,
             }
         }
@@ -223,7 +284,7 @@ impl HlcClock {
         let mut old = self.state.load(Ordering::Relaxed);
         loop {
             let first = if pt > old >> LOGICAL_BITS {
-                HlcTimestamp::new(pt, 0).0
+                HlcTimestamp::new(pt, 0).time
             } else {
                 old + 1
             };
@@ -233,7 +294,7 @@ impl HlcClock {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return HlcTimestamp(first),
+                Ok(_) => return self.stamp(first),
                 Err(now) => old = now,
             }
         }
@@ -243,7 +304,7 @@ impl HlcClock {
     /// timestamp (greater than `remote` and than every earlier local one).
     /// [`Error::ClockDrift`] if `remote` is more than the
     /// maximum drift ahead of the physical clock; the clock is then unchanged.
-    pub fn update(&self, remote: HlcTimestamp) -> Result<HlcTimestamp> {
+    pub fn update(&self, remote: &HlcTimestamp) -> Result<HlcTimestamp> {
         let pt = self.physical();
         let lm = remote.physical_ms();
         if lm > pt.saturating_add(self.max_drift_ms) {
@@ -254,9 +315,9 @@ impl HlcClock {
         }
         let mut old = self.state.load(Ordering::Relaxed);
         loop {
-            let top = old.max(remote.0);
+            let top = old.max(remote.time);
             let new = if pt > top >> LOGICAL_BITS {
-                HlcTimestamp::new(pt, 0).0
+                HlcTimestamp::new(pt, 0).time
             } else {
                 top.wrapping_add(1)
             };
@@ -264,7 +325,7 @@ impl HlcClock {
                 .state
                 .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => return Ok(HlcTimestamp(new)),
+                Ok(_) => return Ok(self.stamp(new)),
                 Err(now) => old = now,
             }
         }
@@ -272,7 +333,7 @@ impl HlcClock {
 
     /// The latest timestamp issued, without advancing.
     pub fn peek(&self) -> HlcTimestamp {
-        HlcTimestamp(self.state.load(Ordering::Acquire))
+        self.stamp(self.state.load(Ordering::Acquire))
     }
 
     /// The configured maximum drift in milliseconds.
@@ -285,13 +346,13 @@ impl HlcClock {
 mod tests {
     #[test]
     fn reserve_hands_out_a_fresh_consecutive_batch() {
-        let c = HlcClock::new();
+        let c = HlcClock::new(1);
         let before = c.tick();
         let first = c.reserve(5);
         assert!(first > before);
         let after = c.tick();
         assert!(
-            after.0 >= first.0 + 5,
+            after.packed() >= first.packed() + 5,
             "the clock continues after the whole batch"
         );
         assert!(c.reserve(0) > after, "n = 0 counts as 1");
@@ -324,8 +385,9 @@ mod tests {
 
     #[test]
     fn tick_follows_system_time() {
-        let c = HlcClock::new();
+        let c = HlcClock::new(4);
         let t = c.tick();
+        assert_eq!(t.node(), 4);
         assert!(t.physical_ms() + 50 > system_clock_ms());
         assert_eq!(c.peek(), t);
     }

@@ -34,6 +34,7 @@ pub mod k2k;
 pub mod lifecycle;
 pub mod message;
 pub mod options;
+pub mod priority;
 pub mod pubsub;
 pub mod queue;
 pub mod registry;

@@ -27,6 +27,13 @@ pub mod flags {
     pub const K2K: u32 = 1 << 2;
     /// The message was delivered through a pub/sub topic.
     pub const PUBSUB: u32 = 1 << 3;
+    /// The payload is an rkyv archive (a variable-size message), not plain data.
+    pub const RKYV: u32 = 1 << 4;
+    /// Bits 8..16 of `flags` hold the message's priority
+    /// ([`crate::priority`]); see [`MessageHeader::priority`].
+    pub const PRIORITY_SHIFT: u32 = 8;
+    /// Mask of the priority byte within `flags`.
+    pub const PRIORITY_MASK: u32 = 0xFF << PRIORITY_SHIFT;
 }
 
 /// The 64-byte header at the start of every message slot.
@@ -52,14 +59,17 @@ pub struct MessageHeader {
     pub source_kernel: u32,
     /// Kernel id of the destination (0: the host).
     pub dest_kernel: u32,
-    /// Packed HLC timestamp of the send event ([`HlcTimestamp`](crate::hlc::HlcTimestamp)).
+    /// Packed HLC time of the send event (physical ms and logical counter, see
+    /// [`HlcTimestamp`](crate::hlc::HlcTimestamp)).
     pub timestamp: u64,
     /// FNV-1a of the payload when `flags & CHECKSUM`, else 0.
     pub checksum: u32,
-    /// [`flags`] bits.
+    /// [`flags`] bits in the low byte, the priority in the second byte
+    /// ([`flags::PRIORITY_SHIFT`]), the rest zero.
     pub flags: u32,
-    /// Explicit padding, always zero.
-    pub reserved: [u32; 2],
+    /// Node id of the clock that stamped `timestamp`: with it, `(timestamp, node_id)` is
+    /// the full [`HlcTimestamp`](crate::hlc::HlcTimestamp), unique across nodes.
+    pub node_id: u64,
 }
 
 const _: () = {
@@ -76,7 +86,7 @@ const _: () = {
     assert!(std::mem::offset_of!(MessageHeader, timestamp) == 40);
     assert!(std::mem::offset_of!(MessageHeader, checksum) == 48);
     assert!(std::mem::offset_of!(MessageHeader, flags) == 52);
-    assert!(std::mem::offset_of!(MessageHeader, reserved) == 56);
+    assert!(std::mem::offset_of!(MessageHeader, node_id) == 56);
 };
 
 impl MessageHeader {
@@ -89,6 +99,32 @@ impl MessageHeader {
             payload_len: payload_len as u32,
             ..Default::default()
         }
+    }
+
+    /// The message's priority (0–255; [`crate::priority`] names the levels).
+    #[inline]
+    pub fn priority(&self) -> u8 {
+        ((self.flags & flags::PRIORITY_MASK) >> flags::PRIORITY_SHIFT) as u8
+    }
+
+    /// Sets the message's priority.
+    #[inline]
+    pub fn set_priority(&mut self, priority: u8) {
+        self.flags =
+            (self.flags & !flags::PRIORITY_MASK) | (u32::from(priority) << flags::PRIORITY_SHIFT);
+    }
+
+    /// The full HLC timestamp of the send event (time and node id).
+    #[inline]
+    pub fn hlc(&self) -> crate::hlc::HlcTimestamp {
+        crate::hlc::HlcTimestamp::from_parts(self.timestamp, self.node_id)
+    }
+
+    /// Stores an HLC timestamp (time and node id).
+    #[inline]
+    pub fn set_hlc(&mut self, ts: crate::hlc::HlcTimestamp) {
+        self.timestamp = ts.packed();
+        self.node_id = ts.node();
     }
 
     /// Whether magic and version are the ones this build writes.

@@ -41,6 +41,12 @@ pub struct LaunchOptions {
     /// Instance name (default: the handler name). Several kernels may run the same
     /// handler under different instance names; two live kernels never share one.
     pub name: Option<String>,
+    /// The kernel's priority ([`crate::priority`], default
+    /// [`NORMAL`](crate::priority::NORMAL)): the priority of every message it emits
+    /// (replies, K2K sends, publishes), so its output overtakes lower-priority traffic in
+    /// the kernels that receive it; and where a backend serves several kernels in turn
+    /// (the drain passes of WebGPU and Metal), higher-priority kernels go first.
+    pub priority: u8,
 }
 
 impl Default for LaunchOptions {
@@ -55,6 +61,7 @@ impl Default for LaunchOptions {
             wait_when_full: true,
             state_bytes: 0,
             name: None,
+            priority: crate::priority::NORMAL,
         }
     }
 }
@@ -91,6 +98,18 @@ impl LaunchOptions {
     /// Sets whether the kernel starts active.
     pub fn with_auto_activate(mut self, yes: bool) -> Self {
         self.auto_activate = yes;
+        self
+    }
+    /// The kernel stays `Launched` until
+    /// [`KernelHandle::activate`](crate::runtime::KernelHandle::activate); messages sent
+    /// meanwhile wait in its input.
+    pub fn without_auto_activate(self) -> Self {
+        self.with_auto_activate(false)
+    }
+    /// Sets the kernel's priority ([`priority`](Self::priority)), e.g.
+    /// `with_priority(priority::HIGH)`.
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
         self
     }
     /// Sets the backpressure behaviour of `send`.

@@ -15,7 +15,7 @@
 use crate::backend::BackendKind;
 use crate::context::MessageRouter;
 use crate::error::{Error, Result};
-use crate::hlc::{HlcClock, HlcTimestamp};
+use crate::hlc::HlcClock;
 pub use crate::ids::KernelId;
 use crate::k2k::{K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
@@ -109,6 +109,7 @@ pub struct RuntimeCore {
     names: RwLock<HashMap<String, KernelId>>,
     next_kernel: AtomicU32,
     next_message: AtomicU64,
+    node: u32,
     hlc: HlcClock,
     broker: Broker,
     registry: KernelRegistry,
@@ -128,15 +129,24 @@ impl std::fmt::Debug for RuntimeCore {
 }
 
 impl RuntimeCore {
-    /// A core for `backend` resolving handler names through `registry`.
+    /// A core for `backend` resolving handler names through `registry`, with a fresh
+    /// node number ([`default_node_number`]).
     pub fn new(backend: BackendKind, registry: KernelRegistry) -> Arc<Self> {
+        Self::with_node(backend, registry, default_node_number())
+    }
+
+    /// A core whose clocks carry node number `node` ([`crate::hlc`]: the host clock's
+    /// node id is `node << 32`, kernel `k`'s is `node << 32 | k`). Runtimes that
+    /// exchange timestamps need distinct node numbers.
+    pub fn with_node(backend: BackendKind, registry: KernelRegistry, node: u32) -> Arc<Self> {
         Arc::new(RuntimeCore {
             backend,
             kernels: RwLock::new(HashMap::new()),
             names: RwLock::new(HashMap::new()),
             next_kernel: AtomicU32::new(1),
             next_message: AtomicU64::new(1),
-            hlc: HlcClock::new(),
+            node,
+            hlc: HlcClock::new(u64::from(node) << 32),
             broker: Broker::new(),
             registry,
             started: Instant::now(),
@@ -154,6 +164,14 @@ impl RuntimeCore {
     /// The host's clock.
     pub fn hlc(&self) -> &HlcClock {
         &self.hlc
+    }
+    /// This runtime's node number (the upper half of its clocks' node ids).
+    pub fn node_number(&self) -> u32 {
+        self.node
+    }
+    /// The node id of kernel `id`'s clock: `node << 32 | id`.
+    pub fn kernel_node_id(&self, id: KernelId) -> u64 {
+        (u64::from(self.node) << 32) | u64::from(id.0)
     }
     /// The pub/sub broker.
     pub fn broker(&self) -> &Broker {
@@ -274,7 +292,7 @@ impl RuntimeCore {
         let mut h = MessageHeader::new(M::TYPE_ID, std::mem::size_of::<M>());
         h.message_id = self.next_message_id();
         h.correlation_id = h.message_id;
-        h.timestamp = self.hlc.tick().0;
+        h.set_hlc(self.hlc.tick());
         self.publish_raw(topic, h, bytemuck::bytes_of(msg))
     }
 
@@ -343,6 +361,26 @@ impl MessageRouter for RuntimeCore {
     }
 }
 
+/// A node number for a runtime that was given none: process id, a per-process counter
+/// and the wall clock, mixed, so runtimes in one process and in different processes get
+/// different numbers with overwhelming probability. Never 0.
+pub fn default_node_number() -> u32 {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // splitmix64 finaliser over the three inputs.
+    let mut x = t
+        ^ (u64::from(std::process::id()) << 32)
+        ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x as u32).max(1)
+}
+
 /// What `shutdown` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
@@ -404,7 +442,7 @@ pub trait RingKernelRuntime: Send + Sync {
         let mut h = env.header;
         h.message_id = self.core().next_message_id();
         h.correlation_id = h.message_id;
-        h.timestamp = self.core().hlc().tick().0;
+        h.set_hlc(self.core().hlc().tick());
         self.core().publish_raw(topic, h, &env.payload)
     }
 
@@ -539,7 +577,7 @@ impl KernelHandle {
         h.correlation_id = h.message_id;
         h.source_kernel = KernelId::HOST.0;
         h.dest_kernel = self.id().0;
-        h.timestamp = self.inner.core.hlc().tick().0;
+        h.set_hlc(self.inner.core.hlc().tick());
         h
     }
 
@@ -618,12 +656,7 @@ impl KernelHandle {
             self.inner.engine.events().output.notify(usize::MAX);
         }
         if let Some(env) = &found {
-            if let Err(e) = self
-                .inner
-                .core
-                .hlc()
-                .update(HlcTimestamp(env.header.timestamp))
-            {
+            if let Err(e) = self.inner.core.hlc().update(&env.header.hlc()) {
                 tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
             }
         }

@@ -32,7 +32,7 @@ fn ts(l: u64, c: u32) -> HlcTimestamp {
 fn four_threads_a_million_ticks_each_unique_and_increasing() {
     const THREADS: usize = 4;
     const TICKS: usize = 1_000_000;
-    let clock = Arc::new(HlcClock::new());
+    let clock = Arc::new(HlcClock::new(1));
     let start = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
         .map(|_| {
@@ -67,7 +67,7 @@ fn four_threads_a_million_ticks_each_unique_and_increasing() {
 #[test]
 fn tick_rules() {
     let _g = at(1_000);
-    let c = HlcClock::with_physical_clock(fake_now, 100);
+    let c = HlcClock::with_physical_clock(0, fake_now, 100);
     // pt ahead of l: l' = pt, c' = 0.
     assert_eq!(c.tick(), ts(1_000, 0));
     // pt unchanged: the counter advances.
@@ -85,33 +85,33 @@ fn tick_rules() {
 #[test]
 fn update_rules_of_the_paper() {
     let _g = at(1_000);
-    let c = HlcClock::with_physical_clock(fake_now, 1_000);
+    let c = HlcClock::with_physical_clock(0, fake_now, 1_000);
     c.tick();
     c.tick(); // state (1000, 1)
 
     // l' == l == l_m: c' = max(c, c_m) + 1.
-    assert_eq!(c.update(ts(1_000, 7)).unwrap(), ts(1_000, 8));
-    assert_eq!(c.update(ts(1_000, 3)).unwrap(), ts(1_000, 9));
+    assert_eq!(c.update(&ts(1_000, 7)).unwrap(), ts(1_000, 8));
+    assert_eq!(c.update(&ts(1_000, 3)).unwrap(), ts(1_000, 9));
 
     // l' == l_m only (remote ahead of local and of pt): c' = c_m + 1.
-    assert_eq!(c.update(ts(1_200, 4)).unwrap(), ts(1_200, 5));
+    assert_eq!(c.update(&ts(1_200, 4)).unwrap(), ts(1_200, 5));
 
     // l' == l only (local ahead of remote and of pt): c' = c + 1.
-    assert_eq!(c.update(ts(1_100, 50)).unwrap(), ts(1_200, 6));
+    assert_eq!(c.update(&ts(1_100, 50)).unwrap(), ts(1_200, 6));
 
     // pt ahead of both: l' = pt, c' = 0.
     NOW_MS.store(1_500, Ordering::SeqCst);
-    assert_eq!(c.update(ts(1_300, 9)).unwrap(), ts(1_500, 0));
+    assert_eq!(c.update(&ts(1_300, 9)).unwrap(), ts(1_500, 0));
 
     // pt equals l and l_m: the first case still applies (max counter + 1).
-    assert_eq!(c.update(ts(1_500, 4)).unwrap(), ts(1_500, 5));
+    assert_eq!(c.update(&ts(1_500, 4)).unwrap(), ts(1_500, 5));
 
     // pt equals l, remote behind: c + 1.
-    assert_eq!(c.update(ts(1_400, 40)).unwrap(), ts(1_500, 6));
+    assert_eq!(c.update(&ts(1_400, 40)).unwrap(), ts(1_500, 6));
 
     // A receive is always after the remote send and after every local event.
     let r = ts(1_500, 100);
-    let got = c.update(r).unwrap();
+    let got = c.update(&r).unwrap();
     assert!(got > r && got > ts(1_500, 6));
     assert!(c.tick() > got);
 }
@@ -119,11 +119,11 @@ fn update_rules_of_the_paper() {
 #[test]
 fn drift_is_rejected_and_leaves_the_clock_unchanged() {
     let _g = at(10_000);
-    let c = HlcClock::with_physical_clock(fake_now, 500);
+    let c = HlcClock::with_physical_clock(0, fake_now, 500);
     assert_eq!(c.max_drift_ms(), 500);
     c.tick();
     let before = c.peek();
-    let err = c.update(ts(10_501, 0)).unwrap_err();
+    let err = c.update(&ts(10_501, 0)).unwrap_err();
     assert_eq!(
         err,
         Error::ClockDrift {
@@ -137,23 +137,23 @@ fn drift_is_rejected_and_leaves_the_clock_unchanged() {
         "a rejected update must not move the clock"
     );
     // Exactly at the limit is accepted.
-    assert_eq!(c.update(ts(10_500, 2)).unwrap(), ts(10_500, 3));
+    assert_eq!(c.update(&ts(10_500, 2)).unwrap(), ts(10_500, 3));
 }
 
 #[test]
 fn counter_overflow_carries_into_l() {
     let _g = at(5_000);
-    let c = HlcClock::with_physical_clock(fake_now, 1_000);
+    let c = HlcClock::with_physical_clock(0, fake_now, 1_000);
     // Bring the counter to its maximum through an update, then tick once more.
     assert_eq!(
-        c.update(ts(5_000, MAX_LOGICAL - 1)).unwrap(),
+        c.update(&ts(5_000, MAX_LOGICAL - 1)).unwrap(),
         ts(5_000, MAX_LOGICAL)
     );
     let t = c.tick();
     assert_eq!(t, ts(5_001, 0), "overflow advances l by one");
     assert!(t > ts(5_000, MAX_LOGICAL));
     // The same through update's c_m + 1 case.
-    assert_eq!(c.update(ts(5_002, MAX_LOGICAL)).unwrap(), ts(5_003, 0));
+    assert_eq!(c.update(&ts(5_002, MAX_LOGICAL)).unwrap(), ts(5_003, 0));
     // And when the physical clock catches up, it takes over again.
     NOW_MS.store(5_010, Ordering::SeqCst);
     assert_eq!(c.tick(), ts(5_010, 0));
@@ -162,7 +162,7 @@ fn counter_overflow_carries_into_l() {
 #[test]
 fn a_full_millisecond_of_ticks_keeps_order() {
     let _g = at(7_000);
-    let c = HlcClock::with_physical_clock(fake_now, 1_000);
+    let c = HlcClock::with_physical_clock(0, fake_now, 1_000);
     let mut last = c.tick();
     // More ticks than the counter holds within one frozen millisecond.
     for _ in 0..(MAX_LOGICAL as u64 + 10) {
@@ -172,4 +172,31 @@ fn a_full_millisecond_of_ticks_keeps_order() {
     }
     assert_eq!(last.physical_ms(), 7_001);
     assert_eq!(last.logical(), 9);
+}
+
+#[test]
+fn clocks_on_two_nodes_never_issue_equal_timestamps() {
+    fn frozen() -> u64 {
+        42_000
+    }
+    // Same physical clock, same history: only the node id tells them apart.
+    let a = HlcClock::with_physical_clock(1, frozen, 1_000);
+    let b = HlcClock::with_physical_clock(2, frozen, 1_000);
+    let ta: Vec<_> = (0..1000).map(|_| a.tick()).collect();
+    let tb: Vec<_> = (0..1000).map(|_| b.tick()).collect();
+    for (x, y) in ta.iter().zip(&tb) {
+        assert_eq!(x.packed(), y.packed(), "same time part");
+        assert_ne!(x, y);
+        assert!(
+            x < y,
+            "equal (physical, logical): node 1 orders before node 2"
+        );
+    }
+    // Order is (physical, logical, node): a later time wins over a larger node.
+    assert!(HlcTimestamp::new(5, 1).with_node(0) > HlcTimestamp::new(5, 0).with_node(u64::MAX));
+    assert!(HlcTimestamp::new(6, 0).with_node(0) > HlcTimestamp::new(5, 9).with_node(7));
+    // A merge keeps the receiver's node id and moves past the remote.
+    let got = b.update(&ta[999]).unwrap();
+    assert_eq!(got.node(), 2);
+    assert!(got > ta[999] && got > tb[999]);
 }

@@ -45,7 +45,7 @@ use ringkernel_core::backend::BackendKind;
 use ringkernel_core::builtin;
 use ringkernel_core::context::{KernelContext, OutputSink};
 use ringkernel_core::error::{Error, Result};
-use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
+use ringkernel_core::hlc::HlcClock;
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
@@ -263,7 +263,7 @@ fn spawn_kernel(
         state: AtomicLifecycle::new(LifecycleState::Created),
         events: KernelEvents::default(),
         counters: KernelCounters::default(),
-        hlc: HlcClock::new(),
+        hlc: HlcClock::new(core.kernel_node_id(id)),
         sleeping: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         drain_on_terminate: AtomicBool::new(false),
@@ -708,8 +708,8 @@ impl Worker {
     fn process(&mut self, core: &RuntimeCore, env: &Envelope) {
         let s = &*self.shared;
         let mut request = env.header;
-        match s.hlc.update(HlcTimestamp(request.timestamp)) {
-            Ok(ts) => request.timestamp = ts.0,
+        match s.hlc.update(&request.hlc()) {
+            Ok(ts) => request.set_hlc(ts),
             Err(e) => {
                 s.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(

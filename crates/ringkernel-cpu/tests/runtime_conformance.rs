@@ -472,7 +472,7 @@ async fn clock_drift_is_dropped_and_counted() {
     h.message_id = 1;
     h.correlation_id = 1;
     // Ten minutes ahead of this machine's clock: beyond the default maximum drift.
-    h.timestamp = HlcTimestamp::new(system_clock_ms() + 600_000, 0).0;
+    h.timestamp = HlcTimestamp::new(system_clock_ms() + 600_000, 0).packed();
     k.engine()
         .try_enqueue(&h, bytemuck::bytes_of(&Token::new(1, 1.0)))
         .unwrap();

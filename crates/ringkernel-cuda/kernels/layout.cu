@@ -40,7 +40,7 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkMessageHeader, timestamp);
     out[i++] = RK_OFF(RkMessageHeader, checksum);
     out[i++] = RK_OFF(RkMessageHeader, flags);
-    out[i++] = RK_OFF(RkMessageHeader, reserved);
+    out[i++] = RK_OFF(RkMessageHeader, node_id);
     out[i++] = sizeof(RkQueueHeader);
     out[i++] = RK_OFF(RkQueueHeader, tail);
     out[i++] = RK_OFF(RkQueueHeader, capacity);

@@ -278,8 +278,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     oh->timestamp = s_send_ts[m];
                     oh->checksum = 0;
                     oh->flags = RK_FLAG_REPLY;
-                    oh->reserved[0] = 0;
-                    oh->reserved[1] = 0;
+                    oh->node_id = 0;
                     const rk_u64 t0 = rk_globaltimer_ns();
                     r = handle(&ctx, ih, (const unsigned char*)(ih + 1), oh, (unsigned char*)(oh + 1), (void*)p.state);
                     const rk_u64 dt = rk_globaltimer_ns() - t0;

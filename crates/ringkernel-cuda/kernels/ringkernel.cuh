@@ -107,8 +107,8 @@ struct __align__(8) RkMessageHeader {
     rk_u32 dest_kernel;
     rk_u64 timestamp;
     rk_u32 checksum;
-    rk_u32 flags;
-    rk_u32 reserved[2];
+    rk_u32 flags;      /* flag bits in the low byte, the priority in bits 8..15 */
+    rk_u64 node_id;    /* node id of the clock that stamped `timestamp` */
 };
 
 /* core::control::ControlBlock (128 bytes): line 0 host-written, line 1 device-written. */
@@ -318,8 +318,7 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     h->timestamp = ctx->send_ts;
     h->checksum = 0;
     h->flags = RK_FLAG_K2K;
-    h->reserved[0] = 0;
-    h->reserved[1] = 0;
+    h->node_id = 0;
     unsigned char* dst = (unsigned char*)(h + 1);
     const unsigned char* src = (const unsigned char*)payload;
     for (rk_u32 i = 0; i < len; i++) dst[i] = src[i];

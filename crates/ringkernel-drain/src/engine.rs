@@ -52,7 +52,7 @@ use crate::msl::HostSlot;
 use crate::sizing::groups_for;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
-use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
+use ringkernel_core::hlc::HlcClock;
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
@@ -420,7 +420,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
             events: KernelEvents::default(),
             counters: KernelCounters::default(),
-            clock: HlcClock::new(),
+            clock: HlcClock::new(core.kernel_node_id(cfg.id)),
             host: Mutex::new(Host {
                 tail: 0,
                 dispatched: 0,
@@ -484,14 +484,14 @@ impl<T: DrainTarget> DrainEngine<T> {
             // this lock and are not read by any pass yet; the offset lies inside the ring.
             let hdr: MessageHeader =
                 unsafe { std::ptr::read_unaligned(self.target.input().add(off).cast()) };
-            if let Err(e) = self.clock.update(HlcTimestamp(hdr.timestamp)) {
+            if let Err(e) = self.clock.update(&hdr.hlc()) {
                 tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
                 // SAFETY: as above; `magic` is the header's first word.
                 unsafe { std::ptr::write_unaligned(self.target.input().add(off).cast::<u32>(), 0) };
             }
         }
         // One receive timestamp per message of the batch (the drain template adds j).
-        let hlc = self.clock.reserve(count as u32).0;
+        let hlc = self.clock.reserve(count as u32).packed();
         let p = params::Drain {
             kernel_id: self.id.0,
             count: count as u32,
@@ -561,7 +561,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             let mut hdr: MessageHeader =
                 unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
             if !hdr.is_valid() {
-                match hdr.reserved[0] {
+                match hdr.node_id as u32 {
                     0 => {
                         // Handled, no output.
                         handled += 1;
@@ -593,8 +593,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             if let Some(core) = &core {
                 hdr.message_id = core.next_message_id();
             }
-            hdr.reserved = [0; 2];
-            hdr.timestamp = self.clock.tick().0;
+            hdr.set_hlc(self.clock.tick());
             if hdr.flags & flags::K2K != 0 {
                 // Processed and emitted once delivered (see `route`).
                 routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));

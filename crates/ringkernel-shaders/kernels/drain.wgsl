@@ -16,7 +16,7 @@ struct RkMessageHeader {
     timestamp: vec2<u32>,
     checksum: u32,
     flags: u32,
-    reserved: array<u32, 2>,
+    node_id: vec2<u32>,
 }
 
 // control::ControlBlock (128 bytes; host line, then device line)
@@ -131,7 +131,7 @@ fn rk_read_header(base: u32) -> RkMessageHeader {
     h.timestamp = rk_in_u64(base + 10u);
     h.checksum = rk_input[base + 12u];
     h.flags = rk_input[base + 13u];
-    h.reserved = array<u32, 2>(rk_input[base + 14u], rk_input[base + 15u]);
+    h.node_id = rk_in_u64(base + 14u);
     return h;
 }
 

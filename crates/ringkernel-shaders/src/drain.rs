@@ -56,7 +56,7 @@
 //! HLC `timestamp` of each output; the device writes `magic`, `version`, `type_id`,
 //! `payload_len`, `correlation_id` (the request's), `source_kernel`, `dest_kernel` and
 //! `flags`. A slot whose header is not valid (`magic == 0`) has no output; its
-//! `reserved[0]` word carries the handler's status (0: the handler chose not to answer).
+//! `node_id` low word carries the handler's status (0: the handler chose not to answer).
 //! The template checks each request's magic and version first: an invalid request never
 //! reaches the handler and gets status [`ERR_INVALID_REQUEST`]. The device also advances
 //! its half of the control block (`input_head`, `output_tail`, `processed`, `hlc`,

@@ -102,14 +102,14 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
         if !req.is_valid() {
             // The template skips an invalid request without running the handler.
             out = MessageHeader::default();
-            out.reserved[0] = ringkernel_shaders::drain::ERR_INVALID_REQUEST;
+            out.node_id = u64::from(ringkernel_shaders::drain::ERR_INVALID_REQUEST);
         } else if handler == Handler::Refuse || !is_token {
             out = MessageHeader::default();
-            out.reserved[0] = if is_token {
+            out.node_id = u64::from(if is_token {
                 7
             } else {
                 ringkernel_shaders::drain::ERR_TYPE_MISMATCH
-            };
+            });
         } else {
             tok.stamps[tok.hops.min(3) as usize] = hlc;
             match handler {
