@@ -49,6 +49,9 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkQueueHeader, producer_reserved);
     out[i++] = RK_OFF(RkQueueHeader, head);
     out[i++] = RK_OFF(RkQueueHeader, consumer_reserved);
+    out[i++] = sizeof(RkLaneTails);
+    out[i++] = RK_OFF(RkLaneTails, tail);
+    out[i++] = RK_OFF(RkLaneTails, reserved);
     out[i++] = sizeof(RkInbox);
     out[i++] = RK_OFF(RkInbox, reserve);
     out[i++] = RK_OFF(RkInbox, capacity);
@@ -84,6 +87,10 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkLaunchParams, max_drift_ms);
     out[i++] = RK_OFF(RkLaunchParams, latency);
     out[i++] = RK_OFF(RkLaunchParams, latency_capacity);
+    out[i++] = RK_OFF(RkLaunchParams, lane_tails);
+    out[i++] = RK_OFF(RkLaunchParams, lane_stride);
+    out[i++] = RK_OFF(RkLaunchParams, node_id);
+    out[i++] = RK_OFF(RkLaunchParams, priority);
     out[i++] = sizeof(RkToken);
     out[i++] = RK_OFF(RkToken, id);
     out[i++] = RK_OFF(RkToken, value);

@@ -5,10 +5,15 @@
 // HLC); all threads copy message slots in and out with 16-byte loads/stores and, unless
 // the handler is serial, run the handler on one message each.
 //
-// Host memory (mapped): control block, input queue (host produces), output queue
-// (device produces), latency ring (one entry per message: the handler's run time on
-// %globaltimer, see ringkernel-cuda's metrics.rs). Device memory: the K2K inbox (other
-// kernels produce), scratch copies of the slots being handled, handler state.
+// Host memory (mapped): control block, the input lanes' tails (RkLaneTails) and rings
+// (one per priority level; the host produces), output queue (device produces), latency
+// ring (one entry per message: the handler's run time on %globaltimer, see
+// ringkernel-cuda's metrics.rs). Device memory: the K2K inbox (other kernels produce),
+// scratch copies of the slots being handled, handler state.
+//
+// Each batch comes from one source: the highest non-empty input lane, or the K2K
+// inbox (taken in turns with the host lanes so neither starves). Replies leave in the
+// order of the batch.
 
 #ifndef RK_HANDLER_SERIAL
 #define RK_HANDLER_SERIAL 0
@@ -22,9 +27,8 @@ __device__ __forceinline__ rk_u64 rk_now_ms(rk_u64 clock_offset_ns) {
 
 extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunchParams p) {
     RkControlBlock* cb = (RkControlBlock*)p.control;
-    RkQueueHeader* inq = (RkQueueHeader*)p.in_queue;
+    const rk_u32* lane_tails = (const rk_u32*)p.lane_tails;
     RkQueueHeader* outq = (RkQueueHeader*)p.out_queue;
-    unsigned char* in_slots = (unsigned char*)(inq + 1);
     unsigned char* out_slots = (unsigned char*)(outq + 1);
     RkInbox* inbox = (RkInbox*)p.inbox;
     unsigned char* inbox_slots = (unsigned char*)p.inbox_slots;
@@ -39,7 +43,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     const rk_u64 clock_off = p.clock_offset_ns - rk_globaltimer_ns();
 
     __shared__ rk_u32 s_n;          // messages in this batch
-    __shared__ rk_u32 s_src;        // 0: host input queue, 1: K2K inbox
+    __shared__ rk_u32 s_src;        // 0: host input lane s_lane, 1: K2K inbox
+    __shared__ rk_u32 s_lane;       // input lane of the batch (s_src == 0)
     __shared__ rk_u32 s_exit;
     __shared__ rk_u32 s_active;     // 1 while the kernel processes messages
     __shared__ rk_u64 s_first;      // index of the first message of the batch
@@ -56,7 +61,18 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     rk_u32 state = RK_STATE_LAUNCHED;
     rk_u32 ack = 0;
     bool terminating = false;
-    rk_u64 in_head = 0, in_tail = 0, out_tail = 0, out_head_seen = 0, inbox_head = 0;
+    // Per input lane: messages taken (the ring's head) and the tail's low 32 bits as last
+    // read. Indexed with constants only (unrolled loops), so they stay in registers.
+    rk_u64 lane_head[RK_LANES];
+    rk_u32 lane_tail[RK_LANES];
+#pragma unroll
+    for (int l = 0; l < (int)RK_LANES; l++) {
+        lane_head[l] = 0;
+        lane_tail[l] = 0;
+    }
+    rk_u32 cur_lane = 0;  // lane of the current batch
+    // in_taken: messages taken from all host lanes (the control block's input_head).
+    rk_u64 in_taken = 0, out_tail = 0, out_head_seen = 0, inbox_head = 0;
     // processed: handler ran and succeeded; dropped: refused or corrupt (the host's
     // metrics semantics); taken: every message taken (the latency ring's index).
     rk_u64 hlc = 0, processed = 0, dropped = 0, taken = 0;
@@ -83,6 +99,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         cb->input_head = 0;
         cb->output_tail = 0;
         s_active = 0;
+        s_lane = 0;
         s_inbox_head = 0;
         __threadfence_system();
         rk_st_release_sys32(&cb->state, RK_STATE_LAUNCHED);
@@ -105,10 +122,15 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             if ((tid & 31) == 0) s_warp_ready[tid / 32] = ballot == mask ? lanes : (rk_u32)(__ffs(~ballot) - 1);
         }
         if (tid == 0) {
-            // Relaxed loads of the two host-written words, issued back to back so their
-            // PCIe round trips overlap; one acquire fence orders what is read after.
+            // The command word (relaxed) and every input lane's tail (one 16-byte
+            // acquire load, see RkLaneTails), issued back to back so their PCIe round
+            // trips overlap: the same two reads per poll as with a single input queue.
             rk_u32 seq = *(volatile const rk_u32*)&cb->command_seq;
-            in_tail = rk_ld_acquire_sys(&inq->tail);
+            const uint4 tails = rk_ld_acquire_sys_v4(lane_tails);
+            lane_tail[0] = tails.x;
+            lane_tail[1] = tails.y;
+            lane_tail[2] = tails.z;
+            lane_tail[3] = tails.w;
             if (seq != ack) {
                 __threadfence_system();  // acquire for the command word
                 rk_u32 cmd = *(volatile rk_u32*)&cb->command;
@@ -134,7 +156,18 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             rk_u32 n = 0, src = 0;
             s_exit = 0;
             if (state == RK_STATE_ACTIVE) {
-                rk_u64 avail_in = in_tail - in_head;
+                // The highest non-empty lane; its depth is exact in 32 bits (a lane
+                // holds at most in_capacity < 2^32 messages).
+                rk_u64 avail_in = 0;
+                rk_u32 lane = 0;
+#pragma unroll
+                for (int l = 0; l < (int)RK_LANES; l++) {
+                    const rk_u32 d = lane_tail[l] - (rk_u32)lane_head[l];
+                    if (d != 0u) {
+                        avail_in = d;
+                        lane = (rk_u32)l;
+                    }
+                }
                 rk_u64 avail_box = 0;
                 if (s_active) {
                     for (rk_u32 w = 0; w < nwarps; w++) {
@@ -153,6 +186,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 bool use_box = avail_box > 0 && (avail_in == 0 || prefer_inbox);
                 rk_u64 avail = use_box ? avail_box : avail_in;
                 src = use_box ? 1 : 0;
+                cur_lane = lane;
                 prefer_inbox = !use_box;
                 rk_u64 m = avail < free_out ? avail : free_out;
                 if (m > nthreads) m = nthreads;
@@ -165,7 +199,13 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             s_active = state == RK_STATE_ACTIVE;
             s_n = n;
             s_src = src;
-            s_first = src ? inbox_head : in_head;
+            s_lane = cur_lane;
+            rk_u64 lane_first = 0;
+#pragma unroll
+            for (int l = 0; l < (int)RK_LANES; l++) {
+                if ((rk_u32)l == cur_lane) lane_first = lane_head[l];
+            }
+            s_first = src ? inbox_head : lane_first;
             s_sample = taken;
             s_out_tail = out_tail;
             heartbeat++;
@@ -199,7 +239,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         {
             const rk_u32 vec_per_slot = slot / 16;
             const rk_u32 total = n * vec_per_slot;
-            const unsigned char* ring = src == 0 ? in_slots : inbox_slots;
+            const unsigned char* ring =
+                src == 0 ? (const unsigned char*)(p.in_queue + (rk_u64)s_lane * p.lane_stride + sizeof(RkQueueHeader))
+                         : inbox_slots;
             const rk_u64 cap_mask = (src == 0 ? p.in_capacity : p.inbox_capacity) - 1;
             for (rk_u32 base = 0; base < total; base += 8 * nthreads) {
                 uint4 v[8];
@@ -259,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     RkContext ctx;
                     ctx.kernel_id = (rk_u32)p.kernel_id;
                     ctx.max_payload = slot - RK_HEADER_SIZE;
-                    ctx.message_index = first + m;
+                    ctx.message_index = s_sample + m;
                     ctx.now = s_recv_ts[m];
                     ctx.routes = (const RkRoute*)p.routes;
                     ctx.route_count = p.route_count;
@@ -267,18 +309,21 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     ctx.from_inbox = src;
                     ctx.send_ts = s_send_ts[m];
                     ctx.correlation_id = ih->correlation_id;
+                    ctx.node_id = p.node_id;
+                    ctx.priority = (rk_u32)p.priority;
+                    ctx.lane = src == 0 ? s_lane : 0u;
                     oh->magic = RK_MESSAGE_MAGIC;
                     oh->version = RK_MESSAGE_VERSION;
                     oh->type_id = ih->type_id;
                     oh->payload_len = ih->payload_len;
-                    oh->message_id = ((rk_u64)p.kernel_id << 40) | ((first + m) & 0xFFFFFFFFFFull);
+                    oh->message_id = ((rk_u64)p.kernel_id << 40) | ((s_sample + m) & 0xFFFFFFFFFFull);
                     oh->correlation_id = ih->correlation_id;
                     oh->source_kernel = (rk_u32)p.kernel_id;
                     oh->dest_kernel = ih->source_kernel;
                     oh->timestamp = s_send_ts[m];
                     oh->checksum = 0;
-                    oh->flags = RK_FLAG_REPLY;
-                    oh->node_id = 0;
+                    oh->flags = RK_FLAG_REPLY | (((rk_u32)p.priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
+                    oh->node_id = p.node_id;
                     const rk_u64 t0 = rk_globaltimer_ns();
                     r = handle(&ctx, ih, (const unsigned char*)(ih + 1), oh, (unsigned char*)(oh + 1), (void*)p.state);
                     const rk_u64 dt = rk_globaltimer_ns() - t0;
@@ -335,14 +380,23 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             cb->dropped = dropped;
             cb->last_error = last_error;
             cb->output_tail = out_tail;
-            cb->input_head = src == 0 ? in_head + n : in_head;
+            if (src == 0) in_taken += n;
+            cb->input_head = in_taken;
             // The barrier orders every thread's slot stores before this release store
             // (release is cumulative), so one system fence publishes the whole batch.
             if (replies) rk_st_release_sys(&outq->tail, out_tail);
             // The slots were fully read before the barrier: a relaxed store frees them.
             if (src == 0) {
-                in_head += n;
-                *(volatile rk_u64*)&inq->head = in_head;
+                RkQueueHeader* laneq = (RkQueueHeader*)(p.in_queue + (rk_u64)cur_lane * p.lane_stride);
+                rk_u64 head = 0;
+#pragma unroll
+                for (int l = 0; l < (int)RK_LANES; l++) {
+                    if ((rk_u32)l == cur_lane) {
+                        lane_head[l] += n;
+                        head = lane_head[l];
+                    }
+                }
+                *(volatile rk_u64*)&laneq->head = head;
             } else {
                 inbox_head += n;
                 s_inbox_head = inbox_head;
@@ -360,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             *(volatile rk_u32*)&my_route->valid = 0u;
             __threadfence();
         }
-        cb->input_head = in_head;
+        cb->input_head = in_taken;
         cb->output_tail = out_tail;
         cb->processed = processed;
         cb->dropped = dropped;

@@ -25,10 +25,11 @@
 // * It is called once per message, by one thread. `in_hdr`/`in_payload` are a copy of
 //   the input slot in device memory (read-only). `out_hdr` is pre-filled as a reply
 //   (magic, version, same type_id and payload_len, correlation_id = request's
-//   correlation_id, flags = RK_FLAG_REPLY, source = this kernel, dest = the request's
-//   source (0: the host), timestamp
-//   = a fresh HLC tick); the handler writes `out_payload` (at most
-//   `ctx->max_payload` bytes) and may change `out_hdr->type_id` / `payload_len`.
+//   correlation_id, flags = RK_FLAG_REPLY with the kernel's priority in the priority
+//   byte, source = this kernel, dest = the request's source (0: the host), timestamp
+//   = a fresh HLC tick, node_id = this kernel's clock node id); the handler writes
+//   `out_payload` (at most `ctx->max_payload` bytes) and may change
+//   `out_hdr->type_id` / `payload_len`.
 // * Return 1 to emit the reply into the kernel's output queue, 0 to emit nothing, a
 //   negative value to drop the message with that error code (counted in the control
 //   block's `dropped`, the code kept in `last_error`).
@@ -47,7 +48,14 @@
 //   CUDA kernel of the same runtime on the same GPU, through its device-memory inbox
 //   (no host hop). It returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
 // * `ctx->now` is this kernel's HLC timestamp after merging the request's timestamp
-//   (what the CPU backend's `ctx.clock().peek()` returns).
+//   (what the CPU backend's `ctx.clock().peek()` returns); its node id is
+//   `ctx->node_id`.
+// * Priority: the host input is RK_LANES rings, one per priority level (RkLaneTails).
+//   The kernel takes each batch from the highest non-empty lane (a batch never mixes
+//   lanes; FIFO within a lane), so a HIGH message overtakes any number of waiting LOW
+//   ones. The K2K inbox is one more source, not split by priority: the kernel
+//   alternates between it and the host lanes so neither starves. Replies and K2K sends
+//   carry the kernel's own priority (`ctx->priority`, LaunchOptions::priority).
 // ---------------------------------------------------------------------------------
 
 #ifndef RINGKERNEL_CUH
@@ -65,6 +73,15 @@ typedef int rk_i32;
 #define RK_FLAG_REPLY (1u << 1)
 #define RK_FLAG_K2K (1u << 2)
 #define RK_FLAG_PUBSUB (1u << 3)
+#define RK_FLAG_RKYV (1u << 4)
+/* The priority of a message (core::priority) lives in bits 8..15 of `flags`. */
+#define RK_FLAG_PRIORITY_SHIFT 8u
+#define RK_FLAG_PRIORITY_MASK (0xFFu << RK_FLAG_PRIORITY_SHIFT)
+
+/* Input lanes of a persistent kernel: one per priority level (core::priority::LANES);
+ * a priority p goes to lane p >> 6 (LOW 0, NORMAL 64, HIGH 128, CRITICAL 192). */
+#define RK_LANES 4u
+#define RK_LANE_SHIFT 6u
 
 #define RK_CMD_NONE 0u
 #define RK_CMD_ACTIVATE 1u
@@ -110,6 +127,13 @@ struct __align__(8) RkMessageHeader {
     rk_u32 flags;      /* flag bits in the low byte, the priority in bits 8..15 */
     rk_u64 node_id;    /* node id of the clock that stamped `timestamp` */
 };
+/* The message's HLC timestamp is the pair (`timestamp`, `node_id`): the same two u64 as
+ * core's HlcTimestamp { time, node }, where `time` is packed l << 20 | c (physical ms,
+ * logical counter; see rk_hlc_pack) and `node` is the stamping clock's node id
+ * (core's kernel_node_id: node number << 32 | kernel id). Timestamps order by time,
+ * then node, so two clocks never produce equal ones. A kernel's clock state (the
+ * control block's `hlc`, RkContext's `now` / `send_ts`) is the packed time only: its
+ * node id is the kernel's (RkContext::node_id). */
 
 /* core::control::ControlBlock (128 bytes): line 0 host-written, line 1 device-written. */
 struct __align__(128) RkControlBlock {
@@ -148,6 +172,19 @@ struct __align__(64) RkQueueHeader {
     rk_u32 consumer_reserved[14];
 };
 
+/* The tails of a persistent kernel's host input lanes (ringkernel-cuda's LaneTails, 128
+ * bytes, mapped host memory, written by the host only). Lane l's ring (an RkQueueHeader
+ * + slots, like every queue) is where the host writes its messages; after publishing
+ * them in the ring it stores the low 32 bits of the ring's new tail into `tail[l]`
+ * (release). The kernel reads the four words with one 16-byte acquire load per poll
+ * instead of each ring's own 64-bit tail: one PCIe read for every lane, so polling four
+ * lanes costs what polling one did, whichever lanes are in use. A lane never holds more
+ * than its capacity (< 2^32) messages, so `tail[l] - (u32)head` is its exact depth. */
+struct __align__(128) RkLaneTails {
+    rk_u32 tail[4];
+    rk_u32 reserved[28];
+};
+
 /* A K2K inbox in device memory (ringkernel-cuda's DeviceInbox, 128 bytes), followed by
  * `capacity` slots of `slot_size` bytes and then `capacity` 8-byte ready words.
  * Any number of producers (other kernels' threads) reserve an index with a CAS on
@@ -178,7 +215,7 @@ struct __align__(8) RkRoute {
  * passed by value as the only kernel parameter). All fields are 8 bytes wide. */
 struct __align__(8) RkLaunchParams {
     rk_u64 control;        /* RkControlBlock*, mapped host memory */
-    rk_u64 in_queue;       /* RkQueueHeader*, mapped host memory, slots follow */
+    rk_u64 in_queue;       /* RkQueueHeader* of input lane 0 (mapped host memory), slots follow */
     rk_u64 out_queue;      /* RkQueueHeader*, mapped host memory, slots follow */
     rk_u64 inbox;          /* RkInbox*, device memory */
     rk_u64 inbox_slots;
@@ -197,13 +234,17 @@ struct __align__(8) RkLaunchParams {
     rk_u64 max_drift_ms;
     rk_u64 latency;        /* rk_u64[latency_capacity] latency ring, mapped host memory (0: none) */
     rk_u64 latency_capacity;
+    rk_u64 lane_tails;     /* RkLaneTails*, mapped host memory */
+    rk_u64 lane_stride;    /* lane l's RkQueueHeader is at in_queue + l * lane_stride */
+    rk_u64 node_id;        /* node id of this kernel's clock (core's kernel_node_id) */
+    rk_u64 priority;       /* the kernel's priority (LaunchOptions::priority, 0..255) */
 };
 
 /* What a handler sees (device-only; not shared with the host). */
 struct RkContext {
     rk_u32 kernel_id;
     rk_u32 max_payload;
-    rk_u64 message_index; /* position of this message in the kernel's input stream */
+    rk_u64 message_index; /* position among all messages taken (every lane and the inbox) */
     rk_u64 now;           /* HLC after merging the request */
     const RkRoute* routes;
     rk_u64 route_count;
@@ -211,6 +252,9 @@ struct RkContext {
     rk_u32 from_inbox;    /* 1 when the message came through the K2K inbox */
     rk_u64 send_ts;       /* HLC timestamp to put on messages this handler sends */
     rk_u64 correlation_id;/* the request's correlation id (carried by replies and K2K sends) */
+    rk_u64 node_id;       /* node id of this kernel's clock (stamped next to send_ts) */
+    rk_u32 priority;      /* the kernel's priority (carried by replies and K2K sends) */
+    rk_u32 lane;          /* input lane the message came from (0..3); inbox messages: 0 */
 };
 
 /* ---- memory-order helpers (system scope: the host is the other party) ---- */
@@ -223,6 +267,16 @@ __device__ __forceinline__ rk_u64 rk_ld_acquire_sys(const rk_u64* p) {
 __device__ __forceinline__ rk_u32 rk_ld_acquire_sys32(const rk_u32* p) {
     rk_u32 v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+/* Four consecutive 32-bit words (16-byte aligned) with one acquire load: one memory
+ * transaction (one PCIe read for mapped host memory); each word is read atomically. */
+__device__ __forceinline__ uint4 rk_ld_acquire_sys_v4(const rk_u32* p) {
+    uint4 v;
+    asm volatile("ld.acquire.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
     return v;
 }
 __device__ __forceinline__ void rk_st_release_sys(rk_u64* p, rk_u64 v) {
@@ -269,8 +323,11 @@ __device__ __forceinline__ rk_u64 rk_hlc_tick(rk_u64 state, rk_u64 pt_ms) {
     return rk_hlc_pack(l, c + 1);
 }
 
-/* Receive event (Kulkarni et al. 2014). Returns 0 (and leaves *state alone) when the
- * remote timestamp is more than max_drift_ms ahead of the physical clock. */
+/* Receive event (Kulkarni et al. 2014) on packed times. Returns 0 (and leaves *state
+ * alone) when the remote timestamp is more than max_drift_ms ahead of the physical
+ * clock. The remote node id plays no part: it only breaks ties between equal packed
+ * times, and the merged time is a fresh local one, greater than both inputs (as core's
+ * HlcClock::update, which also takes the time alone). */
 __device__ __forceinline__ int rk_hlc_update(rk_u64* state, rk_u64 remote, rk_u64 pt_ms, rk_u64 max_drift_ms) {
     rk_u64 l = *state >> RK_HLC_LOGICAL_BITS, c = *state & RK_HLC_LOGICAL_MASK;
     rk_u64 ml = remote >> RK_HLC_LOGICAL_BITS, mc = remote & RK_HLC_LOGICAL_MASK;
@@ -317,8 +374,8 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     h->dest_kernel = dest;
     h->timestamp = ctx->send_ts;
     h->checksum = 0;
-    h->flags = RK_FLAG_K2K;
-    h->node_id = 0;
+    h->flags = RK_FLAG_K2K | ((ctx->priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
+    h->node_id = ctx->node_id;
     unsigned char* dst = (unsigned char*)(h + 1);
     const unsigned char* src = (const unsigned char*)payload;
     for (rk_u32 i = 0; i < len; i++) dst[i] = src[i];

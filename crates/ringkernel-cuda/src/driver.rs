@@ -247,6 +247,27 @@ impl Device {
         })
     }
 
+    /// A new non-blocking stream with CUDA stream priority `priority` (lower numbers
+    /// are higher priorities; see
+    /// [`stream_priority`](crate::runtime::stream_priority)), clamped by the driver to the
+    /// context's range.
+    pub(crate) fn new_stream_with_priority(self: &Arc<Self>, priority: i32) -> Result<Stream> {
+        self.bind()?;
+        let s = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, priority)
+            .map_err(dev_err("create stream"))?;
+        Ok(Stream {
+            raw: s,
+            dev: self.clone(),
+        })
+    }
+
+    /// The context's stream priority range, `(least, greatest)` (greatest <= least;
+    /// both 0 where the device has no stream priorities).
+    pub(crate) fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.bind()?;
+        cu::stream::get_priority_range().map_err(dev_err("stream priority range"))
+    }
+
     /// Loads a cubin image and returns the module.
     pub(crate) fn load_module(self: &Arc<Self>, image: &[u8]) -> Result<Module> {
         let running = RUNNING_PERSISTENT_KERNELS.load(Ordering::Acquire);

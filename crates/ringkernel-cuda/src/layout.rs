@@ -1,4 +1,5 @@
-//! The CUDA-only shared structs (device inbox, route entry, launch parameters) and the
+//! The CUDA-only shared structs (input lane tails, device inbox, route entry, launch
+//! parameters) and the
 //! layout check: a device kernel (`kernels/layout.cu`) writes `sizeof` and `offsetof()`
 //! of every struct mirrored in `kernels/ringkernel.cuh` and `kernels/token.cuh`, and
 //! [`check_device_layout`] compares them with the Rust definitions (ringkernel-core's
@@ -15,6 +16,28 @@ use ringkernel_core::{Error, Result};
 use std::ffi::c_void;
 use std::mem::{offset_of, size_of};
 use std::sync::Arc;
+
+/// The tails of a persistent kernel's host input lanes (`RkLaneTails`, 128 bytes, mapped
+/// host memory, written by the host only): one input ring per priority lane
+/// ([`ringkernel_core::priority::LANES`]), and after publishing messages in lane `l`'s
+/// ring the host stores the low 32 bits of its new tail in `tail[l]` (release). The
+/// kernel polls all four with one 16-byte acquire load: one PCIe read per poll
+/// whichever lanes are in use, so four lanes poll as fast as one queue did. A lane
+/// holds at most its capacity (< 2^32) messages, so 32 bits give its exact depth.
+#[repr(C, align(128))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct LaneTails {
+    /// Low 32 bits of each lane's tail index.
+    pub tail: [u32; 4],
+    /// Padding to the end of the two host-written cache lines.
+    pub reserved: [u32; 28],
+}
+
+impl Default for LaneTails {
+    fn default() -> Self {
+        Self::zeroed()
+    }
+}
 
 /// Header of a K2K inbox in device memory (`RkInbox`, 128 bytes): followed by
 /// `capacity` slots and `capacity` 8-byte ready words. Producers (other kernels) claim
@@ -62,7 +85,8 @@ pub struct DeviceRoute {
 pub struct LaunchParams {
     /// Device address of the control block (mapped host memory).
     pub control: u64,
-    /// Device address of the input queue header (mapped host memory).
+    /// Device address of input lane 0's queue header (mapped host memory); lane `l`'s
+    /// header is at `in_queue + l * lane_stride`.
     pub in_queue: u64,
     /// Device address of the output queue header (mapped host memory).
     pub out_queue: u64,
@@ -101,13 +125,25 @@ pub struct LaunchParams {
     pub latency: u64,
     /// Entries in the latency ring (a power of two).
     pub latency_capacity: u64,
+    /// Device address of the [`LaneTails`] (mapped host memory).
+    pub lane_tails: u64,
+    /// Bytes from one input lane's queue header to the next one's.
+    pub lane_stride: u64,
+    /// Node id of the kernel's clock (`RuntimeCore::kernel_node_id`), stamped on its
+    /// replies and K2K sends next to the timestamp.
+    pub node_id: u64,
+    /// The kernel's priority (`LaunchOptions::priority`), carried in the priority byte
+    /// of its replies and K2K sends.
+    pub priority: u64,
 }
 
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
     assert!(size_of::<DeviceRoute>() == 32);
-    assert!(size_of::<LaunchParams>() == 20 * 8);
+    assert!(size_of::<LaunchParams>() == 24 * 8);
+    assert!(size_of::<LaneTails>() == 128);
+    assert!(ringkernel_core::priority::LANES == 4);
 };
 
 /// Field tables of the CUDA-only structs, as the Rust compiler lays them out.
@@ -161,6 +197,16 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
         "latency_capacity",
         offset_of!(LaunchParams, latency_capacity),
     ),
+    ("lane_tails", offset_of!(LaunchParams, lane_tails)),
+    ("lane_stride", offset_of!(LaunchParams, lane_stride)),
+    ("node_id", offset_of!(LaunchParams, node_id)),
+    ("priority", offset_of!(LaunchParams, priority)),
+];
+
+/// See [`DEVICE_INBOX_FIELDS`].
+pub const LANE_TAILS_FIELDS: &[(&str, usize)] = &[
+    ("tail", offset_of!(LaneTails, tail)),
+    ("reserved", offset_of!(LaneTails, reserved)),
 ];
 
 /// Field table of the built-in [`Token`].
@@ -194,6 +240,7 @@ pub fn expected_layout() -> Vec<(&'static str, usize, FieldTable)> {
             size_of::<QueueHeader>(),
             QUEUE_HEADER_FIELDS,
         ),
+        ("RkLaneTails", size_of::<LaneTails>(), LANE_TAILS_FIELDS),
         ("RkInbox", size_of::<DeviceInbox>(), DEVICE_INBOX_FIELDS),
         ("RkRoute", size_of::<DeviceRoute>(), DEVICE_ROUTE_FIELDS),
         (
@@ -369,5 +416,22 @@ mod tests {
             define("RK_FLAG_CHECKSUM"),
             ringkernel_core::message::flags::CHECKSUM
         );
+        use ringkernel_core::message::flags;
+        assert_eq!(define("RK_FLAG_REPLY"), flags::REPLY);
+        assert_eq!(define("RK_FLAG_K2K"), flags::K2K);
+        assert_eq!(define("RK_FLAG_PUBSUB"), flags::PUBSUB);
+        assert_eq!(define("RK_FLAG_RKYV"), flags::RKYV);
+        assert_eq!(define("RK_FLAG_PRIORITY_SHIFT"), flags::PRIORITY_SHIFT);
+        assert_eq!(
+            0xFFu32 << define("RK_FLAG_PRIORITY_SHIFT"),
+            flags::PRIORITY_MASK
+        );
+        // The lanes: as many as core's, and the same priority -> lane mapping.
+        use ringkernel_core::priority::{lane, LANES};
+        assert_eq!(define("RK_LANES") as usize, LANES);
+        let shift = define("RK_LANE_SHIFT");
+        for p in 0..=u8::MAX {
+            assert_eq!((u32::from(p) >> shift) as usize, lane(p), "priority {p}");
+        }
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! * Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP | PORTABLE)`) per
 //!   kernel: the [`ControlBlock`] (host line: commands, host-side indices; device line:
-//!   state, counters, HLC), the input queue ([`QueueHeader`] + slots; the host produces,
-//!   the device consumes) and the output queue (the device produces, the host consumes).
+//!   state, counters, HLC), the input (one queue, [`QueueHeader`] + slots, per
+//!   priority lane, see *Priority* below; the host produces, the device consumes) and
+//!   the output queue (the device produces, the host consumes).
 //!   Each index is written by one side only, on its own cache line; the host publishes
 //!   with release stores, the device reads with `ld.acquire.sys` and re-fetches slot data
 //!   with `__ldcv`, and publishes with `__threadfence_system()` + `st.release.sys`.
@@ -25,6 +26,23 @@
 //! Kernel memory is kept until the runtime is dropped (a K2K sender on the GPU may
 //! still hold a terminated kernel's inbox address), and freed only after every kernel
 //! has exited.
+//!
+//! ## Priority
+//!
+//! The host input of a kernel is [`LANES`] queues, one per priority level, each of
+//! `LaunchOptions::queue_capacity` slots ([`KernelEngine::input_capacity`] counts them
+//! all). A message goes into the lane of its header's priority
+//! ([`priority::lane`]); the kernel takes every batch from the highest non-empty lane
+//! (FIFO within a lane, a batch never mixes lanes), so a HIGH message overtakes any
+//! number of waiting LOW ones. The host also writes each lane's tail into one 16-byte
+//! [`LaneTails`] line, which the kernel polls with one load: four lanes cost the poll
+//! loop what one queue did. The device K2K inbox is one more source (one lane): the
+//! kernel takes batches from it and from the host lanes in turns, so neither starves.
+//!
+//! Replies and K2K sends carry the kernel's priority (`LaunchOptions::priority`) in the
+//! priority byte and its clock's node id (`RuntimeCore::kernel_node_id`) next to the
+//! timestamp; the kernel's stream gets a CUDA stream priority from it
+//! ([`stream_priority`]).
 //!
 //! ## Host side
 //!
@@ -58,7 +76,7 @@
 //!   before launching kernels.
 
 use crate::driver::{dev_err, ensure_nvrtc, Device, DeviceMemory, MappedMemory, Module, Stream};
-use crate::layout::{DeviceInbox, DeviceRoute, LaunchParams};
+use crate::layout::{DeviceInbox, DeviceRoute, LaneTails, LaunchParams};
 use crate::metrics::{drop_reason, LatencyReader, LATENCY_RING_CAPACITY};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
@@ -66,6 +84,7 @@ use ringkernel_core::control::{command, ControlBlock};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::queue::slot::{SlotConsumer, SlotProducer};
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
@@ -166,6 +185,77 @@ pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The CUDA stream priority for a kernel of priority `priority` (core's levels), in a
+/// context whose stream priority range is `range = (least, greatest)` (CUDA: lower
+/// numbers are higher priorities; `(0, 0)` where the device has none).
+///
+/// LOW and NORMAL kernels get `least`, the priority every other stream has by default,
+/// so an ordinary kernel never outranks other CUDA work; HIGH gets the middle of the
+/// range and CRITICAL `greatest`. A persistent kernel is one block that runs for its
+/// whole life, so this orders mostly the launches and copies queued on its stream.
+///
+/// ```
+/// use ringkernel_core::priority;
+/// use ringkernel_cuda::runtime::stream_priority;
+/// assert_eq!(stream_priority(priority::NORMAL, (0, -5)), 0);
+/// assert_eq!(stream_priority(priority::HIGH, (0, -5)), -2);
+/// assert_eq!(stream_priority(priority::CRITICAL, (0, -5)), -5);
+/// assert_eq!(stream_priority(priority::CRITICAL, (0, 0)), 0);
+/// ```
+pub fn stream_priority(priority: u8, range: (i32, i32)) -> i32 {
+    let (least, greatest) = (i64::from(range.0), i64::from(range.1));
+    let normal = priority::lane(priority::NORMAL);
+    // Steps above NORMAL: 0 for LOW and NORMAL, 1 for HIGH, 2 for CRITICAL.
+    let step = priority::lane(priority).saturating_sub(normal) as i64;
+    let top = (LANES - 1 - normal) as i64;
+    (least + (greatest - least) * step / top) as i32
+}
+
+/// Writes as many of `msgs` as fit into `lanes` (one ring per priority lane, index =
+/// lane), each message into the lane of its header's priority ([`priority::lane`]).
+/// Every run of consecutive messages of one lane is written with one
+/// [`SlotProducer::try_push_batch`] (one release store of the ring's tail), after which
+/// `published(lane, new_tail)` is called. Stops at the first message whose lane is full,
+/// so what is written is always a prefix of `msgs`: returns its length and, for a
+/// payload that does not fit a slot, `MessageTooLarge` (the messages before it are
+/// written and published). `lanes` must hold [`LANES`] rings.
+fn push_into_lanes<'a>(
+    lanes: &mut [SlotProducer],
+    msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
+    mut published: impl FnMut(usize, u64),
+) -> (usize, Result<()>) {
+    debug_assert_eq!(lanes.len(), LANES);
+    let mut msgs = msgs.into_iter().peekable();
+    let mut written = 0usize;
+    while let Some(&(first, _)) = msgs.peek() {
+        let lane = priority::lane(first.priority());
+        let ring = &mut lanes[lane];
+        // Local index reads only: the consumer's head is read by the ring only when it
+        // looks full.
+        let before = ring.position();
+        let mut taken = 0usize;
+        let run = std::iter::from_fn(|| {
+            let m = msgs.next_if(|(h, _)| priority::lane(h.priority()) == lane)?;
+            taken += 1;
+            Some(m)
+        });
+        let r = ring.try_push_batch(run);
+        let n = ring.position().wrapping_sub(before) as usize;
+        if n > 0 {
+            published(lane, ring.position());
+            written += n;
+        }
+        match r {
+            Err(e) => return (written, Err(e)),
+            // The lane is full: the message the ring took and could not write, and
+            // everything after it, stay unsent.
+            Ok(_) if n < taken => break,
+            Ok(_) => {}
+        }
+    }
+    (written, Ok(()))
 }
 
 /// All memory of one kernel; kept by the runtime until it is dropped.
@@ -402,9 +492,12 @@ impl CudaRuntime {
         let inbox_cap = opts.queue_capacity;
         let block = opts.block_size as usize;
 
-        // Mapped host memory: control block | input queue | output queue | latency ring.
-        let in_off = HEADER_LINE;
-        let out_off = in_off + HEADER_LINE + in_cap * slot;
+        // Mapped host memory: control block | lane tails | input lanes 0..LANES (each a
+        // queue header + slots) | output queue | latency ring.
+        let tails_off = HEADER_LINE;
+        let in_off = tails_off + std::mem::size_of::<LaneTails>();
+        let lane_stride = HEADER_LINE + in_cap * slot;
+        let out_off = in_off + LANES * lane_stride;
         let lat_off = out_off + HEADER_LINE + out_cap * slot;
         let mapped_len = lat_off + LATENCY_RING_CAPACITY * 8;
         let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
@@ -417,7 +510,8 @@ impl CudaRuntime {
         let state_off = scratch_out + block * slot;
         // Everything of this kernel is allocated on its own (still empty) stream, so no
         // allocation or copy can queue behind another kernel that never finishes.
-        let stream = Arc::new(rt.dev.new_stream()?);
+        let stream_prio = stream_priority(opts.priority, rt.dev.stream_priority_range()?);
+        let stream = Arc::new(rt.dev.new_stream_with_priority(stream_prio)?);
         let device = DeviceMemory::zeroed(&stream, state_off + state_bytes)?;
         let inbox = DeviceInbox {
             capacity: inbox_cap as u32,
@@ -430,17 +524,20 @@ impl CudaRuntime {
         lock(&rt.memory).push(mem.clone());
 
         let base = mem.mapped.host_ptr();
+        let lane_offs: [usize; LANES] = std::array::from_fn(|l| in_off + l * lane_stride);
         // SAFETY: the mapped block is `mapped_len` bytes, 4 KiB aligned, zeroed, and not
-        // yet visible to any kernel; the three headers lie inside it at 128-byte aligned
-        // offsets.
+        // yet visible to any kernel; the control block, the lane tails (zero: every lane
+        // empty) and the queue headers lie inside it at 128-byte aligned offsets.
         unsafe {
             let cb = &mut *(base as *mut ControlBlock);
             cb.kernel_id = id.0;
             cb.slot_size = slot as u32;
-            cb.input_capacity = in_cap as u32;
+            // Every lane together (in_cap <= 2^24, so this fits).
+            cb.input_capacity = (LANES * in_cap) as u32;
             cb.output_capacity = out_cap as u32;
             cb.max_drift_ms = rt.core.hlc().max_drift_ms();
-            for (off, cap) in [(in_off, in_cap), (out_off, out_cap)] {
+            let queues = lane_offs.iter().map(|&off| (off, in_cap));
+            for (off, cap) in queues.chain([(out_off, out_cap)]) {
                 let q = &mut *(base.add(off) as *mut QueueHeader);
                 q.capacity = cap as u32;
                 q.slot_size = slot as u32;
@@ -448,17 +545,21 @@ impl CudaRuntime {
             }
         }
         let keep: Arc<dyn Any + Send + Sync> = mem.clone();
-        // SAFETY: the input ring lies inside the mapped block (which `keep` holds), its
-        // header was initialised above; the host is its only producer (this value, kept
-        // behind a mutex) and the device kernel its only consumer, which reads the tail
-        // with ld.acquire.sys and frees slots only after it has copied them.
-        let producer = unsafe {
-            SlotProducer::from_raw_parts(
-                ring_header(base, in_off),
-                ring_slots(base, in_off),
-                Some(keep.clone()),
-            )?
-        };
+        let mut lanes = Vec::with_capacity(LANES);
+        for &off in &lane_offs {
+            // SAFETY: each input ring lies inside the mapped block (which `keep` holds),
+            // its header was initialised above; the host is its only producer (this
+            // value, kept behind a mutex) and the device kernel its only consumer, which
+            // reads the lane's tail (mirrored in LaneTails, see `send_batch`) with
+            // ld.acquire.sys and frees slots only after it has copied them.
+            lanes.push(unsafe {
+                SlotProducer::from_raw_parts(
+                    ring_header(base, off),
+                    ring_slots(base, off),
+                    Some(keep.clone()),
+                )?
+            });
+        }
         // SAFETY: as above for the output ring, roles swapped: the device is the only
         // producer (it writes slots in [tail, head + capacity), then st.release.sys of
         // the tail, and reads the head with ld.acquire.sys), this value the only consumer.
@@ -496,6 +597,10 @@ impl CudaRuntime {
             max_drift_ms: rt.core.hlc().max_drift_ms(),
             latency: dbase + lat_off as u64,
             latency_capacity: LATENCY_RING_CAPACITY as u64,
+            lane_tails: dbase + tails_off as u64,
+            lane_stride: lane_stride as u64,
+            node_id: rt.core.kernel_node_id(id),
+            priority: u64::from(opts.priority),
         };
         let kernel = Arc::new(CudaEngine {
             id,
@@ -504,14 +609,16 @@ impl CudaRuntime {
             in_cap,
             out_cap,
             base,
+            tails_off,
             in_off,
+            lane_stride,
             out_off,
             lat_off,
             mem: mem.clone(),
             stream,
             _module: module,
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
-            producer: Mutex::new(producer),
+            lanes: Mutex::new(lanes),
             consumer: Mutex::new(Consumer {
                 ring: consumer,
                 spill: VecDeque::new(),
@@ -716,7 +823,11 @@ struct CudaEngine {
     out_cap: usize,
     /// Host address of the mapped block (control block at 0).
     base: *mut u8,
+    /// Offset of the [`LaneTails`] line.
+    tails_off: usize,
+    /// Offset of input lane 0's queue; lane `l`'s is at `in_off + l * lane_stride`.
     in_off: usize,
+    lane_stride: usize,
     out_off: usize,
     /// Offset of the latency ring in the mapped block.
     lat_off: usize,
@@ -724,8 +835,8 @@ struct CudaEngine {
     stream: Arc<Stream>,
     _module: Arc<Module>,
     lifecycle: AtomicLifecycle,
-    /// The producer side of the input queue.
-    producer: Mutex<SlotProducer>,
+    /// The producer side of the input lanes ([`LANES`] rings, index = lane).
+    lanes: Mutex<Vec<SlotProducer>>,
     consumer: Mutex<Consumer>,
     /// Handler latency measured by the device (`%globaltimer`), folded in from the
     /// latency ring.
@@ -783,8 +894,25 @@ impl CudaEngine {
     fn cb_u64(&self, off: usize) -> u64 {
         self.u64_at(off).load(Ordering::Acquire)
     }
-    fn in_head(&self) -> &AtomicU64 {
-        self.u64_at(self.in_off + std::mem::offset_of!(QueueHeader, head))
+    /// Offset of input lane `lane`'s queue header.
+    fn lane_off(&self, lane: usize) -> usize {
+        debug_assert!(lane < LANES);
+        self.in_off + lane * self.lane_stride
+    }
+    /// Messages the device has taken from every input lane (the sum of the lanes'
+    /// device-written heads).
+    fn input_taken(&self) -> u64 {
+        (0..LANES)
+            .map(|l| {
+                self.u64_at(self.lane_off(l) + std::mem::offset_of!(QueueHeader, head))
+                    .load(Ordering::Acquire)
+            })
+            .fold(0u64, u64::wrapping_add)
+    }
+    /// Lane `lane`'s word of the [`LaneTails`] line (host-written, device-polled).
+    fn lane_tail_word(&self, lane: usize) -> &AtomicU32 {
+        debug_assert!(lane < LANES);
+        self.u32_at(self.tails_off + std::mem::offset_of!(LaneTails, tail) + 4 * lane)
     }
     fn out_tail(&self) -> &AtomicU64 {
         self.u64_at(self.out_off + std::mem::offset_of!(QueueHeader, tail))
@@ -914,7 +1042,10 @@ impl CudaEngine {
     /// Writes the host-side indices into the control block's host line (they are not
     /// written per message: the device polls that line for commands).
     fn mirror_host_indices(&self) {
-        let tail = lock(&self.producer).position();
+        let tail = lock(&self.lanes)
+            .iter()
+            .map(SlotProducer::position)
+            .fold(0u64, u64::wrapping_add);
         let head = lock(&self.consumer).ring.position();
         self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
             .store(tail, Ordering::Relaxed);
@@ -922,29 +1053,30 @@ impl CudaEngine {
             .store(head, Ordering::Relaxed);
     }
 
-    /// Writes as many of `msgs` as fit into the input queue and publishes them with
-    /// one release store of the tail (core's [`SlotProducer::try_push_batch`]).
-    /// Returns how many were written. A payload that does not fit a slot is
-    /// `MessageTooLarge` (messages before it stay written).
+    /// Writes as many of `msgs` as fit into the input lanes ([`push_into_lanes`]) and
+    /// mirrors each lane's new tail into its [`LaneTails`] word, which the device polls.
+    /// Returns how many were written (a prefix of `msgs`). A payload that does not fit
+    /// a slot is `MessageTooLarge` (messages before it stay written).
     fn send_batch<'a>(
         &self,
         msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
     ) -> Result<usize> {
-        let mut p = lock(&self.producer);
+        let mut lanes = lock(&self.lanes);
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
         }
-        // Local index reads only: the device-written head is read by the ring only
-        // when it looks full.
-        let before = p.position();
-        let result = p.try_push_batch(msgs);
-        let written = p.position().wrapping_sub(before);
-        drop(p);
+        let (written, result) = push_into_lanes(&mut lanes, msgs, |lane, tail| {
+            // After the ring's own release store of its tail (its slots are published);
+            // the low 32 bits are what the device compares with its head of the lane.
+            self.lane_tail_word(lane)
+                .store(tail as u32, Ordering::Release);
+        });
+        drop(lanes);
         if written > 0 {
-            self.received.fetch_add(written, Ordering::Relaxed);
+            self.received.fetch_add(written as u64, Ordering::Relaxed);
             self.waker.wake();
         }
-        result
+        result.map(|()| written)
     }
 
     /// Takes up to `max` replies out of the output queue, calling `f` on each in place
@@ -968,38 +1100,43 @@ impl CudaEngine {
         Ok(taken)
     }
 
-    /// The messages left in the input queue once the kernel has exited, read (and
-    /// validated) through a consumer over the input ring that takes the exited
-    /// device's place.
+    /// The messages left in the input lanes once the kernel has exited, read (and
+    /// validated) through consumers over the input rings that take the exited device's
+    /// place; highest lane first, FIFO within a lane (the order the kernel would have
+    /// handled them in).
     fn take_undelivered(&self) -> Result<Vec<Envelope>> {
         debug_assert!(self.exited.load(Ordering::Acquire));
-        let _p = lock(&self.producer);
-        // SAFETY: the kernel has exited (its stream is idle), so the device consumer is
-        // gone and this is the only consumer of the input ring, which lies inside the
-        // mapped block that `self.mem` keeps; the producer is locked above, so no slot
-        // is written meanwhile.
-        let mut ring = unsafe {
-            SlotConsumer::from_raw_parts(
-                ring_header(self.base, self.in_off),
-                ring_slots(self.base, self.in_off),
-                None,
-            )?
-        };
+        let _lanes = lock(&self.lanes);
         let mut undelivered = Vec::new();
-        loop {
-            match ring.try_pop() {
-                Ok(Some(env)) => undelivered.push(env),
-                Ok(None) => return Ok(undelivered),
-                Err(e) => {
-                    tracing::warn!(kernel = %self.name, error = %e, "corrupt undelivered message")
+        for lane in (0..LANES).rev() {
+            let off = self.lane_off(lane);
+            // SAFETY: the kernel has exited (its stream is idle), so the device consumer
+            // is gone and this is the only consumer of the lane's ring, which lies
+            // inside the mapped block that `self.mem` keeps; the producers are locked
+            // above, so no slot is written meanwhile.
+            let mut ring = unsafe {
+                SlotConsumer::from_raw_parts(
+                    ring_header(self.base, off),
+                    ring_slots(self.base, off),
+                    None,
+                )?
+            };
+            loop {
+                match ring.try_pop() {
+                    Ok(Some(env)) => undelivered.push(env),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(kernel = %self.name, lane, error = %e, "corrupt undelivered message")
+                    }
                 }
             }
         }
+        Ok(undelivered)
     }
 
     async fn terminate_impl(&self) -> Result<TerminateReport> {
         let prev = {
-            let _p = lock(&self.producer);
+            let _lanes = lock(&self.lanes);
             self.lifecycle.transition(LifecycleState::Terminating)?
         };
         self.events.state.notify(usize::MAX);
@@ -1070,10 +1207,13 @@ impl KernelEngine for CudaEngine {
     fn slot_size(&self) -> usize {
         self.slot
     }
+    /// Every input lane together: [`LANES`] × `queue_capacity`.
     fn input_capacity(&self) -> usize {
-        self.in_cap
+        LANES * self.in_cap
     }
 
+    /// Into the lane of `header.priority()`; [`Error::QueueFull`] (with the lane's
+    /// capacity, `queue_capacity`) when that lane is full, whatever the other lanes hold.
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         // The ring checks the size before the space, so an oversized payload is
         // `MessageTooLarge`, never `QueueFull`.
@@ -1129,7 +1269,7 @@ impl KernelEngine for CudaEngine {
         let processed = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
         let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
         let emitted = self.out_tail().load(Ordering::Acquire);
-        let input = lock(&self.producer).stats();
+        let queue_depth = lock(&self.lanes).iter().map(|l| l.stats().depth).sum();
         self.mirror_host_indices();
         self.collect_metrics();
         KernelMetrics {
@@ -1140,7 +1280,7 @@ impl KernelEngine for CudaEngine {
             processed,
             dropped,
             emitted,
-            queue_depth: input.depth,
+            queue_depth,
             output_depth: self.output_depth(),
             latency: self.latency.summary(),
         }
@@ -1170,7 +1310,7 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
                 k.events.output.notify(usize::MAX);
                 m = true;
             }
-            let h = k.in_head().load(Ordering::Acquire);
+            let h = k.input_taken();
             if k.seen_in_head.swap(h, Ordering::AcqRel) != h {
                 k.events.input_space.notify(usize::MAX);
                 m = true;
@@ -1248,6 +1388,149 @@ mod tests {
         // The explicit registration replaces CUDA sources.
         register_cuda_builtins(&reg);
         assert_ne!(reg.gpu(ECHO).unwrap().cuda.as_deref(), Some("// mine"));
+    }
+
+    fn lanes(cap: usize) -> (Vec<SlotProducer>, Vec<SlotConsumer>) {
+        (0..LANES)
+            .map(|_| ringkernel_core::queue::slot::slot_channel(cap, 128).unwrap())
+            .unzip()
+    }
+
+    fn with_priority(p: u8, id: u64) -> MessageHeader {
+        let mut h = MessageHeader::new(7, 8);
+        h.message_id = id;
+        h.set_priority(p);
+        h
+    }
+
+    /// The message ids waiting in a lane, in order.
+    fn ids(c: &mut SlotConsumer) -> Vec<u64> {
+        let mut v = Vec::new();
+        c.try_pop_batch_with(usize::MAX, |h, _| v.push(h.message_id))
+            .unwrap();
+        v
+    }
+
+    #[test]
+    fn messages_go_to_the_lane_of_their_priority_in_runs() {
+        let (mut tx, mut rx) = lanes(8);
+        let ps = [
+            priority::LOW,
+            priority::LOW,
+            priority::HIGH,
+            priority::NORMAL - 1, // still the low lane
+            priority::CRITICAL,
+            255,
+            priority::NORMAL,
+            priority::HIGH - 1, // still the normal lane
+        ];
+        let hs: Vec<MessageHeader> = ps
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| with_priority(p, i as u64))
+            .collect();
+        let payload = [0u8; 8];
+        let mut published = Vec::new();
+        let (n, r) = push_into_lanes(
+            &mut tx,
+            hs.iter().map(|h| (h, &payload[..])),
+            |lane, tail| published.push((lane, tail)),
+        );
+        r.unwrap();
+        assert_eq!(n, 8);
+        // One publish per run of one lane, with the ring's new tail.
+        assert_eq!(
+            published,
+            vec![(0, 2), (2, 1), (0, 3), (3, 2), (1, 2)],
+            "runs: LOW LOW | HIGH | 63 | CRITICAL 255 | NORMAL 127"
+        );
+        assert_eq!(ids(&mut rx[0]), vec![0, 1, 3]);
+        assert_eq!(ids(&mut rx[1]), vec![6, 7]);
+        assert_eq!(ids(&mut rx[2]), vec![2]);
+        assert_eq!(ids(&mut rx[3]), vec![4, 5]);
+    }
+
+    #[test]
+    fn a_full_lane_stops_the_batch_so_a_prefix_is_written() {
+        let (mut tx, mut rx) = lanes(2);
+        let hs: Vec<MessageHeader> = [priority::LOW; 3]
+            .into_iter()
+            .chain([priority::HIGH])
+            .enumerate()
+            .map(|(i, p)| with_priority(p, i as u64))
+            .collect();
+        let payload = [0u8; 8];
+        let mut published = Vec::new();
+        let (n, r) = push_into_lanes(
+            &mut tx,
+            hs.iter().map(|h| (h, &payload[..])),
+            |lane, tail| published.push((lane, tail)),
+        );
+        r.unwrap();
+        // The low lane holds two; the HIGH message after the third is not sent either
+        // (senders get a prefix of their batch, never a gap).
+        assert_eq!(n, 2);
+        assert_eq!(published, vec![(0, 2)]);
+        assert_eq!(ids(&mut rx[0]), vec![0, 1]);
+        assert!(ids(&mut rx[2]).is_empty());
+        // A full lane does not block the others.
+        let (n, r) = push_into_lanes(&mut tx, [(&hs[3], &payload[..])], |_, _| {});
+        r.unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(ids(&mut rx[2]), vec![3]);
+        // The low lane was emptied above: two fit again.
+        let (n, r) = push_into_lanes(
+            &mut tx,
+            [(&hs[0], &payload[..]), (&hs[0], &payload[..])],
+            |_, _| {},
+        );
+        r.unwrap();
+        assert_eq!(n, 2);
+        // Nothing at all fits: 0, no publish.
+        let (n, r) = push_into_lanes(&mut tx, [(&hs[0], &payload[..])], |_, _| {
+            panic!("nothing written, nothing published")
+        });
+        assert_eq!((n, r.is_ok()), (0, true));
+    }
+
+    #[test]
+    fn an_oversized_payload_is_an_error_after_the_messages_before_it() {
+        let (mut tx, mut rx) = lanes(4);
+        let small = with_priority(priority::NORMAL, 1);
+        let big = with_priority(priority::CRITICAL, 2);
+        let after = with_priority(priority::NORMAL, 3);
+        let big_payload = [0u8; 128]; // a 128-byte slot holds 64 payload bytes
+        let mut published = Vec::new();
+        let (n, r) = push_into_lanes(
+            &mut tx,
+            [
+                (&small, &[1u8; 8][..]),
+                (&big, &big_payload[..]),
+                (&after, &[3u8; 8][..]),
+            ],
+            |lane, tail| published.push((lane, tail)),
+        );
+        assert!(matches!(r, Err(Error::MessageTooLarge { .. })), "{r:?}");
+        assert_eq!(n, 1);
+        assert_eq!(published, vec![(1, 1)]);
+        assert_eq!(ids(&mut rx[1]), vec![1]);
+        assert!(ids(&mut rx[3]).is_empty());
+    }
+
+    #[test]
+    fn stream_priorities_follow_the_kernel_priority() {
+        for range in [(0, -5), (0, -2), (0, 0), (3, 0)] {
+            let at = |p| stream_priority(p, range);
+            // LOW and NORMAL keep the default (least) priority.
+            assert_eq!(at(priority::LOW), range.0, "{range:?}");
+            assert_eq!(at(priority::NORMAL), range.0, "{range:?}");
+            assert_eq!(at(priority::CRITICAL), range.1, "{range:?}");
+            assert_eq!(at(255), range.1, "{range:?}");
+            // HIGH lies in between, never past either end.
+            let (lo, hi) = (range.0.min(range.1), range.0.max(range.1));
+            assert!((lo..=hi).contains(&at(priority::HIGH)), "{range:?}");
+        }
+        assert_eq!(stream_priority(priority::HIGH, (0, -4)), -2);
     }
 
     // ---- GPU tests (run with `cargo test -p ringkernel-cuda --lib -- --ignored`) ----
@@ -1395,8 +1678,9 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             // A payload changed after the checksum was taken is dropped with its reason.
             k.deactivate().await?;
             assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
-            let idx = lock(&e.producer).position() - 1;
-            let slot = slot_addr(&e, e.in_off, e.in_cap, idx);
+            let lane = priority::lane(h.priority());
+            let idx = lock(&e.lanes)[lane].position() - 1;
+            let slot = slot_addr(&e, e.lane_off(lane), e.in_cap, idx);
             // SAFETY: the kernel is deactivated, so the device does not read the slot
             // now; the payload byte lies inside it.
             unsafe { *slot.add(ringkernel_core::message::HEADER_SIZE) ^= 1 };
