@@ -149,6 +149,16 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 cb->state = terminating ? RK_STATE_TERMINATING : state;
                 __threadfence_system();
                 rk_st_release_sys32(&cb->command_ack, ack);
+                // Read the tails again, after the command: the tails above may have been
+                // read before messages the host sent ahead of the command (the two loads
+                // are not ordered), and an activated kernel must see every message sent
+                // before `activate` to take the highest lane first. Commands only: the
+                // message path keeps its two reads per poll.
+                const uint4 after = rk_ld_acquire_sys_v4(lane_tails);
+                lane_tail[0] = after.x;
+                lane_tail[1] = after.y;
+                lane_tail[2] = after.z;
+                lane_tail[3] = after.w;
             }
         }
         __syncthreads();  // s_warp_ready complete

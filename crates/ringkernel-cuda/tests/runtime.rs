@@ -5,10 +5,14 @@
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::conformance;
+use ringkernel_core::hlc::HlcTimestamp;
+use ringkernel_core::message::{flags, Envelope, MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::priority;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
-use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
 use ringkernel_cuda::CudaRuntime;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,6 +31,24 @@ where
         .unwrap();
     exec.block_on(async {
         let rt = runtime().await;
+        f(rt).await.unwrap();
+    });
+}
+
+/// As [`with_runtime`], on a runtime over `reg` (for tests with their own handlers).
+fn with_registry<F, Fut>(reg: KernelRegistry, f: F)
+where
+    F: FnOnce(CudaRuntime) -> Fut,
+    Fut: std::future::Future<Output = ringkernel_core::Result<()>>,
+{
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let exec = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    exec.block_on(async {
+        let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
         f(rt).await.unwrap();
     });
 }
@@ -182,5 +204,251 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
         assert_eq!(u64::from_le_bytes(r.payload[..8].try_into().unwrap()), 27);
         assert_eq!(k.metrics().dropped, 1);
         rt.shutdown().await.unwrap();
+    });
+}
+
+/// Sends `t` to `k` with priority `p`, stamped as `KernelHandle::send` stamps (message
+/// id, host source, host clock), through the engine.
+fn send_with_priority(
+    rt: &CudaRuntime,
+    k: &KernelHandle,
+    t: Token,
+    p: u8,
+) -> ringkernel_core::Result<()> {
+    let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
+    h.message_id = rt.core().next_message_id();
+    h.correlation_id = h.message_id;
+    h.source_kernel = KernelId::HOST.0;
+    h.dest_kernel = k.id().0;
+    h.set_hlc(rt.core().hlc().tick());
+    h.set_priority(p);
+    k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))
+}
+
+/// Priority lanes: with the kernel not yet active, LOW messages then a HIGH and a
+/// CRITICAL one wait in its input. Once activated, the CRITICAL and then the HIGH
+/// reply come before every LOW one, and the LOW ones in the order they were sent.
+/// Every reply carries the kernel's clock node id and the kernel's own priority.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn higher_priorities_overtake_waiting_low_ones() {
+    with_runtime(|rt| async move {
+        let k = rt
+            .launch(
+                ECHO,
+                LaunchOptions::default()
+                    .with_priority(priority::HIGH)
+                    .without_auto_activate(),
+            )
+            .await?;
+        const N: u64 = 300;
+        for i in 0..N {
+            send_with_priority(&rt, &k, Token::new(i, 1.0), priority::LOW)?;
+        }
+        send_with_priority(&rt, &k, Token::new(1_000, 1.0), priority::HIGH)?;
+        send_with_priority(&rt, &k, Token::new(2_000, 1.0), priority::CRITICAL)?;
+        // All of them wait (one lane per level: 300 LOW fit the LOW lane alone).
+        assert_eq!(k.metrics().queue_depth, N as usize + 2);
+        assert_eq!(
+            k.engine().input_capacity(),
+            priority::LANES * LaunchOptions::default().queue_capacity
+        );
+        k.activate().await?;
+        let node = rt.core().kernel_node_id(k.id());
+        let mut order = Vec::new();
+        let mut last: Option<HlcTimestamp> = None;
+        for _ in 0..N + 2 {
+            let env = k.receive_envelope(Some(Duration::from_secs(10))).await?;
+            assert_eq!(
+                env.header.node_id, node,
+                "reply stamped by the kernel's clock"
+            );
+            assert_eq!(
+                env.header.priority(),
+                priority::HIGH,
+                "the kernel's priority"
+            );
+            assert_ne!(env.header.flags & flags::REPLY, 0);
+            // One clock: its stamps strictly increase in reply order.
+            let ts = env.header.hlc();
+            assert!(last.is_none_or(|l| l < ts), "{last:?} then {ts:?}");
+            last = Some(ts);
+            let t: Token = env.decode()?;
+            assert_eq!(t.value, 2.0);
+            order.push(t.id);
+        }
+        assert_eq!(&order[..2], &[2_000, 1_000], "CRITICAL, then HIGH, first");
+        let low: Vec<u64> = (0..N).collect();
+        assert_eq!(&order[2..], &low[..], "LOW replies in FIFO order");
+        // The host merged the replies into its clock: its next tick is later than all.
+        assert!(rt.core().hlc().tick() > last.unwrap());
+        let m = k.metrics();
+        assert_eq!(
+            (m.processed, m.dropped, m.queue_depth),
+            (N + 2, 0, 0),
+            "{m:?}"
+        );
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
+
+/// Messages left in several lanes of an inactive kernel come back from terminate,
+/// highest lane first and FIFO within a lane; a full lane refuses more while the
+/// others still accept.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn terminate_returns_every_lane() {
+    with_runtime(|rt| async move {
+        let k = rt
+            .launch(
+                ECHO,
+                LaunchOptions::default()
+                    .with_queue_capacity(4)
+                    .without_auto_activate(),
+            )
+            .await?;
+        for i in 0..4 {
+            send_with_priority(&rt, &k, Token::new(i, 1.0), priority::LOW)?;
+        }
+        match send_with_priority(&rt, &k, Token::new(9, 1.0), priority::LOW) {
+            Err(ringkernel_core::Error::QueueFull { capacity }) => assert_eq!(capacity, 4),
+            other => panic!("a full LOW lane must refuse, got {other:?}"),
+        }
+        send_with_priority(&rt, &k, Token::new(10, 1.0), priority::NORMAL)?;
+        send_with_priority(&rt, &k, Token::new(20, 1.0), priority::CRITICAL)?;
+        send_with_priority(&rt, &k, Token::new(11, 1.0), priority::NORMAL)?;
+        assert_eq!(k.metrics().queue_depth, 7);
+        let rep = k.terminate().await?;
+        let ids: Vec<u64> = rep
+            .undelivered
+            .iter()
+            .map(|e| e.decode::<Token>().map(|t| t.id))
+            .collect::<ringkernel_core::Result<_>>()?;
+        assert_eq!(ids, vec![20, 10, 11, 0, 1, 2, 3]);
+        assert_eq!(rep.drained, 0);
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
+
+/// Two kernels' clocks carry different node ids, so they never produce equal
+/// timestamps, even for equal packed times.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn two_kernels_never_produce_equal_timestamps() {
+    with_runtime(|rt| async move {
+        let a = rt
+            .launch(ECHO, LaunchOptions::default().with_name("a"))
+            .await?;
+        let b = rt
+            .launch(ECHO, LaunchOptions::default().with_name("b"))
+            .await?;
+        let (na, nb) = (
+            rt.core().kernel_node_id(a.id()),
+            rt.core().kernel_node_id(b.id()),
+        );
+        assert_ne!(na, nb);
+        assert_eq!(na >> 32, u64::from(rt.core().node_number()));
+        const N: u64 = 500;
+        for i in 0..N {
+            a.send(Token::new(i, 1.0)).await?;
+            b.send(Token::new(i, 1.0)).await?;
+        }
+        let mut seen = HashSet::new();
+        for (k, node) in [(&a, na), (&b, nb)] {
+            for _ in 0..N {
+                let env = k.receive_envelope(Some(Duration::from_secs(10))).await?;
+                assert_eq!(env.header.node_id, node);
+                let ts = env.header.hlc();
+                assert!(seen.insert(ts), "timestamp {ts:?} produced twice");
+                // The kernel's own stamp of the token (rk.echo writes ctx->now, the
+                // packed time after merging the request) is its node's too.
+                let t: Token = env.decode()?;
+                assert!(t.stamps[0] != 0 && t.stamps[0] <= ts.packed());
+            }
+        }
+        assert_eq!(seen.len(), 2 * N as usize);
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
+
+/// K2K sends on the device carry the sending kernel's node id and priority: kernel
+/// `a` (CRITICAL) forwards to `b` (LOW), which reports the header it received.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_sends_carry_the_senders_node_id_and_priority() {
+    let reg = KernelRegistry::new();
+    reg.register_gpu(GpuHandler::new("hdr-probe").with_cuda(
+        r#"
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)state;
+    if (!ctx->from_inbox) {
+        /* From the host: forward this kernel's node id to the kernel named in the payload. */
+        if (in_hdr->payload_len != 8) return -(int)RK_ERR_HANDLER;
+        rk_u32 dest = (rk_u32)*(const rk_u64*)in_payload;
+        rk_u64 mine = ctx->node_id;
+        return rk_send_to(ctx, dest, in_hdr->type_id, &mine, 8) == RK_K2K_DELIVERED ? 0 : -(int)RK_ERR_HANDLER;
+    }
+    /* From another kernel: report the header it came with. */
+    rk_u64* o = (rk_u64*)out_payload;
+    o[0] = in_hdr->node_id;
+    o[1] = in_hdr->flags;
+    o[2] = in_hdr->timestamp;
+    o[3] = *(const rk_u64*)in_payload;
+    out_hdr->payload_len = 32;
+    return 1;
+}
+"#,
+    ));
+    with_registry(reg, |rt| async move {
+        rt.preload("hdr-probe")?;
+        let a = rt
+            .launch(
+                "hdr-probe",
+                LaunchOptions::default()
+                    .with_name("a")
+                    .with_priority(priority::CRITICAL),
+            )
+            .await?;
+        let b = rt
+            .launch(
+                "hdr-probe",
+                LaunchOptions::default()
+                    .with_name("b")
+                    .with_priority(priority::LOW),
+            )
+            .await?;
+        let (na, nb) = (
+            rt.core().kernel_node_id(a.id()),
+            rt.core().kernel_node_id(b.id()),
+        );
+        a.send_envelope(&Envelope::from_bytes(
+            77,
+            &u64::from(b.id().0).to_le_bytes(),
+        ))
+        .await?;
+        let env = b.receive_envelope(Some(Duration::from_secs(10))).await?;
+        let word = |i: usize| u64::from_le_bytes(env.payload[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(env.payload.len(), 32);
+        assert_eq!(word(0), na, "the K2K header names a's clock");
+        assert_eq!(word(3), na, "a's handler saw its node id in ctx->node_id");
+        let k2k_flags = word(1) as u32;
+        assert_ne!(k2k_flags & flags::K2K, 0);
+        let h = MessageHeader {
+            flags: k2k_flags,
+            ..Default::default()
+        };
+        assert_eq!(h.priority(), priority::CRITICAL, "a's priority");
+        assert_ne!(word(2), 0, "the K2K send is stamped");
+        // b's reply: b's clock, b's priority, later than the K2K stamp it merged.
+        assert_eq!(env.header.node_id, nb);
+        assert_eq!(env.header.priority(), priority::LOW);
+        assert!(env.header.timestamp > word(2));
+        assert_eq!(a.metrics().dropped, 0);
+        rt.shutdown().await?;
+        Ok(())
     });
 }
