@@ -38,6 +38,9 @@
 //! [`LaneTails`] line, which the kernel polls with one load: four lanes cost the poll
 //! loop what one queue did. The device K2K inbox is one more source (one lane): the
 //! kernel takes batches from it and from the host lanes in turns, so neither starves.
+//! The control block's `input_tail` / `input_head` count every lane together, and
+//! the input takes `LANES × queue_capacity × slot_size` bytes of pinned memory.
+//! Messages left in an inactive kernel come back from `terminate` highest lane first.
 //!
 //! Replies and K2K sends carry the kernel's priority (`LaunchOptions::priority`) in the
 //! priority byte and its clock's node id (`RuntimeCore::kernel_node_id`) next to the
@@ -81,6 +84,7 @@ use crate::metrics::{drop_reason, LatencyReader, LATENCY_RING_CAPACITY};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
 use ringkernel_core::control::{command, ControlBlock};
+use ringkernel_core::hlc::HlcTimestamp;
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
@@ -742,8 +746,11 @@ impl std::fmt::Debug for CudaStreamer {
 }
 
 impl CudaStreamer {
-    /// Writes as many of `msgs` as the input queue has room for, then publishes them
-    /// together. Returns how many were written (0 when the queue is full).
+    /// Writes as many of `msgs` as the input has room for, each into the lane of its
+    /// header's priority, publishing every run of messages of one lane together
+    /// (see the [module docs](self)). Stops at the first message whose lane is full, so
+    /// the messages written are a prefix of `msgs`; returns how many (0 when the first
+    /// one's lane is full).
     /// [`Error::KernelTerminated`] once the kernel is terminating;
     /// [`Error::MessageTooLarge`] for a payload that does not fit a slot (the messages
     /// before it are written).
@@ -1084,20 +1091,37 @@ impl CudaEngine {
     /// [`try_dequeue`](KernelEngine::try_dequeue) (core's
     /// [`SlotConsumer::try_pop_batch_with`]): a corrupt one is consumed and reported
     /// as an error after the replies before it. Returns how many were taken.
+    ///
+    /// The latest timestamp of the replies taken is merged into the host clock (one
+    /// `update` per batch: a kernel's reply stamps increase, so the latest covers the
+    /// others), as `KernelHandle`'s receive path merges each reply.
     fn receive_batch(&self, max: usize, f: &mut dyn FnMut(&MessageHeader, &[u8])) -> Result<usize> {
+        let mut latest: Option<HlcTimestamp> = None;
+        let mut g = |h: &MessageHeader, payload: &[u8]| {
+            latest = latest.max(Some(h.hlc()));
+            f(h, payload)
+        };
         let mut c = lock(&self.consumer);
         let mut taken = 0usize;
         while taken < max {
             let Some(env) = c.spill.pop_front() else {
                 break;
             };
-            f(&env.header, &env.payload);
+            g(&env.header, &env.payload);
             taken += 1;
         }
-        if taken < max {
-            taken += c.ring.try_pop_batch_with(max - taken, &mut *f)?;
+        let result = if taken < max {
+            c.ring.try_pop_batch_with(max - taken, &mut g)
+        } else {
+            Ok(0)
+        };
+        drop(c);
+        if let (Some(ts), Some(rt)) = (latest, self.rt.upgrade()) {
+            if let Err(e) = rt.core.hlc().update(&ts) {
+                tracing::warn!(kernel = %self.name, error = %e, "reply timestamp not merged into the host clock");
+            }
         }
-        Ok(taken)
+        Ok(taken + result?)
     }
 
     /// The messages left in the input lanes once the kernel has exited, read (and
