@@ -283,11 +283,17 @@ fn higher_priorities_overtake_waiting_low_ones() {
         // The host merged the replies into its clock: its next tick is later than all.
         assert!(rt.core().hlc().tick() > last.unwrap());
         let m = k.metrics();
-        assert_eq!(
-            (m.processed, m.dropped, m.queue_depth),
-            (N + 2, 0, 0),
-            "{m:?}"
-        );
+        assert_eq!((m.processed, m.dropped), (N + 2, 0), "{m:?}");
+        // The device frees a lane's slots just after publishing the batch's replies.
+        let start = std::time::Instant::now();
+        while k.metrics().queue_depth != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "input slots never freed: {:?}",
+                k.metrics()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         rt.shutdown().await?;
         Ok(())
     });
