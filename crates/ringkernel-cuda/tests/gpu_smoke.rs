@@ -111,10 +111,20 @@ fn one_echo_through_a_persistent_kernel() {
             dev_ms.abs_diff(host_ms) < 5_000,
             "device HLC {dev_ms} ms vs host {host_ms} ms"
         );
+        // The reply's header: the kernel's clock node id next to the timestamp, the
+        // kernel's priority (NORMAL by default) in the priority byte.
+        k.send(Token::new(8, 1.0)).await.expect("send");
+        let env = k
+            .receive_envelope(Some(Duration::from_secs(10)))
+            .await
+            .expect("reply");
+        assert_eq!(env.header.node_id, r.core().kernel_node_id(k.id()));
+        assert_eq!(env.header.priority(), ringkernel_core::priority::NORMAL);
+        assert_eq!(env.header.hlc().node(), env.header.node_id);
         let rep = k.terminate().await.expect("terminate");
         assert!(rep.undelivered.is_empty());
         let m = k.metrics();
-        assert_eq!((m.received, m.processed, m.dropped), (1, 1, 0));
+        assert_eq!((m.received, m.processed, m.dropped), (2, 2, 0));
         r.shutdown().await.unwrap();
     });
 }
