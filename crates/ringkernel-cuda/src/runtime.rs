@@ -1557,6 +1557,28 @@ mod tests {
         assert_eq!(stream_priority(priority::HIGH, (0, -4)), -2);
     }
 
+    /// Every persistent-kernel source of the built-ins and the layout kernel compile
+    /// with NVRTC (a syntax error in the CUDA C would otherwise show only on a GPU
+    /// machine). Needs NVRTC, not a GPU: `LD_LIBRARY_PATH=<dir of libnvrtc.so> cargo
+    /// test -p ringkernel-cuda --lib -- --ignored kernel_sources`.
+    #[test]
+    #[ignore = "needs NVRTC"]
+    fn kernel_sources_compile_with_nvrtc() {
+        let mut srcs: Vec<(String, String)> = builtin_handlers()
+            .into_iter()
+            .map(|(name, src, _)| (name.to_string(), persistent_source(&src)))
+            .collect();
+        srcs.push(("layout".into(), crate::layout::layout_source()));
+        // Turing (the oldest architecture CUDA 13 compiles for) and Hopper.
+        for cc in [(7, 5), (9, 0)] {
+            for (name, src) in &srcs {
+                let cubin = crate::nvrtc::compile_cubin(src, name, cc, 0)
+                    .unwrap_or_else(|e| panic!("{name} for sm_{}{}: {e}", cc.0, cc.1));
+                assert!(cubin.starts_with(b"\x7fELF"), "{name}: not a cubin");
+            }
+        }
+    }
+
     // ---- GPU tests (run with `cargo test -p ringkernel-cuda --lib -- --ignored`) ----
 
     fn on_gpu<F, Fut>(reg: KernelRegistry, f: F)
