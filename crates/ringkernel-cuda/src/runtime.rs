@@ -34,10 +34,11 @@
 //! all). A message goes into the lane of its header's priority
 //! ([`priority::lane`]); the kernel takes every batch from the highest non-empty lane
 //! (FIFO within a lane, a batch never mixes lanes), so a HIGH message overtakes any
-//! number of waiting LOW ones. The host also writes each lane's tail into one 16-byte
-//! [`LaneTails`] line, which the kernel polls with one load: four lanes cost the poll
-//! loop what one queue did. The device K2K inbox is one more source (one lane): the
-//! kernel takes batches from it and from the host lanes in turns, so neither starves.
+//! number of waiting LOW ones. The host also writes the low 32 bits of each lane's
+//! tail into the [`LaneTails`] block, whose four words the kernel polls with one
+//! 16-byte load: four lanes cost the poll loop what one queue did. The device K2K
+//! inbox is one more source (one lane): the kernel takes batches from it and from the
+//! host lanes in turns, so neither starves.
 //! The control block's `input_tail` / `input_head` count every lane together, and
 //! the input takes `LANES × queue_capacity × slot_size` bytes of pinned memory.
 //! Messages left in an inactive kernel come back from `terminate` highest lane first.
