@@ -109,6 +109,52 @@ async fn counter_counts_in_order_across_passes() {
     rt.shutdown().await.unwrap();
 }
 
+/// The serial WGSL counter sees waiting messages highest priority first (FIFO within
+/// one), across passes when the ring is smaller than what waits; replies carry the
+/// kernel's priority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serial_handler_sees_messages_in_priority_order() {
+    use ringkernel_core::priority;
+    let rt = runtime();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(4)
+        .with_priority(priority::HIGH)
+        .without_auto_activate();
+    let c = rt.launch(COUNTER, opts).await.unwrap();
+    for i in 0..4u64 {
+        c.send_with_priority(Token::new(i, 0.0), priority::LOW)
+            .await
+            .unwrap();
+    }
+    c.send(Token::new(50, 0.0)).await.unwrap();
+    c.send_with_priority(Token::new(200, 0.0), priority::CRITICAL)
+        .await
+        .unwrap();
+    c.activate().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let env = c
+            .receive_envelope(Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        assert_eq!(env.header.priority(), priority::HIGH);
+        let t: Token = env.decode().unwrap();
+        seen.push((t.id, t.value));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (200, 1.0),
+            (50, 2.0),
+            (0, 3.0),
+            (1, 4.0),
+            (2, 5.0),
+            (3, 6.0)
+        ]
+    );
+    rt.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_message_type_is_dropped_and_counted() {
     let rt = runtime();
