@@ -539,7 +539,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             slot_words: (self.slot_size / 4) as u32,
             mask: self.capacity as u32 - 1,
             state_words: self.state_words,
-            _pad: [0; 3],
+            node_lo: self.clock.node_id() as u32,
+            node_hi: (self.clock.node_id() >> 32) as u32,
+            _pad: 0,
         };
         h.in_flight = true;
         h.dispatched = first + count;

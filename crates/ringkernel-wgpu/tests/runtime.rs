@@ -193,6 +193,48 @@ async fn a_broken_wgsl_handler_is_a_compile_error() {
     rt.shutdown().await.unwrap();
 }
 
+/// A WGSL handler sees its kernel's node id (`ctx.node_id`), so it can stamp the full
+/// HLC timestamp (time and node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wgsl_handler_sees_its_node_id() {
+    const HANDLER: &str = "
+fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
+    if (!token_begin(ctx, in_slot, out_slot)) {
+        return RK_ERR_TYPE_MISMATCH;
+    }
+    rk_out_set_u64(out_slot + TOKEN_STAMPS + 2u, (*ctx).node_id);
+    rk_reply(ctx, TOKEN_TYPE_ID, TOKEN_BYTES);
+    return 0u;
+}
+";
+    let reg = KernelRegistry::new();
+    reg.register_gpu(
+        ringkernel_core::registry::GpuHandler::new("node").with_wgsl(format!(
+            "{}\n{HANDLER}",
+            ringkernel_shaders::drain::TOKEN_LIB
+        )),
+    );
+    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let a = rt.launch("node", LaunchOptions::default()).await.unwrap();
+    let b = rt
+        .launch("node", LaunchOptions::default().with_name("node.b"))
+        .await
+        .unwrap();
+    for k in [&a, &b] {
+        k.send(Token::new(1, 1.0)).await.unwrap();
+        let env = k
+            .receive_envelope(Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let t: Token = env.decode().unwrap();
+        let node = rt.core().kernel_node_id(k.id());
+        assert_eq!(t.stamps[1], node, "ctx.node_id of {}", k.name());
+        // The host stamps the reply with the same clock.
+        assert_eq!(env.header.node_id, node);
+    }
+    rt.shutdown().await.unwrap();
+}
+
 /// lavapipe in CI; the GPU on the device machine (whose bundle sets RINGKERNEL_REQUIRE_GPU).
 fn default_adapter() -> AdapterSelection {
     if std::env::var("RINGKERNEL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
