@@ -3,10 +3,12 @@
 //! while the worker sleeps, concurrent senders on every lane, depth over all lanes.
 
 use ringkernel_core::builtin::{Token, ECHO};
+use ringkernel_core::context::KernelContext;
+use ringkernel_core::error::Result;
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{CRITICAL, HIGH, LOW, NORMAL};
 use ringkernel_core::registry::KernelRegistry;
-use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::runtime::{RingKernelRuntime, RuntimeExt};
 use ringkernel_cpu::CpuRuntime;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -126,5 +128,55 @@ async fn depth_counts_every_lane() {
         ids.push(t.id);
     }
     assert_eq!(ids, vec![2, 3, 4, 5, 0, 1]);
+    rt.shutdown().await.unwrap();
+}
+
+/// A kernel's publishes carry its priority (host publishes are NORMAL): at a
+/// subscriber with LOW messages waiting, the CRITICAL kernel's publish comes first,
+/// then the host's, then the LOW ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_carry_the_publishing_kernels_priority() {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.publisher",
+        |ctx: &mut KernelContext<'_>, t: Token| -> Result<Option<Token>> {
+            assert_eq!(ctx.priority(), CRITICAL);
+            ctx.publish("prio/news", &t)?;
+            Ok(None)
+        },
+    );
+    let rt = CpuRuntime::with_registry(reg);
+    let publisher = rt
+        .launch(
+            "test.publisher",
+            LaunchOptions::default().with_priority(CRITICAL),
+        )
+        .await
+        .unwrap();
+    let sub = rt
+        .launch(ECHO, LaunchOptions::default().without_auto_activate())
+        .await
+        .unwrap();
+    rt.subscribe(sub.id(), "prio/#").unwrap();
+    for i in 0..3 {
+        sub.send_with_priority(Token::new(i, 1.0), LOW)
+            .await
+            .unwrap();
+    }
+    publisher.send(Token::new(100, 1.0)).await.unwrap();
+    let deadline = Instant::now() + T;
+    while sub.metrics().received < 4 {
+        assert!(Instant::now() < deadline, "the publish never arrived");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let report = rt.publish("prio/host", &Token::new(50, 1.0)).unwrap();
+    assert_eq!(report.delivered, 1);
+    sub.activate().await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let t: Token = sub.receive_timeout(T).await.unwrap();
+        ids.push(t.id);
+    }
+    assert_eq!(ids, vec![100, 50, 0, 1, 2]);
     rt.shutdown().await.unwrap();
 }
