@@ -30,7 +30,7 @@ pub mod flags {
     /// The payload is an rkyv archive (a variable-size message), not plain data.
     pub const RKYV: u32 = 1 << 4;
     /// Bits 8..16 of `flags` hold the message's priority
-    /// ([`crate::priority`]); see [`MessageHeader::priority`].
+    /// ([`crate::priority`]); see [`MessageHeader::priority`](super::MessageHeader::priority).
     pub const PRIORITY_SHIFT: u32 = 8;
     /// Mask of the priority byte within `flags`.
     pub const PRIORITY_MASK: u32 = 0xFF << PRIORITY_SHIFT;

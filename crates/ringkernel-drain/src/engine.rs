@@ -1049,7 +1049,7 @@ pub fn launch_gpu_handler<C, T: DrainTarget>(
     })
 }
 
-/// Implements [`RingKernelRuntime`] for an event-driven runtime, the same way for every
+/// Implements [`RingKernelRuntime`](ringkernel_core::runtime::RingKernelRuntime) for an event-driven runtime, the same way for every
 /// backend. The type needs the fields `core: Arc<RuntimeCore>` and
 /// `compiled: CompileCache<C>` (where `C` has a field `module: DrainModule`), and the
 /// methods `compile_module(&self, &str, DrainModule) -> Result<C>`,
