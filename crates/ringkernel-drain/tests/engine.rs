@@ -588,3 +588,41 @@ async fn replies_carry_the_kernels_priority() {
     assert_eq!(env.decode::<Token>().unwrap().value, 2.0);
     k.terminate().await.unwrap();
 }
+
+/// Messages that arrive while a pass runs wait for the next one, and there a HIGH
+/// message goes before the LOW ones that arrived earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_message_overtakes_lows_waiting_behind_a_running_pass() {
+    use ringkernel_core::priority;
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch(&core, "counter", Handler::Counter, opts);
+    engine.target().hold.store(true, Ordering::SeqCst);
+    k.send(Token::new(1, 0.0)).await.unwrap();
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 1);
+    for i in 10..13 {
+        k.send_with_priority(Token::new(i, 0.0), priority::LOW)
+            .await
+            .unwrap();
+    }
+    k.send_with_priority(Token::new(99, 0.0), priority::HIGH)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.target().passes.load(Ordering::SeqCst),
+        1,
+        "no second pass while one runs"
+    );
+    engine.target().hold.store(false, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let t: Token = k.receive_timeout(Duration::from_secs(10)).await.unwrap();
+        seen.push((t.id, t.value));
+    }
+    assert_eq!(
+        seen,
+        vec![(1, 1.0), (99, 2.0), (10, 3.0), (11, 4.0), (12, 5.0)]
+    );
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 2);
+    k.terminate().await.unwrap();
+}
