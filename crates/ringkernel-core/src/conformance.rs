@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::lifecycle::LifecycleState;
 use crate::message::{Envelope, RingMessage, HEADER_SIZE};
 use crate::options::LaunchOptions;
+use crate::priority;
 use crate::runtime::{KernelHandle, KernelId, RingKernelRuntime, RuntimeExt};
 use std::future::Future;
 use std::pin::Pin;
@@ -906,6 +907,200 @@ pub async fn queue_full(rt: &dyn RingKernelRuntime) -> Result<()> {
     .await
 }
 
+/// Receives `n` replies and returns their token ids, in arrival order.
+async fn receive_ids(test: &'static str, k: &KernelHandle, n: usize) -> Result<Vec<u64>> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let env = k
+            .receive_envelope(Some(ARRIVAL_TIMEOUT))
+            .await
+            .map_err(|e| fail(test, format!("reply {i} of {n} never came: {e}")))?;
+        let t: Token = env.decode().map_err(ctx(test, "decode a reply"))?;
+        ids.push(t.id);
+    }
+    Ok(ids)
+}
+
+/// Priority overtakes: with the kernel not yet active, LOW messages are queued, then
+/// one HIGH ([`KernelHandle::send_with_priority`]) and one CRITICAL (an envelope
+/// [`with_priority`](Envelope::with_priority)) and one NORMAL; once activated the
+/// kernel handles CRITICAL, HIGH, NORMAL, then the LOW ones in the order sent.
+pub async fn priority_order(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "priority_order";
+    const LOWS: u64 = 8;
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(16)
+        .with_output_capacity(64)
+        .without_auto_activate();
+    let k = launch(rt, T, ECHO, opts).await?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        for i in 0..LOWS {
+            k.send_with_priority(Token::new(i, i as f64), priority::LOW)
+                .await
+                .map_err(ctx(T, "send LOW"))?;
+        }
+        k.send_with_priority(Token::new(100, 1.0), priority::HIGH)
+            .await
+            .map_err(ctx(T, "send HIGH"))?;
+        k.send(Token::new(50, 1.0))
+            .await
+            .map_err(ctx(T, "send NORMAL"))?;
+        let critical = Envelope::new(&Token::new(200, 1.0)).with_priority(priority::CRITICAL);
+        k.send_envelope(&critical)
+            .await
+            .map_err(ctx(T, "send a CRITICAL envelope"))?;
+        k.activate().await.map_err(ctx(T, "activate"))?;
+        let ids = receive_ids(T, &k, LOWS as usize + 3).await?;
+        let expected: Vec<u64> = [200, 100, 50].into_iter().chain(0..LOWS).collect();
+        ensure!(
+            T,
+            ids == expected,
+            "replies in the order {ids:?}, expected {expected:?} (highest priority first, FIFO within one)"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// One lane per level: a full LOW lane refuses LOW sends ([`Error::QueueFull`]) but
+/// not HIGH ones, and terminating the inactive kernel hands back the messages of every
+/// lane, highest first.
+pub async fn priority_lanes(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "priority_lanes";
+    const CAP: usize = 4;
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(CAP)
+        .with_wait_when_full(false)
+        .without_auto_activate();
+    let k = launch(rt, T, ECHO, opts).await?;
+    with_cleanup(std::slice::from_ref(&k), async {
+        for i in 0..CAP as u64 {
+            k.send_with_priority(Token::new(i, 1.0), priority::LOW)
+                .await
+                .map_err(ctx(T, "send LOW into a lane with room"))?;
+        }
+        expect_err(
+            T,
+            "LOW send into the full LOW lane",
+            k.send_with_priority(Token::new(90, 1.0), priority::LOW)
+                .await,
+            |e| matches!(e, Error::QueueFull { .. }),
+        )?;
+        k.send_with_priority(Token::new(100, 1.0), priority::HIGH)
+            .await
+            .map_err(ctx(T, "HIGH send while the LOW lane is full"))?;
+        k.send_with_priority(Token::new(101, 1.0), priority::HIGH + 1)
+            .await
+            .map_err(ctx(T, "second HIGH send"))?;
+        let report = k.terminate().await.map_err(ctx(T, "terminate"))?;
+        let ids: Vec<u64> = report
+            .undelivered
+            .iter()
+            .map(|e| e.decode::<Token>().map(|t| t.id))
+            .collect::<Result<_>>()
+            .map_err(ctx(T, "decode an undelivered message"))?;
+        let expected: Vec<u64> = [100, 101].into_iter().chain(0..CAP as u64).collect();
+        ensure!(
+            T,
+            ids == expected,
+            "undelivered {ids:?}, expected {expected:?} (every lane, highest first)"
+        );
+        let prios: Vec<u8> = report
+            .undelivered
+            .iter()
+            .map(|e| e.header.priority())
+            .collect();
+        ensure!(
+            T,
+            prios[..2] == [priority::HIGH, priority::HIGH + 1],
+            "undelivered messages lost their priority: {prios:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// A kernel's outputs carry its [`LaunchOptions::priority`]: the replies of a HIGH
+/// kernel are HIGH (a default kernel's NORMAL), and its K2K sends are HIGH, so they
+/// overtake LOW messages waiting at the destination.
+pub async fn kernel_priority(rt: &dyn RingKernelRuntime) -> Result<()> {
+    const T: &str = "kernel_priority";
+    let high = launch(
+        rt,
+        T,
+        STAGE,
+        LaunchOptions::default().with_priority(priority::HIGH),
+    )
+    .await?;
+    let dest = launch(
+        rt,
+        T,
+        STAGE,
+        LaunchOptions::default()
+            .with_queue_capacity(16)
+            .without_auto_activate(),
+    )
+    .await?;
+    let kernels = [high.clone(), dest.clone()];
+    with_cleanup(&kernels, async {
+        // A reply of the HIGH kernel.
+        high.send(Token::routed(1, 1.0, &[high.id()])?)
+            .await
+            .map_err(ctx(T, "send to the HIGH kernel"))?;
+        let env = high
+            .receive_envelope(Some(ARRIVAL_TIMEOUT))
+            .await
+            .map_err(ctx(T, "reply of the HIGH kernel"))?;
+        ensure!(
+            T,
+            env.header.priority() == priority::HIGH,
+            "a HIGH kernel's reply has priority {}",
+            env.header.priority()
+        );
+        // LOW messages wait at the inactive destination; the HIGH kernel's K2K send
+        // must overtake them.
+        for i in 0..4u64 {
+            dest.send_with_priority(Token::routed(10 + i, 1.0, &[dest.id()])?, priority::LOW)
+                .await
+                .map_err(ctx(T, "send LOW to the destination"))?;
+        }
+        high.send(Token::routed(2, 1.0, &[high.id(), dest.id()])?)
+            .await
+            .map_err(ctx(T, "send through the HIGH kernel"))?;
+        let deadline = Instant::now() + ARRIVAL_TIMEOUT;
+        while dest.metrics().received < 5 {
+            ensure!(
+                T,
+                Instant::now() < deadline,
+                "the K2K send never reached its destination"
+            );
+            crate::util::sleep(Duration::from_millis(1)).await;
+        }
+        dest.activate().await.map_err(ctx(T, "activate"))?;
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let env = dest
+                .receive_envelope(Some(ARRIVAL_TIMEOUT))
+                .await
+                .map_err(|e| fail(T, format!("reply {i} of the destination: {e}")))?;
+            ensure!(
+                T,
+                env.header.priority() == priority::NORMAL,
+                "a NORMAL kernel's reply has priority {}",
+                env.header.priority()
+            );
+            ids.push(env.decode::<Token>().map_err(ctx(T, "decode"))?.id);
+        }
+        ensure!(
+            T,
+            ids == [2, 10, 11, 12, 13],
+            "replies {ids:?}: the HIGH kernel's K2K send did not overtake the LOW queue"
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// One conformance test, by name (what [`conformance_tests!`](crate::conformance_tests)
 /// makes a `#[test]` of).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -934,11 +1129,17 @@ pub enum Case {
     PubsubFanout,
     /// [`queue_full`].
     QueueFull,
+    /// [`priority_order`].
+    PriorityOrder,
+    /// [`priority_lanes`].
+    PriorityLanes,
+    /// [`kernel_priority`].
+    KernelPriority,
 }
 
 impl Case {
     /// Every case, in the order [`run_all`] runs them.
-    pub const ALL: [Case; 12] = [
+    pub const ALL: [Case; 15] = [
         Case::Lifecycle,
         Case::CallCorrelation,
         Case::EchoMany,
@@ -951,6 +1152,9 @@ impl Case {
         Case::K2kPipeline,
         Case::PubsubFanout,
         Case::QueueFull,
+        Case::PriorityOrder,
+        Case::PriorityLanes,
+        Case::KernelPriority,
     ];
 
     /// Runs this test on `rt` (volume tests sized by `scale`).
@@ -970,6 +1174,9 @@ impl Case {
             Case::K2kPipeline => k2k_pipeline(rt, scale.pipeline_messages).await,
             Case::PubsubFanout => pubsub_fanout(rt).await,
             Case::QueueFull => queue_full(rt).await,
+            Case::PriorityOrder => priority_order(rt).await,
+            Case::PriorityLanes => priority_lanes(rt).await,
+            Case::KernelPriority => kernel_priority(rt).await,
         }
     }
 }
@@ -1062,6 +1269,9 @@ macro_rules! conformance_tests {
             k2k_pipeline K2kPipeline,
             pubsub_fanout PubsubFanout,
             queue_full QueueFull,
+            priority_order PriorityOrder,
+            priority_lanes PriorityLanes,
+            kernel_priority KernelPriority,
         );
     };
     (@cases $rt:tt $scale:tt $lock:tt $reason:tt $($name:ident $case:ident,)*) => {

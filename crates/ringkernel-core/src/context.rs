@@ -50,6 +50,7 @@ pub struct KernelContext<'a> {
     counters: &'a KernelCounters,
     request: MessageHeader,
     slot_size: usize,
+    priority: u8,
     sink: &'a mut dyn OutputSink,
 }
 
@@ -74,8 +75,22 @@ impl<'a> KernelContext<'a> {
             counters,
             request,
             slot_size,
+            priority: crate::priority::NORMAL,
             sink,
         }
+    }
+
+    /// Sets the priority of everything the handler sends (replies, emits, K2K sends,
+    /// publishes): the kernel's [`LaunchOptions::priority`](crate::options::LaunchOptions::priority).
+    /// [`NORMAL`](crate::priority::NORMAL) unless a backend sets it.
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The priority this kernel's outputs carry.
+    pub fn priority(&self) -> u8 {
+        self.priority
     }
 
     /// This kernel's id.
@@ -108,6 +123,7 @@ impl<'a> KernelContext<'a> {
         h.source_kernel = self.id.0;
         h.set_hlc(self.hlc.tick());
         h.flags = extra_flags;
+        h.set_priority(self.priority);
         Ok(h)
     }
 

@@ -30,7 +30,7 @@ pub mod flags {
     /// The payload is an rkyv archive (a variable-size message), not plain data.
     pub const RKYV: u32 = 1 << 4;
     /// Bits 8..16 of `flags` hold the message's priority
-    /// ([`crate::priority`]); see [`MessageHeader::priority`].
+    /// ([`crate::priority`]); see [`MessageHeader::priority`](super::MessageHeader::priority).
     pub const PRIORITY_SHIFT: u32 = 8;
     /// Mask of the priority byte within `flags`.
     pub const PRIORITY_MASK: u32 = 0xFF << PRIORITY_SHIFT;
@@ -176,21 +176,36 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// Wraps a typed message (ids and timestamp are filled in when it is sent).
+    /// Wraps a typed message (ids and timestamp are filled in when it is sent), with
+    /// priority [`NORMAL`](crate::priority::NORMAL).
     pub fn new<M: RingMessage>(msg: &M) -> Self {
-        let payload = bytemuck::bytes_of(msg).to_vec();
+        Self::from_bytes(M::TYPE_ID, bytemuck::bytes_of(msg))
+    }
+
+    /// Wraps raw payload bytes with a `type_id`, with priority
+    /// [`NORMAL`](crate::priority::NORMAL).
+    pub fn from_bytes(type_id: u32, payload: &[u8]) -> Self {
+        let mut header = MessageHeader::new(type_id, payload.len());
+        header.set_priority(crate::priority::NORMAL);
         Envelope {
-            header: MessageHeader::new(M::TYPE_ID, payload.len()),
-            payload,
+            header,
+            payload: payload.to_vec(),
         }
     }
 
-    /// Wraps raw payload bytes with a `type_id`.
-    pub fn from_bytes(type_id: u32, payload: &[u8]) -> Self {
-        Envelope {
-            header: MessageHeader::new(type_id, payload.len()),
-            payload: payload.to_vec(),
-        }
+    /// The same message with priority `priority` (honoured by
+    /// [`KernelHandle::send_envelope`](crate::runtime::KernelHandle::send_envelope)).
+    ///
+    /// ```
+    /// use ringkernel_core::message::Envelope;
+    /// use ringkernel_core::priority;
+    /// let env = Envelope::from_bytes(7, &[1, 2, 3]);
+    /// assert_eq!(env.header.priority(), priority::NORMAL);
+    /// assert_eq!(env.with_priority(priority::HIGH).header.priority(), priority::HIGH);
+    /// ```
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.header.set_priority(priority);
+        self
     }
 
     /// Decodes the payload as `M`, checking the type id and the size.

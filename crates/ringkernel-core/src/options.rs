@@ -13,7 +13,13 @@ use crate::message::{DEFAULT_SLOT_SIZE, HEADER_SIZE};
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchOptions {
-    /// Input queue capacity in slots (power of two).
+    /// Input queue capacity in slots (power of two), *per priority lane*: a kernel's
+    /// input has one lane per level ([`crate::priority`]), each holding this many
+    /// messages, so a full LOW lane does not refuse a HIGH send. Memory: on the CPU a
+    /// lane's ring (`queue_capacity × slot_size` bytes) is allocated when its first
+    /// message arrives (the NORMAL lane at launch); on WebGPU and Metal the device ring
+    /// has `queue_capacity` slots and waiting messages are held on the host heap
+    /// (payload bytes only). CUDA documents its lanes in `ringkernel-cuda`.
     pub queue_capacity: usize,
     /// Output queue capacity in slots (power of two).
     pub output_capacity: usize,
@@ -45,7 +51,7 @@ pub struct LaunchOptions {
     /// [`NORMAL`](crate::priority::NORMAL)): the priority of every message it emits
     /// (replies, K2K sends, publishes), so its output overtakes lower-priority traffic in
     /// the kernels that receive it; and where a backend serves several kernels in turn
-    /// (the drain passes of WebGPU and Metal), higher-priority kernels go first.
+    /// (the WebGPU poller finishing drain passes), higher-priority kernels go first.
     pub priority: u8,
 }
 

@@ -21,6 +21,7 @@ use crate::k2k::{K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
 use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
 use crate::options::LaunchOptions;
+use crate::priority;
 pub use crate::pubsub::PublishReport;
 use crate::pubsub::{validate_topic, Broker, SubscriptionId};
 use crate::registry::KernelRegistry;
@@ -287,9 +288,10 @@ impl RuntimeCore {
         Ok(report)
     }
 
-    /// Publishes a typed message from the host.
+    /// Publishes a typed message from the host (priority [`NORMAL`](priority::NORMAL)).
     pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
         let mut h = MessageHeader::new(M::TYPE_ID, std::mem::size_of::<M>());
+        h.set_priority(priority::NORMAL);
         h.message_id = self.next_message_id();
         h.correlation_id = h.message_id;
         h.set_hlc(self.hlc.tick());
@@ -437,7 +439,7 @@ pub trait RingKernelRuntime: Send + Sync {
         self.core().broker().unsubscribe(id)
     }
 
-    /// Publishes an already-built message to a topic.
+    /// Publishes an already-built message to a topic, at the envelope's priority.
     fn publish_envelope(&self, topic: &str, env: &Envelope) -> Result<PublishReport> {
         let mut h = env.header;
         h.message_id = self.core().next_message_id();
@@ -571,8 +573,9 @@ impl KernelHandle {
         Ok(r)
     }
 
-    fn stamp(&self, type_id: u32, len: usize) -> MessageHeader {
+    fn stamp(&self, type_id: u32, len: usize, priority: u8) -> MessageHeader {
         let mut h = MessageHeader::new(type_id, len);
+        h.set_priority(priority);
         h.message_id = self.inner.core.next_message_id();
         h.correlation_id = h.message_id;
         h.source_kernel = KernelId::HOST.0;
@@ -584,7 +587,7 @@ impl KernelHandle {
     /// Sends without waiting: [`Error::QueueFull`] when the input queue is full.
     /// Returns the message id (also its correlation id).
     pub fn try_send<M: RingMessage>(&self, msg: &M) -> Result<u64> {
-        let h = self.stamp(M::TYPE_ID, std::mem::size_of::<M>());
+        let h = self.stamp(M::TYPE_ID, std::mem::size_of::<M>(), priority::NORMAL);
         self.inner.engine.try_enqueue(&h, bytemuck::bytes_of(msg))?;
         Ok(h.message_id)
     }
@@ -593,23 +596,47 @@ impl KernelHandle {
     /// blocking the thread) or, with `LaunchOptions::wait_when_full(false)`, returns
     /// [`Error::QueueFull`]. Returns the message id (also its correlation id).
     pub async fn send<M: RingMessage>(&self, msg: M) -> Result<u64> {
-        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), None)
+        self.send_with_priority(msg, priority::NORMAL).await
+    }
+
+    /// Sends a message with priority `priority` ([`crate::priority`]): it is handled
+    /// before every lower-priority message waiting in the kernel's input, after those
+    /// of its own level already waiting. Backpressure is per level (a full LOW lane
+    /// does not hold a HIGH send back). Otherwise as [`send`](Self::send).
+    ///
+    /// ```
+    /// # use ringkernel_core::builtin::Token;
+    /// # async fn demo(k: ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
+    /// use ringkernel_core::priority;
+    /// k.send_with_priority(Token::new(1, 2.0), priority::HIGH).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn send_with_priority<M: RingMessage>(&self, msg: M, priority: u8) -> Result<u64> {
+        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), priority, None)
             .await
     }
 
-    /// Sends raw payload bytes with a type id.
+    /// Sends raw payload bytes with a type id, at the envelope's priority
+    /// ([`Envelope::with_priority`]; [`NORMAL`](priority::NORMAL) for envelopes made
+    /// by [`Envelope::new`]/[`Envelope::from_bytes`]).
     pub async fn send_envelope(&self, env: &Envelope) -> Result<u64> {
-        self.send_bytes(env.header.type_id, &env.payload, None)
-            .await
+        self.send_bytes(
+            env.header.type_id,
+            &env.payload,
+            env.header.priority(),
+            None,
+        )
+        .await
     }
 
     async fn send_bytes(
         &self,
         type_id: u32,
         payload: &[u8],
+        priority: u8,
         deadline: Option<Instant>,
     ) -> Result<u64> {
-        let h = self.stamp(type_id, payload.len());
+        let h = self.stamp(type_id, payload.len(), priority);
         loop {
             match self.inner.engine.try_enqueue(&h, payload) {
                 Ok(()) => return Ok(h.message_id),
@@ -758,7 +785,12 @@ impl KernelHandle {
     ) -> Result<Resp> {
         let deadline = Instant::now() + timeout;
         let id = self
-            .send_bytes(Req::TYPE_ID, bytemuck::bytes_of(&req), Some(deadline))
+            .send_bytes(
+                Req::TYPE_ID,
+                bytemuck::bytes_of(&req),
+                priority::NORMAL,
+                Some(deadline),
+            )
             .await
             .map_err(|e| match e {
                 Error::Timeout(_) => Error::Timeout(timeout),

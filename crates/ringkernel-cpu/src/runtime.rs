@@ -2,8 +2,9 @@
 //!
 //! Each kernel owns
 //!
-//! * an MPSC input ring of message slots (the host, other kernels through K2K and the
-//!   pub/sub broker all write into it),
+//! * one MPSC input ring of message slots per priority level, its *lanes* (the host,
+//!   other kernels through K2K and the pub/sub broker all write into them; see
+//!   [Priority](#priority)),
 //! * an SPSC output ring (the worker writes replies, the host reads them),
 //! * its own hybrid logical clock, counters, latency histogram and lifecycle state,
 //! * a worker thread that runs the registered [`CpuHandler`] on every message.
@@ -17,12 +18,27 @@
 //! Lifecycle on the CPU:
 //!
 //! * `Launched`/`Deactivated`: messages queue up and are kept; the worker sleeps.
-//! * `Active`: the worker processes messages in FIFO order. Deactivation takes effect
-//!   after the message being handled.
+//! * `Active`: the worker processes messages highest priority first, FIFO within one
+//!   priority level. Deactivation takes effect after the message being handled.
 //! * `Terminating`: no new messages are accepted. A kernel that was active drains its
 //!   input queue (every queued message is processed); one that was not hands its queued
-//!   messages back in [`TerminateReport::undelivered`]. Then the state becomes
-//!   `Terminated` and the thread exits.
+//!   messages back in [`TerminateReport::undelivered`] (highest lane first, in the
+//!   order it would have handled them). Then the state becomes `Terminated` and the
+//!   thread exits.
+//!
+//! # Priority
+//!
+//! A message goes into the lane of its header's priority
+//! ([`ringkernel_core::priority::lane`]); before each message the worker looks at the
+//! lanes from CRITICAL down and takes the oldest message of the first non-empty one.
+//! So a message overtakes every lower-priority message waiting (not one already being
+//! handled). Each lane holds `queue_capacity` messages: a send into a full lane is
+//! [`Error::QueueFull`] (or waits for room) while the other lanes still accept
+//! messages. Memory: the NORMAL lane's ring (`queue_capacity × slot_size` bytes) is
+//! allocated at launch, each other lane's on its first message, so a kernel that
+//! only sees NORMAL traffic costs what it did before lanes existed, and at most four
+//! times that. A kernel's replies, K2K sends and publishes carry its
+//! [`LaunchOptions::priority`].
 //!
 //! ```
 //! use ringkernel_core::builtin::{Token, ECHO};
@@ -49,6 +65,7 @@ use ringkernel_core::hlc::HlcClock;
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::queue::slot::{
     mpsc_slot_channel, slot_channel, SlotConsumer, SlotProducer, SlotReceiver, SlotSender,
 };
@@ -61,7 +78,7 @@ use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -207,6 +224,63 @@ impl RingKernelRuntime for CpuRuntime {
     }
 }
 
+/// A kernel's input lanes, one per priority level. The sending side of a lane exists
+/// once the lane was opened (NORMAL at launch, the others on their first message); a
+/// lane opened after launch leaves its receiving side in `handoff` for the worker.
+struct Lanes {
+    tx: [OnceLock<SlotSender>; LANES],
+    handoff: [Mutex<Option<SlotReceiver>>; LANES],
+    capacity: usize,
+    slot_size: usize,
+}
+
+impl Lanes {
+    /// Lanes of `capacity` slots of `slot_size` bytes with the NORMAL lane open; its
+    /// receiver is returned for the worker.
+    fn new(capacity: usize, slot_size: usize) -> Result<(Self, SlotReceiver)> {
+        let (tx, rx) = mpsc_slot_channel(capacity, slot_size)?;
+        let lanes = Lanes {
+            tx: Default::default(),
+            handoff: Default::default(),
+            capacity,
+            slot_size,
+        };
+        let _ = lanes.tx[priority::lane(priority::NORMAL)].set(tx);
+        Ok((lanes, rx))
+    }
+
+    /// The sending side of `lane`, opening the lane if needed.
+    #[inline]
+    fn sender(&self, lane: usize) -> Result<&SlotSender> {
+        match self.tx[lane].get() {
+            Some(tx) => Ok(tx),
+            None => self.open(lane),
+        }
+    }
+
+    #[cold]
+    fn open(&self, lane: usize) -> Result<&SlotSender> {
+        let mut handoff = lock(&self.handoff[lane]);
+        if let Some(tx) = self.tx[lane].get() {
+            return Ok(tx);
+        }
+        let (tx, rx) = mpsc_slot_channel(self.capacity, self.slot_size)?;
+        // The receiver is in place before the sender becomes visible: a worker that
+        // sees the sender finds the receiver (both under this lock).
+        *handoff = Some(rx);
+        Ok(self.tx[lane].get_or_init(|| tx))
+    }
+
+    /// Messages waiting in every lane.
+    fn depth(&self) -> usize {
+        self.tx
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|tx| tx.stats().depth)
+            .sum()
+    }
+}
+
 /// State shared by a kernel's engine (the host side) and its worker thread.
 struct Shared {
     id: KernelId,
@@ -215,6 +289,10 @@ struct Shared {
     events: KernelEvents,
     counters: KernelCounters,
     hlc: HlcClock,
+    /// The input lanes.
+    lanes: Lanes,
+    /// The kernel's priority, carried by everything it sends.
+    priority: u8,
     /// Set by the worker right before it parks; whoever sees it set unparks it.
     sleeping: AtomicBool,
     /// Producers between their state check and the end of their push. The worker waits
@@ -232,7 +310,6 @@ struct Shared {
 /// One CPU kernel, as the runtime core sees it.
 struct CpuEngine {
     shared: Arc<Shared>,
-    input: SlotSender,
     output: Mutex<SlotConsumer>,
     slot_size: usize,
     input_capacity: usize,
@@ -250,7 +327,7 @@ fn spawn_kernel(
     factory: &(dyn Fn() -> Box<dyn CpuHandler> + Send + Sync),
     opts: &LaunchOptions,
 ) -> Result<Arc<CpuEngine>> {
-    let (input, rx) = mpsc_slot_channel(opts.queue_capacity, opts.slot_size)?;
+    let (lanes, rx) = Lanes::new(opts.queue_capacity, opts.slot_size)?;
     let (tx, output) = slot_channel(opts.output_capacity, opts.slot_size)?;
     let handler = catch_unwind(AssertUnwindSafe(factory)).map_err(|_| {
         Error::Device(format!(
@@ -264,6 +341,8 @@ fn spawn_kernel(
         events: KernelEvents::default(),
         counters: KernelCounters::default(),
         hlc: HlcClock::new(core.kernel_node_id(id)),
+        lanes,
+        priority: opts.priority,
         sleeping: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         drain_on_terminate: AtomicBool::new(false),
@@ -277,7 +356,11 @@ fn spawn_kernel(
     let worker = Worker {
         shared: shared.clone(),
         core: Arc::downgrade(core),
-        rx,
+        rx: {
+            let mut rx_lanes: [Option<SlotReceiver>; LANES] = Default::default();
+            rx_lanes[priority::lane(priority::NORMAL)] = Some(rx);
+            rx_lanes
+        },
         tx,
         handler,
         slot_size: opts.slot_size,
@@ -295,7 +378,6 @@ fn spawn_kernel(
         .map_err(|e| Error::Device(format!("cannot start the thread of kernel {name:?}: {e}")))?;
     Ok(Arc::new(CpuEngine {
         shared,
-        input,
         output: Mutex::new(output),
         slot_size: opts.slot_size,
         input_capacity: opts.queue_capacity,
@@ -365,8 +447,10 @@ impl KernelEngine for CpuEngine {
             s.inflight.fetch_sub(1, Ordering::SeqCst);
             return Err(Error::KernelTerminated(s.name.clone()));
         }
+        let lane = priority::lane(header.priority());
         let pushed = check_payload_fits(payload.len(), self.slot_size)
-            .and_then(|()| self.input.try_push(header, payload));
+            .and_then(|()| s.lanes.sender(lane))
+            .and_then(|tx| tx.try_push(header, payload));
         s.inflight.fetch_sub(1, Ordering::SeqCst);
         match pushed {
             Ok(()) => {
@@ -468,7 +552,7 @@ impl KernelEngine for CpuEngine {
             s.id,
             &s.name,
             s.state.get(),
-            self.input.stats().depth,
+            s.lanes.depth(),
             self.output_depth(),
         )
     }
@@ -478,7 +562,8 @@ impl KernelEngine for CpuEngine {
 struct Worker {
     shared: Arc<Shared>,
     core: Weak<RuntimeCore>,
-    rx: SlotReceiver,
+    /// The receiving side of each open lane the worker has taken over.
+    rx: [Option<SlotReceiver>; LANES],
     tx: SlotProducer,
     handler: Box<dyn CpuHandler>,
     slot_size: usize,
@@ -630,53 +715,79 @@ impl Worker {
         drop(guard);
     }
 
-    /// Takes the next input message (a corrupt slot is counted as dropped and skipped).
-    fn pop(&mut self) -> Option<Envelope> {
-        loop {
-            match self.rx.try_pop() {
-                Ok(Some(env)) => {
-                    self.shared.events.input_space.notify(usize::MAX);
-                    return Some(env);
-                }
-                Ok(None) => return None,
-                Err(e) => {
-                    self.shared.events.input_space.notify(usize::MAX);
-                    self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "corrupt input slot dropped");
-                }
-            }
+    /// The receiving side of `lane`, taking it over from the host side if the lane
+    /// was opened after launch; `None` while the lane is not open.
+    #[inline]
+    fn lane_rx<'r>(
+        rx: &'r mut [Option<SlotReceiver>; LANES],
+        lanes: &Lanes,
+        lane: usize,
+    ) -> Option<&'r mut SlotReceiver> {
+        if rx[lane].is_none() {
+            lanes.tx[lane].get()?;
+            rx[lane] = lock(&lanes.handoff[lane]).take();
         }
+        rx[lane].as_mut()
     }
 
-    /// Copies the next input message into `env` (reusing its buffer); `false` when the
-    /// queue is empty. A corrupt slot is counted as dropped and skipped.
+    /// Copies the next input message (the oldest of the highest non-empty lane) into
+    /// `env`, reusing its buffer; `false` when every lane is empty. A corrupt slot is
+    /// counted as dropped and skipped.
     fn pop_into(&mut self, env: &mut Envelope) -> bool {
-        loop {
-            let r = self.rx.try_pop_with(|h, p| {
-                env.header = *h;
-                env.payload.clear();
-                env.payload.extend_from_slice(p);
-            });
-            match r {
-                Ok(Some(())) => {
-                    self.shared.events.input_space.notify(usize::MAX);
-                    return true;
-                }
-                Ok(None) => return false,
-                Err(e) => {
-                    self.shared.events.input_space.notify(usize::MAX);
-                    self.shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, "corrupt input slot dropped");
+        let shared = &*self.shared;
+        for lane in (0..LANES).rev() {
+            let Some(rx) = Self::lane_rx(&mut self.rx, &shared.lanes, lane) else {
+                continue;
+            };
+            loop {
+                let r = rx.try_pop_with(|h, p| {
+                    env.header = *h;
+                    env.payload.clear();
+                    env.payload.extend_from_slice(p);
+                });
+                match r {
+                    Ok(Some(())) => {
+                        shared.events.input_space.notify(usize::MAX);
+                        return true;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        shared.events.input_space.notify(usize::MAX);
+                        shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "corrupt input slot dropped");
+                    }
                 }
             }
         }
+        false
+    }
+
+    /// Takes the next input message, highest lane first (see [`Worker::pop_into`]).
+    fn pop(&mut self) -> Option<Envelope> {
+        let mut env = Envelope {
+            header: MessageHeader::default(),
+            payload: Vec::new(),
+        };
+        self.pop_into(&mut env).then_some(env)
+    }
+
+    /// Whether a message waits in any lane (a lane opened but not taken over yet
+    /// counts: it was opened for a message).
+    fn has_input(&self) -> bool {
+        self.rx
+            .iter()
+            .zip(&self.shared.lanes.tx)
+            .any(|(rx, tx)| match rx {
+                Some(rx) => !rx.is_empty(),
+                None => tx.get().is_some(),
+            })
     }
 
     /// Whether there is something to react to, having last seen `observed`.
     fn has_work(&self, observed: LifecycleState) -> bool {
         self.shared.detached.load(Ordering::Relaxed)
             || self.shared.state.get() != observed
-            || (observed == LifecycleState::Active && !self.rx.is_empty())
+            || (observed == LifecycleState::Active && self.has_input())
     }
 
     /// Waits for work: spins briefly when active, then parks.
@@ -739,7 +850,8 @@ impl Worker {
                 request,
                 self.slot_size,
                 &mut sink,
-            );
+            )
+            .with_priority(s.priority);
             catch_unwind(AssertUnwindSafe(|| handler.handle(&mut ctx, env)))
         };
         s.counters.latency.record(t0.elapsed().as_nanos() as u64);

@@ -4,14 +4,30 @@
 //!
 //! WebGPU and Metal have no persistent kernels, so a kernel's handler runs in *drain
 //! passes* (`ringkernel-shaders`' drain template): the input ring, output ring, control
-//! block and handler state live in device buffers; the host writes requests straight
-//! into input slots, and whenever messages are waiting (and no pass is running) it
-//! dispatches one pass over all of them. The pass's completion — a Metal completion
+//! block and handler state live in device buffers. Accepted messages wait on the host
+//! in one FIFO lane per priority level ([`ringkernel_core::priority`]); whenever
+//! messages are waiting (and no pass is running) the host copies them into the input
+//! slots — highest lane first — and dispatches one pass over all of them. The pass's completion — a Metal completion
 //! handler, a wgpu buffer-map callback run by the backend's poller, a plain thread in
 //! the tests — reads the outputs, stamps them (message id, HLC timestamp), queues
 //! replies for the host, routes K2K sends through the runtime, raises [`KernelEvents`]
 //! and starts the next pass if more messages arrived. Nothing waits on an async
 //! executor thread.
+//!
+//! ## Priority
+//!
+//! The ordering happens on the host, in the step that fills the input ring for a pass
+//! (`DrainEngine::fill_ring`): the pass's slots hold the waiting messages highest lane
+//! first, FIFO within a lane. So a high-priority message overtakes every lower one
+//! that has not been handed to a pass yet (a pass already running is not
+//! interrupted); a serial handler (`RK_SERIAL`) sees the messages in that order, and
+//! the replies reach the host in that order. Every output of the kernel (reply, K2K
+//! send) carries the kernel's [`LaunchOptions::priority`].
+//!
+//! Capacity and memory: each lane holds up to `queue_capacity` messages
+//! ([`Error::QueueFull`] per lane, so a full LOW lane does not hold a HIGH send back);
+//! a waiting message costs its header and payload on the host heap (buffers are
+//! reused). The device rings keep `queue_capacity` slots each, the most one pass takes.
 //!
 //! Backpressure: a pass takes at most as many messages as the host's reply queue has
 //! room for (`output_capacity`), and while K2K sends wait for a full destination (in
@@ -57,6 +73,7 @@ use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
 use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::priority;
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
@@ -292,7 +309,18 @@ pub fn register_builtins(registry: &KernelRegistry) {
     }
 }
 
+/// A message accepted by `try_enqueue` and not yet in the input ring.
+struct Waiting {
+    header: MessageHeader,
+    payload: Vec<u8>,
+}
+
 struct Host {
+    /// Messages waiting for a pass, one FIFO lane per priority level
+    /// ([`priority::lane`]); a pass takes them highest lane first.
+    lanes: [VecDeque<Waiting>; priority::LANES],
+    /// Payload buffers of messages already copied into the ring, for reuse.
+    spare: Vec<Vec<u8>>,
     /// Messages written into the input ring.
     tail: u64,
     /// Messages handed to passes so far.
@@ -307,6 +335,18 @@ struct Host {
     failed: Option<Error>,
 }
 
+impl Host {
+    /// Messages waiting in the lanes.
+    fn waiting(&self) -> usize {
+        self.lanes.iter().map(VecDeque::len).sum()
+    }
+
+    /// Takes the next waiting message: the oldest of the highest non-empty lane.
+    fn next_waiting(&mut self) -> Option<Waiting> {
+        self.lanes.iter_mut().rev().find_map(VecDeque::pop_front)
+    }
+}
+
 /// A launched kernel driven by drain passes on a [`DrainTarget`].
 pub struct DrainEngine<T: DrainTarget> {
     id: KernelId,
@@ -316,6 +356,7 @@ pub struct DrainEngine<T: DrainTarget> {
     output_capacity: usize,
     serial: bool,
     state_words: u32,
+    priority: u8,
     target: T,
     core: Weak<RuntimeCore>,
     lifecycle: AtomicLifecycle,
@@ -355,6 +396,9 @@ pub struct DrainConfig {
     pub serial: bool,
     /// Words of handler state.
     pub state_words: u32,
+    /// The kernel's priority ([`LaunchOptions::priority`]): every output (reply, K2K
+    /// send) carries it.
+    pub priority: u8,
 }
 
 impl<T: DrainTarget> DrainEngine<T> {
@@ -415,6 +459,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             output_capacity: cfg.output_capacity,
             serial: cfg.serial,
             state_words: cfg.state_words,
+            priority: cfg.priority,
             target,
             core: Arc::downgrade(core),
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
@@ -422,6 +467,8 @@ impl<T: DrainTarget> DrainEngine<T> {
             counters: KernelCounters::default(),
             clock: HlcClock::new(core.kernel_node_id(cfg.id)),
             host: Mutex::new(Host {
+                lanes: Default::default(),
+                spare: Vec::new(),
                 tail: 0,
                 dispatched: 0,
                 completed: 0,
@@ -459,7 +506,10 @@ impl<T: DrainTarget> DrainEngine<T> {
         if !runs || h.in_flight || h.failed.is_some() {
             return;
         }
-        let waiting = h.tail - h.dispatched;
+        // No pass runs, so every earlier pass has completed and the ring is empty
+        // (`tail == dispatched == completed`): a pass takes up to `capacity` messages.
+        debug_assert_eq!(h.tail, h.completed);
+        let waiting = h.waiting() as u64;
         if waiting == 0 {
             return;
         }
@@ -470,26 +520,13 @@ impl<T: DrainTarget> DrainEngine<T> {
             self.starved.store(room == 0, Ordering::SeqCst);
             room
         };
-        let count = waiting.min(room).min(u32::MAX as u64);
+        let count = waiting.min(room).min(self.capacity as u64);
         if count == 0 {
             return;
         }
         let first = h.dispatched;
-        // Merge the requests' clocks into the kernel's clock before the pass. A request
-        // too far ahead of the clock is refused, as the CPU backend does: its slot is
-        // invalidated, so the drain template skips it (counted at completion).
-        for i in 0..count {
-            let off = slot_offset(first + i, self.capacity, self.slot_size);
-            // SAFETY: slots [dispatched, tail) were fully written by `try_enqueue` under
-            // this lock and are not read by any pass yet; the offset lies inside the ring.
-            let hdr: MessageHeader =
-                unsafe { std::ptr::read_unaligned(self.target.input().add(off).cast()) };
-            if let Err(e) = self.clock.update(&hdr.hlc()) {
-                tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
-                // SAFETY: as above; `magic` is the header's first word.
-                unsafe { std::ptr::write_unaligned(self.target.input().add(off).cast::<u32>(), 0) };
-            }
-        }
+        self.fill_ring(h, count);
+        let count = h.tail - first;
         // One receive timestamp per message of the batch (the drain template adds j).
         let hlc = self.clock.reserve(count as u32).packed();
         let p = params::Drain {
@@ -502,7 +539,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             slot_words: (self.slot_size / 4) as u32,
             mask: self.capacity as u32 - 1,
             state_words: self.state_words,
-            _pad: [0; 3],
+            node_lo: self.clock.node_id() as u32,
+            node_hi: (self.clock.node_id() >> 32) as u32,
+            _pad: 0,
         };
         h.in_flight = true;
         h.dispatched = first + count;
@@ -519,6 +558,56 @@ impl<T: DrainTarget> DrainEngine<T> {
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
             self.fail(h, e);
             self.events.notify_all();
+        }
+    }
+
+    /// Moves `count` waiting messages into the (empty) input ring at `tail`, highest
+    /// lane first and FIFO within a lane: this is where priority ordering happens, so
+    /// a pass's slots, a serial handler's order and the order of the replies all
+    /// follow it. Each request's clock is merged into the kernel's clock on the way: a
+    /// request too far ahead is refused, as the CPU backend does (its slot is written
+    /// with magic 0, so the drain template skips it; counted at completion). Called
+    /// with the host lock held and no pass running.
+    fn fill_ring(&self, h: &mut Host, count: u64) {
+        for _ in 0..count {
+            let Some(Waiting {
+                mut header,
+                payload,
+            }) = h.next_waiting()
+            else {
+                break;
+            };
+            if let Err(e) = self.clock.update(&header.hlc()) {
+                tracing::warn!(kernel = %self.name, error = %e, message_id = header.message_id, "request timestamp too far ahead: message refused");
+                header.magic = 0;
+            }
+            let off = slot_offset(h.tail, self.capacity, self.slot_size);
+            // SAFETY: no pass runs and every earlier one has completed, so no device
+            // work reads the input ring; `count` ≤ capacity, so slot `tail` is one of
+            // this pass's distinct slots, inside the ring; the header and payload fit
+            // the slot (checked in `try_enqueue`).
+            unsafe {
+                std::ptr::write_unaligned(
+                    self.target.input().add(off).cast::<MessageHeader>(),
+                    header,
+                );
+                std::ptr::copy_nonoverlapping(
+                    payload.as_ptr(),
+                    self.target.input().add(off + HEADER_SIZE),
+                    payload.len(),
+                );
+            }
+            h.tail += 1;
+            if h.spare.len() < self.capacity {
+                h.spare.push(payload);
+            }
+        }
+        // SAFETY: the ring's first 8 bytes are its queue header's tail and `input_tail`
+        // lies in the 128-byte control block; no pass runs (see above).
+        unsafe {
+            std::ptr::write_unaligned(self.target.input().cast::<u64>(), h.tail);
+            let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
+            std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
         }
     }
 
@@ -594,6 +683,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 hdr.message_id = core.next_message_id();
             }
             hdr.set_hlc(self.clock.tick());
+            hdr.set_priority(self.priority);
             if hdr.flags & flags::K2K != 0 {
                 // Processed and emitted once delivered (see `route`).
                 routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
@@ -746,31 +836,24 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         if let Some(e) = &h.failed {
             return Err(e.clone());
         }
-        if h.tail - h.completed >= self.capacity as u64 {
+        let lane = priority::lane(header.priority());
+        if h.lanes[lane].len() >= self.capacity {
             return Err(Error::QueueFull {
                 capacity: self.capacity,
             });
         }
-        let off = slot_offset(h.tail, self.capacity, self.slot_size);
         let mut hdr = *header;
         hdr.payload_len = payload.len() as u32;
         if hdr.flags & flags::CHECKSUM != 0 {
             hdr.checksum = ringkernel_core::message::fnv1a32(payload);
         }
-        // SAFETY: slot `tail` is free (tail - completed < capacity, so no pass reads it)
-        // and lies inside the ring; the header and payload fit the slot (checked above).
-        unsafe {
-            std::ptr::write_unaligned(self.target.input().add(off).cast::<MessageHeader>(), hdr);
-            std::ptr::copy_nonoverlapping(
-                payload.as_ptr(),
-                self.target.input().add(off + HEADER_SIZE),
-                payload.len(),
-            );
-            h.tail += 1;
-            std::ptr::write_unaligned(self.target.input().cast::<u64>(), h.tail);
-            let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
-            std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
-        }
+        let mut buf = h.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(payload);
+        h.lanes[lane].push_back(Waiting {
+            header: hdr,
+            payload: buf,
+        });
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.kick(&mut h);
         Ok(())
@@ -835,7 +918,8 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                         let mut h = lock(&self.host);
                         self.kick(&mut h);
                         let routed = self.k2k_backlog.load(Ordering::Acquire) == 0;
-                        if h.failed.is_some() || (h.completed == h.tail && !h.in_flight && routed) {
+                        let empty = h.completed == h.tail && h.waiting() == 0;
+                        if h.failed.is_some() || (empty && !h.in_flight && routed) {
                             break;
                         }
                     }
@@ -851,31 +935,18 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                     }
                     listener.await;
                 }
+                // In the order a pass would have taken them: highest lane first.
                 let mut h = lock(&self.host);
-                while h.dispatched < h.tail {
-                    let off = slot_offset(h.dispatched, self.capacity, self.slot_size);
-                    let slot_end = off + self.slot_size;
-                    let mut slot = vec![0u8; self.slot_size];
-                    // SAFETY: slots [dispatched, tail) are written and not in any pass
-                    // (the kernel is not active, so none runs); range inside the ring.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            self.target.input().add(off),
-                            slot.as_mut_ptr(),
-                            slot_end - off,
-                        )
-                    };
-                    match ringkernel_core::message::read_slot(&slot) {
-                        Ok(env) if env.header.is_valid() => undelivered.push(env),
-                        Ok(_) => self.drop_message(DropReason::InvalidRequest),
-                        Err(e) => {
-                            tracing::warn!(kernel = %self.name, error = %e, "corrupt queued message");
-                            self.drop_message(DropReason::InvalidRequest);
-                        }
+                while let Some(w) = h.next_waiting() {
+                    if w.header.is_valid() {
+                        undelivered.push(Envelope {
+                            header: w.header,
+                            payload: w.payload,
+                        });
+                    } else {
+                        self.drop_message(DropReason::InvalidRequest);
                     }
-                    h.dispatched += 1;
                 }
-                h.completed = h.tail;
             }
             let mut h = lock(&self.host);
             self.lifecycle.transition(LifecycleState::Terminated)?;
@@ -901,7 +972,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
 
     fn metrics(&self) -> KernelMetrics {
         let h = lock(&self.host);
-        let depth = (h.tail - h.completed) as usize;
+        let depth = (h.tail - h.completed) as usize + h.waiting();
         drop(h);
         let out = self.output_depth();
         self.counters
@@ -935,6 +1006,7 @@ pub fn launch_engine<T: DrainTarget>(
             serial,
             state_words: u32::try_from(state_bytes / 4)
                 .map_err(|_| Error::invalid("state_bytes too large"))?,
+            priority: opts.priority,
         };
         DrainEngine::new(cfg, target, core)
     });
@@ -977,7 +1049,7 @@ pub fn launch_gpu_handler<C, T: DrainTarget>(
     })
 }
 
-/// Implements [`RingKernelRuntime`] for an event-driven runtime, the same way for every
+/// Implements [`RingKernelRuntime`](ringkernel_core::runtime::RingKernelRuntime) for an event-driven runtime, the same way for every
 /// backend. The type needs the fields `core: Arc<RuntimeCore>` and
 /// `compiled: CompileCache<C>` (where `C` has a field `module: DrainModule`), and the
 /// methods `compile_module(&self, &str, DrainModule) -> Result<C>`,

@@ -2,7 +2,7 @@
 //!
 //! A backend implements [`PlanDevice`] (its buffer type, scratch allocation, and how to
 //! record a sequence of resolved dispatches) and gets every compute op from
-//! [`planned_ops!`](crate::planned_ops): each op is planned by [`plan`](crate::plan)
+//! [`planned_ops!`](crate::planned_ops): each op is planned by [`plan`]
 //! and run by [`run`], which downcasts the arguments, checks their lengths against the
 //! plan ([`Needs`](ringkernel_core::compute::checks::Needs)), refuses an output that
 //! aliases an input, allocates the scratch buffers and resolves every binding.

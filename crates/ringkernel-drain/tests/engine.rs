@@ -35,6 +35,7 @@ fn launch(
         slot_size: opts.slot_size,
         serial: false,
         state_words: 4,
+        priority: opts.priority,
     };
     let engine = DrainEngine::new(cfg, target, core).unwrap();
     core.insert(engine.clone());
@@ -372,6 +373,7 @@ fn a_target_too_small_for_the_rings_is_refused() {
         slot_size,
         serial: false,
         state_words: 4,
+        priority: ringkernel_core::priority::NORMAL,
     };
     let e =
         DrainEngine::new(cfg(8, 256), CpuTarget::new(4, 256, Handler::Echo), &core).unwrap_err();
@@ -507,4 +509,120 @@ impl CallMany for KernelHandle {
         }
         n
     }
+}
+
+/// Priority ordering happens where the host fills the input ring for a pass: waiting
+/// messages go in highest lane first, FIFO within a lane, across as many passes as the
+/// ring needs, so a serial handler sees them (and the replies leave) in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_take_the_highest_lanes_first() {
+    use ringkernel_core::priority;
+    let core = core();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(4)
+        .with_output_capacity(64)
+        .with_wait_when_full(false)
+        .without_auto_activate();
+    let (k, engine) = launch(&core, "counter", Handler::Counter, opts);
+    for i in 0..4 {
+        k.send_with_priority(Token::new(i, 1.0), priority::LOW)
+            .await
+            .unwrap();
+    }
+    // The LOW lane is full; the others are not.
+    assert!(matches!(
+        k.send_with_priority(Token::new(9, 1.0), priority::LOW)
+            .await,
+        Err(Error::QueueFull { capacity: 4 })
+    ));
+    for i in 100..103 {
+        k.send_with_priority(Token::new(i, 1.0), priority::HIGH)
+            .await
+            .unwrap();
+    }
+    k.send_with_priority(Token::new(200, 1.0), priority::CRITICAL)
+        .await
+        .unwrap();
+    assert_eq!(k.metrics().queue_depth, 8, "every lane counts in the depth");
+    k.activate().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        let t: Token = k.receive_timeout(Duration::from_secs(10)).await.unwrap();
+        seen.push((t.id, t.value));
+    }
+    // The counter's value is the order the handler saw the messages in.
+    assert_eq!(
+        seen,
+        vec![
+            (200, 1.0),
+            (100, 2.0),
+            (101, 3.0),
+            (102, 4.0),
+            (0, 5.0),
+            (1, 6.0),
+            (2, 7.0),
+            (3, 8.0)
+        ]
+    );
+    // A ring of 4 slots: the CRITICAL and HIGH messages in one pass, the LOW in the next.
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 2);
+    assert_eq!(k.metrics().queue_depth, 0);
+    k.terminate().await.unwrap();
+}
+
+/// Outputs carry the kernel's priority, whatever the request's was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_carry_the_kernels_priority() {
+    use ringkernel_core::priority;
+    let core = core();
+    let opts = LaunchOptions::default().with_priority(priority::CRITICAL);
+    let (k, _) = launch(&core, "echo", Handler::Echo, opts);
+    k.send_with_priority(Token::new(1, 1.0), priority::LOW)
+        .await
+        .unwrap();
+    let env = k
+        .receive_envelope(Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(env.header.priority(), priority::CRITICAL);
+    assert_eq!(env.decode::<Token>().unwrap().value, 2.0);
+    k.terminate().await.unwrap();
+}
+
+/// Messages that arrive while a pass runs wait for the next one, and there a HIGH
+/// message goes before the LOW ones that arrived earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_message_overtakes_lows_waiting_behind_a_running_pass() {
+    use ringkernel_core::priority;
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch(&core, "counter", Handler::Counter, opts);
+    engine.target().hold.store(true, Ordering::SeqCst);
+    k.send(Token::new(1, 0.0)).await.unwrap();
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 1);
+    for i in 10..13 {
+        k.send_with_priority(Token::new(i, 0.0), priority::LOW)
+            .await
+            .unwrap();
+    }
+    k.send_with_priority(Token::new(99, 0.0), priority::HIGH)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.target().passes.load(Ordering::SeqCst),
+        1,
+        "no second pass while one runs"
+    );
+    engine.target().hold.store(false, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let t: Token = k.receive_timeout(Duration::from_secs(10)).await.unwrap();
+        seen.push((t.id, t.value));
+    }
+    assert_eq!(
+        seen,
+        vec![(1, 1.0), (99, 2.0), (10, 3.0), (11, 4.0), (12, 5.0)]
+    );
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 2);
+    k.terminate().await.unwrap();
 }

@@ -5,9 +5,17 @@
 //! composed with the shared drain template, translated to MSL by naga and compiled
 //! once per handler. Its queues, control block and state live in `StorageModeShared`
 //! buffers; [`DrainEngine`](ringkernel_drain::engine::DrainEngine) does the host
-//! side: requests are written in place into input slots, a drain pass is dispatched whenever messages wait, and the command
-//! buffer's completion handler (`addCompletedHandler`, on a Metal thread) collects the
-//! outputs, routes K2K sends and wakes waiters. No executor thread ever blocks.
+//! side: requests wait in one host lane per priority level, a drain pass is dispatched
+//! whenever messages wait (its input slots, in the shared buffer, filled highest
+//! priority first), and the command buffer's completion handler (`addCompletedHandler`,
+//! on a Metal thread) collects the outputs, routes K2K sends and wakes waiters. No
+//! executor thread ever blocks.
+//!
+//! Priority: message priority is the drain engine's (see
+//! [`ringkernel_drain::engine`]); replies and K2K sends carry the kernel's
+//! [`LaunchOptions::priority`]. Kernels are not served in turn here (each kernel's
+//! command buffer is committed and completes on its own), so kernel priority does not
+//! order passes of different kernels on Metal.
 //!
 //! The built-in kernels (`rk.echo`, `rk.stage`, `rk.counter`) are registered with
 //! their WGSL versions from `ringkernel-shaders`.

@@ -63,9 +63,9 @@ struct RkDrainParams {
     slot_words: u32,
     mask: u32,
     state_words: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    node_lo: u32,
+    node_hi: u32,
+    _pad: u32,
 }
 
 // What a handler sees (see the ABI in ringkernel_shaders::drain).
@@ -75,6 +75,7 @@ struct RkContext {
     batch_len: u32,
     index: vec2<u32>,
     hlc: vec2<u32>,
+    node_id: vec2<u32>,
     request: RkMessageHeader,
     out_used: u32,
     out_type_id: u32,
@@ -164,6 +165,7 @@ fn rk_process(j: u32) {
     ctx.index = index;
     // The host reserved `count` consecutive timestamps: message j gets the j-th.
     ctx.hlc = rk_u64_add32(rk_params.hlc, j);
+    ctx.node_id = vec2<u32>(rk_params.node_lo, rk_params.node_hi);
     ctx.request = rk_read_header(base);
     ctx.out_used = 0u;
     // A slot whose header is not a message of this version (the host invalidates one it

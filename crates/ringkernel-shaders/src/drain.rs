@@ -37,7 +37,10 @@
 //!   the output slot's payload in `rk_output`. Payload word `w` is `rk_input[in_slot + w]`.
 //! * `(*ctx).request`: the request's header; `(*ctx).kernel_id`, `(*ctx).hlc` (the
 //!   kernel's packed HLC for this pass, merged with every request of the batch — what a
-//!   CPU handler's `ctx.clock().peek()` returns), `(*ctx).batch_index`/`batch_len`.
+//!   CPU handler's `ctx.clock().peek()` returns), `(*ctx).node_id` (the node id of the
+//!   kernel's clock, `vec2<u32>`: with `hlc`, the full
+//!   [`HlcTimestamp`](ringkernel_core::hlc::HlcTimestamp) `(time, node)`),
+//!   `(*ctx).batch_index`/`batch_len`.
 //! * State: the global `rk_state` (words), `state_bytes` long, zeroed at launch, kept
 //!   across passes.
 //! * Output: write the payload at `rk_output[out_slot + w]`, then call

@@ -132,8 +132,13 @@ pub struct Drain {
     pub mask: u32,
     /// Words of handler state (`rk_state` length).
     pub state_words: u32,
+    /// Node id of the kernel's clock (`ctx.node_id`; with `hlc`, the kernel's full
+    /// HLC timestamp), low word.
+    pub node_lo: u32,
+    /// Node id, high word.
+    pub node_hi: u32,
     /// Padding.
-    pub _pad: [u32; 3],
+    pub _pad: u32,
 }
 
 /// One entry of [`LAYOUTS`]: WGSL struct name, size, `(field, offset)` pairs.
@@ -209,9 +214,9 @@ pub const LAYOUTS: &[LayoutEntry] = &[
             ("slot_words", 24),
             ("mask", 28),
             ("state_words", 32),
-            ("_pad0", 36),
-            ("_pad1", 40),
-            ("_pad2", 44),
+            ("node_lo", 36),
+            ("node_hi", 40),
+            ("_pad", 44),
         ],
     ),
 ];

@@ -23,6 +23,13 @@
 //!   [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
 //!   reaches its poller.
 //!
+//! Priority: within a kernel, the drain engine fills each pass highest priority lane
+//! first (see [`ringkernel_drain::engine`]). Across kernels, the poller finishes the
+//! passes that completed in one round in the order of their kernels'
+//! [`LaunchOptions::priority`] (highest first; among kernels of one priority, in the
+//! order their passes completed), and a completion starts that kernel's next pass, so a
+//! higher-priority kernel gets its replies and its next pass first.
+//!
 //! Several runtimes may share one device ([`WgpuRuntime::with_selection`] uses the
 //! process-wide [`GpuContext::shared`] one), and one runtime may be used from any number
 //! of tasks.
@@ -53,6 +60,8 @@ struct Completion {
     rings: Arc<HostRings>,
     /// Byte ranges of the output ring that the pass wrote.
     runs: Vec<Range<usize>>,
+    /// The kernel's priority: the poller finishes higher ones first.
+    priority: u8,
     done: Box<dyn FnOnce(Result<()>) + Send>,
 }
 
@@ -165,8 +174,9 @@ impl Poller {
         loop {
             let Some(p) = weak.upgrade() else { return };
             let listener = p.wake.listen();
-            let ready = std::mem::take(&mut *lock(&p.ready));
+            let mut ready = std::mem::take(&mut *lock(&p.ready));
             if !ready.is_empty() {
+                serve_order(&mut ready, |(c, _)| c.priority);
                 let n = ready.len();
                 for (c, r) in ready {
                     c.finish(r);
@@ -199,6 +209,12 @@ impl Poller {
     }
 }
 
+/// Orders the passes finished in one poller round: higher kernel priority first, in
+/// arrival order among kernels of one priority (a stable sort).
+fn serve_order<T>(ready: &mut [T], priority: impl Fn(&T) -> u8) {
+    ready.sort_by_key(|c| std::cmp::Reverse(priority(c)));
+}
+
 /// A compiled drain handler: pipeline and bind group layout.
 struct Compiled {
     pipeline: wgpu::ComputePipeline,
@@ -214,6 +230,7 @@ struct WgpuDrainTarget {
     rings: Arc<HostRings>,
     capacity: usize,
     slot_size: usize,
+    priority: u8,
     params: wgpu::Buffer,
     control: wgpu::Buffer,
     input: wgpu::Buffer,
@@ -291,6 +308,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             staging: self.staging.clone(),
             rings: self.rings.clone(),
             runs,
+            priority: self.priority,
             done,
         });
         Ok(())
@@ -484,6 +502,7 @@ impl WgpuRuntime {
             rings,
             capacity: opts.queue_capacity,
             slot_size: opts.slot_size,
+            priority: opts.priority,
             params,
             control,
             input,
@@ -501,4 +520,19 @@ fn _assert_send_sync() {
     fn ok<T: Send + Sync>() {}
     ok::<WgpuRuntime>();
     ok::<WgpuDrainTarget>();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serve_order;
+
+    #[test]
+    fn passes_of_higher_priority_kernels_are_finished_first() {
+        use ringkernel_core::priority::{CRITICAL, HIGH, LOW, NORMAL};
+        // (kernel priority, arrival order)
+        let mut ready = vec![(LOW, 0), (NORMAL, 1), (CRITICAL, 2), (NORMAL, 3), (HIGH, 4)];
+        serve_order(&mut ready, |r| r.0);
+        let order: Vec<u32> = ready.iter().map(|r| r.1).collect();
+        assert_eq!(order, vec![2, 4, 1, 3, 0]);
+    }
 }

@@ -109,6 +109,52 @@ async fn counter_counts_in_order_across_passes() {
     rt.shutdown().await.unwrap();
 }
 
+/// The serial WGSL counter sees waiting messages highest priority first (FIFO within
+/// one), across passes when the ring is smaller than what waits; replies carry the
+/// kernel's priority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serial_handler_sees_messages_in_priority_order() {
+    use ringkernel_core::priority;
+    let rt = runtime();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(4)
+        .with_priority(priority::HIGH)
+        .without_auto_activate();
+    let c = rt.launch(COUNTER, opts).await.unwrap();
+    for i in 0..4u64 {
+        c.send_with_priority(Token::new(i, 0.0), priority::LOW)
+            .await
+            .unwrap();
+    }
+    c.send(Token::new(50, 0.0)).await.unwrap();
+    c.send_with_priority(Token::new(200, 0.0), priority::CRITICAL)
+        .await
+        .unwrap();
+    c.activate().await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let env = c
+            .receive_envelope(Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        assert_eq!(env.header.priority(), priority::HIGH);
+        let t: Token = env.decode().unwrap();
+        seen.push((t.id, t.value));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (200, 1.0),
+            (50, 2.0),
+            (0, 3.0),
+            (1, 4.0),
+            (2, 5.0),
+            (3, 6.0)
+        ]
+    );
+    rt.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_message_type_is_dropped_and_counted() {
     let rt = runtime();
@@ -144,6 +190,48 @@ async fn a_broken_wgsl_handler_is_a_compile_error() {
         .launch(ECHO, LaunchOptions::default().with_name("bad"))
         .await
         .is_ok());
+    rt.shutdown().await.unwrap();
+}
+
+/// A WGSL handler sees its kernel's node id (`ctx.node_id`), so it can stamp the full
+/// HLC timestamp (time and node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wgsl_handler_sees_its_node_id() {
+    const HANDLER: &str = "
+fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
+    if (!token_begin(ctx, in_slot, out_slot)) {
+        return RK_ERR_TYPE_MISMATCH;
+    }
+    rk_out_set_u64(out_slot + TOKEN_STAMPS + 2u, (*ctx).node_id);
+    rk_reply(ctx, TOKEN_TYPE_ID, TOKEN_BYTES);
+    return 0u;
+}
+";
+    let reg = KernelRegistry::new();
+    reg.register_gpu(
+        ringkernel_core::registry::GpuHandler::new("node").with_wgsl(format!(
+            "{}\n{HANDLER}",
+            ringkernel_shaders::drain::TOKEN_LIB
+        )),
+    );
+    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let a = rt.launch("node", LaunchOptions::default()).await.unwrap();
+    let b = rt
+        .launch("node", LaunchOptions::default().with_name("node.b"))
+        .await
+        .unwrap();
+    for k in [&a, &b] {
+        k.send(Token::new(1, 1.0)).await.unwrap();
+        let env = k
+            .receive_envelope(Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let t: Token = env.decode().unwrap();
+        let node = rt.core().kernel_node_id(k.id());
+        assert_eq!(t.stamps[1], node, "ctx.node_id of {}", k.name());
+        // The host stamps the reply with the same clock.
+        assert_eq!(env.header.node_id, node);
+    }
     rt.shutdown().await.unwrap();
 }
 

@@ -46,6 +46,8 @@ pub struct CpuTarget {
     pub passes: Arc<AtomicU64>,
     /// Makes every later launch fail.
     pub fail_launch: Arc<AtomicBool>,
+    /// While set, a launched pass waits before it runs (a pass kept "in flight").
+    pub hold: Arc<AtomicBool>,
 }
 
 // SAFETY (test stand-in): `state` addresses the boxed memory owned by `_state`, which
@@ -68,6 +70,7 @@ impl CpuTarget {
             slot_size,
             passes: Arc::new(AtomicU64::new(0)),
             fail_launch: Arc::new(AtomicBool::new(false)),
+            hold: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -168,9 +171,13 @@ unsafe impl DrainTarget for CpuTarget {
         self.passes.fetch_add(1, Ordering::SeqCst);
         let ptrs = Ptrs(self.input(), self.output(), self.control(), self.state);
         let (handler, slot) = (self.handler, self.slot_size);
+        let hold = self.hold.clone();
         std::thread::spawn(move || {
             let ptrs = ptrs;
             std::thread::sleep(Duration::from_micros(100));
+            while hold.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             run_pass(ptrs, p, handler, slot);
             done(Ok(()));
         });
