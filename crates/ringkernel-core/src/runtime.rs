@@ -79,7 +79,8 @@ pub trait KernelEngine: Send + Sync + 'static {
     fn state(&self) -> LifecycleState;
     /// Slot size of the queues, bytes.
     fn slot_size(&self) -> usize;
-    /// Input queue capacity, slots.
+    /// Input capacity in slots of one priority lane (each of the
+    /// [`LANES`](crate::priority::LANES) lanes holds this many).
     fn input_capacity(&self) -> usize;
     /// Puts one message (header already stamped) into the input queue.
     /// [`Error::QueueFull`] when there is no slot, [`Error::KernelTerminated`] once the

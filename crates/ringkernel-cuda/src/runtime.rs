@@ -1234,7 +1234,7 @@ impl KernelEngine for CudaEngine {
     }
     /// Every input lane together: [`LANES`] × `queue_capacity`.
     fn input_capacity(&self) -> usize {
-        LANES * self.in_cap
+        self.in_cap
     }
 
     /// Into the lane of `header.priority()`; [`Error::QueueFull`] (with the lane's
