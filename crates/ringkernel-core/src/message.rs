@@ -148,23 +148,337 @@ pub fn max_payload(slot_size: usize) -> usize {
     slot_size.saturating_sub(HEADER_SIZE)
 }
 
-/// A plain-data message type with a stable id.
+/// The id of one message: a `u64` unique within a runtime, the same number as
+/// [`MessageHeader::message_id`].
+///
+/// A message struct may carry it in a field marked `#[message(id)]` (see
+/// [`RingMessage`]): on receive, that field holds the id the message travelled with.
+///
+/// ```
+/// use ringkernel_core::message::MessageId;
+/// let id = MessageId::new(42);
+/// assert_eq!(id.get(), 42);
+/// assert_eq!(id.to_string(), "#42");
+/// ```
+#[repr(transparent)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Pod,
+    Zeroable,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+pub struct MessageId(pub u64);
+
+impl MessageId {
+    /// A message id from its number.
+    pub const fn new(id: u64) -> Self {
+        MessageId(id)
+    }
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl ArchivedMessageId {
+    /// The number (the archived form is a little-endian `u64`).
+    pub fn get(&self) -> u64 {
+        self.0.to_native()
+    }
+}
+
+impl std::fmt::Display for MessageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+impl From<u64> for MessageId {
+    fn from(id: u64) -> Self {
+        MessageId(id)
+    }
+}
+
+impl From<MessageId> for u64 {
+    fn from(id: MessageId) -> Self {
+        id.0
+    }
+}
+
+/// How a message's payload is laid out in its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// The value's own bytes (`bytemuck::Pod`): fixed size, readable by GPU handlers.
+    Plain,
+    /// An rkyv archive ([`flags::RKYV`] set in the header): variable size (`Vec`,
+    /// `String`, nested structs), validated on read, read in place through
+    /// [`Envelope::archived`].
+    Rkyv,
+}
+
+impl Encoding {
+    /// The header flag bits that mark this encoding.
+    pub const fn flags(self) -> u32 {
+        match self {
+            Encoding::Plain => 0,
+            Encoding::Rkyv => flags::RKYV,
+        }
+    }
+
+    /// The encoding a header says its payload has.
+    pub const fn of(header: &MessageHeader) -> Encoding {
+        if header.flags & flags::RKYV != 0 {
+            Encoding::Rkyv
+        } else {
+            Encoding::Plain
+        }
+    }
+
+    /// `"plain data"` or `"rkyv"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Encoding::Plain => "plain data",
+            Encoding::Rkyv => "rkyv",
+        }
+    }
+}
+
+/// A message's encoded payload: borrowed straight from the value for plain data (no
+/// copy), an rkyv archive otherwise.
+pub enum Payload<'a> {
+    /// The bytes of a plain-data value.
+    Borrowed(&'a [u8]),
+    /// An rkyv archive.
+    Owned(rkyv::util::AlignedVec),
+}
+
+impl std::ops::Deref for Payload<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(b) => b,
+            Payload::Owned(v) => v.as_slice(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Payload").field("len", &self.len()).finish()
+    }
+}
+
+/// How a message type turns into payload bytes and back, without the header checks
+/// (those are [`RingMessage::encode_payload`]'s and [`RingMessage::decode`]'s).
+///
+/// Every `bytemuck::Pod` type has it (plain data, [`Encoding::Plain`]);
+/// `#[derive(RingMessage)]` on a struct without `#[repr(C)]` implements it with rkyv.
+/// Not meant to be implemented by hand.
+pub trait MessageCodec: Sized {
+    /// The payload encoding.
+    const ENCODING: Encoding;
+    /// The payload bytes of `self`.
+    fn to_payload(&self) -> Result<Payload<'_>>;
+    /// Reads a value out of payload bytes whose encoding was checked; `name` is for
+    /// errors.
+    fn from_payload(payload: &[u8], name: &'static str) -> Result<Self>;
+}
+
+impl<T: Pod> MessageCodec for T {
+    const ENCODING: Encoding = Encoding::Plain;
+    #[inline]
+    fn to_payload(&self) -> Result<Payload<'_>> {
+        Ok(Payload::Borrowed(bytemuck::bytes_of(self)))
+    }
+    #[inline]
+    fn from_payload(payload: &[u8], name: &'static str) -> Result<Self> {
+        if payload.len() != std::mem::size_of::<T>() {
+            return Err(Error::invalid(format!(
+                "payload of {} bytes cannot be a {} ({} bytes)",
+                payload.len(),
+                name,
+                std::mem::size_of::<T>()
+            )));
+        }
+        Ok(bytemuck::pod_read_unaligned(payload))
+    }
+}
+
+/// The rkyv serialiser every message archive is written with.
+pub type RkyvSerializer<'a> = rkyv::api::high::HighSerializer<
+    rkyv::util::AlignedVec,
+    rkyv::ser::allocator::ArenaHandle<'a>,
+    rkyv::rancor::Error,
+>;
+/// The rkyv validator every message archive is checked with.
+pub type RkyvValidator<'a> = rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>;
+/// The rkyv deserialiser owned decodes use.
+pub type RkyvDeserializer = rkyv::api::high::HighDeserializer<rkyv::rancor::Error>;
+
+/// Archives `value` with rkyv ([`Encoding::Rkyv`]'s payload). Used by the code
+/// `#[derive(RingMessage)]` generates.
+pub fn rkyv_encode<T>(value: &T, name: &'static str) -> Result<Payload<'static>>
+where
+    T: for<'a> rkyv::Serialize<RkyvSerializer<'a>>,
+{
+    rkyv::to_bytes::<rkyv::rancor::Error>(value)
+        .map(Payload::Owned)
+        .map_err(|e| Error::Decode {
+            type_name: name,
+            reason: format!("rkyv serialisation failed: {e}"),
+        })
+}
+
+/// Validated access to the archived `T` in `payload` (no deserialisation, no copy).
+/// A truncated or corrupted archive is [`Error::Decode`].
+pub fn rkyv_access<'p, T>(payload: &'p [u8], name: &'static str) -> Result<&'p T::Archived>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>,
+{
+    rkyv::access::<T::Archived, rkyv::rancor::Error>(payload).map_err(|e| Error::Decode {
+        type_name: name,
+        reason: format!("invalid rkyv archive ({} bytes): {e}", payload.len()),
+    })
+}
+
+/// Validates and deserialises the archived `T` in `payload`. A truncated or corrupted
+/// archive is [`Error::Decode`].
+pub fn rkyv_decode<T>(payload: &[u8], name: &'static str) -> Result<T>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>
+        + rkyv::Deserialize<T, RkyvDeserializer>,
+{
+    let archived = rkyv_access::<T>(payload, name)?;
+    rkyv::deserialize::<T, rkyv::rancor::Error>(archived).map_err(|e| Error::Decode {
+        type_name: name,
+        reason: format!("rkyv deserialisation failed: {e}"),
+    })
+}
+
+/// [`Error::TypeMismatch`] unless `header` carries `type_id`, then
+/// [`Error::EncodingMismatch`] unless its [`flags::RKYV`] bit says `encoding`.
+pub fn check_header(
+    header: &MessageHeader,
+    type_id: u32,
+    name: &'static str,
+    encoding: Encoding,
+) -> Result<()> {
+    if header.type_id != type_id {
+        return Err(Error::TypeMismatch {
+            expected: type_id,
+            found: header.type_id,
+        });
+    }
+    let found = Encoding::of(header);
+    if found != encoding {
+        return Err(Error::EncodingMismatch {
+            type_id,
+            reason: format!(
+                "{name} is a {} message but the payload is {}",
+                encoding.name(),
+                found.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A message type with a stable id: plain data (`#[repr(C)]`, `bytemuck::Pod`, copied
+/// straight into the slot) or a variable-size struct archived with rkyv.
 ///
 /// Implement it with `#[derive(RingMessage)]` from `ringkernel-derive` (re-exported by
-/// the `ringkernel` facade) on a `#[repr(C)]` struct of plain-data fields:
+/// the `ringkernel` facade):
 ///
 /// ```ignore
+/// // Plain data: fixed size, readable by GPU handlers.
 /// #[derive(Clone, Copy, Debug, RingMessage)]
 /// #[message(type_id = 1)]
 /// #[repr(C)]
 /// struct Scale { id: u64, factor: f32, value: f32 }
+///
+/// // Without #[repr(C)]: archived with rkyv (Vec, String, Option, nested structs).
+/// #[derive(RingMessage)]
+/// #[message(type_id = 2)]
+/// struct Batch { #[message(id)] id: MessageId, label: String, data: Vec<f32> }
 /// ```
-pub trait RingMessage: Pod + Send + Sync + 'static {
+///
+/// A hand-written `impl RingMessage for T` (only `TYPE_ID` and `NAME`) works for any
+/// `bytemuck::Pod` type `T`.
+///
+/// # The `#[message(id)]` field
+///
+/// One field of type [`MessageId`] may be marked `#[message(id)]`. Its value is
+/// **ignored on send** (the runtime gives every message a fresh id, which is what
+/// replies are correlated with) and **set on receive** from
+/// [`MessageHeader::message_id`], so a handler or receiver sees the id the message
+/// travelled with. (The archived form read through [`Envelope::archived`] holds the
+/// sender's value; use `envelope.header.message_id` there.)
+pub trait RingMessage: MessageCodec + Send + Sync + 'static {
     /// Stable identifier written into [`MessageHeader::type_id`].
     const TYPE_ID: u32;
     /// Type name, for error messages and telemetry.
     const NAME: &'static str;
+
+    /// Sets the `#[message(id)]` field, if the type has one (the derive overrides
+    /// this; the default does nothing).
+    #[inline]
+    fn set_message_id(&mut self, _id: MessageId) {}
+
+    /// The payload encoding ([`MessageCodec::ENCODING`]).
+    #[inline]
+    fn encoding() -> Encoding {
+        <Self as MessageCodec>::ENCODING
+    }
+
+    /// The payload bytes: the value's own bytes for plain data (borrowed, no copy), an
+    /// rkyv archive otherwise. Headers for it carry [`Self::header_flags`].
+    #[inline]
+    fn encode_payload(&self) -> Result<Payload<'_>> {
+        self.to_payload()
+    }
+
+    /// The flag bits a header of this type carries ([`flags::RKYV`] for rkyv).
+    #[inline]
+    fn header_flags() -> u32 {
+        <Self as MessageCodec>::ENCODING.flags()
+    }
+
+    /// Decodes a payload: checks the type id ([`Error::TypeMismatch`]) and the
+    /// encoding flag ([`Error::EncodingMismatch`]), then the size (plain data,
+    /// [`Error::InvalidArgument`]) or the archive (rkyv, [`Error::Decode`]), and sets
+    /// the `#[message(id)]` field from the header.
+    fn decode(header: &MessageHeader, payload: &[u8]) -> Result<Self> {
+        check_header(
+            header,
+            Self::TYPE_ID,
+            Self::NAME,
+            <Self as MessageCodec>::ENCODING,
+        )?;
+        let mut m = Self::from_payload(payload, Self::NAME)?;
+        m.set_message_id(MessageId(header.message_id));
+        Ok(m)
+    }
 }
+
+/// A plain-data message: what GPU-side typed helpers need (the bytes are the value).
+/// Every `RingMessage` that is `bytemuck::Pod` is one.
+pub trait PodMessage: RingMessage + Pod {}
+
+impl<T: RingMessage + Pod> PodMessage for T {}
 
 /// An owned message: header plus payload bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -176,16 +490,30 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// Wraps a typed message (ids and timestamp are filled in when it is sent).
+    /// Wraps a typed message (ids and timestamp are filled in when it is sent). An rkyv
+    /// message whose serialisation fails is [`Error::Decode`]; plain data never fails
+    /// (see [`Envelope::try_new`] to handle that case instead of panicking).
+    ///
+    /// # Panics
+    ///
+    /// If rkyv cannot serialise the message (only possible for types whose
+    /// serialisation can fail, e.g. a hand-written `Serialize` returning an error).
     pub fn new<M: RingMessage>(msg: &M) -> Self {
-        let payload = bytemuck::bytes_of(msg).to_vec();
-        Envelope {
-            header: MessageHeader::new(M::TYPE_ID, payload.len()),
-            payload,
+        match Self::try_new(msg) {
+            Ok(e) => e,
+            Err(e) => panic!("Envelope::new: {e}"),
         }
     }
 
-    /// Wraps raw payload bytes with a `type_id`.
+    /// Wraps a typed message; [`Error::Decode`] when rkyv cannot serialise it.
+    pub fn try_new<M: RingMessage>(msg: &M) -> Result<Self> {
+        let payload = msg.encode_payload()?.to_vec();
+        let mut header = MessageHeader::new(M::TYPE_ID, payload.len());
+        header.flags |= M::header_flags();
+        Ok(Envelope { header, payload })
+    }
+
+    /// Wraps raw payload bytes with a `type_id` (plain data: no [`flags::RKYV`]).
     pub fn from_bytes(type_id: u32, payload: &[u8]) -> Self {
         Envelope {
             header: MessageHeader::new(type_id, payload.len()),
@@ -193,28 +521,46 @@ impl Envelope {
         }
     }
 
-    /// Decodes the payload as `M`, checking the type id and the size.
+    /// Decodes the payload as `M` (see [`RingMessage::decode`]: type id, encoding,
+    /// size or archive validity are checked).
     pub fn decode<M: RingMessage>(&self) -> Result<M> {
-        if self.header.type_id != M::TYPE_ID {
-            return Err(Error::TypeMismatch {
-                expected: M::TYPE_ID,
-                found: self.header.type_id,
-            });
-        }
-        if self.payload.len() != std::mem::size_of::<M>() {
-            return Err(Error::invalid(format!(
-                "payload of {} bytes cannot be a {} ({} bytes)",
-                self.payload.len(),
-                M::NAME,
-                std::mem::size_of::<M>()
-            )));
-        }
-        Ok(bytemuck::pod_read_unaligned(&self.payload))
+        M::decode(&self.header, &self.payload)
+    }
+
+    /// Validated, zero-copy access to the archived form of an rkyv message: no
+    /// deserialisation, no allocation. Type id and encoding are checked as in
+    /// [`Envelope::decode`]; a truncated or corrupted archive is [`Error::Decode`].
+    ///
+    /// ```
+    /// use ringkernel_core::message::{Envelope, RingMessage};
+    /// use ringkernel_derive::RingMessage;
+    ///
+    /// #[derive(Debug, PartialEq, RingMessage)]
+    /// #[message(type_id = 20)]
+    /// struct Samples { label: String, data: Vec<f32> }
+    ///
+    /// let env = Envelope::new(&Samples { label: "a".into(), data: vec![1.0, 2.0] });
+    /// let archived = env.archived::<Samples>().unwrap();
+    /// assert_eq!(archived.label, "a");
+    /// assert_eq!(archived.data.iter().map(|x| x.to_native()).sum::<f32>(), 3.0);
+    /// ```
+    pub fn archived<M>(&self) -> Result<&rkyv::Archived<M>>
+    where
+        M: RingMessage + rkyv::Archive,
+        M::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>,
+    {
+        check_header(&self.header, M::TYPE_ID, M::NAME, Encoding::Rkyv)?;
+        rkyv_access::<M>(&self.payload, M::NAME)
     }
 
     /// Whether this message is of type `M`.
     pub fn is<M: RingMessage>(&self) -> bool {
         self.header.type_id == M::TYPE_ID
+    }
+
+    /// The payload encoding the header declares.
+    pub fn encoding(&self) -> Encoding {
+        Encoding::of(&self.header)
     }
 
     /// Checks that the payload fits a slot of `slot_size` bytes.

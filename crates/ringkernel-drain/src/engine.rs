@@ -58,7 +58,7 @@ use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::queue::QueueHeader;
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
 };
@@ -286,7 +286,8 @@ pub fn register_builtins(registry: &KernelRegistry) {
             registry.register_gpu(
                 GpuHandler::new(name)
                     .with_wgsl(wgsl)
-                    .with_state_bytes(state_bytes),
+                    .with_state_bytes(state_bytes)
+                    .with_input::<ringkernel_core::builtin::Token>(),
             );
         }
     }
@@ -316,6 +317,7 @@ pub struct DrainEngine<T: DrainTarget> {
     output_capacity: usize,
     serial: bool,
     state_words: u32,
+    inputs: Vec<MessageInput>,
     target: T,
     core: Weak<RuntimeCore>,
     lifecycle: AtomicLifecycle,
@@ -355,6 +357,9 @@ pub struct DrainConfig {
     pub serial: bool,
     /// Words of handler state.
     pub state_words: u32,
+    /// The handler's declared inputs ([`GpuHandler::inputs`]): sends it cannot read are
+    /// refused on the host.
+    pub inputs: Vec<MessageInput>,
 }
 
 impl<T: DrainTarget> DrainEngine<T> {
@@ -415,6 +420,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             output_capacity: cfg.output_capacity,
             serial: cfg.serial,
             state_words: cfg.state_words,
+            inputs: cfg.inputs,
             target,
             core: Arc::downgrade(core),
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
@@ -895,6 +901,10 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         })
     }
 
+    fn accepts(&self, header: &MessageHeader) -> Result<()> {
+        check_accepts(&self.name, &self.inputs, header)
+    }
+
     fn events(&self) -> &KernelEvents {
         &self.events
     }
@@ -935,6 +945,11 @@ pub fn launch_engine<T: DrainTarget>(
             serial,
             state_words: u32::try_from(state_bytes / 4)
                 .map_err(|_| Error::invalid("state_bytes too large"))?,
+            inputs: core
+                .registry()
+                .gpu(handler)
+                .map(|g| g.inputs)
+                .unwrap_or_default(),
         };
         DrainEngine::new(cfg, target, core)
     });

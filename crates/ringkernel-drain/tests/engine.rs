@@ -35,6 +35,7 @@ fn launch(
         slot_size: opts.slot_size,
         serial: false,
         state_words: 4,
+        inputs: Vec::new(),
     };
     let engine = DrainEngine::new(cfg, target, core).unwrap();
     core.insert(engine.clone());
@@ -92,7 +93,7 @@ async fn many_messages_through_a_small_ring_in_order() {
         })
     };
     for i in 0..n {
-        let t: Token = k.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = k.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!(
             (t.id, t.value),
             (i, 2.0 * i as f64),
@@ -192,7 +193,7 @@ async fn k2k_pipeline_routes_between_passes() {
             .unwrap();
     }
     for _ in 0..10 {
-        let t: Token = c.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = c.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!((t.value, t.hops), (3.0, 3));
     }
     assert_eq!(a.metrics().emitted, 10);
@@ -219,7 +220,8 @@ async fn refusals_wrong_types_and_oversize_are_reported() {
     );
     k.send(Token::new(1, 1.0)).await.unwrap();
     assert!(matches!(
-        k.receive_timeout::<Token>(Duration::from_millis(300)).await,
+        k.receive_timeout_as::<Token>(Duration::from_millis(300))
+            .await,
         Err(Error::Timeout(_))
     ));
     assert_eq!(k.metrics().dropped, 1);
@@ -278,7 +280,7 @@ async fn a_failed_launch_is_reported_not_hung() {
     k.send(Token::new(1, 1.0)).await.unwrap();
     k.activate().await.unwrap();
     let err = k
-        .receive_timeout::<Token>(Duration::from_secs(5))
+        .receive_timeout_as::<Token>(Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Device(_)), "{err}");
@@ -351,7 +353,7 @@ async fn k2k_to_a_full_destination_waits_and_keeps_order() {
     assert_eq!(a.metrics().dropped, 0);
     b.activate().await.unwrap();
     for i in 0..40 {
-        let t: Token = b.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = b.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!(
             (t.id, t.hops, t.value),
             (i, 2, 2.0),
@@ -372,6 +374,7 @@ fn a_target_too_small_for_the_rings_is_refused() {
         slot_size,
         serial: false,
         state_words: 4,
+        inputs: Vec::new(),
     };
     let e =
         DrainEngine::new(cfg(8, 256), CpuTarget::new(4, 256, Handler::Echo), &core).unwrap_err();
@@ -503,7 +506,10 @@ impl CallMany for KernelHandle {
             n += 1;
         }
         for _ in 0..n {
-            let _: Token = self.receive_timeout(Duration::from_secs(5)).await.unwrap();
+            let _: Token = self
+                .receive_timeout_as(Duration::from_secs(5))
+                .await
+                .unwrap();
         }
         n
     }
