@@ -689,6 +689,70 @@ mod tests {
     }
 
     #[test]
+    fn plain_payload_borrows_the_value() {
+        let msg = Ping { a: 1, b: 2.0, c: 3 };
+        let payload = msg.encode_payload().unwrap();
+        assert!(matches!(payload, Payload::Borrowed(_)));
+        // No copy: the payload is the value's own memory.
+        assert_eq!(payload.as_ptr(), (&msg as *const Ping).cast::<u8>());
+        assert_eq!(payload.len(), std::mem::size_of::<Ping>());
+        assert_eq!(Ping::header_flags(), 0);
+        assert_eq!(Ping::encoding(), Encoding::Plain);
+    }
+
+    #[test]
+    fn plain_decode_refuses_an_rkyv_flag() {
+        let mut env = Envelope::new(&Ping { a: 1, b: 2.0, c: 3 });
+        env.header.flags |= flags::RKYV;
+        assert!(matches!(
+            env.decode::<Ping>(),
+            Err(Error::EncodingMismatch { type_id: 7, .. })
+        ));
+        assert_eq!(env.encoding(), Encoding::Rkyv);
+    }
+
+    #[test]
+    fn rkyv_helpers_round_trip_and_validate() {
+        let v: Vec<String> = vec!["a".into(), "bcd".into()];
+        let bytes = rkyv_encode(&v, "Strings").unwrap();
+        let back: Vec<String> = rkyv_decode::<Vec<String>>(&bytes, "Strings").unwrap();
+        assert_eq!(back, v);
+        let a = rkyv_access::<Vec<String>>(&bytes, "Strings").unwrap();
+        assert_eq!(a[1], "bcd");
+        // Unaligned archives are fine (the `unaligned` format): read at offset 1.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&bytes);
+        assert_eq!(
+            rkyv_access::<Vec<String>>(&shifted[1..], "Strings")
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(matches!(
+            rkyv_decode::<Vec<String>>(&bytes[..bytes.len() - 2], "Strings"),
+            Err(Error::Decode {
+                type_name: "Strings",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn message_id_is_a_u64() {
+        let id = MessageId::from(5u64);
+        assert_eq!(u64::from(id), 5);
+        assert_eq!(id.get(), 5);
+        assert_eq!(format!("{id}"), "#5");
+        assert_eq!(std::mem::size_of::<MessageId>(), 8);
+        let bytes = rkyv_encode(&id, "MessageId").unwrap();
+        assert_eq!(bytes.len(), 8);
+        assert_eq!(
+            rkyv_access::<MessageId>(&bytes, "MessageId").unwrap().get(),
+            5
+        );
+    }
+
+    #[test]
     fn fnv_known_values() {
         // Published FNV-1a 32-bit test vectors.
         assert_eq!(fnv1a32(b""), 0x811c9dc5);
