@@ -401,3 +401,14 @@ async fn archived_fn_on_a_registry() {
     assert_eq!(p.value, 7.0);
     rt.shutdown().await.unwrap();
 }
+
+/// The send futures of rkyv messages can be spawned on a multi-threaded executor
+/// (checked at compile time).
+#[allow(dead_code)]
+fn send_futures_are_send(k: &ringkernel_core::runtime::KernelHandle, m: Samples) {
+    fn is_send<T: Send>(_: T) {}
+    is_send(k.send(m.clone()));
+    is_send(k.call::<Samples, Summary>(m, WAIT));
+    is_send(k.send_envelope(Envelope::new(&samples(1))));
+    is_send(k.receive_timeout(WAIT));
+}
