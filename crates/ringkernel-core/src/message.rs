@@ -158,7 +158,7 @@ pub fn max_payload(slot_size: usize) -> usize {
 /// use ringkernel_core::message::MessageId;
 /// let id = MessageId::new(42);
 /// assert_eq!(id.get(), 42);
-/// assert_eq!(id.to_string(), "#42");
+/// assert_eq!(id.to_string(), "42");
 /// ```
 #[repr(transparent)]
 #[derive(
@@ -200,7 +200,7 @@ impl ArchivedMessageId {
 
 impl std::fmt::Display for MessageId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "#{}", self.0)
+        write!(f, "{}", self.0)
     }
 }
 
@@ -742,7 +742,7 @@ mod tests {
         let id = MessageId::from(5u64);
         assert_eq!(u64::from(id), 5);
         assert_eq!(id.get(), 5);
-        assert_eq!(format!("{id}"), "#5");
+        assert_eq!(format!("{id}"), "5");
         assert_eq!(std::mem::size_of::<MessageId>(), 8);
         let bytes = rkyv_encode(&id, "MessageId").unwrap();
         assert_eq!(bytes.len(), 8);
