@@ -1,9 +1,24 @@
-//! Message model: a 64-byte [`MessageHeader`] followed by a fixed-size payload, written
-//! straight into a queue slot.
+//! Message model: a 64-byte [`MessageHeader`] followed by the payload, written straight
+//! into a queue slot.
 //!
 //! A slot is `slot_size` bytes (a power of two, default 256): the header, then up to
 //! `slot_size - 64` payload bytes. The layout is shared bit for bit with the CUDA header
 //! (`ringkernel.cuh`) and the WGSL struct in `ringkernel-shaders`.
+//!
+//! A payload has one of two [`Encoding`]s, told apart by [`flags::RKYV`]:
+//!
+//! * **plain data**: the bytes of a `#[repr(C)]` `bytemuck::Pod` value, fixed size,
+//!   copied into the slot without serialisation (what GPU handlers read);
+//! * **rkyv**: an [rkyv](https://docs.rs/rkyv/0.8) 0.8 archive of a struct with `Vec`,
+//!   `String`, `Option` or nested fields, variable size. The archive format is
+//!   little-endian and needs no alignment, so it is read in place from any slot
+//!   offset. Reading validates it first (bytecheck): a truncated or corrupted archive
+//!   is [`Error::Decode`], never undefined behaviour. [`Envelope::archived`] gives the
+//!   archived view without deserialising; [`Envelope::decode`] the owned value.
+//!
+//! Decoding checks the type id ([`Error::TypeMismatch`]) and the encoding flag
+//! ([`Error::EncodingMismatch`]) before anything else. A payload larger than the slot
+//! is [`Error::MessageTooLarge`] on send, whichever the encoding.
 
 use crate::error::{Error, Result};
 use bytemuck::{Pod, Zeroable};

@@ -450,3 +450,43 @@ where
         (self.f)(ctx, archived).emit(ctx)
     }
 }
+
+/// A [`CpuHandler`] with explicit state that reads the archived form of an rkyv
+/// message: `FnMut(&mut KernelContext, &mut S, &Archived<Req>) -> Out`. See
+/// [`stateful_archived_fn`].
+pub struct StatefulArchivedHandler<S, Req, F> {
+    state: S,
+    f: F,
+    _req: PhantomData<fn(Req)>,
+}
+
+/// [`archived_fn`] with per-kernel state (starting at `init`), as [`stateful_fn`] is to
+/// [`handler_fn`]. `#[ring_kernel]` uses it for `fn(ctx, &mut S, &Archived<M>)`.
+pub fn stateful_archived_fn<S, Req, Out, F>(init: S, f: F) -> StatefulArchivedHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    StatefulArchivedHandler {
+        state: init,
+        f,
+        _req: PhantomData,
+    }
+}
+
+impl<S, Req, Out, F> CpuHandler for StatefulArchivedHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
+        let archived = msg.archived::<Req>()?;
+        (self.f)(ctx, &mut self.state, archived).emit(ctx)
+    }
+}

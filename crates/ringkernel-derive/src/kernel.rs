@@ -77,7 +77,12 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                 FnArg::Receiver(r) => return Err(syn::Error::new(r.span(), "unexpected receiver")),
             };
             let init = quote_spanned! {state_ty.span()=> <#state_ty as ::core::default::Default>::default() };
-            quote!(#core::registry::stateful_fn(#init, #ident))
+            match archived_param(&sig.inputs[2]) {
+                Some(m) => {
+                    quote!(#core::registry::stateful_archived_fn::<_, #m, _, _>(#init, #ident))
+                }
+                None => quote!(#core::registry::stateful_fn(#init, #ident)),
+            }
         }
         _ => {
             return Err(syn::Error::new(

@@ -160,7 +160,8 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 /// For an rkyv message (a `RingMessage` struct without `#[repr(C)]`) the message
 /// parameter may also be `msg: &Archived<M>` (`rkyv::Archived`, written with that
 /// name): the handler then reads the archived form in place, validated but not
-/// deserialised (`registry::archived_fn`; two-argument form only).
+/// deserialised (`registry::archived_fn`, or `registry::stateful_archived_fn` with a
+/// state argument).
 ///
 /// ```
 /// use ringkernel_core::context::KernelContext;

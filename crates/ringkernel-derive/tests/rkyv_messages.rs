@@ -304,6 +304,20 @@ fn archived_sum(_ctx: &mut KernelContext<'_>, s: &Archived<Samples>) -> Option<P
     })
 }
 
+/// Stateful, archived: counts the elements seen so far.
+#[ring_kernel(name = "rkyv.running_count")]
+fn running_count(
+    _ctx: &mut KernelContext<'_>,
+    seen: &mut u64,
+    s: &Archived<Samples>,
+) -> Option<Plain> {
+    *seen += s.data.len() as u64;
+    Some(Plain {
+        id: MessageId(0),
+        value: *seen as f64,
+    })
+}
+
 const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,6 +393,17 @@ async fn rkyv_messages_through_the_cpu_runtime() {
         .await
         .is_err());
     assert_eq!(a.metrics().dropped, before + 1);
+
+    // The stateful archived handler keeps its state across messages.
+    let c = rt
+        .launch("rkyv.running_count", LaunchOptions::default())
+        .await
+        .unwrap();
+    for expected in [3.0, 10.0] {
+        let n = if expected == 3.0 { 3 } else { 7 };
+        let p: Plain = c.call(samples(n), WAIT).await.unwrap();
+        assert_eq!(p.value, expected);
+    }
     rt.shutdown().await.unwrap();
 }
 
