@@ -3,6 +3,7 @@
 //! runtime with typed and archived handlers.
 
 use ringkernel_core::context::KernelContext;
+use ringkernel_core::k2k::K2kReceipt;
 use ringkernel_core::message::{
     flags, read_slot, write_slot, Encoding, Envelope, MessageHeader, MessageId, RingMessage,
     DEFAULT_SLOT_SIZE, HEADER_SIZE,
@@ -10,7 +11,7 @@ use ringkernel_core::message::{
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::{archived_fn, KernelRegistry};
 use ringkernel_core::rkyv::{self, Archived};
-use ringkernel_core::runtime::RingKernelRuntime;
+use ringkernel_core::runtime::{RingKernelRuntime, RuntimeExt};
 use ringkernel_core::Error;
 use ringkernel_cpu::CpuRuntime;
 use ringkernel_derive::{ring_kernel, RingMessage};
@@ -318,6 +319,16 @@ fn running_count(
     })
 }
 
+/// Forwards the samples, K2K, to the kernel named `rkyv.last` (an rkyv message through
+/// `send_to`).
+#[ring_kernel(name = "rkyv.forward")]
+fn forward(ctx: &mut KernelContext<'_>, s: Samples) -> ringkernel_core::Result<()> {
+    match ctx.send_to("rkyv.last", &s)? {
+        K2kReceipt::Delivered => Ok(()),
+        other => Err(Error::invalid(format!("forward: {other:?}"))),
+    }
+}
+
 const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,4 +447,44 @@ fn send_futures_are_send(k: &ringkernel_core::runtime::KernelHandle, m: Samples)
     is_send(k.call::<Samples, Summary>(m, WAIT));
     is_send(k.send_envelope(Envelope::new(&samples(1))));
     is_send(k.receive_timeout(WAIT));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rkyv_messages_over_k2k_and_pubsub() {
+    let rt = CpuRuntime::new(KernelRegistry::new()).await.unwrap();
+    let last = rt
+        .launch(
+            "rkyv.summarise",
+            LaunchOptions::default().with_name("rkyv.last"),
+        )
+        .await
+        .unwrap();
+    let fwd = rt
+        .launch("rkyv.forward", LaunchOptions::default())
+        .await
+        .unwrap();
+    let m = samples(6);
+    // K2K: host → forward → (send_to) → last → reply in last's output queue.
+    let sent = fwd.send(m.clone()).await.unwrap();
+    let env = last.receive_timeout(WAIT).await.unwrap();
+    assert_eq!(
+        env.header.flags & (flags::REPLY | flags::RKYV),
+        flags::REPLY | flags::RKYV
+    );
+    assert_eq!(env.header.source_kernel, last.id().0);
+    assert_eq!(
+        env.header.correlation_id, sent,
+        "the request's id travels along"
+    );
+    let s: Summary = env.decode().unwrap();
+    assert_eq!(s.count, 6);
+    assert_eq!(s.label, "probe@sensor-7");
+
+    // Pub/sub from the host (RuntimeExt::publish) to a subscribed kernel.
+    rt.subscribe(last.id(), "samples/#").unwrap();
+    let report = rt.publish("samples/a", &samples(4)).unwrap();
+    assert_eq!(report.delivered, 1);
+    let s: Summary = last.receive_timeout_as(WAIT).await.unwrap();
+    assert_eq!(s.count, 4);
+    rt.shutdown().await.unwrap();
 }
