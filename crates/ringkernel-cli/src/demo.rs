@@ -496,7 +496,7 @@ async fn pipeline(
         }
         if got == 0 {
             // Nothing back yet: wait (without blocking the thread) for the next reply.
-            let t = last.receive_timeout::<Token>(stall).await.map_err(|e| {
+            let t = last.receive_timeout_as::<Token>(stall).await.map_err(|e| {
                 stalled(
                     rt,
                     &format!("pipeline stalled: {sent} of {n} tokens sent, {received} back"),
@@ -670,14 +670,17 @@ async fn fanout(
                 .max_by_key(|&s| delivered[s] - st.got[s])
                 .unwrap_or(0);
             if delivered[s] > st.got[s] {
-                let t = subs[s].receive_timeout::<Token>(stall).await.map_err(|e| {
-                    stalled(
-                        rt,
-                        &format!("fan-out stalled on subscriber {}", s + 1),
-                        stall.as_secs(),
-                        e,
-                    )
-                })?;
+                let t = subs[s]
+                    .receive_timeout_as::<Token>(stall)
+                    .await
+                    .map_err(|e| {
+                        stalled(
+                            rt,
+                            &format!("fan-out stalled on subscriber {}", s + 1),
+                            stall.as_secs(),
+                            e,
+                        )
+                    })?;
                 st.check(s, t, failures);
             }
         }
@@ -717,7 +720,7 @@ async fn one_at_a_time(
         let t0 = Instant::now();
         stages[0].send(Token::routed(id, 0.5, &route)?).await?;
         let t: Token = stages[2]
-            .receive_timeout(stall)
+            .receive_timeout_as(stall)
             .await
             .map_err(|e| stalled(rt, "latency round trip", stall.as_secs(), e))?;
         lat.push(t0.elapsed().as_nanos() as u64);

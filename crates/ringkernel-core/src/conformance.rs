@@ -326,7 +326,7 @@ pub async fn echo_many(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
             // its input queue: a full queue now would be a queue bug (never wait on it).
             ensure!(T, sent > received, "input queue refuses message {sent} although all {received} sent messages were answered");
             let t: Token = k
-                .receive_timeout(ARRIVAL_TIMEOUT)
+                .receive_timeout_as(ARRIVAL_TIMEOUT)
                 .await
                 .map_err(|e| fail(T, format!("waiting for reply {received} of {n} ({sent} sent): {e}")))?;
             check_echo(T, &t, received, received as f64)?;
@@ -372,7 +372,7 @@ pub async fn deactivate_keeps_messages(rt: &dyn RingKernelRuntime) -> Result<()>
         );
         k.activate().await.map_err(ctx(T, "activate"))?;
         for i in 0..10u64 {
-            let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+            let t: Token = k.receive_timeout_as(ARRIVAL_TIMEOUT).await.map_err(|e| {
                 fail(
                     T,
                     format!("message {i} queued while deactivated never came back: {e}"),
@@ -436,12 +436,15 @@ pub async fn terminate_in_flight(rt: &dyn RingKernelRuntime) -> Result<()> {
             report.drained
         );
         for i in 0..N {
-            let t: Token = active.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
-                fail(
-                    T,
-                    format!("reply {i} of {N} missing after a draining terminate: {e}"),
-                )
-            })?;
+            let t: Token = active
+                .receive_timeout_as(ARRIVAL_TIMEOUT)
+                .await
+                .map_err(|e| {
+                    fail(
+                        T,
+                        format!("reply {i} of {N} missing after a draining terminate: {e}"),
+                    )
+                })?;
             check_echo(T, &t, i, i as f64)?;
         }
         let m = active.metrics();
@@ -619,7 +622,7 @@ pub async fn oversized_payload(rt: &dyn RingKernelRuntime) -> Result<()> {
             .await
             .map_err(ctx(T, "send after"))?;
         for (id, v) in [(1, 1.0), (2, 2.0)] {
-            let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+            let t: Token = k.receive_timeout_as(ARRIVAL_TIMEOUT).await.map_err(|e| {
                 fail(
                     T,
                     format!("message {id} lost around the oversized one: {e}"),
@@ -642,7 +645,7 @@ pub async fn receive_timeout(rt: &dyn RingKernelRuntime) -> Result<()> {
     with_cleanup(std::slice::from_ref(&k), async {
         let timeout = Duration::from_millis(60);
         let start = Instant::now();
-        let r = k.receive_timeout::<Token>(timeout).await;
+        let r = k.receive_timeout_as::<Token>(timeout).await;
         let waited = start.elapsed();
         let e = expect_err(T, "receive with nothing sent", r, |e| {
             matches!(e, Error::Timeout(_))
@@ -659,7 +662,7 @@ pub async fn receive_timeout(rt: &dyn RingKernelRuntime) -> Result<()> {
         );
         k.send(Token::new(3, 3.0)).await.map_err(ctx(T, "send"))?;
         let t: Token = k
-            .receive_timeout(ARRIVAL_TIMEOUT)
+            .receive_timeout_as(ARRIVAL_TIMEOUT)
             .await
             .map_err(ctx(T, "receive after a timeout"))?;
         check_echo(T, &t, 3, 3.0)
@@ -722,7 +725,7 @@ pub async fn k2k_pipeline(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
                 sent > received,
                 "stage 1 refuses token {sent} although all {received} sent tokens came out"
             );
-            let t: Token = s3.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+            let t: Token = s3.receive_timeout_as(ARRIVAL_TIMEOUT).await.map_err(|e| {
                 fail(
                     T,
                     format!("waiting for token {received} of {n} ({sent} sent): {e}"),
@@ -791,7 +794,7 @@ pub async fn pubsub_fanout(rt: &dyn RingKernelRuntime) -> Result<()> {
             for (slot, k) in [&a, &b, &c].iter().enumerate() {
                 if targets.iter().any(|t| t.id() == k.id()) {
                     expected[slot] += 1;
-                    let t: Token = k.receive_timeout(ARRIVAL_TIMEOUT).await.map_err(|e| {
+                    let t: Token = k.receive_timeout_as(ARRIVAL_TIMEOUT).await.map_err(|e| {
                         fail(
                             T,
                             format!("subscriber {slot} missed the publish to {topic}: {e}"),
@@ -836,11 +839,13 @@ pub async fn pubsub_fanout(rt: &dyn RingKernelRuntime) -> Result<()> {
             report.delivered
         );
         let t: Token = b
-            .receive_timeout(ARRIVAL_TIMEOUT)
+            .receive_timeout_as(ARRIVAL_TIMEOUT)
             .await
             .map_err(ctx(T, "b after unsubscribe of a"))?;
         ensure!(T, t.id == 99 && t.value == 2.0, "b got {t:?}");
-        let r = a.receive_timeout::<Token>(Duration::from_millis(50)).await;
+        let r = a
+            .receive_timeout_as::<Token>(Duration::from_millis(50))
+            .await;
         expect_err(T, "a receiving after unsubscribe", r, |e| {
             matches!(e, Error::Timeout(_))
         })?;
@@ -886,7 +891,7 @@ pub async fn queue_full(rt: &dyn RingKernelRuntime) -> Result<()> {
         k.activate().await.map_err(ctx(T, "activate"))?;
         for i in 0..CAP as u64 {
             let t: Token = k
-                .receive_timeout(ARRIVAL_TIMEOUT)
+                .receive_timeout_as(ARRIVAL_TIMEOUT)
                 .await
                 .map_err(|e| fail(T, format!("queued message {i} lost after QueueFull: {e}")))?;
             check_echo(T, &t, i, i as f64)?;

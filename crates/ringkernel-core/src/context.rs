@@ -114,15 +114,15 @@ impl<'a> KernelContext<'a> {
         self.hlc
     }
 
-    fn header_for<M: RingMessage>(&self, extra_flags: u32) -> Result<MessageHeader> {
-        let size = std::mem::size_of::<M>();
+    /// A header for an `M` of `size` payload bytes (its encoding flag included).
+    fn header_for<M: RingMessage>(&self, extra_flags: u32, size: usize) -> Result<MessageHeader> {
         check_payload_fits(size, self.slot_size)?;
         let mut h = MessageHeader::new(M::TYPE_ID, size);
         h.message_id = self.core.next_message_id();
         h.correlation_id = self.request.correlation_id;
         h.source_kernel = self.id.0;
         h.set_hlc(self.hlc.tick());
-        h.flags = extra_flags;
+        h.flags = extra_flags | M::header_flags();
         h.set_priority(self.priority);
         Ok(h)
     }
@@ -131,9 +131,10 @@ impl<'a> KernelContext<'a> {
     /// request's `correlation_id` (so [`KernelHandle::call`](crate::runtime::KernelHandle::call)
     /// finds it) and the REPLY flag.
     pub fn reply<M: RingMessage>(&mut self, msg: &M) -> Result<()> {
-        let mut h = self.header_for::<M>(flags::REPLY)?;
+        let payload = msg.encode_payload()?;
+        let mut h = self.header_for::<M>(flags::REPLY, payload.len())?;
         h.dest_kernel = self.request.source_kernel;
-        self.sink.emit(&h, bytemuck::bytes_of(msg))?;
+        self.sink.emit(&h, &payload)?;
         self.counters.emitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -141,8 +142,9 @@ impl<'a> KernelContext<'a> {
     /// Writes a message into this kernel's output queue without marking it a reply
     /// (the request's correlation id is still carried).
     pub fn emit<M: RingMessage>(&mut self, msg: &M) -> Result<()> {
-        let h = self.header_for::<M>(0)?;
-        self.sink.emit(&h, bytemuck::bytes_of(msg))?;
+        let payload = msg.encode_payload()?;
+        let h = self.header_for::<M>(0, payload.len())?;
+        self.sink.emit(&h, &payload)?;
         self.counters.emitted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -157,10 +159,9 @@ impl<'a> KernelContext<'a> {
         target: impl Into<KernelTarget>,
         msg: &M,
     ) -> Result<K2kReceipt> {
-        let h = self.header_for::<M>(flags::K2K)?;
-        let r = self
-            .core
-            .deliver(&target.into(), h, bytemuck::bytes_of(msg))?;
+        let payload = msg.encode_payload()?;
+        let h = self.header_for::<M>(flags::K2K, payload.len())?;
+        let r = self.core.deliver(&target.into(), h, &payload)?;
         if r == K2kReceipt::Delivered {
             self.counters.emitted.fetch_add(1, Ordering::Relaxed);
         }
@@ -170,8 +171,9 @@ impl<'a> KernelContext<'a> {
     /// Publishes to a topic: delivered into every subscribed kernel's input queue.
     /// Returns how many kernels received it.
     pub fn publish<M: RingMessage>(&mut self, topic: &str, msg: &M) -> Result<usize> {
-        let h = self.header_for::<M>(flags::PUBSUB)?;
-        let report = self.core.publish_raw(topic, h, bytemuck::bytes_of(msg))?;
+        let payload = msg.encode_payload()?;
+        let h = self.header_for::<M>(flags::PUBSUB, payload.len())?;
+        let report = self.core.publish_raw(topic, h, &payload)?;
         self.counters
             .emitted
             .fetch_add(report.delivered as u64, Ordering::Relaxed);

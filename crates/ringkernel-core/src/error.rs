@@ -84,6 +84,24 @@ pub enum Error {
         /// The `type_id` of the message received.
         found: u32,
     },
+    /// A payload that cannot be read as the message type asked for: a truncated or
+    /// corrupted rkyv archive (rkyv's validation refused it), or a serialisation failure.
+    #[error("cannot decode a {type_name}: {reason}")]
+    Decode {
+        /// [`RingMessage::NAME`](crate::message::RingMessage::NAME) of the type.
+        type_name: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A message whose encoding (plain data or rkyv, [`flags::RKYV`](crate::message::flags::RKYV))
+    /// is not the one its reader or destination uses.
+    #[error("message encoding mismatch for type_id {type_id}: {reason}")]
+    EncodingMismatch {
+        /// `type_id` of the message.
+        type_id: u32,
+        /// What was expected and what was found.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -28,11 +28,23 @@
 //! * `bool`, 8- and 16-bit integers, `usize`/`isize`, pointers and nested structs are
 //!   rejected: they have no host-shareable WGSL form of the same layout.
 //! * Array lengths must be integer literals (the WGSL text needs the number).
-//! * The struct must be `#[repr(C)]`, without generics, and without padding anywhere:
-//!   every field must start at the offset WGSL gives it, and the Rust size must equal
-//!   the WGSL size. Both are compile-time assertions, so for example a `u64` after a
-//!   single `u32` fails to compile (WGSL and Rust would both pad, and padding bytes
-//!   cannot be `Pod`); reorder the fields or add an explicit `u32` pad field.
+//! * No generics, and no padding anywhere: every field must start at the offset WGSL
+//!   gives it and the struct's size must be the WGSL size, so for example a `u64` after
+//!   a single `u32` fails to compile (padding bytes are not data); reorder the fields or
+//!   add an explicit `u32` pad field. The error names the field to add.
+//!
+//! # With or without `#[repr(C)]`
+//!
+//! * `#[repr(C)]`: the Rust layout is fixed, the derive checks every field's
+//!   `offset_of!` and the size against WGSL at compile time and implements
+//!   `bytemuck::Pod`; the bytes of the value are its WGSL form (slices of it can be cast
+//!   with `bytemuck::cast_slice`).
+//! * No `repr`: Rust may reorder the fields in memory, so the derive does not rely on
+//!   the Rust layout at all. It computes the WGSL offsets itself, publishes them in
+//!   [`GpuType::FIELDS`] and [`GpuType::SIZE`], and [`GpuType::write_bytes`] /
+//!   [`GpuType::read_bytes`] copy field by field at those offsets. The struct does not
+//!   need to be `Copy`. Use [`GpuType::to_bytes`] / [`GpuType::slice_to_bytes`] to fill
+//!   a buffer.
 //!
 //! ```ignore
 //! #[derive(Clone, Copy, GpuType)]
@@ -40,26 +52,80 @@
 //! struct Particle { id: u64, pos: [f32; 3], mass: f32 }
 //! assert_eq!(Particle::WGSL_STRUCT,
 //!     "struct Particle {\n    id: vec2<u32>,\n    pos: array<f32, 3>,\n    mass: f32,\n}\n");
+//!
+//! #[derive(GpuType)] // no repr(C), no Copy: encoded field by field
+//! struct Matrix4x4 { data: [f32; 16] }
+//! assert_eq!((Matrix4x4::SIZE, Matrix4x4::ALIGN), (64, 4));
+//! let bytes = Matrix4x4 { data: [1.0; 16] }.to_bytes();
 //! ```
 
 use crate::error::{Error, Result};
 
-/// A plain-data struct with the same layout in Rust and in WGSL (storage buffers).
+/// A struct with a fixed, documented byte layout that a WGSL shader reads through a
+/// storage buffer.
 ///
 /// Derive it (`#[derive(GpuType)]`); the derive checks the layout at compile time. A
-/// hand-written implementation must keep the constants true to the Rust layout.
-pub trait GpuType: bytemuck::Pod + Send + Sync + 'static {
+/// `#[repr(C)]` struct is also `bytemuck::Pod` and its bytes are its memory; a struct
+/// without `#[repr(C)]` is encoded field by field at the WGSL offsets
+/// ([`GpuType::write_bytes`]). A hand-written implementation must keep the constants
+/// and the two methods true to each other.
+pub trait GpuType: Sized + Send + Sync + 'static {
     /// The struct's name in WGSL (the Rust type name).
     const WGSL_NAME: &'static str;
     /// The WGSL declaration `struct Name { field: type, ... }`, ready to paste into a
     /// shader.
     const WGSL_STRUCT: &'static str;
-    /// Size in bytes (the same in Rust and WGSL).
+    /// Size in bytes of the WGSL form (for a `#[repr(C)]` struct also its Rust size).
     const SIZE: usize;
     /// Alignment in bytes in WGSL (the largest member alignment).
     const ALIGN: usize;
-    /// Every field with its byte offset, in declaration order.
+    /// Every field with its byte offset in the WGSL form, in declaration order.
     const FIELDS: &'static [(&'static str, usize)];
+
+    /// Writes the WGSL form of `self` into `out`, which must be exactly
+    /// [`GpuType::SIZE`] bytes ([`Error::InvalidArgument`] otherwise).
+    fn write_bytes(&self, out: &mut [u8]) -> Result<()>;
+
+    /// Reads a value from its WGSL form (`bytes.len() == SIZE`, else
+    /// [`Error::InvalidArgument`]).
+    fn read_bytes(bytes: &[u8]) -> Result<Self>;
+
+    /// The WGSL form of `self` as a new buffer of [`GpuType::SIZE`] bytes.
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut v = vec![0u8; Self::SIZE];
+        // The buffer has exactly SIZE bytes, the only error case.
+        if let Err(e) = self.write_bytes(&mut v) {
+            unreachable!("GpuType::write_bytes into SIZE bytes failed: {e}");
+        }
+        v
+    }
+
+    /// The WGSL form of a slice of values, back to back (a WGSL `array<Name>`: the
+    /// size is a multiple of the alignment, so there is no stride padding).
+    fn slice_to_bytes(items: &[Self]) -> Vec<u8> {
+        let mut v = vec![0u8; Self::SIZE * items.len()];
+        for (item, out) in items.iter().zip(v.chunks_exact_mut(Self::SIZE.max(1))) {
+            if let Err(e) = item.write_bytes(out) {
+                unreachable!("GpuType::write_bytes into SIZE bytes failed: {e}");
+            }
+        }
+        v
+    }
+}
+
+/// [`Error::InvalidArgument`] unless `len` is `T::SIZE` (used by the derived
+/// [`GpuType::write_bytes`]/[`GpuType::read_bytes`]).
+pub fn check_len<T: GpuType>(len: usize) -> Result<()> {
+    if len == T::SIZE {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{} bytes cannot hold a {} ({} bytes in WGSL)",
+            len,
+            T::WGSL_NAME,
+            T::SIZE
+        )))
+    }
 }
 
 /// Marker behind the derives' plain-data field check: implemented for every
@@ -218,6 +284,15 @@ mod tests {
             ("count", offset_of!(Particle, count)),
             ("flags", offset_of!(Particle, flags)),
         ];
+        fn write_bytes(&self, out: &mut [u8]) -> Result<()> {
+            check_len::<Self>(out.len())?;
+            out.copy_from_slice(bytemuck::bytes_of(self));
+            Ok(())
+        }
+        fn read_bytes(bytes: &[u8]) -> Result<Self> {
+            check_len::<Self>(bytes.len())?;
+            Ok(bytemuck::pod_read_unaligned(bytes))
+        }
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub mod util;
 
 pub use backend::BackendKind;
 pub use error::{Error, Result};
+/// rkyv 0.8 (the archive format of variable-size messages), for deriving it on structs
+/// nested in a message: `#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]`
+/// with `#[rkyv(crate = ringkernel_core::rkyv)]`.
+pub use rkyv;
 
 /// Re-exports for generated code (`#[derive(RingMessage)]`, `#[ring_kernel]`). Not a
 /// public API: may change without notice.
@@ -64,7 +68,7 @@ pub mod prelude {
     pub use crate::ids::KernelId;
     pub use crate::k2k::{K2kReceipt, KernelTarget};
     pub use crate::lifecycle::LifecycleState;
-    pub use crate::message::{Envelope, MessageHeader, RingMessage};
+    pub use crate::message::{Envelope, MessageHeader, MessageId, RingMessage};
     pub use crate::options::LaunchOptions;
     pub use crate::runtime::{KernelHandle, RingKernelRuntime};
 }

@@ -1,9 +1,24 @@
-//! Message model: a 64-byte [`MessageHeader`] followed by a fixed-size payload, written
-//! straight into a queue slot.
+//! Message model: a 64-byte [`MessageHeader`] followed by the payload, written straight
+//! into a queue slot.
 //!
 //! A slot is `slot_size` bytes (a power of two, default 256): the header, then up to
 //! `slot_size - 64` payload bytes. The layout is shared bit for bit with the CUDA header
 //! (`ringkernel.cuh`) and the WGSL struct in `ringkernel-shaders`.
+//!
+//! A payload has one of two [`Encoding`]s, told apart by [`flags::RKYV`]:
+//!
+//! * **plain data**: the bytes of a `#[repr(C)]` `bytemuck::Pod` value, fixed size,
+//!   copied into the slot without serialisation (what GPU handlers read);
+//! * **rkyv**: an [rkyv](https://docs.rs/rkyv/0.8) 0.8 archive of a struct with `Vec`,
+//!   `String`, `Option` or nested fields, variable size. The archive format is
+//!   little-endian and needs no alignment, so it is read in place from any slot
+//!   offset. Reading validates it first (bytecheck): a truncated or corrupted archive
+//!   is [`Error::Decode`], never undefined behaviour. [`Envelope::archived`] gives the
+//!   archived view without deserialising; [`Envelope::decode`] the owned value.
+//!
+//! Decoding checks the type id ([`Error::TypeMismatch`]) and the encoding flag
+//! ([`Error::EncodingMismatch`]) before anything else. A payload larger than the slot
+//! is [`Error::MessageTooLarge`] on send, whichever the encoding.
 
 use crate::error::{Error, Result};
 use bytemuck::{Pod, Zeroable};
@@ -148,23 +163,337 @@ pub fn max_payload(slot_size: usize) -> usize {
     slot_size.saturating_sub(HEADER_SIZE)
 }
 
-/// A plain-data message type with a stable id.
+/// The id of one message: a `u64` unique within a runtime, the same number as
+/// [`MessageHeader::message_id`].
+///
+/// A message struct may carry it in a field marked `#[message(id)]` (see
+/// [`RingMessage`]): on receive, that field holds the id the message travelled with.
+///
+/// ```
+/// use ringkernel_core::message::MessageId;
+/// let id = MessageId::new(42);
+/// assert_eq!(id.get(), 42);
+/// assert_eq!(id.to_string(), "42");
+/// ```
+#[repr(transparent)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Pod,
+    Zeroable,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+pub struct MessageId(pub u64);
+
+impl MessageId {
+    /// A message id from its number.
+    pub const fn new(id: u64) -> Self {
+        MessageId(id)
+    }
+    /// The number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl ArchivedMessageId {
+    /// The number (the archived form is a little-endian `u64`).
+    pub fn get(&self) -> u64 {
+        self.0.to_native()
+    }
+}
+
+impl std::fmt::Display for MessageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<u64> for MessageId {
+    fn from(id: u64) -> Self {
+        MessageId(id)
+    }
+}
+
+impl From<MessageId> for u64 {
+    fn from(id: MessageId) -> Self {
+        id.0
+    }
+}
+
+/// How a message's payload is laid out in its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    /// The value's own bytes (`bytemuck::Pod`): fixed size, readable by GPU handlers.
+    Plain,
+    /// An rkyv archive ([`flags::RKYV`] set in the header): variable size (`Vec`,
+    /// `String`, nested structs), validated on read, read in place through
+    /// [`Envelope::archived`].
+    Rkyv,
+}
+
+impl Encoding {
+    /// The header flag bits that mark this encoding.
+    pub const fn flags(self) -> u32 {
+        match self {
+            Encoding::Plain => 0,
+            Encoding::Rkyv => flags::RKYV,
+        }
+    }
+
+    /// The encoding a header says its payload has.
+    pub const fn of(header: &MessageHeader) -> Encoding {
+        if header.flags & flags::RKYV != 0 {
+            Encoding::Rkyv
+        } else {
+            Encoding::Plain
+        }
+    }
+
+    /// `"plain data"` or `"rkyv"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Encoding::Plain => "plain data",
+            Encoding::Rkyv => "rkyv",
+        }
+    }
+}
+
+/// A message's encoded payload: borrowed straight from the value for plain data (no
+/// copy), an rkyv archive otherwise.
+pub enum Payload<'a> {
+    /// The bytes of a plain-data value.
+    Borrowed(&'a [u8]),
+    /// An rkyv archive.
+    Owned(rkyv::util::AlignedVec),
+}
+
+impl std::ops::Deref for Payload<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(b) => b,
+            Payload::Owned(v) => v.as_slice(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Payload").field("len", &self.len()).finish()
+    }
+}
+
+/// How a message type turns into payload bytes and back, without the header checks
+/// (those are [`RingMessage::encode_payload`]'s and [`RingMessage::decode`]'s).
+///
+/// Every `bytemuck::Pod` type has it (plain data, [`Encoding::Plain`]);
+/// `#[derive(RingMessage)]` on a struct without `#[repr(C)]` implements it with rkyv.
+/// Not meant to be implemented by hand.
+pub trait MessageCodec: Sized {
+    /// The payload encoding.
+    const ENCODING: Encoding;
+    /// The payload bytes of `self`.
+    fn to_payload(&self) -> Result<Payload<'_>>;
+    /// Reads a value out of payload bytes whose encoding was checked; `name` is for
+    /// errors.
+    fn from_payload(payload: &[u8], name: &'static str) -> Result<Self>;
+}
+
+impl<T: Pod> MessageCodec for T {
+    const ENCODING: Encoding = Encoding::Plain;
+    #[inline]
+    fn to_payload(&self) -> Result<Payload<'_>> {
+        Ok(Payload::Borrowed(bytemuck::bytes_of(self)))
+    }
+    #[inline]
+    fn from_payload(payload: &[u8], name: &'static str) -> Result<Self> {
+        if payload.len() != std::mem::size_of::<T>() {
+            return Err(Error::invalid(format!(
+                "payload of {} bytes cannot be a {} ({} bytes)",
+                payload.len(),
+                name,
+                std::mem::size_of::<T>()
+            )));
+        }
+        Ok(bytemuck::pod_read_unaligned(payload))
+    }
+}
+
+/// The rkyv serialiser every message archive is written with.
+pub type RkyvSerializer<'a> = rkyv::api::high::HighSerializer<
+    rkyv::util::AlignedVec,
+    rkyv::ser::allocator::ArenaHandle<'a>,
+    rkyv::rancor::Error,
+>;
+/// The rkyv validator every message archive is checked with.
+pub type RkyvValidator<'a> = rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>;
+/// The rkyv deserialiser owned decodes use.
+pub type RkyvDeserializer = rkyv::api::high::HighDeserializer<rkyv::rancor::Error>;
+
+/// Archives `value` with rkyv ([`Encoding::Rkyv`]'s payload). Used by the code
+/// `#[derive(RingMessage)]` generates.
+pub fn rkyv_encode<T>(value: &T, name: &'static str) -> Result<Payload<'static>>
+where
+    T: for<'a> rkyv::Serialize<RkyvSerializer<'a>>,
+{
+    rkyv::to_bytes::<rkyv::rancor::Error>(value)
+        .map(Payload::Owned)
+        .map_err(|e| Error::Decode {
+            type_name: name,
+            reason: format!("rkyv serialisation failed: {e}"),
+        })
+}
+
+/// Validated access to the archived `T` in `payload` (no deserialisation, no copy).
+/// A truncated or corrupted archive is [`Error::Decode`].
+pub fn rkyv_access<'p, T>(payload: &'p [u8], name: &'static str) -> Result<&'p T::Archived>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>,
+{
+    rkyv::access::<T::Archived, rkyv::rancor::Error>(payload).map_err(|e| Error::Decode {
+        type_name: name,
+        reason: format!("invalid rkyv archive ({} bytes): {e}", payload.len()),
+    })
+}
+
+/// Validates and deserialises the archived `T` in `payload`. A truncated or corrupted
+/// archive is [`Error::Decode`].
+pub fn rkyv_decode<T>(payload: &[u8], name: &'static str) -> Result<T>
+where
+    T: rkyv::Archive,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>
+        + rkyv::Deserialize<T, RkyvDeserializer>,
+{
+    let archived = rkyv_access::<T>(payload, name)?;
+    rkyv::deserialize::<T, rkyv::rancor::Error>(archived).map_err(|e| Error::Decode {
+        type_name: name,
+        reason: format!("rkyv deserialisation failed: {e}"),
+    })
+}
+
+/// [`Error::TypeMismatch`] unless `header` carries `type_id`, then
+/// [`Error::EncodingMismatch`] unless its [`flags::RKYV`] bit says `encoding`.
+pub fn check_header(
+    header: &MessageHeader,
+    type_id: u32,
+    name: &'static str,
+    encoding: Encoding,
+) -> Result<()> {
+    if header.type_id != type_id {
+        return Err(Error::TypeMismatch {
+            expected: type_id,
+            found: header.type_id,
+        });
+    }
+    let found = Encoding::of(header);
+    if found != encoding {
+        return Err(Error::EncodingMismatch {
+            type_id,
+            reason: format!(
+                "{name} is a {} message but the payload is {}",
+                encoding.name(),
+                found.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A message type with a stable id: plain data (`#[repr(C)]`, `bytemuck::Pod`, copied
+/// straight into the slot) or a variable-size struct archived with rkyv.
 ///
 /// Implement it with `#[derive(RingMessage)]` from `ringkernel-derive` (re-exported by
-/// the `ringkernel` facade) on a `#[repr(C)]` struct of plain-data fields:
+/// the `ringkernel` facade):
 ///
 /// ```ignore
+/// // Plain data: fixed size, readable by GPU handlers.
 /// #[derive(Clone, Copy, Debug, RingMessage)]
 /// #[message(type_id = 1)]
 /// #[repr(C)]
 /// struct Scale { id: u64, factor: f32, value: f32 }
+///
+/// // Without #[repr(C)]: archived with rkyv (Vec, String, Option, nested structs).
+/// #[derive(RingMessage)]
+/// #[message(type_id = 2)]
+/// struct Batch { #[message(id)] id: MessageId, label: String, data: Vec<f32> }
 /// ```
-pub trait RingMessage: Pod + Send + Sync + 'static {
+///
+/// A hand-written `impl RingMessage for T` (only `TYPE_ID` and `NAME`) works for any
+/// `bytemuck::Pod` type `T`.
+///
+/// # The `#[message(id)]` field
+///
+/// One field of type [`MessageId`] may be marked `#[message(id)]`. Its value is
+/// **ignored on send** (the runtime gives every message a fresh id, which is what
+/// replies are correlated with) and **set on receive** from
+/// [`MessageHeader::message_id`], so a handler or receiver sees the id the message
+/// travelled with. (The archived form read through [`Envelope::archived`] holds the
+/// sender's value; use `envelope.header.message_id` there.)
+pub trait RingMessage: MessageCodec + Send + Sync + 'static {
     /// Stable identifier written into [`MessageHeader::type_id`].
     const TYPE_ID: u32;
     /// Type name, for error messages and telemetry.
     const NAME: &'static str;
+
+    /// Sets the `#[message(id)]` field, if the type has one (the derive overrides
+    /// this; the default does nothing).
+    #[inline]
+    fn set_message_id(&mut self, _id: MessageId) {}
+
+    /// The payload encoding ([`MessageCodec::ENCODING`]).
+    #[inline]
+    fn encoding() -> Encoding {
+        <Self as MessageCodec>::ENCODING
+    }
+
+    /// The payload bytes: the value's own bytes for plain data (borrowed, no copy), an
+    /// rkyv archive otherwise. Headers for it carry [`Self::header_flags`].
+    #[inline]
+    fn encode_payload(&self) -> Result<Payload<'_>> {
+        self.to_payload()
+    }
+
+    /// The flag bits a header of this type carries ([`flags::RKYV`] for rkyv).
+    #[inline]
+    fn header_flags() -> u32 {
+        <Self as MessageCodec>::ENCODING.flags()
+    }
+
+    /// Decodes a payload: checks the type id ([`Error::TypeMismatch`]) and the
+    /// encoding flag ([`Error::EncodingMismatch`]), then the size (plain data,
+    /// [`Error::InvalidArgument`]) or the archive (rkyv, [`Error::Decode`]), and sets
+    /// the `#[message(id)]` field from the header.
+    fn decode(header: &MessageHeader, payload: &[u8]) -> Result<Self> {
+        check_header(
+            header,
+            Self::TYPE_ID,
+            Self::NAME,
+            <Self as MessageCodec>::ENCODING,
+        )?;
+        let mut m = Self::from_payload(payload, Self::NAME)?;
+        m.set_message_id(MessageId(header.message_id));
+        Ok(m)
+    }
 }
+
+/// A plain-data message: what GPU-side typed helpers need (the bytes are the value).
+/// Every `RingMessage` that is `bytemuck::Pod` is one.
+pub trait PodMessage: RingMessage + Pod {}
+
+impl<T: RingMessage + Pod> PodMessage for T {}
 
 /// An owned message: header plus payload bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,13 +506,33 @@ pub struct Envelope {
 
 impl Envelope {
     /// Wraps a typed message (ids and timestamp are filled in when it is sent), with
-    /// priority [`NORMAL`](crate::priority::NORMAL).
+    /// priority [`NORMAL`](crate::priority::NORMAL). An rkyv message whose serialisation
+    /// fails is [`Error::Decode`]; plain data never fails (see [`Envelope::try_new`] to
+    /// handle that case instead of panicking).
+    ///
+    /// # Panics
+    ///
+    /// If rkyv cannot serialise the message (only possible for types whose
+    /// serialisation can fail, e.g. a hand-written `Serialize` returning an error).
     pub fn new<M: RingMessage>(msg: &M) -> Self {
-        Self::from_bytes(M::TYPE_ID, bytemuck::bytes_of(msg))
+        match Self::try_new(msg) {
+            Ok(e) => e,
+            Err(e) => panic!("Envelope::new: {e}"),
+        }
     }
 
-    /// Wraps raw payload bytes with a `type_id`, with priority
-    /// [`NORMAL`](crate::priority::NORMAL).
+    /// Wraps a typed message (priority [`NORMAL`](crate::priority::NORMAL));
+    /// [`Error::Decode`] when rkyv cannot serialise it.
+    pub fn try_new<M: RingMessage>(msg: &M) -> Result<Self> {
+        let payload = msg.encode_payload()?.to_vec();
+        let mut header = MessageHeader::new(M::TYPE_ID, payload.len());
+        header.flags |= M::header_flags();
+        header.set_priority(crate::priority::NORMAL);
+        Ok(Envelope { header, payload })
+    }
+
+    /// Wraps raw payload bytes with a `type_id` (plain data: no [`flags::RKYV`]), with
+    /// priority [`NORMAL`](crate::priority::NORMAL).
     pub fn from_bytes(type_id: u32, payload: &[u8]) -> Self {
         let mut header = MessageHeader::new(type_id, payload.len());
         header.set_priority(crate::priority::NORMAL);
@@ -208,28 +557,46 @@ impl Envelope {
         self
     }
 
-    /// Decodes the payload as `M`, checking the type id and the size.
+    /// Decodes the payload as `M` (see [`RingMessage::decode`]: type id, encoding,
+    /// size or archive validity are checked).
     pub fn decode<M: RingMessage>(&self) -> Result<M> {
-        if self.header.type_id != M::TYPE_ID {
-            return Err(Error::TypeMismatch {
-                expected: M::TYPE_ID,
-                found: self.header.type_id,
-            });
-        }
-        if self.payload.len() != std::mem::size_of::<M>() {
-            return Err(Error::invalid(format!(
-                "payload of {} bytes cannot be a {} ({} bytes)",
-                self.payload.len(),
-                M::NAME,
-                std::mem::size_of::<M>()
-            )));
-        }
-        Ok(bytemuck::pod_read_unaligned(&self.payload))
+        M::decode(&self.header, &self.payload)
+    }
+
+    /// Validated, zero-copy access to the archived form of an rkyv message: no
+    /// deserialisation, no allocation. Type id and encoding are checked as in
+    /// [`Envelope::decode`]; a truncated or corrupted archive is [`Error::Decode`].
+    ///
+    /// ```
+    /// use ringkernel_core::message::{Envelope, RingMessage};
+    /// use ringkernel_derive::RingMessage;
+    ///
+    /// #[derive(Debug, PartialEq, RingMessage)]
+    /// #[message(type_id = 20)]
+    /// struct Samples { label: String, data: Vec<f32> }
+    ///
+    /// let env = Envelope::new(&Samples { label: "a".into(), data: vec![1.0, 2.0] });
+    /// let archived = env.archived::<Samples>().unwrap();
+    /// assert_eq!(archived.label, "a");
+    /// assert_eq!(archived.data.iter().map(|x| x.to_native()).sum::<f32>(), 3.0);
+    /// ```
+    pub fn archived<M>(&self) -> Result<&rkyv::Archived<M>>
+    where
+        M: RingMessage + rkyv::Archive,
+        M::Archived: for<'a> rkyv::bytecheck::CheckBytes<RkyvValidator<'a>>,
+    {
+        check_header(&self.header, M::TYPE_ID, M::NAME, Encoding::Rkyv)?;
+        rkyv_access::<M>(&self.payload, M::NAME)
     }
 
     /// Whether this message is of type `M`.
     pub fn is<M: RingMessage>(&self) -> bool {
         self.header.type_id == M::TYPE_ID
+    }
+
+    /// The payload encoding the header declares.
+    pub fn encoding(&self) -> Encoding {
+        Encoding::of(&self.header)
     }
 
     /// Checks that the payload fits a slot of `slot_size` bytes.
@@ -355,6 +722,70 @@ mod tests {
             env.decode::<Ping>(),
             Err(Error::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn plain_payload_borrows_the_value() {
+        let msg = Ping { a: 1, b: 2.0, c: 3 };
+        let payload = msg.encode_payload().unwrap();
+        assert!(matches!(payload, Payload::Borrowed(_)));
+        // No copy: the payload is the value's own memory.
+        assert_eq!(payload.as_ptr(), (&msg as *const Ping).cast::<u8>());
+        assert_eq!(payload.len(), std::mem::size_of::<Ping>());
+        assert_eq!(Ping::header_flags(), 0);
+        assert_eq!(Ping::encoding(), Encoding::Plain);
+    }
+
+    #[test]
+    fn plain_decode_refuses_an_rkyv_flag() {
+        let mut env = Envelope::new(&Ping { a: 1, b: 2.0, c: 3 });
+        env.header.flags |= flags::RKYV;
+        assert!(matches!(
+            env.decode::<Ping>(),
+            Err(Error::EncodingMismatch { type_id: 7, .. })
+        ));
+        assert_eq!(env.encoding(), Encoding::Rkyv);
+    }
+
+    #[test]
+    fn rkyv_helpers_round_trip_and_validate() {
+        let v: Vec<String> = vec!["a".into(), "bcd".into()];
+        let bytes = rkyv_encode(&v, "Strings").unwrap();
+        let back: Vec<String> = rkyv_decode::<Vec<String>>(&bytes, "Strings").unwrap();
+        assert_eq!(back, v);
+        let a = rkyv_access::<Vec<String>>(&bytes, "Strings").unwrap();
+        assert_eq!(a[1], "bcd");
+        // Unaligned archives are fine (the `unaligned` format): read at offset 1.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&bytes);
+        assert_eq!(
+            rkyv_access::<Vec<String>>(&shifted[1..], "Strings")
+                .unwrap()
+                .len(),
+            2
+        );
+        assert!(matches!(
+            rkyv_decode::<Vec<String>>(&bytes[..bytes.len() - 2], "Strings"),
+            Err(Error::Decode {
+                type_name: "Strings",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn message_id_is_a_u64() {
+        let id = MessageId::from(5u64);
+        assert_eq!(u64::from(id), 5);
+        assert_eq!(id.get(), 5);
+        assert_eq!(format!("{id}"), "5");
+        assert_eq!(std::mem::size_of::<MessageId>(), 8);
+        let bytes = rkyv_encode(&id, "MessageId").unwrap();
+        assert_eq!(bytes.len(), 8);
+        assert_eq!(
+            rkyv_access::<MessageId>(&bytes, "MessageId").unwrap().get(),
+            5
+        );
     }
 
     #[test]

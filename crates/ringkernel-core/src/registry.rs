@@ -8,7 +8,7 @@
 
 use crate::context::KernelContext;
 use crate::error::{Error, Result};
-use crate::message::{Envelope, RingMessage};
+use crate::message::{Encoding, Envelope, MessageHeader, RingMessage};
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, RwLock};
@@ -44,6 +44,72 @@ pub struct GpuHandler {
     pub cuda: Option<String>,
     /// Bytes of per-kernel state the handler keeps on the device.
     pub state_bytes: usize,
+    /// The message types the handler reads, if it declares them
+    /// ([`GpuHandler::with_input`]); empty: undeclared (raw bytes, anything goes).
+    pub inputs: Vec<MessageInput>,
+}
+
+/// A message type a GPU handler declares it reads (see [`GpuHandler::with_input`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageInput {
+    /// [`RingMessage::TYPE_ID`].
+    pub type_id: u32,
+    /// [`RingMessage::NAME`].
+    pub name: &'static str,
+    /// How its payload is encoded.
+    pub encoding: Encoding,
+}
+
+impl MessageInput {
+    /// The declaration of `M`.
+    pub fn of<M: RingMessage>() -> Self {
+        MessageInput {
+            type_id: M::TYPE_ID,
+            name: M::NAME,
+            encoding: M::encoding(),
+        }
+    }
+}
+
+/// Whether a kernel (`kernel` names it in errors) whose handler declares `inputs` can
+/// read a message with `header`: the one check every engine uses
+/// ([`KernelEngine::accepts`](crate::runtime::KernelEngine::accepts)).
+///
+/// * No declared inputs: anything is accepted (the handler gets raw bytes).
+/// * A declared type id must arrive in its declared encoding.
+/// * An rkyv message ([`flags::RKYV`](crate::message::flags::RKYV)) of an undeclared
+///   type is refused when every declared input is plain data: a GPU handler that reads
+///   fixed-layout structs cannot read an archive.
+///
+/// Refusals are [`Error::EncodingMismatch`].
+pub fn check_accepts(kernel: &str, inputs: &[MessageInput], header: &MessageHeader) -> Result<()> {
+    if inputs.is_empty() {
+        return Ok(());
+    }
+    let found = Encoding::of(header);
+    match inputs.iter().find(|i| i.type_id == header.type_id) {
+        Some(i) if i.encoding != found => Err(Error::EncodingMismatch {
+            type_id: header.type_id,
+            reason: format!(
+                "kernel {kernel:?} reads {} as {} but the message is {}",
+                i.name,
+                i.encoding.name(),
+                found.name()
+            ),
+        }),
+        Some(_) => Ok(()),
+        None if found == Encoding::Rkyv && inputs.iter().all(|i| i.encoding == Encoding::Plain) => {
+            let names: Vec<&str> = inputs.iter().map(|i| i.name).collect();
+            Err(Error::EncodingMismatch {
+                type_id: header.type_id,
+                reason: format!(
+                    "kernel {kernel:?} reads plain-data messages ({}) and cannot read an rkyv archive",
+                    names.join(", ")
+                ),
+            })
+        }
+        None => Ok(()),
+    }
 }
 
 impl GpuHandler {
@@ -54,7 +120,36 @@ impl GpuHandler {
             wgsl: None,
             cuda: None,
             state_bytes: 0,
+            inputs: Vec::new(),
         }
+    }
+    /// Declares a message type the handler reads (call once per type). Sends of a
+    /// message the handler cannot read are then refused on the host
+    /// ([`GpuHandler::accepts`]), e.g. an rkyv message to a handler of plain-data
+    /// structs.
+    ///
+    /// ```
+    /// use ringkernel_core::builtin::Token;
+    /// use ringkernel_core::message::{Envelope, MessageHeader, flags};
+    /// use ringkernel_core::registry::GpuHandler;
+    ///
+    /// let h = GpuHandler::new("echo").with_input::<Token>();
+    /// assert!(h.accepts("echo", &Envelope::new(&Token::default()).header).is_ok());
+    /// let mut archived = MessageHeader::new(99, 16);
+    /// archived.flags |= flags::RKYV;
+    /// assert!(h.accepts("echo", &archived).is_err());
+    /// ```
+    pub fn with_input<M: RingMessage>(mut self) -> Self {
+        let input = MessageInput::of::<M>();
+        if !self.inputs.contains(&input) {
+            self.inputs.push(input);
+        }
+        self
+    }
+    /// [`check_accepts`] against this handler's declared inputs (`kernel` names the
+    /// kernel in errors).
+    pub fn accepts(&self, kernel: &str, header: &MessageHeader) -> Result<()> {
+        check_accepts(kernel, &self.inputs, header)
     }
     /// Adds the WGSL source.
     pub fn with_wgsl(mut self, src: impl Into<String>) -> Self {
@@ -138,6 +233,11 @@ impl KernelRegistry {
                     old.cuda = handler.cuda;
                 }
                 old.state_bytes = old.state_bytes.max(handler.state_bytes);
+                for i in handler.inputs {
+                    if !old.inputs.contains(&i) {
+                        old.inputs.push(i);
+                    }
+                }
             }
             None => {
                 g.insert(handler.name.clone(), handler);
@@ -295,5 +395,98 @@ where
     fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
         let req: Req = msg.decode()?;
         (self.f)(ctx, &mut self.state, req).emit(ctx)
+    }
+}
+
+/// A [`CpuHandler`] that reads the archived form of an rkyv message in place:
+/// `FnMut(&mut KernelContext, &Archived<Req>) -> Out`. See [`archived_fn`].
+pub struct ArchivedHandler<Req, F> {
+    f: F,
+    _req: PhantomData<fn(Req)>,
+}
+
+/// Wraps a closure that reads an rkyv message's archived form (validated, not
+/// deserialised, no copy) as a [`CpuHandler`]. Messages of another type or encoding,
+/// and invalid archives, are refused with a typed error (counted as dropped).
+/// `#[ring_kernel]` uses it for a handler whose message parameter is `&Archived<M>`.
+///
+/// ```
+/// use ringkernel_core::context::KernelContext;
+/// use ringkernel_core::registry::archived_fn;
+/// use ringkernel_core::rkyv::Archived;
+/// use ringkernel_derive::RingMessage;
+///
+/// #[derive(RingMessage)]
+/// #[message(type_id = 30)]
+/// struct Samples { data: Vec<f32> }
+///
+/// // `Req` is named: it cannot be inferred from `&Archived<Req>`.
+/// let h = archived_fn::<Samples, _, _>(|_ctx: &mut KernelContext<'_>, s: &Archived<Samples>| {
+///     let _sum: f32 = s.data.iter().map(|x| x.to_native()).sum();
+/// });
+/// ```
+pub fn archived_fn<Req, Out, F>(f: F) -> ArchivedHandler<Req, F>
+where
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    ArchivedHandler {
+        f,
+        _req: PhantomData,
+    }
+}
+
+impl<Req, Out, F> CpuHandler for ArchivedHandler<Req, F>
+where
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
+        let archived = msg.archived::<Req>()?;
+        (self.f)(ctx, archived).emit(ctx)
+    }
+}
+
+/// A [`CpuHandler`] with explicit state that reads the archived form of an rkyv
+/// message: `FnMut(&mut KernelContext, &mut S, &Archived<Req>) -> Out`. See
+/// [`stateful_archived_fn`].
+pub struct StatefulArchivedHandler<S, Req, F> {
+    state: S,
+    f: F,
+    _req: PhantomData<fn(Req)>,
+}
+
+/// [`archived_fn`] with per-kernel state (starting at `init`), as [`stateful_fn`] is to
+/// [`handler_fn`]. `#[ring_kernel]` uses it for `fn(ctx, &mut S, &Archived<M>)`.
+pub fn stateful_archived_fn<S, Req, Out, F>(init: S, f: F) -> StatefulArchivedHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    StatefulArchivedHandler {
+        state: init,
+        f,
+        _req: PhantomData,
+    }
+}
+
+impl<S, Req, Out, F> CpuHandler for StatefulArchivedHandler<S, Req, F>
+where
+    S: Send + 'static,
+    Req: RingMessage + rkyv::Archive,
+    Req::Archived: for<'a> rkyv::bytecheck::CheckBytes<crate::message::RkyvValidator<'a>>,
+    Out: HandlerOutput,
+    F: FnMut(&mut KernelContext<'_>, &mut S, &rkyv::Archived<Req>) -> Out + Send + 'static,
+{
+    fn handle(&mut self, ctx: &mut KernelContext<'_>, msg: &Envelope) -> Result<()> {
+        let archived = msg.archived::<Req>()?;
+        (self.f)(ctx, &mut self.state, archived).emit(ctx)
     }
 }

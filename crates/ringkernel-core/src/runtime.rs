@@ -99,6 +99,15 @@ pub trait KernelEngine: Send + Sync + 'static {
     fn terminate(&self) -> BoxFuture<'_, Result<TerminateReport>>;
     /// Wake-up events.
     fn events(&self) -> &KernelEvents;
+    /// Whether this kernel's handler can read a message with this header, checked on
+    /// the host before the message enters the queue (sends and
+    /// [`RuntimeCore::deliver`]). The default accepts everything; GPU engines whose
+    /// handler declares its inputs ([`GpuHandler::with_input`](crate::registry::GpuHandler::with_input))
+    /// answer with [`GpuHandler::accepts`](crate::registry::GpuHandler::accepts), e.g.
+    /// [`Error::EncodingMismatch`] for an rkyv message to a plain-data handler.
+    fn accepts(&self, _header: &MessageHeader) -> Result<()> {
+        Ok(())
+    }
     /// Metrics snapshot.
     fn metrics(&self) -> KernelMetrics;
 }
@@ -258,6 +267,7 @@ impl RuntimeCore {
             return Ok(K2kReceipt::NotFound);
         };
         check_payload_fits(payload.len(), engine.slot_size())?;
+        engine.accepts(&header)?;
         header.dest_kernel = engine.id().0;
         match engine.try_enqueue(&header, payload) {
             Ok(()) => Ok(K2kReceipt::Delivered),
@@ -291,12 +301,14 @@ impl RuntimeCore {
 
     /// Publishes a typed message from the host (priority [`NORMAL`](priority::NORMAL)).
     pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
-        let mut h = MessageHeader::new(M::TYPE_ID, std::mem::size_of::<M>());
+        let payload = msg.encode_payload()?;
+        let mut h = MessageHeader::new(M::TYPE_ID, payload.len());
+        h.flags |= M::header_flags();
         h.set_priority(priority::NORMAL);
         h.message_id = self.next_message_id();
         h.correlation_id = h.message_id;
         h.set_hlc(self.hlc.tick());
-        self.publish_raw(topic, h, bytemuck::bytes_of(msg))
+        self.publish_raw(topic, h, &payload)
     }
 
     /// Metrics of every live kernel.
@@ -588,8 +600,11 @@ impl KernelHandle {
     /// Sends without waiting: [`Error::QueueFull`] when the input queue is full.
     /// Returns the message id (also its correlation id).
     pub fn try_send<M: RingMessage>(&self, msg: &M) -> Result<u64> {
-        let h = self.stamp(M::TYPE_ID, std::mem::size_of::<M>(), priority::NORMAL);
-        self.inner.engine.try_enqueue(&h, bytemuck::bytes_of(msg))?;
+        let payload = msg.encode_payload()?;
+        let mut h = self.stamp(M::TYPE_ID, payload.len(), priority::NORMAL);
+        h.flags |= M::header_flags();
+        self.inner.engine.accepts(&h)?;
+        self.inner.engine.try_enqueue(&h, &payload)?;
         Ok(h.message_id)
     }
 
@@ -613,16 +628,21 @@ impl KernelHandle {
     /// # Ok(()) }
     /// ```
     pub async fn send_with_priority<M: RingMessage>(&self, msg: M, priority: u8) -> Result<u64> {
-        self.send_bytes(M::TYPE_ID, bytemuck::bytes_of(&msg), priority, None)
+        let payload = msg.encode_payload()?;
+        self.send_bytes(M::TYPE_ID, M::header_flags(), &payload, priority, None)
             .await
     }
 
-    /// Sends raw payload bytes with a type id, at the envelope's priority
-    /// ([`Envelope::with_priority`]; [`NORMAL`](priority::NORMAL) for envelopes made
-    /// by [`Envelope::new`]/[`Envelope::from_bytes`]).
-    pub async fn send_envelope(&self, env: &Envelope) -> Result<u64> {
+    /// Sends an already-built message (by value or by reference): its type id, payload,
+    /// encoding flag ([`flags::RKYV`](crate::message::flags::RKYV)) and priority
+    /// ([`Envelope::with_priority`]; [`NORMAL`](priority::NORMAL) for envelopes made by
+    /// [`Envelope::new`]/[`Envelope::from_bytes`]) are kept; ids, timestamp and
+    /// destination are filled in as for [`KernelHandle::send`].
+    pub async fn send_envelope(&self, env: impl std::borrow::Borrow<Envelope>) -> Result<u64> {
+        let env = env.borrow();
         self.send_bytes(
             env.header.type_id,
+            env.header.flags & crate::message::flags::RKYV,
             &env.payload,
             env.header.priority(),
             None,
@@ -633,11 +653,14 @@ impl KernelHandle {
     async fn send_bytes(
         &self,
         type_id: u32,
+        extra_flags: u32,
         payload: &[u8],
         priority: u8,
         deadline: Option<Instant>,
     ) -> Result<u64> {
-        let h = self.stamp(type_id, payload.len(), priority);
+        let mut h = self.stamp(type_id, payload.len(), priority);
+        h.flags |= extra_flags;
+        self.inner.engine.accepts(&h)?;
         loop {
             match self.inner.engine.try_enqueue(&h, payload) {
                 Ok(()) => return Ok(h.message_id),
@@ -763,8 +786,16 @@ impl KernelHandle {
         self.decode_or_keep(env)
     }
 
-    /// Receives the next message, waiting at most `timeout` ([`Error::Timeout`]).
-    pub async fn receive_timeout<M: RingMessage>(&self, timeout: Duration) -> Result<M> {
+    /// Receives the next message as an [`Envelope`] (any type), waiting at most
+    /// `timeout` ([`Error::Timeout`]). [`KernelHandle::receive_timeout_as`] decodes it.
+    pub async fn receive_timeout(&self, timeout: Duration) -> Result<Envelope> {
+        self.receive_envelope(Some(timeout)).await
+    }
+
+    /// Receives the next message as an `M`, waiting at most `timeout`
+    /// ([`Error::Timeout`]). A message of another type is [`Error::TypeMismatch`] and
+    /// stays queued.
+    pub async fn receive_timeout_as<M: RingMessage>(&self, timeout: Duration) -> Result<M> {
         let env = self.receive_envelope(Some(timeout)).await?;
         self.decode_or_keep(env)
     }
@@ -785,10 +816,12 @@ impl KernelHandle {
         timeout: Duration,
     ) -> Result<Resp> {
         let deadline = Instant::now() + timeout;
+        let payload = req.encode_payload()?;
         let id = self
             .send_bytes(
                 Req::TYPE_ID,
-                bytemuck::bytes_of(&req),
+                Req::header_flags(),
+                &payload,
                 priority::NORMAL,
                 Some(deadline),
             )

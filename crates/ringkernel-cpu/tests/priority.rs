@@ -124,7 +124,7 @@ async fn depth_counts_every_lane() {
     k.activate().await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..6 {
-        let t: Token = k.receive_timeout(T).await.unwrap();
+        let t: Token = k.receive_timeout_as(T).await.unwrap();
         ids.push(t.id);
     }
     assert_eq!(ids, vec![2, 3, 4, 5, 0, 1]);
@@ -174,7 +174,7 @@ async fn publishes_carry_the_publishing_kernels_priority() {
     sub.activate().await.unwrap();
     let mut ids = Vec::new();
     for _ in 0..5 {
-        let t: Token = sub.receive_timeout(T).await.unwrap();
+        let t: Token = sub.receive_timeout_as(T).await.unwrap();
         ids.push(t.id);
     }
     assert_eq!(ids, vec![100, 50, 0, 1, 2]);

@@ -141,7 +141,7 @@ async fn handler_errors_and_panics_are_counted_as_dropped() {
     k.send(Token::new(10, 10.0)).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..6 {
-        let t: Token = k.receive_timeout(T).await.unwrap();
+        let t: Token = k.receive_timeout_as(T).await.unwrap();
         got.push(t.id);
     }
     assert_eq!(
@@ -309,7 +309,7 @@ async fn async_api_never_blocks_the_executor() {
         "the executor was blocked during terminate"
     );
     for id in [2, 3, 4] {
-        let t: Token = k.receive_timeout(T).await.unwrap();
+        let t: Token = k.receive_timeout_as(T).await.unwrap();
         assert_eq!(t.id, id);
     }
     stop.store(true, Ordering::Relaxed);
@@ -353,7 +353,7 @@ async fn shutdown_drains_active_and_returns_queued_messages() {
     }
     assert_eq!(a.metrics().processed, 50);
     for i in 0..50 {
-        let t: Token = a.receive_timeout(T).await.unwrap();
+        let t: Token = a.receive_timeout_as(T).await.unwrap();
         assert_eq!(t.id, i);
     }
     assert!(matches!(
@@ -419,7 +419,7 @@ async fn full_output_queue_applies_backpressure_without_loss() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(k.metrics().dropped, 0);
     for i in 0..40u64 {
-        let t: Token = k.receive_timeout(T).await.unwrap();
+        let t: Token = k.receive_timeout_as(T).await.unwrap();
         assert_eq!(t.id, i);
     }
     let m = settled(&k, 40).await;
@@ -458,7 +458,7 @@ async fn terminate_with_nobody_reading_counts_dropped_replies() {
     );
     assert_eq!(m.dropped, 8, "{m:?}");
     for i in 0..2u64 {
-        let t: Token = k.receive_timeout(T).await.unwrap();
+        let t: Token = k.receive_timeout_as(T).await.unwrap();
         assert_eq!(t.id, i);
     }
     rt.shutdown().await.unwrap();
@@ -566,7 +566,7 @@ async fn concurrent_senders_lose_nothing() {
         .collect();
     let mut next = [0u64; THREADS as usize];
     for _ in 0..THREADS * PER {
-        let r: Token = k.receive_timeout(T).await.unwrap();
+        let r: Token = k.receive_timeout_as(T).await.unwrap();
         let (t, i) = ((r.id >> 32) as usize, r.id & 0xFFFF_FFFF);
         assert_eq!(i, next[t], "sender {t}: reply {i} out of order");
         next[t] += 1;

@@ -92,7 +92,7 @@ use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::queue::slot::{SlotConsumer, SlotProducer};
 use ringkernel_core::queue::QueueHeader;
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
     TerminateReport,
@@ -165,7 +165,12 @@ fn builtin_handlers() -> [(&'static str, String, usize); 3] {
 /// exists.
 pub fn register_cuda_builtins(reg: &KernelRegistry) {
     for (name, src, state) in builtin_handlers() {
-        reg.register_gpu(GpuHandler::new(name).with_cuda(src).with_state_bytes(state));
+        reg.register_gpu(
+            GpuHandler::new(name)
+                .with_cuda(src)
+                .with_state_bytes(state)
+                .with_input::<ringkernel_core::builtin::Token>(),
+        );
     }
 }
 
@@ -174,7 +179,12 @@ pub fn register_cuda_builtins(reg: &KernelRegistry) {
 fn register_missing_cuda_builtins(reg: &KernelRegistry) {
     for (name, src, state) in builtin_handlers() {
         if !matches!(reg.gpu(name), Ok(h) if h.cuda.is_some()) {
-            reg.register_gpu(GpuHandler::new(name).with_cuda(src).with_state_bytes(state));
+            reg.register_gpu(
+                GpuHandler::new(name)
+                    .with_cuda(src)
+                    .with_state_bytes(state)
+                    .with_input::<ringkernel_core::builtin::Token>(),
+            );
         }
     }
 }
@@ -639,6 +649,7 @@ impl CudaRuntime {
             seen_state: AtomicU32::new(0),
             exited: AtomicBool::new(false),
             counted: AtomicBool::new(false),
+            inputs: h.inputs.clone(),
             rt: Arc::downgrade(rt),
             waker: rt.waker.clone(),
         });
@@ -864,6 +875,8 @@ struct CudaEngine {
     counted: AtomicBool,
     rt: Weak<RtInner>,
     waker: Arc<PumpWaker>,
+    /// The handler's declared inputs (host-side check of sends).
+    inputs: Vec<MessageInput>,
 }
 
 // SAFETY: `base` points into `mem.mapped`, which this value keeps alive; all shared
@@ -1286,6 +1299,10 @@ impl KernelEngine for CudaEngine {
         Box::pin(self.terminate_impl())
     }
 
+    fn accepts(&self, header: &MessageHeader) -> Result<()> {
+        check_accepts(&self.name, &self.inputs, header)
+    }
+
     fn events(&self) -> &KernelEvents {
         &self.events
     }
@@ -1646,7 +1663,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 echo.send(Token::new(i, 1.0)).await?;
             }
             for _ in 0..1000 {
-                let _: Token = echo.receive_timeout(Duration::from_secs(10)).await?;
+                let _: Token = echo.receive_timeout_as(Duration::from_secs(10)).await?;
             }
             // Every reply was published after its sample: all 1000 are there.
             let m = echo.metrics();
@@ -1655,7 +1672,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 spin.send(Token::new(i, 1.0)).await?;
             }
             for _ in 0..50 {
-                let _: Token = spin.receive_timeout(Duration::from_secs(10)).await?;
+                let _: Token = spin.receive_timeout_as(Duration::from_secs(10)).await?;
             }
             let l = spin.metrics().latency;
             assert_eq!(l.count, 50, "{l:?}");
@@ -1720,7 +1737,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             let t = Token::new(1, 2.0);
             // A valid checksum passes (the device computes FNV-1a as the host does).
             assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
-            let r: Token = k.receive_timeout(Duration::from_secs(10)).await?;
+            let r: Token = k.receive_timeout_as(Duration::from_secs(10)).await?;
             assert_eq!((r.id, r.value), (1, 4.0));
             // A payload changed after the checksum was taken is dropped with its reason.
             k.deactivate().await?;

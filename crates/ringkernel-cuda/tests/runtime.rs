@@ -115,7 +115,7 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
         let route = [s1.id(), s2.id()];
         let t: Token = {
             s1.send(Token::routed(1, 1.0, &route)?).await?;
-            s2.receive_timeout(Duration::from_secs(10)).await?
+            s2.receive_timeout_as(Duration::from_secs(10)).await?
         };
         assert_eq!((t.hops, t.value), (2, 3.0));
         s2.terminate().await?;

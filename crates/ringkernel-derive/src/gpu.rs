@@ -1,7 +1,8 @@
 //! `#[derive(GpuType)]`.
 
 use crate::paths::core_path;
-use crate::plain::{parse_plain, pod_checks, pod_impls};
+use crate::plain::PlainStruct;
+use crate::plain::{has_fixed_repr, parse_any_repr, parse_plain, pod_checks, pod_impls};
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::{DeriveInput, Expr, Lit, Type};
@@ -9,6 +10,7 @@ use syn::{DeriveInput, Expr, Lit, Type};
 /// WGSL form of a field type: member type text, alignment.
 struct WgslField {
     wgsl: String,
+    size: usize,
     align: usize,
 }
 
@@ -98,6 +100,8 @@ fn classify(ty: &Type) -> syn::Result<WgslField> {
             }
             Ok(WgslField {
                 wgsl: format!("array<{elem}, {n}>"),
+                // Every supported element's size equals its alignment: no stride padding.
+                size: n * align,
                 align,
             })
         }
@@ -107,6 +111,7 @@ fn classify(ty: &Type) -> syn::Result<WgslField> {
             let (wgsl, align) = scalar(other)?;
             Ok(WgslField {
                 wgsl: wgsl.to_string(),
+                size: align,
                 align,
             })
         }
@@ -115,7 +120,12 @@ fn classify(ty: &Type) -> syn::Result<WgslField> {
 
 /// Expands `#[derive(GpuType)]`.
 pub fn derive(input: DeriveInput) -> syn::Result<TokenStream> {
-    let s = parse_plain(&input, "GpuType")?;
+    let fixed = has_fixed_repr(&input)?;
+    let s = if fixed {
+        parse_plain(&input, "GpuType")?
+    } else {
+        parse_any_repr(&input, "GpuType")?
+    };
     let core = core_path();
     let ident = &s.ident;
     let wgsl_name = ident.to_string();
@@ -163,6 +173,10 @@ pub fn derive(input: DeriveInput) -> syn::Result<TokenStream> {
         decl.push_str(&format!("    {}: {},\n", f.name, w.wgsl));
     }
     decl.push_str("}\n");
+
+    if !fixed {
+        return explicit_layout(&s, &classified, &core, &decl, max_align);
+    }
 
     let layout_checks = s.fields.iter().zip(&classified).map(|(f, w)| {
         let member = &f.member;
@@ -213,6 +227,118 @@ pub fn derive(input: DeriveInput) -> syn::Result<TokenStream> {
             const SIZE: usize = ::core::mem::size_of::<#ident>();
             const ALIGN: usize = #max_align;
             const FIELDS: &'static [(&'static str, usize)] = &[#(#field_table),*];
+            #[inline]
+            fn write_bytes(&self, out: &mut [u8]) -> #core::Result<()> {
+                #core::gpu_type::check_len::<Self>(out.len())?;
+                out.copy_from_slice(#core::__private::bytemuck::bytes_of(self));
+                Ok(())
+            }
+            #[inline]
+            fn read_bytes(bytes: &[u8]) -> #core::Result<Self> {
+                #core::gpu_type::check_len::<Self>(bytes.len())?;
+                Ok(#core::__private::bytemuck::pod_read_unaligned(bytes))
+            }
+        }
+    })
+}
+
+/// A struct without `#[repr(C)]`: its Rust layout is the compiler's choice, so the
+/// derive fixes the WGSL layout itself (offsets computed here, every byte belonging to
+/// a field) and encodes field by field. Implicit padding is refused with the exact
+/// field to add.
+fn explicit_layout(
+    s: &PlainStruct,
+    classified: &[WgslField],
+    core: &TokenStream,
+    decl: &str,
+    max_align: usize,
+) -> syn::Result<TokenStream> {
+    let ident = &s.ident;
+    let wgsl_name = ident.to_string();
+    let mut off = 0usize;
+    let mut offsets = Vec::with_capacity(s.fields.len());
+    for (f, w) in s.fields.iter().zip(classified) {
+        let at = (off + w.align - 1) & !(w.align - 1);
+        if at != off {
+            let pads = offsets.len();
+            return Err(syn::Error::new_spanned(
+                &f.member,
+                format!(
+                    "#[derive(GpuType)]: WGSL places `{}` ({}) at offset {at}, but the fields before \
+                     it end at {off}: add an explicit padding field `_pad{pads}: u32` before `{}` \
+                     (or order the fields largest alignment first)",
+                    f.name, w.wgsl, f.name
+                ),
+            ));
+        }
+        offsets.push(at);
+        off = at + w.size;
+    }
+    let size = (off + max_align - 1) & !(max_align - 1);
+    if size != off {
+        return Err(syn::Error::new(
+            ident.span(),
+            format!(
+                "#[derive(GpuType)]: WGSL rounds the size of `{ident}` up to {size} bytes (its \
+                 largest member alignment is {max_align}) but its fields end at {off}: add an \
+                 explicit padding field `_pad: u32` as the last field"
+            ),
+        ));
+    }
+    let size_asserts = s.fields.iter().zip(classified).map(|(f, w)| {
+        let ty = &f.ty;
+        let sz = w.size;
+        quote!(assert!(::core::mem::size_of::<#ty>() == #sz);)
+    });
+    let writes = s
+        .fields
+        .iter()
+        .zip(classified)
+        .zip(&offsets)
+        .map(|((f, w), &o)| {
+            let member = &f.member;
+            let end = o + w.size;
+            quote! {
+                out[#o..#end].copy_from_slice(#core::__private::bytemuck::bytes_of(&self.#member));
+            }
+        });
+    let reads = s
+        .fields
+        .iter()
+        .zip(classified)
+        .zip(&offsets)
+        .map(|((f, w), &o)| {
+            let member = &f.member;
+            let end = o + w.size;
+            quote! {
+                #member: #core::__private::bytemuck::pod_read_unaligned(&bytes[#o..#end]),
+            }
+        });
+    let field_table = s.fields.iter().zip(&offsets).map(|(f, o)| {
+        let name = &f.name;
+        quote!((#name, #o))
+    });
+    Ok(quote! {
+        const _: () = {
+            #(#size_asserts)*
+        };
+        impl #core::gpu_type::GpuType for #ident {
+            const WGSL_NAME: &'static str = #wgsl_name;
+            const WGSL_STRUCT: &'static str = #decl;
+            const SIZE: usize = #size;
+            const ALIGN: usize = #max_align;
+            const FIELDS: &'static [(&'static str, usize)] = &[#(#field_table),*];
+            #[inline]
+            fn write_bytes(&self, out: &mut [u8]) -> #core::Result<()> {
+                #core::gpu_type::check_len::<Self>(out.len())?;
+                #(#writes)*
+                Ok(())
+            }
+            #[inline]
+            fn read_bytes(bytes: &[u8]) -> #core::Result<Self> {
+                #core::gpu_type::check_len::<Self>(bytes.len())?;
+                Ok(#ident { #(#reads)* })
+            }
         }
     })
 }

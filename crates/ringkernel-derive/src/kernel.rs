@@ -61,7 +61,10 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
 
     let core = core_path();
     let handler = match sig.inputs.len() {
-        2 => quote!(#core::registry::handler_fn(#ident)),
+        2 => match archived_param(&sig.inputs[1]) {
+            Some(m) => quote!(#core::registry::archived_fn::<#m, _, _>(#ident)),
+            None => quote!(#core::registry::handler_fn(#ident)),
+        },
         3 => {
             let state_ty = match &sig.inputs[1] {
                 FnArg::Typed(pt) => match &*pt.ty {
@@ -74,7 +77,12 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                 FnArg::Receiver(r) => return Err(syn::Error::new(r.span(), "unexpected receiver")),
             };
             let init = quote_spanned! {state_ty.span()=> <#state_ty as ::core::default::Default>::default() };
-            quote!(#core::registry::stateful_fn(#init, #ident))
+            match archived_param(&sig.inputs[2]) {
+                Some(m) => {
+                    quote!(#core::registry::stateful_archived_fn::<_, #m, _, _>(#init, #ident))
+                }
+                None => quote!(#core::registry::stateful_fn(#init, #ident)),
+            }
         }
         _ => {
             return Err(syn::Error::new(
@@ -97,4 +105,28 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
             }
         };
     })
+}
+
+/// `M` when the parameter's type is `&Archived<M>` (a handler that reads an rkyv
+/// message in place, registered through `archived_fn`).
+fn archived_param(arg: &FnArg) -> Option<Type> {
+    let FnArg::Typed(pt) = arg else { return None };
+    let Type::Reference(r) = &*pt.ty else {
+        return None;
+    };
+    if r.mutability.is_some() {
+        return None;
+    }
+    let Type::Path(p) = &*r.elem else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != "Archived" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.iter().collect::<Vec<_>>().as_slice() {
+        [syn::GenericArgument::Type(t)] => Some(t.clone()),
+        _ => None,
+    }
 }

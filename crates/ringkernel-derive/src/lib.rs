@@ -4,10 +4,12 @@
 //! re-exports them) or next to a direct `ringkernel-core` dependency; the generated code
 //! finds whichever of the two your crate depends on.
 //!
-//! * [`macro@RingMessage`]: a `#[repr(C)]` plain-data struct becomes a message with a
-//!   stable type id (`#[message(type_id = N)]`), `bytemuck::Pod` checked at compile time.
-//! * [`macro@GpuType`]: a plain-data struct whose layout is checked against WGSL's, with
-//!   its WGSL declaration generated.
+//! * [`macro@RingMessage`]: a struct becomes a message with a stable type id
+//!   (`#[message(type_id = N)]`): plain data for a `#[repr(C)]` struct (`bytemuck::Pod`
+//!   checked at compile time), an rkyv archive (`Vec`, `String`, nested structs)
+//!   otherwise.
+//! * [`macro@GpuType`]: a struct whose WGSL storage-buffer layout is fixed and checked,
+//!   with its WGSL declaration generated (with or without `#[repr(C)]`).
 //! * [`macro@ring_kernel`]: registers a function as a CPU kernel handler under a name, so
 //!   `runtime.launch("name", ..)` finds it.
 
@@ -22,14 +24,19 @@ mod message;
 mod paths;
 mod plain;
 
-/// Derives `RingMessage` (and `bytemuck::Zeroable` + `bytemuck::Pod`) for a plain-data
-/// struct.
+/// Derives `RingMessage` for a struct: plain data when it is `#[repr(C)]`, an rkyv
+/// archive (variable size) otherwise.
 ///
-/// Requirements, each checked at compile time with a clear error:
+/// Always: `#[message(type_id = N)]`, the stable `u32` written into every message
+/// header (optionally `name = "..."`, default the type name), and no generic
+/// parameters. Optionally one field of type `MessageId` marked `#[message(id)]`: it is
+/// ignored on send (the runtime assigns the id) and set from the header's
+/// `message_id` on receive (see `ringkernel_core::message::RingMessage`).
 ///
-/// * `#[message(type_id = N)]`: the stable `u32` written into every message header
-///   (optionally `name = "..."`, default the type name);
-/// * `#[repr(C)]` (or `#[repr(transparent)]`), no generic parameters;
+/// **`#[repr(C)]` (or `#[repr(transparent)]`): plain data.** The value's bytes are the
+/// payload (no serialisation; GPU handlers can read it). `bytemuck::Zeroable + Pod`
+/// are implemented; each requirement is checked at compile time with a clear error:
+///
 /// * every field `Pod` (integers, floats, arrays of them, other `Pod` structs);
 /// * no padding: the size equals the sum of the field sizes (order fields largest
 ///   alignment first, or add explicit padding fields);
@@ -48,6 +55,40 @@ mod plain;
 /// let m = Scale { id: 7, factor: 2.0, value: 21.0 };
 /// assert_eq!(Envelope::new(&m).decode::<Scale>().unwrap(), m);
 /// ```
+///
+/// **Any other struct: rkyv.** The payload is an rkyv 0.8 archive (header flag
+/// `RKYV`), so fields may be `Vec`, `String`, `Option`, `Box`, maps and nested structs.
+/// The derive makes the struct itself `rkyv::Archive + Serialize + Deserialize` (no
+/// other derive needed); its archived form is `rkyv::Archived<TheStruct>`. A nested
+/// struct of your own derives rkyv itself through the re-export:
+/// `#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]` with
+/// `#[rkyv(crate = ringkernel::rkyv)]` (`ringkernel_core::rkyv` without the facade),
+/// or is itself a `#[derive(RingMessage)]` struct without `#[repr(C)]`.
+///
+/// ```
+/// use ringkernel_core::message::{Envelope, MessageId, RingMessage};
+/// use ringkernel_core::rkyv;
+/// use ringkernel_derive::RingMessage;
+///
+/// #[derive(Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+/// #[rkyv(crate = ringkernel_core::rkyv)]
+/// struct Meta { source: String, scale: Option<f32> }
+///
+/// #[derive(Debug, PartialEq, RingMessage)]
+/// #[message(type_id = 2)]
+/// struct Batch { #[message(id)] id: MessageId, meta: Meta, data: Vec<f32> }
+///
+/// let b = Batch {
+///     id: MessageId::default(),
+///     meta: Meta { source: "sensor".into(), scale: Some(0.5) },
+///     data: vec![1.0, 2.0],
+/// };
+/// let mut env = Envelope::new(&b);
+/// env.header.message_id = 9; // what the runtime does on send
+/// let back: Batch = env.decode().unwrap();
+/// assert_eq!(back.id, MessageId(9));
+/// assert_eq!((back.meta, back.data), (b.meta, b.data));
+/// ```
 #[proc_macro_derive(RingMessage, attributes(message))]
 pub fn derive_ring_message(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -56,19 +97,23 @@ pub fn derive_ring_message(input: TokenStream) -> TokenStream {
         .into()
 }
 
-/// Derives `GpuType` for a plain-data struct whose layout is the same in Rust and in a
-/// WGSL storage buffer, and writes its WGSL declaration into `GpuType::WGSL_STRUCT`.
+/// Derives `GpuType` for a struct of scalars and arrays that a WGSL shader reads from a
+/// storage buffer, and writes its WGSL declaration into `GpuType::WGSL_STRUCT`.
 ///
 /// Fields may be `u32`, `i32`, `f32`, `u64`/`i64` (WGSL `vec2<u32>`/`vec2<i32>`, low word
 /// first) and arrays `[T; N]` of those with a literal `N`. `f64` is refused (WGSL has
 /// none), as are `bool`, 8/16-bit integers and `usize`. Every field must sit at the
-/// offset WGSL's alignment rules give it, and the struct's size must be WGSL's size (the
-/// end rounded up to the largest member alignment); both are compile-time assertions.
-/// See `ringkernel_core::gpu_type` for the rules.
+/// offset WGSL's alignment rules give it and the size must be WGSL's size (the end
+/// rounded up to the largest member alignment), with no implicit padding; a violation
+/// is a compile error naming the padding field to add. See `ringkernel_core::gpu_type`.
 ///
-/// It also implements `bytemuck::Pod` with the same checks as
-/// [`macro@RingMessage`], unless the struct derives `RingMessage` too (which then
-/// provides them).
+/// * With `#[repr(C)]` the Rust layout is checked against WGSL (`offset_of!`
+///   assertions) and `bytemuck::Pod` is implemented with the same checks as
+///   [`macro@RingMessage`] (unless the struct derives `RingMessage` too, which then
+///   provides them): the value's bytes are its WGSL form.
+/// * Without `repr` the derive does not depend on the Rust layout: it fixes the WGSL
+///   offsets itself and `write_bytes`/`read_bytes` copy field by field, so the struct
+///   need not be `Copy`.
 ///
 /// ```
 /// use ringkernel_core::gpu_type::GpuType;
@@ -83,6 +128,13 @@ pub fn derive_ring_message(input: TokenStream) -> TokenStream {
 ///     "struct Particle {\n    id: vec2<u32>,\n    pos: array<f32, 3>,\n    mass: f32,\n}\n"
 /// );
 /// assert_eq!((Particle::SIZE, Particle::ALIGN), (24, 8));
+///
+/// #[derive(GpuType)]
+/// struct Matrix4x4 { data: [f32; 16] }
+///
+/// assert_eq!((Matrix4x4::SIZE, Matrix4x4::ALIGN), (64, 4));
+/// let bytes = Matrix4x4 { data: [2.0; 16] }.to_bytes();
+/// assert_eq!(Matrix4x4::read_bytes(&bytes).unwrap().data, [2.0; 16]);
 /// ```
 #[proc_macro_derive(GpuType)]
 pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
@@ -104,6 +156,12 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 ///
 /// with `Req: RingMessage` and `Out` one of `()`, `Option<Resp>` (a reply) or
 /// `Result<...>` of those (an `Err` drops the message, counted and logged).
+///
+/// For an rkyv message (a `RingMessage` struct without `#[repr(C)]`) the message
+/// parameter may also be `msg: &Archived<M>` (`rkyv::Archived`, written with that
+/// name): the handler then reads the archived form in place, validated but not
+/// deserialised (`registry::archived_fn`, or `registry::stateful_archived_fn` with a
+/// state argument).
 ///
 /// ```
 /// use ringkernel_core::context::KernelContext;

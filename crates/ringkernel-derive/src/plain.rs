@@ -26,7 +26,6 @@ pub struct PlainStruct {
 /// Checks that `input` is a non-generic `#[repr(C)]` (or `#[repr(transparent)]`) struct
 /// and collects its fields. `derive` names the derive in error messages.
 pub fn parse_plain(input: &DeriveInput, derive: &str) -> syn::Result<PlainStruct> {
-    let ident = input.ident.clone();
     let data = match &input.data {
         Data::Struct(s) => s,
         Data::Enum(e) => {
@@ -44,15 +43,25 @@ pub fn parse_plain(input: &DeriveInput, derive: &str) -> syn::Result<PlainStruct
             ))
         }
     };
-    if !input.generics.params.is_empty() || input.generics.where_clause.is_some() {
-        return Err(syn::Error::new(
-            input.generics.span(),
-            format!(
-                "#[derive({derive})] cannot be used on a generic type: its layout must be fixed"
-            ),
-        ));
-    }
+    reject_generics(input, derive)?;
     check_repr(input, derive)?;
+    Ok(collect_fields(input, data))
+}
+
+/// The struct's fields, without the `repr` check (for layouts the derive makes explicit
+/// itself). Enums, unions and generic types are errors, as for [`parse_plain`].
+pub fn parse_any_repr(input: &DeriveInput, derive: &str) -> syn::Result<PlainStruct> {
+    match &input.data {
+        Data::Struct(data) => {
+            reject_generics(input, derive)?;
+            Ok(collect_fields(input, data))
+        }
+        _ => parse_plain(input, derive),
+    }
+}
+
+fn collect_fields(input: &DeriveInput, data: &syn::DataStruct) -> PlainStruct {
+    let ident = input.ident.clone();
     let fields = match &data.fields {
         Fields::Named(named) => named
             .named
@@ -78,7 +87,7 @@ pub fn parse_plain(input: &DeriveInput, derive: &str) -> syn::Result<PlainStruct
             .collect(),
         Fields::Unit => Vec::new(),
     };
-    Ok(PlainStruct { ident, fields })
+    PlainStruct { ident, fields }
 }
 
 /// An identifier without a leading `r#`.
@@ -87,8 +96,22 @@ fn unraw(id: &Ident) -> String {
     s.strip_prefix("r#").map(str::to_string).unwrap_or(s)
 }
 
-/// Requires `#[repr(C)]` or `#[repr(transparent)]`.
-fn check_repr(input: &DeriveInput, derive: &str) -> syn::Result<()> {
+/// A clear error for a generic type (a message or GPU type needs one fixed layout).
+pub fn reject_generics(input: &DeriveInput, derive: &str) -> syn::Result<()> {
+    if !input.generics.params.is_empty() || input.generics.where_clause.is_some() {
+        return Err(syn::Error::new(
+            input.generics.span(),
+            format!(
+                "#[derive({derive})] cannot be used on a generic type: its layout must be fixed \
+                 (define a concrete struct per instantiation instead)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the struct is `#[repr(C)]` or `#[repr(transparent)]`.
+pub fn has_fixed_repr(input: &DeriveInput) -> syn::Result<bool> {
     let mut fixed = false;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("repr")) {
         attr.parse_nested_meta(|meta| {
@@ -104,7 +127,12 @@ fn check_repr(input: &DeriveInput, derive: &str) -> syn::Result<()> {
             Ok(())
         })?;
     }
-    if fixed {
+    Ok(fixed)
+}
+
+/// Requires `#[repr(C)]` or `#[repr(transparent)]`.
+fn check_repr(input: &DeriveInput, derive: &str) -> syn::Result<()> {
+    if has_fixed_repr(input)? {
         Ok(())
     } else {
         Err(syn::Error::new(

@@ -75,7 +75,7 @@ use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeade
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority;
 use ringkernel_core::queue::QueueHeader;
-use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
 };
@@ -303,7 +303,8 @@ pub fn register_builtins(registry: &KernelRegistry) {
             registry.register_gpu(
                 GpuHandler::new(name)
                     .with_wgsl(wgsl)
-                    .with_state_bytes(state_bytes),
+                    .with_state_bytes(state_bytes)
+                    .with_input::<ringkernel_core::builtin::Token>(),
             );
         }
     }
@@ -357,6 +358,7 @@ pub struct DrainEngine<T: DrainTarget> {
     serial: bool,
     state_words: u32,
     priority: u8,
+    inputs: Vec<MessageInput>,
     target: T,
     core: Weak<RuntimeCore>,
     lifecycle: AtomicLifecycle,
@@ -399,6 +401,9 @@ pub struct DrainConfig {
     /// The kernel's priority ([`LaunchOptions::priority`]): every output (reply, K2K
     /// send) carries it.
     pub priority: u8,
+    /// The handler's declared inputs ([`GpuHandler::inputs`]): sends it cannot read are
+    /// refused on the host.
+    pub inputs: Vec<MessageInput>,
 }
 
 impl<T: DrainTarget> DrainEngine<T> {
@@ -460,6 +465,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             serial: cfg.serial,
             state_words: cfg.state_words,
             priority: cfg.priority,
+            inputs: cfg.inputs,
             target,
             core: Arc::downgrade(core),
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
@@ -966,6 +972,10 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         })
     }
 
+    fn accepts(&self, header: &MessageHeader) -> Result<()> {
+        check_accepts(&self.name, &self.inputs, header)
+    }
+
     fn events(&self) -> &KernelEvents {
         &self.events
     }
@@ -1007,6 +1017,11 @@ pub fn launch_engine<T: DrainTarget>(
             state_words: u32::try_from(state_bytes / 4)
                 .map_err(|_| Error::invalid("state_bytes too large"))?,
             priority: opts.priority,
+            inputs: core
+                .registry()
+                .gpu(handler)
+                .map(|g| g.inputs)
+                .unwrap_or_default(),
         };
         DrainEngine::new(cfg, target, core)
     });

@@ -36,6 +36,7 @@ fn launch(
         serial: false,
         state_words: 4,
         priority: opts.priority,
+        inputs: Vec::new(),
     };
     let engine = DrainEngine::new(cfg, target, core).unwrap();
     core.insert(engine.clone());
@@ -93,7 +94,7 @@ async fn many_messages_through_a_small_ring_in_order() {
         })
     };
     for i in 0..n {
-        let t: Token = k.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = k.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!(
             (t.id, t.value),
             (i, 2.0 * i as f64),
@@ -193,7 +194,7 @@ async fn k2k_pipeline_routes_between_passes() {
             .unwrap();
     }
     for _ in 0..10 {
-        let t: Token = c.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = c.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!((t.value, t.hops), (3.0, 3));
     }
     assert_eq!(a.metrics().emitted, 10);
@@ -220,7 +221,8 @@ async fn refusals_wrong_types_and_oversize_are_reported() {
     );
     k.send(Token::new(1, 1.0)).await.unwrap();
     assert!(matches!(
-        k.receive_timeout::<Token>(Duration::from_millis(300)).await,
+        k.receive_timeout_as::<Token>(Duration::from_millis(300))
+            .await,
         Err(Error::Timeout(_))
     ));
     assert_eq!(k.metrics().dropped, 1);
@@ -279,7 +281,7 @@ async fn a_failed_launch_is_reported_not_hung() {
     k.send(Token::new(1, 1.0)).await.unwrap();
     k.activate().await.unwrap();
     let err = k
-        .receive_timeout::<Token>(Duration::from_secs(5))
+        .receive_timeout_as::<Token>(Duration::from_secs(5))
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Device(_)), "{err}");
@@ -352,7 +354,7 @@ async fn k2k_to_a_full_destination_waits_and_keeps_order() {
     assert_eq!(a.metrics().dropped, 0);
     b.activate().await.unwrap();
     for i in 0..40 {
-        let t: Token = b.receive_timeout(Duration::from_secs(5)).await.unwrap();
+        let t: Token = b.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
         assert_eq!(
             (t.id, t.hops, t.value),
             (i, 2, 2.0),
@@ -374,6 +376,7 @@ fn a_target_too_small_for_the_rings_is_refused() {
         serial: false,
         state_words: 4,
         priority: ringkernel_core::priority::NORMAL,
+        inputs: Vec::new(),
     };
     let e =
         DrainEngine::new(cfg(8, 256), CpuTarget::new(4, 256, Handler::Echo), &core).unwrap_err();
@@ -505,7 +508,10 @@ impl CallMany for KernelHandle {
             n += 1;
         }
         for _ in 0..n {
-            let _: Token = self.receive_timeout(Duration::from_secs(5)).await.unwrap();
+            let _: Token = self
+                .receive_timeout_as(Duration::from_secs(5))
+                .await
+                .unwrap();
         }
         n
     }
@@ -547,7 +553,7 @@ async fn passes_take_the_highest_lanes_first() {
     k.activate().await.unwrap();
     let mut seen = Vec::new();
     for _ in 0..8 {
-        let t: Token = k.receive_timeout(Duration::from_secs(10)).await.unwrap();
+        let t: Token = k.receive_timeout_as(Duration::from_secs(10)).await.unwrap();
         seen.push((t.id, t.value));
     }
     // The counter's value is the order the handler saw the messages in.
@@ -616,7 +622,7 @@ async fn a_high_message_overtakes_lows_waiting_behind_a_running_pass() {
     engine.target().hold.store(false, Ordering::SeqCst);
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let t: Token = k.receive_timeout(Duration::from_secs(10)).await.unwrap();
+        let t: Token = k.receive_timeout_as(Duration::from_secs(10)).await.unwrap();
         seen.push((t.id, t.value));
     }
     assert_eq!(

@@ -163,7 +163,7 @@ fn main() -> Result<(), Error> {
             })
         };
         for i in 0..msgs as u64 {
-            let t: Token = k.receive_timeout(Duration::from_secs(30)).await?;
+            let t: Token = k.receive_timeout_as(Duration::from_secs(30)).await?;
             if t.id != i || t.value != 2.0 * i as f64 {
                 return Err(Error::Device(format!("reply {i} wrong: {t:?}")));
             }

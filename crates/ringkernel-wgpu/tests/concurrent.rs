@@ -108,7 +108,7 @@ async fn workload(rt: &WgpuRuntime, tag: u64) -> Result<()> {
         })
     };
     for i in 0..n {
-        let t: Token = b.receive_timeout(WAIT).await?;
+        let t: Token = b.receive_timeout_as(WAIT).await?;
         if (t.id, t.hops, t.value) != (i, 2, i as f64 + 2.0) {
             return Err(Error::Device(format!("pipeline token {i}: got {t:?}")));
         }
@@ -120,7 +120,7 @@ async fn workload(rt: &WgpuRuntime, tag: u64) -> Result<()> {
         c.send(Token::new(i, 0.0)).await?;
     }
     for i in 0..50u64 {
-        let t: Token = c.receive_timeout(WAIT).await?;
+        let t: Token = c.receive_timeout_as(WAIT).await?;
         if (t.id, t.value) != (i, (i + 1) as f64) {
             return Err(Error::Device(format!("counter {i}: got {t:?}")));
         }

@@ -60,7 +60,10 @@ async fn token_f64_arithmetic_is_bit_exact() {
         stage.send(Token::new(i as u64, *v)).await.unwrap();
     }
     for (i, v) in values.iter().enumerate() {
-        let e: Token = echo.receive_timeout(Duration::from_secs(20)).await.unwrap();
+        let e: Token = echo
+            .receive_timeout_as(Duration::from_secs(20))
+            .await
+            .unwrap();
         assert_eq!(e.id, i as u64);
         assert!(
             same(e.value, v * 2.0),
@@ -70,7 +73,7 @@ async fn token_f64_arithmetic_is_bit_exact() {
             v * 2.0
         );
         let s: Token = stage
-            .receive_timeout(Duration::from_secs(20))
+            .receive_timeout_as(Duration::from_secs(20))
             .await
             .unwrap();
         assert!(
@@ -99,7 +102,7 @@ async fn counter_counts_in_order_across_passes() {
             c.send(Token::new(i, 0.0)).await.unwrap();
         }
         for i in 0..100u64 {
-            let t: Token = c.receive_timeout(Duration::from_secs(20)).await.unwrap();
+            let t: Token = c.receive_timeout_as(Duration::from_secs(20)).await.unwrap();
             assert_eq!(t.id, i);
             assert_eq!(t.value, (round * 100 + i + 1) as f64);
         }

@@ -61,7 +61,7 @@ async fn run() -> Result<()> {
     let echo = rt.launch(builtin::ECHO, LaunchOptions::default()).await?;
     assert_eq!(echo.state(), LifecycleState::Active);
     echo.send(Token::new(1, 21.0)).await?;
-    let reply: Token = echo.receive_timeout(Duration::from_secs(5)).await?;
+    let reply: Token = echo.receive_timeout_as(Duration::from_secs(5)).await?;
     println!(
         "rk.echo: sent 21, got {} after {} hop",
         reply.value, reply.hops

@@ -53,7 +53,10 @@ async fn run() -> Result<()> {
             got += 1;
         }
         if got == 0 {
-            record(&mut seen, k.receive_timeout(Duration::from_secs(10)).await?);
+            record(
+                &mut seen,
+                k.receive_timeout_as(Duration::from_secs(10)).await?,
+            );
             got = 1;
         }
         received += got;
@@ -95,7 +98,7 @@ async fn run() -> Result<()> {
     // Nothing was lost or corrupted: the four queued tokens are processed on activate.
     small.activate().await?;
     for i in 0..4 {
-        let t: Token = small.receive_timeout(Duration::from_secs(5)).await?;
+        let t: Token = small.receive_timeout_as(Duration::from_secs(5)).await?;
         assert_eq!((t.id, t.value), (i, 2.0));
     }
     println!("after activate the 4 queued tokens came back in order");

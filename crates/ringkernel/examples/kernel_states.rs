@@ -53,7 +53,7 @@ async fn run() -> Result<()> {
     println!("activated:    {:?}", k.state());
     assert_eq!(k.state(), LifecycleState::Active);
     for i in 0..3 {
-        let t: Token = k.receive_timeout(WAIT).await?;
+        let t: Token = k.receive_timeout_as(WAIT).await?;
         assert_eq!(
             (t.id, t.value),
             (i, (i + 1) as f64),
@@ -83,7 +83,7 @@ async fn run() -> Result<()> {
     k.activate().await?;
     println!("reactivated:  {:?}", k.state());
     for i in 3..5 {
-        let t: Token = k.receive_timeout(WAIT).await?;
+        let t: Token = k.receive_timeout_as(WAIT).await?;
         assert_eq!((t.id, t.value), (i, (i + 1) as f64));
     }
 

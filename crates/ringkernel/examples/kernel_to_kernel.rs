@@ -55,7 +55,7 @@ async fn run() -> Result<()> {
         s1.send(Token::routed(i, i as f64, &route)?).await?;
     }
     for i in 0..n {
-        let t: Token = s3.receive_timeout(WAIT).await?;
+        let t: Token = s3.receive_timeout_as(WAIT).await?;
         assert_eq!(t.id, i, "one pipeline keeps order");
         assert_eq!((t.value, t.hops), (i as f64 + 3.0, 3));
         assert!(
@@ -86,7 +86,7 @@ async fn run() -> Result<()> {
             .await?;
         let t: Token = fwd.call(Token::new(2, 5.0), WAIT).await?;
         assert_eq!(t.value, 1.0, "Delivered");
-        let echoed: Token = sink.receive_timeout(WAIT).await?;
+        let echoed: Token = sink.receive_timeout_as(WAIT).await?;
         assert_eq!((echoed.id, echoed.value), (2, 10.0));
         println!(
             "forward to \"sink\": receipt Delivered, sink echoed {}",
@@ -113,7 +113,7 @@ async fn run() -> Result<()> {
         assert_eq!(receipts, vec![1.0, 1.0, 2.0]);
         sink.activate().await?;
         for _ in 0..2 {
-            let _: Token = sink.receive_timeout(WAIT).await?;
+            let _: Token = sink.receive_timeout_as(WAIT).await?;
         }
     }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 async fn drain(k: &KernelHandle, n: usize) -> Result<Vec<u64>> {
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
-        let t: Token = k.receive_timeout(Duration::from_secs(5)).await?;
+        let t: Token = k.receive_timeout_as(Duration::from_secs(5)).await?;
         ids.push(t.id);
     }
     // Nothing more than expected.

@@ -90,13 +90,13 @@ async fn run() -> Result<()> {
     echo.send(Token::new(100, 1.0)).await?;
     let r: Token = echo.call(Token::new(200, 2.0), WAIT).await?;
     assert_eq!(r.id, 200);
-    let earlier: Token = echo.receive_timeout(WAIT).await?;
+    let earlier: Token = echo.receive_timeout_as(WAIT).await?;
     assert_eq!(earlier.id, 100);
     println!("call skipped an unrelated reply; it was received afterwards");
 
     // Nothing to receive: a timeout, not a hang.
     match echo
-        .receive_timeout::<Token>(Duration::from_millis(20))
+        .receive_timeout_as::<Token>(Duration::from_millis(20))
         .await
     {
         Err(Error::Timeout(d)) => println!("receive with nothing queued: Timeout({d:?})"),
@@ -128,13 +128,13 @@ async fn run() -> Result<()> {
                 value: 1.0,
             })
             .await?;
-        match scale.receive_timeout::<Token>(WAIT).await {
+        match scale.receive_timeout_as::<Token>(WAIT).await {
             Err(Error::TypeMismatch { expected, found }) => {
                 assert_eq!((expected, found), (Token::TYPE_ID, Scaled::TYPE_ID))
             }
             other => panic!("expected TypeMismatch, got {other:?}"),
         }
-        let kept: Scaled = scale.receive_timeout(WAIT).await?;
+        let kept: Scaled = scale.receive_timeout_as(WAIT).await?;
         assert_eq!((kept.id, kept.result), (8, 3.0));
         println!("wrong reply type: TypeMismatch, and the reply stayed queued");
     }

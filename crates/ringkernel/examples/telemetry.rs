@@ -79,7 +79,7 @@ async fn run() -> Result<()> {
             v.send(Token::new(i, value)).await?;
         }
         for _ in 0..90 {
-            let t: Token = v.receive_timeout(WAIT).await?;
+            let t: Token = v.receive_timeout_as(WAIT).await?;
             assert!(t.value >= 0.0 && !t.id.is_multiple_of(10));
         }
         let m = common::settled(&v).await;

@@ -103,6 +103,7 @@ pub mod prelude {
     pub use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
     pub use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
     pub use ringkernel_core::lifecycle::LifecycleState;
+    pub use ringkernel_core::message::MessageId;
     pub use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
     pub use ringkernel_core::options::LaunchOptions;
     pub use ringkernel_core::registry::{GpuHandler, KernelRegistry};

@@ -255,11 +255,11 @@ async fn lookups_subscriptions_and_publish_go_through_the_facade() {
     let sub = rt.subscribe(k.id(), "a/+").unwrap();
     let r = rt.publish("a/b", &Token::new(1, 0.0)).unwrap();
     assert_eq!(r.delivered, 1);
-    let t: Token = k.receive_timeout(WAIT).await.unwrap();
+    let t: Token = k.receive_timeout_as(WAIT).await.unwrap();
     assert_eq!((t.id, t.value), (1, 1.0));
     let env = Envelope::new(&Token::new(2, 0.0));
     assert_eq!(rt.publish_envelope("a/c", &env).unwrap().delivered, 1);
-    let t: Token = k.receive_timeout(WAIT).await.unwrap();
+    let t: Token = k.receive_timeout_as(WAIT).await.unwrap();
     assert_eq!(t.id, 2);
     rt.unsubscribe(sub).unwrap();
     assert_eq!(rt.publish("a/b", &Token::new(3, 0.0)).unwrap().delivered, 0);

@@ -29,7 +29,7 @@ async fn try_send_never_reports_full_on_an_empty_queue() {
             }
         }
         for i in 0..cap {
-            let t: Token = k.receive_timeout(WAIT).await.unwrap();
+            let t: Token = k.receive_timeout_as(WAIT).await.unwrap();
             assert_eq!(t.id, lap * cap + i);
         }
     }
@@ -68,7 +68,7 @@ async fn windowed_pipeline_passes_many_laps() {
                 s1.metrics()
             );
         }
-        let t: Token = s3.receive_timeout(WAIT).await.unwrap();
+        let t: Token = s3.receive_timeout_as(WAIT).await.unwrap();
         assert_eq!(t.id, received, "one pipeline keeps order");
         received += 1;
     }

@@ -1,10 +1,9 @@
 use ringkernel_derive::RingMessage;
 
-#[derive(Clone, Copy, RingMessage)]
+#[derive(RingMessage)]
 #[message(type_id = 1)]
-struct NoRepr {
-    a: u32,
-    b: f32,
+struct Generic<T> {
+    data: Vec<T>,
 }
 
 fn main() {}
