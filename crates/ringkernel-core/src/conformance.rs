@@ -1031,7 +1031,7 @@ pub fn block_on<F: Future>(fut: F) -> F::Output {
 ///
 /// ```ignore
 /// ringkernel_core::conformance_tests! {
-///     runtime: CudaRuntime::new(KernelRegistry::new()).await.unwrap(),
+///     runtime: CudaRuntime::with_registry(KernelRegistry::new()).await.unwrap(),
 ///     scale: Scale::full(),
 ///     serial: SERIAL,
 ///     ignore: "needs CUDA GPU",

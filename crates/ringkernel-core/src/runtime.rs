@@ -17,12 +17,12 @@ use crate::context::MessageRouter;
 use crate::error::{Error, Result};
 use crate::hlc::HlcClock;
 pub use crate::ids::KernelId;
-use crate::k2k::{K2kReceipt, KernelTarget};
+use crate::k2k::{K2kBroker, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
 use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
 use crate::options::LaunchOptions;
 pub use crate::pubsub::PublishReport;
-use crate::pubsub::{validate_topic, Broker, SubscriptionId};
+use crate::pubsub::{validate_topic, Broker, PubSubBroker, SubscriptionId};
 use crate::registry::KernelRegistry;
 use crate::telemetry::{KernelMetrics, RuntimeMetrics};
 use crate::util::{lock, BoxFuture};
@@ -30,7 +30,7 @@ use event_listener::{Event, EventListener};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -112,6 +112,7 @@ pub struct RuntimeCore {
     node: u32,
     hlc: HlcClock,
     broker: Broker,
+    k2k: AtomicBool,
     registry: KernelRegistry,
     started: Instant,
 }
@@ -148,6 +149,7 @@ impl RuntimeCore {
             node,
             hlc: HlcClock::new(u64::from(node) << 32),
             broker: Broker::new(),
+            k2k: AtomicBool::new(true),
             registry,
             started: Instant::now(),
         })
@@ -176,6 +178,18 @@ impl RuntimeCore {
     /// The pub/sub broker.
     pub fn broker(&self) -> &Broker {
         &self.broker
+    }
+    /// Whether kernel-to-kernel messaging is enabled (the default).
+    pub fn k2k_enabled(&self) -> bool {
+        self.k2k.load(Ordering::Acquire)
+    }
+    /// Enables or disables kernel-to-kernel messaging. While disabled, every K2K send
+    /// (a handler's `send_to`, a GPU pass's routed message, [`K2kBroker::send`]) is
+    /// refused with [`Error::InvalidArgument`] naming the switch, and
+    /// [`RingKernelRuntime::k2k_broker`] is `None`. Host sends and pub/sub are not
+    /// affected.
+    pub fn set_k2k_enabled(&self, enabled: bool) {
+        self.k2k.store(enabled, Ordering::Release);
     }
     /// A fresh message id (unique within this runtime).
     pub fn next_message_id(&self) -> u64 {
@@ -252,6 +266,9 @@ impl RuntimeCore {
         mut header: MessageHeader,
         payload: &[u8],
     ) -> Result<K2kReceipt> {
+        if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
+            return Err(k2k_disabled());
+        }
         let Some(engine) = self.lookup(target) else {
             return Ok(K2kReceipt::NotFound);
         };
@@ -361,6 +378,14 @@ impl MessageRouter for RuntimeCore {
     }
 }
 
+/// The error of a K2K send on a runtime whose K2K messaging is switched off.
+pub(crate) fn k2k_disabled() -> Error {
+    Error::invalid(
+        "kernel-to-kernel messaging is disabled for this runtime \
+         (enable it with set_k2k_enabled(true))",
+    )
+}
+
 /// A node number for a runtime that was given none: process id, a per-process counter
 /// and the wall clock, mixed, so runtimes in one process and in different processes get
 /// different numbers with overwhelming probability. Never 0.
@@ -449,6 +474,28 @@ pub trait RingKernelRuntime: Send + Sync {
     /// Runtime-wide metrics snapshot.
     fn metrics(&self) -> RuntimeMetrics {
         self.core().metrics()
+    }
+
+    /// The kernel-to-kernel broker: sends an envelope from one kernel of this runtime
+    /// straight into another's input queue, with a receipt. `None` when K2K messaging
+    /// is disabled for this runtime ([`set_k2k_enabled`](RingKernelRuntime::set_k2k_enabled));
+    /// it is enabled by default.
+    fn k2k_broker(&self) -> Option<K2kBroker> {
+        let core = self.core();
+        core.k2k_enabled().then(|| K2kBroker::new(core.clone()))
+    }
+
+    /// Enables or disables K2K messaging on this runtime (see
+    /// [`RuntimeCore::set_k2k_enabled`]).
+    fn set_k2k_enabled(&self, enabled: bool) {
+        self.core().set_k2k_enabled(enabled)
+    }
+
+    /// This runtime's topic broker in the form of [`PubSubBroker`]: subscriptions name
+    /// live kernels and publications go into their input queues (the same subscriptions
+    /// as [`subscribe`](RingKernelRuntime::subscribe)).
+    fn pubsub(&self) -> PubSubBroker {
+        PubSubBroker::for_runtime(self.core().clone())
     }
 }
 
