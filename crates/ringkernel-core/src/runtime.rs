@@ -378,6 +378,15 @@ impl MessageRouter for RuntimeCore {
     }
 }
 
+/// A lifecycle request for the state the kernel is already in is a no-op: the engine's
+/// `InvalidState { from: s, to: s }` becomes `Ok`.
+fn already_there(r: Result<()>, state: LifecycleState) -> Result<()> {
+    match r {
+        Err(Error::InvalidState { from, to }) if from == state && to == state => Ok(()),
+        r => r,
+    }
+}
+
 /// The error of a K2K send on a runtime whose K2K messaging is switched off.
 pub(crate) fn k2k_disabled() -> Error {
     Error::invalid(
@@ -601,13 +610,18 @@ impl KernelHandle {
         &self.inner.engine
     }
 
-    /// `Launched|Deactivated → Active`.
+    /// `Launched|Deactivated → Active`. Activating a kernel that is already active
+    /// does nothing and succeeds (a default launch activates the kernel, and programs
+    /// written for the seed README activate it again); from `Terminating` or
+    /// `Terminated` it is [`Error::InvalidState`].
     pub async fn activate(&self) -> Result<()> {
-        self.inner.engine.activate()
+        already_there(self.inner.engine.activate(), LifecycleState::Active)
     }
     /// `Active → Deactivated`. Queued messages are kept and processed after `activate`.
+    /// Deactivating a kernel that is already deactivated does nothing and succeeds;
+    /// from `Launched`, `Terminating` or `Terminated` it is [`Error::InvalidState`].
     pub async fn deactivate(&self) -> Result<()> {
-        self.inner.engine.deactivate()
+        already_there(self.inner.engine.deactivate(), LifecycleState::Deactivated)
     }
     /// Terminates the kernel: an active kernel drains its input queue first; messages
     /// queued on an inactive kernel come back in the report. Replies already produced
