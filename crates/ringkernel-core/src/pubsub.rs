@@ -567,3 +567,101 @@ fn attached_error() -> Error {
          kernels' input queues, not in mailboxes",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::Token;
+    use crate::hlc::HlcClock;
+    use crate::message::flags;
+
+    fn env(v: f64) -> Envelope {
+        Envelope::new(&Token::new(1, v))
+    }
+
+    #[test]
+    fn topic_is_checked_where_it_is_used() {
+        let t = Topic::new("a/+/c");
+        assert_eq!(t.as_str(), "a/+/c");
+        assert_eq!(t.to_string(), "a/+/c");
+        assert!(t.filter().is_ok());
+        assert!(matches!(t.validate_name(), Err(Error::InvalidArgument(_))));
+        assert_eq!(Topic::from("x"), Topic::new(String::from("x")));
+        let long = Topic::new("a".repeat(MAX_TOPIC_LEN + 1));
+        assert!(long.filter().is_err());
+        assert!(long.validate_name().is_err());
+    }
+
+    #[test]
+    fn overlapping_filters_deliver_once_and_stamp_the_header() {
+        let b = PubSubBroker::new(PubSubConfig::default());
+        let k = KernelId(5);
+        b.subscribe(k, Topic::new("s/#")).unwrap();
+        b.subscribe(k, Topic::new("s/+")).unwrap();
+        b.subscribe(k, Topic::new("s/x")).unwrap();
+        let ts = HlcClock::new(3).tick();
+        let mut e = env(2.0);
+        e.header.set_priority(crate::priority::HIGH);
+        let r = b.publish(Topic::new("s/x"), KernelId(8), &e, ts).unwrap();
+        assert_eq!((r.delivered, r.queue_full.len()), (1, 0));
+        let got = b.take(k).unwrap();
+        assert_eq!(got.len(), 1);
+        let h = got[0].envelope.header;
+        assert_eq!(h.source_kernel, 8);
+        assert_eq!(h.hlc(), ts);
+        assert_eq!(h.priority(), crate::priority::HIGH, "priority kept");
+        assert_ne!(h.flags & flags::PUBSUB, 0);
+        assert_ne!(h.message_id, 0);
+        assert_eq!(got[0].envelope.payload, e.payload);
+        // Message ids are fresh per publication.
+        b.publish(Topic::new("s/x"), KernelId(8), &e, ts).unwrap();
+        assert_ne!(
+            b.take(k).unwrap()[0].envelope.header.message_id,
+            h.message_id
+        );
+    }
+
+    #[test]
+    fn bad_inputs_leave_the_broker_unchanged() {
+        let b = PubSubBroker::new(PubSubConfig::default().with_mailbox_capacity(1));
+        let ts = HlcClock::new(3).tick();
+        for f in ["", "#/a", "a+", "+a/b", "a/#/"] {
+            assert!(b.subscribe(KernelId(1), Topic::new(f)).is_err(), "{f:?}");
+        }
+        assert!(b.subscriptions().is_empty());
+        b.subscribe(KernelId(1), Topic::new("#")).unwrap();
+        for t in ["", "+", "a/#", "a/+/b"] {
+            assert!(b.publish(Topic::new(t), KernelId(2), env(1.0), ts).is_err());
+        }
+        assert_eq!((b.pending(KernelId(1)), b.overflowed(KernelId(1))), (0, 0));
+        // `#` does not reach into `$` topics.
+        let r = b
+            .publish(Topic::new("$SYS/x"), KernelId(2), env(1.0), ts)
+            .unwrap();
+        assert_eq!(r.delivered, 0);
+        // Unknown subscriptions and kernels.
+        assert!(b.unsubscribe(SubscriptionId(99)).is_err());
+        assert!(b.take(KernelId(42)).unwrap().is_empty());
+        assert_eq!(
+            (b.pending(KernelId(42)), b.overflowed(KernelId(42))),
+            (0, 0)
+        );
+    }
+
+    #[test]
+    fn unsubscribing_stops_delivery_but_keeps_the_mailbox() {
+        let b = PubSubBroker::new(PubSubConfig::default());
+        let ts = HlcClock::new(3).tick();
+        let id = b.subscribe(KernelId(1), Topic::new("t")).unwrap();
+        b.publish(Topic::new("t"), KernelId::HOST, env(1.0), ts)
+            .unwrap();
+        b.unsubscribe(id).unwrap();
+        let r = b
+            .publish(Topic::new("t"), KernelId::HOST, env(2.0), ts)
+            .unwrap();
+        assert_eq!(r, PublishReport::default());
+        let got = b.take(KernelId(1)).unwrap();
+        assert_eq!(got.len(), 1, "what was delivered before stays until taken");
+        assert_eq!(got[0].envelope.decode::<Token>().unwrap().value, 1.0);
+    }
+}
