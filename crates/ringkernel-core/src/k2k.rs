@@ -12,9 +12,9 @@
 //! refuses every K2K send with [`Error::InvalidArgument`] and has no broker.
 
 use crate::error::{Error, Result};
+use crate::hlc::HlcTimestamp;
 use crate::ids::KernelId;
-use crate::message::{flags, Envelope};
-use crate::runtime::RuntimeCore;
+use crate::message::{flags, Envelope, MessageHeader};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +69,35 @@ pub enum K2kReceipt {
     NotFound,
 }
 
+/// What a [`K2kBroker`] needs from its runtime.
+/// [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a trait, so that this
+/// module does not depend on the runtime module that uses it).
+pub trait K2kHost: Send + Sync {
+    /// Whether K2K messaging is enabled.
+    fn k2k_enabled(&self) -> bool;
+    /// The id of the live kernel `target` names, if there is one.
+    fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId>;
+    /// A fresh message id.
+    fn next_message_id(&self) -> u64;
+    /// A timestamp of the runtime's clock.
+    fn tick(&self) -> HlcTimestamp;
+    /// Routes one stamped message into a kernel's input queue without blocking.
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt>;
+}
+
+/// The error of a K2K send on a runtime whose K2K messaging is switched off.
+pub(crate) fn k2k_disabled() -> Error {
+    Error::invalid(
+        "kernel-to-kernel messaging is disabled for this runtime \
+         (enable it with set_k2k_enabled(true))",
+    )
+}
+
 /// Sends envelopes from one kernel of a runtime straight into another's input queue.
 /// Made by [`RingKernelRuntime::k2k_broker`](crate::runtime::RingKernelRuntime::k2k_broker);
 /// cheap to clone.
@@ -95,21 +124,23 @@ pub enum K2kReceipt {
 /// ```
 #[derive(Clone)]
 pub struct K2kBroker {
-    core: Arc<RuntimeCore>,
+    host: Arc<dyn K2kHost>,
 }
 
 impl std::fmt::Debug for K2kBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("K2kBroker")
-            .field("backend", &self.core.backend())
-            .field("node", &self.core.node_number())
+            .field("enabled", &self.host.k2k_enabled())
             .finish()
     }
 }
 
 impl K2kBroker {
-    pub(crate) fn new(core: Arc<RuntimeCore>) -> Self {
-        K2kBroker { core }
+    /// A broker routing through `host` (normally a runtime's
+    /// [`RuntimeCore`](crate::runtime::RuntimeCore); use
+    /// [`RingKernelRuntime::k2k_broker`](crate::runtime::RingKernelRuntime::k2k_broker)).
+    pub fn new(host: Arc<dyn K2kHost>) -> Self {
+        K2kBroker { host }
     }
 
     /// Sends `envelope` from kernel `source` to `dest` (a [`KernelId`] or an instance
@@ -132,21 +163,21 @@ impl K2kBroker {
     ) -> Result<K2kReceipt> {
         let source = source.into();
         let env = envelope.borrow();
-        if !self.core.k2k_enabled() {
-            return Err(crate::runtime::k2k_disabled());
+        if !self.host.k2k_enabled() {
+            return Err(k2k_disabled());
         }
-        let src = self.core.lookup(&source).ok_or_else(|| {
+        let src = self.host.live_kernel(&source).ok_or_else(|| {
             Error::KernelNotFound(format!(
                 "K2K source {source} is not a live kernel of this runtime"
             ))
         })?;
         let mut h = env.header;
-        h.message_id = self.core.next_message_id();
+        h.message_id = self.host.next_message_id();
         h.correlation_id = h.message_id;
-        h.source_kernel = src.id().0;
+        h.source_kernel = src.0;
         h.flags |= flags::K2K;
-        h.set_hlc(self.core.hlc().tick());
-        self.core.deliver(&dest.into(), h, &env.payload)
+        h.set_hlc(self.host.tick());
+        self.host.deliver(&dest.into(), h, &env.payload)
     }
 }
 

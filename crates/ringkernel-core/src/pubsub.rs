@@ -15,9 +15,7 @@ use crate::error::{Error, Result};
 use crate::hlc::HlcTimestamp;
 use crate::ids::KernelId;
 pub use crate::ids::SubscriptionId;
-use crate::k2k::KernelTarget;
-use crate::message::Envelope;
-use crate::runtime::RuntimeCore;
+use crate::message::{Envelope, MessageHeader};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -333,6 +331,28 @@ struct Mailbox {
     overflowed: u64,
 }
 
+/// What an attached [`PubSubBroker`] needs from its runtime.
+/// [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a trait, so that this
+/// module does not depend on the runtime module that uses it).
+pub trait PubSubHost: Send + Sync {
+    /// The runtime's subscriptions.
+    fn broker(&self) -> &Broker;
+    /// Whether `kernel` is a live kernel of the runtime.
+    fn is_live(&self, kernel: KernelId) -> bool;
+    /// Merges a timestamp into the runtime's clock ([`Error::ClockDrift`] if it is
+    /// too far ahead).
+    fn merge_timestamp(&self, ts: &HlcTimestamp) -> Result<()>;
+    /// A fresh message id.
+    fn next_message_id(&self) -> u64;
+    /// Delivers one stamped message into every subscribed kernel's input queue.
+    fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport>;
+}
+
 enum Backing {
     /// Standalone: its own subscriptions and one bounded mailbox per subscriber.
     Standalone {
@@ -342,7 +362,7 @@ enum Backing {
         next_message: AtomicU64,
     },
     /// A runtime's: its subscriptions, delivery into kernel input queues.
-    Runtime(Arc<RuntimeCore>),
+    Runtime(Arc<dyn PubSubHost>),
 }
 
 /// Topic-based publish/subscribe with MQTT wildcards (`+` one level, `#` the rest), in
@@ -390,7 +410,7 @@ impl std::fmt::Debug for PubSubBroker {
         let mut d = f.debug_struct("PubSubBroker");
         match &self.backing {
             Backing::Standalone { config, .. } => d.field("standalone", config),
-            Backing::Runtime(core) => d.field("runtime", &core.backend()),
+            Backing::Runtime(_) => d.field("attached", &true),
         };
         d.field("subscriptions", &self.broker().subscriptions().len())
             .finish()
@@ -410,10 +430,11 @@ impl PubSubBroker {
         }
     }
 
-    /// The broker of a runtime (made by `RingKernelRuntime::pubsub`).
-    pub(crate) fn for_runtime(core: Arc<RuntimeCore>) -> Self {
+    /// A broker attached to a runtime (normally made by
+    /// [`RingKernelRuntime::pubsub`](crate::runtime::RingKernelRuntime::pubsub)).
+    pub fn attached(host: Arc<dyn PubSubHost>) -> Self {
         PubSubBroker {
-            backing: Backing::Runtime(core),
+            backing: Backing::Runtime(host),
         }
     }
 
@@ -425,7 +446,7 @@ impl PubSubBroker {
     fn broker(&self) -> &Broker {
         match &self.backing {
             Backing::Standalone { broker, .. } => broker,
-            Backing::Runtime(core) => core.broker(),
+            Backing::Runtime(host) => host.broker(),
         }
     }
 
@@ -436,8 +457,8 @@ impl PubSubBroker {
     /// not a whole level, `+` not a whole level); on a runtime's broker,
     /// [`Error::KernelNotFound`] when `kernel` is not a live kernel of it.
     pub fn subscribe(&self, kernel: KernelId, topic: Topic) -> Result<SubscriptionId> {
-        if let Backing::Runtime(core) = &self.backing {
-            if core.lookup(&KernelTarget::Id(kernel)).is_none() {
+        if let Backing::Runtime(host) = &self.backing {
+            if !host.is_live(kernel) {
                 return Err(Error::KernelNotFound(format!(
                     "kernel {kernel} cannot subscribe to {topic:?}: it is not a live kernel of this runtime"
                 )));
@@ -483,16 +504,16 @@ impl PubSubBroker {
         h.flags |= crate::message::flags::PUBSUB;
         h.set_hlc(timestamp);
         match &self.backing {
-            Backing::Runtime(core) => {
-                if sender != KernelId::HOST && core.lookup(&KernelTarget::Id(sender)).is_none() {
+            Backing::Runtime(host) => {
+                if sender != KernelId::HOST && !host.is_live(sender) {
                     return Err(Error::KernelNotFound(format!(
                         "publisher {sender} is neither the host nor a live kernel of this runtime"
                     )));
                 }
-                core.hlc().update(&timestamp)?;
-                h.message_id = core.next_message_id();
+                host.merge_timestamp(&timestamp)?;
+                h.message_id = host.next_message_id();
                 h.correlation_id = h.message_id;
-                core.publish_raw(topic.as_str(), h, &env.payload)
+                host.publish_raw(topic.as_str(), h, &env.payload)
             }
             Backing::Standalone {
                 config,
@@ -571,12 +592,16 @@ fn attached_error() -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builtin::Token;
     use crate::hlc::HlcClock;
     use crate::message::flags;
 
+    /// A message whose payload is `v`'s bytes.
     fn env(v: f64) -> Envelope {
-        Envelope::new(&Token::new(1, v))
+        Envelope::from_bytes(0x5EED, &v.to_le_bytes())
+    }
+
+    fn value(e: &Envelope) -> f64 {
+        f64::from_le_bytes(e.payload[..8].try_into().unwrap())
     }
 
     #[test]
@@ -662,6 +687,6 @@ mod tests {
         assert_eq!(r, PublishReport::default());
         let got = b.take(KernelId(1)).unwrap();
         assert_eq!(got.len(), 1, "what was delivered before stays until taken");
-        assert_eq!(got[0].envelope.decode::<Token>().unwrap().value, 1.0);
+        assert_eq!(value(&got[0].envelope), 1.0);
     }
 }

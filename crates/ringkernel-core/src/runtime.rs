@@ -16,13 +16,14 @@ use crate::backend::BackendKind;
 use crate::context::MessageRouter;
 use crate::error::{Error, Result};
 use crate::hlc::HlcClock;
+use crate::hlc::HlcTimestamp;
 pub use crate::ids::KernelId;
-use crate::k2k::{K2kBroker, K2kReceipt, KernelTarget};
+use crate::k2k::{k2k_disabled, K2kBroker, K2kHost, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
 use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
 use crate::options::LaunchOptions;
 pub use crate::pubsub::PublishReport;
-use crate::pubsub::{validate_topic, Broker, PubSubBroker, SubscriptionId};
+use crate::pubsub::{validate_topic, Broker, PubSubBroker, PubSubHost, SubscriptionId};
 use crate::registry::KernelRegistry;
 use crate::telemetry::{KernelMetrics, RuntimeMetrics};
 use crate::util::{lock, BoxFuture};
@@ -378,6 +379,52 @@ impl MessageRouter for RuntimeCore {
     }
 }
 
+impl K2kHost for RuntimeCore {
+    fn k2k_enabled(&self) -> bool {
+        RuntimeCore::k2k_enabled(self)
+    }
+    fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId> {
+        self.lookup(target).map(|e| e.id())
+    }
+    fn next_message_id(&self) -> u64 {
+        RuntimeCore::next_message_id(self)
+    }
+    fn tick(&self) -> HlcTimestamp {
+        self.hlc.tick()
+    }
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
+        RuntimeCore::deliver(self, target, header, payload)
+    }
+}
+
+impl PubSubHost for RuntimeCore {
+    fn broker(&self) -> &Broker {
+        &self.broker
+    }
+    fn is_live(&self, kernel: KernelId) -> bool {
+        self.lookup(&KernelTarget::Id(kernel)).is_some()
+    }
+    fn merge_timestamp(&self, ts: &HlcTimestamp) -> Result<()> {
+        self.hlc.update(ts).map(|_| ())
+    }
+    fn next_message_id(&self) -> u64 {
+        RuntimeCore::next_message_id(self)
+    }
+    fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport> {
+        RuntimeCore::publish_raw(self, topic, header, payload)
+    }
+}
+
 /// A lifecycle request for the state the kernel is already in is a no-op: the engine's
 /// `InvalidState { from: s, to: s }` becomes `Ok`.
 fn already_there(r: Result<()>, state: LifecycleState) -> Result<()> {
@@ -385,14 +432,6 @@ fn already_there(r: Result<()>, state: LifecycleState) -> Result<()> {
         Err(Error::InvalidState { from, to }) if from == state && to == state => Ok(()),
         r => r,
     }
-}
-
-/// The error of a K2K send on a runtime whose K2K messaging is switched off.
-pub(crate) fn k2k_disabled() -> Error {
-    Error::invalid(
-        "kernel-to-kernel messaging is disabled for this runtime \
-         (enable it with set_k2k_enabled(true))",
-    )
 }
 
 /// A node number for a runtime that was given none: process id, a per-process counter
@@ -491,7 +530,8 @@ pub trait RingKernelRuntime: Send + Sync {
     /// it is enabled by default.
     fn k2k_broker(&self) -> Option<K2kBroker> {
         let core = self.core();
-        core.k2k_enabled().then(|| K2kBroker::new(core.clone()))
+        core.k2k_enabled()
+            .then(|| K2kBroker::new(core.clone() as Arc<dyn K2kHost>))
     }
 
     /// Enables or disables K2K messaging on this runtime (see
@@ -504,7 +544,7 @@ pub trait RingKernelRuntime: Send + Sync {
     /// live kernels and publications go into their input queues (the same subscriptions
     /// as [`subscribe`](RingKernelRuntime::subscribe)).
     fn pubsub(&self) -> PubSubBroker {
-        PubSubBroker::for_runtime(self.core().clone())
+        PubSubBroker::attached(self.core().clone() as Arc<dyn PubSubHost>)
     }
 }
 
