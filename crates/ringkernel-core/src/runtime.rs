@@ -15,8 +15,7 @@
 use crate::backend::BackendKind;
 use crate::context::MessageRouter;
 use crate::error::{Error, Result};
-use crate::hlc::HlcClock;
-use crate::hlc::HlcTimestamp;
+use crate::hlc::{HlcClock, HlcTimestamp};
 pub use crate::ids::KernelId;
 use crate::k2k::{k2k_disabled, K2kBroker, K2kHost, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
