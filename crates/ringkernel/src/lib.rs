@@ -57,6 +57,28 @@
 //!
 //! The backend crates (`ringkernel-cpu`, `-cuda`, `-wgpu`, `-metal`) and the
 //! backend-neutral core ([`core`]) can be used directly; this crate ties them together.
+//! The backend runtimes are re-exported ([`CpuRuntime`], and `WgpuRuntime`,
+//! `CudaRuntime`, `MetalRuntime` with their features): `CpuRuntime::new().await?`
+//! starts one on the process-wide handler registry, and the [`RingKernelRuntime`] trait
+//! (in the prelude) gives it `launch`, `k2k_broker` and `pubsub`:
+//!
+//! ```
+//! use ringkernel::prelude::*;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let runtime = CpuRuntime::new().await?;
+//! let a = runtime.launch(builtin::ECHO, LaunchOptions::default().with_name("a")).await?;
+//! let b = runtime.launch(builtin::ECHO, LaunchOptions::default().with_name("b")).await?;
+//! let broker = runtime.k2k_broker().unwrap();
+//! let receipt = broker.send(a.id(), b.id(), Envelope::new(&Token::new(1, 2.0))).await?;
+//! assert_eq!(receipt, K2kReceipt::Delivered);
+//! runtime.shutdown().await?;
+//! # Ok::<(), ringkernel::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! `docs/SEEDS.md` in the repository lists every example of the documents RingKernel
+//! was specified from, with the test that runs it.
 
 #![warn(missing_docs)]
 
