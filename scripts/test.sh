@@ -183,8 +183,9 @@ metal() {
     echo "SKIPPED: Metal type-check ($target target unavailable: $(echo "$out" | tail -n 1))"
     return 0
   fi
-  cargo check -p ringkernel-metal --target "$target"
-  cargo clippy -p ringkernel-metal --target "$target" -- -D warnings
+  # --all-targets: the tests too (the Metal seed example's test among them).
+  cargo check -p ringkernel-metal --target "$target" --all-targets
+  cargo clippy -p ringkernel-metal --target "$target" --all-targets -- -D warnings
 }
 
 fmt() {

@@ -1,13 +1,23 @@
-//! Kernel-to-kernel (K2K) messaging: targets, receipts, and routing tables for 2-D
-//! (4-neighbour) and 3-D (6-neighbour) tile grids.
+//! Kernel-to-kernel (K2K) messaging: targets, receipts, the [`K2kBroker`], and routing
+//! tables for 2-D (4-neighbour) and 3-D (6-neighbour) tile grids.
 //!
 //! A handler sends with [`KernelContext::send_to`](crate::context::KernelContext::send_to);
-//! the runtime routes by id or name and answers with a [`K2kReceipt`]. The routing
-//! tables name the neighbours of each tile of a 2-D or 3-D grid of kernels.
+//! the runtime routes by id or name and answers with a [`K2kReceipt`]. From outside a
+//! handler, [`RingKernelRuntime::k2k_broker`](crate::runtime::RingKernelRuntime::k2k_broker)
+//! gives a [`K2kBroker`] that sends on a kernel's behalf. The routing tables name the
+//! neighbours of each tile of a 2-D or 3-D grid of kernels.
+//!
+//! K2K is enabled by default; a runtime whose K2K is switched off
+//! ([`RuntimeCore::set_k2k_enabled`](crate::runtime::RuntimeCore::set_k2k_enabled))
+//! refuses every K2K send with [`Error::InvalidArgument`] and has no broker.
 
 use crate::error::{Error, Result};
+use crate::hlc::HlcTimestamp;
 use crate::ids::KernelId;
+use crate::message::{flags, Envelope, MessageHeader};
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Where a K2K message goes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -39,6 +49,15 @@ impl From<&String> for KernelTarget {
     }
 }
 
+impl std::fmt::Display for KernelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelTarget::Id(id) => write!(f, "{id}"),
+            KernelTarget::Name(n) => write!(f, "{n:?}"),
+        }
+    }
+}
+
 /// What happened to a K2K message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum K2kReceipt {
@@ -48,6 +67,118 @@ pub enum K2kReceipt {
     QueueFull,
     /// No such kernel (or it has terminated); the message was not delivered.
     NotFound,
+}
+
+/// What a [`K2kBroker`] needs from its runtime.
+/// [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a trait, so that this
+/// module does not depend on the runtime module that uses it).
+pub trait K2kHost: Send + Sync {
+    /// Whether K2K messaging is enabled.
+    fn k2k_enabled(&self) -> bool;
+    /// The id of the live kernel `target` names, if there is one.
+    fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId>;
+    /// A fresh message id.
+    fn next_message_id(&self) -> u64;
+    /// A timestamp of the runtime's clock.
+    fn tick(&self) -> HlcTimestamp;
+    /// Routes one stamped message into a kernel's input queue without blocking.
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt>;
+}
+
+/// The error of a K2K send on a runtime whose K2K messaging is switched off.
+pub(crate) fn k2k_disabled() -> Error {
+    Error::invalid(
+        "kernel-to-kernel messaging is disabled for this runtime \
+         (enable it with set_k2k_enabled(true))",
+    )
+}
+
+/// Sends envelopes from one kernel of a runtime straight into another's input queue.
+/// Made by [`RingKernelRuntime::k2k_broker`](crate::runtime::RingKernelRuntime::k2k_broker);
+/// cheap to clone.
+///
+/// This is the host-side counterpart of a handler's
+/// [`KernelContext::send_to`](crate::context::KernelContext::send_to): the message is
+/// stamped as if the source kernel had sent it (source id, the [`flags::K2K`] flag, a
+/// fresh message id that is also its correlation id, and a timestamp of the runtime's
+/// clock), then routed like every K2K message.
+///
+/// ```
+/// use ringkernel_core::builtin::{self, Token};
+/// use ringkernel_core::k2k::K2kReceipt;
+/// use ringkernel_core::message::Envelope;
+/// use ringkernel_core::options::LaunchOptions;
+/// use ringkernel_core::runtime::RingKernelRuntime;
+/// # async fn demo(rt: &dyn RingKernelRuntime) -> ringkernel_core::Result<()> {
+/// let a = rt.launch(builtin::ECHO, LaunchOptions::default().with_name("a")).await?;
+/// let b = rt.launch(builtin::ECHO, LaunchOptions::default().with_name("b")).await?;
+/// let broker = rt.k2k_broker().expect("K2K is enabled by default");
+/// let receipt = broker.send(a.id(), "b", Envelope::new(&Token::new(1, 2.0))).await?;
+/// assert_eq!(receipt, K2kReceipt::Delivered);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct K2kBroker {
+    host: Arc<dyn K2kHost>,
+}
+
+impl std::fmt::Debug for K2kBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("K2kBroker")
+            .field("enabled", &self.host.k2k_enabled())
+            .finish()
+    }
+}
+
+impl K2kBroker {
+    /// A broker routing through `host` (normally a runtime's
+    /// [`RuntimeCore`](crate::runtime::RuntimeCore); use
+    /// [`RingKernelRuntime::k2k_broker`](crate::runtime::RingKernelRuntime::k2k_broker)).
+    pub fn new(host: Arc<dyn K2kHost>) -> Self {
+        K2kBroker { host }
+    }
+
+    /// Sends `envelope` from kernel `source` to `dest` (a [`KernelId`] or an instance
+    /// name). Never waits for queue space: a full destination is
+    /// [`K2kReceipt::QueueFull`], a missing or terminated one [`K2kReceipt::NotFound`],
+    /// and in both cases the message was not delivered.
+    ///
+    /// The envelope's type id, payload, flags and priority are kept; its ids, source,
+    /// destination and timestamp are set here.
+    ///
+    /// Errors: [`Error::KernelNotFound`] when `source` is not a live kernel of this
+    /// runtime, [`Error::InvalidArgument`] when K2K has been disabled since the broker
+    /// was made, [`Error::MessageTooLarge`] when the payload does not fit the
+    /// destination's slots.
+    pub async fn send(
+        &self,
+        source: impl Into<KernelTarget>,
+        dest: impl Into<KernelTarget>,
+        envelope: impl Borrow<Envelope>,
+    ) -> Result<K2kReceipt> {
+        let source = source.into();
+        let env = envelope.borrow();
+        if !self.host.k2k_enabled() {
+            return Err(k2k_disabled());
+        }
+        let src = self.host.live_kernel(&source).ok_or_else(|| {
+            Error::KernelNotFound(format!(
+                "K2K source {source} is not a live kernel of this runtime"
+            ))
+        })?;
+        let mut h = env.header;
+        h.message_id = self.host.next_message_id();
+        h.correlation_id = h.message_id;
+        h.source_kernel = src.0;
+        h.flags |= flags::K2K;
+        h.set_hlc(self.host.tick());
+        self.host.deliver(&dest.into(), h, &env.payload)
+    }
 }
 
 /// The four directions of a 2-D tile grid.

@@ -294,6 +294,26 @@ impl KernelRegistry {
     }
 }
 
+impl KernelRegistry {
+    /// The process-wide registry. The backend runtimes' `new()` constructors
+    /// (`CpuRuntime::new()`, `WgpuRuntime::new()`, `MetalRuntime::new()`,
+    /// `CudaRuntime::new()`) resolve handler names through it, so a program registers its
+    /// GPU handlers here once, before or after starting a runtime:
+    ///
+    /// ```
+    /// use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+    /// KernelRegistry::global().register_gpu(GpuHandler::new("compute").with_wgsl("/* .. */"));
+    /// assert!(KernelRegistry::global().gpu("compute").is_ok());
+    /// ```
+    ///
+    /// It is an ordinary shared registry: the runtimes add their built-in kernels to it
+    /// where missing. `with_registry(..)` constructors use the registry given instead.
+    pub fn global() -> &'static KernelRegistry {
+        static GLOBAL: std::sync::OnceLock<KernelRegistry> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(KernelRegistry::new)
+    }
+}
+
 /// What a typed handler closure may return: nothing, a reply, or an optional reply.
 /// A reply goes to the kernel's output queue, correlated with the request.
 pub trait HandlerOutput {

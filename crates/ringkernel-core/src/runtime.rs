@@ -15,15 +15,15 @@
 use crate::backend::BackendKind;
 use crate::context::MessageRouter;
 use crate::error::{Error, Result};
-use crate::hlc::HlcClock;
+use crate::hlc::{HlcClock, HlcTimestamp};
 pub use crate::ids::KernelId;
-use crate::k2k::{K2kReceipt, KernelTarget};
+use crate::k2k::{k2k_disabled, K2kBroker, K2kHost, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
 use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
 use crate::options::LaunchOptions;
 use crate::priority;
 pub use crate::pubsub::PublishReport;
-use crate::pubsub::{validate_topic, Broker, SubscriptionId};
+use crate::pubsub::{validate_topic, Broker, PubSubBroker, PubSubHost, SubscriptionId};
 use crate::registry::KernelRegistry;
 use crate::telemetry::{KernelMetrics, RuntimeMetrics};
 use crate::util::{lock, BoxFuture};
@@ -31,7 +31,7 @@ use event_listener::{Event, EventListener};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -123,6 +123,7 @@ pub struct RuntimeCore {
     node: u32,
     hlc: HlcClock,
     broker: Broker,
+    k2k: AtomicBool,
     registry: KernelRegistry,
     started: Instant,
 }
@@ -159,6 +160,7 @@ impl RuntimeCore {
             node,
             hlc: HlcClock::new(u64::from(node) << 32),
             broker: Broker::new(),
+            k2k: AtomicBool::new(true),
             registry,
             started: Instant::now(),
         })
@@ -187,6 +189,18 @@ impl RuntimeCore {
     /// The pub/sub broker.
     pub fn broker(&self) -> &Broker {
         &self.broker
+    }
+    /// Whether kernel-to-kernel messaging is enabled (the default).
+    pub fn k2k_enabled(&self) -> bool {
+        self.k2k.load(Ordering::Acquire)
+    }
+    /// Enables or disables kernel-to-kernel messaging. While disabled, every K2K send
+    /// (a handler's `send_to`, a GPU pass's routed message, [`K2kBroker::send`]) is
+    /// refused with [`Error::InvalidArgument`] naming the switch, and
+    /// [`RingKernelRuntime::k2k_broker`] is `None`. Host sends and pub/sub are not
+    /// affected.
+    pub fn set_k2k_enabled(&self, enabled: bool) {
+        self.k2k.store(enabled, Ordering::Release);
     }
     /// A fresh message id (unique within this runtime).
     pub fn next_message_id(&self) -> u64 {
@@ -263,6 +277,9 @@ impl RuntimeCore {
         mut header: MessageHeader,
         payload: &[u8],
     ) -> Result<K2kReceipt> {
+        if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
+            return Err(k2k_disabled());
+        }
         let Some(engine) = self.lookup(target) else {
             return Ok(K2kReceipt::NotFound);
         };
@@ -376,6 +393,61 @@ impl MessageRouter for RuntimeCore {
     }
 }
 
+impl K2kHost for RuntimeCore {
+    fn k2k_enabled(&self) -> bool {
+        RuntimeCore::k2k_enabled(self)
+    }
+    fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId> {
+        self.lookup(target).map(|e| e.id())
+    }
+    fn next_message_id(&self) -> u64 {
+        RuntimeCore::next_message_id(self)
+    }
+    fn tick(&self) -> HlcTimestamp {
+        self.hlc.tick()
+    }
+    fn deliver(
+        &self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
+        RuntimeCore::deliver(self, target, header, payload)
+    }
+}
+
+impl PubSubHost for RuntimeCore {
+    fn broker(&self) -> &Broker {
+        &self.broker
+    }
+    fn is_live(&self, kernel: KernelId) -> bool {
+        self.lookup(&KernelTarget::Id(kernel)).is_some()
+    }
+    fn merge_timestamp(&self, ts: &HlcTimestamp) -> Result<()> {
+        self.hlc.update(ts).map(|_| ())
+    }
+    fn next_message_id(&self) -> u64 {
+        RuntimeCore::next_message_id(self)
+    }
+    fn publish_raw(
+        &self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport> {
+        RuntimeCore::publish_raw(self, topic, header, payload)
+    }
+}
+
+/// A lifecycle request for the state the kernel is already in is a no-op: the engine's
+/// `InvalidState { from: s, to: s }` becomes `Ok`.
+fn already_there(r: Result<()>, state: LifecycleState) -> Result<()> {
+    match r {
+        Err(Error::InvalidState { from, to }) if from == state && to == state => Ok(()),
+        r => r,
+    }
+}
+
 /// A node number for a runtime that was given none: process id, a per-process counter
 /// and the wall clock, mixed, so runtimes in one process and in different processes get
 /// different numbers with overwhelming probability. Never 0.
@@ -464,6 +536,29 @@ pub trait RingKernelRuntime: Send + Sync {
     /// Runtime-wide metrics snapshot.
     fn metrics(&self) -> RuntimeMetrics {
         self.core().metrics()
+    }
+
+    /// The kernel-to-kernel broker: sends an envelope from one kernel of this runtime
+    /// straight into another's input queue, with a receipt. `None` when K2K messaging
+    /// is disabled for this runtime ([`set_k2k_enabled`](RingKernelRuntime::set_k2k_enabled));
+    /// it is enabled by default.
+    fn k2k_broker(&self) -> Option<K2kBroker> {
+        let core = self.core();
+        core.k2k_enabled()
+            .then(|| K2kBroker::new(core.clone() as Arc<dyn K2kHost>))
+    }
+
+    /// Enables or disables K2K messaging on this runtime (see
+    /// [`RuntimeCore::set_k2k_enabled`]).
+    fn set_k2k_enabled(&self, enabled: bool) {
+        self.core().set_k2k_enabled(enabled)
+    }
+
+    /// This runtime's topic broker in the form of [`PubSubBroker`]: subscriptions name
+    /// live kernels and publications go into their input queues (the same subscriptions
+    /// as [`subscribe`](RingKernelRuntime::subscribe)).
+    fn pubsub(&self) -> PubSubBroker {
+        PubSubBroker::attached(self.core().clone() as Arc<dyn PubSubHost>)
     }
 }
 
@@ -569,13 +664,18 @@ impl KernelHandle {
         &self.inner.engine
     }
 
-    /// `Launched|Deactivated → Active`.
+    /// `Launched|Deactivated → Active`. Activating a kernel that is already active
+    /// does nothing and succeeds (a default launch activates the kernel, and programs
+    /// written for the seed README activate it again); from `Terminating` or
+    /// `Terminated` it is [`Error::InvalidState`].
     pub async fn activate(&self) -> Result<()> {
-        self.inner.engine.activate()
+        already_there(self.inner.engine.activate(), LifecycleState::Active)
     }
     /// `Active → Deactivated`. Queued messages are kept and processed after `activate`.
+    /// Deactivating a kernel that is already deactivated does nothing and succeeds;
+    /// from `Launched`, `Terminating` or `Terminated` it is [`Error::InvalidState`].
     pub async fn deactivate(&self) -> Result<()> {
-        self.inner.engine.deactivate()
+        already_there(self.inner.engine.deactivate(), LifecycleState::Deactivated)
     }
     /// Terminates the kernel: an active kernel drains its input queue first; messages
     /// queued on an inactive kernel come back in the report. Replies already produced

@@ -55,7 +55,7 @@ fn setup() -> Setup {
         .build()
         .expect("tokio runtime");
     let ours = rt
-        .block_on(CpuRuntime::new(KernelRegistry::new()))
+        .block_on(CpuRuntime::with_registry(KernelRegistry::new()))
         .expect("CPU runtime");
     let echo = rt
         .block_on(ours.launch(ECHO, LaunchOptions::default()))

@@ -43,12 +43,11 @@
 //! ```
 //! use ringkernel_core::builtin::{Token, ECHO};
 //! use ringkernel_core::prelude::*;
-//! use ringkernel_core::registry::KernelRegistry;
 //! use ringkernel_cpu::CpuRuntime;
 //! use std::time::Duration;
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let rt = CpuRuntime::new(KernelRegistry::new()).await?;
+//! let rt = CpuRuntime::new().await?;
 //! let k = rt.launch(ECHO, LaunchOptions::default()).await?;
 //! let reply: Token = k.call(Token::new(1, 21.0), Duration::from_secs(5)).await?;
 //! assert_eq!(reply.value, 42.0);
@@ -152,21 +151,22 @@ impl std::fmt::Debug for CpuRuntime {
 }
 
 impl CpuRuntime {
-    /// A CPU runtime resolving kernel names through `registry` (plus the built-ins and
-    /// the global `#[ring_kernel]` handlers). Never fails on a working host; async only
-    /// to match the other backends.
-    pub async fn new(registry: KernelRegistry) -> Result<Self> {
-        Ok(Self::with_registry(registry))
+    /// A CPU runtime resolving kernel names through the process-wide
+    /// [`KernelRegistry::global`] (plus the built-ins and the `#[ring_kernel]`
+    /// handlers). Never fails on a working host; async to match the other backends.
+    pub async fn new() -> Result<Self> {
+        Self::with_registry(KernelRegistry::global().clone()).await
     }
 
-    /// The synchronous form of [`CpuRuntime::new`].
-    pub fn with_registry(registry: KernelRegistry) -> Self {
+    /// A CPU runtime resolving kernel names through `registry` (plus the built-ins,
+    /// added to it where missing, and the `#[ring_kernel]` handlers).
+    pub async fn with_registry(registry: KernelRegistry) -> Result<Self> {
         register_missing_builtins(&registry);
         let info = probe().unwrap_or_else(|_| "CPU".to_string());
-        CpuRuntime {
+        Ok(CpuRuntime {
             core: RuntimeCore::new(BackendKind::Cpu, registry),
             info,
-        }
+        })
     }
 
     fn launch_now(&self, handler: &str, opts: &LaunchOptions) -> Result<KernelHandle> {

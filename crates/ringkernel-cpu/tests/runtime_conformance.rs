@@ -25,18 +25,20 @@ fn scale() -> conf::Scale {
     conf::Scale::full()
 }
 
-fn runtime() -> CpuRuntime {
+async fn runtime() -> CpuRuntime {
     CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .expect("CPU runtime")
 }
 
 ringkernel_core::conformance_tests! {
-    runtime: runtime(),
+    runtime: runtime().await,
     scale: scale(),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_all_on_one_runtime() {
-    let rt = runtime();
+    let rt = runtime().await;
     conf::run_all(&rt, conf::Scale::quick()).await.unwrap();
     let report = rt.shutdown().await.unwrap();
     assert_eq!(
@@ -70,7 +72,7 @@ async fn k2k_to_a_missing_kernel_is_not_found() {
             Ok(Some(t))
         },
     );
-    let rt = CpuRuntime::new(reg).await.unwrap();
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let k = rt
         .launch("test.k2k", LaunchOptions::default())
         .await
@@ -126,7 +128,7 @@ async fn handler_errors_and_panics_are_counted_as_dropped() {
             Ok(Some(t))
         },
     );
-    let rt = CpuRuntime::new(reg).await.unwrap();
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let k = rt
         .launch("test.picky", LaunchOptions::default())
         .await
@@ -162,7 +164,7 @@ async fn handler_errors_and_panics_are_counted_as_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn telemetry_counters_are_consistent() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(ECHO, LaunchOptions::default().with_name("telemetry"))
         .await
@@ -242,7 +244,7 @@ async fn async_api_never_blocks_the_executor() {
         std::thread::sleep(Duration::from_millis(60));
         Some(t)
     });
-    let rt = CpuRuntime::new(reg).await.unwrap();
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let ticks = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let ticker = {
@@ -319,7 +321,7 @@ async fn async_api_never_blocks_the_executor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_active_and_returns_queued_messages() {
-    let rt = runtime();
+    let rt = runtime().await;
     let a = rt
         .launch(ECHO, LaunchOptions::default().with_name("a"))
         .await
@@ -367,7 +369,7 @@ async fn shutdown_drains_active_and_returns_queued_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instance_names_are_unique_while_live() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(ECHO, LaunchOptions::default().with_name("dup"))
         .await
@@ -402,7 +404,7 @@ async fn instance_names_are_unique_while_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_output_queue_applies_backpressure_without_loss() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(
             ECHO,
@@ -429,7 +431,7 @@ async fn full_output_queue_applies_backpressure_without_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_with_nobody_reading_counts_dropped_replies() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(
             ECHO,
@@ -466,7 +468,7 @@ async fn terminate_with_nobody_reading_counts_dropped_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_drift_is_dropped_and_counted() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
     let mut h = MessageHeader::new(Token::TYPE_ID, 72);
     h.message_id = 1;
@@ -508,7 +510,7 @@ async fn dropping_the_runtime_stops_its_threads() {
     let reg = KernelRegistry::new();
     let flag = dropped.clone();
     reg.register_cpu("test.flag", move || Box::new(DropFlag(flag.clone())));
-    let rt = CpuRuntime::new(reg).await.unwrap();
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let k = rt
         .launch("test.flag", LaunchOptions::default())
         .await
@@ -526,13 +528,14 @@ async fn dropping_the_runtime_stops_its_threads() {
     }
 }
 
-#[test]
-fn probe_describes_the_cpu() {
+#[tokio::test(flavor = "current_thread")]
+async fn probe_describes_the_cpu() {
     let s = ringkernel_cpu::probe().unwrap();
     let cores = std::thread::available_parallelism().unwrap().get();
     assert!(s.contains(&format!("{cores} logical cores")), "{s}");
-    assert_eq!(runtime().device_info(), s);
-    assert_eq!(runtime().backend(), ringkernel_core::BackendKind::Cpu);
+    let rt = runtime().await;
+    assert_eq!(rt.device_info(), s);
+    assert_eq!(rt.backend(), ringkernel_core::BackendKind::Cpu);
 }
 
 /// Several OS threads send into one kernel at once (the MPSC input queue, the
@@ -542,7 +545,7 @@ fn probe_describes_the_cpu() {
 async fn concurrent_senders_lose_nothing() {
     const THREADS: u64 = 4;
     const PER: u64 = 25_000;
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(ECHO, LaunchOptions::default().with_queue_capacity(256))
         .await
@@ -590,7 +593,7 @@ async fn concurrent_senders_lose_nothing() {
 async fn sends_racing_terminate_are_answered_or_refused() {
     const THREADS: u64 = 2;
     const PER: u64 = 20_000;
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(
             ECHO,

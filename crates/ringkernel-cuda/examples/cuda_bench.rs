@@ -150,7 +150,7 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
             .with_cuda(K2K_SINK_SRC)
             .with_state_bytes(32),
     );
-    let rt = CudaRuntime::new(reg).await?;
+    let rt = CudaRuntime::with_registry(reg).await?;
     rep.line(format!("runtime: {}", rt.device_info()));
     for h in [ECHO, "bench.stream", "bench.k2k_src", "bench.k2k_sink"] {
         rt.preload(h)?;

@@ -359,7 +359,7 @@ impl Drop for RtInner {
 /// use ringkernel_core::registry::KernelRegistry;
 /// use ringkernel_core::runtime::RingKernelRuntime;
 /// // The runtime registers the CUDA built-ins (rk.echo, rk.stage, rk.counter) itself.
-/// let rt = ringkernel_cuda::CudaRuntime::new(KernelRegistry::new()).await?;
+/// let rt = ringkernel_cuda::CudaRuntime::with_registry(KernelRegistry::new()).await?;
 /// let k = rt.launch(ECHO, LaunchOptions::default()).await?;
 /// let r: Token = k.call(Token::new(1, 21.0), std::time::Duration::from_secs(1)).await?;
 /// assert_eq!(r.value, 42.0);
@@ -379,12 +379,18 @@ impl std::fmt::Debug for CudaRuntime {
 }
 
 impl CudaRuntime {
-    /// A runtime on device 0 resolving handler names through `registry`. The CUDA
-    /// built-ins (`rk.echo`, `rk.stage`, `rk.counter`) are added to it unless a CUDA
-    /// source is already registered under their name, and their modules are loaded
-    /// right away (see [`CudaRuntime::preload`]). [`Error::BackendUnavailable`] without
-    /// a driver, a GPU or NVRTC.
-    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+    /// A runtime on device 0 resolving handler names through the process-wide
+    /// [`KernelRegistry::global`]. The CUDA built-ins (`rk.echo`, `rk.stage`,
+    /// `rk.counter`) are added to it unless a CUDA source is already registered under
+    /// their name, and their modules are loaded right away (see
+    /// [`CudaRuntime::preload`]). [`Error::BackendUnavailable`] without a driver, a GPU
+    /// or NVRTC.
+    pub async fn new() -> Result<Self> {
+        Self::with_registry(KernelRegistry::global().clone()).await
+    }
+
+    /// Like [`CudaRuntime::new`], resolving handler names through `registry`.
+    pub async fn with_registry(registry: KernelRegistry) -> Result<Self> {
         Self::on_device(registry, 0).await
     }
 
@@ -1609,7 +1615,7 @@ mod tests {
             .build()
             .unwrap();
         exec.block_on(async {
-            let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+            let rt = CudaRuntime::with_registry(reg).await.expect("CUDA runtime");
             f(rt).await.unwrap();
         });
     }

@@ -44,7 +44,9 @@ fn compile_error_is_reported_with_the_log() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let r = ringkernel_cuda::CudaRuntime::new(reg).await.unwrap();
+        let r = ringkernel_cuda::CudaRuntime::with_registry(reg)
+            .await
+            .unwrap();
         match r.launch("broken", LaunchOptions::default()).await {
             Err(ringkernel_core::Error::Compile { log, .. }) => {
                 assert!(
@@ -88,7 +90,7 @@ fn one_echo_through_a_persistent_kernel() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let r = ringkernel_cuda::CudaRuntime::new(reg)
+        let r = ringkernel_cuda::CudaRuntime::with_registry(reg)
             .await
             .expect("runtime");
         println!("{}", r.device_info());
@@ -144,7 +146,7 @@ fn modules_load_before_kernels_run_and_never_hang() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let r = ringkernel_cuda::CudaRuntime::new(reg)
+        let r = ringkernel_cuda::CudaRuntime::with_registry(reg)
             .await
             .expect("runtime");
         r.preload(STAGE).expect("preload");

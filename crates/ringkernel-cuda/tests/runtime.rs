@@ -57,7 +57,7 @@ where
 async fn runtime() -> CudaRuntime {
     let reg = KernelRegistry::new();
     ringkernel_cuda::register_cuda_builtins(&reg);
-    CudaRuntime::new(reg).await.expect("CUDA runtime")
+    CudaRuntime::with_registry(reg).await.expect("CUDA runtime")
 }
 
 ringkernel_core::conformance_tests! {
@@ -162,7 +162,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
         .build()
         .unwrap();
     exec.block_on(async {
-        let rt = CudaRuntime::new(reg).await.unwrap();
+        let rt = CudaRuntime::with_registry(reg).await.unwrap();
         let k = rt
             .launch("sum", LaunchOptions::default().with_block_size(256))
             .await

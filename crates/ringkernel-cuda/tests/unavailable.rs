@@ -21,8 +21,14 @@ fn probe_matches_driver_presence() {
             ),
             (
                 "CudaRuntime::new",
-                rt.block_on(ringkernel_cuda::CudaRuntime::new(KernelRegistry::new()))
-                    .map(|_| ()),
+                rt.block_on(ringkernel_cuda::CudaRuntime::new()).map(|_| ()),
+            ),
+            (
+                "CudaRuntime::with_registry",
+                rt.block_on(ringkernel_cuda::CudaRuntime::with_registry(
+                    KernelRegistry::new(),
+                ))
+                .map(|_| ()),
             ),
         ] {
             match r {

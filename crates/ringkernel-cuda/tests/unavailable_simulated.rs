@@ -36,6 +36,8 @@ fn missing_driver_is_backend_unavailable_everywhere() {
         .enable_all()
         .build()
         .unwrap();
-    let r = rt.block_on(ringkernel_cuda::CudaRuntime::new(KernelRegistry::new()));
-    check("CudaRuntime::new", r.unwrap_err());
+    let r = rt.block_on(ringkernel_cuda::CudaRuntime::with_registry(
+        KernelRegistry::new(),
+    ));
+    check("CudaRuntime::with_registry", r.unwrap_err());
 }

@@ -203,7 +203,9 @@ fn ring_kernel_registers_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ring_kernel_handlers_run_on_the_cpu_runtime() {
-    let rt = CpuRuntime::new(KernelRegistry::new()).await.unwrap();
+    let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap();
     let t = Duration::from_secs(10);
     let k = rt
         .launch("derive.scale", LaunchOptions::default())

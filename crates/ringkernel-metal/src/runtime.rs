@@ -28,7 +28,7 @@
 use crate::sys::{MetalBuffer, MetalDevice, Pipeline};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::KernelRegistry;
-use ringkernel_core::runtime::RuntimeCore;
+use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore, ShutdownReport};
 use ringkernel_core::{BackendKind, Result};
 use ringkernel_drain::engine::{ring_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
@@ -62,10 +62,17 @@ impl std::fmt::Debug for MetalRuntime {
 }
 
 impl MetalRuntime {
-    /// A runtime on the system default device, resolving handler names through
-    /// `registry` (the built-in kernels are added). `BackendUnavailable` on non-Apple
+    /// A runtime on the system default device, resolving handler names through the
+    /// process-wide [`KernelRegistry::global`] (the built-in kernels are added to it
+    /// where missing): register a program's GPU handlers there, then
+    /// `runtime.launch("name", ..)` finds them. `BackendUnavailable` on non-Apple
     /// targets and when the system has no Metal device.
-    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+    pub async fn new() -> Result<Self> {
+        Self::with_registry(KernelRegistry::global().clone()).await
+    }
+
+    /// Like [`MetalRuntime::new`], resolving handler names through `registry`.
+    pub async fn with_registry(registry: KernelRegistry) -> Result<Self> {
         let device = crate::open_device()?;
         register_builtins(&registry);
         Ok(MetalRuntime {
@@ -73,6 +80,19 @@ impl MetalRuntime {
             device,
             compiled: CompileCache::default(),
         })
+    }
+
+    /// Launches a kernel running the handler registered as `handler`: the
+    /// [`RingKernelRuntime::launch`] of this runtime, callable without importing the
+    /// trait (as the Metal seed README does).
+    pub async fn launch(&self, handler: &str, opts: LaunchOptions) -> Result<KernelHandle> {
+        RingKernelRuntime::launch(self, handler, opts).await
+    }
+
+    /// Terminates every kernel (draining active ones): [`RingKernelRuntime::shutdown`],
+    /// callable without importing the trait.
+    pub async fn shutdown(&self) -> Result<ShutdownReport> {
+        RingKernelRuntime::shutdown(self).await
     }
 
     /// The device.

@@ -21,13 +21,17 @@ fn non_apple_targets_report_backend_unavailable() {
         }) => assert!(reason.contains("Apple")),
         other => panic!("expected BackendUnavailable, got {other:?}"),
     }
-    let rt = pollster_block_on(MetalRuntime::new(KernelRegistry::new()));
-    match rt {
-        Err(Error::BackendUnavailable {
-            backend: BackendKind::Metal,
-            ..
-        }) => {}
-        other => panic!("expected BackendUnavailable, got {other:?}"),
+    for rt in [
+        pollster_block_on(MetalRuntime::new()),
+        pollster_block_on(MetalRuntime::with_registry(KernelRegistry::new())),
+    ] {
+        match rt {
+            Err(Error::BackendUnavailable {
+                backend: BackendKind::Metal,
+                ..
+            }) => {}
+            other => panic!("expected BackendUnavailable, got {other:?}"),
+        }
     }
     assert!(matches!(
         MetalDevice::system_default(),

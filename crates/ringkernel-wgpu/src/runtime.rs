@@ -333,8 +333,15 @@ impl std::fmt::Debug for WgpuRuntime {
 
 impl WgpuRuntime {
     /// A runtime on the adapter chosen by `RINGKERNEL_WGPU_ADAPTER`, resolving kernel
-    /// names through `registry` (the WGSL built-ins are added where missing).
-    pub async fn new(registry: KernelRegistry) -> Result<Self> {
+    /// names through the process-wide [`KernelRegistry::global`] (the WGSL built-ins are
+    /// added to it where missing). `BackendUnavailable` without a usable adapter.
+    pub async fn new() -> Result<Self> {
+        Self::with_registry(KernelRegistry::global().clone()).await
+    }
+
+    /// Like [`WgpuRuntime::new`], resolving kernel names through `registry` (the WGSL
+    /// built-ins are added where missing).
+    pub async fn with_registry(registry: KernelRegistry) -> Result<Self> {
         Self::with_selection(registry, AdapterSelection::from_env())
     }
 

@@ -88,9 +88,13 @@ pub(crate) async fn start(
 ) -> Result<DynRuntime> {
     let _ = adapter; // only the wgpu backend reads it
     match backend {
-        BackendKind::Cpu => Ok(Arc::new(ringkernel_cpu::CpuRuntime::new(reg).await?)),
+        BackendKind::Cpu => Ok(Arc::new(
+            ringkernel_cpu::CpuRuntime::with_registry(reg).await?,
+        )),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Ok(Arc::new(ringkernel_cuda::CudaRuntime::new(reg).await?)),
+        BackendKind::Cuda => Ok(Arc::new(
+            ringkernel_cuda::CudaRuntime::with_registry(reg).await?,
+        )),
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => {
             use ringkernel_wgpu::{AdapterSelection, WgpuRuntime};
@@ -98,12 +102,14 @@ pub(crate) async fn start(
                 WgpuAdapter::HardwareOnly => {
                     WgpuRuntime::with_selection(reg, AdapterSelection::Hardware)?
                 }
-                WgpuAdapter::Any => WgpuRuntime::new(reg).await?,
+                WgpuAdapter::Any => WgpuRuntime::with_registry(reg).await?,
             };
             Ok(Arc::new(rt))
         }
         #[cfg(feature = "metal")]
-        BackendKind::Metal => Ok(Arc::new(ringkernel_metal::MetalRuntime::new(reg).await?)),
+        BackendKind::Metal => Ok(Arc::new(
+            ringkernel_metal::MetalRuntime::with_registry(reg).await?,
+        )),
         #[allow(unreachable_patterns)] // every backend compiled in
         other => Err(not_compiled(other)),
     }

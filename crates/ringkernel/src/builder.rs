@@ -49,6 +49,7 @@ type Registration = Box<dyn FnOnce(&KernelRegistry) + Send>;
 pub struct RingKernelBuilder {
     backend: Backend,
     use_env: bool,
+    k2k: bool,
     registry: KernelRegistry,
     pending: Vec<Registration>,
 }
@@ -58,6 +59,7 @@ impl Default for RingKernelBuilder {
         RingKernelBuilder {
             backend: Backend::Auto,
             use_env: true,
+            k2k: true,
             registry: KernelRegistry::new(),
             pending: Vec::new(),
         }
@@ -69,6 +71,7 @@ impl fmt::Debug for RingKernelBuilder {
         f.debug_struct("RingKernelBuilder")
             .field("backend", &self.backend)
             .field("use_env", &self.use_env)
+            .field("k2k", &self.k2k)
             .field("registry", &self.registry)
             .field("pending_registrations", &self.pending.len())
             .finish()
@@ -94,9 +97,20 @@ impl RingKernelBuilder {
         self
     }
 
+    /// Whether kernel-to-kernel messaging is enabled (default true). A runtime built
+    /// with `k2k(false)` refuses every K2K send with
+    /// [`Error::InvalidArgument`] and has no [`RingKernel::k2k_broker`].
+    pub fn k2k(mut self, enabled: bool) -> Self {
+        self.k2k = enabled;
+        self
+    }
+
     /// Uses `registry` for handler lookups (it is shared, not copied: handlers added to
     /// it later are found too). Handlers added with the `register_*` methods of this
-    /// builder go into it, whichever order the calls come in.
+    /// builder go into it, whichever order the calls come in. Without this call the
+    /// builder starts from a fresh, empty registry; pass
+    /// `KernelRegistry::global().clone()` to share the process-wide one that the backend
+    /// runtimes' `new()` constructors use.
     pub fn registry(mut self, registry: KernelRegistry) -> Self {
         self.registry = registry;
         self
@@ -145,6 +159,7 @@ impl RingKernelBuilder {
         let RingKernelBuilder {
             backend,
             use_env,
+            k2k,
             registry,
             pending,
         } = self;
@@ -216,6 +231,7 @@ impl RingKernelBuilder {
                 }
             }
         };
+        runtime.set_k2k_enabled(k2k);
         let selection = Selection {
             requested: backend,
             env_override,

@@ -57,6 +57,28 @@
 //!
 //! The backend crates (`ringkernel-cpu`, `-cuda`, `-wgpu`, `-metal`) and the
 //! backend-neutral core ([`core`]) can be used directly; this crate ties them together.
+//! The backend runtimes are re-exported ([`CpuRuntime`], and `WgpuRuntime`,
+//! `CudaRuntime`, `MetalRuntime` with their features): `CpuRuntime::new().await?`
+//! starts one on the process-wide handler registry, and the [`RingKernelRuntime`] trait
+//! (in the prelude) gives it `launch`, `k2k_broker` and `pubsub`:
+//!
+//! ```
+//! use ringkernel::prelude::*;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let runtime = CpuRuntime::new().await?;
+//! let a = runtime.launch(builtin::ECHO, LaunchOptions::default().with_name("a")).await?;
+//! let b = runtime.launch(builtin::ECHO, LaunchOptions::default().with_name("b")).await?;
+//! let broker = runtime.k2k_broker().unwrap();
+//! let receipt = broker.send(a.id(), b.id(), Envelope::new(&Token::new(1, 2.0))).await?;
+//! assert_eq!(receipt, K2kReceipt::Delivered);
+//! runtime.shutdown().await?;
+//! # Ok::<(), ringkernel::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! `docs/SEEDS.md` in the repository lists every example of the documents RingKernel
+//! was specified from, with the test that runs it.
 
 #![warn(missing_docs)]
 
@@ -82,7 +104,20 @@ pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
 pub use ringkernel_core::builtin;
 pub use ringkernel_core::context::KernelContext;
 pub use ringkernel_core::options::LaunchOptions;
-pub use ringkernel_core::runtime::{KernelHandle, KernelId};
+pub use ringkernel_core::priority;
+pub use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
+
+/// The backend runtimes, usable directly (`CpuRuntime::new().await?`) beside the
+/// [`RingKernel`] facade. Their `new()` resolves handler names through
+/// [`KernelRegistry::global`](crate::core::registry::KernelRegistry::global), their
+/// `with_registry(..)` through the registry given.
+pub use ringkernel_cpu::CpuRuntime;
+#[cfg(feature = "cuda")]
+pub use ringkernel_cuda::CudaRuntime;
+#[cfg(feature = "metal")]
+pub use ringkernel_metal::MetalRuntime;
+#[cfg(feature = "wgpu")]
+pub use ringkernel_wgpu::WgpuRuntime;
 
 /// The README's example, compiled and run as a doctest so it cannot go stale.
 #[cfg(doctest)]
@@ -90,6 +125,13 @@ pub use ringkernel_core::runtime::{KernelHandle, KernelId};
 pub struct ReadmeExample;
 
 /// Everything most programs need: `use ringkernel::prelude::*;`.
+///
+/// It names everything the examples of the seed README use without a path: the
+/// facade ([`RingKernel`], [`Backend`](crate::Backend)), the backend runtimes
+/// ([`CpuRuntime`], and the GPU ones whose feature is on) with the
+/// [`RingKernelRuntime`] trait that gives them `launch`, `shutdown`, `k2k_broker` and
+/// `pubsub`, the [`priority`](crate::priority) levels, messages, clocks, K2K and
+/// pub/sub types.
 pub mod prelude {
     pub use crate::builder::RingKernelBuilder;
     pub use crate::compute::{Device, KvCache, Tensor};
@@ -101,13 +143,26 @@ pub mod prelude {
     pub use ringkernel_core::error::{Error, Result};
     pub use ringkernel_core::gpu_type::GpuType;
     pub use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
-    pub use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
+    pub use ringkernel_core::k2k::{K2kBroker, K2kReceipt, KernelTarget};
     pub use ringkernel_core::lifecycle::LifecycleState;
     pub use ringkernel_core::message::MessageId;
     pub use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
     pub use ringkernel_core::options::LaunchOptions;
+    pub use ringkernel_core::priority;
+    pub use ringkernel_core::pubsub::{
+        PubSubBroker, PubSubConfig, Publication, SubscriptionId, Topic,
+    };
     pub use ringkernel_core::registry::{GpuHandler, KernelRegistry};
-    pub use ringkernel_core::runtime::{KernelHandle, KernelId, PublishReport};
+    pub use ringkernel_core::runtime::{
+        KernelHandle, KernelId, PublishReport, RingKernelRuntime, RuntimeExt,
+    };
     pub use ringkernel_core::telemetry::{KernelMetrics, LatencySummary, RuntimeMetrics};
+    pub use ringkernel_cpu::CpuRuntime;
+    #[cfg(feature = "cuda")]
+    pub use ringkernel_cuda::CudaRuntime;
     pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+    #[cfg(feature = "metal")]
+    pub use ringkernel_metal::MetalRuntime;
+    #[cfg(feature = "wgpu")]
+    pub use ringkernel_wgpu::WgpuRuntime;
 }

@@ -1,10 +1,10 @@
 //! [`RingKernel`]: a started runtime on one backend.
 
 use crate::core::hlc::HlcClock;
-use crate::core::k2k::KernelTarget;
+use crate::core::k2k::{K2kBroker, KernelTarget};
 use crate::core::message::{Envelope, RingMessage};
 use crate::core::options::LaunchOptions;
-use crate::core::pubsub::SubscriptionId;
+use crate::core::pubsub::{PubSubBroker, SubscriptionId};
 use crate::core::registry::KernelRegistry;
 use crate::core::runtime::{
     KernelHandle, KernelId, PublishReport, RingKernelRuntime, RuntimeExt, ShutdownReport,
@@ -104,6 +104,43 @@ impl RingKernel {
     /// Publishes an already-built message to `topic`.
     pub fn publish_envelope(&self, topic: &str, env: &Envelope) -> Result<PublishReport> {
         self.inner.runtime.publish_envelope(topic, env)
+    }
+
+    /// The kernel-to-kernel broker: sends an envelope from one kernel straight into
+    /// another's input queue and answers with a receipt. `None` when K2K messaging is
+    /// disabled for this runtime ([`RingKernelBuilder::k2k`](crate::RingKernelBuilder::k2k),
+    /// [`set_k2k_enabled`](RingKernel::set_k2k_enabled)); enabled by default.
+    ///
+    /// ```
+    /// use ringkernel::prelude::*;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let rt = RingKernel::builder().backend(Backend::Cpu).build().await?;
+    /// let a = rt.launch(builtin::ECHO, LaunchOptions::default().with_name("a")).await?;
+    /// let b = rt.launch(builtin::ECHO, LaunchOptions::default().with_name("b")).await?;
+    /// let broker = rt.k2k_broker().expect("K2K is on by default");
+    /// let receipt = broker.send(a.id(), b.id(), Envelope::new(&Token::new(1, 2.0))).await?;
+    /// assert_eq!(receipt, K2kReceipt::Delivered);
+    /// rt.shutdown().await?;
+    /// # Ok::<(), ringkernel::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn k2k_broker(&self) -> Option<K2kBroker> {
+        self.inner.runtime.k2k_broker()
+    }
+
+    /// Enables or disables K2K messaging: while disabled every K2K send is refused
+    /// with [`Error::InvalidArgument`](crate::Error::InvalidArgument) and
+    /// [`k2k_broker`](RingKernel::k2k_broker) is `None`.
+    pub fn set_k2k_enabled(&self, enabled: bool) {
+        self.inner.runtime.set_k2k_enabled(enabled)
+    }
+
+    /// This runtime's topic broker as a [`PubSubBroker`]: subscriptions name live
+    /// kernels, publications go into their input queues (the same subscriptions as
+    /// [`subscribe`](RingKernel::subscribe)).
+    pub fn pubsub(&self) -> PubSubBroker {
+        self.inner.runtime.pubsub()
     }
 
     /// Metrics of every live kernel, with runtime-wide totals.
