@@ -16,7 +16,7 @@
 //!
 //! ```ignore
 //! ringkernel_core::conformance_tests! {
-//!     runtime: MyRuntime::new(KernelRegistry::new()).await.unwrap(),
+//!     runtime: MyRuntime::with_registry(KernelRegistry::new()).await.unwrap(),
 //!     scale: ringkernel_core::conformance::Scale::quick(),
 //! }
 //! ```

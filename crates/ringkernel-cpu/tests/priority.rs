@@ -15,15 +15,17 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
 
-fn runtime() -> CpuRuntime {
+async fn runtime() -> CpuRuntime {
     CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap()
 }
 
 /// The first message of a lane opens it while the worker is parked: the worker must
 /// wake at once, not at its 100 ms safety-net timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_into_a_new_lane_wakes_a_parked_worker() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
     let _: Token = k.call(Token::new(0, 1.0), T).await.unwrap();
     let mut slowest = Duration::ZERO;
@@ -52,7 +54,7 @@ async fn a_message_into_a_new_lane_wakes_a_parked_worker() {
 async fn concurrent_senders_on_every_lane_lose_nothing() {
     const SENDERS: u64 = 4;
     const EACH: u64 = 2_000;
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(
             ECHO,
@@ -100,7 +102,7 @@ async fn concurrent_senders_on_every_lane_lose_nothing() {
 /// `queue_depth` counts every lane; `input_capacity` is one lane's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn depth_counts_every_lane() {
-    let rt = runtime();
+    let rt = runtime().await;
     let k = rt
         .launch(
             ECHO,
@@ -145,7 +147,7 @@ async fn publishes_carry_the_publishing_kernels_priority() {
             Ok(None)
         },
     );
-    let rt = CpuRuntime::with_registry(reg);
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let publisher = rt
         .launch(
             "test.publisher",

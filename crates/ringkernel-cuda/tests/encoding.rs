@@ -36,7 +36,7 @@ fn rkyv_message_to_a_plain_data_cuda_kernel_is_refused_on_the_host() {
     exec.block_on(async {
         let reg = KernelRegistry::new();
         ringkernel_cuda::register_cuda_builtins(&reg);
-        let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+        let rt = CudaRuntime::with_registry(reg).await.expect("CUDA runtime");
         let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
 
         let mut env = Envelope::from_bytes(0x77, &[0u8; 24]);

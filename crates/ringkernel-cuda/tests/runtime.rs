@@ -48,7 +48,7 @@ where
         .build()
         .unwrap();
     exec.block_on(async {
-        let rt = CudaRuntime::new(reg).await.expect("CUDA runtime");
+        let rt = CudaRuntime::with_registry(reg).await.expect("CUDA runtime");
         f(rt).await.unwrap();
     });
 }

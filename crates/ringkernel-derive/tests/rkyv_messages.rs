@@ -333,7 +333,9 @@ const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rkyv_messages_through_the_cpu_runtime() {
-    let rt = CpuRuntime::new(KernelRegistry::new()).await.unwrap();
+    let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap();
     let k = rt
         .launch("rkyv.summarise", LaunchOptions::default())
         .await
@@ -431,7 +433,7 @@ async fn archived_fn_on_a_registry() {
             },
         ))
     });
-    let rt = CpuRuntime::new(reg).await.unwrap();
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
     let k = rt.launch("count", LaunchOptions::default()).await.unwrap();
     let p: Plain = k.call(samples(7), WAIT).await.unwrap();
     assert_eq!(p.value, 7.0);
@@ -451,7 +453,9 @@ fn send_futures_are_send(k: &ringkernel_core::runtime::KernelHandle, m: Samples)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rkyv_messages_over_k2k_and_pubsub() {
-    let rt = CpuRuntime::new(KernelRegistry::new()).await.unwrap();
+    let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap();
     let last = rt
         .launch(
             "rkyv.summarise",

@@ -91,6 +91,9 @@ mod selection;
 pub mod compute;
 
 pub use ringkernel_core as core;
+/// rkyv, the zero-copy serialisation behind variable-size messages: derive its traits
+/// through this path on structs nested inside a `#[derive(RingMessage)]` message.
+pub use ringkernel_core::rkyv;
 pub use ringkernel_core::{BackendKind, Error, Result};
 
 pub use backends::{backend_compiled_in, backend_feature};
@@ -145,8 +148,7 @@ pub mod prelude {
     pub use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
     pub use ringkernel_core::k2k::{K2kBroker, K2kReceipt, KernelTarget};
     pub use ringkernel_core::lifecycle::LifecycleState;
-    pub use ringkernel_core::message::MessageId;
-    pub use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
+    pub use ringkernel_core::message::{Envelope, MessageHeader, MessageId, RingMessage};
     pub use ringkernel_core::options::LaunchOptions;
     pub use ringkernel_core::priority;
     pub use ringkernel_core::pubsub::{
