@@ -1541,6 +1541,15 @@ impl Tx {
                 format!("literal {v} does not fit in `{}`", s.rust_name()),
             );
         }
+        if v < 0 {
+            let pos = match (self.target, s, v == i32::MIN as i128) {
+                (Target::Cuda, _, true) => "-2147483647 - 1".to_string(),
+                (Target::Wgsl, _, true) => "-2147483647i - 1i".to_string(),
+                (Target::Cuda, _, false) => format!("{v}"),
+                (Target::Wgsl, _, false) => format!("{v}i"),
+            };
+            return Ok(format!("({pos})"));
+        }
         Ok(match (self.target, s) {
             (Target::Cuda, ScalarType::I32) if v == i32::MIN as i128 => "(-2147483647 - 1)".into(),
             (Target::Cuda, ScalarType::I32) => format!("{v}"),
@@ -1824,6 +1833,27 @@ impl Tx {
     fn unary(&mut self, u: &syn::ExprUnary, expected: Option<&Ty>) -> Res<Val> {
         match u.op {
             UnOp::Neg(_) => {
+                // `-2147483648` is a valid i32 literal in Rust: fold the sign in.
+                if let Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Int(li),
+                    ..
+                }) = peel(&u.expr)
+                {
+                    let s = match li.suffix() {
+                        "" => match expected.and_then(Ty::scalar) {
+                            Some(s) if s.is_int() => s,
+                            _ => ScalarType::I32,
+                        },
+                        suf => ScalarType::from_name(suf).unwrap_or(ScalarType::I32),
+                    };
+                    if s.is_int() {
+                        if !s.is_signed() {
+                            return err(u, format!("cannot negate a `{}`", s.rust_name()));
+                        }
+                        let v: i128 = li.base10_parse()?;
+                        return Ok((self.int_literal(-v, s, u)?, Ty::Scalar(s)));
+                    }
+                }
                 let (c, t) = self.expr(&u.expr, expected)?;
                 match t.scalar() {
                     Some(s) if s.is_signed() => Ok((format!("(-{c})"), t)),
@@ -2033,7 +2063,17 @@ impl Tx {
         let hint = ty.map(Ty::Scalar).or_else(|| expected.cloned());
         let (r, rt) = self.expr(recv, hint.as_ref())?;
         let Some(s) = rt.scalar() else {
-            return err(recv, format!("`{}` has no methods in the kernel subset", rt.describe()));
+            if method == "len" && matches!(rt, Ty::Slice { .. }) {
+                return err(
+                    method,
+                    "`len()` is not supported (a CUDA pointer has no length); pass the length \
+                     as a parameter",
+                );
+            }
+            return err(
+                recv,
+                format!("`{}` has no methods in the kernel subset", rt.describe()),
+            );
         };
         if let Some(t) = ty {
             self.expect_ty(&rt, &Ty::Scalar(t), recv)?;
