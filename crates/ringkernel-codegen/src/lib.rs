@@ -312,7 +312,13 @@ pub fn transpile_global_kernel_wgsl_with(
 /// Translates a stencil kernel (one `GridPos`/`GridPos3` parameter) to CUDA C; the
 /// interior size is passed as trailing `int` parameters (see the crate docs).
 pub fn transpile_stencil_kernel(f: &syn::ItemFn, config: &StencilConfig) -> syn::Result<String> {
-    run(f, Target::Cuda, config.workgroup_size, Kind::Stencil(config)).map(cuda)
+    run(
+        f,
+        Target::Cuda,
+        config.workgroup_size,
+        Kind::Stencil(config),
+    )
+    .map(cuda)
 }
 
 /// Translates a stencil kernel to WGSL; the interior size is in the parameter block.
@@ -320,5 +326,11 @@ pub fn transpile_stencil_kernel_wgsl(
     f: &syn::ItemFn,
     config: &StencilConfig,
 ) -> syn::Result<WgslKernel> {
-    run(f, Target::Wgsl, config.workgroup_size, Kind::Stencil(config)).map(wgsl)
+    run(
+        f,
+        Target::Wgsl,
+        config.workgroup_size,
+        Kind::Stencil(config),
+    )
+    .map(wgsl)
 }

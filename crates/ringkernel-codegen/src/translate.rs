@@ -253,13 +253,22 @@ impl Tx {
     pub(crate) fn kernel(mut self, f: &syn::ItemFn, kind: Kind<'_>) -> Res<Output> {
         let sig = &f.sig;
         if let Some(c) = &sig.constness {
-            return err(c, "`const fn` kernels are not supported; write a plain `fn`");
+            return err(
+                c,
+                "`const fn` kernels are not supported; write a plain `fn`",
+            );
         }
         if let Some(a) = &sig.asyncness {
-            return err(a, "`async fn` kernels are not supported; write a plain `fn`");
+            return err(
+                a,
+                "`async fn` kernels are not supported; write a plain `fn`",
+            );
         }
         if let Some(u) = &sig.unsafety {
-            return err(u, "`unsafe fn` kernels are not supported; write a plain `fn`");
+            return err(
+                u,
+                "`unsafe fn` kernels are not supported; write a plain `fn`",
+            );
         }
         if let Some(a) = &sig.abi {
             return err(a, "kernels take no `extern` ABI; write a plain `fn`");
@@ -275,7 +284,10 @@ impl Tx {
         }
         if let syn::ReturnType::Type(_, t) = &sig.output {
             if parse_type(t, self.target)? != Ty::Unit {
-                return err(t, "kernels return nothing; write results into a `&mut [T]` parameter");
+                return err(
+                    t,
+                    "kernels return nothing; write results into a `&mut [T]` parameter",
+                );
             }
         }
         let name = sig.ident.to_string();
@@ -334,7 +346,10 @@ impl Tx {
                 }
                 (Ty::GridPos { dims }, Kind::Stencil(cfg)) => {
                     if self.stencil.is_some() {
-                        return err(&pt.ty, "a stencil kernel has exactly one `GridPos` parameter");
+                        return err(
+                            &pt.ty,
+                            "a stencil kernel has exactly one `GridPos` parameter",
+                        );
                     }
                     self.stencil = Some(Stencil {
                         dims: *dims,
@@ -362,7 +377,9 @@ impl Tx {
                 return err(&sig.ident, "the stencil halo must be 1 to 16 cells");
             }
         }
-        for n in ["rk_x", "rk_y", "rk_z", "rk_nx", "rk_ny", "rk_nz", "rk_sy", "rk_sz", "rk_idx"] {
+        for n in [
+            "rk_x", "rk_y", "rk_z", "rk_nx", "rk_ny", "rk_nz", "rk_sy", "rk_sz", "rk_idx",
+        ] {
             self.names.reserve(n);
         }
 
@@ -374,8 +391,12 @@ impl Tx {
         let prologue = std::mem::take(&mut self.out);
 
         match self.target {
-            Target::Cuda => Ok(Output::Cuda(self.finish_cuda(&name, &params, &prologue, &body)?)),
-            Target::Wgsl => Ok(Output::Wgsl(self.finish_wgsl(&name, &params, &prologue, &body)?)),
+            Target::Cuda => Ok(Output::Cuda(
+                self.finish_cuda(&name, &params, &prologue, &body)?,
+            )),
+            Target::Wgsl => Ok(Output::Wgsl(
+                self.finish_wgsl(&name, &params, &prologue, &body)?,
+            )),
         }
     }
 
@@ -395,7 +416,11 @@ impl Tx {
         let axes: &[(&str, &str, &str)] = if dims == 2 {
             &[("rk_x", "x", "rk_nx"), ("rk_y", "y", "rk_ny")]
         } else {
-            &[("rk_x", "x", "rk_nx"), ("rk_y", "y", "rk_ny"), ("rk_z", "z", "rk_nz")]
+            &[
+                ("rk_x", "x", "rk_nx"),
+                ("rk_y", "y", "rk_ny"),
+                ("rk_z", "z", "rk_nz"),
+            ]
         };
         let mut bounds = Vec::new();
         if self.cuda() {
@@ -434,7 +459,10 @@ impl Tx {
             self.line(&format!("let rk_sy: u32 = u32(rk_nx + {}i);", 2 * h));
             let mut idx = format!("u32(rk_y + {h}i) * rk_sy + u32(rk_x + {h}i)");
             if dims == 3 {
-                self.line(&format!("let rk_sz: u32 = rk_sy * u32(rk_ny + {}i);", 2 * h));
+                self.line(&format!(
+                    "let rk_sz: u32 = rk_sy * u32(rk_ny + {}i);",
+                    2 * h
+                ));
                 idx = format!("u32(rk_z + {h}i) * rk_sz + {idx}");
             }
             self.line(&format!("let rk_idx: u32 = {idx};"));
@@ -542,7 +570,8 @@ impl Tx {
                 let t = if f.ty == ScalarType::Bool {
                     "u32"
                 } else {
-                    f.ty.wgsl_name().expect("f64 rejected when the type was parsed")
+                    f.ty.wgsl_name()
+                        .expect("f64 rejected when the type was parsed")
                 };
                 let _ = writeln!(src, "    {}: {t},", f.name);
             }
@@ -628,7 +657,10 @@ impl Tx {
                         "an empty block has no value",
                     ));
                 };
-                return err(last, "this block must end in a value (an expression without `;`)");
+                return err(
+                    last,
+                    "this block must end in a value (an expression without `;`)",
+                );
             }
         }
         Ok(())
@@ -966,9 +998,10 @@ impl Tx {
                 }
                 Ok((code, ty))
             }
-            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => {
-                err(e, "dereferencing is not supported; assign to `name` or `slice[i]`")
-            }
+            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => err(
+                e,
+                "dereferencing is not supported; assign to `name` or `slice[i]`",
+            ),
             other => err(
                 other,
                 "this cannot be assigned; assign to a `mut` local or an element `slice[i]`",
@@ -983,7 +1016,9 @@ impl Tx {
             Expr::Assign(a) => {
                 let (place, ty) = self.place(&a.left)?;
                 match peel(&a.right) {
-                    v @ (Expr::If(_) | Expr::Match(_) | Expr::Block(_)) if !self.is_simple_if(v) => {
+                    v @ (Expr::If(_) | Expr::Match(_) | Expr::Block(_))
+                        if !self.is_simple_if(v) =>
+                    {
                         self.assign_value(&place, &ty, v)
                     }
                     _ => {
@@ -1083,7 +1118,9 @@ impl Tx {
             Expr::Tuple(t) if t.elems.is_empty() => Ok(()),
             Expr::Macro(m) => err(
                 m,
-                format!("macros are not supported in kernels; supported statements: {SUPPORTED_STMTS}"),
+                format!(
+                    "macros are not supported in kernels; supported statements: {SUPPORTED_STMTS}"
+                ),
             ),
             other => {
                 // Translate it to report unsupported parts at their own span first.
@@ -1248,11 +1285,7 @@ impl Tx {
             self.line("}");
             return Ok(());
         }
-        if self.cuda() {
-            self.line(&format!("switch ({scrut}) {{"));
-        } else {
-            self.line(&format!("switch ({scrut}) {{"));
-        }
+        self.line(&format!("switch ({scrut}) {{"));
         self.indent += 1;
         for (values, body) in &arms {
             if self.cuda() {
@@ -1360,7 +1393,10 @@ impl Tx {
         let var = match &*f.pat {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
                 if pi.mutability.is_some() {
-                    return err(pi, "a `for` loop variable cannot be `mut` in the kernel subset");
+                    return err(
+                        pi,
+                        "a `for` loop variable cannot be `mut` in the kernel subset",
+                    );
                 }
                 Some(&pi.ident)
             }
@@ -1555,7 +1591,9 @@ impl Tx {
             (Target::Cuda, ScalarType::I32) => format!("{v}"),
             (Target::Cuda, ScalarType::U32) => format!("{v}u"),
             (Target::Cuda, _) => format!("{v}ull"),
-            (Target::Wgsl, ScalarType::I32) if v == i32::MIN as i128 => "(-2147483647i - 1i)".into(),
+            (Target::Wgsl, ScalarType::I32) if v == i32::MIN as i128 => {
+                "(-2147483647i - 1i)".into()
+            }
             (Target::Wgsl, ScalarType::I32) => format!("{v}i"),
             (Target::Wgsl, _) => format!("{v}u"),
         })
@@ -1665,7 +1703,12 @@ impl Tx {
     }
 
     fn constant(&self, p: &syn::ExprPath) -> Res<Val> {
-        let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+        let segs: Vec<String> = p
+            .path
+            .segments
+            .iter()
+            .map(|s| s.ident.to_string())
+            .collect();
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
         let tail = match segs.as_slice() {
             ["std" | "core", rest @ ..] => rest,
@@ -1699,8 +1742,12 @@ impl Tx {
                         return Err(crate::types::f64_error(p));
                     }
                     let code = match self.target {
-                        Target::Cuda if s == ScalarType::F32 => format!("({sign}__int_as_float(0x7f800000))"),
-                        Target::Cuda => format!("({sign}__longlong_as_double(0x7ff0000000000000ll))"),
+                        Target::Cuda if s == ScalarType::F32 => {
+                            format!("({sign}__int_as_float(0x7f800000))")
+                        }
+                        Target::Cuda => {
+                            format!("({sign}__longlong_as_double(0x7ff0000000000000ll))")
+                        }
                         Target::Wgsl => format!("({sign}bitcast<f32>(0x7f800000u))"),
                     };
                     return Ok((code, Ty::Scalar(s)));
@@ -1740,7 +1787,11 @@ impl Tx {
                 let (r, rt) = self.expr(&b.right, Some(&bool_ty))?;
                 self.expect_ty(&lt, &bool_ty, &b.left)?;
                 self.expect_ty(&rt, &bool_ty, &b.right)?;
-                let op = if matches!(b.op, BinOp::And(_)) { "&&" } else { "||" };
+                let op = if matches!(b.op, BinOp::And(_)) {
+                    "&&"
+                } else {
+                    "||"
+                };
                 Ok((format!("({l} {op} {r})"), bool_ty))
             }
             BinOp::Shl(_) | BinOp::Shr(_) => {
@@ -1748,7 +1799,11 @@ impl Tx {
                 let (r, rt) = self.expr(&b.right, None)?;
                 self.binop_code(&b.op, (&l, &lt), (&r, &rt), &b.right)
             }
-            BinOp::Eq(_) | BinOp::Ne(_) | BinOp::Lt(_) | BinOp::Le(_) | BinOp::Gt(_)
+            BinOp::Eq(_)
+            | BinOp::Ne(_)
+            | BinOp::Lt(_)
+            | BinOp::Le(_)
+            | BinOp::Gt(_)
             | BinOp::Ge(_) => {
                 let ((l, lt), (r, rt)) = self.pair(&b.left, &b.right, None)?;
                 self.expect_ty(&rt, &lt, &b.right)?;
@@ -1794,7 +1849,11 @@ impl Tx {
                 if !ls.is_int() || !rs.is_int() {
                     return err(op, "shifts apply to integers only");
                 }
-                let sym = if matches!(op, BinOp::Shl(_)) { "<<" } else { ">>" };
+                let sym = if matches!(op, BinOp::Shl(_)) {
+                    "<<"
+                } else {
+                    ">>"
+                };
                 let r = if self.cuda() {
                     r.to_string()
                 } else {
@@ -1810,7 +1869,11 @@ impl Tx {
                 return err(op, "arithmetic does not apply to `bool`");
             }
             if sym == "%" && ls.is_float() && self.cuda() {
-                let f = if ls == ScalarType::F32 { "fmodf" } else { "fmod" };
+                let f = if ls == ScalarType::F32 {
+                    "fmodf"
+                } else {
+                    "fmod"
+                };
                 return Ok((format!("{f}({l}, {r})"), lt.clone()));
             }
             return Ok((format!("({l} {sym} {r})"), lt.clone()));
@@ -1882,13 +1945,12 @@ impl Tx {
             return err(&c.ty, "`as` casts to scalar types only");
         };
         if ts == ScalarType::Bool {
-            return err(&c.ty, "casting to `bool` is not allowed; compare with `!= 0`");
+            return err(
+                &c.ty,
+                "casting to `bool` is not allowed; compare with `!= 0`",
+            );
         }
-        let hint = if is_untyped(&c.expr) {
-            None
-        } else {
-            Some(&to)
-        };
+        let hint = if is_untyped(&c.expr) { None } else { Some(&to) };
         let (code, from) = self.expr(&c.expr, hint)?;
         let Some(fs) = from.scalar() else {
             return err(&c.expr, "only scalars can be cast with `as`");
@@ -1925,7 +1987,10 @@ impl Tx {
             }
         };
         if let Expr::Range(r) = peel(&ix.index) {
-            return err(r, "sub-slices (`data[a..b]`) are not supported; index elements");
+            return err(
+                r,
+                "sub-slices (`data[a..b]`) are not supported; index elements",
+            );
         }
         let (i, it) = self.expr(&ix.index, Some(&Ty::Scalar(ScalarType::Usize)))?;
         if it.scalar().is_none_or(|s| !s.is_int()) {
@@ -1963,9 +2028,17 @@ impl Tx {
 
     fn call(&mut self, c: &syn::ExprCall, expected: Option<&Ty>) -> Res<Val> {
         let Expr::Path(p) = peel(&c.func) else {
-            return err(&c.func, "only dsl functions and `f32::sqrt(x)`-style calls are supported");
+            return err(
+                &c.func,
+                "only dsl functions and `f32::sqrt(x)`-style calls are supported",
+            );
         };
-        let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+        let segs: Vec<String> = p
+            .path
+            .segments
+            .iter()
+            .map(|s| s.ident.to_string())
+            .collect();
         let last = segs.last().cloned().unwrap_or_default();
         // `f32::sqrt(x)`, `i32::max(a, b)`: method calls in disguise.
         if segs.len() == 2 {
@@ -2145,7 +2218,13 @@ impl Tx {
                     arity(2)?;
                     return Ok(if cuda {
                         (
-                            format!("{}({}({r}, {}), {})", cname("fmin"), cname("fmax"), a[0], a[1]),
+                            format!(
+                                "{}({}({r}, {}), {})",
+                                cname("fmin"),
+                                cname("fmax"),
+                                a[0],
+                                a[1]
+                            ),
                             rt,
                         )
                     } else {
@@ -2209,7 +2288,10 @@ impl Tx {
     }
 
     fn grid_pos(&mut self, dims: u8, mc: &syn::ExprMethodCall) -> Res<Val> {
-        let st = self.stencil.as_ref().expect("GridPos only exists in stencil kernels");
+        let st = self
+            .stencil
+            .as_ref()
+            .expect("GridPos only exists in stencil kernels");
         let halo = st.halo as i128;
         let m = mc.method.to_string();
         let i32t = Ty::Scalar(ScalarType::I32);
@@ -2248,11 +2330,17 @@ impl Tx {
                 other => other,
             };
             let Expr::Path(p) = inner else {
-                return err(e, "the neighbour's buffer must be a slice parameter (`&buf`)");
+                return err(
+                    e,
+                    "the neighbour's buffer must be a slice parameter (`&buf`)",
+                );
             };
             let v = this.lookup(path_ident(p)?)?;
             if !matches!(v.ty, Ty::Slice { .. }) {
-                return err(e, "the neighbour's buffer must be a slice parameter (`&buf`)");
+                return err(
+                    e,
+                    "the neighbour's buffer must be a slice parameter (`&buf`)",
+                );
             }
             Ok(v)
         };
@@ -2264,14 +2352,19 @@ impl Tx {
                 return err(mc, format!("`{m}` takes the buffer: `pos.{m}(&buf)`"));
             }
             let v = buf_of(self, &mc.args[0])?;
-            let Ty::Slice { elem, .. } = v.ty else { unreachable!() };
+            let Ty::Slice { elem, .. } = v.ty else {
+                unreachable!()
+            };
             let (off, sign) = match (dx, dy, dz) {
                 (1, _, _) | (-1, _, _) => (if self.cuda() { "1ull" } else { "1u" }, *dx),
                 (_, 1, _) | (_, -1, _) => ("rk_sy", *dy),
                 _ => ("rk_sz", *dz),
             };
             let op = if sign > 0 { "+" } else { "-" };
-            return Ok((format!("{}[rk_idx {op} {off}]", v.emitted), Ty::Scalar(elem)));
+            return Ok((
+                format!("{}[rk_idx {op} {off}]", v.emitted),
+                Ty::Scalar(elem),
+            ));
         }
         if m == "at" {
             let want = dims as usize + 1;
@@ -2281,20 +2374,27 @@ impl Tx {
                 } else {
                     "pos.at(&buf, dx, dy, dz)"
                 };
-                return err(mc, format!("`at` takes the buffer and {dims} offsets: `{form}`"));
+                return err(
+                    mc,
+                    format!("`at` takes the buffer and {dims} offsets: `{form}`"),
+                );
             }
             let v = buf_of(self, &mc.args[0])?;
-            let Ty::Slice { elem, .. } = v.ty else { unreachable!() };
+            let Ty::Slice { elem, .. } = v.ty else {
+                unreachable!()
+            };
             let mut offs = Vec::new();
             for a in mc.args.iter().skip(1) {
                 let lit = match peel(a) {
-                    Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => {
-                        Some(i.base10_parse::<i128>()?)
-                    }
+                    Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(i),
+                        ..
+                    }) => Some(i.base10_parse::<i128>()?),
                     Expr::Unary(u) if matches!(u.op, UnOp::Neg(_)) => match peel(&u.expr) {
-                        Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => {
-                            Some(-i.base10_parse::<i128>()?)
-                        }
+                        Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Int(i),
+                            ..
+                        }) => Some(-i.base10_parse::<i128>()?),
                         _ => None,
                     },
                     _ => None,

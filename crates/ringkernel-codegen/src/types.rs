@@ -104,7 +104,11 @@ impl Ty {
         match self {
             Ty::Scalar(s) => s.rust_name().to_string(),
             Ty::Slice { elem, mutable } => {
-                format!("&{}[{}]", if *mutable { "mut " } else { "" }, elem.rust_name())
+                format!(
+                    "&{}[{}]",
+                    if *mutable { "mut " } else { "" },
+                    elem.rust_name()
+                )
             }
             Ty::Array { elem, len } => format!("[{}; {len}]", elem.rust_name()),
             Ty::GridPos { dims: 2 } => "GridPos".into(),

@@ -6,8 +6,8 @@ mod common;
 use common::check_wgsl;
 use ringkernel_codegen::{
     transpile_global_kernel, transpile_global_kernel_wgsl, transpile_global_kernel_wgsl_with,
-    transpile_stencil_kernel, transpile_stencil_kernel_wgsl, BindingKind, ParamValue,
-    ScalarType, StencilConfig,
+    transpile_stencil_kernel, transpile_stencil_kernel_wgsl, BindingKind, ParamValue, ScalarType,
+    StencilConfig,
 };
 use syn::parse_quote;
 
@@ -208,9 +208,16 @@ fn f64_is_cuda_only() {
     };
     let cuda = transpile_global_kernel(&f).unwrap();
     assert!(cuda.contains("void dbl(double* x, double s)"));
-    assert!(cuda.contains("fma(fmax(sqrt(v), 2.220446049250313e-16), 2.0, 0.5)"), "{cuda}");
+    assert!(
+        cuda.contains("fma(fmax(sqrt(v), 2.220446049250313e-16), 2.0, 0.5)"),
+        "{cuda}"
+    );
     let e = transpile_global_kernel_wgsl(&f).unwrap_err();
-    assert!(e.to_string().contains("type `f64` is not available in WGSL"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("type `f64` is not available in WGSL"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -231,14 +238,33 @@ fn math_functions() {
     };
     let (cuda, wgsl) = both(&f);
     for s in [
-        "sqrtf(v)", "expf(v)", "exp2f(v)", "logf(v)", "log2f(v)", "tanhf(v)", "atan2f(v, a)",
-        "fabsf(v)", "truncf(v)", "(1.0f / v)", "powf(v, b)", "fminf(v, c)",
-        "fminf(fmaxf(v, (-1.0f)), 1.0f)", "fmaf(v, a, b)", "min(j, 3)", "abs(j)",
+        "sqrtf(v)",
+        "expf(v)",
+        "exp2f(v)",
+        "logf(v)",
+        "log2f(v)",
+        "tanhf(v)",
+        "atan2f(v, a)",
+        "fabsf(v)",
+        "truncf(v)",
+        "(1.0f / v)",
+        "powf(v, b)",
+        "fminf(v, c)",
+        "fminf(fmaxf(v, (-1.0f)), 1.0f)",
+        "fmaf(v, a, b)",
+        "min(j, 3)",
+        "abs(j)",
         "(unsigned int)",
     ] {
         assert!(cuda.contains(s), "CUDA lacks {s}:\n{cuda}");
     }
-    for s in ["log(v)", "clamp(v, (-1.0f), 1.0f)", "fma(v, a, b)", "pow(v, b)", "clamp(j, 0i, 9i)"] {
+    for s in [
+        "log(v)",
+        "clamp(v, (-1.0f), 1.0f)",
+        "fma(v, a, b)",
+        "pow(v, b)",
+        "clamp(j, 0i, 9i)",
+    ] {
         assert!(wgsl.contains(s), "WGSL lacks {s}:\n{wgsl}");
     }
 }
@@ -274,7 +300,10 @@ fn control_flow() {
         }
     };
     let (cuda, wgsl) = both(&f);
-    assert!(cuda.contains("for (int j = 0; j < rk_end0; j += 1) {"), "{cuda}");
+    assert!(
+        cuda.contains("for (int j = 0; j < rk_end0; j += 1) {"),
+        "{cuda}"
+    );
     assert!(cuda.contains("for (int j_1 = 1; j_1 <= rk_end1; j_1 += 1) {"));
     assert!(cuda.contains("for (;;) {"));
     assert!(cuda.contains("while (((w < 5) && (acc > 0))) {"));
@@ -395,7 +424,11 @@ fn stencil_cuda_and_wgsl() {
         }
     };
     let e = transpile_stencil_kernel(&g, &cfg).unwrap_err();
-    assert!(e.to_string().contains("offset 3 reaches past the halo of 2 cells"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("offset 3 reaches past the halo of 2 cells"),
+        "{e}"
+    );
     // 3-D.
     let h: syn::ItemFn = parse_quote! {
         fn vol(pos: GridPos3, src: &[f32], dst: &mut [f32]) {

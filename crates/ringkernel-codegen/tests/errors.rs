@@ -3,32 +3,69 @@
 //! UI tests of the kernel attribute do that.)
 
 use ringkernel_codegen::{
-    transpile_global_kernel, transpile_global_kernel_wgsl, transpile_stencil_kernel,
-    StencilConfig,
+    transpile_global_kernel, transpile_global_kernel_wgsl, transpile_stencil_kernel, StencilConfig,
 };
 use syn::parse_quote;
 
 /// The error of translating `f` to CUDA and to WGSL; both must fail with `needle`.
 fn fails(f: syn::ItemFn, needle: &str) {
     let cuda = transpile_global_kernel(&f).expect_err("CUDA translation should fail");
-    assert!(cuda.to_string().contains(needle), "CUDA error {:?} lacks {needle:?}", cuda.to_string());
+    assert!(
+        cuda.to_string().contains(needle),
+        "CUDA error {:?} lacks {needle:?}",
+        cuda.to_string()
+    );
     let wgsl = transpile_global_kernel_wgsl(&f).expect_err("WGSL translation should fail");
-    assert!(wgsl.to_string().contains(needle), "WGSL error {:?} lacks {needle:?}", wgsl.to_string());
+    assert!(
+        wgsl.to_string().contains(needle),
+        "WGSL error {:?} lacks {needle:?}",
+        wgsl.to_string()
+    );
 }
 
 #[test]
 fn signatures() {
-    fails(parse_quote! { fn k<T>(x: &mut [f32]) {} }, "generic kernels are not supported");
-    fails(parse_quote! { async fn k(x: &mut [f32]) {} }, "`async fn` kernels are not supported");
-    fails(parse_quote! { fn k(x: &mut [f32]) -> f32 { 1.0 } }, "kernels return nothing");
-    fails(parse_quote! { fn k(n: usize) {} }, "`usize` parameters are not supported");
+    fails(
+        parse_quote! { fn k<T>(x: &mut [f32]) {} },
+        "generic kernels are not supported",
+    );
+    fails(
+        parse_quote! { async fn k(x: &mut [f32]) {} },
+        "`async fn` kernels are not supported",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) -> f32 { 1.0 } },
+        "kernels return nothing",
+    );
+    fails(
+        parse_quote! { fn k(n: usize) {} },
+        "`usize` parameters are not supported",
+    );
     fails(parse_quote! { fn k(v: Vec<f32>) {} }, "unsupported type `Vec < f32 >`; the kernel subset supports f32, f64 (CUDA only), i32, u32, bool");
-    fails(parse_quote! { fn k(v: &f32) {} }, "references other than slices are not supported");
-    fails(parse_quote! { fn k((a, b): (f32, f32)) {} }, "parameters must be plain names");
-    fails(parse_quote! { fn k(x: &[i64]) {} }, "unsupported type `i64`");
-    fails(parse_quote! { fn float(x: &[f32]) {} }, "`float` cannot name a kernel");
-    fails(parse_quote! { fn k(rk_x: f32) {} }, "names starting with `rk_` are reserved");
-    fails(parse_quote! { fn k(p: GridPos) {} }, "`GridPos` parameters belong to stencil kernels");
+    fails(
+        parse_quote! { fn k(v: &f32) {} },
+        "references other than slices are not supported",
+    );
+    fails(
+        parse_quote! { fn k((a, b): (f32, f32)) {} },
+        "parameters must be plain names",
+    );
+    fails(
+        parse_quote! { fn k(x: &[i64]) {} },
+        "unsupported type `i64`",
+    );
+    fails(
+        parse_quote! { fn float(x: &[f32]) {} },
+        "`float` cannot name a kernel",
+    );
+    fails(
+        parse_quote! { fn k(rk_x: f32) {} },
+        "names starting with `rk_` are reserved",
+    );
+    fails(
+        parse_quote! { fn k(p: GridPos) {} },
+        "`GridPos` parameters belong to stencil kernels",
+    );
 }
 
 #[test]
@@ -73,7 +110,10 @@ fn statements() {
         parse_quote! { fn k(x: &mut [f32]) { let y; } },
         "a `let` without a value needs a type annotation",
     );
-    fails(parse_quote! { fn k(x: &mut [f32]) { break; } }, "`break` outside a loop");
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { break; } },
+        "`break` outside a loop",
+    );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { if let 1 = 2 { } } },
         "`if let` is not supported",
@@ -187,18 +227,31 @@ fn f64_in_wgsl_names_the_type() {
 fn stencil_errors() {
     let cfg = StencilConfig::new(1);
     let no_pos: syn::ItemFn = parse_quote! { fn k(x: &mut [f32]) {} };
-    let e = transpile_stencil_kernel(&no_pos, &cfg).unwrap_err().to_string();
-    assert!(e.contains("needs a `GridPos` (2-D) or `GridPos3` (3-D) parameter"), "{e}");
+    let e = transpile_stencil_kernel(&no_pos, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("needs a `GridPos` (2-D) or `GridPos3` (3-D) parameter"),
+        "{e}"
+    );
     let idx: syn::ItemFn = parse_quote! {
         fn k(p: GridPos, x: &mut [f32]) { x[p.idx()] = thread_idx_x() as f32; }
     };
-    let e = transpile_stencil_kernel(&idx, &cfg).unwrap_err().to_string();
-    assert!(e.contains("thread and block indices are not available in stencil kernels"), "{e}");
+    let e = transpile_stencil_kernel(&idx, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("thread and block indices are not available in stencil kernels"),
+        "{e}"
+    );
     let up: syn::ItemFn = parse_quote! {
         fn k(p: GridPos, x: &mut [f32]) { x[p.idx()] = p.up(x); }
     };
     let e = transpile_stencil_kernel(&up, &cfg).unwrap_err().to_string();
-    assert!(e.contains("unsupported `GridPos` method `up`; supported: x, y, nx"), "{e}");
+    assert!(
+        e.contains("unsupported `GridPos` method `up`; supported: x, y, nx"),
+        "{e}"
+    );
     let mut big = cfg;
     big.halo = 0;
     let ok: syn::ItemFn = parse_quote! { fn k(p: GridPos, x: &mut [f32]) {} };

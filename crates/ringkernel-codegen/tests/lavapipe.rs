@@ -2,142 +2,14 @@
 //! running the same Rust function, on fresh random inputs of awkward sizes.
 
 mod common;
+mod kernels;
 
 use common::{assert_close, check_wgsl, gpu, run, Data, Rng};
+use kernels::*;
 use ringkernel_codegen::dsl::{launch, stencil_2d, stencil_3d, GridPos, GridPos3};
 use ringkernel_codegen::{
-    transpile_global_kernel_wgsl, transpile_stencil_kernel_wgsl, ParamValue as P,
-    StencilConfig,
+    transpile_global_kernel_wgsl, transpile_stencil_kernel_wgsl, ParamValue as P, StencilConfig,
 };
-
-twin! { saxpy =>
-    pub fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
-        let i = block_idx_x() * block_dim_x() + thread_idx_x();
-        if i < n {
-            y[i as usize] = a.mul_add(x[i as usize], y[i as usize]);
-        }
-    }
-}
-
-twin! { branchy =>
-    pub fn branchy(x: &[f32], out: &mut [f32], lo: f32, hi: f32, n: i32) {
-        let i = block_idx_x() * block_dim_x() + thread_idx_x();
-        if i >= n {
-            return;
-        }
-        let v = x[i as usize];
-        let mut r = v.clamp(lo, hi);
-        if v < lo {
-            r = lo - (lo - v).sqrt();
-        } else if v > hi {
-            r = hi + (v - hi).min(1.0);
-        } else if v.abs() < 0.5 {
-            r = 0.0;
-        }
-        let s = if r > 0.0 { r * 2.0 } else { r.abs().max(0.25) };
-        let t = if s > 3.0 && !(v < 0.0) || v.floor() == -2.0 { -s } else { s + 1.0 };
-        out[i as usize] = t;
-    }
-}
-
-twin! { classify =>
-    pub fn classify(codes: &[i32], out: &mut [i32], n: i32) {
-        let i = block_idx_x() * block_dim_x() + thread_idx_x();
-        if i >= n {
-            return;
-        }
-        let c = codes[i as usize];
-        let v = match c {
-            0 => 10,
-            1 | 2 => {
-                let t = c * 3;
-                t + 1
-            }
-            3 => -c,
-            -1 => 77,
-            _ => c * c,
-        };
-        let mut w = 0;
-        match c & 3 {
-            0 => w = 1,
-            1 => {
-                w = 2;
-            }
-            _ => {}
-        }
-        out[i as usize] = v * 4 + w;
-    }
-}
-
-twin! { loops =>
-    pub fn loops(start: &[u32], steps: &mut [u32], n: u32, cap: u32) {
-        let i = (block_idx_x() * block_dim_x() + thread_idx_x()) as u32;
-        if i >= n {
-            return;
-        }
-        let mut v = start[i as usize];
-        let mut k = 0u32;
-        loop {
-            if v <= 1 {
-                break;
-            }
-            if k >= cap {
-                break;
-            }
-            k += 1;
-            if v % 2 == 0 {
-                v /= 2;
-                continue;
-            }
-            v = 3 * v + 1;
-        }
-        let mut odd = 0u32;
-        for j in 0..k {
-            if j % 3 == 0 {
-                continue;
-            }
-            odd += 1;
-            if odd > 50 {
-                break;
-            }
-        }
-        let mut w = 0u32;
-        while w * w < k {
-            w += 1;
-        }
-        let lim = start[i as usize] % 9;
-        let mut m = 0u32;
-        loop {
-            match (m == lim) as u32 {
-                1 => break,
-                _ => m += 1,
-            }
-        }
-        let mut stepped = 0u32;
-        for s in (1..=k).step_by(4) {
-            stepped += s % 5;
-        }
-        steps[i as usize] = k * 100000 + odd * 1000 + w * 10 + m + stepped % 7 * 100_000_000;
-    }
-}
-
-twin! { laplace =>
-    pub fn laplace(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
-        let centre = p[pos.idx()];
-        let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * centre;
-        let diag = pos.at(p, 1, -1) - pos.at(p, -1, 1);
-        out[pos.idx()] = centre + c * lap + 0.125 * diag;
-    }
-}
-
-twin! { heat3 =>
-    pub fn heat3(pos: GridPos3, p: &[f32], out: &mut [f32], c: f32) {
-        let centre = p[pos.idx()];
-        let sum = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) + pos.up(p)
-            + pos.down(p);
-        out[pos.idx()] = centre + c * (sum - 6.0 * centre) + 0.01 * pos.at(p, 0, 0, -1);
-    }
-}
 
 /// Workgroups for `n` threads of 64.
 fn groups(n: usize) -> [u32; 3] {
@@ -161,9 +33,7 @@ fn saxpy_matches_cpu() {
         let g = groups(n);
         launch(g, [64, 1, 1], || saxpy::saxpy(a, &x, &mut cpu, n as i32));
         let mut data = [Data::F32(x.clone()), Data::F32(y.clone())];
-        let params = k
-            .pack_params(&[P::F32(a), P::I32(n as i32)])
-            .unwrap();
+        let params = k.pack_params(&[P::F32(a), P::I32(n as i32)]).unwrap();
         run(&ctx, &k, &params, &mut data, g);
         assert_close("saxpy", data[1].f32(), &cpu, 1e-5);
         // The tail past n is untouched on both.
@@ -295,4 +165,37 @@ fn stencil_3d_matches_cpu() {
     let g = [nx.div_ceil(8), ny.div_ceil(8), nz.div_ceil(4)];
     run(&ctx, &k, &params, &mut data, g);
     assert_close("heat3", data[1].f32(), &cpu, 1e-5);
+}
+
+#[test]
+fn mixed_constructs_match_cpu() {
+    let Some(ctx) = gpu("mixed_constructs_match_cpu") else {
+        return;
+    };
+    let mut rng = Rng::fresh("mixed");
+    let k = transpile_global_kernel_wgsl(&mixed::source()).unwrap();
+    check_wgsl(&k);
+    for flip in [false, true] {
+        let n = rng.usize(1, 1000);
+        let x = rng.vec_f32(n, -3.0, 3.0);
+        let bits: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+        let scale = rng.f32(0.5, 1.0);
+        let (mut out, mut iout) = (vec![0.0f32; n], vec![0i32; n]);
+        launch(groups(n), [64, 1, 1], || {
+            mixed::mixed(&x, &bits, &mut out, &mut iout, n as i32, scale, flip)
+        });
+        let mut data = [
+            Data::F32(x.clone()),
+            Data::U32(bits.clone()),
+            Data::F32(vec![0.0; n]),
+            Data::I32(vec![0; n]),
+        ];
+        let params = k
+            .pack_params(&[P::I32(n as i32), P::F32(scale), P::Bool(flip)])
+            .unwrap();
+        run(&ctx, &k, &params, &mut data, groups(n));
+        // Transcendentals on a GPU are allowed a few ULP (Vulkan's precision rules).
+        assert_close("mixed.out", data[2].f32(), &out, 5e-3);
+        assert_eq!(data[3].i32(), &iout[..]);
+    }
 }

@@ -1,4 +1,4 @@
-//! Shared test helpers: kernels written once (a Rust function and its syn tree), naga
+//! Shared test helpers: naga
 //! validation + MSL of generated WGSL, execution on a wgpu adapter, random inputs.
 
 #![allow(dead_code)]
@@ -7,22 +7,6 @@ use ringkernel_codegen::{BindingKind, ScalarType, WgslKernel};
 use ringkernel_shaders::{Access, Binding, Specialization};
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
-
-/// Defines `mod $m` holding the kernel as a Rust function (with `dsl::*` in scope) and
-/// `source()`, the same tokens as a `syn::ItemFn`.
-#[macro_export]
-macro_rules! twin {
-    ($m:ident => $($t:tt)*) => {
-        mod $m {
-            #[allow(unused_imports)]
-            use ringkernel_codegen::dsl::*;
-            $($t)*
-            pub fn source() -> syn::ItemFn {
-                syn::parse_quote! { $($t)* }
-            }
-        }
-    };
-}
 
 /// Parses and validates the WGSL with naga and translates it to MSL; returns the MSL.
 pub fn check_wgsl(k: &WgslKernel) -> String {
@@ -44,13 +28,9 @@ pub fn check_wgsl(k: &WgslKernel) -> String {
             },
         })
         .collect();
-    let msl = ringkernel_shaders::module_to_msl(
-        &v,
-        &k.entry_point,
-        &bindings,
-        &Specialization::none(),
-    )
-    .unwrap_or_else(|e| panic!("MSL translation failed: {e}\n{}", k.source));
+    let msl =
+        ringkernel_shaders::module_to_msl(&v, &k.entry_point, &bindings, &Specialization::none())
+            .unwrap_or_else(|e| panic!("MSL translation failed: {e}\n{}", k.source));
     assert!(
         msl.source.contains("kernel void"),
         "MSL has no kernel function:\n{}",
@@ -290,7 +270,13 @@ pub fn run(
         .filter(|(b, _)| !matches!(b.kind, BindingKind::Params));
     for d in data.iter_mut() {
         let (b, buf) = slice_bufs.next().expect("binding");
-        if matches!(b.kind, BindingKind::Storage { read_only: false, .. }) {
+        if matches!(
+            b.kind,
+            BindingKind::Storage {
+                read_only: false,
+                ..
+            }
+        ) {
             let n = d.bytes().len() as u64;
             if n > 0 {
                 let bytes = ctx.read_bytes(buf, 0, n).expect("read back");
