@@ -156,9 +156,7 @@ fn has_loop_break_block(b: &syn::Block) -> bool {
 impl Tx {
     pub(crate) fn new(target: Target, workgroup: [u32; 3]) -> Self {
         let mut names = Names::default();
-        for n in ["params", "RkParams"] {
-            names.reserve(n);
-        }
+        names.reserve("RkParams");
         Tx {
             target,
             out: String::new(),
@@ -1578,22 +1576,19 @@ impl Tx {
             );
         }
         if v < 0 {
-            let pos = match (self.target, s, v == i32::MIN as i128) {
-                (Target::Cuda, _, true) => "-2147483647 - 1".to_string(),
-                (Target::Wgsl, _, true) => "-2147483647i - 1i".to_string(),
-                (Target::Cuda, _, false) => format!("{v}"),
-                (Target::Wgsl, _, false) => format!("{v}i"),
+            // Only i32 reaches here; i32::MIN has no positive literal to negate.
+            let text = match (self.target, v == i32::MIN as i128) {
+                (Target::Cuda, true) => "-2147483647 - 1".to_string(),
+                (Target::Wgsl, true) => "-2147483647i - 1i".to_string(),
+                (Target::Cuda, false) => format!("{v}"),
+                (Target::Wgsl, false) => format!("{v}i"),
             };
-            return Ok(format!("({pos})"));
+            return Ok(format!("({text})"));
         }
         Ok(match (self.target, s) {
-            (Target::Cuda, ScalarType::I32) if v == i32::MIN as i128 => "(-2147483647 - 1)".into(),
             (Target::Cuda, ScalarType::I32) => format!("{v}"),
             (Target::Cuda, ScalarType::U32) => format!("{v}u"),
             (Target::Cuda, _) => format!("{v}ull"),
-            (Target::Wgsl, ScalarType::I32) if v == i32::MIN as i128 => {
-                "(-2147483647i - 1i)".into()
-            }
             (Target::Wgsl, ScalarType::I32) => format!("{v}i"),
             (Target::Wgsl, _) => format!("{v}u"),
         })
