@@ -13,8 +13,9 @@
 //! calling thread, in x-fastest order. Outside [`launch`] the state is a single thread:
 //! indices 0, dimensions 1.
 //!
-//! Because the CPU runs the threads one at a time, kernels whose threads communicate
-//! (shared memory, barriers, atomics) are not part of the subset yet.
+//! Because the CPU runs the threads one at a time, the atomics ([`atomic_add`], ...) are
+//! plain read-modify-writes there; kernels whose threads wait for each other (shared
+//! memory, barriers) are not part of the subset yet.
 //!
 //! ```
 //! use ringkernel_codegen::dsl::*;
@@ -128,6 +129,84 @@ index_fns! {
     grid_dim_x, grid_dim, 0, "Blocks in the grid, x (CUDA `gridDim.x`, WGSL `num_workgroups.x`).";
     grid_dim_y, grid_dim, 1, "Blocks in the grid, y.";
     grid_dim_z, grid_dim, 2, "Blocks in the grid, z.";
+}
+
+/// Integer types the atomics work on (`i32`, `u32`).
+pub trait AtomicInt: Copy + Ord + private::Sealed {
+    #[doc(hidden)]
+    fn wrapping_add_(self, other: Self) -> Self;
+    #[doc(hidden)]
+    fn wrapping_sub_(self, other: Self) -> Self;
+    #[doc(hidden)]
+    fn and_(self, other: Self) -> Self;
+    #[doc(hidden)]
+    fn or_(self, other: Self) -> Self;
+    #[doc(hidden)]
+    fn xor_(self, other: Self) -> Self;
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for i32 {}
+    impl Sealed for u32 {}
+}
+
+macro_rules! atomic_int {
+    ($($t:ty),*) => {$(
+        impl AtomicInt for $t {
+            fn wrapping_add_(self, o: Self) -> Self { self.wrapping_add(o) }
+            fn wrapping_sub_(self, o: Self) -> Self { self.wrapping_sub(o) }
+            fn and_(self, o: Self) -> Self { self & o }
+            fn or_(self, o: Self) -> Self { self | o }
+            fn xor_(self, o: Self) -> Self { self ^ o }
+        }
+    )*};
+}
+atomic_int!(i32, u32);
+
+fn rmw<T: AtomicInt>(place: &mut T, f: impl FnOnce(T) -> T) -> T {
+    let old = *place;
+    *place = f(old);
+    old
+}
+
+// Atomics: on the GPU one indivisible step on an element of a `&mut [i32]`/`&mut [u32]`
+// parameter (CUDA `atomicAdd`..., WGSL `atomicAdd`...); each returns the old value. On the
+// CPU, [`launch`] runs one thread at a time, so a plain read-modify-write is the same.
+// The order in which threads reach an element is not defined on the GPU: results that
+// depend on it (the returned old values, say) differ between runs.
+
+/// Adds `value` (wrapping) and returns the old value: `atomic_add(&mut hist[b], 1)`.
+pub fn atomic_add<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.wrapping_add_(value))
+}
+/// Subtracts `value` (wrapping) and returns the old value.
+pub fn atomic_sub<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.wrapping_sub_(value))
+}
+/// Stores the minimum of the element and `value`; returns the old value.
+pub fn atomic_min<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.min(value))
+}
+/// Stores the maximum of the element and `value`; returns the old value.
+pub fn atomic_max<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.max(value))
+}
+/// Bitwise and; returns the old value.
+pub fn atomic_and<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.and_(value))
+}
+/// Bitwise or; returns the old value.
+pub fn atomic_or<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.or_(value))
+}
+/// Bitwise exclusive or; returns the old value.
+pub fn atomic_xor<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |o| o.xor_(value))
+}
+/// Stores `value`; returns the old value.
+pub fn atomic_exchange<T: AtomicInt>(place: &mut T, value: T) -> T {
+    rmw(place, |_| value)
 }
 
 /// The cell of a 2-D stencil kernel (see the [module docs](self)).

@@ -44,10 +44,23 @@
 //!   wrapping_mul`.
 //! * **Indices**: [`dsl::thread_idx_x`], [`dsl::block_idx_x`], [`dsl::block_dim_x`],
 //!   [`dsl::grid_dim_x`] and their `y`/`z` forms (global kernels).
+//! * **Atomics** on elements of `&mut [u32]` / `&mut [i32]` parameters:
+//!   `atomic_add(&mut hist[b], 1)` and `atomic_sub`, `atomic_min`, `atomic_max`,
+//!   `atomic_and`, `atomic_or`, `atomic_xor`, `atomic_exchange` ([`dsl`]); each returns
+//!   the old value. In WGSL such a slice becomes `array<atomic<T>>`, and its plain reads and
+//!   writes become `atomicLoad`/`atomicStore` (a `+=` on it is a load and a store, not one
+//!   atomic step, as in Rust).
+//!
+//! Unsuffixed literals take the type of the other operand, of the annotation or of the
+//! parameter they are passed to, else `i32`/`f32`; Rust infers a literal's type from later
+//! uses too (`let mut k = 0; ... k += n_u32`), the translator does not: write `0u32` there
+//! (the mismatch is an error that says so). Rust's shadowing (`let x = ...; let x = ...;`)
+//! becomes a new name (`x_1`); names that are keywords or built-ins in CUDA C or WGSL get
+//! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs, calls of other functions, atomics, shared/workgroup
-//! memory and barriers, 64-bit integers.
+//! Not yet in the subset: structs, calls of other functions, shared/workgroup memory and
+//! barriers, 64-bit integers.
 //!
 //! ## Type mapping
 //!
@@ -175,6 +188,9 @@ pub enum BindingKind {
         elem: ScalarType,
         /// `&[T]` (`var<storage, read>`) rather than `&mut [T]`.
         read_only: bool,
+        /// The kernel uses atomics on it: declared `array<atomic<T>>` (same memory
+        /// layout as `array<T>`).
+        atomic: bool,
     },
 }
 

@@ -4,7 +4,7 @@ use crate::names::Names;
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};
 use crate::{BindingKind, ParamField, StencilConfig, Target, WgslBinding, WgslKernel};
 use quote::ToTokens;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr, Pat, Stmt, UnOp};
@@ -59,6 +59,8 @@ pub(crate) struct Tx {
     loops: usize,
     stencil: Option<Stencil>,
     workgroup: [u32; 3],
+    /// Emitted names of the slices that atomics touch (WGSL `array<atomic<T>>`).
+    atomics: HashSet<String>,
 }
 
 /// An expression translated: code and type.
@@ -166,6 +168,7 @@ impl Tx {
             loops: 0,
             stencil: None,
             workgroup,
+            atomics: HashSet::new(),
         }
     }
 
@@ -381,6 +384,15 @@ impl Tx {
             self.names.reserve(n);
         }
 
+        // Slices that atomics touch: in WGSL their element type is `atomic<T>`.
+        let mut targets = HashSet::new();
+        atomic_targets(f.block.to_token_stream(), &mut targets);
+        for t in targets {
+            if let Some(p) = params.iter().find(|p| p.ident == t) {
+                self.atomics.insert(p.emitted.clone());
+            }
+        }
+
         // Body, into self.out (indent 1).
         self.stencil_prologue()?;
         let body_start = self.out.len();
@@ -534,9 +546,15 @@ impl Tx {
                     slice_no += 1;
                     let t = self.sname(*elem, &p.ident)?;
                     let access = if *mutable { "read_write" } else { "read" };
+                    let atomic = self.atomics.contains(&p.emitted);
+                    let elem_t = if atomic {
+                        format!("atomic<{t}>")
+                    } else {
+                        t.to_string()
+                    };
                     let _ = writeln!(
                         globals,
-                        "@group(0) @binding({slice_no}) var<storage, {access}> {}: array<{t}>;",
+                        "@group(0) @binding({slice_no}) var<storage, {access}> {}: array<{elem_t}>;",
                         p.emitted
                     );
                     bindings.push(WgslBinding {
@@ -545,6 +563,7 @@ impl Tx {
                         kind: BindingKind::Storage {
                             elem: *elem,
                             read_only: !mutable,
+                            atomic,
                         },
                     });
                 }
@@ -965,7 +984,7 @@ impl Tx {
 
     /// A place that can be assigned: a mutable local or an element of a `&mut [T]` / a
     /// mutable array.
-    fn place(&mut self, e: &Expr) -> Res<Val> {
+    fn place(&mut self, e: &Expr) -> Res<(String, Ty, bool)> {
         match peel(e) {
             Expr::Path(p) => {
                 let ident = path_ident(p)?;
@@ -979,7 +998,7 @@ impl Tx {
                 if v.ty.scalar().is_none() {
                     return err(e, "only scalars and elements can be assigned");
                 }
-                Ok((v.emitted, v.ty))
+                Ok((v.emitted, v.ty, false))
             }
             Expr::Index(ix) => {
                 let (code, ty, base) = self.index(ix)?;
@@ -994,7 +1013,8 @@ impl Tx {
                     }
                     _ => return err(&ix.expr, "cannot assign into an array that is not `mut`"),
                 }
-                Ok((code, ty))
+                let atomic = self.is_atomic(&base);
+                Ok((code, ty, atomic))
             }
             Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => err(
                 e,
@@ -1012,7 +1032,29 @@ impl Tx {
             Expr::Paren(p) => self.stmt_expr(&p.expr),
             Expr::Group(g) => self.stmt_expr(&g.expr),
             Expr::Assign(a) => {
-                let (place, ty) = self.place(&a.left)?;
+                let (place, ty, atomic) = self.place(&a.left)?;
+                if atomic {
+                    // WGSL atomics are written with atomicStore; an `if`/`match` value
+                    // goes through a temporary.
+                    let value = match peel(&a.right) {
+                        v @ (Expr::If(_) | Expr::Match(_) | Expr::Block(_))
+                            if !self.is_simple_if(v) =>
+                        {
+                            let tmp = self.names.temp("v");
+                            let d = self.decl(&tmp, &ty, &a.right)?;
+                            self.line(&format!("var {d};"));
+                            self.assign_value(&tmp, &ty, v)?;
+                            tmp
+                        }
+                        _ => {
+                            let (code, t) = self.expr(&a.right, Some(&ty))?;
+                            self.expect_ty(&t, &ty, &a.right)?;
+                            code
+                        }
+                    };
+                    self.line(&format!("atomicStore(&{place}, {value});"));
+                    return Ok(());
+                }
                 match peel(&a.right) {
                     v @ (Expr::If(_) | Expr::Match(_) | Expr::Block(_))
                         if !self.is_simple_if(v) =>
@@ -1029,12 +1071,19 @@ impl Tx {
             }
             Expr::Binary(b) if compound_op(&b.op).is_some() => {
                 let op = compound_op(&b.op).expect("checked");
-                let (place, ty) = self.place(&b.left)?;
+                let (place, ty, atomic) = self.place(&b.left)?;
                 let (rhs, rt) = if matches!(op, BinOp::Shl(_) | BinOp::Shr(_)) {
                     self.expr(&b.right, None)?
                 } else {
                     self.expr(&b.right, Some(&ty))?
                 };
+                if atomic {
+                    // Not one atomic step (neither is `+=` in Rust): use `atomic_add`.
+                    let load = format!("atomicLoad(&{place})");
+                    let combined = self.binop_code(&op, (&load, &ty), (&rhs, &rt), &b.right)?;
+                    self.line(&format!("atomicStore(&{place}, {});", combined.0));
+                    return Ok(());
+                }
                 let combined = self.binop_code(&op, (&place, &ty), (&rhs, &rt), &b.right)?;
                 self.line(&format!("{place} = {};", combined.0));
                 Ok(())
@@ -1114,6 +1163,11 @@ impl Tx {
                 Ok(())
             }
             Expr::Tuple(t) if t.elems.is_empty() => Ok(()),
+            Expr::Call(c) if atomic_fn(c).is_some() => {
+                let (code, _) = self.expr(e, None)?;
+                self.line(&format!("{code};"));
+                Ok(())
+            }
             Expr::Macro(m) => err(
                 m,
                 format!(
@@ -1503,7 +1557,10 @@ impl Tx {
             Expr::Unary(u) => self.unary(u, expected),
             Expr::Cast(c) => self.cast(c),
             Expr::Index(ix) => {
-                let (code, ty, _) = self.index(ix)?;
+                let (code, ty, base) = self.index(ix)?;
+                if self.is_atomic(&base) {
+                    return Ok((format!("atomicLoad(&{code})"), ty));
+                }
                 Ok((code, ty))
             }
             Expr::MethodCall(mc) => self.method_call(mc, expected),
@@ -1994,6 +2051,55 @@ impl Tx {
         Ok((format!("{}[{i}]", base.emitted), Ty::Scalar(elem), base))
     }
 
+    fn is_atomic(&self, base: &Var) -> bool {
+        self.target == Target::Wgsl
+            && matches!(base.ty, Ty::Slice { .. })
+            && self.atomics.contains(&base.emitted)
+    }
+
+    /// `atomic_add(&mut data[i], v)` and the other atomics: the element's old value.
+    fn atomic_call(
+        &mut self,
+        c: &syn::ExprCall,
+        name: &str,
+        cuda_fn: &str,
+        wgsl_fn: &str,
+    ) -> Res<Val> {
+        let usage = || {
+            err(
+                c,
+                format!(
+                    "atomics take an element of a `&mut [u32]` or `&mut [i32]` parameter and a \
+                     value: `{name}(&mut data[i], v)`"
+                ),
+            )
+        };
+        if c.args.len() != 2 {
+            return usage();
+        }
+        let Expr::Reference(r) = peel(&c.args[0]) else {
+            return usage();
+        };
+        let Expr::Index(ix) = peel(&r.expr) else {
+            return usage();
+        };
+        if r.mutability.is_none() {
+            return usage();
+        }
+        let (code, ty, base) = self.index(ix)?;
+        let elem = match base.ty {
+            Ty::Slice {
+                elem: e @ (ScalarType::U32 | ScalarType::I32),
+                mutable: true,
+            } => e,
+            _ => return usage(),
+        };
+        let (v, vt) = self.expr(&c.args[1], Some(&ty))?;
+        self.expect_ty(&vt, &ty, &c.args[1])?;
+        let f = if self.cuda() { cuda_fn } else { wgsl_fn };
+        Ok((format!("{f}(&{code}, {v})"), Ty::Scalar(elem)))
+    }
+
     fn if_value(&mut self, i: &syn::ExprIf, expected: Option<&Ty>) -> Res<Val> {
         let c = self.cond(&i.cond)?;
         let Some(Stmt::Expr(then, None)) = i.then_branch.stmts.first() else {
@@ -2048,6 +2154,9 @@ impl Tx {
             }
         }
         let is_dsl = segs.len() == 1 || segs.iter().rev().nth(1).is_some_and(|s| s == "dsl");
+        if let (Some((cuda_fn, wgsl_fn)), true) = (atomic_fn(c), is_dsl) {
+            return self.atomic_call(c, &last, cuda_fn, wgsl_fn);
+        }
         let dims = ["x", "y", "z"];
         let builtin = ["thread_idx", "block_idx", "block_dim", "grid_dim"]
             .iter()
@@ -2470,4 +2579,53 @@ fn path_ident(p: &syn::ExprPath) -> Res<&syn::Ident> {
         return err(p, "expected a variable name");
     }
     Ok(&seg.ident)
+}
+
+/// The CUDA and WGSL names of a call of a dsl atomic function.
+fn atomic_fn(c: &syn::ExprCall) -> Option<(&'static str, &'static str)> {
+    let Expr::Path(p) = peel(&c.func) else {
+        return None;
+    };
+    let last = p.path.segments.last()?.ident.to_string();
+    ATOMICS
+        .iter()
+        .find(|(n, _, _)| *n == last)
+        .map(|(_, cu, w)| (*cu, *w))
+}
+
+/// (dsl name, CUDA function, WGSL function).
+const ATOMICS: &[(&str, &str, &str)] = &[
+    ("atomic_add", "atomicAdd", "atomicAdd"),
+    ("atomic_sub", "atomicSub", "atomicSub"),
+    ("atomic_min", "atomicMin", "atomicMin"),
+    ("atomic_max", "atomicMax", "atomicMax"),
+    ("atomic_and", "atomicAnd", "atomicAnd"),
+    ("atomic_or", "atomicOr", "atomicOr"),
+    ("atomic_xor", "atomicXor", "atomicXor"),
+    ("atomic_exchange", "atomicExch", "atomicExchange"),
+];
+
+/// Names `x` of every `atomic_*(&mut x[...], ...)` in `tokens`.
+fn atomic_targets(tokens: proc_macro2::TokenStream, out: &mut HashSet<syn::Ident>) {
+    use proc_macro2::TokenTree;
+    let tts: Vec<TokenTree> = tokens.into_iter().collect();
+    for (k, tt) in tts.iter().enumerate() {
+        let TokenTree::Group(g) = tt else {
+            continue;
+        };
+        let is_call = k > 0
+            && matches!(&tts[k - 1], TokenTree::Ident(i)
+                if ATOMICS.iter().any(|(n, _, _)| i == n));
+        if is_call && g.delimiter() == proc_macro2::Delimiter::Parenthesis {
+            let inner: Vec<TokenTree> = g.stream().into_iter().take(3).collect();
+            if let [TokenTree::Punct(amp), TokenTree::Ident(m), TokenTree::Ident(name)] =
+                inner.as_slice()
+            {
+                if amp.as_char() == '&' && m == "mut" {
+                    out.insert(name.clone());
+                }
+            }
+        }
+        atomic_targets(g.stream(), out);
+    }
 }

@@ -55,7 +55,8 @@ fn signature_and_bindings() {
                 "x",
                 BindingKind::Storage {
                     elem: ScalarType::F32,
-                    read_only: true
+                    read_only: true,
+                    atomic: false
                 }
             ),
             (
@@ -63,7 +64,8 @@ fn signature_and_bindings() {
                 "y",
                 BindingKind::Storage {
                     elem: ScalarType::I32,
-                    read_only: false
+                    read_only: false,
+                    atomic: false
                 }
             ),
             (
@@ -71,7 +73,8 @@ fn signature_and_bindings() {
                 "z",
                 BindingKind::Storage {
                     elem: ScalarType::U32,
-                    read_only: false
+                    read_only: false,
+                    atomic: false
                 }
             ),
         ]
@@ -443,4 +446,58 @@ fn stencil_cuda_and_wgsl() {
     let w = transpile_stencil_kernel_wgsl(&h, &cfg3).unwrap();
     check_wgsl(&w);
     assert_eq!(w.params_size, 16);
+}
+
+#[test]
+fn atomics() {
+    let f: syn::ItemFn = parse_quote! {
+        fn histo(vals: &[u32], hist: &mut [u32], lows: &mut [i32], n: u32) {
+            let i = thread_idx_x() as u32;
+            if i >= n {
+                return;
+            }
+            let v = vals[i as usize];
+            let old = atomic_add(&mut hist[(v % 8) as usize], 1);
+            atomic_max(&mut hist[8], v);
+            atomic_min(&mut lows[0], -(v as i32));
+            atomic_sub(&mut lows[1], 1);
+            atomic_and(&mut hist[9], old | 1);
+            atomic_or(&mut hist[10], 4);
+            atomic_xor(&mut hist[11], v);
+            let prev = atomic_exchange(&mut lows[2], 7);
+            hist[12] = hist[12] + 1;
+            hist[13] += prev as u32;
+        }
+    };
+    let (cuda, wgsl) = both(&f);
+    for s in [
+        "atomicAdd(&hist[((unsigned long long)(((v % 8u))))], 1u)",
+        "atomicMax(&hist[8ull], v);",
+        "atomicMin(&lows[0ull], (-(((int)(v)))));",
+        "atomicExch(&lows[2ull], 7)",
+        "hist[12ull] = (hist[12ull] + 1u);",
+    ] {
+        assert!(cuda.contains(s), "CUDA lacks {s}:\n{cuda}");
+    }
+    for s in [
+        "var<storage, read_write> hist: array<atomic<u32>>;",
+        "var<storage, read_write> lows: array<atomic<i32>>;",
+        "var<storage, read> vals: array<u32>;",
+        "atomicAdd(&hist[u32(((v % 8u)))], 1u)",
+        "atomicExchange(&lows[2u], 7i)",
+        "atomicStore(&hist[12u], (atomicLoad(&hist[12u]) + 1u));",
+        "atomicStore(&hist[13u], (atomicLoad(&hist[13u]) + u32(prev)));",
+    ] {
+        assert!(wgsl.contains(s), "WGSL lacks {s}:\n{wgsl}");
+    }
+    let w = transpile_global_kernel_wgsl(&f).unwrap();
+    let atomic: Vec<bool> = w
+        .bindings
+        .iter()
+        .filter_map(|b| match b.kind {
+            BindingKind::Storage { atomic, .. } => Some(atomic),
+            BindingKind::Params => None,
+        })
+        .collect();
+    assert_eq!(atomic, [false, true, true]);
 }

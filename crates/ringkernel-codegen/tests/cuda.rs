@@ -222,3 +222,31 @@ fn cuda_stencils_match_cpu() {
         assert_close("cuda heat3", &stream.clone_dtoh(&od).unwrap(), &cpu, 1e-5);
     }
 }
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_atomics_match_cpu() {
+    let mut rng = Rng::fresh("cuda_atomics");
+    let src = transpile_global_kernel(&histogram::source()).unwrap();
+    let (stream, f) = load(&src, "histogram");
+    let n = rng.usize(1, 200_000);
+    let bins = rng.usize(1, 40) as u32;
+    let vals: Vec<u32> = (0..n).map(|_| rng.i32(0, 1_000_000) as u32).collect();
+    let extremes0 = vec![i32::MIN, i32::MAX, 0, 0];
+    let (mut hist, mut extremes) = (vec![0u32; bins as usize], extremes0.clone());
+    let cfg = cfg_1d(n);
+    launch([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        histogram::histogram(&vals, &mut hist, &mut extremes, n as u32, bins)
+    });
+    let vd = stream.clone_htod(&vals).unwrap();
+    let mut hd = stream.alloc_zeros::<u32>(bins as usize).unwrap();
+    let mut ed = stream.clone_htod(&extremes0).unwrap();
+    let nu = n as u32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&vd).arg(&mut hd).arg(&mut ed).arg(&nu).arg(&bins);
+    // SAFETY: (const unsigned*, unsigned*, int*, unsigned, unsigned) as generated; vals
+    // holds n values, hist `bins` and extremes 4, the ranges the kernel touches.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_eq!(stream.clone_dtoh(&hd).unwrap(), hist);
+    assert_eq!(stream.clone_dtoh(&ed).unwrap(), extremes);
+}

@@ -205,6 +205,27 @@ fn expressions() {
 }
 
 #[test]
+fn atomics_need_mutable_integer_elements() {
+    let needle = "atomics take an element of a `&mut [u32]` or `&mut [i32]` parameter";
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { atomic_add(&mut x[0], 1.0); } },
+        needle,
+    );
+    fails(
+        parse_quote! { fn k(x: &[u32]) { atomic_add(&mut x[0], 1); } },
+        needle,
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [u32]) { atomic_add(&x[0], 1); } },
+        needle,
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [u32]) { let mut a = 0u32; atomic_add(&mut a, 1); } },
+        needle,
+    );
+}
+
+#[test]
 fn f64_in_wgsl_names_the_type() {
     let f: syn::ItemFn = parse_quote! {
         fn k(x: &mut [f32]) {

@@ -199,3 +199,31 @@ fn mixed_constructs_match_cpu() {
         assert_eq!(data[3].i32(), &iout[..]);
     }
 }
+
+#[test]
+fn atomics_match_cpu() {
+    let Some(ctx) = gpu("atomics_match_cpu") else {
+        return;
+    };
+    let mut rng = Rng::fresh("atomics");
+    let k = transpile_global_kernel_wgsl(&histogram::source()).unwrap();
+    check_wgsl(&k);
+    let n = rng.usize(1, 5000);
+    let bins = rng.usize(1, 40) as u32;
+    let vals: Vec<u32> = (0..n).map(|_| rng.i32(0, 1_000_000) as u32).collect();
+    let extremes0 = vec![i32::MIN, i32::MAX, 0, 0];
+    let (mut hist, mut extremes) = (vec![0u32; bins as usize], extremes0.clone());
+    launch(groups(n), [64, 1, 1], || {
+        histogram::histogram(&vals, &mut hist, &mut extremes, n as u32, bins)
+    });
+    assert_eq!(hist.iter().sum::<u32>(), n as u32);
+    let mut data = [
+        Data::U32(vals.clone()),
+        Data::U32(vec![0; bins as usize]),
+        Data::I32(extremes0),
+    ];
+    let params = k.pack_params(&[P::U32(n as u32), P::U32(bins)]).unwrap();
+    run(&ctx, &k, &params, &mut data, groups(n));
+    assert_eq!(data[1], Data::U32(hist));
+    assert_eq!(data[2].i32(), &extremes[..]);
+}

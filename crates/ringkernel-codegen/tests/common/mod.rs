@@ -192,7 +192,9 @@ pub fn run(
                 });
                 (wgpu::BufferBindingType::Uniform, buf)
             }
-            BindingKind::Storage { elem, read_only } => {
+            BindingKind::Storage {
+                elem, read_only, ..
+            } => {
                 let d = slices.next().expect("a Data per slice binding");
                 assert_eq!(d.elem(), elem, "element type of binding {}", b.name);
                 let mut bytes = d.bytes();

@@ -197,3 +197,18 @@ twin! { mixed =>
         out[iu] = acc;
     }
 }
+
+twin! { histogram =>
+    pub fn histogram(vals: &[u32], hist: &mut [u32], extremes: &mut [i32], n: u32, bins: u32) {
+        let i = (block_idx_x() * block_dim_x() + thread_idx_x()) as u32;
+        if i >= n {
+            return;
+        }
+        let v = vals[i as usize];
+        atomic_add(&mut hist[(v % bins) as usize], 1);
+        atomic_max(&mut extremes[0], v as i32);
+        atomic_min(&mut extremes[1], v as i32);
+        atomic_or(&mut extremes[2], 1 << (v % 31));
+        atomic_sub(&mut extremes[3], 2);
+    }
+}
