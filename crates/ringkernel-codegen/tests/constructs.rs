@@ -2,8 +2,9 @@
 //! expected structure, the WGSL is validated by naga and translated to MSL.
 
 mod common;
+mod kernels;
 
-use common::check_wgsl;
+use common::{check_cuda_syntax, check_wgsl};
 use ringkernel_codegen::{
     transpile_global_kernel, transpile_global_kernel_wgsl, transpile_global_kernel_wgsl_with,
     transpile_stencil_kernel, transpile_stencil_kernel_wgsl, BindingKind, ParamValue, ScalarType,
@@ -16,6 +17,7 @@ fn both(f: &syn::ItemFn) -> (String, String) {
     let cuda = transpile_global_kernel(f).unwrap_or_else(|e| panic!("CUDA: {e}"));
     let w = transpile_global_kernel_wgsl(f).unwrap_or_else(|e| panic!("WGSL: {e}"));
     check_wgsl(&w);
+    check_cuda_syntax(&cuda);
     assert_eq!(
         cuda.matches('{').count(),
         cuda.matches('}').count(),
@@ -210,6 +212,7 @@ fn f64_is_cuda_only() {
         }
     };
     let cuda = transpile_global_kernel(&f).unwrap();
+    check_cuda_syntax(&cuda);
     assert!(cuda.contains("void dbl(double* x, double s)"));
     assert!(
         cuda.contains("fma(fmax(sqrt(v), 2.220446049250313e-16), 2.0, 0.5)"),
@@ -408,6 +411,7 @@ fn stencil_cuda_and_wgsl() {
     };
     let cfg = StencilConfig::new(2);
     let cuda = transpile_stencil_kernel(&f, &cfg).unwrap();
+    check_cuda_syntax(&cuda);
     assert!(cuda.starts_with(
         "extern \"C\" __global__ void blur(const float* src, float* dst, float w, int rk_nx, \
          int rk_ny) {"
@@ -441,6 +445,7 @@ fn stencil_cuda_and_wgsl() {
     };
     let cfg3 = StencilConfig::new_3d(1);
     let cuda = transpile_stencil_kernel(&h, &cfg3).unwrap();
+    check_cuda_syntax(&cuda);
     assert!(cuda.contains("int rk_nx, int rk_ny, int rk_nz)"));
     assert!(cuda.contains("src[rk_idx + rk_sz]"));
     let w = transpile_stencil_kernel_wgsl(&h, &cfg3).unwrap();
@@ -500,4 +505,24 @@ fn atomics() {
         })
         .collect();
     assert_eq!(atomic, [false, true, true]);
+}
+
+/// The kernels the execution tests run, CUDA side: valid C++ with the CUDA shim (NVRTC
+/// runs them in the ignored CUDA tests).
+#[test]
+fn execution_kernels_cuda_type_checks() {
+    let cfg = StencilConfig::new(1);
+    for f in [
+        kernels::saxpy::source(),
+        kernels::branchy::source(),
+        kernels::classify::source(),
+        kernels::loops::source(),
+        kernels::mixed::source(),
+        kernels::histogram::source(),
+    ] {
+        check_cuda_syntax(&transpile_global_kernel(&f).unwrap());
+    }
+    check_cuda_syntax(&transpile_stencil_kernel(&kernels::laplace::source(), &cfg).unwrap());
+    let cfg3 = StencilConfig::new_3d(1);
+    check_cuda_syntax(&transpile_stencil_kernel(&kernels::heat3::source(), &cfg3).unwrap());
 }

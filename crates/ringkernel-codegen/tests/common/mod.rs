@@ -287,3 +287,65 @@ pub fn run(
         }
     }
 }
+
+/// Declarations that let a host C++ compiler type-check generated CUDA C: the built-in
+/// index variables, the integer `min`/`max` overloads and the atomics CUDA provides.
+const CUDA_SHIM: &str = r#"
+#include <math.h>
+#include <stdlib.h>
+#define __global__
+struct rk_dim3 { unsigned int x, y, z; };
+static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define RK_MINMAX(T) \
+    static inline T min(T a, T b) { return a < b ? a : b; } \
+    static inline T max(T a, T b) { return a < b ? b : a; }
+RK_MINMAX(int)
+RK_MINMAX(unsigned int)
+RK_MINMAX(unsigned long long)
+#define RK_ATOMIC(name, expr) \
+    template <class T> static inline T name(T* p, T v) { T o = *p; *p = (expr); return o; }
+RK_ATOMIC(atomicAdd, o + v)
+RK_ATOMIC(atomicSub, o - v)
+RK_ATOMIC(atomicMin, o < v ? o : v)
+RK_ATOMIC(atomicMax, o < v ? v : o)
+RK_ATOMIC(atomicAnd, o & v)
+RK_ATOMIC(atomicOr, o | v)
+RK_ATOMIC(atomicXor, o ^ v)
+RK_ATOMIC(atomicExch, v)
+static inline float __int_as_float(int i) { float f; __builtin_memcpy(&f, &i, 4); return f; }
+static inline double __longlong_as_double(long long i) { double d; __builtin_memcpy(&d, &i, 8); return d; }
+"#;
+
+/// Type-checks generated CUDA C with the host C++ compiler (`c++ -fsyntax-only`) and the
+/// shim above; prints SKIPPED when there is no `c++`. NVRTC itself runs in the ignored
+/// CUDA tests.
+pub fn check_cuda_syntax(cuda: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new("c++")
+        .args(["-fsyntax-only", "-std=c++17", "-x", "c++", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            println!("SKIPPED CUDA syntax check: no c++ compiler ({e})");
+            return;
+        }
+    };
+    let src = format!("{CUDA_SHIM}\n{cuda}");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(src.as_bytes())
+        .expect("write to c++");
+    let out = child.wait_with_output().expect("c++ runs");
+    assert!(
+        out.status.success(),
+        "generated CUDA does not compile as C++:\n{}\n{cuda}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
