@@ -222,7 +222,8 @@ pub struct GridPos {
 impl GridPos {
     /// Length of a buffer for an `nx × ny` grid with a halo of `halo` cells.
     pub fn buffer_len(nx: u32, ny: u32, halo: u32) -> usize {
-        (nx + 2 * halo) as usize * (ny + 2 * halo) as usize
+        let h = 2 * halo as usize;
+        (nx as usize + h) * (ny as usize + h)
     }
 
     /// Interior x coordinate (0-based, halo excluded).
@@ -289,7 +290,8 @@ pub struct GridPos3 {
 impl GridPos3 {
     /// Length of a buffer for an `nx × ny × nz` grid with a halo of `halo` cells.
     pub fn buffer_len(nx: u32, ny: u32, nz: u32, halo: u32) -> usize {
-        (nx + 2 * halo) as usize * (ny + 2 * halo) as usize * (nz + 2 * halo) as usize
+        let h = 2 * halo as usize;
+        (nx as usize + h) * (ny as usize + h) * (nz as usize + h)
     }
     /// Interior x coordinate.
     pub fn x(&self) -> i32 {
@@ -394,5 +396,76 @@ pub fn stencil_3d(nx: u32, ny: u32, nz: u32, halo: u32, mut body: impl FnMut(Gri
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_visits_every_thread_once_and_restores_the_state() {
+        let mut seen = Vec::new();
+        launch([2, 3, 1], [4, 1, 2], || {
+            assert_eq!((block_dim_x(), block_dim_y(), block_dim_z()), (4, 1, 2));
+            assert_eq!((grid_dim_x(), grid_dim_y(), grid_dim_z()), (2, 3, 1));
+            let b = block_idx_x() + 2 * block_idx_y() + 6 * block_idx_z();
+            let t = thread_idx_x() + 4 * thread_idx_y() + 4 * thread_idx_z();
+            seen.push(b * 8 + t);
+        });
+        assert_eq!(seen, (0..48).collect::<Vec<i32>>());
+        assert_eq!(
+            (thread_idx_x(), block_idx_y(), block_dim_z(), grid_dim_x()),
+            (0, 0, 1, 1)
+        );
+        launch([0, 1, 1], [64, 1, 1], || panic!("a zero grid runs nothing"));
+    }
+
+    #[test]
+    fn grid_pos_neighbours() {
+        // 3 x 2 interior, halo 1: rows of 5, buffer 5 x 4.
+        let buf: Vec<i32> = (0..GridPos::buffer_len(3, 2, 1) as i32).collect();
+        assert_eq!(buf.len(), 20);
+        let mut cells = Vec::new();
+        stencil_2d(3, 2, 1, |p| {
+            cells.push((p.x(), p.y(), p.idx()));
+            assert_eq!(p.north(&buf), buf[p.idx() - 5]);
+            assert_eq!(p.south(&buf), buf[p.idx() + 5]);
+            assert_eq!(p.west(&buf), buf[p.idx() - 1]);
+            assert_eq!(p.east(&buf), buf[p.idx() + 1]);
+            assert_eq!(p.at(&buf, 1, -1), buf[p.idx() - 4]);
+            assert_eq!((p.nx(), p.ny()), (3, 2));
+        });
+        let idx: Vec<usize> = cells.iter().map(|c| c.2).collect();
+        assert_eq!(idx, [6, 7, 8, 11, 12, 13]);
+        let buf3: Vec<i32> = (0..GridPos3::buffer_len(2, 2, 2, 1) as i32).collect();
+        assert_eq!(buf3.len(), 64);
+        let mut n = 0;
+        stencil_3d(2, 2, 2, 1, |p| {
+            n += 1;
+            assert_eq!(p.up(&buf3), buf3[p.idx() + 16]);
+            assert_eq!(p.down(&buf3), buf3[p.idx() - 16]);
+            assert_eq!(p.at(&buf3, -1, 1, 1), buf3[p.idx() + 16 + 4 - 1]);
+            assert_eq!((p.nz(), p.z() < 2), (2, true));
+        });
+        assert_eq!(n, 8);
+    }
+
+    #[test]
+    fn atomics_return_the_old_value() {
+        let mut x = 5u32;
+        assert_eq!(atomic_add(&mut x, 3), 5);
+        assert_eq!(atomic_sub(&mut x, 10), 8);
+        assert_eq!(x, u32::MAX - 1);
+        assert_eq!(atomic_min(&mut x, 7), u32::MAX - 1);
+        assert_eq!(atomic_max(&mut x, 9), 7);
+        assert_eq!(atomic_and(&mut x, 8), 9);
+        assert_eq!(atomic_or(&mut x, 3), 8);
+        assert_eq!(atomic_xor(&mut x, 1), 11);
+        assert_eq!(atomic_exchange(&mut x, 42), 10);
+        assert_eq!(x, 42);
+        let mut y = -1i32;
+        assert_eq!(atomic_min(&mut y, -5), -1);
+        assert_eq!(y, -5);
     }
 }

@@ -300,7 +300,8 @@ impl Tx {
         }
         self.names.reserve(&name);
         let [wx, wy, wz] = self.workgroup;
-        if wx == 0 || wy == 0 || wz == 0 || wz > 64 || wx * wy * wz > 256 {
+        let invocations = wx as u64 * wy as u64 * wz as u64;
+        if wx == 0 || wy == 0 || wz == 0 || wz > 64 || invocations > 256 {
             return err(
                 &sig.ident,
                 format!(

@@ -153,6 +153,8 @@ fn indices_all_axes_and_workgroup_size() {
     assert!(w.source.contains("@workgroup_size(8, 4, 2)"));
     assert!(w.source.contains("((8i * 4i) * 2i)"));
     assert!(transpile_global_kernel_wgsl_with(&f, [512, 1, 1]).is_err());
+    assert!(transpile_global_kernel_wgsl_with(&f, [u32::MAX, 2, 1]).is_err());
+    assert!(transpile_global_kernel_wgsl_with(&f, [1, 1, 0]).is_err());
 }
 
 #[test]
