@@ -260,8 +260,6 @@ impl Tx {
         Ok(emitted)
     }
 
-    // ----------------------------------------------------------------- kernel
-
     fn expect_ty(&self, got: &Ty, want: &Ty, span_of: &dyn ToTokens) -> Res<()> {
         if got != want {
             return err(
@@ -298,8 +296,6 @@ impl Tx {
             format!("{}({code})", to.wgsl_name().unwrap_or("f32"))
         }
     }
-
-    // ------------------------------------------------------------ expressions
 }
 
 fn has_final_else(i: &syn::ExprIf) -> bool {
