@@ -528,3 +528,67 @@ fn execution_kernels_cuda_type_checks() {
     let cfg3 = StencilConfig::new_3d(1);
     check_cuda_syntax(&transpile_stencil_kernel(&kernels::heat3::source(), &cfg3).unwrap());
 }
+
+/// Rust names that are keywords, reserved words, types or built-ins of CUDA C or WGSL
+/// are renamed; the output still validates and type-checks.
+#[test]
+fn reserved_words_become_valid_names() {
+    let names = [
+        "active",
+        "array",
+        "atomic",
+        "atomicAdd",
+        "bitcast",
+        "bool_",
+        "class",
+        "double",
+        "f16",
+        "f32",
+        "fma",
+        "float",
+        "int",
+        "main",
+        "mat2x2",
+        "meta",
+        "min",
+        "ptr",
+        "r#match",
+        "r#type",
+        "r#use",
+        "sampler",
+        "select",
+        "shared",
+        "sqrtf",
+        "texture_2d",
+        "threadIdx",
+        "u32",
+        "uniform",
+        "unsigned",
+        "var",
+        "vec3",
+        "vec3u",
+        "wgsl",
+        "workgroup",
+        "__x",
+        "rk_params_",
+    ];
+    let mut body = String::new();
+    let mut sum = String::from("0.0");
+    for (k, n) in names.iter().enumerate() {
+        if n.starts_with("rk_") {
+            continue;
+        }
+        body.push_str(&format!("let {n} = {k}.0f32; "));
+        sum.push_str(&format!(" + {n}"));
+    }
+    let src = format!(
+        "fn names(out: &mut [f32], vec2: f32, select_: i32) {{ {body} out[0] = {sum} + vec2 + \
+         select_ as f32; }}"
+    );
+    let f: syn::ItemFn = syn::parse_str(&src).unwrap();
+    let (cuda, wgsl) = both(&f);
+    assert!(cuda.contains("float float_ = 11.0f;"), "{cuda}");
+    assert!(wgsl.contains("let vec3_: f32"), "{wgsl}");
+    assert!(wgsl.contains("let match_: f32"), "{wgsl}");
+    assert!(wgsl.contains("let v__x: f32"), "{wgsl}");
+}
