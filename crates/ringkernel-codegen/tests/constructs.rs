@@ -521,6 +521,7 @@ fn execution_kernels_cuda_type_checks() {
         kernels::loops::source(),
         kernels::mixed::source(),
         kernels::histogram::source(),
+        kernels::control::source(),
     ] {
         check_cuda_syntax(&transpile_global_kernel(&f).unwrap());
     }

@@ -250,3 +250,26 @@ fn cuda_atomics_match_cpu() {
     assert_eq!(stream.clone_dtoh(&hd).unwrap(), hist);
     assert_eq!(stream.clone_dtoh(&ed).unwrap(), extremes);
 }
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_control_flow_matches_cpu() {
+    let mut rng = Rng::fresh("cuda_control");
+    let src = transpile_global_kernel(&control::source()).unwrap();
+    let (stream, f) = load(&src, "control");
+    let n = rng.usize(1, 100_000);
+    let a = rng.vec_i32(n, -1000, 1000);
+    let mut cpu = vec![0i32; n];
+    let cfg = cfg_1d(n);
+    launch([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        control::control(&a, &mut cpu, n as i32)
+    });
+    let ad = stream.clone_htod(&a).unwrap();
+    let mut od = stream.alloc_zeros::<i32>(n).unwrap();
+    let ni = n as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&ad).arg(&mut od).arg(&ni);
+    // SAFETY: (const int*, int*, int) as generated; n elements each.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_eq!(stream.clone_dtoh(&od).unwrap(), cpu);
+}

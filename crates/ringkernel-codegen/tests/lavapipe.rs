@@ -227,3 +227,23 @@ fn atomics_match_cpu() {
     assert_eq!(data[1], Data::U32(hist));
     assert_eq!(data[2].i32(), &extremes[..]);
 }
+
+#[test]
+fn control_flow_matches_cpu() {
+    let Some(ctx) = gpu("control_flow_matches_cpu") else {
+        return;
+    };
+    let mut rng = Rng::fresh("control");
+    let k = transpile_global_kernel_wgsl(&control::source()).unwrap();
+    check_wgsl(&k);
+    let n = rng.usize(1, 3000);
+    let a = rng.vec_i32(n, -1000, 1000);
+    let mut cpu = vec![0i32; n];
+    launch(groups(n), [64, 1, 1], || {
+        control::control(&a, &mut cpu, n as i32)
+    });
+    let mut data = [Data::I32(a.clone()), Data::I32(vec![0; n])];
+    let params = k.pack_params(&[P::I32(n as i32)]).unwrap();
+    run(&ctx, &k, &params, &mut data, groups(n));
+    assert_eq!(data[1].i32(), &cpu[..]);
+}

@@ -212,3 +212,56 @@ twin! { histogram =>
         atomic_sub(&mut extremes[3], 2);
     }
 }
+
+twin! { control =>
+    pub fn control(a: &[i32], out: &mut [i32], n: i32) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let x = a[i as usize];
+        // Signed division and remainder truncate toward zero on every target.
+        let q = x / 7 + x % 5 - (-x) / 3;
+        let mut acc = q;
+        // Nested loops; a match with `break` inside the inner one.
+        for r in 0..4 {
+            let x = r * 2; // shadows the outer `x` in this scope only
+            let mut c = 0;
+            while c < 10 {
+                c += 1;
+                if c % 3 == 0 {
+                    continue;
+                }
+                match (c + x) % 6 {
+                    5 => break,
+                    0 | 1 => acc += c,
+                    _ => acc -= 1,
+                }
+            }
+            if acc > 1000 {
+                out[i as usize] = -1;
+                return;
+            }
+        }
+        let kind = match x.abs() % 4 {
+            0 => {
+                let t = acc * 2;
+                if t > 50 {
+                    t - 50
+                } else {
+                    t
+                }
+            }
+            1 => acc + x,
+            2 => {
+                while acc <= 40 {
+                    acc += 7;
+                }
+                acc
+            }
+            _ => -acc,
+        };
+        let kind = if kind == 0 { 11 } else { kind };
+        out[i as usize] = kind + x * 100;
+    }
+}
