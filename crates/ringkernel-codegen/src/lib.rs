@@ -80,6 +80,43 @@
 //! `usize` is not a parameter or element type (no fixed size on the GPU); `bool` buffers
 //! are CUDA only.
 //!
+//! ## Stencils
+//!
+//! A stencil kernel takes a [`dsl::GridPos`] (or [`dsl::GridPos3`]) and runs once per
+//! interior cell of a grid stored with a halo (see [`dsl`]). The same function runs on the
+//! CPU through [`dsl::stencil_2d`]:
+//!
+//! ```
+//! use ringkernel_codegen::dsl::*;
+//! use ringkernel_codegen::{transpile_stencil_kernel, transpile_stencil_kernel_wgsl, StencilConfig};
+//!
+//! fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+//!     let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+//!     out[pos.idx()] = p[pos.idx()] + c * lap;
+//! }
+//!
+//! // On the CPU: a 4 x 3 grid with a halo of 1 (6 x 5 values), a spike in the middle.
+//! let mut p = vec![0.0f32; GridPos::buffer_len(4, 3, 1)];
+//! p[2 * 6 + 2] = 1.0;
+//! let mut out = p.clone();
+//! stencil_2d(4, 3, 1, |pos| diffuse(pos, &p, &mut out, 0.25));
+//! assert_eq!(out[2 * 6 + 2], 0.0);
+//! assert_eq!(out[2 * 6 + 3], 0.25);
+//!
+//! // The same source for the GPU.
+//! let f: syn::ItemFn = syn::parse_quote! {
+//!     fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+//!         let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+//!         out[pos.idx()] = p[pos.idx()] + c * lap;
+//!     }
+//! };
+//! let cfg = StencilConfig::new(1);
+//! let cuda = transpile_stencil_kernel(&f, &cfg).unwrap();
+//! assert!(cuda.contains("void diffuse(const float* p, float* out, float c, int rk_nx, int rk_ny)"));
+//! let wgsl = transpile_stencil_kernel_wgsl(&f, &cfg).unwrap();
+//! assert_eq!(wgsl.params.len(), 3); // c, rk_nx, rk_ny
+//! ```
+//!
 //! ## CUDA output
 //!
 //! [`transpile_global_kernel`] gives `extern "C" __global__ void name(params) { ... }`,
