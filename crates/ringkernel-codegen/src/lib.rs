@@ -148,7 +148,11 @@
 //! (GPUs wrap; use `wrapping_*` where it matters), integer division by zero (WGSL gives
 //! the dividend; CUDA is undefined). Float results can differ in the last bits (fused
 //! multiply-adds, the GPU's `exp`/`sin`/... accuracy) and for NaN inputs to `min`, `max`
-//! and `clamp`. A `for` over `a..=b` with `b` the type's maximum does not end on the GPU.
+//! and `clamp`; WGSL's `pow` of a negative base is undefined (Rust and CUDA give a value
+//! for integral exponents), and its float `%` is `x - y * trunc(x / y)` rather than an
+//! exact `fmod`. Shift amounts of the bit width or more: Rust (release) and WGSL use the
+//! low 5 bits, CUDA is undefined. A NaN cast to an integer is 0 in Rust, unspecified in
+//! WGSL. A `for` over `a..=b` with `b` the type's maximum does not end on the GPU.
 //! A simple `if` value inside an expression becomes `select` in WGSL, which evaluates
 //! both branches.
 
