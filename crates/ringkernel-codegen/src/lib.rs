@@ -391,3 +391,47 @@ pub fn transpile_stencil_kernel_wgsl(
     )
     .map(wgsl)
 }
+
+/// One parameter of a kernel, as a launcher binds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelParam {
+    /// The Rust name.
+    pub name: String,
+    /// What it is.
+    pub kind: ParamKind,
+}
+
+/// What a [`KernelParam`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A scalar passed by value (CUDA) or in the parameter block (WGSL).
+    Scalar(ScalarType),
+    /// A slice: a device pointer (CUDA) or a storage buffer (WGSL).
+    Slice {
+        /// Element type.
+        elem: ScalarType,
+        /// `&mut [T]` rather than `&[T]`.
+        mutable: bool,
+    },
+    /// The cell of a stencil kernel (2 or 3 dimensions): not passed; the launcher passes
+    /// the interior size instead (see the crate docs).
+    GridPos {
+        /// 2 or 3.
+        dims: u8,
+    },
+}
+
+/// The parameters of a kernel in order, checked as the translators check them (types of
+/// the subset; `f64` allowed, since it is valid on CUDA). For launchers that bind
+/// arguments by position.
+pub fn kernel_params(f: &syn::ItemFn) -> syn::Result<Vec<KernelParam>> {
+    let mut out = Vec::new();
+    for arg in &f.sig.inputs {
+        let (pi, kind) = types::parse_param(arg, Target::Cuda)?;
+        out.push(KernelParam {
+            name: pi.ident.to_string(),
+            kind,
+        });
+    }
+    Ok(out)
+}

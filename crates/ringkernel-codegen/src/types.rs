@@ -1,6 +1,6 @@
 //! The types of the subset and how they map to CUDA C and WGSL.
 
-use crate::Target;
+use crate::{ParamKind, Target};
 use syn::spanned::Spanned;
 
 /// A scalar type of the subset.
@@ -248,5 +248,52 @@ fn element_type(ty: &syn::Type, target: Target) -> syn::Result<ScalarType> {
             ty,
             "slice and array elements must be scalars: f32, f64 (CUDA only), i32, u32, bool",
         )),
+    }
+}
+
+/// One kernel parameter: its name pattern and type, with the checks every kernel shares
+/// (a plain name; a scalar other than `usize`, a slice or a `GridPos`).
+pub(crate) fn parse_param(
+    arg: &syn::FnArg,
+    target: Target,
+) -> syn::Result<(&syn::PatIdent, ParamKind)> {
+    let syn::FnArg::Typed(pt) = arg else {
+        return Err(syn::Error::new_spanned(
+            arg,
+            "kernels are free functions; `self` is not supported",
+        ));
+    };
+    let plain = || syn::Error::new_spanned(&pt.pat, "parameters must be plain names (`x: f32`)");
+    let syn::Pat::Ident(pi) = &*pt.pat else {
+        return Err(plain());
+    };
+    if pi.by_ref.is_some() || pi.subpat.is_some() {
+        return Err(plain());
+    }
+    let ty = parse_type(&pt.ty, target)?;
+    match ty {
+        Ty::Scalar(ScalarType::Usize) => Err(syn::Error::new_spanned(
+            &pt.ty,
+            "`usize` parameters are not supported (no fixed size on the GPU); use `u32` or \
+             `i32`",
+        )),
+        Ty::Array { .. } | Ty::Unit => Err(syn::Error::new_spanned(
+            &pt.ty,
+            "parameters are scalars (f32, f64 on CUDA, i32, u32, bool) or slices (`&[T]`, \
+             `&mut [T]`)",
+        )),
+        Ty::Scalar(s) => Ok((pi, ParamKind::Scalar(s))),
+        Ty::Slice { elem, mutable } => Ok((pi, ParamKind::Slice { elem, mutable })),
+        Ty::GridPos { dims } => Ok((pi, ParamKind::GridPos { dims })),
+    }
+}
+
+impl From<ParamKind> for Ty {
+    fn from(k: ParamKind) -> Ty {
+        match k {
+            ParamKind::Scalar(s) => Ty::Scalar(s),
+            ParamKind::Slice { elem, mutable } => Ty::Slice { elem, mutable },
+            ParamKind::GridPos { dims } => Ty::GridPos { dims },
+        }
     }
 }

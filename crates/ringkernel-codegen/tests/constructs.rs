@@ -593,3 +593,40 @@ fn reserved_words_become_valid_names() {
     assert!(wgsl.contains("let match_: f32"), "{wgsl}");
     assert!(wgsl.contains("let v__x: f32"), "{wgsl}");
 }
+
+#[test]
+fn kernel_params_describe_the_signature() {
+    use ringkernel_codegen::{kernel_params, KernelParam, ParamKind};
+    let f: syn::ItemFn = parse_quote! {
+        fn k(pos: GridPos3, a: f64, x: &[f32], flag: bool, y: &mut [u32]) {}
+    };
+    let p = kernel_params(&f).unwrap();
+    let kp = |name: &str, kind| KernelParam {
+        name: name.into(),
+        kind,
+    };
+    assert_eq!(
+        p,
+        vec![
+            kp("pos", ParamKind::GridPos { dims: 3 }),
+            kp("a", ParamKind::Scalar(ScalarType::F64)),
+            kp(
+                "x",
+                ParamKind::Slice {
+                    elem: ScalarType::F32,
+                    mutable: false
+                }
+            ),
+            kp("flag", ParamKind::Scalar(ScalarType::Bool)),
+            kp(
+                "y",
+                ParamKind::Slice {
+                    elem: ScalarType::U32,
+                    mutable: true
+                }
+            ),
+        ]
+    );
+    let bad: syn::ItemFn = parse_quote! { fn k(n: usize) {} };
+    assert!(kernel_params(&bad).is_err());
+}

@@ -1,6 +1,7 @@
 //! The kernel signature, the stencil prologue and the final text of each target.
 
 use super::*;
+use crate::types::parse_param;
 
 impl Tx {
     pub(crate) fn kernel(mut self, f: &syn::ItemFn, kind: Kind<'_>) -> Res<Output> {
@@ -66,34 +67,16 @@ impl Tx {
         // Parameters.
         let mut params = Vec::new();
         for arg in &sig.inputs {
-            let syn::FnArg::Typed(pt) = arg else {
-                return err(arg, "kernels are free functions; `self` is not supported");
+            let (pi, kind_of) = parse_param(arg, self.target)?;
+            let ty = Ty::from(kind_of);
+            let ty_span = match arg {
+                syn::FnArg::Typed(pt) => pt.ty.to_token_stream(),
+                syn::FnArg::Receiver(r) => r.to_token_stream(),
             };
-            let Pat::Ident(pi) = &*pt.pat else {
-                return err(&pt.pat, "parameters must be plain names (`x: f32`)");
-            };
-            if pi.by_ref.is_some() || pi.subpat.is_some() {
-                return err(&pt.pat, "parameters must be plain names (`x: f32`)");
-            }
-            let ty = parse_type(&pt.ty, self.target)?;
             match (&ty, kind) {
-                (Ty::Scalar(ScalarType::Usize), _) => {
-                    return err(
-                        &pt.ty,
-                        "`usize` parameters are not supported (no fixed size on the GPU); use \
-                         `u32` or `i32`",
-                    )
-                }
-                (Ty::Array { .. }, _) | (Ty::Unit, _) => {
-                    return err(
-                        &pt.ty,
-                        "parameters are scalars (f32, f64 on CUDA, i32, u32, bool) or slices \
-                         (`&[T]`, `&mut [T]`)",
-                    )
-                }
                 (Ty::GridPos { .. }, Kind::Global) => {
                     return err(
-                        &pt.ty,
+                        &ty_span,
                         "`GridPos` parameters belong to stencil kernels; translate this \
                          function with `transpile_stencil_kernel`",
                     )
@@ -101,7 +84,7 @@ impl Tx {
                 (Ty::GridPos { dims }, Kind::Stencil(cfg)) => {
                     if self.stencil.is_some() {
                         return err(
-                            &pt.ty,
+                            &ty_span,
                             "a stencil kernel has exactly one `GridPos` parameter",
                         );
                     }
