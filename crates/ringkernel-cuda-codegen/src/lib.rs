@@ -32,7 +32,8 @@
 #![warn(missing_docs)]
 
 pub use ringkernel_codegen::{
-    dsl, transpile_global_kernel, transpile_stencil_kernel, ScalarType, StencilConfig,
+    dsl, kernel_params, transpile_global_kernel, transpile_stencil_kernel, KernelParam, ParamKind,
+    ScalarType, StencilConfig,
 };
 
 /// The WGSL target of the same translator, for code that wants both.
