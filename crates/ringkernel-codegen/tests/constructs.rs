@@ -334,7 +334,7 @@ fn match_to_switch_and_values() {
                 }
                 _ => return,
             }
-            let v = match c { 7 => 1.5, 8 => { let t = 2.0; t * t } _ => 0.0 };
+            let v = match c { 7 => 1.5, 8 => { let t = 2.0; t * t } 9 => { return; } _ => 0.0 };
             let w: f32 = if c > 3 { let q = v * 2.0; q + 1.0 } else { v };
             out[i] += v + w;
         }

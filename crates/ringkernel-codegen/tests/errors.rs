@@ -115,6 +115,10 @@ fn statements() {
         "`break` outside a loop",
     );
     fails(
+        parse_quote! { fn k(x: &mut [f32], c: i32) { let v: f32 = match c { 0 => {} _ => 1.0 }; } },
+        "this block must end in a value (an expression without `;`)",
+    );
+    fails(
         parse_quote! { fn k(x: &mut [f32]) { if let 1 = 2 { } } },
         "`if let` is not supported",
     );

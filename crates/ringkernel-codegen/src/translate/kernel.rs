@@ -132,7 +132,7 @@ impl Tx {
         // Body, into self.out (indent 1).
         self.stencil_prologue()?;
         let body_start = self.out.len();
-        self.block_stmts(&f.block.stmts, None)?;
+        self.block_stmts(&f.block, None)?;
         let body = self.out.split_off(body_start);
         let prologue = std::mem::take(&mut self.out);
 

@@ -5,7 +5,8 @@ use super::*;
 impl Tx {
     /// Statements of a block; the tail expression (no semicolon) is assigned to `dest`
     /// when given, else translated as a statement.
-    pub(super) fn block_stmts(&mut self, stmts: &[Stmt], dest: Option<(&str, &Ty)>) -> Res<()> {
+    pub(super) fn block_stmts(&mut self, block: &syn::Block, dest: Option<(&str, &Ty)>) -> Res<()> {
+        let stmts = &block.stmts;
         for (i, st) in stmts.iter().enumerate() {
             let last = i + 1 == stmts.len();
             match st {
@@ -35,16 +36,18 @@ impl Tx {
             }
         }
         if let Some((_, ty)) = dest {
-            let ends_in_value = matches!(stmts.last(), Some(Stmt::Expr(_, None)));
-            if !ends_in_value && *ty != Ty::Unit {
-                let Some(last) = stmts.last() else {
-                    return Err(syn::Error::new(
-                        proc_macro2::Span::call_site(),
-                        "an empty block has no value",
-                    ));
-                };
+            // A value, or a block that leaves (`return;`, `break;`, `continue;`).
+            let ends_well = match stmts.last() {
+                Some(Stmt::Expr(_, None)) => true,
+                Some(Stmt::Expr(e, Some(_))) => matches!(
+                    peel(e),
+                    Expr::Return(_) | Expr::Break(_) | Expr::Continue(_)
+                ),
+                _ => false,
+            };
+            if !ends_well && *ty != Ty::Unit {
                 return err(
-                    last,
+                    block,
                     "this block must end in a value (an expression without `;`)",
                 );
             }
@@ -59,7 +62,7 @@ impl Tx {
     ) -> Res<()> {
         self.scopes.push(HashMap::new());
         self.indent += 1;
-        let r = self.block_stmts(&block.stmts, dest);
+        let r = self.block_stmts(block, dest);
         self.indent -= 1;
         self.scopes.pop();
         r
@@ -734,7 +737,7 @@ impl Tx {
         self.scopes.push(HashMap::new());
         self.indent += 1;
         let r = match peel(body) {
-            Expr::Block(b) if b.label.is_none() => self.block_stmts(&b.block.stmts, dest),
+            Expr::Block(b) if b.label.is_none() => self.block_stmts(&b.block, dest),
             e => match dest {
                 Some((place, ty)) => self.assign_value(place, ty, e),
                 None => self.stmt_expr(e),
