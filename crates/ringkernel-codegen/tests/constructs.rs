@@ -336,10 +336,14 @@ fn match_to_switch_and_values() {
             }
             let v = match c { 7 => 1.5, 8 => { let t = 2.0; t * t } 9 => { return; } _ => 0.0 };
             let w: f32 = if c > 3 { let q = v * 2.0; q + 1.0 } else { v };
-            out[i] += v + w;
+            let k = if c > 4 { let a = 1; a * 2 } else { 3 };
+            let k2 = match c { 0 => { let b = 2u32; b } _ => c };
+            out[i] += v + w + k as f32 + k2 as f32;
         }
     };
     let (cuda, wgsl) = both(&f);
+    assert!(cuda.contains("int k;"), "{cuda}");
+    assert!(cuda.contains("unsigned int k2;"), "{cuda}");
     assert!(cuda.contains("switch (c) {"));
     assert!(cuda.contains("case 1u:\n"));
     assert!(cuda.contains("case 3u: {"));

@@ -206,54 +206,21 @@ impl Tx {
         }
     }
 
-    /// The type of an `if`/`match`/block value, from its first arm that is a plain
-    /// expression.
+    /// The type of an `if`/`match`/block value: that of its first result expression that
+    /// translates on its own, else (only unsuffixed literals) Rust's default for them.
     pub(super) fn infer_value_type(&mut self, e: &Expr) -> Res<Ty> {
-        let candidates: Vec<&Expr> = match peel(e) {
-            Expr::If(i) => {
-                let mut v = Vec::new();
-                if let Some(Stmt::Expr(t, None)) = i.then_branch.stmts.last() {
-                    if i.then_branch.stmts.len() == 1 {
-                        v.push(t);
-                    }
-                }
-                if let Some((_, el)) = &i.else_branch {
-                    v.push(el);
-                }
-                v
-            }
-            Expr::Match(m) => m.arms.iter().map(|a| &*a.body).collect(),
-            Expr::Block(b) => match b.block.stmts.as_slice() {
-                [Stmt::Expr(t, None)] => vec![t],
-                _ => vec![],
-            },
-            _ => vec![e],
-        };
-        for c in candidates {
-            let c = peel(c);
-            match c {
-                Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => continue,
-                Expr::If(_) | Expr::Match(_) | Expr::Block(_) => {
-                    if let Ok(t) = self.infer_value_type(c) {
-                        return Ok(t);
-                    }
-                }
-                _ if is_untyped(c) => {}
-                _ => {
-                    if let Ok((_, t)) = self.expr(c, None) {
-                        return Ok(t);
-                    }
+        let mut results = Vec::new();
+        value_results(e, &mut results);
+        for c in &results {
+            if !is_untyped(c) {
+                // A result naming locals of its own block does not translate here: skip it.
+                if let Ok((_, t)) = self.expr(c, None) {
+                    return Ok(t);
                 }
             }
         }
-        // Only untyped literals (or nothing simple): Rust's defaults.
-        for c in match peel(e) {
-            Expr::Match(m) => m.arms.iter().map(|a| &*a.body).collect::<Vec<_>>(),
-            _ => vec![],
-        } {
-            if is_untyped(c) {
-                return Ok(self.expr(c, None)?.1);
-            }
+        if let Some(c) = results.iter().find(|c| is_untyped(c)) {
+            return Ok(self.expr(c, None)?.1);
         }
         err(
             e,
@@ -860,5 +827,32 @@ impl Tx {
         self.indent -= 1;
         self.line("}");
         Ok(())
+    }
+}
+
+/// The expressions whose value an `if`/`match`/block value can be: the tails of its
+/// branches, arms and blocks (not `return`/`break`/`continue`).
+fn value_results<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match peel(e) {
+        Expr::If(i) => {
+            value_results_block(&i.then_branch, out);
+            if let Some((_, el)) = &i.else_branch {
+                value_results(el, out);
+            }
+        }
+        Expr::Match(m) => {
+            for a in &m.arms {
+                value_results(&a.body, out);
+            }
+        }
+        Expr::Block(b) => value_results_block(&b.block, out),
+        Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => {}
+        other => out.push(other),
+    }
+}
+
+fn value_results_block<'e>(b: &'e syn::Block, out: &mut Vec<&'e Expr>) {
+    if let Some(Stmt::Expr(t, None)) = b.stmts.last() {
+        value_results(t, out);
     }
 }
