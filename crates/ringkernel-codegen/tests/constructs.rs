@@ -369,24 +369,29 @@ fn match_to_switch_and_values() {
 #[test]
 fn locals_arrays_shadowing_and_names() {
     let f: syn::ItemFn = parse_quote! {
-        fn names(out: &mut [f32], float: f32) {
+        fn names(out: &mut [f32], float: f32, n_u: u32) {
             let x = 1.0;
             let x = x + float;
             let mut arr = [0.0f32; 4];
             let fixed = [1.0, 2.0, x];
+            let ints = [1, n_u, 3];
             let mut late: f32;
             late = fixed[2];
             for k in 0..4usize { arr[k] = fixed[k % 3] * late; }
             let _ = arr[0];
             let var = arr[1] + arr[3];
             let r#loop = var;
-            out[0] = x + r#loop;
+            out[0] = x + r#loop + ints[2] as f32;
         }
     };
     let (cuda, wgsl) = both(&f);
     assert!(cuda.contains("float float_"), "{cuda}");
     assert!(cuda.contains("float x_1 = (x + float_);"));
     assert!(cuda.contains("float arr[4] = {0.0f, 0.0f, 0.0f, 0.0f};"));
+    assert!(
+        cuda.contains("unsigned int ints[3] = {1u, n_u, 3u};"),
+        "{cuda}"
+    );
     assert!(wgsl.contains("var arr: array<f32, 4> = array<f32, 4>(0.0f, 0.0f, 0.0f, 0.0f);"));
     assert!(wgsl.contains("let var_: f32"));
     assert!(wgsl.contains("let loop_: f32"));

@@ -259,6 +259,12 @@ impl Tx {
             Expr::Array(a) => {
                 let mut items = Vec::new();
                 let mut ety = want_elem.clone();
+                if ety.is_none() {
+                    // Unsuffixed literals take the type of the first typed element.
+                    if let Some(typed) = a.elems.iter().find(|el| !is_untyped(el)) {
+                        ety = Some(self.expr(typed, None)?.1);
+                    }
+                }
                 for el in &a.elems {
                     let (c, t) = self.expr(el, ety.as_ref())?;
                     if let Some(w) = &ety {
