@@ -227,6 +227,10 @@ fn atomics_need_mutable_integer_elements() {
         parse_quote! { fn k(x: &mut [u32]) { let mut a = 0u32; atomic_add(&mut a, 1); } },
         needle,
     );
+    fails(
+        parse_quote! { fn k(x: &mut [u32], c: &mut [u32]) { x[atomic_add(&mut c[0], 1) as usize] += 1; } },
+        "the place of a compound assignment cannot call an atomic",
+    );
 }
 
 #[test]

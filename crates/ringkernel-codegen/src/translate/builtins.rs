@@ -425,3 +425,13 @@ pub(super) fn atomic_targets(tokens: proc_macro2::TokenStream, out: &mut HashSet
         atomic_targets(g.stream(), out);
     }
 }
+
+/// Whether `tokens` call an atomic function anywhere.
+pub(super) fn calls_atomic(tokens: proc_macro2::TokenStream) -> bool {
+    use proc_macro2::TokenTree;
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(i) => ATOMICS.iter().any(|(n, _, _)| i == n),
+        TokenTree::Group(g) => calls_atomic(g.stream()),
+        _ => false,
+    })
+}

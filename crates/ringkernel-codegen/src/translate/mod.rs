@@ -9,7 +9,7 @@ mod expr;
 mod kernel;
 mod stmt;
 
-use builtins::{atomic_fn, atomic_targets};
+use builtins::{atomic_fn, atomic_targets, calls_atomic};
 
 use crate::names::Names;
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};

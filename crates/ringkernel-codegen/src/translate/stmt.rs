@@ -405,6 +405,14 @@ impl Tx {
             }
             Expr::Binary(b) if compound_op(&b.op).is_some() => {
                 let op = compound_op(&b.op).expect("checked");
+                if calls_atomic(b.left.to_token_stream()) {
+                    // `a[i] op= v` becomes `a[i] = a[i] op v`: the index must not change.
+                    return err(
+                        &b.left,
+                        "the place of a compound assignment cannot call an atomic (it would \
+                         run twice); compute the index into a `let` first",
+                    );
+                }
                 let (place, ty, atomic) = self.place(&b.left)?;
                 let (rhs, rt) = if matches!(op, BinOp::Shl(_) | BinOp::Shr(_)) {
                     self.expr(&b.right, None)?
