@@ -1,0 +1,437 @@
+//! # ringkernel-codegen
+//!
+//! Write a GPU kernel once, in a subset of Rust, and get CUDA C and WGSL for it (and MSL
+//! through naga's WGSL front end). The function is also ordinary Rust: with the [`dsl`]
+//! module it runs on the CPU, which is the reference the GPU results are compared with.
+//!
+//! ```
+//! use ringkernel_codegen::{transpile_global_kernel, transpile_global_kernel_wgsl};
+//!
+//! let kernel: syn::ItemFn = syn::parse_quote! {
+//!     fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
+//!         let i = block_idx_x() * block_dim_x() + thread_idx_x();
+//!         if i < n {
+//!             y[i as usize] = a.mul_add(x[i as usize], y[i as usize]);
+//!         }
+//!     }
+//! };
+//! let cuda = transpile_global_kernel(&kernel).unwrap();
+//! assert!(cuda.starts_with(
+//!     "extern \"C\" __global__ void saxpy(float a, const float* x, float* y, int n)"
+//! ));
+//! let wgsl = transpile_global_kernel_wgsl(&kernel).unwrap();
+//! assert!(wgsl.source.contains("@compute @workgroup_size(64, 1, 1)"));
+//! ```
+//!
+//! ## The subset
+//!
+//! * **Kernels**: a plain `fn` (no generics, `self`, `async`, `const`, `unsafe`) that
+//!   returns nothing; parameters are scalars or slices (`&[T]` read-only, `&mut [T]`
+//!   read-write); stencil kernels also take one [`dsl::GridPos`] or [`dsl::GridPos3`].
+//! * **Statements**: `let` / `let mut` (with or without a type; `let x: T;` then
+//!   assignment), `=` and the compound assignments, `if`/`else`, `match` on integers
+//!   (literal, `a | b` and `_` patterns; becomes a `switch`), `for` over `a..b`, `a..=b`
+//!   and `(a..b).step_by(k)`, `while`, `loop`, `break`, `continue`, early `return;`.
+//! * **Expressions**: integer, float and bool literals, arithmetic (`+ - * / %`),
+//!   comparisons, `&&`/`||`/`!`, bit operators and shifts, `as` casts between scalars,
+//!   indexing of slices and local arrays, `if`/`match`/block values (as `let`
+//!   initializers or the right side of `=`; a simple `if c { a } else { b }` anywhere),
+//!   local arrays (`[a, b, c]`, `[0.0; 8]`), the constants `f32::MAX`/`MIN`/`EPSILON`/
+//!   `INFINITY`/`NEG_INFINITY`, `f32::consts::PI`/`E`, `i32::MAX`/`MIN`, `u32::MAX`.
+//! * **Math** (methods, or the `f32::sqrt(x)` form): float `sqrt exp exp2 ln log2 sin cos
+//!   tan tanh sinh cosh asin acos atan atan2 abs floor ceil trunc recip powf min max
+//!   clamp mul_add`; integer `min max clamp abs (i32) wrapping_add wrapping_sub
+//!   wrapping_mul`.
+//! * **Indices**: [`dsl::thread_idx_x`], [`dsl::block_idx_x`], [`dsl::block_dim_x`],
+//!   [`dsl::grid_dim_x`] and their `y`/`z` forms (global kernels).
+//! * **Atomics** on elements of `&mut [u32]` / `&mut [i32]` parameters:
+//!   `atomic_add(&mut hist[b], 1)` and `atomic_sub`, `atomic_min`, `atomic_max`,
+//!   `atomic_and`, `atomic_or`, `atomic_xor`, `atomic_exchange` ([`dsl`]); each returns
+//!   the old value. In WGSL such a slice becomes `array<atomic<T>>`, and its plain reads and
+//!   writes become `atomicLoad`/`atomicStore` (a `+=` on it is a load and a store, not one
+//!   atomic step, as in Rust).
+//!
+//! Unsuffixed literals take the type of the other operand, of the annotation or of the
+//! parameter they are passed to, else `i32`/`f32`; Rust infers a literal's type from later
+//! uses too (`let mut k = 0; ... k += n_u32`), the translator does not: write `0u32` there
+//! (the mismatch is an error that says so). Rust's shadowing (`let x = ...; let x = ...;`)
+//! becomes a new name (`x_1`); names that are keywords or built-ins in CUDA C or WGSL get
+//! a trailing `_` (`float` → `float_`).
+//!
+//! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
+//! Not yet in the subset: structs, calls of other functions, shared/workgroup memory and
+//! barriers, 64-bit integers.
+//!
+//! ## Type mapping
+//!
+//! | Rust            | CUDA C                 | WGSL                                       |
+//! |-----------------|------------------------|--------------------------------------------|
+//! | `f32`           | `float`                | `f32`                                      |
+//! | `f64`           | `double`               | error: WGSL has no `f64`                   |
+//! | `i32`           | `int`                  | `i32`                                      |
+//! | `u32`           | `unsigned int`         | `u32`                                      |
+//! | `bool`          | `bool`                 | `bool` (a `u32` 0/1 in the params block)   |
+//! | `usize` (local) | `unsigned long long`   | `u32`                                      |
+//! | `[T; N]` local  | `T name[N]`            | `array<T, N>`                              |
+//! | `&[T]` param    | `const T* name`        | `var<storage, read> name: array<T>`        |
+//! | `&mut [T]` param| `T* name`              | `var<storage, read_write> name: array<T>`  |
+//! | scalar param    | `T name`               | a field of the uniform params struct       |
+//!
+//! `usize` is not a parameter or element type (no fixed size on the GPU); `bool` buffers
+//! are CUDA only.
+//!
+//! ## Stencils
+//!
+//! A stencil kernel takes a [`dsl::GridPos`] (or [`dsl::GridPos3`]) and runs once per
+//! interior cell of a grid stored with a halo (see [`dsl`]). The same function runs on the
+//! CPU through [`dsl::stencil_2d`]:
+//!
+//! ```
+//! use ringkernel_codegen::dsl::*;
+//! use ringkernel_codegen::{transpile_stencil_kernel, transpile_stencil_kernel_wgsl, StencilConfig};
+//!
+//! fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+//!     let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+//!     out[pos.idx()] = p[pos.idx()] + c * lap;
+//! }
+//!
+//! // On the CPU: a 4 x 3 grid with a halo of 1 (6 x 5 values), a spike in the middle.
+//! let mut p = vec![0.0f32; GridPos::buffer_len(4, 3, 1)];
+//! p[2 * 6 + 2] = 1.0;
+//! let mut out = p.clone();
+//! stencil_2d(4, 3, 1, |pos| diffuse(pos, &p, &mut out, 0.25));
+//! assert_eq!(out[2 * 6 + 2], 0.0);
+//! assert_eq!(out[2 * 6 + 3], 0.25);
+//!
+//! // The same source for the GPU.
+//! let f: syn::ItemFn = syn::parse_quote! {
+//!     fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+//!         let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+//!         out[pos.idx()] = p[pos.idx()] + c * lap;
+//!     }
+//! };
+//! let cfg = StencilConfig::new(1);
+//! let cuda = transpile_stencil_kernel(&f, &cfg).unwrap();
+//! assert!(cuda.contains("void diffuse(const float* p, float* out, float c, int rk_nx, int rk_ny)"));
+//! let wgsl = transpile_stencil_kernel_wgsl(&f, &cfg).unwrap();
+//! assert_eq!(wgsl.params.len(), 3); // c, rk_nx, rk_ny
+//! ```
+//!
+//! ## CUDA output
+//!
+//! [`transpile_global_kernel`] gives `extern "C" __global__ void name(params) { ... }`,
+//! parameters in the Rust order; launch it with any grid and block. Stencil kernels
+//! ([`transpile_stencil_kernel`]) drop the `GridPos` parameter and take `int rk_nx, int
+//! rk_ny` (and `int rk_nz` in 3-D) last: the interior size; launch a 2-D (3-D) grid
+//! covering it, threads past the end return at once.
+//!
+//! ## WGSL output and binding layout
+//!
+//! [`transpile_global_kernel_wgsl`] gives a [`WgslKernel`]: one `@compute` entry point
+//! named like the function, with a fixed workgroup size (the `block_dim_*` values). All
+//! resources are in group 0:
+//!
+//! * binding 0: `var<uniform> rk_params: RkParams`, present when the kernel has scalar
+//!   parameters (or is a stencil): one 4-byte field per scalar parameter in parameter
+//!   order (`bool` as a `u32` 0/1), then the stencil's `rk_nx, rk_ny[, rk_nz]` (`i32`),
+//!   padded with `u32` fields to a multiple of 16 bytes ([`WgslKernel::params`],
+//!   [`WgslKernel::params_size`], [`WgslKernel::pack_params`]);
+//! * bindings 1, 2, ...: the slice parameters in order, `var<storage, read>` for `&[T]`
+//!   and `var<storage, read_write>` for `&mut [T]`.
+//!
+//! Dispatch `grid_dim` workgroups ([`WgslKernel::workgroup_size`] invocations each).
+//!
+//! ## Where the GPU differs from the CPU
+//!
+//! The CPU runs the Rust, so it panics where the GPU does not: an out-of-bounds index
+//! (CUDA: undefined; WGSL: a clamped or zero access), integer overflow in a debug build
+//! (GPUs wrap; use `wrapping_*` where it matters), integer division by zero (WGSL gives
+//! the dividend; CUDA is undefined). Float results can differ in the last bits (fused
+//! multiply-adds, the GPU's `exp`/`sin`/... accuracy) and for NaN inputs to `min`, `max`
+//! and `clamp`; WGSL's `pow` of a negative base is undefined (Rust and CUDA give a value
+//! for integral exponents), and its float `%` is `x - y * trunc(x / y)` rather than an
+//! exact `fmod`. Shift amounts of the bit width or more: Rust (release) and WGSL use the
+//! low 5 bits, CUDA is undefined. A NaN cast to an integer is 0 in Rust, unspecified in
+//! WGSL. A `for` over `a..=b` with `b` the type's maximum does not end on the GPU.
+//! A simple `if` value inside an expression becomes `select` in WGSL, which evaluates
+//! both branches.
+
+#![warn(missing_docs)]
+
+pub mod dsl;
+mod names;
+mod translate;
+mod types;
+
+pub use types::ScalarType;
+
+use translate::{Kind, Output, Tx};
+
+/// A translation target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// CUDA C for NVRTC.
+    Cuda,
+    /// WGSL for wgpu/naga (and MSL through naga).
+    Wgsl,
+}
+
+/// The default WGSL workgroup size of global kernels.
+pub const DEFAULT_WORKGROUP_SIZE: [u32; 3] = [64, 1, 1];
+
+/// Settings of a stencil kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StencilConfig {
+    /// Halo width in cells (1 to 16): how far `pos.at(..)` may reach, and the margin of
+    /// the buffers around the interior.
+    pub halo: u32,
+    /// WGSL workgroup size (CUDA takes the block size at launch).
+    pub workgroup_size: [u32; 3],
+}
+
+impl StencilConfig {
+    /// A 2-D stencil with `halo` cells of halo and 16×16 workgroups.
+    pub fn new(halo: u32) -> Self {
+        StencilConfig {
+            halo,
+            workgroup_size: [16, 16, 1],
+        }
+    }
+
+    /// A 3-D stencil with `halo` cells of halo and 8×8×4 workgroups.
+    pub fn new_3d(halo: u32) -> Self {
+        StencilConfig {
+            halo,
+            workgroup_size: [8, 8, 4],
+        }
+    }
+}
+
+/// One resource of a [`WgslKernel`] (all in group 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgslBinding {
+    /// Binding number.
+    pub binding: u32,
+    /// Name of the WGSL global (`rk_params` or the slice parameter's name).
+    pub name: String,
+    /// What it holds.
+    pub kind: BindingKind,
+}
+
+/// What a [`WgslBinding`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindingKind {
+    /// The uniform parameter block (binding 0).
+    Params,
+    /// A slice parameter: a storage buffer of `elem`.
+    Storage {
+        /// Element type.
+        elem: ScalarType,
+        /// `&[T]` (`var<storage, read>`) rather than `&mut [T]`.
+        read_only: bool,
+        /// The kernel uses atomics on it: declared `array<atomic<T>>` (same memory
+        /// layout as `array<T>`).
+        atomic: bool,
+    },
+}
+
+/// One field of the WGSL parameter block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamField {
+    /// Field name (the parameter's emitted name, or `rk_nx`/`rk_ny`/`rk_nz`).
+    pub name: String,
+    /// Its Rust type (`bool` is stored as a `u32`).
+    pub ty: ScalarType,
+    /// Byte offset in the block.
+    pub offset: u32,
+}
+
+/// A value for [`WgslKernel::pack_params`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ParamValue {
+    /// An `f32` parameter.
+    F32(f32),
+    /// An `i32` parameter (also the stencil sizes).
+    I32(i32),
+    /// A `u32` parameter.
+    U32(u32),
+    /// A `bool` parameter.
+    Bool(bool),
+}
+
+/// Errors of [`WgslKernel::pack_params`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    /// Not one value per field.
+    #[error("the parameter block has {expected} fields, {got} values were given")]
+    Count {
+        /// Fields in the block.
+        expected: usize,
+        /// Values given.
+        got: usize,
+    },
+    /// A value of the wrong type.
+    #[error("parameter `{name}` is a `{expected}`, the value given is not")]
+    Type {
+        /// The field.
+        name: String,
+        /// Its Rust type.
+        expected: &'static str,
+    },
+}
+
+/// A kernel translated to WGSL, with its binding layout (see the crate docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgslKernel {
+    /// The complete WGSL module.
+    pub source: String,
+    /// Name of the `@compute` entry point (the Rust function's name).
+    pub entry_point: String,
+    /// `@workgroup_size` of the entry point.
+    pub workgroup_size: [u32; 3],
+    /// Resources in binding order (binding 0 is the parameter block when present).
+    pub bindings: Vec<WgslBinding>,
+    /// Fields of the parameter block, in order (empty: no block).
+    pub params: Vec<ParamField>,
+    /// Size of the parameter block in bytes (a multiple of 16; 0 when there is none).
+    pub params_size: u32,
+}
+
+impl WgslKernel {
+    /// The bytes of the parameter block for `values`, one per [`params`](Self::params)
+    /// field in order (the stencil sizes included).
+    pub fn pack_params(&self, values: &[ParamValue]) -> Result<Vec<u8>, PackError> {
+        if values.len() != self.params.len() {
+            return Err(PackError::Count {
+                expected: self.params.len(),
+                got: values.len(),
+            });
+        }
+        let mut out = vec![0u8; self.params_size as usize];
+        for (f, v) in self.params.iter().zip(values) {
+            let bytes = match (f.ty, v) {
+                (ScalarType::F32, ParamValue::F32(x)) => x.to_le_bytes(),
+                (ScalarType::I32, ParamValue::I32(x)) => x.to_le_bytes(),
+                (ScalarType::U32, ParamValue::U32(x)) => x.to_le_bytes(),
+                (ScalarType::Bool, ParamValue::Bool(x)) => (*x as u32).to_le_bytes(),
+                _ => {
+                    return Err(PackError::Type {
+                        name: f.name.clone(),
+                        expected: f.ty.rust_name(),
+                    })
+                }
+            };
+            let o = f.offset as usize;
+            out[o..o + 4].copy_from_slice(&bytes);
+        }
+        Ok(out)
+    }
+}
+
+fn run(f: &syn::ItemFn, target: Target, wg: [u32; 3], kind: Kind<'_>) -> syn::Result<Output> {
+    Tx::new(target, wg).kernel(f, kind)
+}
+
+fn cuda(out: Output) -> String {
+    match out {
+        Output::Cuda(s) => s,
+        Output::Wgsl(_) => unreachable!("CUDA target gives CUDA output"),
+    }
+}
+
+fn wgsl(out: Output) -> WgslKernel {
+    match out {
+        Output::Wgsl(k) => k,
+        Output::Cuda(_) => unreachable!("WGSL target gives WGSL output"),
+    }
+}
+
+/// Translates a global kernel to CUDA C: `extern "C" __global__ void name(...) { ... }`.
+pub fn transpile_global_kernel(f: &syn::ItemFn) -> syn::Result<String> {
+    run(f, Target::Cuda, DEFAULT_WORKGROUP_SIZE, Kind::Global).map(cuda)
+}
+
+/// Translates a global kernel to a WGSL compute entry point with the default workgroup
+/// size ([`DEFAULT_WORKGROUP_SIZE`]).
+pub fn transpile_global_kernel_wgsl(f: &syn::ItemFn) -> syn::Result<WgslKernel> {
+    transpile_global_kernel_wgsl_with(f, DEFAULT_WORKGROUP_SIZE)
+}
+
+/// Translates a global kernel to WGSL with the given workgroup size (each dimension at
+/// least 1, z at most 64, at most 256 invocations).
+pub fn transpile_global_kernel_wgsl_with(
+    f: &syn::ItemFn,
+    workgroup_size: [u32; 3],
+) -> syn::Result<WgslKernel> {
+    run(f, Target::Wgsl, workgroup_size, Kind::Global).map(wgsl)
+}
+
+/// Translates a stencil kernel (one `GridPos`/`GridPos3` parameter) to CUDA C; the
+/// interior size is passed as trailing `int` parameters (see the crate docs).
+pub fn transpile_stencil_kernel(f: &syn::ItemFn, config: &StencilConfig) -> syn::Result<String> {
+    run(
+        f,
+        Target::Cuda,
+        config.workgroup_size,
+        Kind::Stencil(config),
+    )
+    .map(cuda)
+}
+
+/// Translates a stencil kernel to WGSL; the interior size is in the parameter block.
+pub fn transpile_stencil_kernel_wgsl(
+    f: &syn::ItemFn,
+    config: &StencilConfig,
+) -> syn::Result<WgslKernel> {
+    run(
+        f,
+        Target::Wgsl,
+        config.workgroup_size,
+        Kind::Stencil(config),
+    )
+    .map(wgsl)
+}
+
+/// One parameter of a kernel, as a launcher binds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelParam {
+    /// The Rust name.
+    pub name: String,
+    /// What it is.
+    pub kind: ParamKind,
+}
+
+/// What a [`KernelParam`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A scalar passed by value (CUDA) or in the parameter block (WGSL).
+    Scalar(ScalarType),
+    /// A slice: a device pointer (CUDA) or a storage buffer (WGSL).
+    Slice {
+        /// Element type.
+        elem: ScalarType,
+        /// `&mut [T]` rather than `&[T]`.
+        mutable: bool,
+    },
+    /// The cell of a stencil kernel (2 or 3 dimensions): not passed; the launcher passes
+    /// the interior size instead (see the crate docs).
+    GridPos {
+        /// 2 or 3.
+        dims: u8,
+    },
+}
+
+/// The parameters of a kernel in order, checked as the translators check them (types of
+/// the subset; `f64` allowed, since it is valid on CUDA). For launchers that bind
+/// arguments by position.
+pub fn kernel_params(f: &syn::ItemFn) -> syn::Result<Vec<KernelParam>> {
+    let mut out = Vec::new();
+    for arg in &f.sig.inputs {
+        let (pi, kind) = types::parse_param(arg, Target::Cuda)?;
+        out.push(KernelParam {
+            name: pi.ident.to_string(),
+            kind,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,267 @@
+//! The kernels the execution tests run: each is a Rust function (the CPU reference) and
+//! the same tokens as a `syn::ItemFn` (what is translated), see `twin!`.
+
+#![allow(dead_code)]
+// The kernels are written in the translatable subset; several of clippy's rewrites
+// (`is_multiple_of`, `partial_cmp`, ...) are outside it.
+#![allow(clippy::all)]
+
+/// Defines `mod $m` holding the kernel as a Rust function (with `dsl::*` in scope) and
+/// `source()`, the same tokens as a `syn::ItemFn`.
+macro_rules! twin {
+    ($m:ident => $($t:tt)*) => {
+        pub mod $m {
+            #[allow(unused_imports)]
+            use ringkernel_codegen::dsl::*;
+            $($t)*
+            pub fn source() -> syn::ItemFn {
+                syn::parse_quote! { $($t)* }
+            }
+        }
+    };
+}
+
+twin! { saxpy =>
+    pub fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i < n {
+            y[i as usize] = a.mul_add(x[i as usize], y[i as usize]);
+        }
+    }
+}
+
+twin! { branchy =>
+    pub fn branchy(x: &[f32], out: &mut [f32], lo: f32, hi: f32, n: i32) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let v = x[i as usize];
+        let mut r = v.clamp(lo, hi);
+        if v < lo {
+            r = lo - (lo - v).sqrt();
+        } else if v > hi {
+            r = hi + (v - hi).min(1.0);
+        } else if v.abs() < 0.5 {
+            r = 0.0;
+        }
+        let s = if r > 0.0 { r * 2.0 } else { r.abs().max(0.25) };
+        let t = if s > 3.0 && !(v < 0.0) || v.floor() == -2.0 { -s } else { s + 1.0 };
+        out[i as usize] = t;
+    }
+}
+
+twin! { classify =>
+    pub fn classify(codes: &[i32], out: &mut [i32], n: i32) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let c = codes[i as usize];
+        let v = match c {
+            0 => 10,
+            1 | 2 => {
+                let t = c * 3;
+                t + 1
+            }
+            3 => -c,
+            -1 => 77,
+            _ => c * c,
+        };
+        let mut w = 0;
+        match c & 3 {
+            0 => w = 1,
+            1 => {
+                w = 2;
+            }
+            _ => {}
+        }
+        out[i as usize] = v * 4 + w;
+    }
+}
+
+twin! { loops =>
+    pub fn loops(start: &[u32], steps: &mut [u32], n: u32, cap: u32) {
+        let i = (block_idx_x() * block_dim_x() + thread_idx_x()) as u32;
+        if i >= n {
+            return;
+        }
+        let mut v = start[i as usize];
+        let mut k = 0u32;
+        loop {
+            if v <= 1 {
+                break;
+            }
+            if k >= cap {
+                break;
+            }
+            k += 1;
+            if v % 2 == 0 {
+                v /= 2;
+                continue;
+            }
+            v = 3 * v + 1;
+        }
+        let mut odd = 0u32;
+        for j in 0..k {
+            if j % 3 == 0 {
+                continue;
+            }
+            odd += 1;
+            if odd > 50 {
+                break;
+            }
+        }
+        let mut w = 0u32;
+        while w * w < k {
+            w += 1;
+        }
+        let lim = start[i as usize] % 9;
+        let mut m = 0u32;
+        loop {
+            match (m == lim) as u32 {
+                1 => break,
+                _ => m += 1,
+            }
+        }
+        let mut stepped = 0u32;
+        for s in (1..=k).step_by(4) {
+            stepped += s % 5;
+        }
+        steps[i as usize] = k * 100000 + odd * 1000 + w * 10 + m + stepped % 7 * 100_000_000;
+    }
+}
+
+twin! { laplace =>
+    pub fn laplace(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+        let centre = p[pos.idx()];
+        let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * centre;
+        let diag = pos.at(p, 1, -1) - pos.at(p, -1, 1);
+        out[pos.idx()] = centre + c * lap + 0.125 * diag;
+    }
+}
+
+twin! { heat3 =>
+    pub fn heat3(pos: GridPos3, p: &[f32], out: &mut [f32], c: f32) {
+        let centre = p[pos.idx()];
+        let sum = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) + pos.up(p)
+            + pos.down(p);
+        out[pos.idx()] = centre + c * (sum - 6.0 * centre) + 0.01 * pos.at(p, 0, 0, -1);
+    }
+}
+
+twin! { mixed =>
+    pub fn mixed(
+        x: &[f32],
+        bits: &[u32],
+        out: &mut [f32],
+        iout: &mut [i32],
+        n: i32,
+        scale: f32,
+        flip: bool,
+    ) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let iu = i as usize;
+        let v = x[iu];
+        let v = v * scale;
+        let mut taps = [0.0f32; 4];
+        let w = [0.5f32, 0.25, 0.125, 0.0625];
+        for k in 0..4usize {
+            taps[k] = w[k] * (v + k as f32).abs().sqrt();
+        }
+        let mut acc: f32;
+        acc = taps[0] + taps[1] + taps[2] + taps[3];
+        acc += (v * 0.1).tanh() + (v * 0.05).exp() + (v.abs() + 1.0).ln() + v.sin() * v.cos();
+        acc += v.abs().powf(0.5) + v.max(-1.0).min(1.0) + v.floor() + v.ceil() * 0.5;
+        acc += v.trunc() + std::f32::consts::PI.recip() + v.mul_add(0.5, 1.0) + v.clamp(-2.0, 2.0);
+        acc += v.atan2(1.5) + (v * 0.2).atan() + v.exp2() * 0.01 + (v.abs() + 0.5).log2();
+        let b = bits[iu];
+        let m = ((b >> 3) & 0xff) ^ (b << 2) | (!b & 7);
+        let sh = (b % 13) as i32;
+        let q = (sh << 2) - (sh >> 1) + (m % 1000) as i32 - i32::MAX / 1000000;
+        let r = if flip { -q } else { q.abs().min(500).max(-500) };
+        let mut hist = 0;
+        let mut j = 0u32;
+        while j < 32 {
+            if (b >> j) & 1 == 1 {
+                hist += 1;
+            }
+            j += 1;
+        }
+        iout[iu] = r.wrapping_mul(3).wrapping_add((v as i32).clamp(-100, 100))
+            + (flip as i32)
+            + hist * 1000;
+        out[iu] = acc;
+    }
+}
+
+twin! { histogram =>
+    pub fn histogram(vals: &[u32], hist: &mut [u32], extremes: &mut [i32], n: u32, bins: u32) {
+        let i = (block_idx_x() * block_dim_x() + thread_idx_x()) as u32;
+        if i >= n {
+            return;
+        }
+        let v = vals[i as usize];
+        atomic_add(&mut hist[(v % bins) as usize], 1);
+        atomic_max(&mut extremes[0], v as i32);
+        atomic_min(&mut extremes[1], v as i32);
+        atomic_or(&mut extremes[2], 1 << (v % 31));
+        atomic_sub(&mut extremes[3], 2);
+    }
+}
+
+twin! { control =>
+    pub fn control(a: &[i32], out: &mut [i32], n: i32) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let x = a[i as usize];
+        // Signed division and remainder truncate toward zero on every target.
+        let q = x / 7 + x % 5 - (-x) / 3;
+        let mut acc = q;
+        // Nested loops; a match with `break` inside the inner one.
+        for r in 0..4 {
+            let x = r * 2; // shadows the outer `x` in this scope only
+            let mut c = 0;
+            while c < 10 {
+                c += 1;
+                if c % 3 == 0 {
+                    continue;
+                }
+                match (c + x) % 6 {
+                    5 => break,
+                    0 | 1 => acc += c,
+                    _ => acc -= 1,
+                }
+            }
+            if acc > 1000 {
+                out[i as usize] = -1;
+                return;
+            }
+        }
+        let kind = match x.abs() % 4 {
+            0 => {
+                let t = acc * 2;
+                if t > 50 {
+                    t - 50
+                } else {
+                    t
+                }
+            }
+            1 => acc + x,
+            2 => {
+                while acc <= 40 {
+                    acc += 7;
+                }
+                acc
+            }
+            _ => -acc,
+        };
+        let kind = if kind == 0 { 11 } else { kind };
+        out[i as usize] = kind + x * 100;
+    }
+}
