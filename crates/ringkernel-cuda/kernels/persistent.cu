@@ -46,7 +46,6 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     __shared__ rk_u32 s_src;        // 0: host input lane s_lane, 1: K2K inbox
     __shared__ rk_u32 s_lane;       // input lane of the batch (s_src == 0)
     __shared__ rk_u32 s_exit;
-    __shared__ rk_u32 s_active;     // 1 while the kernel processes messages
     __shared__ rk_u64 s_first;      // index of the first message of the batch
     __shared__ rk_u64 s_sample;     // messages taken before this batch (latency ring index)
     __shared__ rk_u64 s_out_tail;
@@ -98,7 +97,6 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         cb->hlc = hlc;
         cb->input_head = 0;
         cb->output_tail = 0;
-        s_active = 0;
         s_lane = 0;
         s_inbox_head = 0;
         __threadfence_system();
@@ -107,8 +105,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     __syncthreads();
 
     for (;;) {
-        // ---- inbox: every thread checks one ready word, in parallel ----
-        if (s_active) {
+        // ---- inbox: every thread checks one ready word, in parallel (device memory,
+        // off the host round trip; also while inactive, so the first round after an
+        // activate already sees what K2K senders left, and can rank it by priority) ----
+        {
             const rk_u64 ih = s_inbox_head;
             bool ready = false;
             if (tid < p.inbox_capacity) {
@@ -179,21 +179,30 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     }
                 }
                 rk_u64 avail_box = 0;
-                if (s_active) {
-                    for (rk_u32 w = 0; w < nwarps; w++) {
-                        avail_box += s_warp_ready[w];
-                        if (s_warp_ready[w] != 32u) break;
-                    }
-                    if (avail_box > p.inbox_capacity) avail_box = p.inbox_capacity;
-                    if (avail_box > nthreads) avail_box = nthreads;
+                for (rk_u32 w = 0; w < nwarps; w++) {
+                    avail_box += s_warp_ready[w];
+                    if (s_warp_ready[w] != 32u) break;
                 }
+                if (avail_box > p.inbox_capacity) avail_box = p.inbox_capacity;
+                if (avail_box > nthreads) avail_box = nthreads;
                 rk_u64 free_out = p.out_capacity - (out_tail - out_head_seen);
                 if (free_out < nthreads && free_out < avail_in + avail_box) {
                     out_head_seen = rk_ld_acquire_sys(&outq->head);
                     free_out = p.out_capacity - (out_tail - out_head_seen);
                 }
-                // Alternate between the two sources so neither starves.
+                // Both sources waiting: the one whose next message has the higher
+                // priority lane goes first (the inbox is one FIFO lane, ranked by the
+                // message at its head); on a tie, alternate so neither starves.
                 bool use_box = avail_box > 0 && (avail_in == 0 || prefer_inbox);
+                if (avail_box > 0 && avail_in > 0) {
+                    __threadfence();  // acquire: the head slot after its ready word
+                    const RkMessageHeader* bh = (const RkMessageHeader*)(inbox_slots +
+                        (inbox_head & (p.inbox_capacity - 1)) * (rk_u64)slot);
+                    const rk_u32 box_lane =
+                        ((*(volatile const rk_u32*)&bh->flags & RK_FLAG_PRIORITY_MASK) >>
+                         RK_FLAG_PRIORITY_SHIFT) >> RK_LANE_SHIFT;
+                    if (box_lane != lane) use_box = box_lane > lane;
+                }
                 rk_u64 avail = use_box ? avail_box : avail_in;
                 src = use_box ? 1 : 0;
                 cur_lane = lane;
@@ -206,7 +215,6 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             } else if (terminating) {
                 s_exit = 1;  // not active: leave the queued messages to the host
             }
-            s_active = state == RK_STATE_ACTIVE;
             s_n = n;
             s_src = src;
             s_lane = cur_lane;
