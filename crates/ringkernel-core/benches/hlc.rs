@@ -34,6 +34,12 @@ fn bench_tick(c: &mut Criterion) {
     g.bench_function("clock/SystemTime_now", |b| {
         b.iter(|| black_box(systemtime_ms()))
     });
+    // The other half of tick's floor: one uncontended atomic add (what tick does when
+    // the physical clock has not moved past the clock's time).
+    let word = std::sync::atomic::AtomicU64::new(0);
+    g.bench_function("floor/atomic_fetch_add", |b| {
+        b.iter(|| black_box(word.fetch_add(1, std::sync::atomic::Ordering::AcqRel)))
+    });
     let ours = HlcClock::new(1);
     g.bench_function("ringkernel/tick", |b| b.iter(|| black_box(ours.tick())));
     let ours_std = HlcClock::with_physical_clock(1, systemtime_ms, 1_000);

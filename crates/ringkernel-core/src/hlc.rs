@@ -189,7 +189,9 @@ pub fn system_clock_ms() -> u64 {
 pub struct HlcClock {
     state: AtomicU64,
     node: u64,
-    clock: PhysicalClock,
+    /// `None`: the system clock ([`system_clock_ms`], called directly so it inlines
+    /// into `tick`); `Some`: a custom clock.
+    clock: Option<PhysicalClock>,
     max_drift_ms: u64,
 }
 
@@ -208,11 +210,16 @@ impl HlcClock {
     /// Give every clock that takes part in one system its own node id: that is what
     /// keeps timestamps of different clocks apart.
     pub fn new(node_id: u64) -> Self {
-        Self::with_physical_clock(node_id, system_clock_ms, DEFAULT_MAX_DRIFT_MS)
+        Self::with_max_drift(node_id, DEFAULT_MAX_DRIFT_MS)
     }
     /// A clock with another maximum drift.
     pub fn with_max_drift(node_id: u64, max_drift_ms: u64) -> Self {
-        Self::with_physical_clock(node_id, system_clock_ms, max_drift_ms)
+        HlcClock {
+            state: AtomicU64::new(0),
+            node: node_id,
+            clock: None,
+            max_drift_ms,
+        }
     }
     /// A clock on a custom physical clock (tests use this to control time).
     ///
@@ -227,7 +234,7 @@ impl HlcClock {
         HlcClock {
             state: AtomicU64::new(0),
             node: node_id,
-            clock,
+            clock: Some(clock),
             max_drift_ms,
         }
     }
@@ -245,7 +252,10 @@ impl HlcClock {
 
     #[inline(always)]
     fn physical(&self) -> u64 {
-        (self.clock)() & MAX_PHYSICAL_MS
+        match self.clock {
+            None => system_clock_ms() & MAX_PHYSICAL_MS,
+            Some(clock) => clock() & MAX_PHYSICAL_MS,
+        }
     }
 
     /// Local or send event: returns a timestamp greater than every one this clock has
