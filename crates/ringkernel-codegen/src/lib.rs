@@ -159,6 +159,7 @@
 #![warn(missing_docs)]
 
 pub mod dsl;
+pub mod launch;
 mod names;
 mod translate;
 mod types;
