@@ -1,0 +1,459 @@
+//! Launching kernels written once in Rust (`#[gpu_kernel]`) on any [`Device`].
+//!
+//! ```
+//! use ringkernel::codegen::dsl::*;
+//! use ringkernel::compute::Device;
+//! use ringkernel::{args, gpu_kernel};
+//!
+//! #[gpu_kernel]
+//! fn scale(data: &mut [f32], factor: f32, n: i32) {
+//!     let i = block_idx_x() * block_dim_x() + thread_idx_x();
+//!     if i < n {
+//!         data[i as usize] *= factor;
+//!     }
+//! }
+//!
+//! let dev = Device::cpu(); // or Device::wgpu()?, Device::cuda(0)?, Device::metal()?
+//! let mut data = vec![1.5f32; 100];
+//! dev.launch(&SCALE, [2, 1, 1], [64, 1, 1], &mut args![&mut data, 2.0f32, 100])?;
+//! assert!(data.iter().all(|&v| v == 3.0));
+//! # Ok::<(), ringkernel::Error>(())
+//! ```
+//!
+//! On the CPU the Rust function runs for every thread of the grid (`dsl::launch`); on
+//! wgpu the kernel's WGSL, translated for the launch's block size, on CUDA its CUDA C
+//! through NVRTC, on Metal naga's MSL of the WGSL. Each device translates and compiles a
+//! kernel once (per block size for WGSL) and keeps the result ([`LaunchInfo`] says which
+//! launch paid for it). Slices are copied to the device, and the mutable ones back,
+//! at every launch.
+
+use super::Device;
+use crate::core::compute::{BufferRef, ComputeBackend};
+use crate::{BackendKind, Error, Result};
+use ringkernel_codegen::launch::{ArgError, GpuKernel, KernelArg};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// What a [`Device::launch`] did besides running the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchInfo {
+    /// This launch translated and compiled the kernel for the device (its first use
+    /// there, or the first with this block size on wgpu/Metal); `false` when the
+    /// compiled kernel came from the device's cache, and on the CPU.
+    pub compiled: bool,
+    /// Time spent translating and compiling (zero when `compiled` is false).
+    pub compile_time: Duration,
+}
+
+/// The backend behind a [`Device`] as its concrete type, for what the object-safe
+/// [`ComputeBackend`] does not cover (running generated kernels).
+#[derive(Clone)]
+pub(crate) enum Native {
+    /// The CPU.
+    Cpu,
+    /// wgpu.
+    #[cfg(feature = "wgpu")]
+    Wgpu(std::sync::Arc<ringkernel_wgpu::WgpuCompute>),
+    /// CUDA.
+    #[cfg(feature = "cuda")]
+    Cuda(std::sync::Arc<ringkernel_cuda::CudaCompute>),
+    /// Metal.
+    #[cfg(feature = "metal")]
+    Metal(std::sync::Arc<ringkernel_metal::MetalCompute>),
+    /// A backend handed to [`Device::from_backend`]: no generated kernels.
+    Opaque,
+}
+
+impl Native {
+    /// The backend behind the object-safe trait (`None` for [`Native::Cpu`] and
+    /// [`Native::Opaque`], whose trait object the caller has).
+    pub(crate) fn dyn_backend(&self) -> Option<std::sync::Arc<dyn ComputeBackend>> {
+        match self {
+            #[cfg(feature = "wgpu")]
+            Native::Wgpu(b) => Some(b.clone()),
+            #[cfg(feature = "cuda")]
+            Native::Cuda(b) => Some(b.clone()),
+            #[cfg(feature = "metal")]
+            Native::Metal(b) => Some(b.clone()),
+            Native::Cpu | Native::Opaque => None,
+        }
+    }
+}
+
+/// A kernel compiled for one device.
+#[derive(Clone)]
+enum Compiled {
+    #[cfg(feature = "wgpu")]
+    Wgpu {
+        pipeline: ringkernel_wgpu::WgslPipeline,
+        layout: ringkernel_codegen::WgslKernel,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda(ringkernel_cuda::CudaFunction),
+    #[cfg(feature = "metal")]
+    Metal {
+        pipeline: ringkernel_metal::MslPipeline,
+        layout: ringkernel_codegen::WgslKernel,
+    },
+}
+
+/// Which compiled form: the kernel (by name and a hash of its Rust source) and, for
+/// WGSL, the workgroup size.
+type Key = (&'static str, u64, [u32; 3]);
+
+/// Per-device cache of compiled generated kernels.
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    map: Mutex<HashMap<Key, Compiled>>,
+}
+
+impl KernelCache {
+    /// Kernels compiled so far.
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn arg_err(e: ArgError) -> Error {
+    Error::invalid(e.to_string())
+}
+
+/// `log` of a compile error with the generated source appended, numbered.
+fn with_source(e: Error, kernel: &str, lang: &str, source: &str) -> Error {
+    match e {
+        Error::Compile { backend, log } => {
+            let numbered: String = source
+                .lines()
+                .enumerate()
+                .map(|(i, l)| format!("{:4} | {l}\n", i + 1))
+                .collect();
+            Error::Compile {
+                backend,
+                log: format!("{log}\n\ngenerated {lang} of kernel `{kernel}`:\n{numbered}"),
+            }
+        }
+        other => other,
+    }
+}
+
+#[allow(dead_code)] // unused without a WGSL backend
+fn wgsl_layout(
+    kernel: &GpuKernel,
+    backend: BackendKind,
+    block: [u32; 3],
+) -> Result<ringkernel_codegen::WgslKernel> {
+    if let Err(why) = kernel.wgsl_source {
+        return Err(Error::Compile {
+            backend,
+            log: format!("kernel `{}` has no WGSL form: {why}", kernel.name),
+        });
+    }
+    kernel.wgsl(block).map_err(|e| {
+        Error::invalid(format!(
+            "kernel `{}` with block {block:?}: {e}",
+            kernel.name
+        ))
+    })
+}
+
+impl Device {
+    /// Runs `kernel` (a `#[gpu_kernel]` function) over `grid` blocks of `block` threads
+    /// with `args` bound by position (build them with [`args!`](crate::args)), and
+    /// copies mutable slices back. Returns when the results are in the slices.
+    ///
+    /// Errors: wrong argument count or types, a block the backend cannot run, a grid
+    /// beyond its limits: [`Error::InvalidArgument`]; generated source the device's
+    /// compiler refuses: [`Error::Compile`] with the log and the source; a kernel that
+    /// panics on the CPU (an index out of bounds, say): [`Error::Device`]; a device
+    /// given to [`Device::from_backend`] that is not one of the built-in backends:
+    /// [`Error::BackendUnavailable`].
+    pub fn launch(
+        &self,
+        kernel: &GpuKernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &mut [KernelArg<'_>],
+    ) -> Result<LaunchInfo> {
+        kernel.check_args(args).map_err(arg_err)?;
+        let native = self.native();
+        let cached = LaunchInfo {
+            compiled: false,
+            compile_time: Duration::ZERO,
+        };
+        match native {
+            Native::Cpu => {
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    (kernel.cpu)(grid, block, args)
+                }));
+                match run {
+                    Ok(r) => r.map_err(arg_err)?,
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "(no message)".into());
+                        return Err(Error::Device(format!(
+                            "kernel `{}` panicked on the CPU: {msg}",
+                            kernel.name
+                        )));
+                    }
+                }
+                Ok(cached)
+            }
+            Native::Opaque => Err(Error::unavailable(
+                self.kind(),
+                format!(
+                    "kernel `{}`: generated kernels run on the built-in backends only, not on \
+                     one handed to Device::from_backend",
+                    kernel.name
+                ),
+            )),
+            #[allow(unreachable_patterns)]
+            _ => self.launch_gpu(&native, kernel, grid, block, args),
+        }
+    }
+
+    /// Compiled generated kernels in this device's cache.
+    pub fn cached_kernels(&self) -> usize {
+        self.kernel_cache().len()
+    }
+
+    #[allow(unused_variables, unreachable_code)]
+    fn launch_gpu(
+        &self,
+        native: &Native,
+        kernel: &GpuKernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &mut [KernelArg<'_>],
+    ) -> Result<LaunchInfo> {
+        let backend = self.backend().clone();
+        // Compiled form, from the cache or now.
+        let wgsl_like = matches!(self.kind(), BackendKind::Wgpu | BackendKind::Metal);
+        let key: Key = (
+            kernel.name,
+            fnv1a(kernel.rust_source),
+            if wgsl_like { block } else { [0; 3] },
+        );
+        let cache = self.kernel_cache();
+        let hit = cache
+            .map
+            .lock()
+            .map_err(|_| Error::Device("kernel cache poisoned".into()))?
+            .get(&key)
+            .cloned();
+        let (compiled, info) = match hit {
+            Some(c) => (
+                c,
+                LaunchInfo {
+                    compiled: false,
+                    compile_time: Duration::ZERO,
+                },
+            ),
+            None => {
+                let t = Instant::now();
+                let c = compile(native, kernel, block)?;
+                let info = LaunchInfo {
+                    compiled: true,
+                    compile_time: t.elapsed(),
+                };
+                cache
+                    .map
+                    .lock()
+                    .map_err(|_| Error::Device("kernel cache poisoned".into()))?
+                    .insert(key, c.clone());
+                (c, info)
+            }
+        };
+        // Slices to the device (as 32-bit words), run, mutable ones back.
+        let bufs = args
+            .iter()
+            .map(|a| a.words().map(|w| backend.upload(&w)).transpose())
+            .collect::<Result<Vec<Option<BufferRef>>>>()?;
+        run(&compiled, native, kernel, grid, block, args, &bufs)?;
+        for (a, b) in args.iter_mut().zip(&bufs) {
+            if let (true, Some(b)) = (a.is_mut_slice(), b) {
+                let mut words = vec![0.0f32; a.word_len()];
+                backend.read(&**b, 0, &mut words)?;
+                if !a.store_words(&words) {
+                    return Err(Error::Device(format!(
+                        "kernel `{}`: read back {} words for a {}",
+                        kernel.name,
+                        words.len(),
+                        a.type_name()
+                    )));
+                }
+            }
+        }
+        Ok(info)
+    }
+}
+
+#[allow(unused_variables)]
+fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compiled> {
+    match native {
+        #[cfg(feature = "wgpu")]
+        Native::Wgpu(w) => {
+            let layout = wgsl_layout(kernel, BackendKind::Wgpu, block)?;
+            let label = format!("{}.wgsl", kernel.name);
+            let pipeline = w
+                .compile_wgsl(&label, &layout.source, &layout.entry_point)
+                .map_err(|e| with_source(e, kernel.name, "WGSL", &layout.source))?;
+            Ok(Compiled::Wgpu { pipeline, layout })
+        }
+        #[cfg(feature = "cuda")]
+        Native::Cuda(c) => {
+            let f = c
+                .compile_function(kernel.name, kernel.cuda_source, kernel.name)
+                .map_err(|e| with_source(e, kernel.name, "CUDA C", kernel.cuda_source))?;
+            Ok(Compiled::Cuda(f))
+        }
+        #[cfg(feature = "metal")]
+        Native::Metal(m) => {
+            let layout = wgsl_layout(kernel, BackendKind::Metal, block)?;
+            let label = format!("{}.wgsl", kernel.name);
+            let read_write: Vec<bool> = layout
+                .bindings
+                .iter()
+                .filter_map(|b| match b.kind {
+                    ringkernel_codegen::BindingKind::Storage { read_only, .. } => Some(!read_only),
+                    ringkernel_codegen::BindingKind::Params => None,
+                })
+                .collect();
+            let pipeline = m
+                .compile_wgsl(
+                    &label,
+                    &layout.source,
+                    &layout.entry_point,
+                    !layout.params.is_empty(),
+                    &read_write,
+                )
+                .map_err(|e| with_source(e, kernel.name, "WGSL", &layout.source))?;
+            Ok(Compiled::Metal { pipeline, layout })
+        }
+        _ => Err(Error::Device(format!(
+            "kernel `{}`: no compiler for this backend",
+            kernel.name
+        ))),
+    }
+}
+
+/// The WGSL parameter block of the scalar arguments.
+#[allow(dead_code)] // unused without a WGSL backend
+fn wgsl_params(
+    kernel: &GpuKernel,
+    layout: &ringkernel_codegen::WgslKernel,
+    args: &[KernelArg<'_>],
+) -> Result<Option<Vec<u8>>> {
+    use ringkernel_codegen::ParamValue as V;
+    if layout.params.is_empty() {
+        return Ok(None);
+    }
+    let values = args
+        .iter()
+        .filter_map(|a| match a {
+            KernelArg::F32(x) => Some(Ok(V::F32(*x))),
+            KernelArg::I32(x) => Some(Ok(V::I32(*x))),
+            KernelArg::U32(x) => Some(Ok(V::U32(*x))),
+            KernelArg::Bool(x) => Some(Ok(V::Bool(*x))),
+            KernelArg::F64(_) => Some(Err(Error::invalid(format!(
+                "kernel `{}`: WGSL has no f64",
+                kernel.name
+            )))),
+            _ => None,
+        })
+        .collect::<Result<Vec<_>>>()?;
+    layout
+        .pack_params(&values)
+        .map(Some)
+        .map_err(|e| Error::invalid(format!("kernel `{}`: {e}", kernel.name)))
+}
+
+/// The storage bindings of the slice arguments, in parameter order.
+#[allow(dead_code)] // unused without a WGSL backend
+fn wgsl_buffers<'a>(
+    kernel: &GpuKernel,
+    layout: &ringkernel_codegen::WgslKernel,
+    bufs: &'a [Option<BufferRef>],
+) -> Result<Vec<(u32, &'a dyn crate::core::compute::DeviceBuffer)>> {
+    use ringkernel_codegen::BindingKind;
+    let slots: Vec<u32> = layout
+        .bindings
+        .iter()
+        .filter(|b| matches!(b.kind, BindingKind::Storage { .. }))
+        .map(|b| b.binding)
+        .collect();
+    let given: Vec<&dyn crate::core::compute::DeviceBuffer> =
+        bufs.iter().flatten().map(|b| &**b).collect();
+    if slots.len() != given.len() {
+        return Err(Error::Device(format!(
+            "kernel `{}`: the WGSL binds {} buffers, {} slices were given",
+            kernel.name,
+            slots.len(),
+            given.len()
+        )));
+    }
+    Ok(slots.into_iter().zip(given).collect())
+}
+
+#[allow(unused_variables)]
+fn run(
+    compiled: &Compiled,
+    native: &Native,
+    kernel: &GpuKernel,
+    grid: [u32; 3],
+    block: [u32; 3],
+    args: &[KernelArg<'_>],
+    bufs: &[Option<BufferRef>],
+) -> Result<()> {
+    match (compiled, native) {
+        #[cfg(feature = "wgpu")]
+        (Compiled::Wgpu { pipeline, layout }, Native::Wgpu(w)) => {
+            let params = wgsl_params(kernel, layout, args)?;
+            let buffers = wgsl_buffers(kernel, layout, bufs)?;
+            w.dispatch_wgsl(pipeline, params.as_deref(), &buffers, grid)
+        }
+        #[cfg(feature = "metal")]
+        (Compiled::Metal { pipeline, layout }, Native::Metal(m)) => {
+            let params = wgsl_params(kernel, layout, args)?;
+            let buffers = wgsl_buffers(kernel, layout, bufs)?;
+            m.dispatch_wgsl(pipeline, params.as_deref(), &buffers, grid)
+        }
+        #[cfg(feature = "cuda")]
+        (Compiled::Cuda(f), Native::Cuda(c)) => {
+            use ringkernel_codegen::ParamKind;
+            use ringkernel_cuda::CudaArg;
+            let cargs = args
+                .iter()
+                .zip(bufs)
+                .zip(kernel.params)
+                .map(|((a, b), p)| match (a, b, p.kind) {
+                    (_, Some(b), ParamKind::Slice { .. }) => Ok(CudaArg::Buffer(&**b)),
+                    (KernelArg::F32(x), None, _) => Ok(CudaArg::F32(*x)),
+                    (KernelArg::F64(x), None, _) => Ok(CudaArg::F64(*x)),
+                    (KernelArg::I32(x), None, _) => Ok(CudaArg::I32(*x)),
+                    (KernelArg::U32(x), None, _) => Ok(CudaArg::U32(*x)),
+                    (KernelArg::Bool(x), None, _) => Ok(CudaArg::Bool(*x)),
+                    _ => Err(Error::invalid(format!(
+                        "kernel `{}`: argument for `{}` does not fit",
+                        kernel.name, p.name
+                    ))),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            c.launch_function(f, grid, block, &cargs)
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::Device(format!(
+            "kernel `{}`: compiled for another backend",
+            kernel.name
+        ))),
+    }
+}
