@@ -237,7 +237,14 @@ pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn gpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = parse_macro_input!(item as ItemFn);
-    gpu_kernel::expand(attr.into(), item)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    match gpu_kernel::expand(attr.into(), item.clone()) {
+        Ok(t) => t.into(),
+        // Keep the function itself, so the error is the only one (no "cannot find
+        // function" at its callers).
+        Err(e) => {
+            let mut t = e.into_compile_error();
+            t.extend(quote::quote!(#item));
+            t.into()
+        }
+    }
 }

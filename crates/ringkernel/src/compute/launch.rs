@@ -126,6 +126,10 @@ fn arg_err(e: ArgError) -> Error {
 }
 
 /// `log` of a compile error with the generated source appended, numbered.
+#[cfg_attr(
+    not(any(feature = "wgpu", feature = "cuda", feature = "metal")),
+    allow(dead_code)
+)]
 fn with_source(e: Error, kernel: &str, lang: &str, source: &str) -> Error {
     match e {
         Error::Compile { backend, log } => {
@@ -455,5 +459,31 @@ fn run(
             "kernel `{}`: compiled for another backend",
             kernel.name
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compile_errors_get_the_numbered_source() {
+        let e = Error::Compile {
+            backend: BackendKind::Wgpu,
+            log: "error: unknown identifier `q`".into(),
+        };
+        let src = "fn a() {\n    q;\n}";
+        match with_source(e, "k", "WGSL", src) {
+            Error::Compile { backend, log } => {
+                assert_eq!(backend, BackendKind::Wgpu);
+                assert!(log.starts_with("error: unknown identifier `q`"), "{log}");
+                assert!(log.contains("generated WGSL of kernel `k`:"), "{log}");
+                assert!(log.contains("   2 |     q;\n"), "{log}");
+            }
+            other => panic!("{other}"),
+        }
+        // other errors pass through
+        let e = with_source(Error::invalid("x"), "k", "WGSL", src);
+        assert!(matches!(e, Error::InvalidArgument(_)));
     }
 }
