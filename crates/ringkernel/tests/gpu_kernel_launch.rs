@@ -2,6 +2,9 @@
 //! wgpu (lavapipe here) the generated WGSL, CUDA the generated CUDA C; results must
 //! match on fresh random inputs of awkward sizes.
 
+// Without a GPU feature only the CPU tests are compiled.
+#![cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(dead_code))]
+
 use ringkernel::codegen::dsl::*;
 use ringkernel::compute::Device;
 use ringkernel::core::util::SplitMix64;
