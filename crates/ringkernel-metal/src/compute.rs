@@ -348,18 +348,18 @@ pub struct MslPipeline {
 }
 
 impl MetalCompute {
-    /// Validates WGSL `source` with naga, translates `entry_point` to MSL (binding `n` of
-    /// group 0 at `[[buffer(n)]]`, as for the built-in kernels; binding 0 is the uniform
-    /// parameter block when `has_params`, `read_write[i]` says whether storage binding
-    /// `i + 1` is written) and compiles it. Failures are [`Error::Compile`].
-    pub fn compile_wgsl(
-        &self,
+    /// Validates WGSL `source` with naga and translates `entry_point` to MSL: binding `n`
+    /// of group 0 at `[[buffer(n)]]`, as for the built-in kernels; binding 0 is the
+    /// uniform parameter block when `has_params`, and `read_write[i]` says whether
+    /// storage binding `i + 1` is written. Needs no device (tests check it off Apple).
+    /// Failures are [`Error::Compile`].
+    pub fn generated_msl(
         label: &str,
         source: &str,
         entry_point: &str,
         has_params: bool,
         read_write: &[bool],
-    ) -> Result<MslPipeline> {
+    ) -> Result<ringkernel_shaders::MslOutput> {
         use ringkernel_shaders::{Access, Binding};
         let v = ringkernel_shaders::validate_source(label, source)?;
         let mut bindings = Vec::with_capacity(read_write.len() + 1);
@@ -379,8 +379,19 @@ impl MetalCompute {
                 access: if rw { Access::ReadWrite } else { Access::Read },
             });
         }
-        let msl =
-            ringkernel_shaders::module_to_msl(&v, entry_point, &bindings, &Specialization::none())?;
+        ringkernel_shaders::module_to_msl(&v, entry_point, &bindings, &Specialization::none())
+    }
+
+    /// Compiles the MSL of [`generated_msl`](Self::generated_msl) into a pipeline.
+    pub fn compile_wgsl(
+        &self,
+        label: &str,
+        source: &str,
+        entry_point: &str,
+        has_params: bool,
+        read_write: &[bool],
+    ) -> Result<MslPipeline> {
+        let msl = Self::generated_msl(label, source, entry_point, has_params, read_write)?;
         let pipeline = self.device.compile(label, &msl.source, &msl.entry_point)?;
         check_fixed_threadgroup(entry_point, pipeline.limits(), msl.workgroup_size)?;
         let sizes = msl

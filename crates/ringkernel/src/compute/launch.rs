@@ -324,21 +324,13 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
         Native::Metal(m) => {
             let layout = wgsl_layout(kernel, BackendKind::Metal, block)?;
             let label = format!("{}.wgsl", kernel.name);
-            let read_write: Vec<bool> = layout
-                .bindings
-                .iter()
-                .filter_map(|b| match b.kind {
-                    ringkernel_codegen::BindingKind::Storage { read_only, .. } => Some(!read_only),
-                    ringkernel_codegen::BindingKind::Params => None,
-                })
-                .collect();
             let pipeline = m
                 .compile_wgsl(
                     &label,
                     &layout.source,
                     &layout.entry_point,
                     !layout.params.is_empty(),
-                    &read_write,
+                    &storage_read_write(&layout),
                 )
                 .map_err(|e| with_source(e, kernel.name, "WGSL", &layout.source))?;
             Ok(Compiled::Metal { pipeline, layout })
@@ -348,6 +340,19 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
             kernel.name
         ))),
     }
+}
+
+/// For each storage binding (1, 2, ... in order): whether the kernel writes it.
+#[cfg(feature = "metal")]
+fn storage_read_write(layout: &ringkernel_codegen::WgslKernel) -> Vec<bool> {
+    layout
+        .bindings
+        .iter()
+        .filter_map(|b| match b.kind {
+            ringkernel_codegen::BindingKind::Storage { read_only, .. } => Some(!read_only),
+            ringkernel_codegen::BindingKind::Params => None,
+        })
+        .collect()
 }
 
 /// The WGSL parameter block of the scalar arguments.
@@ -465,6 +470,56 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The MSL that Metal compiles for generated kernels, checked off Apple: naga
+    /// translates it, and its buffer indices are the ones the launcher binds.
+    #[cfg(feature = "metal")]
+    #[test]
+    fn generated_kernels_have_msl_with_the_bindings_metal_binds() {
+        use ringkernel_codegen::dsl::*;
+        use ringkernel_metal::msl::{parse_entry_points, AddressSpace};
+
+        #[ringkernel_derive::gpu_kernel]
+        fn hist(data: &[u32], h: &mut [u32], bins: u32, n: i32) {
+            let i = block_idx_x() * block_dim_x() + thread_idx_x();
+            if i < n {
+                atomic_add(&mut h[(data[i as usize] % bins) as usize], 1u32);
+            }
+        }
+        #[ringkernel_derive::gpu_kernel]
+        fn fill(out: &mut [f32]) {
+            let i = block_idx_x() * block_dim_x() + thread_idx_x();
+            out[i as usize] = (i as f32).sqrt();
+        }
+        for (k, block) in [(&HIST, [128, 1, 1]), (&FILL, [8, 8, 1])] {
+            let layout = wgsl_layout(k, BackendKind::Metal, block).unwrap();
+            let rw = storage_read_write(&layout);
+            let msl = ringkernel_metal::MetalCompute::generated_msl(
+                k.name,
+                &layout.source,
+                &layout.entry_point,
+                !layout.params.is_empty(),
+                &rw,
+            )
+            .unwrap();
+            assert_eq!(msl.workgroup_size, block);
+            let eps = parse_entry_points(&msl.source).unwrap();
+            let ep = eps.iter().find(|e| e.name == msl.entry_point).unwrap();
+            let bufs = ep.buffers();
+            if !layout.params.is_empty() {
+                let (_, p) = bufs.iter().find(|(i, _)| *i == 0).expect("params at 0");
+                assert_eq!(p.space, AddressSpace::Constant, "{}", msl.source);
+            }
+            for (i, w) in rw.iter().enumerate() {
+                let (_, b) = bufs
+                    .iter()
+                    .find(|(n, _)| *n == i as u32 + 1)
+                    .unwrap_or_else(|| panic!("buffer {} in {}", i + 1, msl.source));
+                assert_eq!(b.space, AddressSpace::Device);
+                assert_eq!(b.read_only, !w, "{}", msl.source);
+            }
+        }
+    }
 
     #[test]
     fn compile_errors_get_the_numbered_source() {
