@@ -392,31 +392,78 @@ impl ComputeBackend for WgpuCompute {
     ringkernel_drain::planned_ops!();
 }
 
+/// One resource of group 0 of a pipeline built by [`WgpuCompute::compile_wgsl`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgslResource {
+    /// `var<uniform>` (the parameter block).
+    Uniform,
+    /// `var<storage, read>` (`read_only`) or `var<storage, read_write>`.
+    Storage {
+        /// Whether the shader only reads it.
+        read_only: bool,
+    },
+}
+
 /// A compute pipeline built at run time from WGSL source (a generated kernel), for
 /// [`WgpuCompute::dispatch_wgsl`]. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct WgslPipeline {
     pipeline: wgpu::ComputePipeline,
+    group_layout: wgpu::BindGroupLayout,
     entry_point: String,
     owner: u64,
 }
 
 impl WgpuCompute {
-    /// Validates `source` with naga and builds the pipeline of its `entry_point` (all
-    /// resources in group 0, layout taken from the shader). Invalid WGSL or a pipeline
-    /// wgpu refuses is [`Error::Compile`] with the diagnostic; `label` names the source in
-    /// it.
+    /// Validates `source` with naga and builds the pipeline of its `entry_point` with
+    /// an explicit layout: group 0 holds exactly `resources` (so a resource the shader
+    /// does not use still takes its binding). Invalid WGSL or a pipeline wgpu refuses is
+    /// [`Error::Compile`] with the diagnostic; `label` names the source in it.
     pub fn compile_wgsl(
         &self,
         label: &str,
         source: &str,
         entry_point: &str,
+        resources: &[(u32, WgslResource)],
     ) -> Result<WgslPipeline> {
         ringkernel_shaders::validate_source(label, source)?;
         let scope = self
             .ctx
             .device
             .push_error_scope(wgpu::ErrorFilter::Validation);
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = resources
+            .iter()
+            .map(|(binding, r)| wgpu::BindGroupLayoutEntry {
+                binding: *binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match r {
+                        WgslResource::Uniform => wgpu::BufferBindingType::Uniform,
+                        WgslResource::Storage { read_only } => wgpu::BufferBindingType::Storage {
+                            read_only: *read_only,
+                        },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let group_layout =
+            self.ctx
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(label),
+                    entries: &entries,
+                });
+        let layout = self
+            .ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(&group_layout)],
+                immediate_size: 0,
+            });
         let module = self
             .ctx
             .device
@@ -429,7 +476,7 @@ impl WgpuCompute {
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry_point),
-                layout: None,
+                layout: Some(&layout),
                 module: &module,
                 entry_point: Some(entry_point),
                 compilation_options: wgpu::PipelineCompilationOptions::default(),
@@ -443,6 +490,7 @@ impl WgpuCompute {
         }
         Ok(WgslPipeline {
             pipeline,
+            group_layout,
             entry_point: entry_point.to_string(),
             owner: self.id,
         })
@@ -501,7 +549,7 @@ impl WgpuCompute {
             .device
             .create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
-                layout: &pipeline.pipeline.get_bind_group_layout(0),
+                layout: &pipeline.group_layout,
                 entries: &entries,
             });
         if let Some(e) = pollster::block_on(scope.pop()) {

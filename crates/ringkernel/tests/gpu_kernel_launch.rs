@@ -436,3 +436,51 @@ mod cuda {
         );
     }
 }
+
+/// A slice and a scalar the body never reads still take their places.
+#[gpu_kernel]
+fn ignores_some(_unused: &[f32], out: &mut [i32], _skip: f32, n: i32) {
+    let i = block_idx_x() * block_dim_x() + thread_idx_x();
+    if i < n {
+        out[i as usize] = i * 2;
+    }
+}
+
+fn unused_params_and_empty_slices(dev: &Device) {
+    let mut out = vec![0i32; 5];
+    dev.launch(
+        &IGNORES_SOME,
+        [1, 1, 1],
+        [8, 1, 1],
+        &mut args![&[] as &[f32], &mut out, 1.0f32, 5],
+    )
+    .unwrap();
+    assert_eq!(out, vec![0, 2, 4, 6, 8]);
+    // an empty output and a zero grid
+    let mut none: Vec<i32> = Vec::new();
+    dev.launch(
+        &IGNORES_SOME,
+        [0, 1, 1],
+        [8, 1, 1],
+        &mut args![&[1.0f32], &mut none, 1.0f32, 0],
+    )
+    .unwrap();
+}
+
+#[test]
+fn cpu_unused_params_and_empty_slices() {
+    unused_params_and_empty_slices(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_unused_params_and_empty_slices() {
+    unused_params_and_empty_slices(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_unused_params_and_empty_slices() {
+    unused_params_and_empty_slices(&Device::cuda(0).unwrap());
+}

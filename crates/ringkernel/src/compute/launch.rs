@@ -308,8 +308,23 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
         Native::Wgpu(w) => {
             let layout = wgsl_layout(kernel, BackendKind::Wgpu, block)?;
             let label = format!("{}.wgsl", kernel.name);
+            use ringkernel_codegen::BindingKind;
+            use ringkernel_wgpu::WgslResource;
+            let resources: Vec<(u32, WgslResource)> = layout
+                .bindings
+                .iter()
+                .map(|b| {
+                    let r = match b.kind {
+                        BindingKind::Params => WgslResource::Uniform,
+                        BindingKind::Storage { read_only, .. } => {
+                            WgslResource::Storage { read_only }
+                        }
+                    };
+                    (b.binding, r)
+                })
+                .collect();
             let pipeline = w
-                .compile_wgsl(&label, &layout.source, &layout.entry_point)
+                .compile_wgsl(&label, &layout.source, &layout.entry_point, &resources)
                 .map_err(|e| with_source(e, kernel.name, "WGSL", &layout.source))?;
             Ok(Compiled::Wgpu { pipeline, layout })
         }
