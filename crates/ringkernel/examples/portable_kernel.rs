@@ -64,12 +64,12 @@ struct Outputs {
 
 fn timing(dev: &Device, name: &str, first: LaunchInfo, again: LaunchInfo) {
     eprintln!(
-        "timing: {name} on {}: translate + compile {:?} on first use ({}), {:?} from the cache ({})",
+        "timing: {name} on {}: first launch {:?} (translate + compile {:?}), second launch {:?} ({})",
         dev.kind(),
+        first.total_time,
         first.compile_time,
-        if first.compiled { "compiled" } else { "nothing to compile" },
-        again.compile_time,
-        if again.compiled { "compiled again" } else { "cached" },
+        again.total_time,
+        if again.compiled { "compiled again" } else { "from the cache" },
     );
 }
 

@@ -44,6 +44,8 @@ pub struct LaunchInfo {
     pub compiled: bool,
     /// Time spent translating and compiling (zero when `compiled` is false).
     pub compile_time: Duration,
+    /// Time of the whole launch: compiling, copying the slices in and out, running.
+    pub total_time: Duration,
 }
 
 /// The backend behind a [`Device`] as its concrete type, for what the object-safe
@@ -185,12 +187,9 @@ impl Device {
         block: [u32; 3],
         args: &mut [KernelArg<'_>],
     ) -> Result<LaunchInfo> {
+        let start = Instant::now();
         kernel.check_args(args).map_err(arg_err)?;
         let native = self.native();
-        let cached = LaunchInfo {
-            compiled: false,
-            compile_time: Duration::ZERO,
-        };
         match native {
             Native::Cpu => {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -210,7 +209,11 @@ impl Device {
                         )));
                     }
                 }
-                Ok(cached)
+                Ok(LaunchInfo {
+                    compiled: false,
+                    compile_time: Duration::ZERO,
+                    total_time: start.elapsed(),
+                })
             }
             Native::Opaque => Err(Error::unavailable(
                 self.kind(),
@@ -221,7 +224,12 @@ impl Device {
                 ),
             )),
             #[allow(unreachable_patterns)]
-            _ => self.launch_gpu(&native, kernel, grid, block, args),
+            _ => self
+                .launch_gpu(&native, kernel, grid, block, args)
+                .map(|info| LaunchInfo {
+                    total_time: start.elapsed(),
+                    ..info
+                }),
         }
     }
 
@@ -260,6 +268,7 @@ impl Device {
                 LaunchInfo {
                     compiled: false,
                     compile_time: Duration::ZERO,
+                    total_time: Duration::ZERO,
                 },
             ),
             None => {
@@ -268,6 +277,7 @@ impl Device {
                 let info = LaunchInfo {
                     compiled: true,
                     compile_time: t.elapsed(),
+                    total_time: Duration::ZERO,
                 };
                 cache
                     .map
