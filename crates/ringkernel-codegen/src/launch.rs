@@ -18,7 +18,7 @@
 //! assert!(e.is_err());
 //! ```
 
-use crate::{KernelParam, ParamKind, ScalarType, WgslKernel};
+use crate::{KernelParam, ParamKind, ScalarType, StencilConfig, WgslKernel};
 
 /// One parameter of a [`GpuKernel`] (a `'static` form of [`KernelParam`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +29,42 @@ pub struct StaticParam {
     pub kind: ParamKind,
 }
 
+/// A stencil kernel's shape: 2 or 3 dimensions and the halo width it was translated
+/// with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StencilInfo {
+    /// 2 (`GridPos`) or 3 (`GridPos3`).
+    pub dims: u8,
+    /// Halo width in cells.
+    pub halo: u32,
+}
+
+impl StencilInfo {
+    /// The translator's configuration of this stencil with the default workgroup size.
+    pub fn config(&self) -> StencilConfig {
+        if self.dims == 3 {
+            StencilConfig::new_3d(self.halo)
+        } else {
+            StencilConfig::new(self.halo)
+        }
+    }
+
+    /// Elements of a buffer with halo for an interior of `size` cells (`size[2]`
+    /// ignored in 2-D).
+    pub fn buffer_len(&self, size: [u32; 3]) -> usize {
+        if self.dims == 3 {
+            crate::dsl::GridPos3::buffer_len(size[0], size[1], size[2], self.halo)
+        } else {
+            crate::dsl::GridPos::buffer_len(size[0], size[1], self.halo)
+        }
+    }
+}
+
 /// The CPU entry point of a [`GpuKernel`]: runs the Rust function for every thread of
-/// `grid` × `block` (through [`crate::dsl::launch`]) with `args` bound by position.
+/// `grid` × `block` (through [`crate::dsl::launch`]) with `args` bound by position. For
+/// a stencil kernel `grid` is the interior size and `block` is ignored (it runs through
+/// [`crate::dsl::stencil_2d`] / [`crate::dsl::stencil_3d`]), and `args` leave the
+/// `GridPos` parameter out.
 pub type CpuEntry =
     fn(grid: [u32; 3], block: [u32; 3], args: &mut [KernelArg<'_>]) -> Result<(), ArgError>;
 
@@ -53,6 +87,8 @@ pub struct GpuKernel {
     pub wgsl_source: Result<&'static str, &'static str>,
     /// Runs the Rust function on the CPU.
     pub cpu: CpuEntry,
+    /// `Some` for a stencil kernel (a `GridPos`/`GridPos3` parameter).
+    pub stencil: Option<StencilInfo>,
 }
 
 impl GpuKernel {
@@ -75,20 +111,38 @@ impl GpuKernel {
             return Err(e.to_string());
         }
         let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
-        crate::transpile_global_kernel_wgsl_with(&f, workgroup_size).map_err(|e| e.to_string())
+        match self.stencil {
+            None => crate::transpile_global_kernel_wgsl_with(&f, workgroup_size),
+            Some(st) => crate::transpile_stencil_kernel_wgsl(
+                &f,
+                &StencilConfig {
+                    halo: st.halo,
+                    workgroup_size,
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// The parameters a launch passes arguments for (all but a stencil's `GridPos`).
+    pub fn launch_params(&self) -> impl Iterator<Item = &'static StaticParam> {
+        self.params
+            .iter()
+            .filter(|p| !matches!(p.kind, ParamKind::GridPos { .. }))
     }
 
     /// Checks `args` against the parameters (count, then each type, mutability
     /// included): what every launcher does first.
     pub fn check_args(&self, args: &[KernelArg<'_>]) -> Result<(), ArgError> {
-        if args.len() != self.params.len() {
+        let expected = self.launch_params().count();
+        if args.len() != expected {
             return Err(ArgError::Count {
                 kernel: self.name,
-                expected: self.params.len(),
+                expected,
                 got: args.len(),
             });
         }
-        for (p, a) in self.params.iter().zip(args) {
+        for (p, a) in self.launch_params().zip(args) {
             if !a.fits(p.kind) {
                 return Err(ArgError::Type {
                     param: p.name,

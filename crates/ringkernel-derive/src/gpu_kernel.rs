@@ -35,22 +35,34 @@ fn scalar_tokens(cg: &TokenStream, s: ScalarType) -> TokenStream {
 
 /// Expands `#[gpu_kernel]` on `item`.
 pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
-    if !attr.is_empty() {
-        return Err(syn::Error::new_spanned(
-            attr,
-            "#[gpu_kernel] takes no arguments (the WGSL workgroup size is the launch's block size)",
-        ));
-    }
+    let mut halo: Option<syn::LitInt> = None;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("halo") {
+            if halo.is_some() {
+                return Err(meta.error("duplicate `halo`"));
+            }
+            halo = Some(meta.value()?.parse()?);
+            Ok(())
+        } else {
+            Err(meta.error(
+                "unknown #[gpu_kernel] argument: the only one is `halo = N` for stencil kernels \
+                 (the WGSL workgroup size is the launch's block size)",
+            ))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
     let params = ringkernel_codegen::kernel_params(&item).map_err(labelled)?;
+    let mut stencil_dims = None;
     for (p, arg) in params.iter().zip(&item.sig.inputs) {
         match p.kind {
-            ParamKind::GridPos { .. } => {
-                return Err(syn::Error::new_spanned(
-                    arg,
-                    "#[gpu_kernel]: stencil kernels (a `GridPos` parameter) are not launchable \
-                     through `Device` yet; translate them with `transpile_stencil_kernel` and run \
-                     them on the CPU with `dsl::stencil_2d`",
-                ))
+            ParamKind::GridPos { dims } => {
+                if stencil_dims.is_some() {
+                    return Err(syn::Error::new_spanned(
+                        arg,
+                        "#[gpu_kernel]: a stencil kernel takes one `GridPos` or `GridPos3`",
+                    ));
+                }
+                stencil_dims = Some(dims);
             }
             ParamKind::Slice {
                 elem: ScalarType::Bool,
@@ -65,8 +77,42 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
             _ => {}
         }
     }
-    let cuda = ringkernel_codegen::transpile_global_kernel(&item).map_err(labelled)?;
-    let wgsl = match ringkernel_codegen::transpile_global_kernel_wgsl(&item) {
+    let stencil =
+        match (stencil_dims, &halo) {
+            (None, None) => None,
+            (None, Some(h)) => {
+                return Err(syn::Error::new_spanned(
+                    h,
+                    "#[gpu_kernel]: `halo` is for stencil kernels (with a `GridPos` parameter)",
+                ))
+            }
+            (Some(_), None) => return Err(syn::Error::new_spanned(
+                &item.sig.ident,
+                "#[gpu_kernel]: a stencil kernel (a `GridPos` parameter) needs its halo width: \
+                 #[gpu_kernel(halo = 1)]",
+            )),
+            (Some(dims), Some(h)) => {
+                let halo: u32 = h.base10_parse()?;
+                Some((dims, halo, h.span()))
+            }
+        };
+    let config = stencil.map(|(dims, halo, _)| {
+        if dims == 3 {
+            ringkernel_codegen::StencilConfig::new_3d(halo)
+        } else {
+            ringkernel_codegen::StencilConfig::new(halo)
+        }
+    });
+    let cuda = match &config {
+        None => ringkernel_codegen::transpile_global_kernel(&item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel(&item, cfg),
+    }
+    .map_err(labelled)?;
+    let wgsl_result = match &config {
+        None => ringkernel_codegen::transpile_global_kernel_wgsl(&item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel_wgsl(&item, cfg),
+    };
+    let wgsl = match wgsl_result {
         Ok(k) => {
             let s = k.source;
             quote!(::core::result::Result::Ok(#s))
@@ -101,22 +147,28 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                 let e = scalar_tokens(&cg, elem);
                 quote!(#cg::ParamKind::Slice { elem: #e, mutable: #mutable })
             }
-            // Refused above.
             ParamKind::GridPos { dims } => quote!(#cg::ParamKind::GridPos { dims: #dims }),
         };
         quote!(#cg::launch::StaticParam { name: #n, kind: #kind })
     });
 
-    let arg_idents: Vec<_> = (0..params.len())
-        .map(|i| format_ident!("__rk_a{i}"))
-        .collect();
-    let val_idents: Vec<_> = (0..params.len())
-        .map(|i| format_ident!("__rk_p{i}"))
-        .collect();
+    let n_args = params
+        .iter()
+        .filter(|p| !matches!(p.kind, ParamKind::GridPos { .. }))
+        .count();
+    let arg_idents: Vec<_> = (0..n_args).map(|i| format_ident!("__rk_a{i}")).collect();
     let mut binds = Vec::new();
     let mut call_args = Vec::new();
-    for ((p, a), v) in params.iter().zip(&arg_idents).zip(&val_idents) {
+    let mut next = 0;
+    for p in &params {
         let pname = &p.name;
+        if let ParamKind::GridPos { .. } = p.kind {
+            call_args.push(quote!(__rk_pos));
+            continue;
+        }
+        let a = &arg_idents[next];
+        let v = format_ident!("__rk_p{next}");
+        next += 1;
         let (ty, call) = match p.kind {
             ParamKind::Scalar(s) => {
                 let t = format_ident!("{}", s.rust_name());
@@ -136,14 +188,33 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                 let t = format_ident!("{}", elem.rust_name());
                 (quote!(&mut [#t]), quote!(&mut *#v))
             }
-            ParamKind::GridPos { .. } => unreachable!("refused above"),
+            ParamKind::GridPos { .. } => unreachable!("handled above"),
         };
         binds.push(quote! {
             let #v: #ty = #cg::launch::FromArg::from_arg(#a, #pname)?;
         });
         call_args.push(call);
     }
-    let count = params.len();
+    let run = match stencil {
+        None => quote! {
+            #cg::dsl::launch(grid, block, || #ident(#(#call_args),*));
+        },
+        Some((2, halo, _)) => quote! {
+            let _ = block;
+            #cg::dsl::stencil_2d(grid[0], grid[1], #halo, |__rk_pos| #ident(#(#call_args),*));
+        },
+        Some((_, halo, _)) => quote! {
+            let _ = block;
+            #cg::dsl::stencil_3d(grid[0], grid[1], grid[2], #halo, |__rk_pos| #ident(#(#call_args),*));
+        },
+    };
+    let stencil_tokens = match stencil {
+        None => quote!(::core::option::Option::None),
+        Some((dims, halo, _)) => {
+            quote!(::core::option::Option::Some(#cg::launch::StencilInfo { dims: #dims, halo: #halo }))
+        }
+    };
+    let count = n_args;
     let doc = format!(
         "The `{name}` kernel, written in Rust and translated to CUDA C and WGSL by \
          `#[gpu_kernel]`: launch it with `Device::launch`."
@@ -175,11 +246,12 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                         });
                     };
                     #(#binds)*
-                    #cg::dsl::launch(grid, block, || #ident(#(#call_args),*));
+                    #run
                     ::core::result::Result::Ok(())
                 }
                 __rk_cpu_entry
             },
+            stencil: #stencil_tokens,
         };
     })
 }

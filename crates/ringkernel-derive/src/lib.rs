@@ -205,6 +205,9 @@ pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// case, a `GpuKernel` with the parameters, the CUDA C and the WGSL, translated at
 /// compile time: a construct outside the subset is a compile error at its span.
 ///
+/// A stencil kernel takes one `GridPos` (or `GridPos3`) parameter and names its halo
+/// width: `#[gpu_kernel(halo = 1)]`; `Device::launch_stencil` runs it over a grid.
+///
 /// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`) and
 /// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`); a kernel with an `f64`
 /// has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions

@@ -484,3 +484,114 @@ fn wgpu_unused_params_and_empty_slices() {
 fn cuda_unused_params_and_empty_slices() {
     unused_params_and_empty_slices(&Device::cuda(0).unwrap());
 }
+
+/// A 5-point diffusion step (2-D stencil, halo 1).
+#[gpu_kernel(halo = 1)]
+fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+    let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+    out[pos.idx()] = p[pos.idx()] + c * lap;
+}
+
+/// A 3-D stencil reaching two cells out (halo 2), with the GridPos not first.
+#[gpu_kernel(halo = 2)]
+fn reach3(a: &[f32], out: &mut [f32], pos: GridPos3, w: f32) {
+    let s = pos.at(a, -2, 0, 0) + pos.at(a, 0, 2, 0) + pos.at(a, 0, 0, -2) + pos.up(a);
+    out[pos.idx()] = w * s + a[pos.idx()];
+}
+
+fn stencils_match_cpu(dev: &Device) {
+    let cpu = Device::cpu();
+    let (mut r, seed) = rng();
+    for &(nx, ny) in &[(1u32, 1u32), (17, 5), (33, 31), (64, 3)] {
+        let len = DIFFUSE.stencil.unwrap().buffer_len([nx, ny, 1]);
+        let p = r.vec(len, -1.0, 1.0);
+        let c = r.uniform(0.0, 0.25);
+        let out0 = vec![9.0f32; len];
+        let (mut oc, mut og) = (out0.clone(), out0.clone());
+        cpu.launch_stencil(&DIFFUSE, [nx, ny, 1], &mut args![&p, &mut oc, c])
+            .unwrap();
+        dev.launch_stencil(&DIFFUSE, [nx, ny, 1], &mut args![&p, &mut og, c])
+            .unwrap();
+        for (i, (a, b)) in oc.iter().zip(&og).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5,
+                "diffuse {nx}x{ny} [{i}] {a} vs {b}, seed {seed:#x}"
+            );
+        }
+        // the halo stays as it was, every interior cell was written
+        let sx = (nx + 2) as usize;
+        assert_eq!(oc[0], 9.0);
+        assert_ne!(oc[sx + 1], 9.0);
+    }
+    for &size in &[[1u32, 1, 1], [9, 5, 3], [17, 8, 6]] {
+        let len = REACH3.stencil.unwrap().buffer_len(size);
+        let a = r.vec(len, -1.0, 1.0);
+        let (mut oc, mut og) = (vec![0.0f32; len], vec![0.0f32; len]);
+        cpu.launch_stencil(&REACH3, size, &mut args![&a, &mut oc, 0.5f32])
+            .unwrap();
+        dev.launch_stencil(&REACH3, size, &mut args![&a, &mut og, 0.5f32])
+            .unwrap();
+        for (i, (x, y)) in oc.iter().zip(&og).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5,
+                "reach3 {size:?} [{i}] {x} vs {y}, seed {seed:#x}"
+            );
+        }
+        assert!(oc.iter().any(|&v| v != 0.0));
+    }
+}
+
+#[test]
+fn cpu_stencils() {
+    stencils_match_cpu(&Device::cpu());
+    // the wrong launch for the kind of kernel
+    let p = vec![0.0f32; 9];
+    let mut o = vec![0.0f32; 9];
+    let e = Device::cpu()
+        .launch(
+            &DIFFUSE,
+            [1, 1, 1],
+            [1, 1, 1],
+            &mut args![&p, &mut o, 0.1f32],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("launch_stencil")),
+        "{e}"
+    );
+    let e = Device::cpu()
+        .launch_stencil(&SAXPY, [1, 1, 1], &mut args![1.0f32, &p, &mut o, 1])
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("not a stencil")),
+        "{e}"
+    );
+    let e = Device::cpu()
+        .launch_stencil(&DIFFUSE, [1, 1, 2], &mut args![&p, &mut o, 0.1f32])
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("2-D")),
+        "{e}"
+    );
+    // a grid buffer too short for the size: the CPU's bounds check, as an error
+    let e = Device::cpu()
+        .launch_stencil(&DIFFUSE, [4, 4, 1], &mut args![&p, &mut o, 0.1f32])
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Device(m) if m.contains("panicked")),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_stencils_match_the_cpu() {
+    stencils_match_cpu(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_stencils_match_the_cpu() {
+    stencils_match_cpu(&Device::cuda(0).unwrap());
+}

@@ -187,6 +187,79 @@ impl Device {
         block: [u32; 3],
         args: &mut [KernelArg<'_>],
     ) -> Result<LaunchInfo> {
+        if kernel.stencil.is_some() {
+            return Err(Error::invalid(format!(
+                "kernel `{}` is a stencil kernel: launch it with Device::launch_stencil",
+                kernel.name
+            )));
+        }
+        self.launch_any(kernel, grid, block, None, args)
+    }
+
+    /// Runs the stencil kernel `kernel` (a `#[gpu_kernel(halo = N)]` function with a
+    /// `GridPos` or `GridPos3` parameter) once for every interior cell of a grid of
+    /// `size` cells (`[nx, ny, 1]` in 2-D), with `args` for the other parameters by
+    /// position. Grid buffers hold the interior and the halo
+    /// ([`StencilInfo::buffer_len`](ringkernel_codegen::launch::StencilInfo::buffer_len)).
+    /// Blocks are the translator's defaults: 16×16 (2-D), 8×8×4 (3-D).
+    ///
+    /// ```
+    /// use ringkernel::codegen::dsl::*;
+    /// use ringkernel::compute::Device;
+    /// use ringkernel::{args, gpu_kernel};
+    ///
+    /// #[gpu_kernel(halo = 1)]
+    /// fn average4(pos: GridPos, p: &[f32], out: &mut [f32]) {
+    ///     out[pos.idx()] = 0.25 * (pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p));
+    /// }
+    ///
+    /// let (nx, ny) = (5, 3);
+    /// let len = GridPos::buffer_len(nx, ny, 1); // 7 x 5
+    /// let p = vec![1.0f32; len];
+    /// let mut out = vec![0.0f32; len];
+    /// Device::cpu().launch_stencil(&AVERAGE4, [nx, ny, 1], &mut args![&p, &mut out])?;
+    /// assert_eq!(out[7 + 1], 1.0); // the first interior cell
+    /// assert_eq!(out[0], 0.0); // the halo is not written
+    /// # Ok::<(), ringkernel::Error>(())
+    /// ```
+    pub fn launch_stencil(
+        &self,
+        kernel: &GpuKernel,
+        size: [u32; 3],
+        args: &mut [KernelArg<'_>],
+    ) -> Result<LaunchInfo> {
+        let Some(st) = kernel.stencil else {
+            return Err(Error::invalid(format!(
+                "kernel `{}` is not a stencil kernel: launch it with Device::launch",
+                kernel.name
+            )));
+        };
+        if st.dims == 2 && size[2] != 1 {
+            return Err(Error::invalid(format!(
+                "kernel `{}` is a 2-D stencil: its size is [nx, ny, 1], not {size:?}",
+                kernel.name
+            )));
+        }
+        if size.iter().any(|&d| d > i32::MAX as u32) {
+            return Err(Error::invalid(format!(
+                "stencil size {size:?}: each dimension at most {}",
+                i32::MAX
+            )));
+        }
+        let block = st.config().workgroup_size;
+        self.launch_any(kernel, size, block, Some(size), args)
+    }
+
+    /// A launch of either kind: `stencil` is the interior size of a stencil kernel
+    /// (then `grid` is that size too, what the CPU entry point takes).
+    fn launch_any(
+        &self,
+        kernel: &GpuKernel,
+        grid: [u32; 3],
+        block: [u32; 3],
+        stencil: Option<[u32; 3]>,
+        args: &mut [KernelArg<'_>],
+    ) -> Result<LaunchInfo> {
         let start = Instant::now();
         kernel.check_args(args).map_err(arg_err)?;
         let native = self.native();
@@ -224,12 +297,18 @@ impl Device {
                 ),
             )),
             #[allow(unreachable_patterns)]
-            _ => self
-                .launch_gpu(&native, kernel, grid, block, args)
-                .map(|info| LaunchInfo {
-                    total_time: start.elapsed(),
-                    ..info
-                }),
+            _ => {
+                // A stencil covers its interior with blocks of the default size.
+                let grid = match stencil {
+                    Some(size) => [0, 1, 2].map(|i| size[i].div_ceil(block[i].max(1))),
+                    None => grid,
+                };
+                self.launch_gpu(&native, kernel, grid, block, stencil, args)
+                    .map(|info| LaunchInfo {
+                        total_time: start.elapsed(),
+                        ..info
+                    })
+            }
         }
     }
 
@@ -245,6 +324,7 @@ impl Device {
         kernel: &GpuKernel,
         grid: [u32; 3],
         block: [u32; 3],
+        stencil: Option<[u32; 3]>,
         args: &mut [KernelArg<'_>],
     ) -> Result<LaunchInfo> {
         let backend = self.backend().clone();
@@ -292,7 +372,12 @@ impl Device {
             .iter()
             .map(|a| a.words().map(|w| backend.upload(&w)).transpose())
             .collect::<Result<Vec<Option<BufferRef>>>>()?;
-        run(&compiled, native, kernel, grid, block, args, &bufs)?;
+        // The interior size of a stencil: trailing `int`s (CUDA) / params fields (WGSL).
+        let sizes: Vec<i32> = match (stencil, kernel.stencil) {
+            (Some(size), Some(st)) => size[..st.dims as usize].iter().map(|&d| d as i32).collect(),
+            _ => Vec::new(),
+        };
+        run(&compiled, native, kernel, grid, block, args, &bufs, &sizes)?;
         for (a, b) in args.iter_mut().zip(&bufs) {
             if let (true, Some(b)) = (a.is_mut_slice(), b) {
                 let mut words = vec![0.0f32; a.word_len()];
@@ -386,6 +471,7 @@ fn wgsl_params(
     kernel: &GpuKernel,
     layout: &ringkernel_codegen::WgslKernel,
     args: &[KernelArg<'_>],
+    sizes: &[i32],
 ) -> Result<Option<Vec<u8>>> {
     use ringkernel_codegen::ParamValue as V;
     if layout.params.is_empty() {
@@ -404,6 +490,7 @@ fn wgsl_params(
             )))),
             _ => None,
         })
+        .chain(sizes.iter().map(|&d| Ok(V::I32(d))))
         .collect::<Result<Vec<_>>>()?;
     layout
         .pack_params(&values)
@@ -438,7 +525,7 @@ fn wgsl_buffers<'a>(
     Ok(slots.into_iter().zip(given).collect())
 }
 
-#[allow(unused_variables)]
+#[allow(unused_variables, clippy::too_many_arguments)]
 fn run(
     compiled: &Compiled,
     native: &Native,
@@ -447,17 +534,18 @@ fn run(
     block: [u32; 3],
     args: &[KernelArg<'_>],
     bufs: &[Option<BufferRef>],
+    sizes: &[i32],
 ) -> Result<()> {
     match (compiled, native) {
         #[cfg(feature = "wgpu")]
         (Compiled::Wgpu { pipeline, layout }, Native::Wgpu(w)) => {
-            let params = wgsl_params(kernel, layout, args)?;
+            let params = wgsl_params(kernel, layout, args, sizes)?;
             let buffers = wgsl_buffers(kernel, layout, bufs)?;
             w.dispatch_wgsl(pipeline, params.as_deref(), &buffers, grid)
         }
         #[cfg(feature = "metal")]
         (Compiled::Metal { pipeline, layout }, Native::Metal(m)) => {
-            let params = wgsl_params(kernel, layout, args)?;
+            let params = wgsl_params(kernel, layout, args, sizes)?;
             let buffers = wgsl_buffers(kernel, layout, bufs)?;
             m.dispatch_wgsl(pipeline, params.as_deref(), &buffers, grid)
         }
@@ -468,7 +556,7 @@ fn run(
             let cargs = args
                 .iter()
                 .zip(bufs)
-                .zip(kernel.params)
+                .zip(kernel.launch_params())
                 .map(|((a, b), p)| match (a, b, p.kind) {
                     (_, Some(b), ParamKind::Slice { .. }) => Ok(CudaArg::Buffer(&**b)),
                     (KernelArg::F32(x), None, _) => Ok(CudaArg::F32(*x)),
@@ -481,6 +569,7 @@ fn run(
                         kernel.name, p.name
                     ))),
                 })
+                .chain(sizes.iter().map(|&d| Ok(CudaArg::I32(d))))
                 .collect::<Result<Vec<_>>>()?;
             c.launch_function(f, grid, block, &cargs)
         }
