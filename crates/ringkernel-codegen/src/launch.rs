@@ -491,3 +491,57 @@ macro_rules! args {
         [$($crate::launch::KernelArg::from($e)),*]
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_every_element_type() {
+        let mut f = vec![1.5f32, -0.0, f32::NAN];
+        let mut i = vec![-1i32, i32::MIN, 7];
+        let mut u = vec![u32::MAX, 0, 3];
+        let mut d = vec![1.0e300f64, -2.5, f64::MIN_POSITIVE];
+        for a in [
+            KernelArg::from(&mut f),
+            KernelArg::from(&mut i),
+            KernelArg::from(&mut u),
+            KernelArg::from(&mut d),
+        ]
+        .iter_mut()
+        {
+            let w = a.words().unwrap();
+            assert_eq!(w.len(), a.word_len());
+            // write back something else, then the original words
+            let other: Vec<f32> = w.iter().map(|x| f32::from_bits(!x.to_bits())).collect();
+            assert!(a.store_words(&other));
+            assert!(a.store_words(&w));
+            assert!(!a.store_words(&w[1..]), "a wrong length is refused");
+        }
+        assert_eq!(f[0], 1.5);
+        assert!(f[1] == 0.0 && f[1].is_sign_negative() && f[2].is_nan());
+        assert_eq!(i, vec![-1, i32::MIN, 7]);
+        assert_eq!(u, vec![u32::MAX, 0, 3]);
+        assert_eq!(d, vec![1.0e300, -2.5, f64::MIN_POSITIVE]);
+        let ro = [1.0f32];
+        let mut a = KernelArg::from(&ro);
+        assert!(!a.is_mut_slice() && !a.store_words(&[2.0]));
+        assert_eq!(KernelArg::from(3u32).words(), None);
+        assert_eq!(KernelArg::from(3u32).scalar_bytes(), Some(vec![3, 0, 0, 0]));
+    }
+
+    #[test]
+    fn fits_checks_type_and_mutability() {
+        let k = |elem, mutable| ParamKind::Slice { elem, mutable };
+        let x = [0.0f32];
+        let mut y = [0.0f32];
+        assert!(KernelArg::from(&x).fits(k(ScalarType::F32, false)));
+        assert!(!KernelArg::from(&x).fits(k(ScalarType::F32, true)));
+        assert!(KernelArg::from(&mut y).fits(k(ScalarType::F32, false)));
+        assert!(!KernelArg::from(&mut y).fits(k(ScalarType::I32, true)));
+        assert!(KernelArg::from(1i32).fits(ParamKind::Scalar(ScalarType::I32)));
+        assert!(!KernelArg::from(1i32).fits(ParamKind::Scalar(ScalarType::U32)));
+        assert!(!KernelArg::from(1i32).fits(ParamKind::GridPos { dims: 2 }));
+        assert_eq!(kind_name(k(ScalarType::U32, true)), "&mut [u32]");
+    }
+}

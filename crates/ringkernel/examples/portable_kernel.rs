@@ -1,6 +1,6 @@
 //! Kernels written once in Rust, run on the backend you pick.
 //!
-//! Each `#[gpu_kernel]` function below is ordinary Rust (the CPU runs it as it is) and is
+//! Each `#[gpu_kernel]` function below (three global kernels and a stencil) is ordinary Rust (the CPU runs it as it is) and is
 //! translated at compile time to CUDA C and WGSL (Metal gets naga's MSL of the WGSL).
 //! The example launches them with the same inputs on `--backend cpu|wgpu|cuda|metal`,
 //! prints the results (the same lines on every backend) and checks them against the CPU;
@@ -55,11 +55,19 @@ fn clamp_grid(v: &mut [f32], clamped: &mut [u32], lo: f32, hi: f32, w: i32, h: i
     v[i] = c;
 }
 
+/// One explicit diffusion step on a grid with a one-cell halo (a stencil kernel).
+#[gpu_kernel(halo = 1)]
+fn diffuse(pos: GridPos, p: &[f32], out: &mut [f32], c: f32) {
+    let lap = pos.north(p) + pos.south(p) + pos.west(p) + pos.east(p) - 4.0 * p[pos.idx()];
+    out[pos.idx()] = p[pos.idx()] + c * lap;
+}
+
 struct Outputs {
     y: Vec<f32>,
     hist: Vec<u32>,
     grid: Vec<f32>,
     clamped: Vec<u32>,
+    heat: Vec<f32>,
 }
 
 fn timing(dev: &Device, name: &str, first: LaunchInfo, again: LaunchInfo) {
@@ -113,11 +121,23 @@ fn run_all(dev: &Device, report: bool) -> Result<Outputs> {
         [8, 8, 1],
         &mut args![&mut grid, &mut clamped, -1.0f32, 1.0f32, w as i32, h as i32],
     )?;
+
+    // A hot spot spreading for 20 steps on a 30 x 20 grid (halo kept at 0).
+    let (nx, ny) = (30u32, 20u32);
+    let len = DIFFUSE.stencil.map_or(0, |s| s.buffer_len([nx, ny, 1]));
+    let mut heat = vec![0.0f32; len];
+    heat[11 * (nx as usize + 2) + 16] = 100.0;
+    let mut next = heat.clone();
+    for _ in 0..20 {
+        dev.launch_stencil(&DIFFUSE, [nx, ny, 1], &mut args![&heat, &mut next, 0.2f32])?;
+        std::mem::swap(&mut heat, &mut next);
+    }
     Ok(Outputs {
         y,
         hist,
         grid,
         clamped,
+        heat,
     })
 }
 
@@ -132,6 +152,9 @@ fn run() -> Result<()> {
     let n_clamped: u32 = out.clamped.iter().sum();
     let gsum: f64 = out.grid.iter().map(|&v| v as f64).sum();
     println!("clamp 37x23 grid into [-1, 1]: {n_clamped} values clamped, sum = {gsum:.4}");
+    let total: f64 = out.heat.iter().map(|&v| v as f64).sum();
+    let peak = out.heat.iter().fold(0.0f32, |m, &v| m.max(v));
+    println!("diffusion, 20 steps on 30x20: total heat {total:.3}, peak {peak:.3}");
 
     // The CPU ran the same Rust: the GPU must agree with it.
     if dev.kind() != ringkernel::BackendKind::Cpu {
@@ -141,7 +164,17 @@ fn run() -> Result<()> {
             .iter()
             .zip(&want.y)
             .all(|(a, b)| (a - b).abs() <= 1e-6 * b.abs().max(1.0));
-        if !close || out.hist != want.hist || out.clamped != want.clamped || out.grid != want.grid {
+        let heat_close = out
+            .heat
+            .iter()
+            .zip(&want.heat)
+            .all(|(a, b)| (a - b).abs() <= 1e-4);
+        if !close
+            || !heat_close
+            || out.hist != want.hist
+            || out.clamped != want.clamped
+            || out.grid != want.grid
+        {
             return Err(Error::Device(format!(
                 "{} results differ from the CPU running the same Rust",
                 dev.kind()

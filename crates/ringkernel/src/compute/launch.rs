@@ -605,7 +605,15 @@ mod tests {
             let i = block_idx_x() * block_dim_x() + thread_idx_x();
             out[i as usize] = (i as f32).sqrt();
         }
-        for (k, block) in [(&HIST, [128, 1, 1]), (&FILL, [8, 8, 1])] {
+        #[ringkernel_derive::gpu_kernel(halo = 1)]
+        fn lap(pos: GridPos, p: &[f32], o: &mut [f32], k: f32) {
+            o[pos.idx()] = k * (pos.north(p) + pos.south(p) - 2.0 * p[pos.idx()]);
+        }
+        for (k, block) in [
+            (&HIST, [128, 1, 1]),
+            (&FILL, [8, 8, 1]),
+            (&LAP, LAP.stencil.unwrap().config().workgroup_size),
+        ] {
             let layout = wgsl_layout(k, BackendKind::Metal, block).unwrap();
             let rw = storage_read_write(&layout);
             let msl = ringkernel_metal::MetalCompute::generated_msl(
