@@ -179,7 +179,12 @@ impl Device {
     /// compiler refuses: [`Error::Compile`] with the log and the source; a kernel that
     /// panics on the CPU (an index out of bounds, say): [`Error::Device`]; a device
     /// given to [`Device::from_backend`] that is not one of the built-in backends:
-    /// [`Error::BackendUnavailable`].
+    /// [`Error::BackendUnavailable`]; a stencil kernel: [`Error::InvalidArgument`] (use
+    /// [`Device::launch_stencil`]).
+    ///
+    /// The kernel's own indices are checked only on the CPU (where Rust panics, reported
+    /// as above): on a GPU an index past the end of a slice is undefined on CUDA and
+    /// clamped or zero on WGSL, so test a kernel on the CPU first.
     pub fn launch(
         &self,
         kernel: &GpuKernel,
