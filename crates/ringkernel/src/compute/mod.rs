@@ -17,7 +17,7 @@
 //! Every op of the backend trait ([`ComputeBackend`]) has a method on [`Tensor`] that
 //! checks shapes and devices first ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
 //! [`Error::Device`](crate::Error::Device)). The f64 reference implementations the
-//! backends are tested against are in [`reference`]; the op test kit every backend
+//! backends are tested against are in [`reference`](mod@reference); the op test kit every backend
 //! runs is `ringkernel_core::compute::testkit` (feature `testkit` of ringkernel-core).
 //!
 //! Kernels of your own, written once in Rust with [`gpu_kernel`](crate::gpu_kernel),
