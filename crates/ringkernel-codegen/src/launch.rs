@@ -212,6 +212,16 @@ pub enum ArgError {
     },
 }
 
+/// A launcher's device-resident buffer inside a [`KernelArg::Device`] (opaque here).
+#[derive(Clone, Copy)]
+pub struct DeviceRef<'a>(pub &'a (dyn std::any::Any + Send + Sync));
+
+impl std::fmt::Debug for DeviceRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceRef(..)")
+    }
+}
+
 /// One argument of a launch, by position: a scalar, or a host slice (read-only for a
 /// `&[T]` parameter, read-write for a `&mut [T]` one; a mutable slice may also be passed
 /// where a read-only one is expected). Build them with `From` or [`args!`](crate::args).
@@ -243,6 +253,17 @@ pub enum KernelArg<'a> {
     U32s(&'a [u32]),
     /// `&mut [u32]`.
     U32sMut(&'a mut [u32]),
+    /// f32 data already on a device (the `ringkernel` facade's `Tensor`), for an `f32`
+    /// slice parameter: GPU launchers bind it without a copy; the CPU launcher stages it
+    /// through host memory.
+    Device {
+        /// The launcher's buffer object (the facade downcasts it).
+        buffer: DeviceRef<'a>,
+        /// Elements.
+        len: usize,
+        /// Passed as `&mut` (the kernel may write it).
+        mutable: bool,
+    },
 }
 
 impl KernelArg<'_> {
@@ -262,6 +283,36 @@ impl KernelArg<'_> {
             KernelArg::I32sMut(_) => "&mut [i32]",
             KernelArg::U32s(_) => "&[u32]",
             KernelArg::U32sMut(_) => "&mut [u32]",
+            KernelArg::Device { mutable: false, .. } => "&Tensor",
+            KernelArg::Device { mutable: true, .. } => "&mut Tensor",
+        }
+    }
+
+    /// The same argument, borrowed for a shorter time (slices reborrowed).
+    pub fn reborrow(&mut self) -> KernelArg<'_> {
+        match self {
+            KernelArg::F32(x) => KernelArg::F32(*x),
+            KernelArg::F64(x) => KernelArg::F64(*x),
+            KernelArg::I32(x) => KernelArg::I32(*x),
+            KernelArg::U32(x) => KernelArg::U32(*x),
+            KernelArg::Bool(x) => KernelArg::Bool(*x),
+            KernelArg::F32s(s) => KernelArg::F32s(s),
+            KernelArg::F32sMut(s) => KernelArg::F32sMut(s),
+            KernelArg::F64s(s) => KernelArg::F64s(s),
+            KernelArg::F64sMut(s) => KernelArg::F64sMut(s),
+            KernelArg::I32s(s) => KernelArg::I32s(s),
+            KernelArg::I32sMut(s) => KernelArg::I32sMut(s),
+            KernelArg::U32s(s) => KernelArg::U32s(s),
+            KernelArg::U32sMut(s) => KernelArg::U32sMut(s),
+            KernelArg::Device {
+                buffer,
+                len,
+                mutable,
+            } => KernelArg::Device {
+                buffer: *buffer,
+                len: *len,
+                mutable: *mutable,
+            },
         }
     }
 
@@ -287,6 +338,7 @@ impl KernelArg<'_> {
                 | (S::F64, A::F64s(_))
                 | (S::I32, A::I32s(_))
                 | (S::U32, A::U32s(_)) => !mutable,
+                (S::F32, A::Device { mutable: m, .. }) => *m || !mutable,
                 _ => false,
             },
             ParamKind::GridPos { .. } => false,

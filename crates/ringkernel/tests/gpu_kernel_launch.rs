@@ -595,3 +595,99 @@ fn wgpu_stencils_match_the_cpu() {
 fn cuda_stencils_match_the_cpu() {
     stencils_match_cpu(&Device::cuda(0).unwrap());
 }
+
+/// Tensors are bound in place on a GPU (staged through the host on the CPU) and mix
+/// with host slices.
+fn tensors_as_arguments(dev: &Device) {
+    use ringkernel::compute::Tensor;
+    let (mut r, seed) = rng();
+    let n = 777;
+    let x = r.vec(n, -1.0, 1.0);
+    let y0 = r.vec(n, -1.0, 1.0);
+    let xt = Tensor::from_slice(dev, &x, &[n]).unwrap();
+    let mut yt = Tensor::from_slice(dev, &y0, &[n]).unwrap();
+    let g = [blocks(n, 64), 1, 1];
+    dev.launch(
+        &SAXPY,
+        g,
+        [64, 1, 1],
+        &mut args![1.5f32, &xt, &mut yt, n as i32],
+    )
+    .unwrap();
+    // the same with host slices on the CPU
+    let mut want = y0.clone();
+    Device::cpu()
+        .launch(
+            &SAXPY,
+            g,
+            [64, 1, 1],
+            &mut args![1.5f32, &x, &mut want, n as i32],
+        )
+        .unwrap();
+    let got = yt.to_vec().unwrap();
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6,
+            "[{i}] {a} vs {b}, seed {seed:#x}, {dev}"
+        );
+    }
+    // a read-only tensor where the kernel writes, a tensor for an i32 slice
+    let e = dev
+        .launch(
+            &SAXPY,
+            g,
+            [64, 1, 1],
+            &mut args![1.5f32, &xt, &yt, n as i32],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("&Tensor")),
+        "{e}"
+    );
+    let e = dev
+        .launch(
+            &IGNORES_SOME,
+            [1, 1, 1],
+            [4, 1, 1],
+            &mut args![&xt, &mut yt, 1.0f32, 4],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("`out`")),
+        "{e}"
+    );
+}
+
+#[test]
+fn cpu_tensors_as_arguments() {
+    tensors_as_arguments(&Device::cpu());
+    // a tensor of another device
+    let other = Device::cpu();
+    let t = ringkernel::compute::Tensor::from_slice(&other, &[1.0], &[1]).unwrap();
+    let mut y = vec![0.0f32; 1];
+    let e = Device::cpu()
+        .launch(
+            &SAXPY,
+            [1, 1, 1],
+            [1, 1, 1],
+            &mut args![1.0f32, &t, &mut y, 1],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Device(m) if m.contains("to_device")),
+        "{e}"
+    );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_tensors_as_arguments() {
+    tensors_as_arguments(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_tensors_as_arguments() {
+    tensors_as_arguments(&Device::cuda(0).unwrap());
+}

@@ -24,13 +24,15 @@
 //! wgpu the kernel's WGSL, translated for the launch's block size, on CUDA its CUDA C
 //! through NVRTC, on Metal naga's MSL of the WGSL. Each device translates and compiles a
 //! kernel once (per block size for WGSL) and keeps the result ([`LaunchInfo`] says which
-//! launch paid for it). Slices are copied to the device, and the mutable ones back,
-//! at every launch.
+//! launch paid for it). Host slices are copied to the device, and the mutable ones
+//! back, at every launch; [`Tensor`]s (`&t` read-only, `&mut t` writable, for `f32`
+//! slice parameters) stay on the device and are bound in place, so a chain of launches
+//! on tensors copies nothing.
 
-use super::Device;
+use super::{Device, Tensor};
 use crate::core::compute::{BufferRef, ComputeBackend};
 use crate::{BackendKind, Error, Result};
-use ringkernel_codegen::launch::{ArgError, GpuKernel, KernelArg};
+use ringkernel_codegen::launch::{ArgError, DeviceRef, GpuKernel, KernelArg};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -169,10 +171,55 @@ fn wgsl_layout(
     })
 }
 
+/// A tensor as a read-only `&[f32]` argument: bound in place on a GPU.
+impl<'a> From<&'a Tensor> for KernelArg<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        KernelArg::Device {
+            buffer: DeviceRef(t),
+            len: t.len(),
+            mutable: false,
+        }
+    }
+}
+
+/// A tensor as a `&mut [f32]` argument: the kernel writes it in place on a GPU.
+impl<'a> From<&'a mut Tensor> for KernelArg<'a> {
+    fn from(t: &'a mut Tensor) -> Self {
+        KernelArg::Device {
+            buffer: DeviceRef(&*t),
+            len: t.len(),
+            mutable: true,
+        }
+    }
+}
+
+/// The tensor of a [`KernelArg::Device`] (and whether it is writable), checked to be
+/// on `dev`.
+fn tensor_arg<'a>(dev: &Device, a: &KernelArg<'a>) -> Result<Option<(&'a Tensor, bool)>> {
+    let KernelArg::Device {
+        buffer, mutable, ..
+    } = a
+    else {
+        return Ok(None);
+    };
+    let b: DeviceRef<'a> = *buffer;
+    let t =
+        b.0.downcast_ref::<Tensor>()
+            .ok_or_else(|| Error::invalid("a device argument that is not a ringkernel Tensor"))?;
+    if t.device() != dev {
+        return Err(Error::Device(format!(
+            "a tensor on {} passed to a launch on {dev}: copy it with Tensor::to_device",
+            t.device()
+        )));
+    }
+    Ok(Some((t, *mutable)))
+}
+
 impl Device {
     /// Runs `kernel` (a `#[gpu_kernel]` function) over `grid` blocks of `block` threads
     /// with `args` bound by position (build them with [`args!`](crate::args)), and
-    /// copies mutable slices back. Returns when the results are in the slices.
+    /// copies mutable host slices back: the results are in them when it returns.
+    /// Tensors of this device are bound in place (see the [module docs](self)).
     ///
     /// Errors: wrong argument count or types, a block the backend cannot run, a grid
     /// beyond its limits: [`Error::InvalidArgument`]; generated source the device's
@@ -270,9 +317,29 @@ impl Device {
         let native = self.native();
         match native {
             Native::Cpu => {
+                // Tensors go through host copies (mutable ones are written back).
+                let tensors = args
+                    .iter()
+                    .map(|a| tensor_arg(self, a))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut host = tensors
+                    .iter()
+                    .map(|t| t.map(|(t, _)| t.to_vec()).transpose())
+                    .collect::<Result<Vec<Option<Vec<f32>>>>>()?;
+                let mut staged: Vec<KernelArg<'_>> = args
+                    .iter_mut()
+                    .zip(host.iter_mut())
+                    .zip(&tensors)
+                    .map(|((a, h), t)| match (h, t) {
+                        (Some(v), Some((_, true))) => KernelArg::F32sMut(v),
+                        (Some(v), _) => KernelArg::F32s(v),
+                        (None, _) => a.reborrow(),
+                    })
+                    .collect();
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    (kernel.cpu)(grid, block, args)
+                    (kernel.cpu)(grid, block, &mut staged)
                 }));
+                drop(staged);
                 match run {
                     Ok(r) => r.map_err(arg_err)?,
                     Err(p) => {
@@ -285,6 +352,11 @@ impl Device {
                             "kernel `{}` panicked on the CPU: {msg}",
                             kernel.name
                         )));
+                    }
+                }
+                for (t, h) in tensors.iter().zip(&host) {
+                    if let (Some((t, true)), Some(v)) = (t, h) {
+                        self.backend().write(&**t.buffer(), 0, v)?;
                     }
                 }
                 Ok(LaunchInfo {
@@ -373,9 +445,13 @@ impl Device {
             }
         };
         // Slices to the device (as 32-bit words), run, mutable ones back.
+        // Tensors are bound in place; host slices are uploaded.
         let bufs = args
             .iter()
-            .map(|a| a.words().map(|w| backend.upload(&w)).transpose())
+            .map(|a| match tensor_arg(self, a)? {
+                Some((t, _)) => Ok(Some(t.buffer().clone())),
+                None => a.words().map(|w| backend.upload(&w)).transpose(),
+            })
             .collect::<Result<Vec<Option<BufferRef>>>>()?;
         // The interior size of a stencil: trailing `int`s (CUDA) / params fields (WGSL).
         let sizes: Vec<i32> = match (stencil, kernel.stencil) {
