@@ -62,6 +62,14 @@
 //! Not yet in the subset: structs, calls of other functions, shared/workgroup memory and
 //! barriers, 64-bit integers.
 //!
+//! ## Launching on every backend
+//!
+//! `#[gpu_kernel]` (in `ringkernel-derive`, re-exported by the `ringkernel` facade) runs
+//! these translators at compile time on a global kernel and adds a [`launch::GpuKernel`]
+//! const next to the function: its parameters, CUDA C, WGSL and a CPU entry point that
+//! runs the Rust function through [`dsl::launch`]. The facade's `Device::launch` takes it
+//! with [`launch::KernelArg`]s ([`args!`]) and runs it on the CPU, CUDA, wgpu or Metal.
+//!
 //! ## Type mapping
 //!
 //! | Rust            | CUDA C                 | WGSL                                       |
@@ -159,6 +167,7 @@
 #![warn(missing_docs)]
 
 pub mod dsl;
+pub mod launch;
 mod names;
 mod translate;
 mod types;

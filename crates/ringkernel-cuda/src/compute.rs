@@ -1166,3 +1166,145 @@ impl ComputeBackend for CudaCompute {
         )
     }
 }
+
+/// A kernel compiled at run time from CUDA C (a generated kernel), for
+/// [`CudaCompute::launch_function`]. Holds its module loaded; cheap to clone.
+#[derive(Clone)]
+pub struct CudaFunction {
+    func: Arc<Func>,
+    name: String,
+    // Keeps the module loaded (after `func` in drop order) and the device alive.
+    _module: Arc<Module>,
+    owner: Arc<ComputeInner>,
+}
+
+impl std::fmt::Debug for CudaFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaFunction")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// One argument of [`CudaCompute::launch_function`], in the kernel's parameter order.
+#[derive(Debug, Clone, Copy)]
+pub enum CudaArg<'a> {
+    /// A buffer of this backend, passed as its device address (any `T*` parameter).
+    Buffer(&'a dyn DeviceBuffer),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+    /// `int`.
+    I32(i32),
+    /// `unsigned int`.
+    U32(u32),
+    /// `bool`.
+    Bool(bool),
+}
+
+impl CudaCompute {
+    /// Compiles CUDA C `source` with NVRTC for this device (through the on-disk cubin
+    /// cache of [`crate::nvrtc`]), loads it and looks up the `extern "C"` kernel `entry`.
+    /// A compile failure is [`Error::Compile`] with the NVRTC log.
+    pub fn compile_function(&self, label: &str, source: &str, entry: &str) -> Result<CudaFunction> {
+        let info = &self.inner.dev.info;
+        let cubin = crate::nvrtc::compile_cubin(source, label, info.cc, info.driver_version)?;
+        let module = Arc::new(self.inner.dev.load_module(&cubin)?);
+        let func = Arc::new(Func(module.function(entry)?));
+        Ok(CudaFunction {
+            func,
+            name: entry.to_string(),
+            _module: module,
+            owner: self.inner.clone(),
+        })
+    }
+
+    /// Queues one launch of `f` on this backend's stream (in order with its other ops).
+    /// The arguments must match the kernel's parameters in order and type, and every
+    /// buffer must be as long as the kernel reads and writes: the generated-kernel
+    /// launcher of the `ringkernel` facade checks both before it calls this.
+    pub fn launch_function(
+        &self,
+        f: &CudaFunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        args: &[CudaArg<'_>],
+    ) -> Result<()> {
+        if !Arc::ptr_eq(&f.owner, &self.inner) {
+            return Err(Error::Device(
+                "kernel belongs to another CUDA device or context".into(),
+            ));
+        }
+        let threads = block.iter().map(|&b| b as u64).product::<u64>();
+        if threads > 1024 || block[2] > 64 {
+            return Err(Error::invalid(format!(
+                "block of {} threads: CUDA allows at most 1024 per block (z at most 64)",
+                block.map(|b| b.to_string()).join(" x ")
+            )));
+        }
+        if grid[1] as usize > MAX_GRID_YZ
+            || grid[2] as usize > MAX_GRID_YZ
+            || grid[0] > i32::MAX as u32
+        {
+            return Err(Error::invalid(format!(
+                "grid of {} blocks exceeds CUDA's limits (x < 2^31, y and z at most {MAX_GRID_YZ})",
+                grid.map(|g| g.to_string()).join(" x ")
+            )));
+        }
+        if grid.contains(&0) || block.contains(&0) {
+            return Ok(());
+        }
+        // Owned storage of every argument value, then pointers to them.
+        enum Slot {
+            Ptr(u64),
+            F32(f32),
+            F64(f64),
+            I32(i32),
+            U32(u32),
+            Bool(bool),
+        }
+        let mut slots = args
+            .iter()
+            .map(|a| {
+                Ok(match a {
+                    CudaArg::Buffer(b) => Slot::Ptr(self.buf(*b)?.ptr),
+                    CudaArg::F32(x) => Slot::F32(*x),
+                    CudaArg::F64(x) => Slot::F64(*x),
+                    CudaArg::I32(x) => Slot::I32(*x),
+                    CudaArg::U32(x) => Slot::U32(*x),
+                    CudaArg::Bool(x) => Slot::Bool(*x),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut ptrs: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| match s {
+                Slot::Ptr(p) => arg(p),
+                Slot::F32(x) => arg(x),
+                Slot::F64(x) => arg(x),
+                Slot::I32(x) => arg(x),
+                Slot::U32(x) => arg(x),
+                Slot::Bool(x) => arg(x),
+            })
+            .collect();
+        self.inner.dev.bind()?;
+        let name = &f.name;
+        // SAFETY: `f` is a kernel of a module loaded on this device (checked above) and
+        // kept loaded by `f`; `ptrs` points at values of the C types of its parameters,
+        // in order (the caller's contract, checked by the facade against the kernel's
+        // parameter list), alive until the call returns (the driver copies them); the
+        // buffers were checked to belong to this backend; the stream is valid.
+        unsafe {
+            cu::launch_kernel(
+                f.func.0,
+                (grid[0], grid[1], grid[2]),
+                (block[0], block[1], block[2]),
+                0,
+                self.inner.stream.raw,
+                &mut ptrs,
+            )
+        }
+        .map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
+    }
+}

@@ -33,7 +33,7 @@ pub mod metrics;
 pub mod nvrtc;
 pub mod runtime;
 
-pub use compute::{CudaBuffer, CudaCompute, CudaGraph};
+pub use compute::{CudaArg, CudaBuffer, CudaCompute, CudaFunction, CudaGraph};
 pub use driver::{
     driver_library_candidates, driver_library_present, DeviceInfo, DRIVER_LIBRARY_ENV,
 };

@@ -12,6 +12,9 @@
 //!   with its WGSL declaration generated (with or without `#[repr(C)]`).
 //! * [`macro@ring_kernel`]: registers a function as a CPU kernel handler under a name, so
 //!   `runtime.launch("name", ..)` finds it.
+//! * [`macro@gpu_kernel`]: a function in the Rust kernel subset of `ringkernel-codegen`
+//!   becomes a kernel every backend launches (CPU: the Rust itself; CUDA and WGSL:
+//!   translated at compile time).
 
 #![warn(missing_docs)]
 
@@ -19,6 +22,7 @@ use proc_macro::TokenStream;
 use syn::{parse_macro_input, DeriveInput, ItemFn};
 
 mod gpu;
+mod gpu_kernel;
 mod kernel;
 mod message;
 mod paths;
@@ -193,4 +197,57 @@ pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(attr.into(), item)
         .unwrap_or_else(syn::Error::into_compile_error)
         .into()
+}
+
+/// Turns a function in the kernel subset of `ringkernel-codegen` into a kernel that
+/// `Device::launch` runs on any backend. The function stays as written (the CPU runs it
+/// through `dsl::launch`); next to it comes a const named like the function in upper
+/// case, a `GpuKernel` with the parameters, the CUDA C and the WGSL, translated at
+/// compile time: a construct outside the subset is a compile error at its span.
+///
+/// A stencil kernel takes one `GridPos` (or `GridPos3`) parameter and names its halo
+/// width: `#[gpu_kernel(halo = 1)]`; `Device::launch_stencil` runs it over a grid.
+///
+/// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`) and
+/// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`); a kernel with an `f64`
+/// has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions
+/// of `dsl` (bring them in with `use ringkernel_codegen::dsl::*`, or
+/// `ringkernel::codegen::dsl::*` through the facade).
+///
+/// ```
+/// use ringkernel_codegen::dsl::*;
+/// use ringkernel_derive::gpu_kernel;
+///
+/// #[gpu_kernel]
+/// fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
+///     let i = block_idx_x() * block_dim_x() + thread_idx_x();
+///     if i < n {
+///         y[i as usize] = a * x[i as usize] + y[i as usize];
+///     }
+/// }
+///
+/// assert_eq!(SAXPY.name, "saxpy");
+/// assert!(SAXPY.cuda_source.contains("__global__ void saxpy("));
+/// assert!(SAXPY.wgsl_source.unwrap().contains("fn saxpy("));
+///
+/// // The CPU entry point runs the Rust function over a grid:
+/// let x = vec![1.0f32; 100];
+/// let mut y = vec![2.0f32; 100];
+/// (SAXPY.cpu)([2, 1, 1], [64, 1, 1], &mut ringkernel_codegen::args![3.0f32, &x, &mut y, 100])
+///     .unwrap();
+/// assert!(y.iter().all(|&v| v == 5.0));
+/// ```
+#[proc_macro_attribute]
+pub fn gpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item = parse_macro_input!(item as ItemFn);
+    match gpu_kernel::expand(attr.into(), item.clone()) {
+        Ok(t) => t.into(),
+        // Keep the function itself, so the error is the only one (no "cannot find
+        // function" at its callers).
+        Err(e) => {
+            let mut t = e.into_compile_error();
+            t.extend(quote::quote!(#item));
+            t.into()
+        }
+    }
 }

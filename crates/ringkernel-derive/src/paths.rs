@@ -27,3 +27,36 @@ pub fn core_path() -> TokenStream {
         },
     }
 }
+
+/// The path of `ringkernel-codegen` as the user's crate sees it: `::ringkernel_codegen`
+/// with a direct dependency, `::ringkernel::codegen` through the facade,
+/// `::ringkernel_cuda_codegen::codegen` through the CUDA-named re-export.
+pub fn codegen_path() -> TokenStream {
+    let named = |n: String| {
+        let id = syn::Ident::new(&n, Span::call_site());
+        quote!(::#id)
+    };
+    if let Ok(found) = crate_name("ringkernel-codegen") {
+        return match found {
+            FoundCrate::Itself => quote!(::ringkernel_codegen),
+            FoundCrate::Name(n) => named(n),
+        };
+    }
+    if let Ok(found) = crate_name("ringkernel") {
+        return match found {
+            FoundCrate::Itself => quote!(::ringkernel::codegen),
+            FoundCrate::Name(n) => {
+                let p = named(n);
+                quote!(#p::codegen)
+            }
+        };
+    }
+    match crate_name("ringkernel-cuda-codegen") {
+        Ok(FoundCrate::Itself) => quote!(::ringkernel_cuda_codegen::codegen),
+        Ok(FoundCrate::Name(n)) => {
+            let p = named(n);
+            quote!(#p::codegen)
+        }
+        Err(_) => quote!(::ringkernel_codegen),
+    }
+}

@@ -337,3 +337,129 @@ impl ComputeBackend for MetalCompute {
 
     ringkernel_drain::planned_ops!();
 }
+
+/// A compute pipeline built at run time from WGSL (a generated kernel) through naga's
+/// MSL, for [`MetalCompute::dispatch_wgsl`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MslPipeline {
+    compiled: Arc<Compiled>,
+    entry_point: String,
+    workgroup_size: [u32; 3],
+}
+
+impl MetalCompute {
+    /// Validates WGSL `source` with naga and translates `entry_point` to MSL: binding `n`
+    /// of group 0 at `[[buffer(n)]]`, as for the built-in kernels; binding 0 is the
+    /// uniform parameter block when `has_params`, and `read_write[i]` says whether
+    /// storage binding `i + 1` is written. Needs no device (tests check it off Apple).
+    /// Failures are [`Error::Compile`].
+    pub fn generated_msl(
+        label: &str,
+        source: &str,
+        entry_point: &str,
+        has_params: bool,
+        read_write: &[bool],
+    ) -> Result<ringkernel_shaders::MslOutput> {
+        use ringkernel_shaders::{Access, Binding};
+        let v = ringkernel_shaders::validate_source(label, source)?;
+        let mut bindings = Vec::with_capacity(read_write.len() + 1);
+        if has_params {
+            bindings.push(Binding {
+                group: 0,
+                binding: PARAMS_BINDING,
+                name: "",
+                access: Access::Uniform,
+            });
+        }
+        for (i, &rw) in read_write.iter().enumerate() {
+            bindings.push(Binding {
+                group: 0,
+                binding: i as u32 + 1,
+                name: "",
+                access: if rw { Access::ReadWrite } else { Access::Read },
+            });
+        }
+        ringkernel_shaders::module_to_msl(&v, entry_point, &bindings, &Specialization::none())
+    }
+
+    /// Compiles the MSL of [`generated_msl`](Self::generated_msl) into a pipeline.
+    pub fn compile_wgsl(
+        &self,
+        label: &str,
+        source: &str,
+        entry_point: &str,
+        has_params: bool,
+        read_write: &[bool],
+    ) -> Result<MslPipeline> {
+        let msl = Self::generated_msl(label, source, entry_point, has_params, read_write)?;
+        let pipeline = self.device.compile(label, &msl.source, &msl.entry_point)?;
+        check_fixed_threadgroup(entry_point, pipeline.limits(), msl.workgroup_size)?;
+        let sizes = msl
+            .sizes_buffer
+            .map(|i| (i as u32, msl.sizes_order.clone()));
+        Ok(MslPipeline {
+            compiled: Arc::new(Compiled { pipeline, sizes }),
+            entry_point: entry_point.to_string(),
+            workgroup_size: msl.workgroup_size,
+        })
+    }
+
+    /// Records one dispatch of `groups` threadgroups of a pipeline from
+    /// [`compile_wgsl`](Self::compile_wgsl): `params` at binding 0 (when given), each
+    /// `(binding, buffer)` at its binding. In order with the other ops of this backend.
+    pub fn dispatch_wgsl(
+        &self,
+        pipeline: &MslPipeline,
+        params: Option<&[u8]>,
+        buffers: &[(u32, &dyn DeviceBuffer)],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let tensors = buffers
+            .iter()
+            .map(|(b, t)| Ok((*b, self.buffer(*t)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let binds: Vec<(u32, &MetalBuffer, usize)> =
+            tensors.iter().map(|(b, t)| (*b, t.buffer(), 0)).collect();
+        let sizes = match &pipeline.compiled.sizes {
+            Some((index, order)) => Some((
+                *index,
+                plan::buffer_sizes(order, |binding| {
+                    tensors
+                        .iter()
+                        .find(|(b, _)| *b == binding)
+                        .map(|(_, t)| t.len * 4)
+                })?,
+            )),
+            None => None,
+        };
+        let mut inline: Vec<(u32, &[u8])> = Vec::new();
+        if let Some(p) = params {
+            inline.push((PARAMS_BINDING, p));
+        }
+        if let Some((index, bytes)) = &sizes {
+            inline.push((*index, bytes));
+        }
+        let mut pending = lock(&self.pending);
+        let batch = self.open(&mut pending)?;
+        batch
+            .dispatch(
+                &pipeline.compiled.pipeline,
+                &binds,
+                &inline,
+                groups,
+                pipeline.workgroup_size,
+            )
+            .map_err(|e| match e {
+                Error::InvalidArgument(m) => {
+                    Error::invalid(format!("{}: {m}", pipeline.entry_point))
+                }
+                other => other,
+            })?;
+        pending.dispatches += 1;
+        Self::maybe_commit(&mut pending);
+        Ok(())
+    }
+}

@@ -56,7 +56,7 @@ mod sys;
 /// tested in CI: the drain host, the op plans, the buffer pool and threadgroup sizing.
 pub use ringkernel_drain::{engine, msl, plan, pool, sizing};
 
-pub use compute::MetalCompute;
+pub use compute::{MetalCompute, MslPipeline};
 pub use runtime::MetalRuntime;
 pub use sys::{MetalBuffer, MetalDevice};
 

@@ -391,3 +391,189 @@ impl ComputeBackend for WgpuCompute {
 
     ringkernel_drain::planned_ops!();
 }
+
+/// One resource of group 0 of a pipeline built by [`WgpuCompute::compile_wgsl`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WgslResource {
+    /// `var<uniform>` (the parameter block).
+    Uniform,
+    /// `var<storage, read>` (`read_only`) or `var<storage, read_write>`.
+    Storage {
+        /// Whether the shader only reads it.
+        read_only: bool,
+    },
+}
+
+/// A compute pipeline built at run time from WGSL source (a generated kernel), for
+/// [`WgpuCompute::dispatch_wgsl`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WgslPipeline {
+    pipeline: wgpu::ComputePipeline,
+    group_layout: wgpu::BindGroupLayout,
+    entry_point: String,
+    owner: u64,
+}
+
+impl WgpuCompute {
+    /// Validates `source` with naga and builds the pipeline of its `entry_point` with
+    /// an explicit layout: group 0 holds exactly `resources` (so a resource the shader
+    /// does not use still takes its binding). Invalid WGSL or a pipeline wgpu refuses is
+    /// [`Error::Compile`] with the diagnostic; `label` names the source in it.
+    pub fn compile_wgsl(
+        &self,
+        label: &str,
+        source: &str,
+        entry_point: &str,
+        resources: &[(u32, WgslResource)],
+    ) -> Result<WgslPipeline> {
+        ringkernel_shaders::validate_source(label, source)?;
+        let scope = self
+            .ctx
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = resources
+            .iter()
+            .map(|(binding, r)| wgpu::BindGroupLayoutEntry {
+                binding: *binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: match r {
+                        WgslResource::Uniform => wgpu::BufferBindingType::Uniform,
+                        WgslResource::Storage { read_only } => wgpu::BufferBindingType::Storage {
+                            read_only: *read_only,
+                        },
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+            .collect();
+        let group_layout =
+            self.ctx
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(label),
+                    entries: &entries,
+                });
+        let layout = self
+            .ctx
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(&group_layout)],
+                immediate_size: 0,
+            });
+        let module = self
+            .ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = self
+            .ctx
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry_point),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(entry_point),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Compile {
+                backend: BackendKind::Wgpu,
+                log: format!("{label}: {e}"),
+            });
+        }
+        Ok(WgslPipeline {
+            pipeline,
+            group_layout,
+            entry_point: entry_point.to_string(),
+            owner: self.id,
+        })
+    }
+
+    /// Records one dispatch of `groups` workgroups of a pipeline from
+    /// [`compile_wgsl`](Self::compile_wgsl): `params` (when given) becomes a uniform
+    /// buffer at binding 0, each `(binding, buffer)` a storage buffer of group 0. Runs in
+    /// order with the other ops of this backend.
+    pub fn dispatch_wgsl(
+        &self,
+        pipeline: &WgslPipeline,
+        params: Option<&[u8]>,
+        buffers: &[(u32, &dyn DeviceBuffer)],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if pipeline.owner != self.id {
+            return Err(Error::Device(
+                "pipeline belongs to another wgpu device".into(),
+            ));
+        }
+        let max = self
+            .ctx
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(Error::invalid(format!(
+                "{} workgroups: at most {max} per dimension on this device",
+                groups.map(|g| g.to_string()).join(" x ")
+            )));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let uniform = params.map(|p| self.uniform(p)).transpose()?;
+        let mut entries = Vec::with_capacity(buffers.len() + 1);
+        if let Some(u) = &uniform {
+            entries.push(wgpu::BindGroupEntry {
+                binding: 0,
+                resource: u.as_entire_binding(),
+            });
+        }
+        for (binding, b) in buffers {
+            entries.push(wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: self.buf(*b)?.buf.as_entire_binding(),
+            });
+        }
+        let scope = self
+            .ctx
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let group = self
+            .ctx
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.group_layout,
+                entries: &entries,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::invalid(format!(
+                "bindings of {}: {e}",
+                pipeline.entry_point
+            )));
+        }
+        let mut batch = lock(&self.batch);
+        {
+            let mut pass =
+                self.encoder(&mut batch)
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(&pipeline.entry_point),
+                        timestamp_writes: None,
+                    });
+            pass.set_pipeline(&pipeline.pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        batch.ops += 1;
+        if batch.ops >= MAX_BATCH {
+            self.submit(&mut batch);
+        }
+        Ok(())
+    }
+}

@@ -31,7 +31,7 @@
 pub mod compute;
 pub mod runtime;
 
-pub use compute::{WgpuBuffer, WgpuCompute};
+pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
 use ringkernel_core::{BackendKind, Error, Result};

@@ -1,12 +1,14 @@
 //! One constructor and one probe per backend: the only place that names the backend
 //! crates. Everything else in the facade goes through `Arc<dyn RingKernelRuntime>` and
-//! `Arc<dyn ComputeBackend>`.
+//! `Arc<dyn ComputeBackend>` (generated kernels through the concrete compute backends a
+//! `Native` carries).
 //!
 //! The CPU backend is always compiled in; CUDA, WebGPU and Metal each come with a cargo
 //! feature of this crate (`cuda`, `wgpu`, `metal`; `full` for all three). A backend left
 //! out answers every request with [`Error::BackendUnavailable`] whose reason is
 //! [`not_compiled_reason`]: "not compiled in: enable feature `cuda` …".
 
+use crate::compute::Native;
 use crate::core::compute::ComputeBackend;
 use crate::core::registry::KernelRegistry;
 use crate::core::runtime::RingKernelRuntime;
@@ -128,7 +130,7 @@ pub(crate) fn cpu_compute_with_threads(threads: usize) -> Result<DynCompute> {
 /// The wgpu compute backend: on a hardware adapter only for `Auto` (`hardware_only`),
 /// which will not settle for a software one; else on the adapter that
 /// `RINGKERNEL_WGPU_ADAPTER` picks (any when unset).
-pub(crate) fn wgpu_compute(hardware_only: bool) -> Result<DynCompute> {
+pub(crate) fn wgpu_compute(hardware_only: bool) -> Result<Native> {
     #[cfg(feature = "wgpu")]
     {
         let b = if hardware_only {
@@ -136,7 +138,7 @@ pub(crate) fn wgpu_compute(hardware_only: bool) -> Result<DynCompute> {
         } else {
             ringkernel_wgpu::WgpuCompute::new()?
         };
-        Ok(Arc::new(b))
+        Ok(Native::Wgpu(Arc::new(b)))
     }
     #[cfg(not(feature = "wgpu"))]
     {
@@ -146,10 +148,12 @@ pub(crate) fn wgpu_compute(hardware_only: bool) -> Result<DynCompute> {
 }
 
 /// The CUDA compute backend on device `ordinal`.
-pub(crate) fn cuda_compute(ordinal: usize) -> Result<DynCompute> {
+pub(crate) fn cuda_compute(ordinal: usize) -> Result<Native> {
     #[cfg(feature = "cuda")]
     {
-        Ok(Arc::new(ringkernel_cuda::CudaCompute::new(ordinal)?))
+        Ok(Native::Cuda(Arc::new(ringkernel_cuda::CudaCompute::new(
+            ordinal,
+        )?)))
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -159,10 +163,12 @@ pub(crate) fn cuda_compute(ordinal: usize) -> Result<DynCompute> {
 }
 
 /// The Metal compute backend.
-pub(crate) fn metal_compute() -> Result<DynCompute> {
+pub(crate) fn metal_compute() -> Result<Native> {
     #[cfg(feature = "metal")]
     {
-        Ok(Arc::new(ringkernel_metal::MetalCompute::new()?))
+        Ok(Native::Metal(Arc::new(
+            ringkernel_metal::MetalCompute::new()?,
+        )))
     }
     #[cfg(not(feature = "metal"))]
     {

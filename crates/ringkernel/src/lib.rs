@@ -102,7 +102,14 @@ pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
 pub use runtime::RingKernel;
 pub use selection::{Backend, Selection, Skipped, BACKEND_ENV};
 
-pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+pub use ringkernel_derive::{gpu_kernel, ring_kernel, GpuType, RingMessage};
+
+/// The Rust-to-CUDA C/WGSL translator behind [`gpu_kernel`]: its `dsl` (the index
+/// functions a kernel body calls), the translation functions and the launch types.
+pub use ringkernel_codegen as codegen;
+/// Launch arguments by position: `args![2.0f32, &x, &mut y, n]` (see
+/// [`Device::launch`](compute::Device::launch)).
+pub use ringkernel_codegen::args;
 
 pub use ringkernel_core::builtin;
 pub use ringkernel_core::context::KernelContext;
@@ -137,9 +144,10 @@ pub struct ReadmeExample;
 /// pub/sub types.
 pub mod prelude {
     pub use crate::builder::RingKernelBuilder;
-    pub use crate::compute::{Device, KvCache, Tensor};
+    pub use crate::compute::{Device, GpuKernel, KernelArg, KvCache, Tensor};
     pub use crate::runtime::RingKernel;
     pub use crate::selection::{Backend, Selection};
+    pub use ringkernel_codegen::args;
     pub use ringkernel_core::backend::BackendKind;
     pub use ringkernel_core::builtin::{self, Token};
     pub use ringkernel_core::context::KernelContext;
@@ -162,7 +170,7 @@ pub mod prelude {
     pub use ringkernel_cpu::CpuRuntime;
     #[cfg(feature = "cuda")]
     pub use ringkernel_cuda::CudaRuntime;
-    pub use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+    pub use ringkernel_derive::{gpu_kernel, ring_kernel, GpuType, RingMessage};
     #[cfg(feature = "metal")]
     pub use ringkernel_metal::MetalRuntime;
     #[cfg(feature = "wgpu")]

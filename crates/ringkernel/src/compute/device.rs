@@ -1,6 +1,7 @@
 //! [`Device`]: one compute backend, chosen explicitly or by [`Device::auto`], and
 //! validated against the CPU before it is trusted.
 
+use super::launch::{KernelCache, Native};
 use crate::backends;
 use crate::core::compute::{
     reference, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims, ReduceDims, ReduceOp,
@@ -30,6 +31,8 @@ pub struct Device {
 
 struct Inner {
     backend: Arc<dyn ComputeBackend>,
+    native: Native,
+    kernels: KernelCache,
     kind: BackendKind,
     validated: bool,
     skipped: Vec<Skipped>,
@@ -67,7 +70,7 @@ impl PartialEq for Device {
 impl Device {
     /// The CPU (rayon's global pool; always available).
     pub fn cpu() -> Device {
-        Self::wrap(backends::cpu_compute(), true, Vec::new())
+        Self::wrap(backends::cpu_compute(), Native::Cpu, Vec::new())
     }
 
     /// The CPU with a dedicated pool of `threads` threads (1 for single-thread figures).
@@ -80,7 +83,7 @@ impl Device {
     pub fn cpu_with_threads(threads: usize) -> Result<Device> {
         Ok(Self::wrap(
             backends::cpu_compute_with_threads(threads)?,
-            true,
+            Native::Cpu,
             Vec::new(),
         ))
     }
@@ -89,19 +92,19 @@ impl Device {
     /// Needs the `wgpu` feature: without it, [`Error::BackendUnavailable`] saying
     /// "not compiled in: enable feature `wgpu`".
     pub fn wgpu() -> Result<Device> {
-        Self::from_backend(backends::wgpu_compute(false)?)
+        Self::from_native(backends::wgpu_compute(false)?)
     }
 
     /// The CUDA GPU `ordinal`, validated. Needs the `cuda` feature: without it,
     /// [`Error::BackendUnavailable`] saying "not compiled in: enable feature `cuda`".
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        Self::from_backend(backends::cuda_compute(ordinal)?)
+        Self::from_native(backends::cuda_compute(ordinal)?)
     }
 
     /// The default Metal GPU, validated. Needs the `metal` feature: without it,
     /// [`Error::BackendUnavailable`] saying "not compiled in: enable feature `metal`".
     pub fn metal() -> Result<Device> {
-        Self::from_backend(backends::metal_compute()?)
+        Self::from_native(backends::metal_compute()?)
     }
 
     /// The device of `kind` (CUDA device 0; wgpu on any adapter).
@@ -136,13 +139,28 @@ impl Device {
     }
 
     /// Wraps a backend; a non-CPU backend runs the self-test first and is refused
-    /// (with [`Error::Device`]) when it fails.
+    /// (with [`Error::Device`]) when it fails. Generated kernels
+    /// ([`Device::launch`]) run on such a device only when it is the CPU.
     pub fn from_backend(backend: Arc<dyn ComputeBackend>) -> Result<Device> {
         let kind = backend.kind();
         if kind != BackendKind::Cpu {
             self_test(&*backend)?;
         }
-        Ok(Self::wrap(backend, true, Vec::new()))
+        let native = if kind == BackendKind::Cpu {
+            Native::Cpu
+        } else {
+            Native::Opaque
+        };
+        Ok(Self::wrap(backend, native, Vec::new()))
+    }
+
+    /// A built-in GPU backend, self-tested.
+    fn from_native(native: Native) -> Result<Device> {
+        let backend = native
+            .dyn_backend()
+            .ok_or_else(|| Error::Device("not a GPU backend".into()))?;
+        self_test(&*backend)?;
+        Ok(Self::wrap(backend, native, Vec::new()))
     }
 
     /// Picks the best validated device: Metal > CUDA > wgpu on a hardware adapter > CPU.
@@ -175,20 +193,25 @@ impl Device {
             let backend = match kind {
                 BackendKind::Cpu => {
                     tracing::info!("compute device: cpu");
-                    return Ok(Self::wrap(backends::cpu_compute(), true, skipped));
+                    return Ok(Self::wrap(backends::cpu_compute(), Native::Cpu, skipped));
                 }
                 BackendKind::Metal => backends::metal_compute(),
                 BackendKind::Cuda => backends::cuda_compute(0),
                 BackendKind::Wgpu => backends::wgpu_compute(true),
             };
-            let outcome = backend.and_then(|b| self_test(&*b).map(|()| b));
+            let outcome = backend.and_then(|n| {
+                let b = n
+                    .dyn_backend()
+                    .ok_or_else(|| Error::Device("not a GPU backend".into()))?;
+                self_test(&*b).map(|()| (b, n))
+            });
             match outcome {
-                Ok(b) => {
+                Ok((b, n)) => {
                     tracing::info!(
                         "compute device: {kind} ({}), self-test passed",
                         b.device_name()
                     );
-                    return Ok(Self::wrap(b, true, skipped));
+                    return Ok(Self::wrap(b, n, skipped));
                 }
                 Err(e) => {
                     let reason = backends::reason(e);
@@ -201,19 +224,33 @@ impl Device {
             }
         }
         // BackendKind::ALL ends with the CPU, which always returns above.
-        Ok(Self::wrap(backends::cpu_compute(), true, skipped))
+        Ok(Self::wrap(backends::cpu_compute(), Native::Cpu, skipped))
     }
 
-    fn wrap(backend: Arc<dyn ComputeBackend>, validated: bool, skipped: Vec<Skipped>) -> Device {
+    /// Every device is validated when it is wrapped (the CPU is the reference; GPUs
+    /// passed [`self_test`]).
+    fn wrap(backend: Arc<dyn ComputeBackend>, native: Native, skipped: Vec<Skipped>) -> Device {
         let kind = backend.kind();
         Device {
             inner: Arc::new(Inner {
                 backend,
+                native,
+                kernels: KernelCache::default(),
                 kind,
-                validated,
+                validated: true,
                 skipped,
             }),
         }
+    }
+
+    /// The backend as its concrete type (for generated kernels).
+    pub(crate) fn native(&self) -> Native {
+        self.inner.native.clone()
+    }
+
+    /// The device's cache of compiled generated kernels.
+    pub(crate) fn kernel_cache(&self) -> &KernelCache {
+        &self.inner.kernels
     }
 
     /// Which backend.

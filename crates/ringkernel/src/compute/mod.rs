@@ -17,15 +17,22 @@
 //! Every op of the backend trait ([`ComputeBackend`]) has a method on [`Tensor`] that
 //! checks shapes and devices first ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch),
 //! [`Error::Device`](crate::Error::Device)). The f64 reference implementations the
-//! backends are tested against are in [`reference`]; the op test kit every backend
+//! backends are tested against are in [`reference`](mod@reference); the op test kit every backend
 //! runs is `ringkernel_core::compute::testkit` (feature `testkit` of ringkernel-core).
+//!
+//! Kernels of your own, written once in Rust with [`gpu_kernel`](crate::gpu_kernel),
+//! run on every device through [`Device::launch`] (see its example).
 
 mod device;
 mod kv_cache;
+mod launch;
 mod tensor;
 
 pub use device::Device;
 pub use kv_cache::{KvCache, KvView};
+pub use launch::LaunchInfo;
+pub(crate) use launch::Native;
+pub use ringkernel_codegen::launch::{GpuKernel, KernelArg};
 pub use tensor::Tensor;
 
 pub use ringkernel_core::compute::{

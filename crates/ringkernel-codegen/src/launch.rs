@@ -1,0 +1,599 @@
+//! What a launcher needs to run a kernel on any backend: the [`GpuKernel`] description
+//! that `#[gpu_kernel]` generates, and the [`KernelArg`]s a launch passes by position.
+//!
+//! ```
+//! use ringkernel_codegen::launch::{ArgError, KernelArg};
+//! use ringkernel_codegen::args;
+//!
+//! let x = vec![1.0f32, 2.0];
+//! let mut y = vec![0.0f32; 2];
+//! let mut a = args![2.5f32, &x, &mut y, 2i32];
+//! assert_eq!(a.len(), 4);
+//! assert!(matches!(a[2], KernelArg::F32sMut(_)));
+//! assert_eq!(a[0].type_name(), "f32");
+//! // Positional access as the generated CPU entry point does it:
+//! let n: i32 = ringkernel_codegen::launch::FromArg::from_arg(&mut a[3], "n").unwrap();
+//! assert_eq!(n, 2);
+//! let e: Result<f32, ArgError> = ringkernel_codegen::launch::FromArg::from_arg(&mut a[3], "n");
+//! assert!(e.is_err());
+//! ```
+
+use crate::{KernelParam, ParamKind, ScalarType, StencilConfig, WgslKernel};
+
+/// One parameter of a [`GpuKernel`] (a `'static` form of [`KernelParam`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaticParam {
+    /// The Rust name.
+    pub name: &'static str,
+    /// What it is.
+    pub kind: ParamKind,
+}
+
+/// A stencil kernel's shape: 2 or 3 dimensions and the halo width it was translated
+/// with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StencilInfo {
+    /// 2 (`GridPos`) or 3 (`GridPos3`).
+    pub dims: u8,
+    /// Halo width in cells.
+    pub halo: u32,
+}
+
+impl StencilInfo {
+    /// The translator's configuration of this stencil with the default workgroup size.
+    pub fn config(&self) -> StencilConfig {
+        if self.dims == 3 {
+            StencilConfig::new_3d(self.halo)
+        } else {
+            StencilConfig::new(self.halo)
+        }
+    }
+
+    /// Elements of a buffer with halo for an interior of `size` cells (`size[2]`
+    /// ignored in 2-D).
+    pub fn buffer_len(&self, size: [u32; 3]) -> usize {
+        if self.dims == 3 {
+            crate::dsl::GridPos3::buffer_len(size[0], size[1], size[2], self.halo)
+        } else {
+            crate::dsl::GridPos::buffer_len(size[0], size[1], self.halo)
+        }
+    }
+}
+
+/// The CPU entry point of a [`GpuKernel`]: runs the Rust function for every thread of
+/// `grid` × `block` (through [`crate::dsl::launch`]) with `args` bound by position. For
+/// a stencil kernel `grid` is the interior size and `block` is ignored (it runs through
+/// [`crate::dsl::stencil_2d`] / [`crate::dsl::stencil_3d`]), and `args` leave the
+/// `GridPos` parameter out.
+pub type CpuEntry =
+    fn(grid: [u32; 3], block: [u32; 3], args: &mut [KernelArg<'_>]) -> Result<(), ArgError>;
+
+/// A global kernel written once in Rust, as `#[gpu_kernel]` describes it: its
+/// parameters, the CUDA C and WGSL it was translated to at compile time, the Rust source
+/// (re-translated when a launch asks for another WGSL workgroup size) and the CPU entry
+/// point that runs the Rust function itself.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuKernel {
+    /// The function's name (the CUDA and WGSL entry point).
+    pub name: &'static str,
+    /// Parameters in order.
+    pub params: &'static [StaticParam],
+    /// The function as Rust tokens (what the macro translated).
+    pub rust_source: &'static str,
+    /// CUDA C (`extern "C" __global__ void name(...)`).
+    pub cuda_source: &'static str,
+    /// WGSL with [`crate::DEFAULT_WORKGROUP_SIZE`], or why the kernel has no WGSL form
+    /// (an `f64`, say).
+    pub wgsl_source: Result<&'static str, &'static str>,
+    /// Runs the Rust function on the CPU.
+    pub cpu: CpuEntry,
+    /// `Some` for a stencil kernel (a `GridPos`/`GridPos3` parameter).
+    pub stencil: Option<StencilInfo>,
+}
+
+impl GpuKernel {
+    /// The parameters as [`KernelParam`]s.
+    pub fn kernel_params(&self) -> Vec<KernelParam> {
+        self.params
+            .iter()
+            .map(|p| KernelParam {
+                name: p.name.to_string(),
+                kind: p.kind,
+            })
+            .collect()
+    }
+
+    /// The WGSL of this kernel with `workgroup_size` (translated again from
+    /// [`rust_source`](Self::rust_source); the size is checked as
+    /// [`crate::transpile_global_kernel_wgsl_with`] checks it).
+    pub fn wgsl(&self, workgroup_size: [u32; 3]) -> Result<WgslKernel, String> {
+        if let Err(e) = self.wgsl_source {
+            return Err(e.to_string());
+        }
+        let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
+        match self.stencil {
+            None => crate::transpile_global_kernel_wgsl_with(&f, workgroup_size),
+            Some(st) => crate::transpile_stencil_kernel_wgsl(
+                &f,
+                &StencilConfig {
+                    halo: st.halo,
+                    workgroup_size,
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// The parameters a launch passes arguments for (all but a stencil's `GridPos`).
+    pub fn launch_params(&self) -> impl Iterator<Item = &'static StaticParam> {
+        self.params
+            .iter()
+            .filter(|p| !matches!(p.kind, ParamKind::GridPos { .. }))
+    }
+
+    /// Checks `args` against the parameters (count, then each type, mutability
+    /// included): what every launcher does first.
+    pub fn check_args(&self, args: &[KernelArg<'_>]) -> Result<(), ArgError> {
+        let expected = self.launch_params().count();
+        if args.len() != expected {
+            return Err(ArgError::Count {
+                kernel: self.name,
+                expected,
+                got: args.len(),
+            });
+        }
+        for (p, a) in self.launch_params().zip(args) {
+            if !a.fits(p.kind) {
+                return Err(ArgError::Type {
+                    param: p.name,
+                    expected: kind_name(p.kind),
+                    got: a.type_name(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a parameter kind is written in Rust (for messages).
+pub fn kind_name(kind: ParamKind) -> &'static str {
+    use ScalarType::*;
+    match kind {
+        ParamKind::Scalar(s) => s.rust_name(),
+        ParamKind::Slice { elem, mutable } => match (elem, mutable) {
+            (F32, false) => "&[f32]",
+            (F32, true) => "&mut [f32]",
+            (F64, false) => "&[f64]",
+            (F64, true) => "&mut [f64]",
+            (I32, false) => "&[i32]",
+            (I32, true) => "&mut [i32]",
+            (U32, false) => "&[u32]",
+            (U32, true) => "&mut [u32]",
+            (Bool, false) => "&[bool]",
+            (Bool, true) => "&mut [bool]",
+            (Usize, false) => "&[usize]",
+            (Usize, true) => "&mut [usize]",
+        },
+        ParamKind::GridPos { dims: 3 } => "GridPos3",
+        ParamKind::GridPos { .. } => "GridPos",
+    }
+}
+
+/// A wrong launch argument.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// Not one argument per parameter.
+    #[error("kernel `{kernel}` takes {expected} arguments, {got} were given")]
+    Count {
+        /// The kernel.
+        kernel: &'static str,
+        /// Its parameter count.
+        expected: usize,
+        /// Arguments given.
+        got: usize,
+    },
+    /// An argument of another type than its parameter's.
+    #[error("parameter `{param}` is a `{expected}`, the argument is a `{got}`")]
+    Type {
+        /// The parameter.
+        param: &'static str,
+        /// Its type.
+        expected: &'static str,
+        /// The argument's type.
+        got: &'static str,
+    },
+    /// A parameter no launcher can bind (a `&[bool]`).
+    #[error("parameter `{param}` of type `{ty}` cannot be passed to a launch")]
+    Unsupported {
+        /// The parameter.
+        param: &'static str,
+        /// Its type.
+        ty: &'static str,
+    },
+}
+
+/// A launcher's device-resident buffer inside a [`KernelArg::Device`] (opaque here).
+#[derive(Clone, Copy)]
+pub struct DeviceRef<'a>(pub &'a (dyn std::any::Any + Send + Sync));
+
+impl std::fmt::Debug for DeviceRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceRef(..)")
+    }
+}
+
+/// One argument of a launch, by position: a scalar, or a host slice (read-only for a
+/// `&[T]` parameter, read-write for a `&mut [T]` one; a mutable slice may also be passed
+/// where a read-only one is expected). Build them with `From` or [`args!`](crate::args).
+#[derive(Debug)]
+pub enum KernelArg<'a> {
+    /// An `f32` scalar.
+    F32(f32),
+    /// An `f64` scalar (CUDA and CPU only).
+    F64(f64),
+    /// An `i32` scalar.
+    I32(i32),
+    /// A `u32` scalar.
+    U32(u32),
+    /// A `bool` scalar.
+    Bool(bool),
+    /// `&[f32]`.
+    F32s(&'a [f32]),
+    /// `&mut [f32]`.
+    F32sMut(&'a mut [f32]),
+    /// `&[f64]`.
+    F64s(&'a [f64]),
+    /// `&mut [f64]`.
+    F64sMut(&'a mut [f64]),
+    /// `&[i32]`.
+    I32s(&'a [i32]),
+    /// `&mut [i32]`.
+    I32sMut(&'a mut [i32]),
+    /// `&[u32]`.
+    U32s(&'a [u32]),
+    /// `&mut [u32]`.
+    U32sMut(&'a mut [u32]),
+    /// f32 data already on a device (the `ringkernel` facade's `Tensor`), for an `f32`
+    /// slice parameter: GPU launchers bind it without a copy; the CPU launcher stages it
+    /// through host memory.
+    Device {
+        /// The launcher's buffer object (the facade downcasts it).
+        buffer: DeviceRef<'a>,
+        /// Elements.
+        len: usize,
+        /// Passed as `&mut` (the kernel may write it).
+        mutable: bool,
+    },
+}
+
+impl KernelArg<'_> {
+    /// The argument's Rust type.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            KernelArg::F32(_) => "f32",
+            KernelArg::F64(_) => "f64",
+            KernelArg::I32(_) => "i32",
+            KernelArg::U32(_) => "u32",
+            KernelArg::Bool(_) => "bool",
+            KernelArg::F32s(_) => "&[f32]",
+            KernelArg::F32sMut(_) => "&mut [f32]",
+            KernelArg::F64s(_) => "&[f64]",
+            KernelArg::F64sMut(_) => "&mut [f64]",
+            KernelArg::I32s(_) => "&[i32]",
+            KernelArg::I32sMut(_) => "&mut [i32]",
+            KernelArg::U32s(_) => "&[u32]",
+            KernelArg::U32sMut(_) => "&mut [u32]",
+            KernelArg::Device { mutable: false, .. } => "&Tensor",
+            KernelArg::Device { mutable: true, .. } => "&mut Tensor",
+        }
+    }
+
+    /// The same argument, borrowed for a shorter time (slices reborrowed).
+    pub fn reborrow(&mut self) -> KernelArg<'_> {
+        match self {
+            KernelArg::F32(x) => KernelArg::F32(*x),
+            KernelArg::F64(x) => KernelArg::F64(*x),
+            KernelArg::I32(x) => KernelArg::I32(*x),
+            KernelArg::U32(x) => KernelArg::U32(*x),
+            KernelArg::Bool(x) => KernelArg::Bool(*x),
+            KernelArg::F32s(s) => KernelArg::F32s(s),
+            KernelArg::F32sMut(s) => KernelArg::F32sMut(s),
+            KernelArg::F64s(s) => KernelArg::F64s(s),
+            KernelArg::F64sMut(s) => KernelArg::F64sMut(s),
+            KernelArg::I32s(s) => KernelArg::I32s(s),
+            KernelArg::I32sMut(s) => KernelArg::I32sMut(s),
+            KernelArg::U32s(s) => KernelArg::U32s(s),
+            KernelArg::U32sMut(s) => KernelArg::U32sMut(s),
+            KernelArg::Device {
+                buffer,
+                len,
+                mutable,
+            } => KernelArg::Device {
+                buffer: *buffer,
+                len: *len,
+                mutable: *mutable,
+            },
+        }
+    }
+
+    /// Whether this argument can be bound to a parameter of `kind`.
+    pub fn fits(&self, kind: ParamKind) -> bool {
+        use KernelArg as A;
+        use ScalarType as S;
+        match kind {
+            ParamKind::Scalar(s) => matches!(
+                (s, self),
+                (S::F32, A::F32(_))
+                    | (S::F64, A::F64(_))
+                    | (S::I32, A::I32(_))
+                    | (S::U32, A::U32(_))
+                    | (S::Bool, A::Bool(_))
+            ),
+            ParamKind::Slice { elem, mutable } => match (elem, self) {
+                (S::F32, A::F32sMut(_))
+                | (S::F64, A::F64sMut(_))
+                | (S::I32, A::I32sMut(_))
+                | (S::U32, A::U32sMut(_)) => true,
+                (S::F32, A::F32s(_))
+                | (S::F64, A::F64s(_))
+                | (S::I32, A::I32s(_))
+                | (S::U32, A::U32s(_)) => !mutable,
+                (S::F32, A::Device { mutable: m, .. }) => *m || !mutable,
+                _ => false,
+            },
+            ParamKind::GridPos { .. } => false,
+        }
+    }
+
+    /// The scalar as its 4 or 8 little-endian bytes; `None` for a slice.
+    pub fn scalar_bytes(&self) -> Option<Vec<u8>> {
+        Some(match self {
+            KernelArg::F32(x) => x.to_le_bytes().to_vec(),
+            KernelArg::F64(x) => x.to_le_bytes().to_vec(),
+            KernelArg::I32(x) => x.to_le_bytes().to_vec(),
+            KernelArg::U32(x) => x.to_le_bytes().to_vec(),
+            KernelArg::Bool(x) => vec![*x as u8],
+            _ => return None,
+        })
+    }
+
+    /// A slice argument's elements as 32-bit words (bit patterns; an `f64` is two
+    /// words, low first): how launchers upload it into an f32 device buffer. `None` for
+    /// a scalar.
+    pub fn words(&self) -> Option<Vec<f32>> {
+        fn w<T: Copy>(s: &[T], f: impl Fn(T) -> u32) -> Vec<f32> {
+            s.iter().map(|&v| f32::from_bits(f(v))).collect()
+        }
+        Some(match self {
+            KernelArg::F32s(s) => s.to_vec(),
+            KernelArg::F32sMut(s) => s.to_vec(),
+            KernelArg::I32s(s) => w(s, |v| v as u32),
+            KernelArg::I32sMut(s) => w(s, |v| v as u32),
+            KernelArg::U32s(s) => w(s, |v| v),
+            KernelArg::U32sMut(s) => w(s, |v| v),
+            KernelArg::F64s(s) => f64_words(s),
+            KernelArg::F64sMut(s) => f64_words(s),
+            _ => return None,
+        })
+    }
+
+    /// Writes 32-bit words (as [`words`](Self::words) gives them) back into a mutable
+    /// slice argument; `false` when this is not a mutable slice or the length differs.
+    pub fn store_words(&mut self, words: &[f32]) -> bool {
+        fn st<T>(s: &mut [T], words: &[f32], per: usize, f: impl Fn(&[f32]) -> T) -> bool {
+            if words.len() != s.len() * per {
+                return false;
+            }
+            for (d, w) in s.iter_mut().zip(words.chunks_exact(per)) {
+                *d = f(w);
+            }
+            true
+        }
+        match self {
+            KernelArg::F32sMut(s) => st(s, words, 1, |w| w[0]),
+            KernelArg::I32sMut(s) => st(s, words, 1, |w| w[0].to_bits() as i32),
+            KernelArg::U32sMut(s) => st(s, words, 1, |w| w[0].to_bits()),
+            KernelArg::F64sMut(s) => st(s, words, 2, |w| {
+                f64::from_bits(w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32)
+            }),
+            _ => false,
+        }
+    }
+
+    /// Number of 32-bit words of a slice argument (0 for a scalar).
+    pub fn word_len(&self) -> usize {
+        match self {
+            KernelArg::F32s(s) => s.len(),
+            KernelArg::F32sMut(s) => s.len(),
+            KernelArg::I32s(s) => s.len(),
+            KernelArg::I32sMut(s) => s.len(),
+            KernelArg::U32s(s) => s.len(),
+            KernelArg::U32sMut(s) => s.len(),
+            KernelArg::F64s(s) => 2 * s.len(),
+            KernelArg::F64sMut(s) => 2 * s.len(),
+            _ => 0,
+        }
+    }
+
+    /// Whether this is a mutable slice (written back after a GPU launch).
+    pub fn is_mut_slice(&self) -> bool {
+        matches!(
+            self,
+            KernelArg::F32sMut(_)
+                | KernelArg::F64sMut(_)
+                | KernelArg::I32sMut(_)
+                | KernelArg::U32sMut(_)
+        )
+    }
+}
+
+fn f64_words(s: &[f64]) -> Vec<f32> {
+    s.iter()
+        .flat_map(|v| {
+            let b = v.to_bits();
+            [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
+        })
+        .collect()
+}
+
+macro_rules! from_impls {
+    ($($t:ty => $v:ident),* $(,)?) => {$(
+        impl From<$t> for KernelArg<'_> {
+            fn from(x: $t) -> Self {
+                KernelArg::$v(x)
+            }
+        }
+    )*};
+}
+from_impls!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool);
+
+macro_rules! from_slices {
+    ($($t:ty => $v:ident, $m:ident;)*) => {$(
+        impl<'a> From<&'a [$t]> for KernelArg<'a> {
+            fn from(x: &'a [$t]) -> Self {
+                KernelArg::$v(x)
+            }
+        }
+        impl<'a> From<&'a mut [$t]> for KernelArg<'a> {
+            fn from(x: &'a mut [$t]) -> Self {
+                KernelArg::$m(x)
+            }
+        }
+        impl<'a> From<&'a Vec<$t>> for KernelArg<'a> {
+            fn from(x: &'a Vec<$t>) -> Self {
+                KernelArg::$v(x)
+            }
+        }
+        impl<'a> From<&'a mut Vec<$t>> for KernelArg<'a> {
+            fn from(x: &'a mut Vec<$t>) -> Self {
+                KernelArg::$m(x)
+            }
+        }
+        impl<'a, const N: usize> From<&'a [$t; N]> for KernelArg<'a> {
+            fn from(x: &'a [$t; N]) -> Self {
+                KernelArg::$v(x)
+            }
+        }
+        impl<'a, const N: usize> From<&'a mut [$t; N]> for KernelArg<'a> {
+            fn from(x: &'a mut [$t; N]) -> Self {
+                KernelArg::$m(x)
+            }
+        }
+        impl<'a> FromArg<'a> for &'a [$t] {
+            fn from_arg(arg: &'a mut KernelArg<'_>, name: &'static str) -> Result<Self, ArgError> {
+                match arg {
+                    KernelArg::$v(s) => Ok(s),
+                    KernelArg::$m(s) => Ok(s),
+                    other => Err(mismatch(name, concat!("&[", stringify!($t), "]"), other)),
+                }
+            }
+        }
+        impl<'a> FromArg<'a> for &'a mut [$t] {
+            fn from_arg(arg: &'a mut KernelArg<'_>, name: &'static str) -> Result<Self, ArgError> {
+                match arg {
+                    KernelArg::$m(s) => Ok(s),
+                    other => Err(mismatch(name, concat!("&mut [", stringify!($t), "]"), other)),
+                }
+            }
+        }
+    )*};
+}
+
+/// Takes a parameter's value out of its [`KernelArg`] (what the CPU entry point that
+/// `#[gpu_kernel]` generates does for each parameter).
+pub trait FromArg<'a>: Sized {
+    /// The value, or [`ArgError::Type`] naming `name`.
+    fn from_arg(arg: &'a mut KernelArg<'_>, name: &'static str) -> Result<Self, ArgError>;
+}
+
+fn mismatch(param: &'static str, expected: &'static str, got: &KernelArg<'_>) -> ArgError {
+    ArgError::Type {
+        param,
+        expected,
+        got: got.type_name(),
+    }
+}
+
+macro_rules! from_arg_scalars {
+    ($($t:ty => $v:ident),* $(,)?) => {$(
+        impl<'a> FromArg<'a> for $t {
+            fn from_arg(arg: &'a mut KernelArg<'_>, name: &'static str) -> Result<Self, ArgError> {
+                match arg {
+                    KernelArg::$v(x) => Ok(*x),
+                    other => Err(mismatch(name, stringify!($t), other)),
+                }
+            }
+        }
+    )*};
+}
+from_arg_scalars!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool);
+
+from_slices! {
+    f32 => F32s, F32sMut;
+    f64 => F64s, F64sMut;
+    i32 => I32s, I32sMut;
+    u32 => U32s, U32sMut;
+}
+
+/// An array of [`KernelArg`]s from scalars, slices, arrays and `Vec`s (`&v` read-only,
+/// `&mut v` read-write): `args![2.0f32, &x, &mut y, n as i32]`.
+#[macro_export]
+macro_rules! args {
+    ($($e:expr),* $(,)?) => {
+        [$($crate::launch::KernelArg::from($e)),*]
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_every_element_type() {
+        let mut f = vec![1.5f32, -0.0, f32::NAN];
+        let mut i = vec![-1i32, i32::MIN, 7];
+        let mut u = vec![u32::MAX, 0, 3];
+        let mut d = vec![1.0e300f64, -2.5, f64::MIN_POSITIVE];
+        for a in [
+            KernelArg::from(&mut f),
+            KernelArg::from(&mut i),
+            KernelArg::from(&mut u),
+            KernelArg::from(&mut d),
+        ]
+        .iter_mut()
+        {
+            let w = a.words().unwrap();
+            assert_eq!(w.len(), a.word_len());
+            // write back something else, then the original words
+            let other: Vec<f32> = w.iter().map(|x| f32::from_bits(!x.to_bits())).collect();
+            assert!(a.store_words(&other));
+            assert!(a.store_words(&w));
+            assert!(!a.store_words(&w[1..]), "a wrong length is refused");
+        }
+        assert_eq!(f[0], 1.5);
+        assert!(f[1] == 0.0 && f[1].is_sign_negative() && f[2].is_nan());
+        assert_eq!(i, vec![-1, i32::MIN, 7]);
+        assert_eq!(u, vec![u32::MAX, 0, 3]);
+        assert_eq!(d, vec![1.0e300, -2.5, f64::MIN_POSITIVE]);
+        let ro = [1.0f32];
+        let mut a = KernelArg::from(&ro);
+        assert!(!a.is_mut_slice() && !a.store_words(&[2.0]));
+        assert_eq!(KernelArg::from(3u32).words(), None);
+        assert_eq!(KernelArg::from(3u32).scalar_bytes(), Some(vec![3, 0, 0, 0]));
+    }
+
+    #[test]
+    fn fits_checks_type_and_mutability() {
+        let k = |elem, mutable| ParamKind::Slice { elem, mutable };
+        let x = [0.0f32];
+        let mut y = [0.0f32];
+        assert!(KernelArg::from(&x).fits(k(ScalarType::F32, false)));
+        assert!(!KernelArg::from(&x).fits(k(ScalarType::F32, true)));
+        assert!(KernelArg::from(&mut y).fits(k(ScalarType::F32, false)));
+        assert!(!KernelArg::from(&mut y).fits(k(ScalarType::I32, true)));
+        assert!(KernelArg::from(1i32).fits(ParamKind::Scalar(ScalarType::I32)));
+        assert!(!KernelArg::from(1i32).fits(ParamKind::Scalar(ScalarType::U32)));
+        assert!(!KernelArg::from(1i32).fits(ParamKind::GridPos { dims: 2 }));
+        assert_eq!(kind_name(k(ScalarType::U32, true)), "&mut [u32]");
+    }
+}

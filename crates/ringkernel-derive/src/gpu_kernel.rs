@@ -1,0 +1,257 @@
+//! `#[gpu_kernel]`: a Rust function in the codegen subset, kept as it is (the CPU
+//! implementation) and described by a `GpuKernel` const with its CUDA C and WGSL,
+//! translated here at compile time.
+
+use crate::paths::codegen_path;
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote};
+use ringkernel_codegen::{ParamKind, ScalarType};
+use syn::ItemFn;
+
+/// Re-labels every message of a translator error, keeping its span.
+fn labelled(e: syn::Error) -> syn::Error {
+    let mut out: Option<syn::Error> = None;
+    for one in e {
+        let l = syn::Error::new(one.span(), format!("#[gpu_kernel]: {one}"));
+        match &mut out {
+            None => out = Some(l),
+            Some(o) => o.combine(l),
+        }
+    }
+    out.unwrap_or_else(|| syn::Error::new(Span::call_site(), "#[gpu_kernel]: translation failed"))
+}
+
+fn scalar_tokens(cg: &TokenStream, s: ScalarType) -> TokenStream {
+    let v = match s {
+        ScalarType::F32 => quote!(F32),
+        ScalarType::F64 => quote!(F64),
+        ScalarType::I32 => quote!(I32),
+        ScalarType::U32 => quote!(U32),
+        ScalarType::Usize => quote!(Usize),
+        ScalarType::Bool => quote!(Bool),
+    };
+    quote!(#cg::ScalarType::#v)
+}
+
+/// Expands `#[gpu_kernel]` on `item`.
+pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
+    let mut halo: Option<syn::LitInt> = None;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("halo") {
+            if halo.is_some() {
+                return Err(meta.error("duplicate `halo`"));
+            }
+            halo = Some(meta.value()?.parse()?);
+            Ok(())
+        } else {
+            Err(meta.error(
+                "unknown #[gpu_kernel] argument: the only one is `halo = N` for stencil kernels \
+                 (the WGSL workgroup size is the launch's block size)",
+            ))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    let params = ringkernel_codegen::kernel_params(&item).map_err(labelled)?;
+    let mut stencil_dims = None;
+    for (p, arg) in params.iter().zip(&item.sig.inputs) {
+        match p.kind {
+            ParamKind::GridPos { dims } => {
+                if stencil_dims.is_some() {
+                    return Err(syn::Error::new_spanned(
+                        arg,
+                        "#[gpu_kernel]: a stencil kernel takes one `GridPos` or `GridPos3`",
+                    ));
+                }
+                stencil_dims = Some(dims);
+            }
+            ParamKind::Slice {
+                elem: ScalarType::Bool,
+                ..
+            } => {
+                return Err(syn::Error::new_spanned(
+                    arg,
+                    "#[gpu_kernel]: `bool` slices cannot be passed to a launch (no common layout \
+                     on every backend); use `&[u32]` with 0 and 1",
+                ))
+            }
+            _ => {}
+        }
+    }
+    let stencil =
+        match (stencil_dims, &halo) {
+            (None, None) => None,
+            (None, Some(h)) => {
+                return Err(syn::Error::new_spanned(
+                    h,
+                    "#[gpu_kernel]: `halo` is for stencil kernels (with a `GridPos` parameter)",
+                ))
+            }
+            (Some(_), None) => return Err(syn::Error::new_spanned(
+                &item.sig.ident,
+                "#[gpu_kernel]: a stencil kernel (a `GridPos` parameter) needs its halo width: \
+                 #[gpu_kernel(halo = 1)]",
+            )),
+            (Some(dims), Some(h)) => {
+                let halo: u32 = h.base10_parse()?;
+                Some((dims, halo, h.span()))
+            }
+        };
+    let config = stencil.map(|(dims, halo, _)| {
+        if dims == 3 {
+            ringkernel_codegen::StencilConfig::new_3d(halo)
+        } else {
+            ringkernel_codegen::StencilConfig::new(halo)
+        }
+    });
+    let cuda = match &config {
+        None => ringkernel_codegen::transpile_global_kernel(&item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel(&item, cfg),
+    }
+    .map_err(labelled)?;
+    let wgsl_result = match &config {
+        None => ringkernel_codegen::transpile_global_kernel_wgsl(&item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel_wgsl(&item, cfg),
+    };
+    let wgsl = match wgsl_result {
+        Ok(k) => {
+            let s = k.source;
+            quote!(::core::result::Result::Ok(#s))
+        }
+        // Only the WGSL target refused it (an f64, say): the kernel still runs on the CPU
+        // and CUDA; a launch on wgpu or Metal reports this message.
+        Err(e) => {
+            let msg = e
+                .into_iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            quote!(::core::result::Result::Err(#msg))
+        }
+    };
+
+    let cg = codegen_path();
+    let ident = &item.sig.ident;
+    let vis = &item.vis;
+    let name = ident.to_string();
+    let const_ident = format_ident!("{}", name.to_uppercase(), span = ident.span());
+    let rust_source = quote!(#item).to_string();
+
+    let static_params = params.iter().map(|p| {
+        let n = &p.name;
+        let kind = match p.kind {
+            ParamKind::Scalar(s) => {
+                let s = scalar_tokens(&cg, s);
+                quote!(#cg::ParamKind::Scalar(#s))
+            }
+            ParamKind::Slice { elem, mutable } => {
+                let e = scalar_tokens(&cg, elem);
+                quote!(#cg::ParamKind::Slice { elem: #e, mutable: #mutable })
+            }
+            ParamKind::GridPos { dims } => quote!(#cg::ParamKind::GridPos { dims: #dims }),
+        };
+        quote!(#cg::launch::StaticParam { name: #n, kind: #kind })
+    });
+
+    let n_args = params
+        .iter()
+        .filter(|p| !matches!(p.kind, ParamKind::GridPos { .. }))
+        .count();
+    let arg_idents: Vec<_> = (0..n_args).map(|i| format_ident!("__rk_a{i}")).collect();
+    let mut binds = Vec::new();
+    let mut call_args = Vec::new();
+    let mut next = 0;
+    for p in &params {
+        let pname = &p.name;
+        if let ParamKind::GridPos { .. } = p.kind {
+            call_args.push(quote!(__rk_pos));
+            continue;
+        }
+        let a = &arg_idents[next];
+        let v = format_ident!("__rk_p{next}");
+        next += 1;
+        let (ty, call) = match p.kind {
+            ParamKind::Scalar(s) => {
+                let t = format_ident!("{}", s.rust_name());
+                (quote!(#t), quote!(#v))
+            }
+            ParamKind::Slice {
+                elem,
+                mutable: false,
+            } => {
+                let t = format_ident!("{}", elem.rust_name());
+                (quote!(&[#t]), quote!(#v))
+            }
+            ParamKind::Slice {
+                elem,
+                mutable: true,
+            } => {
+                let t = format_ident!("{}", elem.rust_name());
+                (quote!(&mut [#t]), quote!(&mut *#v))
+            }
+            ParamKind::GridPos { .. } => unreachable!("handled above"),
+        };
+        binds.push(quote! {
+            let #v: #ty = #cg::launch::FromArg::from_arg(#a, #pname)?;
+        });
+        call_args.push(call);
+    }
+    let run = match stencil {
+        None => quote! {
+            #cg::dsl::launch(grid, block, || #ident(#(#call_args),*));
+        },
+        Some((2, halo, _)) => quote! {
+            let _ = block;
+            #cg::dsl::stencil_2d(grid[0], grid[1], #halo, |__rk_pos| #ident(#(#call_args),*));
+        },
+        Some((_, halo, _)) => quote! {
+            let _ = block;
+            #cg::dsl::stencil_3d(grid[0], grid[1], grid[2], #halo, |__rk_pos| #ident(#(#call_args),*));
+        },
+    };
+    let stencil_tokens = match stencil {
+        None => quote!(::core::option::Option::None),
+        Some((dims, halo, _)) => {
+            quote!(::core::option::Option::Some(#cg::launch::StencilInfo { dims: #dims, halo: #halo }))
+        }
+    };
+    let count = n_args;
+    let doc = format!(
+        "The `{name}` kernel, written in Rust and translated to CUDA C and WGSL by \
+         `#[gpu_kernel]`: launch it with `Device::launch`."
+    );
+
+    Ok(quote! {
+        #item
+
+        #[doc = #doc]
+        #[allow(non_upper_case_globals)]
+        #vis const #const_ident: #cg::launch::GpuKernel = #cg::launch::GpuKernel {
+            name: #name,
+            params: &[#(#static_params),*],
+            rust_source: #rust_source,
+            cuda_source: #cuda,
+            wgsl_source: #wgsl,
+            cpu: {
+                fn __rk_cpu_entry(
+                    grid: [u32; 3],
+                    block: [u32; 3],
+                    args: &mut [#cg::launch::KernelArg<'_>],
+                ) -> ::core::result::Result<(), #cg::launch::ArgError> {
+                    let got = args.len();
+                    let [#(#arg_idents),*] = args else {
+                        return ::core::result::Result::Err(#cg::launch::ArgError::Count {
+                            kernel: #name,
+                            expected: #count,
+                            got,
+                        });
+                    };
+                    #(#binds)*
+                    #run
+                    ::core::result::Result::Ok(())
+                }
+                __rk_cpu_entry
+            },
+            stencil: #stencil_tokens,
+        };
+    })
+}
