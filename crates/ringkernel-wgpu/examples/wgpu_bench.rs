@@ -2,8 +2,14 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only]
 //! ```
+//!
+//! `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
+//! adapter). The actor figures come with the **floor** of the same run, measured on the
+//! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
+//! the inputs, one dispatch that transforms them, copy back, map, read) over 4 words,
+//! and the same pass over 65,536 words.
 //!
 //! Timing: each op is recorded `REPS` times back to back into one submission (the
 //! backend's batching), the wall time from the first record to the end of
@@ -20,6 +26,7 @@ use ringkernel_core::util::SplitMix64;
 use ringkernel_core::Error;
 use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
 use std::time::{Duration, Instant};
+use wgpu::util::DeviceExt;
 
 const REPS: usize = 20;
 
@@ -56,11 +63,105 @@ fn random(g: &WgpuCompute, n: usize, seed: u64) -> Result<BufferRef, Error> {
     g.upload(&r.vec(n, -1.0, 1.0))
 }
 
+const FLOOR_WGSL: &str = r#"
+@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let n = arrayLength(&buf) / 2u;
+    if (g.x < n) { buf[n + g.x] = buf[g.x] * 2u + 1u; }
+}
+"#;
+
+/// p50 and p99 of `v` (sorted in place).
+fn p50_p99(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+/// The floor of one pass over `words` u32 inputs on `ctx`'s device: write them,
+/// dispatch one transform, copy the outputs back, map and read. Returns (p50, p99) in µs.
+fn floor(ctx: &ringkernel_wgpu::GpuContext, words: u64, iters: usize) -> Result<(f64, f64), Error> {
+    let (dev, q) = (&ctx.device, &ctx.queue);
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("floor"),
+        source: wgpu::ShaderSource::Wgsl(FLOOR_WGSL.into()),
+    });
+    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("floor"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let input: Vec<u32> = (0..words as u32).collect();
+    let buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("floor"),
+        contents: bytemuck::cast_slice(&vec![0u32; 2 * words as usize]),
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+    });
+    let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("floor readback"),
+        size: words * 4,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("floor"),
+        layout: &pipe.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: buf.as_entire_binding(),
+        }],
+    });
+    let dev_err = |e: &dyn std::fmt::Display| Error::Device(format!("floor pass: {e}"));
+    let mut v = Vec::with_capacity(iters);
+    for it in 0..iters + iters / 10 {
+        let t = Instant::now();
+        q.write_buffer(&buf, 0, bytemuck::cast_slice(&input));
+        let mut enc = dev.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipe);
+            pass.set_bind_group(0, &bg, &[]);
+            pass.dispatch_workgroups(words.div_ceil(64) as u32, 1, 1);
+        }
+        enc.copy_buffer_to_buffer(&buf, words * 4, &staging, 0, words * 4);
+        q.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        dev.poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| dev_err(&e))?;
+        rx.recv()
+            .map_err(|e| dev_err(&e))?
+            .map_err(|e| dev_err(&e))?;
+        let ok = {
+            let m = staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
+            u32::from_le_bytes([m[4], m[5], m[6], m[7]]) == 3
+        };
+        staging.unmap();
+        if !ok {
+            return Err(Error::Device("floor pass computed a wrong value".into()));
+        }
+        if it >= iters / 10 {
+            v.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(p50_p99(&mut v))
+}
+
 fn main() -> Result<(), Error> {
     let elems = arg("--elems", 64 << 20);
     let cols = arg("--cols", 4096);
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
+    let calls = arg("--calls", 2000);
+    let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
         Err(e @ Error::BackendUnavailable { .. }) => {
@@ -70,6 +171,13 @@ fn main() -> Result<(), Error> {
         Err(e) => return Err(e),
     };
     println!("device: {}", g.device_name());
+    if !actors_only {
+        ops(&g, elems, cols, mm)?;
+    }
+    actors(&g, msgs, calls)
+}
+
+fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
     let gb = |bytes: f64, s: f64| bytes / s / 1e9;
 
     // Copy bandwidth: a 1 GiB buffer-to-buffer copy.
@@ -82,7 +190,7 @@ fn main() -> Result<(), Error> {
             (Err(e), _) | (_, Err(e)) => return Err(e),
         }
     };
-    let t = time_op(&g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
+    let t = time_op(g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
     let copy_bw = gb(2.0 * (copy_elems * 4) as f64, t);
     println!(
         "copy {} MiB: {:.3} ms, {:.1} GB/s (read + write)",
@@ -93,10 +201,10 @@ fn main() -> Result<(), Error> {
     drop((src, dst));
 
     let bytes = (elems * 4) as f64;
-    let a = random(&g, elems, 1)?;
-    let b = random(&g, elems, 2)?;
+    let a = random(g, elems, 1)?;
+    let b = random(g, elems, 2)?;
     let out = g.alloc(elems)?;
-    let t = time_op(&g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
+    let t = time_op(g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
     let bw = gb(3.0 * bytes, t);
     println!(
         "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -105,7 +213,7 @@ fn main() -> Result<(), Error> {
         100.0 * bw / copy_bw
     );
     let rows = elems / cols;
-    let t = time_op(&g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
+    let t = time_op(g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
     let bw = gb(2.0 * bytes, t);
     println!(
         "softmax {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -113,8 +221,8 @@ fn main() -> Result<(), Error> {
         bw,
         100.0 * bw / copy_bw
     );
-    let w = random(&g, cols, 3)?;
-    let t = time_op(&g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
+    let w = random(g, cols, 3)?;
+    let t = time_op(g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
     let bw = gb(2.0 * bytes, t);
     println!(
         "rms_norm {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -124,8 +232,8 @@ fn main() -> Result<(), Error> {
     );
     drop((a, b, out, w));
 
-    let ma = random(&g, mm * mm, 4)?;
-    let mb = random(&g, mm * mm, 5)?;
+    let ma = random(g, mm * mm, 4)?;
+    let mb = random(g, mm * mm, 5)?;
     let mc = g.alloc(mm * mm)?;
     let dims = MatmulDims {
         batch: 1,
@@ -134,14 +242,27 @@ fn main() -> Result<(), Error> {
         n: mm,
         b_batched: false,
     };
-    let t = time_op(&g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
+    let t = time_op(g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
     println!(
         "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s",
         t * 1e3,
         2.0 * (mm as f64).powi(3) / t / 1e9
     );
     drop((ma, mb, mc));
+    Ok(())
+}
 
+fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
+    // The floor of this run, as `wgpu-floor` measures it.
+    let (f50, f99) = floor(g.context(), 4, calls.max(100))?;
+    println!(
+        "floor, 4 messages per pass (write, dispatch, copy back, map, read): p50 {f50:.1} us, p99 {f99:.1} us"
+    );
+    let (b50, b99) = floor(g.context(), 65536, 100)?;
+    println!(
+        "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
+        65536.0 / b50
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -174,17 +295,16 @@ fn main() -> Result<(), Error> {
         println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         // Round trip: one call at a time.
         let mut lat = Vec::new();
-        for i in 0..2000u64 {
+        for i in 0..calls as u64 {
             let t = Instant::now();
             let _: Token = k.call(Token::new(i, 1.0), Duration::from_secs(10)).await?;
             lat.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        lat.sort_by(|a, b| a.total_cmp(b));
+        let (p50, p99) = p50_p99(&mut lat);
         println!(
-            "actor round trip (call, 1 message): p50 {:.1} us, p90 {:.1} us, p99 {:.1} us",
-            lat[lat.len() / 2],
-            lat[lat.len() * 9 / 10],
-            lat[lat.len() * 99 / 100]
+            "actor round trip (call, 1 message): p50 {p50:.1} us ({:.2}x floor), p99 {p99:.1} us ({:.2}x floor)",
+            p50 / f50,
+            p99 / f99,
         );
         runtime.shutdown().await?;
         Ok::<_, Error>(())

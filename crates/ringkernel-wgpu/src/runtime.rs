@@ -54,9 +54,15 @@ pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
 const CB: usize = std::mem::size_of::<ControlBlock>();
 
+/// Drain passes of one kernel in flight at once: while the poller finishes one pass
+/// (readback, replies) the device runs the next. Each has its own readback buffer.
+const PASSES_IN_FLIGHT: usize = 3;
+
 /// A drain pass waiting for its readback, finished by the poller.
 struct Completion {
     staging: wgpu::Buffer,
+    /// Where `staging` goes back once unmapped.
+    pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
     rings: Arc<HostRings>,
     /// Byte ranges of the output ring that the pass wrote.
     runs: Vec<Range<usize>>,
@@ -76,6 +82,7 @@ impl Completion {
             }
             Err(e) => Err(Error::Device(format!("readback of a drain pass: {e}"))),
         };
+        lock(&self.pool).push(self.staging.clone());
         (self.done)(result);
     }
 
@@ -235,7 +242,8 @@ struct WgpuDrainTarget {
     control: wgpu::Buffer,
     input: wgpu::Buffer,
     output: wgpu::Buffer,
-    staging: wgpu::Buffer,
+    /// Readback buffers not in use by a pass (one per pass in flight).
+    staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
     bind: wgpu::BindGroup,
 }
 
@@ -261,11 +269,16 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
             q.write_buffer(&self.input, run.start as u64, bytes);
         }
+        // Only the host-written part of the control block goes up: the device-written
+        // part lives on the device across passes (a pass in flight may be updating it).
         // SAFETY: the host writes the control block only under the engine's host lock
-        // (held now), and no pass of this kernel is running, so the device-written part
-        // is not being copied in either.
-        let control = unsafe { std::slice::from_raw_parts(self.rings.control(), CB) };
+        // (held now); the poller's copy-out writes only `DEVICE_WRITTEN`, after this.
+        let control =
+            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
         q.write_buffer(&self.control, 0, control);
+        let staging = lock(&self.staging).pop().ok_or_else(|| {
+            Error::Device("more drain passes in flight than readback buffers".into())
+        })?;
         q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("rk drain"),
@@ -284,7 +297,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             enc.copy_buffer_to_buffer(
                 &self.output,
                 run.start as u64,
-                &self.staging,
+                &staging,
                 run.start as u64,
                 run.len() as u64,
             );
@@ -293,25 +306,31 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         enc.copy_buffer_to_buffer(
             &self.control,
             DEVICE_WRITTEN.start as u64,
-            &self.staging,
+            &staging,
             ring_len + DEVICE_WRITTEN.start as u64,
             DEVICE_WRITTEN.len() as u64,
         );
         q.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
+            lock(&self.staging).push(staging);
             return Err(Error::Device(format!(
                 "drain pass on {}: {e}",
                 self.ctx.info.name
             )));
         }
         self.poller.watch(Completion {
-            staging: self.staging.clone(),
+            staging,
+            pool: self.staging.clone(),
             rings: self.rings.clone(),
             runs,
             priority: self.priority,
             done,
         });
         Ok(())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        PASSES_IN_FLIGHT
     }
 }
 
@@ -471,11 +490,15 @@ impl WgpuRuntime {
         let input = mk("rk input", ring_len, storage);
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
-        let staging = mk(
-            "rk readback",
-            ring_len + CB as u64,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        );
+        let staging = (0..PASSES_IN_FLIGHT)
+            .map(|_| {
+                mk(
+                    "rk readback",
+                    ring_len + CB as u64,
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                )
+            })
+            .collect();
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
         // depends on how the allocator initialises memory.
         self.ctx
@@ -514,7 +537,7 @@ impl WgpuRuntime {
             control,
             input,
             output,
-            staging,
+            staging: Arc::new(Mutex::new(staging)),
             bind,
         })
     }
