@@ -25,6 +25,7 @@ use ringkernel_core::runtime::RingKernelRuntime;
 use ringkernel_core::util::SplitMix64;
 use ringkernel_core::Error;
 use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
@@ -79,80 +80,109 @@ fn p50_p99(v: &mut [f64]) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
-/// The floor of one pass over `words` u32 inputs on `ctx`'s device: write them,
-/// dispatch one transform, copy the outputs back, map and read. Returns (p50, p99) in µs.
-fn floor(ctx: &ringkernel_wgpu::GpuContext, words: u64, iters: usize) -> Result<(f64, f64), Error> {
-    let (dev, q) = (&ctx.device, &ctx.queue);
-    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("floor"),
-        source: wgpu::ShaderSource::Wgsl(FLOOR_WGSL.into()),
-    });
-    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("floor"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    let input: Vec<u32> = (0..words as u32).collect();
-    let buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("floor"),
-        contents: bytemuck::cast_slice(&vec![0u32; 2 * words as usize]),
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-    });
-    let staging = dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("floor readback"),
-        size: words * 4,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let bg = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("floor"),
-        layout: &pipe.get_bind_group_layout(0),
-        entries: &[wgpu::BindGroupEntry {
-            binding: 0,
-            resource: buf.as_entire_binding(),
-        }],
-    });
-    let dev_err = |e: &dyn std::fmt::Display| Error::Device(format!("floor pass: {e}"));
-    let mut v = Vec::with_capacity(iters);
-    for it in 0..iters + iters / 10 {
+/// The floor of one pass over `words` u32 inputs on a device, as `wgpu-floor` measures
+/// it: write them, dispatch one transform, copy the outputs back, map and read.
+struct Floor {
+    ctx: Arc<ringkernel_wgpu::GpuContext>,
+    words: u64,
+    input: Vec<u32>,
+    pipe: wgpu::ComputePipeline,
+    buf: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    bind: wgpu::BindGroup,
+}
+
+fn dev_err(e: &dyn std::fmt::Display) -> Error {
+    Error::Device(format!("floor pass: {e}"))
+}
+
+impl Floor {
+    fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, words: u64) -> Self {
+        let dev = &ctx.device;
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("floor"),
+            source: wgpu::ShaderSource::Wgsl(FLOOR_WGSL.into()),
+        });
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("floor"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("floor"),
+            contents: bytemuck::cast_slice(&vec![0u32; 2 * words as usize]),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        });
+        let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("floor readback"),
+            size: words * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("floor"),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: buf.as_entire_binding(),
+            }],
+        });
+        Floor {
+            ctx: ctx.clone(),
+            words,
+            input: (0..words as u32).collect(),
+            pipe,
+            buf,
+            staging,
+            bind,
+        }
+    }
+
+    /// One pass; its round trip in µs.
+    fn pass(&self) -> Result<f64, Error> {
+        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
         let t = Instant::now();
-        q.write_buffer(&buf, 0, bytemuck::cast_slice(&input));
+        q.write_buffer(&self.buf, 0, bytemuck::cast_slice(&self.input));
         let mut enc = dev.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipe);
-            pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(words.div_ceil(64) as u32, 1, 1);
+            pass.set_pipeline(&self.pipe);
+            pass.set_bind_group(0, &self.bind, &[]);
+            pass.dispatch_workgroups(self.words.div_ceil(64) as u32, 1, 1);
         }
-        enc.copy_buffer_to_buffer(&buf, words * 4, &staging, 0, words * 4);
+        let half = self.words * 4;
+        enc.copy_buffer_to_buffer(&self.buf, half, &self.staging, 0, half);
         q.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        self.staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
         dev.poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| dev_err(&e))?;
-        rx.recv()
-            .map_err(|e| dev_err(&e))?
-            .map_err(|e| dev_err(&e))?;
+        rx.recv().map_err(|e| dev_err(&e))?.map_err(|e| dev_err(&e))?;
         let ok = {
-            let m = staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
+            let m = self.staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
             u32::from_le_bytes([m[4], m[5], m[6], m[7]]) == 3
         };
-        staging.unmap();
+        self.staging.unmap();
         if !ok {
             return Err(Error::Device("floor pass computed a wrong value".into()));
         }
-        if it >= iters / 10 {
-            v.push(t.elapsed().as_secs_f64() * 1e6);
-        }
+        Ok(t.elapsed().as_secs_f64() * 1e6)
     }
-    Ok(p50_p99(&mut v))
+
+    /// `n` passes after a few warm-up ones: their round trips in µs.
+    fn passes(&self, n: usize) -> Result<Vec<f64>, Error> {
+        for _ in 0..n.div_ceil(10) {
+            self.pass()?;
+        }
+        (0..n).map(|_| self.pass()).collect()
+    }
 }
 
 fn main() -> Result<(), Error> {
@@ -254,11 +284,8 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
 
 fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
     // The floor of this run, as `wgpu-floor` measures it.
-    let (f50, f99) = floor(g.context(), 4, calls.max(100))?;
-    println!(
-        "floor, 4 messages per pass (write, dispatch, copy back, map, read): p50 {f50:.1} us, p99 {f99:.1} us"
-    );
-    let (b50, b99) = floor(g.context(), 65536, 100)?;
+    let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
+    let (b50, b99) = p50_p99(&mut floor_batch.passes(200)?);
     println!(
         "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
         65536.0 / b50
@@ -293,14 +320,30 @@ fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
         let s = start.elapsed().as_secs_f64();
         let m = k.metrics();
         println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
-        // Round trip: one call at a time.
-        let mut lat = Vec::new();
-        for i in 0..calls as u64 {
-            let t = Instant::now();
-            let _: Token = k.call(Token::new(i, 1.0), Duration::from_secs(10)).await?;
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        k.terminate().await?;
+        // Round trip: one call at a time, on a kernel with the default options, in
+        // blocks alternating with blocks of floor passes (so both see the same load).
+        let k = runtime.launch(ECHO, LaunchOptions::default()).await?;
+        let (mut lat, mut floor) = (Vec::new(), Vec::new());
+        let block = 100.min(calls.max(1));
+        for b in 0..calls.div_ceil(block) {
+            floor.extend(floor_one.passes(block)?);
+            for i in 0..block as u64 {
+                let t = Instant::now();
+                let r: Token = k
+                    .call(Token::new(i, 1.0), Duration::from_secs(10))
+                    .await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                if r.id != i || r.value != 2.0 {
+                    return Err(Error::Device(format!("call {b}/{i} wrong: {r:?}")));
+                }
+            }
         }
+        let (f50, f99) = p50_p99(&mut floor);
         let (p50, p99) = p50_p99(&mut lat);
+        println!(
+            "floor, 4 messages per pass (write, dispatch, copy back, map, read): p50 {f50:.1} us, p99 {f99:.1} us"
+        );
         println!(
             "actor round trip (call, 1 message): p50 {p50:.1} us ({:.2}x floor), p99 {p99:.1} us ({:.2}x floor)",
             p50 / f50,
