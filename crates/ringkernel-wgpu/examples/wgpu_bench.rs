@@ -164,7 +164,9 @@ impl Floor {
         });
         dev.poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| dev_err(&e))?;
-        rx.recv().map_err(|e| dev_err(&e))?.map_err(|e| dev_err(&e))?;
+        rx.recv()
+            .map_err(|e| dev_err(&e))?
+            .map_err(|e| dev_err(&e))?;
         let ok = {
             let m = self.staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
             u32::from_le_bytes([m[4], m[5], m[6], m[7]]) == 3

@@ -54,6 +54,9 @@ pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
 const CB: usize = std::mem::size_of::<ControlBlock>();
 
+/// Bytes of a ring's queue header, before its first slot.
+const HEADER_BYTES: usize = std::mem::size_of::<ringkernel_core::queue::QueueHeader>();
+
 /// Drain passes of one kernel in flight at once: while the poller finishes one pass
 /// (readback, replies) the device runs the next. Each has its own readback buffer.
 const PASSES_IN_FLIGHT: usize = 3;
@@ -64,8 +67,13 @@ struct Completion {
     /// Where `staging` goes back once unmapped.
     pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
     rings: Arc<HostRings>,
-    /// Byte ranges of the output ring that the pass wrote.
+    /// Byte ranges of the output ring that the pass wrote (at the same offsets in
+    /// `staging`).
     runs: Vec<Range<usize>>,
+    /// Where in `staging` the device-written control fields are.
+    control_at: usize,
+    /// The part of `staging` that is mapped: the runs and the control fields.
+    mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
     done: Box<dyn FnOnce(Result<()>) + Send>,
@@ -89,15 +97,15 @@ impl Completion {
     fn copy_out(&self) -> Result<()> {
         let view = self
             .staging
-            .get_mapped_range(..)
+            .get_mapped_range(self.mapped.start as u64..self.mapped.end as u64)
             .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))?;
-        let ring_len = self.rings.ring_len();
-        let control = ring_len + DEVICE_WRITTEN.start..ring_len + DEVICE_WRITTEN.end;
+        let lo = self.mapped.start;
+        let control = self.control_at - lo..self.control_at - lo + DEVICE_WRITTEN.len();
         if view.len() < control.end {
             return Err(Error::Device("readback buffer too small".into()));
         }
         for run in &self.runs {
-            let src = &view[run.clone()];
+            let src = &view[run.start - lo..run.end - lo];
             // SAFETY: `run` lies in the output ring (`slot_runs` of the pass, checked
             // against `ring_len` by the engine); the pass is complete and its `done` has
             // not been called, so by the `DrainTarget` contract nobody else touches
@@ -170,7 +178,8 @@ impl Poller {
         let me = self.clone();
         // The callback runs on whichever thread polls or submits on the device (or at
         // once, on error): it only queues the completion and wakes the poller.
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let range = c.mapped.start as u64..c.mapped.end as u64;
+        staging.map_async(wgpu::MapMode::Read, range, move |r| {
             lock(&me.ready).push((c, r));
             me.wake.notify(usize::MAX);
         });
@@ -302,12 +311,20 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 run.len() as u64,
             );
         }
-        let ring_len = self.rings.ring_len() as u64;
+        // The control fields go just below the first run (into the image of an earlier
+        // slot, or of the queue header, which this pass does not read back), so that
+        // only the bytes of this pass are mapped: mapping the whole buffer costs time
+        // in proportion to the ring.
+        let first_run = runs.first().map_or(HEADER_BYTES, |r| r.start);
+        let control_at = first_run - DEVICE_WRITTEN.len();
+        let mapped = runs.iter().fold(control_at..first_run, |m, r| {
+            m.start.min(r.start)..m.end.max(r.end)
+        });
         enc.copy_buffer_to_buffer(
             &self.control,
             DEVICE_WRITTEN.start as u64,
             &staging,
-            ring_len + DEVICE_WRITTEN.start as u64,
+            control_at as u64,
             DEVICE_WRITTEN.len() as u64,
         );
         q.submit([enc.finish()]);
@@ -323,6 +340,8 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             pool: self.staging.clone(),
             rings: self.rings.clone(),
             runs,
+            control_at,
+            mapped,
             priority: self.priority,
             done,
         });
@@ -494,7 +513,7 @@ impl WgpuRuntime {
             .map(|_| {
                 mk(
                     "rk readback",
-                    ring_len + CB as u64,
+                    ring_len,
                     wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 )
             })
