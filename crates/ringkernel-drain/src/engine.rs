@@ -7,12 +7,24 @@
 //! block and handler state live in device buffers. Accepted messages wait on the host
 //! in one FIFO lane per priority level ([`ringkernel_core::priority`]); whenever
 //! messages are waiting (and no pass is running) the host copies them into the input
-//! slots — highest lane first — and dispatches one pass over all of them. The pass's completion — a Metal completion
-//! handler, a wgpu buffer-map callback run by the backend's poller, a plain thread in
-//! the tests — reads the outputs, stamps them (message id, HLC timestamp), queues
-//! replies for the host, routes K2K sends through the runtime, raises [`KernelEvents`]
-//! and starts the next pass if more messages arrived. Nothing waits on an async
-//! executor thread.
+//! slots — highest lane first — and dispatches one pass over all of them. The pass's
+//! completion — a Metal completion handler, a wgpu buffer-map callback run by the
+//! backend's poller, a plain thread in the tests — reads the outputs, stamps them
+//! (message id, HLC timestamp), queues replies for the host, routes K2K sends through
+//! the runtime, raises [`KernelEvents`] and starts the next pass if more messages
+//! arrived. Nothing waits on an async executor thread.
+//!
+//! ## Pace
+//!
+//! The host's work is per pass wherever it can be: one clock merge for the requests of
+//! a pass (one by one only when one of them is too far ahead), one block of timestamps
+//! for its outputs, one latency update. A target may also allow several passes in
+//! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
+//! further one starts over free slots of the ring once [`OVERLAP_MIN_BATCH`] messages
+//! wait (or the ring's free slots are fewer), so the host reads one pass's outputs
+//! while the device runs the next. Passes are finished in launch order whatever the
+//! order of their completions, so replies, a serial handler's state and every count
+//! keep the order of a single pass at a time.
 //!
 //! ## Priority
 //!
@@ -27,10 +39,11 @@
 //! Capacity and memory: each lane holds up to `queue_capacity` messages
 //! ([`Error::QueueFull`] per lane, so a full LOW lane does not hold a HIGH send back);
 //! a waiting message costs its header and payload on the host heap (buffers are
-//! reused). The device rings keep `queue_capacity` slots each, the most one pass takes.
+//! reused). The device rings keep `queue_capacity` slots each, the most the passes in
+//! flight take together.
 //!
 //! Backpressure: a pass takes at most as many messages as the host's reply queue has
-//! room for (`output_capacity`), and while K2K sends wait for a full destination (in
+//! room for (less the messages of the passes in flight) (`output_capacity`), and while K2K sends wait for a full destination (in
 //! order, retried by one helper OS thread with back-off) no new pass starts — the
 //! event-driven equivalent of a CPU worker that blocks on a full queue.
 //!
@@ -114,8 +127,9 @@ pub fn ring_bytes(capacity: usize, slot_size: usize) -> usize {
 ///
 /// A backend without memory the host and the device share (wgpu) keeps host copies
 /// ([`HostRings`](crate::shadow::HostRings)) and moves the bytes in `launch` (the
-/// pass's input slots and the control block up) and before `done` (the pass's output
-/// slots and the device-written fields of the control block down).
+/// pass's input slots and the host-written part of the control block up) and before
+/// `done` (the pass's output slots and the device-written fields of the control block
+/// down).
 pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// Bytes of each ring (at least [`ring_bytes`] of the kernel's capacity and slot size).
     fn ring_len(&self) -> usize;

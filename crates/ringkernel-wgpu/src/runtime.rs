@@ -10,10 +10,12 @@
 //! * Each kernel owns device buffers in the shared binary layout (control block, input
 //!   and output ring, handler state) and host copies of the rings and control block
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
-//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the control
-//!   block, records one dispatch and the copies of the output slots and the
-//!   device-written control fields into a readback buffer, submits, and asks for the
-//!   readback buffer to be mapped.
+//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the host line
+//!   of the control block, records one dispatch and the copies of the output slots and
+//!   the device-written control fields into a readback buffer of its own, submits, and
+//!   asks for the bytes of that pass in the readback buffer to be mapped. Up to three
+//!   passes of a kernel are in flight at once ([`DrainTarget::max_in_flight`]); the
+//!   device-written control fields live on the device across them.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`) while passes are outstanding and
 //!   finishes them: it copies the readback into the host copies, unmaps, and calls the

@@ -190,7 +190,7 @@ unsafe impl DrainTarget for CpuTarget {
         let ptrs = Ptrs(self.input(), self.output(), self.control(), self.state);
         let (handler, slot) = (self.handler, self.slot_size);
         let (hold, order, running) = (self.hold.clone(), self.order.clone(), self.running.clone());
-        let late = self.in_flight > 1 && ticket % 3 == 0;
+        let late = self.in_flight > 1 && ticket.is_multiple_of(3);
         std::thread::spawn(move || {
             let ptrs = ptrs;
             std::thread::sleep(Duration::from_micros(100));
