@@ -754,15 +754,12 @@ impl<T: DrainTarget> DrainEngine<T> {
                 self.drop_message(DropReason::CorruptOutput);
                 continue;
             }
-            let mut payload = vec![0u8; len];
-            // SAFETY: as above; `len` fits the slot after the 64-byte header.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.target.output().add(off + HEADER_SIZE),
-                    payload.as_mut_ptr(),
-                    len,
-                )
-            };
+            // SAFETY: as above (nothing writes these bytes while the slice lives); `len`
+            // fits the slot after the 64-byte header.
+            let payload = unsafe {
+                std::slice::from_raw_parts(self.target.output().add(off + HEADER_SIZE), len)
+            }
+            .to_vec();
             if let Some(core) = &core {
                 hdr.message_id = core.next_message_id();
             }
