@@ -20,11 +20,11 @@
 //! a pass (one by one only when one of them is too far ahead), one block of timestamps
 //! for its outputs, one latency update. A target may also allow several passes in
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
-//! further one starts over free slots of the ring once [`OVERLAP_MIN_BATCH`] messages
-//! wait (or the ring's free slots are fewer), so the host reads one pass's outputs
-//! while the device runs the next. Passes are finished in launch order whatever the
-//! order of their completions, so replies, a serial handler's state and every count
-//! keep the order of a single pass at a time.
+//! further one starts over free slots of the ring once it can take
+//! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
+//! pass's outputs while the device runs the next. Passes are finished in launch order
+//! whatever the order of their completions, so replies, a serial handler's state and
+//! every count keep the order of a single pass at a time.
 //!
 //! ## Priority
 //!
@@ -161,9 +161,10 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     }
 }
 
-/// While a pass is in flight, a further one starts only once this many messages wait
-/// (or the ring has no room for more): a completion starts the next pass anyway, so
-/// small batches wait for it instead of taking a pass of their own.
+/// While a pass is in flight, a further one starts only once it can take this many
+/// messages (a quarter of the ring for rings smaller than four times this): a
+/// completion starts the next pass anyway, so small batches wait for it instead of
+/// taking a pass of their own.
 pub const OVERLAP_MIN_BATCH: u64 = 256;
 
 /// A handler's WGSL composed with the drain template and validated by naga: what a
@@ -556,7 +557,14 @@ impl<T: DrainTarget> DrainEngine<T> {
         // Slots of the passes in flight stay theirs until they complete.
         let busy = h.tail - h.completed;
         let ring_room = self.capacity as u64 - busy;
-        if h.in_flight > 0 && waiting < OVERLAP_MIN_BATCH.min(ring_room) {
+        // While a pass runs, a further one must be worth it (else the completion,
+        // which starts the next pass anyway, takes these messages).
+        let min_batch = if h.in_flight > 0 {
+            OVERLAP_MIN_BATCH.min((self.capacity as u64 / 4).max(1))
+        } else {
+            1
+        };
+        if waiting < min_batch || ring_room < min_batch {
             return;
         }
         let room = {
@@ -568,7 +576,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             room
         };
         let count = waiting.min(room).min(ring_room);
-        if count == 0 {
+        if count < min_batch {
             return;
         }
         let first = h.dispatched;
