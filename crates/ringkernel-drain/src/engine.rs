@@ -43,9 +43,10 @@
 //! flight take together.
 //!
 //! Backpressure: a pass takes at most as many messages as the host's reply queue has
-//! room for (less the messages of the passes in flight) (`output_capacity`), and while K2K sends wait for a full destination (in
-//! order, retried by one helper OS thread with back-off) no new pass starts — the
-//! event-driven equivalent of a CPU worker that blocks on a full queue.
+//! room for (`output_capacity`, less the messages of the passes in flight), and while
+//! K2K sends wait for a full destination (in order, retried by one helper OS thread
+//! with back-off) no new pass starts — the event-driven equivalent of a CPU worker that
+//! blocks on a full queue.
 //!
 //! ## Metrics
 //!
@@ -627,7 +628,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// `[tail, tail + count)` belong to no pass in flight (`kick` checks the room).
     fn fill_ring(&self, h: &mut Host, count: u64) {
         let first = h.tail;
-        let mut latest: Option<ringkernel_core::hlc::HlcTimestamp> = None;
+        let mut latest: Option<HlcTimestamp> = None;
         for _ in 0..count {
             let Some(Waiting { header, payload }) = h.next_waiting() else {
                 break;

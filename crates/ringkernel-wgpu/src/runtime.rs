@@ -272,6 +272,11 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
         let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
         let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        // The engine launches at most `max_in_flight` passes at once, one readback
+        // buffer each.
+        let staging = lock(&self.staging).pop().ok_or_else(|| {
+            Error::Device("more drain passes in flight than readback buffers".into())
+        })?;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         for run in &runs {
             // SAFETY: the engine calls `launch` with its host lock held, under which
@@ -287,9 +292,6 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let control =
             unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
         q.write_buffer(&self.control, 0, control);
-        let staging = lock(&self.staging).pop().ok_or_else(|| {
-            Error::Device("more drain passes in flight than readback buffers".into())
-        })?;
         q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("rk drain"),
