@@ -107,6 +107,19 @@ impl LatencyHistogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records `n` samples of the same value `ns` (one update per counter, however
+    /// large `n`).
+    pub fn record_n(&self, ns: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.buckets[bucket_of(ns)].fetch_add(n, Ordering::Relaxed);
+        self.sum.fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
+        self.max.fetch_max(ns, Ordering::Relaxed);
+        self.min.fetch_min(ns, Ordering::Relaxed);
+        self.count.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Records a duration (saturating at `u64::MAX` nanoseconds).
     pub fn record_duration(&self, d: Duration) {
         self.record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));

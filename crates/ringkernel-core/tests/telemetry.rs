@@ -99,6 +99,25 @@ fn small_values_are_exact_and_mean_is_right() {
 }
 
 #[test]
+fn record_n_equals_n_records() {
+    let (one_by_one, batched) = (LatencyHistogram::new(), LatencyHistogram::new());
+    for (v, n) in [(7u64, 3u64), (500, 1000), (90_000, 2)] {
+        for _ in 0..n {
+            one_by_one.record(v);
+        }
+        batched.record_n(v, n);
+    }
+    batched.record_n(1, 0);
+    assert_eq!(batched.count(), one_by_one.count());
+    assert_eq!(batched.max(), 90_000);
+    assert_eq!(batched.percentile(0.0), 7, "the minimum");
+    for q in [0.001, 0.01, 0.5, 0.999, 1.0] {
+        assert_eq!(batched.percentile(q), one_by_one.percentile(q), "q {q}");
+    }
+    assert_eq!(batched.summary().mean_ns, one_by_one.summary().mean_ns);
+}
+
+#[test]
 fn concurrent_recording_loses_nothing() {
     let h = Arc::new(LatencyHistogram::new());
     let threads: Vec<_> = (0..4u64)

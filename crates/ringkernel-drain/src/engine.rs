@@ -7,12 +7,24 @@
 //! block and handler state live in device buffers. Accepted messages wait on the host
 //! in one FIFO lane per priority level ([`ringkernel_core::priority`]); whenever
 //! messages are waiting (and no pass is running) the host copies them into the input
-//! slots — highest lane first — and dispatches one pass over all of them. The pass's completion — a Metal completion
-//! handler, a wgpu buffer-map callback run by the backend's poller, a plain thread in
-//! the tests — reads the outputs, stamps them (message id, HLC timestamp), queues
-//! replies for the host, routes K2K sends through the runtime, raises [`KernelEvents`]
-//! and starts the next pass if more messages arrived. Nothing waits on an async
-//! executor thread.
+//! slots — highest lane first — and dispatches one pass over all of them. The pass's
+//! completion — a Metal completion handler, a wgpu buffer-map callback run by the
+//! backend's poller, a plain thread in the tests — reads the outputs, stamps them
+//! (message id, HLC timestamp), queues replies for the host, routes K2K sends through
+//! the runtime, raises [`KernelEvents`] and starts the next pass if more messages
+//! arrived. Nothing waits on an async executor thread.
+//!
+//! ## Pace
+//!
+//! The host's work is per pass wherever it can be: one clock merge for the requests of
+//! a pass (one by one only when one of them is too far ahead), one block of timestamps
+//! for its outputs, one latency update. A target may also allow several passes in
+//! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
+//! further one starts over free slots of the ring once it can take
+//! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
+//! pass's outputs while the device runs the next. Passes are finished in launch order
+//! whatever the order of their completions, so replies, a serial handler's state and
+//! every count keep the order of a single pass at a time.
 //!
 //! ## Priority
 //!
@@ -27,12 +39,14 @@
 //! Capacity and memory: each lane holds up to `queue_capacity` messages
 //! ([`Error::QueueFull`] per lane, so a full LOW lane does not hold a HIGH send back);
 //! a waiting message costs its header and payload on the host heap (buffers are
-//! reused). The device rings keep `queue_capacity` slots each, the most one pass takes.
+//! reused). The device rings keep `queue_capacity` slots each, the most the passes in
+//! flight take together.
 //!
 //! Backpressure: a pass takes at most as many messages as the host's reply queue has
-//! room for (`output_capacity`), and while K2K sends wait for a full destination (in
-//! order, retried by one helper OS thread with back-off) no new pass starts — the
-//! event-driven equivalent of a CPU worker that blocks on a full queue.
+//! room for (`output_capacity`, less the messages of the passes in flight), and while
+//! K2K sends wait for a full destination (in order, retried by one helper OS thread
+//! with back-off) no new pass starts — the event-driven equivalent of a CPU worker that
+//! blocks on a full queue.
 //!
 //! ## Metrics
 //!
@@ -68,7 +82,7 @@ use crate::msl::HostSlot;
 use crate::sizing::groups_for;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
-use ringkernel_core::hlc::HlcClock;
+use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
@@ -114,8 +128,9 @@ pub fn ring_bytes(capacity: usize, slot_size: usize) -> usize {
 ///
 /// A backend without memory the host and the device share (wgpu) keeps host copies
 /// ([`HostRings`](crate::shadow::HostRings)) and moves the bytes in `launch` (the
-/// pass's input slots and the control block up) and before `done` (the pass's output
-/// slots and the device-written fields of the control block down).
+/// pass's input slots and the host-written part of the control block up) and before
+/// `done` (the pass's output slots and the device-written fields of the control block
+/// down).
 pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// Bytes of each ring (at least [`ring_bytes`] of the kernel's capacity and slot size).
     fn ring_len(&self) -> usize;
@@ -130,9 +145,28 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// outputs in place), or with the error that stopped it, from another thread or
     /// after `launch` returned: the engine calls `launch` with its host lock held, and
     /// `done` takes that lock. When `launch` returns an error, `done` is never called.
+    ///
+    /// With [`max_in_flight`](Self::max_in_flight) above 1, `launch` is called again
+    /// before earlier passes are done, always over other slots; the passes must then
+    /// run on the device in the order they were launched (a serial handler's state
+    /// sees them in that order). Their `done` calls may come in any order: the engine
+    /// finishes passes in launch order.
     fn launch(&self, params: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>)
         -> Result<()>;
+
+    /// How many passes of one kernel may be in flight at once (at least 1; the
+    /// default). A target that records each pass with its own parameters and readback
+    /// (wgpu) can overlap the host's work on one pass with the device's on the next.
+    fn max_in_flight(&self) -> usize {
+        1
+    }
 }
+
+/// While a pass is in flight, a further one starts only once it can take this many
+/// messages (a quarter of the ring for rings smaller than four times this): a
+/// completion starts the next pass anyway, so small batches wait for it instead of
+/// taking a pass of their own.
+pub const OVERLAP_MIN_BATCH: u64 = 256;
 
 /// A handler's WGSL composed with the drain template and validated by naga: what a
 /// backend compiles for a drain kernel.
@@ -328,7 +362,11 @@ struct Host {
     dispatched: u64,
     /// Messages whose pass has completed (their input slots are free again).
     completed: u64,
-    in_flight: bool,
+    /// Passes launched and not completed yet.
+    in_flight: usize,
+    /// Completions that arrived before those of earlier passes: (first, count, pass
+    /// time, result), finished in launch order.
+    early: Vec<(u64, u64, std::time::Duration, Result<()>)>,
     drained_after_terminate: u64,
     /// Set when an active kernel is terminated: passes keep running until the input is
     /// empty. A kernel terminated while inactive runs no more passes.
@@ -378,7 +416,6 @@ pub struct DrainEngine<T: DrainTarget> {
     k2k_backlog: AtomicUsize,
     retrying: AtomicBool,
     me: Weak<DrainEngine<T>>,
-    started: Mutex<Option<Instant>>,
 }
 
 /// Launch-time description of a drain kernel.
@@ -478,7 +515,8 @@ impl<T: DrainTarget> DrainEngine<T> {
                 tail: 0,
                 dispatched: 0,
                 completed: 0,
-                in_flight: false,
+                in_flight: 0,
+                early: Vec::new(),
                 drained_after_terminate: 0,
                 draining: false,
                 failed: None,
@@ -490,7 +528,6 @@ impl<T: DrainTarget> DrainEngine<T> {
             k2k_backlog: AtomicUsize::new(0),
             retrying: AtomicBool::new(false),
             me: me.clone(),
-            started: Mutex::new(None),
         });
         engine.lifecycle.transition(LifecycleState::Launched)?;
         Ok(engine)
@@ -501,33 +538,46 @@ impl<T: DrainTarget> DrainEngine<T> {
         &self.target
     }
 
-    /// Starts a pass if the kernel is active (or draining), none is running, messages
-    /// wait, and the host's reply queue has room. Called with the host lock held.
+    /// Starts a pass if the kernel is active (or draining), fewer than the target's
+    /// [`max_in_flight`](DrainTarget::max_in_flight) passes run, messages wait, and the
+    /// host's reply queue has room for the outputs of every pass in flight. Called with
+    /// the host lock held.
     fn kick(&self, h: &mut Host) {
         let state = self.lifecycle.get();
         let backlog = self.k2k_backlog.load(Ordering::Acquire) > 0;
         let runs = !backlog
             && (state == LifecycleState::Active
                 || (state == LifecycleState::Terminating && h.draining));
-        if !runs || h.in_flight || h.failed.is_some() {
+        if !runs || h.in_flight >= self.target.max_in_flight().max(1) || h.failed.is_some() {
             return;
         }
-        // No pass runs, so every earlier pass has completed and the ring is empty
-        // (`tail == dispatched == completed`): a pass takes up to `capacity` messages.
-        debug_assert_eq!(h.tail, h.completed);
         let waiting = h.waiting() as u64;
         if waiting == 0 {
             return;
         }
+        // Slots of the passes in flight stay theirs until they complete.
+        let busy = h.tail - h.completed;
+        let ring_room = self.capacity as u64 - busy;
+        // While a pass runs, a further one must be worth it (else the completion,
+        // which starts the next pass anyway, takes these messages).
+        let min_batch = if h.in_flight > 0 {
+            OVERLAP_MIN_BATCH.min((self.capacity as u64 / 4).max(1))
+        } else {
+            1
+        };
+        if waiting < min_batch || ring_room < min_batch {
+            return;
+        }
         let room = {
             let replies = lock(&self.replies);
-            let room = self.output_capacity.saturating_sub(replies.len()) as u64;
+            // Every message in flight may still add a reply.
+            let room = (self.output_capacity as u64).saturating_sub(replies.len() as u64 + busy);
             // Set inside the replies lock: a dequeue after this sees it.
             self.starved.store(room == 0, Ordering::SeqCst);
             room
         };
-        let count = waiting.min(room).min(self.capacity as u64);
-        if count == 0 {
+        let count = waiting.min(room).min(ring_room);
+        if count < min_batch {
             return;
         }
         let first = h.dispatched;
@@ -549,17 +599,17 @@ impl<T: DrainTarget> DrainEngine<T> {
             node_hi: (self.clock.node_id() >> 32) as u32,
             _pad: 0,
         };
-        h.in_flight = true;
+        h.in_flight += 1;
         h.dispatched = first + count;
-        *lock(&self.started) = Some(Instant::now());
+        let started = Instant::now();
         let me = self.me.clone();
         let done = Box::new(move |r: Result<()>| {
             if let Some(e) = me.upgrade() {
-                e.complete(first, count, r);
+                e.complete(first, count, started, r);
             }
         });
         if let Err(e) = self.target.launch(p, done) {
-            h.in_flight = false;
+            h.in_flight -= 1;
             h.dispatched = first;
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
             self.fail(h, e);
@@ -567,31 +617,31 @@ impl<T: DrainTarget> DrainEngine<T> {
         }
     }
 
-    /// Moves `count` waiting messages into the (empty) input ring at `tail`, highest
+    /// Moves `count` waiting messages into the free input slots at `tail`, highest
     /// lane first and FIFO within a lane: this is where priority ordering happens, so
     /// a pass's slots, a serial handler's order and the order of the replies all
-    /// follow it. Each request's clock is merged into the kernel's clock on the way: a
-    /// request too far ahead is refused, as the CPU backend does (its slot is written
-    /// with magic 0, so the drain template skips it; counted at completion). Called
-    /// with the host lock held and no pass running.
+    /// follow it. The requests' clocks are merged into the kernel's clock on the way,
+    /// once per pass with the latest of them when it is within the drift bound (then
+    /// every earlier one is too), else one by one: a request too far ahead is refused,
+    /// as the CPU backend does (its slot is written with magic 0, so the drain template
+    /// skips it; counted at completion). Called with the host lock held; the slots
+    /// `[tail, tail + count)` belong to no pass in flight (`kick` checks the room).
     fn fill_ring(&self, h: &mut Host, count: u64) {
+        let first = h.tail;
+        let mut latest: Option<HlcTimestamp> = None;
         for _ in 0..count {
-            let Some(Waiting {
-                mut header,
-                payload,
-            }) = h.next_waiting()
-            else {
+            let Some(Waiting { header, payload }) = h.next_waiting() else {
                 break;
             };
-            if let Err(e) = self.clock.update(&header.hlc()) {
-                tracing::warn!(kernel = %self.name, error = %e, message_id = header.message_id, "request timestamp too far ahead: message refused");
-                header.magic = 0;
+            let ts = header.hlc();
+            if latest.is_none_or(|l| ts > l) {
+                latest = Some(ts);
             }
             let off = slot_offset(h.tail, self.capacity, self.slot_size);
-            // SAFETY: no pass runs and every earlier one has completed, so no device
-            // work reads the input ring; `count` ≤ capacity, so slot `tail` is one of
-            // this pass's distinct slots, inside the ring; the header and payload fit
-            // the slot (checked in `try_enqueue`).
+            // SAFETY: the slot at `tail` belongs to no pass in flight (`kick` hands out
+            // at most the free slots, so they are distinct and inside the ring) and the
+            // device reads input slots only during their own pass; the header and
+            // payload fit the slot (checked in `try_enqueue`).
             unsafe {
                 std::ptr::write_unaligned(
                     self.target.input().add(off).cast::<MessageHeader>(),
@@ -608,12 +658,38 @@ impl<T: DrainTarget> DrainEngine<T> {
                 h.spare.push(payload);
             }
         }
+        if let Some(l) = latest {
+            if self.clock.update(&l).is_err() {
+                // Some request is too far ahead: merge them one by one, refusing those.
+                for index in first..h.tail {
+                    self.refuse_if_ahead(slot_offset(index, self.capacity, self.slot_size));
+                }
+            }
+        }
         // SAFETY: the ring's first 8 bytes are its queue header's tail and `input_tail`
-        // lies in the 128-byte control block; no pass runs (see above).
+        // lies in the 128-byte control block; the drain template reads neither (it
+        // takes its slots from the pass parameters).
         unsafe {
             std::ptr::write_unaligned(self.target.input().cast::<u64>(), h.tail);
             let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
             std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
+        }
+    }
+
+    /// Merges the timestamp of the request in the input slot at byte `off` into the
+    /// kernel's clock, or refuses the request (magic 0) when it is too far ahead.
+    /// Called from `fill_ring` for slots it has just written.
+    fn refuse_if_ahead(&self, off: usize) {
+        // SAFETY: `off` is a slot `fill_ring` wrote under the host lock, before its pass
+        // is launched, so nothing else accesses it.
+        let header = unsafe { self.target.input().add(off).cast::<MessageHeader>() };
+        // SAFETY: as above; unaligned reads and writes make no alignment claim.
+        let mut hdr = unsafe { std::ptr::read_unaligned(header) };
+        if let Err(e) = self.clock.update(&hdr.hlc()) {
+            tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
+            hdr.magic = 0;
+            // SAFETY: as above.
+            unsafe { std::ptr::write_unaligned(header, hdr) };
         }
     }
 
@@ -629,30 +705,41 @@ impl<T: DrainTarget> DrainEngine<T> {
         tracing::debug!(kernel = %self.name, %reason, "message dropped");
     }
 
-    /// Completion of the pass over `[first, first + count)`.
-    fn complete(&self, first: u64, count: u64, result: Result<()>) {
-        let elapsed = lock(&self.started).take().map(|s| s.elapsed());
+    /// Reads the outputs of one completed pass (the next in launch order): replies are
+    /// queued for the host, K2K sends added to `routes`, metrics counted.
+    fn finish_pass(
+        &self,
+        first: u64,
+        count: u64,
+        elapsed: std::time::Duration,
+        result: Result<()>,
+        routes: &mut Vec<Route>,
+    ) {
         if let Err(e) = result {
             tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
             let mut h = lock(&self.host);
-            h.in_flight = false;
+            h.in_flight -= 1;
+            h.completed = first + count;
             self.fail(&mut h, e);
             drop(h);
             self.events.notify_all();
             return;
         }
         // The outputs are read without the host lock (senders and receivers go on
-        // meanwhile): until `in_flight` clears and `completed` advances below, no pass
-        // and no `try_enqueue` touches the slots of this pass.
-        let mut routes = Vec::new();
+        // meanwhile): until `completed` advances below, no pass takes the slots of this
+        // one (`kick` counts them as busy).
         let mut replies = Vec::with_capacity(count as usize);
         let core = self.core.upgrade();
         let (mut processed, mut handled) = (0u64, 0u64);
+        // One block of consecutive timestamps for the pass's outputs, as for its
+        // requests (one clock operation per pass, not per message).
+        let stamps = self.clock.reserve(u32::try_from(count).unwrap_or(u32::MAX));
+        let mut stamped = 0u64;
         for i in 0..count {
             let off = slot_offset(first + i, self.capacity, self.slot_size);
             // SAFETY: the pass over these slots has completed, so the device no longer
             // writes them; the next pass over the same slots cannot start before
-            // `completed` advances below (and `in_flight` clears), under the host lock.
+            // `completed` advances below, under the host lock.
             let mut hdr: MessageHeader =
                 unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
             if !hdr.is_valid() {
@@ -676,19 +763,20 @@ impl<T: DrainTarget> DrainEngine<T> {
                 self.drop_message(DropReason::CorruptOutput);
                 continue;
             }
-            let mut payload = vec![0u8; len];
-            // SAFETY: as above; `len` fits the slot after the 64-byte header.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.target.output().add(off + HEADER_SIZE),
-                    payload.as_mut_ptr(),
-                    len,
-                )
-            };
+            // SAFETY: as above (nothing writes these bytes while the slice lives); `len`
+            // fits the slot after the 64-byte header.
+            let payload = unsafe {
+                std::slice::from_raw_parts(self.target.output().add(off + HEADER_SIZE), len)
+            }
+            .to_vec();
             if let Some(core) = &core {
                 hdr.message_id = core.next_message_id();
             }
-            hdr.set_hlc(self.clock.tick());
+            hdr.set_hlc(HlcTimestamp::from_parts(
+                stamps.packed() + stamped,
+                stamps.node(),
+            ));
+            stamped += 1;
             hdr.set_priority(self.priority);
             if hdr.flags & flags::K2K != 0 {
                 // Processed and emitted once delivered (see `route`).
@@ -701,17 +789,13 @@ impl<T: DrainTarget> DrainEngine<T> {
                 });
             }
         }
-        if let Some(el) = elapsed {
-            // A pass cannot time its messages one by one: each message that reached
-            // the handler gets the pass time shared over the pass.
-            let per = u64::try_from(el.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
-            for _ in 0..handled {
-                self.counters.latency.record(per);
-            }
-        }
+        // A pass cannot time its messages one by one: each message that reached the
+        // handler gets the pass time shared over the pass.
+        let per = u64::try_from(elapsed.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
+        self.counters.latency.record_n(per, handled);
         {
             let mut h = lock(&self.host);
-            h.in_flight = false;
+            h.in_flight -= 1;
             h.completed = first + count;
             if self.lifecycle.get() == LifecycleState::Terminating {
                 h.drained_after_terminate += count;
@@ -723,6 +807,33 @@ impl<T: DrainTarget> DrainEngine<T> {
                 .processed
                 .fetch_add(processed, Ordering::Relaxed);
             lock(&self.replies).extend(replies);
+        }
+    }
+
+    /// Completion of the pass over `[first, first + count)`, launched at `started`.
+    /// Passes are finished in launch order: a completion that arrives before an earlier
+    /// pass's waits in `Host::early` and is finished right after that one.
+    fn complete(&self, first: u64, count: u64, started: Instant, result: Result<()>) {
+        let mut pass = (first, count, started.elapsed(), result);
+        {
+            let mut h = lock(&self.host);
+            if first != h.completed {
+                h.early.push(pass);
+                return;
+            }
+        }
+        let mut routes = Vec::new();
+        loop {
+            let (first, count, elapsed, result) = pass;
+            self.finish_pass(first, count, elapsed, result, &mut routes);
+            // A completion that arrives meanwhile either sees `completed` at its
+            // `first` (and finishes itself: this pass's replies are queued by then) or
+            // was parked in `early` before `completed` advanced and is found here.
+            let mut h = lock(&self.host);
+            let Some(i) = h.early.iter().position(|e| e.0 == h.completed) else {
+                break;
+            };
+            pass = h.early.swap_remove(i);
         }
         // Route K2K sends without holding the host lock (the destination may be us).
         let delivered_all = self.route(routes);
@@ -925,7 +1036,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                         self.kick(&mut h);
                         let routed = self.k2k_backlog.load(Ordering::Acquire) == 0;
                         let empty = h.completed == h.tail && h.waiting() == 0;
-                        if h.failed.is_some() || (empty && !h.in_flight && routed) {
+                        if h.failed.is_some() || (empty && h.in_flight == 0 && routed) {
                             break;
                         }
                     }
@@ -936,7 +1047,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                 // hand the messages no pass has taken back.
                 loop {
                     let listener = self.events.state.listen();
-                    if !lock(&self.host).in_flight {
+                    if lock(&self.host).in_flight == 0 {
                         break;
                     }
                     listener.await;

@@ -223,8 +223,9 @@ fn bytes<T: bytemuck::Pod>(p: &T) -> Vec<u8> {
 }
 
 /// An elementwise op over `len` elements: the `vec4` kernel (16-byte accesses, closer
-/// to the memory bandwidth) when `len` is a multiple of 4, else the scalar one. The
-/// inputs are bound at 1 (and 2), the output at 3.
+/// to the memory bandwidth) over the whole vec4s, then, when `len` is not a multiple
+/// of 4, the scalar kernel over the last `len % 4` elements. The inputs are bound at 1
+/// (and 2), the output at 3.
 fn elementwise(
     kernels: (Kernel, Kernel),
     spec: Specialization,
@@ -237,29 +238,38 @@ fn elementwise(
         return Ok(Plan::empty(needs));
     }
     let inputs = needs.args.len() - 1;
-    let vec4 = len.is_multiple_of(4);
-    let (kernel, names, threads) = if vec4 {
-        (kernels.1, ["a4", "b4", "out4"], len / 4)
-    } else {
-        (kernels.0, ["a", "b", "out"], len)
-    };
-    let mut binds: Vec<Bind> = (0..inputs)
-        .map(|i| read(1 + i as u32, names[i], i))
+    // (kernel, binding names, indices in the kernel's units, first index)
+    let vec4 = (kernels.1, ["a4", "b4", "out4"], len / 4, 0);
+    let tail = (kernels.0, ["a", "b", "out"], len, len / 4 * 4);
+    let parts = [vec4, tail]
+        .into_iter()
+        .filter(|&(_, _, end, first)| end > first);
+    let dispatches = parts
+        .map(|(kernel, names, end, first)| {
+            let mut binds: Vec<Bind> = (0..inputs)
+                .map(|i| read(1 + i as u32, names[i], i))
+                .collect();
+            binds.push(write(3, names[2], inputs));
+            let p = params::Elementwise {
+                len: end as u32,
+                scalar,
+                first: first as u32,
+                _pad: 0,
+            };
+            Dispatch {
+                kernel,
+                spec: spec.clone(),
+                params: bytes(&p),
+                binds,
+                groups: thread_grid(end - first),
+            }
+        })
         .collect();
-    binds.push(write(3, names[2], inputs));
-    let p = params::Elementwise {
-        len: threads as u32,
-        scalar,
-        _pad: [0; 2],
-    };
-    let d = Dispatch {
-        kernel,
-        spec,
-        params: bytes(&p),
-        binds,
-        groups: thread_grid(threads),
-    };
-    Ok(Plan::one(needs, d))
+    Ok(Plan {
+        dispatches,
+        scratch: vec![],
+        needs,
+    })
 }
 
 /// `unary(op, x, out, len)`.
@@ -809,22 +819,30 @@ mod tests {
             100_000_000,
         ] {
             let plan = binary(BinaryOp::Add, len).unwrap();
-            let d = &plan.dispatches[0];
-            // Lengths divisible by 4 run the vec4 kernel, a thread per vec4.
-            let (kernel, threads) = if len.is_multiple_of(4) {
-                (Kernel::Binary4, len / 4)
-            } else {
-                (Kernel::Binary, len)
-            };
-            assert_eq!(d.kernel, kernel);
-            assert_eq!(p::<params::Elementwise>(d).len as usize, threads);
-            assert!(d.total_threads() as usize >= threads, "{len}");
-            // The kernel's linear index: gid.x + gid.y * nwg.x * 256. The last thread
-            // must reach threads - 1, and no dimension may exceed 65535 groups.
-            let max_index = (d.groups[0] as u64 * 256 - 1)
-                + (d.groups[1] as u64 - 1) * d.groups[0] as u64 * 256;
-            assert!(max_index + 1 >= threads as u64);
-            assert!(d.groups.iter().all(|&g| g <= MAX_WORKGROUPS_PER_DIM));
+            // The vec4 kernel, a thread per vec4, over the whole vec4s; the scalar one
+            // over the last len % 4 elements.
+            let mut expect = Vec::new();
+            if len >= 4 {
+                expect.push((Kernel::Binary4, 0, len / 4));
+            }
+            if !len.is_multiple_of(4) {
+                expect.push((Kernel::Binary, len / 4 * 4, len));
+            }
+            assert_eq!(plan.dispatches.len(), expect.len(), "{len}");
+            for (d, &(kernel, first, end)) in plan.dispatches.iter().zip(&expect) {
+                assert_eq!(d.kernel, kernel);
+                let pe = p::<params::Elementwise>(d);
+                assert_eq!((pe.first as usize, pe.len as usize), (first, end));
+                let threads = end - first;
+                assert!(d.total_threads() as usize >= threads, "{len}");
+                // The kernel's linear index: first + gid.x + gid.y * nwg.x * 256. The
+                // last thread must reach end - 1, and no dimension may exceed 65535
+                // groups.
+                let max_index = (d.groups[0] as u64 * 256 - 1)
+                    + (d.groups[1] as u64 - 1) * d.groups[0] as u64 * 256;
+                assert!(max_index + 1 >= threads as u64);
+                assert!(d.groups.iter().all(|&g| g <= MAX_WORKGROUPS_PER_DIM));
+            }
             assert_eq!(plan.needs.args.len(), 3);
         }
         assert!(unary(UnaryOp::Exp, 0).unwrap().dispatches.is_empty());

@@ -3,8 +3,9 @@
 //!
 //! The target hands these addresses to the engine as its `input`/`output`/`control`
 //! and copies bytes between them and the device: in `launch`, the pass's input slots and
-//! the control block go up; before `done`, the pass's output slots and the fields of
-//! the control block that the drain template writes ([`DEVICE_WRITTEN`]) come down.
+//! the host-written part of the control block go up; before `done`, the pass's output
+//! slots and the fields of the control block that the drain template writes
+//! ([`DEVICE_WRITTEN`]) come down.
 //!
 //! [`DrainTarget`]: crate::engine::DrainTarget
 

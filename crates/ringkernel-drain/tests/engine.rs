@@ -25,8 +25,20 @@ fn launch(
     handler: Handler,
     opts: LaunchOptions,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
+    launch_overlapped(core, name, handler, opts, 1)
+}
+
+/// `launch` with a stand-in that allows `in_flight` passes at once.
+fn launch_overlapped(
+    core: &Arc<RuntimeCore>,
+    name: &str,
+    handler: Handler,
+    opts: LaunchOptions,
+    in_flight: usize,
+) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     let id = core.reserve(name).unwrap();
-    let target = CpuTarget::new(opts.queue_capacity, opts.slot_size, handler);
+    let mut target = CpuTarget::new(opts.queue_capacity, opts.slot_size, handler);
+    target.in_flight = in_flight;
     let cfg = DrainConfig {
         id,
         name: name.into(),
@@ -107,6 +119,52 @@ async fn many_messages_through_a_small_ring_in_order() {
         passes < n,
         "messages were batched into passes ({passes} passes for {n} messages)"
     );
+    let r = k.terminate().await.unwrap();
+    assert!(r.undelivered.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapped_passes_finish_in_launch_order() {
+    let core = core();
+    // A ring of 512 slots: while a pass runs, another starts once 256 messages wait.
+    let opts = LaunchOptions::default().with_queue_capacity(512);
+    let (k, engine) = launch_overlapped(&core, "counter", Handler::Counter, opts, 3);
+    let n = 6000u64;
+    // With the passes held, the first send starts a pass and the 128 after it (a
+    // quarter of the ring) a second one, while the first is still in flight.
+    let target = engine.target();
+    target.hold.store(true, Ordering::SeqCst);
+    let first = 400;
+    for i in 0..first {
+        k.send(Token::new(i, 0.0)).await.unwrap();
+    }
+    assert!(
+        target.running.load(Ordering::SeqCst) >= 2,
+        "a second pass started while the first was in flight"
+    );
+    target.hold.store(false, Ordering::SeqCst);
+    let sender = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            for i in first..n {
+                k.send(Token::new(i, 0.0)).await.unwrap();
+            }
+        })
+    };
+    for i in 0..n {
+        let t: Token = k.receive_timeout_as(Duration::from_secs(10)).await.unwrap();
+        // The counter's state sees the messages in order, and the replies come back
+        // in that order although every third pass reports its completion late.
+        assert_eq!((t.id, t.value), (i, (i + 1) as f64), "reply {i}");
+    }
+    sender.await.unwrap();
+    assert!(target.most_running.load(Ordering::SeqCst) <= 3);
+    let m = k.metrics();
+    assert_eq!(
+        (m.received, m.processed, m.emitted, m.dropped),
+        (n, n, n, 0)
+    );
+    assert_eq!(m.latency.count, n, "one latency sample per message");
     let r = k.terminate().await.unwrap();
     assert!(r.undelivered.is_empty());
 }

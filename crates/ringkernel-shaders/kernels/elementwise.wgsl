@@ -1,11 +1,13 @@
-// Elementwise kernels. One thread per element; the linear index spans a 2-D grid of
-// workgroups (wg.x + wg.y * num_workgroups.x) so ranges beyond 65535 workgroups work.
-// The operation is the override constant OP (UnaryOp / BinaryOp codes of ringkernel-core).
+// Elementwise kernels. One thread per element (per vec4 in the *4 kernels) from p.first
+// on; the linear index spans a 2-D grid of workgroups (wg.x + wg.y * num_workgroups.x) so
+// ranges beyond 65535 workgroups work. The operation is the override constant OP
+// (UnaryOp / BinaryOp codes of ringkernel-core). A length that is not a multiple of 4
+// runs a *4 kernel over the whole vec4s and a scalar one over the last len % 4 elements.
 
 struct ElementwiseParams {
     len: u32,
     scalar: f32,
-    _pad0: u32,
+    first: u32,
     _pad1: u32,
 }
 
@@ -17,7 +19,7 @@ override OP: u32 = 0u;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 fn linear_index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return gid.x + gid.y * nwg.x * 256u;
+    return p.first + gid.x + gid.y * nwg.x * 256u;
 }
 
 fn sigmoid(x: f32) -> f32 {

@@ -168,7 +168,7 @@ pub enum Kernel {
     BinaryScalar,
     /// `out[i] = silu(a[i]) · b[i]`.
     Swiglu,
-    /// [`Kernel::Unary`] on `vec4<f32>` (16-byte accesses) for lengths divisible by 4;
+    /// [`Kernel::Unary`] on `vec4<f32>` (16-byte accesses) over the whole vec4s of a range;
     /// `len` in the params counts vec4s.
     Unary4,
     /// [`Kernel::Binary`] on `vec4<f32>`.

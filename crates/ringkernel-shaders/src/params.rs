@@ -8,12 +8,16 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
 pub struct Elementwise {
-    /// Elements to process.
+    /// Elements (vec4s for the `*4` kernels) in all: the kernels process indices
+    /// `first..len`.
     pub len: u32,
     /// Scalar operand of `BinaryScalar`.
     pub scalar: f32,
+    /// First index processed (the scalar kernels finish the last `len % 4` elements
+    /// after a `*4` kernel did the rest).
+    pub first: u32,
     /// Padding.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// `MatmulParams` in `matmul.wgsl` (Matmul, Matvec).
@@ -149,7 +153,7 @@ pub const LAYOUTS: &[LayoutEntry] = &[
     (
         "ElementwiseParams",
         std::mem::size_of::<Elementwise>(),
-        &[("len", 0), ("scalar", 4), ("_pad0", 8), ("_pad1", 12)],
+        &[("len", 0), ("scalar", 4), ("first", 8), ("_pad1", 12)],
     ),
     (
         "MatmulParams",

@@ -2,8 +2,14 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only]
 //! ```
+//!
+//! `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
+//! adapter). The actor figures come with the **floor** of the same run, measured on the
+//! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
+//! the inputs, one dispatch that transforms them, copy back, map, read) over 4 words,
+//! and the same pass over 65,536 words.
 //!
 //! Timing: each op is recorded `REPS` times back to back into one submission (the
 //! backend's batching), the wall time from the first record to the end of
@@ -19,7 +25,9 @@ use ringkernel_core::runtime::RingKernelRuntime;
 use ringkernel_core::util::SplitMix64;
 use ringkernel_core::Error;
 use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wgpu::util::DeviceExt;
 
 const REPS: usize = 20;
 
@@ -56,11 +64,136 @@ fn random(g: &WgpuCompute, n: usize, seed: u64) -> Result<BufferRef, Error> {
     g.upload(&r.vec(n, -1.0, 1.0))
 }
 
+const FLOOR_WGSL: &str = r#"
+@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let n = arrayLength(&buf) / 2u;
+    if (g.x < n) { buf[n + g.x] = buf[g.x] * 2u + 1u; }
+}
+"#;
+
+/// p50 and p99 of `v` (sorted in place).
+fn p50_p99(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
+}
+
+/// The floor of one pass over `words` u32 inputs on a device, as `wgpu-floor` measures
+/// it: write them, dispatch one transform, copy the outputs back, map and read.
+struct Floor {
+    ctx: Arc<ringkernel_wgpu::GpuContext>,
+    words: u64,
+    input: Vec<u32>,
+    pipe: wgpu::ComputePipeline,
+    buf: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    bind: wgpu::BindGroup,
+}
+
+fn dev_err(e: &dyn std::fmt::Display) -> Error {
+    Error::Device(format!("floor pass: {e}"))
+}
+
+impl Floor {
+    fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, words: u64) -> Self {
+        let dev = &ctx.device;
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("floor"),
+            source: wgpu::ShaderSource::Wgsl(FLOOR_WGSL.into()),
+        });
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("floor"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let buf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("floor"),
+            contents: bytemuck::cast_slice(&vec![0u32; 2 * words as usize]),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+        });
+        let staging = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("floor readback"),
+            size: words * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("floor"),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: buf.as_entire_binding(),
+            }],
+        });
+        Floor {
+            ctx: ctx.clone(),
+            words,
+            input: (0..words as u32).collect(),
+            pipe,
+            buf,
+            staging,
+            bind,
+        }
+    }
+
+    /// One pass; its round trip in µs.
+    fn pass(&self) -> Result<f64, Error> {
+        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        let t = Instant::now();
+        q.write_buffer(&self.buf, 0, bytemuck::cast_slice(&self.input));
+        let mut enc = dev.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&self.pipe);
+            pass.set_bind_group(0, &self.bind, &[]);
+            pass.dispatch_workgroups(self.words.div_ceil(64) as u32, 1, 1);
+        }
+        let half = self.words * 4;
+        enc.copy_buffer_to_buffer(&self.buf, half, &self.staging, 0, half);
+        q.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        dev.poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| dev_err(&e))?;
+        rx.recv()
+            .map_err(|e| dev_err(&e))?
+            .map_err(|e| dev_err(&e))?;
+        let ok = {
+            let m = self.staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
+            u32::from_le_bytes([m[4], m[5], m[6], m[7]]) == 3
+        };
+        self.staging.unmap();
+        if !ok {
+            return Err(Error::Device("floor pass computed a wrong value".into()));
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6)
+    }
+
+    /// `n` passes after a few warm-up ones: their round trips in µs.
+    fn passes(&self, n: usize) -> Result<Vec<f64>, Error> {
+        for _ in 0..n.div_ceil(10) {
+            self.pass()?;
+        }
+        (0..n).map(|_| self.pass()).collect()
+    }
+}
+
 fn main() -> Result<(), Error> {
     let elems = arg("--elems", 64 << 20);
     let cols = arg("--cols", 4096);
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
+    let calls = arg("--calls", 2000);
+    let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
         Err(e @ Error::BackendUnavailable { .. }) => {
@@ -70,6 +203,13 @@ fn main() -> Result<(), Error> {
         Err(e) => return Err(e),
     };
     println!("device: {}", g.device_name());
+    if !actors_only {
+        ops(&g, elems, cols, mm)?;
+    }
+    actors(&g, msgs, calls)
+}
+
+fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
     let gb = |bytes: f64, s: f64| bytes / s / 1e9;
 
     // Copy bandwidth: a 1 GiB buffer-to-buffer copy.
@@ -82,7 +222,7 @@ fn main() -> Result<(), Error> {
             (Err(e), _) | (_, Err(e)) => return Err(e),
         }
     };
-    let t = time_op(&g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
+    let t = time_op(g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
     let copy_bw = gb(2.0 * (copy_elems * 4) as f64, t);
     println!(
         "copy {} MiB: {:.3} ms, {:.1} GB/s (read + write)",
@@ -93,10 +233,10 @@ fn main() -> Result<(), Error> {
     drop((src, dst));
 
     let bytes = (elems * 4) as f64;
-    let a = random(&g, elems, 1)?;
-    let b = random(&g, elems, 2)?;
+    let a = random(g, elems, 1)?;
+    let b = random(g, elems, 2)?;
     let out = g.alloc(elems)?;
-    let t = time_op(&g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
+    let t = time_op(g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
     let bw = gb(3.0 * bytes, t);
     println!(
         "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -105,7 +245,7 @@ fn main() -> Result<(), Error> {
         100.0 * bw / copy_bw
     );
     let rows = elems / cols;
-    let t = time_op(&g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
+    let t = time_op(g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
     let bw = gb(2.0 * bytes, t);
     println!(
         "softmax {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -113,8 +253,8 @@ fn main() -> Result<(), Error> {
         bw,
         100.0 * bw / copy_bw
     );
-    let w = random(&g, cols, 3)?;
-    let t = time_op(&g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
+    let w = random(g, cols, 3)?;
+    let t = time_op(g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
     let bw = gb(2.0 * bytes, t);
     println!(
         "rms_norm {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
@@ -124,8 +264,8 @@ fn main() -> Result<(), Error> {
     );
     drop((a, b, out, w));
 
-    let ma = random(&g, mm * mm, 4)?;
-    let mb = random(&g, mm * mm, 5)?;
+    let ma = random(g, mm * mm, 4)?;
+    let mb = random(g, mm * mm, 5)?;
     let mc = g.alloc(mm * mm)?;
     let dims = MatmulDims {
         batch: 1,
@@ -134,14 +274,24 @@ fn main() -> Result<(), Error> {
         n: mm,
         b_batched: false,
     };
-    let t = time_op(&g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
+    let t = time_op(g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
     println!(
         "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s",
         t * 1e3,
         2.0 * (mm as f64).powi(3) / t / 1e9
     );
     drop((ma, mb, mc));
+    Ok(())
+}
 
+fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
+    // The floor of this run, as `wgpu-floor` measures it.
+    let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
+    let (b50, b99) = p50_p99(&mut floor_batch.passes(200)?);
+    println!(
+        "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
+        65536.0 / b50
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -172,19 +322,34 @@ fn main() -> Result<(), Error> {
         let s = start.elapsed().as_secs_f64();
         let m = k.metrics();
         println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
-        // Round trip: one call at a time.
-        let mut lat = Vec::new();
-        for i in 0..2000u64 {
-            let t = Instant::now();
-            let _: Token = k.call(Token::new(i, 1.0), Duration::from_secs(10)).await?;
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        k.terminate().await?;
+        // Round trip: one call at a time, on a kernel with the default options, in
+        // blocks alternating with blocks of floor passes (so both see the same load).
+        let k = runtime.launch(ECHO, LaunchOptions::default()).await?;
+        let (mut lat, mut floor) = (Vec::new(), Vec::new());
+        let block = 100.min(calls.max(1));
+        for b in 0..calls.div_ceil(block) {
+            floor.extend(floor_one.passes(block)?);
+            for i in 0..block as u64 {
+                let t = Instant::now();
+                let r: Token = k
+                    .call(Token::new(i, 1.0), Duration::from_secs(10))
+                    .await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                if r.id != i || r.value != 2.0 {
+                    return Err(Error::Device(format!("call {b}/{i} wrong: {r:?}")));
+                }
+            }
         }
-        lat.sort_by(|a, b| a.total_cmp(b));
+        let (f50, f99) = p50_p99(&mut floor);
+        let (p50, p99) = p50_p99(&mut lat);
         println!(
-            "actor round trip (call, 1 message): p50 {:.1} us, p90 {:.1} us, p99 {:.1} us",
-            lat[lat.len() / 2],
-            lat[lat.len() * 9 / 10],
-            lat[lat.len() * 99 / 100]
+            "floor, 4 messages per pass (write, dispatch, copy back, map, read): p50 {f50:.1} us, p99 {f99:.1} us"
+        );
+        println!(
+            "actor round trip (call, 1 message): p50 {p50:.1} us ({:.2}x floor), p99 {p99:.1} us ({:.2}x floor)",
+            p50 / f50,
+            p99 / f99,
         );
         runtime.shutdown().await?;
         Ok::<_, Error>(())

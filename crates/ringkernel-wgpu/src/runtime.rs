@@ -10,10 +10,12 @@
 //! * Each kernel owns device buffers in the shared binary layout (control block, input
 //!   and output ring, handler state) and host copies of the rings and control block
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
-//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the control
-//!   block, records one dispatch and the copies of the output slots and the
-//!   device-written control fields into a readback buffer, submits, and asks for the
-//!   readback buffer to be mapped.
+//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the host line
+//!   of the control block, records one dispatch and the copies of the output slots and
+//!   the device-written control fields into a readback buffer of its own, submits, and
+//!   asks for the bytes of that pass in the readback buffer to be mapped. Up to three
+//!   passes of a kernel are in flight at once ([`DrainTarget::max_in_flight`]); the
+//!   device-written control fields live on the device across them.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`) while passes are outstanding and
 //!   finishes them: it copies the readback into the host copies, unmaps, and calls the
@@ -54,12 +56,26 @@ pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
 const CB: usize = std::mem::size_of::<ControlBlock>();
 
+/// Bytes of a ring's queue header, before its first slot.
+const HEADER_BYTES: usize = std::mem::size_of::<ringkernel_core::queue::QueueHeader>();
+
+/// Drain passes of one kernel in flight at once: while the poller finishes one pass
+/// (readback, replies) the device runs the next. Each has its own readback buffer.
+const PASSES_IN_FLIGHT: usize = 3;
+
 /// A drain pass waiting for its readback, finished by the poller.
 struct Completion {
     staging: wgpu::Buffer,
+    /// Where `staging` goes back once unmapped.
+    pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
     rings: Arc<HostRings>,
-    /// Byte ranges of the output ring that the pass wrote.
+    /// Byte ranges of the output ring that the pass wrote (at the same offsets in
+    /// `staging`).
     runs: Vec<Range<usize>>,
+    /// Where in `staging` the device-written control fields are.
+    control_at: usize,
+    /// The part of `staging` that is mapped: the runs and the control fields.
+    mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
     done: Box<dyn FnOnce(Result<()>) + Send>,
@@ -76,21 +92,22 @@ impl Completion {
             }
             Err(e) => Err(Error::Device(format!("readback of a drain pass: {e}"))),
         };
+        lock(&self.pool).push(self.staging.clone());
         (self.done)(result);
     }
 
     fn copy_out(&self) -> Result<()> {
         let view = self
             .staging
-            .get_mapped_range(..)
+            .get_mapped_range(self.mapped.start as u64..self.mapped.end as u64)
             .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))?;
-        let ring_len = self.rings.ring_len();
-        let control = ring_len + DEVICE_WRITTEN.start..ring_len + DEVICE_WRITTEN.end;
+        let lo = self.mapped.start;
+        let control = self.control_at - lo..self.control_at - lo + DEVICE_WRITTEN.len();
         if view.len() < control.end {
             return Err(Error::Device("readback buffer too small".into()));
         }
         for run in &self.runs {
-            let src = &view[run.clone()];
+            let src = &view[run.start - lo..run.end - lo];
             // SAFETY: `run` lies in the output ring (`slot_runs` of the pass, checked
             // against `ring_len` by the engine); the pass is complete and its `done` has
             // not been called, so by the `DrainTarget` contract nobody else touches
@@ -163,7 +180,8 @@ impl Poller {
         let me = self.clone();
         // The callback runs on whichever thread polls or submits on the device (or at
         // once, on error): it only queues the completion and wakes the poller.
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let range = c.mapped.start as u64..c.mapped.end as u64;
+        staging.map_async(wgpu::MapMode::Read, range, move |r| {
             lock(&me.ready).push((c, r));
             me.wake.notify(usize::MAX);
         });
@@ -235,7 +253,8 @@ struct WgpuDrainTarget {
     control: wgpu::Buffer,
     input: wgpu::Buffer,
     output: wgpu::Buffer,
-    staging: wgpu::Buffer,
+    /// Readback buffers not in use by a pass (one per pass in flight).
+    staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
     bind: wgpu::BindGroup,
 }
 
@@ -253,6 +272,11 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
         let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
         let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        // The engine launches at most `max_in_flight` passes at once, one readback
+        // buffer each.
+        let staging = lock(&self.staging).pop().ok_or_else(|| {
+            Error::Device("more drain passes in flight than readback buffers".into())
+        })?;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         for run in &runs {
             // SAFETY: the engine calls `launch` with its host lock held, under which
@@ -261,10 +285,12 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
             q.write_buffer(&self.input, run.start as u64, bytes);
         }
+        // Only the host-written part of the control block goes up: the device-written
+        // part lives on the device across passes (a pass in flight may be updating it).
         // SAFETY: the host writes the control block only under the engine's host lock
-        // (held now), and no pass of this kernel is running, so the device-written part
-        // is not being copied in either.
-        let control = unsafe { std::slice::from_raw_parts(self.rings.control(), CB) };
+        // (held now); the poller's copy-out writes only `DEVICE_WRITTEN`, after this.
+        let control =
+            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
         q.write_buffer(&self.control, 0, control);
         q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -284,34 +310,50 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             enc.copy_buffer_to_buffer(
                 &self.output,
                 run.start as u64,
-                &self.staging,
+                &staging,
                 run.start as u64,
                 run.len() as u64,
             );
         }
-        let ring_len = self.rings.ring_len() as u64;
+        // The control fields go just below the first run (into the image of an earlier
+        // slot, or of the queue header, which this pass does not read back), so that
+        // only the bytes of this pass are mapped: mapping the whole buffer costs time
+        // in proportion to the ring.
+        let first_run = runs.first().map_or(HEADER_BYTES, |r| r.start);
+        let control_at = first_run - DEVICE_WRITTEN.len();
+        let mapped = runs.iter().fold(control_at..first_run, |m, r| {
+            m.start.min(r.start)..m.end.max(r.end)
+        });
         enc.copy_buffer_to_buffer(
             &self.control,
             DEVICE_WRITTEN.start as u64,
-            &self.staging,
-            ring_len + DEVICE_WRITTEN.start as u64,
+            &staging,
+            control_at as u64,
             DEVICE_WRITTEN.len() as u64,
         );
         q.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
+            lock(&self.staging).push(staging);
             return Err(Error::Device(format!(
                 "drain pass on {}: {e}",
                 self.ctx.info.name
             )));
         }
         self.poller.watch(Completion {
-            staging: self.staging.clone(),
+            staging,
+            pool: self.staging.clone(),
             rings: self.rings.clone(),
             runs,
+            control_at,
+            mapped,
             priority: self.priority,
             done,
         });
         Ok(())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        PASSES_IN_FLIGHT
     }
 }
 
@@ -471,11 +513,15 @@ impl WgpuRuntime {
         let input = mk("rk input", ring_len, storage);
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
-        let staging = mk(
-            "rk readback",
-            ring_len + CB as u64,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        );
+        let staging = (0..PASSES_IN_FLIGHT)
+            .map(|_| {
+                mk(
+                    "rk readback",
+                    ring_len,
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                )
+            })
+            .collect();
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
         // depends on how the allocator initialises memory.
         self.ctx
@@ -514,7 +560,7 @@ impl WgpuRuntime {
             control,
             input,
             output,
-            staging,
+            staging: Arc::new(Mutex::new(staging)),
             bind,
         })
     }

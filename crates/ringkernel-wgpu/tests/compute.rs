@@ -278,6 +278,36 @@ fn vec4_kernels_agree_with_scalar_kernels() {
     run(&|o, len| g.swiglu(&*da, &*db, o, len).unwrap());
 }
 
+/// A length that is not a multiple of 4 runs the vec4 kernel over the whole vec4s and
+/// the scalar one over the rest: every element up to `len` matches the f64 reference,
+/// and nothing beyond `len` is written.
+#[test]
+fn awkward_lengths_take_vec4_and_a_scalar_tail() {
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for len in [1usize, 2, 3, 5, 6, 7, 9, 1023, 1025, 4099] {
+        let cap = len + 5;
+        let a = rng.vec(cap, 0.1, 2.0);
+        let b = rng.vec(cap, 0.1, 2.0);
+        let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+        let out = poisoned(g, cap);
+        g.binary(BinaryOp::Mul, &*da, &*db, &*out, len).unwrap();
+        let got = read(g, &*out);
+        let want: Vec<f64> = (0..len).map(|i| a[i] as f64 * b[i] as f64).collect();
+        assert!(rel_error(&got[..len], &want) < 1e-7, "len {len}");
+        assert!(
+            got[len..].iter().all(|x| x.is_nan()),
+            "len {len}: wrote past the end"
+        );
+        let out = poisoned(g, cap);
+        g.unary(UnaryOp::Exp, &*da, &*out, len).unwrap();
+        let got = read(g, &*out);
+        let want: Vec<f64> = (0..len).map(|i| (a[i] as f64).exp()).collect();
+        assert!(rel_error(&got[..len], &want) < 1e-6, "exp, len {len}");
+        assert!(got[len..].iter().all(|x| x.is_nan()), "exp, len {len}");
+    }
+}
+
 /// Rows whose length is a multiple of 4 take the vec4 softmax / RMSNorm kernels.
 #[test]
 fn vec4_row_kernels_match_reference() {

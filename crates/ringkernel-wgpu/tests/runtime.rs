@@ -112,6 +112,35 @@ async fn counter_counts_in_order_across_passes() {
     rt.shutdown().await.unwrap();
 }
 
+/// With a sender running ahead of a serial handler, passes overlap (up to three in
+/// flight, each with its own readback): the counter's state still sees the messages in
+/// order across them, and the replies come back in that order, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_passes_keep_a_serial_handlers_order() {
+    let rt = runtime();
+    let c = rt.launch(COUNTER, LaunchOptions::default()).await.unwrap();
+    let n = 10_000u64;
+    let sender = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for i in 0..n {
+                c.send(Token::new(i, 0.0)).await.unwrap();
+            }
+        })
+    };
+    for i in 0..n {
+        let t: Token = c.receive_timeout_as(Duration::from_secs(20)).await.unwrap();
+        assert_eq!((t.id, t.value), (i, (i + 1) as f64), "reply {i}");
+    }
+    sender.await.unwrap();
+    let m = c.metrics();
+    assert_eq!(
+        (m.received, m.processed, m.emitted, m.dropped),
+        (n, n, n, 0)
+    );
+    rt.shutdown().await.unwrap();
+}
+
 /// The serial WGSL counter sees waiting messages highest priority first (FIFO within
 /// one), across passes when the ring is smaller than what waits; replies carry the
 /// kernel's priority.

@@ -48,6 +48,14 @@ pub struct CpuTarget {
     pub fail_launch: Arc<AtomicBool>,
     /// While set, a launched pass waits before it runs (a pass kept "in flight").
     pub hold: Arc<AtomicBool>,
+    /// Passes allowed in flight (`DrainTarget::max_in_flight`); above 1, passes run in
+    /// launch order but every third one reports `done` late, after later passes.
+    pub in_flight: usize,
+    /// The next pass (in launch order) allowed to run.
+    order: Arc<(std::sync::Mutex<u64>, std::sync::Condvar)>,
+    /// Passes launched and not done now, and the most seen at once.
+    pub running: Arc<AtomicU64>,
+    pub most_running: Arc<AtomicU64>,
 }
 
 // SAFETY (test stand-in): `state` addresses the boxed memory owned by `_state`, which
@@ -71,6 +79,10 @@ impl CpuTarget {
             passes: Arc::new(AtomicU64::new(0)),
             fail_launch: Arc::new(AtomicBool::new(false)),
             hold: Arc::new(AtomicBool::new(false)),
+            in_flight: 1,
+            order: Arc::new((std::sync::Mutex::new(0), std::sync::Condvar::new())),
+            running: Arc::new(AtomicU64::new(0)),
+            most_running: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -168,19 +180,42 @@ unsafe impl DrainTarget for CpuTarget {
             return Err(Error::Device("stand-in launch failure".into()));
         }
         assert_eq!(p.slot_words as usize * 4, self.slot_size);
-        self.passes.fetch_add(1, Ordering::SeqCst);
+        let ticket = self.passes.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_running.fetch_max(now, Ordering::SeqCst);
+        assert!(
+            now as usize <= self.in_flight,
+            "more passes in flight than allowed"
+        );
         let ptrs = Ptrs(self.input(), self.output(), self.control(), self.state);
         let (handler, slot) = (self.handler, self.slot_size);
-        let hold = self.hold.clone();
+        let (hold, order, running) = (self.hold.clone(), self.order.clone(), self.running.clone());
+        let late = self.in_flight > 1 && ticket.is_multiple_of(3);
         std::thread::spawn(move || {
             let ptrs = ptrs;
             std::thread::sleep(Duration::from_micros(100));
             while hold.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            run_pass(ptrs, p, handler, slot);
+            {
+                let (next, cv) = &*order;
+                let mut next = cv
+                    .wait_while(next.lock().unwrap(), |n| *n != ticket)
+                    .unwrap();
+                run_pass(ptrs, p, handler, slot);
+                *next += 1;
+                cv.notify_all();
+            }
+            if late {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            running.fetch_sub(1, Ordering::SeqCst);
             done(Ok(()));
         });
         Ok(())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.in_flight
     }
 }
