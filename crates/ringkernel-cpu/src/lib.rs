@@ -11,6 +11,7 @@
 
 pub mod compute;
 pub mod runtime;
+mod sched;
 
 pub use compute::CpuCompute;
-pub use runtime::{probe, CpuRuntime};
+pub use runtime::{probe, CpuRuntime, SchedulerStats};
