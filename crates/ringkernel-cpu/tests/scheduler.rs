@@ -319,10 +319,15 @@ async fn kernels_share_workers_and_idle_workers_sleep() {
     }
     let report = rt.shutdown().await.unwrap();
     assert_eq!(report.kernels, 501);
-    assert!(
-        !threads().iter().any(|(n, _)| n == "rk-dedicated"),
-        "the dedicated thread outlived its kernel"
-    );
+    // Terminated kernels' threads exit right after (they are not joined).
+    let start = Instant::now();
+    while threads().iter().any(|(n, _)| n == "rk-dedicated") {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the dedicated thread outlived its kernel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// A dedicated kernel keeps today's behaviour next to pooled ones: K2K both ways, and
