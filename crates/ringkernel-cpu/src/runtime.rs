@@ -1,4 +1,5 @@
-//! The CPU actor runtime: one dedicated OS thread per launched kernel.
+//! The CPU actor runtime: kernels are tasks on a pool of worker threads (M:N), or, on
+//! request, each on a thread of its own.
 //!
 //! Each kernel owns
 //!
@@ -7,13 +8,28 @@
 //!   [Priority](#priority)),
 //! * an SPSC output ring (the worker writes replies, the host reads them),
 //! * its own hybrid logical clock, counters, latency histogram and lifecycle state,
-//! * a worker thread that runs the registered [`CpuHandler`] on every message.
+//! * its registered [`CpuHandler`], run on every message.
 //!
-//! Wake-ups are spin-then-park: after its queue runs dry the worker spins for
-//! [`SPIN_BEFORE_PARK`] (so back-to-back requests are picked up in well under a
-//! microsecond), then parks. Producers only pay for an `unpark` when the worker is
-//! actually parked (a `sleeping` flag, checked after a fence), so the enqueue fast path
-//! stays a queue push plus a few atomics.
+//! # Scheduling
+//!
+//! By default a kernel is a task of the runtime's worker pool: one worker thread per
+//! logical core ([`CpuRuntime::with_workers`] sets another count), started with the
+//! first launch. A message (or a state change) schedules the kernel; a worker then gives
+//! it a *turn* of at most [`TURN_BUDGET`] messages (priority lanes still highest first)
+//! and moves on, so a flooded kernel cannot starve the others. A kernel woken by a
+//! handler running on a worker (K2K, publish) is queued on that worker and runs there
+//! next, without an OS wake-up; idle workers steal queued kernels from busy ones, look
+//! for work for a few tens of microseconds, then park (no CPU while idle). A handler
+//! that blocks (sleeps, or spins on a full downstream queue like `rk.stage` does) keeps
+//! its worker: when every worker is stuck in a long turn while kernels wait, the pool
+//! starts an extra worker, which exits again once idle, so blocking cannot deadlock the
+//! pool. `DESIGN.md` in this crate explains the choices.
+//!
+//! [`LaunchOptions::dedicated_thread`] (`with_dedicated_thread()`) gives a kernel its
+//! own named OS thread instead (latency-critical kernels, handlers that block for
+//! long). Wake-ups there are spin-then-park: after its queue runs dry the thread spins
+//! for [`SPIN_BEFORE_PARK`], then parks. Producers only pay for an `unpark` when the
+//! worker is actually parked (a `sleeping` flag, checked after a fence).
 //!
 //! Lifecycle on the CPU:
 //!
@@ -24,7 +40,7 @@
 //!   input queue (every queued message is processed); one that was not hands its queued
 //!   messages back in [`TerminateReport::undelivered`] (highest lane first, in the
 //!   order it would have handled them). Then the state becomes `Terminated` and the
-//!   thread exits.
+//!   kernel's task (or thread) ends.
 //!
 //! # Priority
 //!
@@ -131,15 +147,16 @@ fn cpu_model() -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// The CPU actor runtime. Each kernel is a dedicated thread running its registered
-/// [`CpuHandler`].
+/// The CPU actor runtime: kernels run their registered [`CpuHandler`] as tasks of a
+/// worker pool (see [the module docs](self)), or on a dedicated thread each when
+/// launched with [`LaunchOptions::with_dedicated_thread`].
 ///
 /// The built-in kernels ([`rk.echo`](builtin::ECHO), [`rk.stage`](builtin::STAGE),
 /// [`rk.counter`](builtin::COUNTER)) are registered into the given registry under
 /// their names unless the registry already has a handler of that name.
 ///
 /// Call [`shutdown`](RingKernelRuntime::shutdown) to drain and stop every kernel.
-/// Dropping the runtime (and every handle) without it stops each kernel's thread too,
+/// Dropping the runtime (and every handle) without it stops every kernel and the pool,
 /// but whatever was still queued is discarded, since nobody can receive it any more.
 pub struct CpuRuntime {
     core: Arc<RuntimeCore>,

@@ -306,7 +306,7 @@ impl Pool {
     /// The next task for worker `idx`: own deque, injector, then the other deques (the
     /// injector first every [`GLOBAL_EVERY`] turns).
     fn find_task(&self, idx: usize, deque: &Deque<Arc<Task>>, tick: u64) -> Option<Arc<Task>> {
-        if tick % GLOBAL_EVERY == 0 {
+        if tick.is_multiple_of(GLOBAL_EVERY) {
             if let Some(t) = steal_one(|| self.injector.steal()) {
                 return Some(t);
             }
@@ -427,7 +427,10 @@ impl Pool {
     fn retire(&self) -> bool {
         let mut live = self.live.load(Ordering::Acquire);
         while live > self.target {
-            match self.live.compare_exchange(live, live - 1, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .live
+                .compare_exchange(live, live - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return true,
                 Err(now) => live = now,
             }
@@ -543,7 +546,7 @@ impl Pool {
             let mut stalled = 0;
             for (s, seen) in self.slots[..high].iter().zip(seen.iter_mut()) {
                 let turns = s.turns.load(Ordering::Relaxed);
-                if turns % 2 == 1 && turns == seen.0 {
+                if !turns.is_multiple_of(2) && turns == seen.0 {
                     seen.1 = seen.1.saturating_add(1);
                     if seen.1 >= stall_ticks {
                         stalled += 1;

@@ -210,7 +210,7 @@ async fn no_lost_wake_ups_under_contention() {
             rt.block_on(async {
                 for round in 0..ROUNDS {
                     for (j, k) in ks.iter().enumerate() {
-                        if (j as u64 + th) % 3 != 0 {
+                        if !(j as u64 + th).is_multiple_of(3) {
                             continue;
                         }
                         let id = th << 40 | round << 20 | j as u64;
@@ -220,7 +220,7 @@ async fn no_lost_wake_ups_under_contention() {
                             .expect("a call was not answered: lost wake-up?");
                         assert_eq!(r.id, id);
                     }
-                    if round % 4 == 0 {
+                    if round.is_multiple_of(4) {
                         // Let every worker park.
                         std::thread::sleep(Duration::from_millis(1));
                     }
@@ -280,10 +280,7 @@ async fn kernels_share_workers_and_idle_workers_sleep() {
     // Other tests of this binary start threads meanwhile: a loose bound, far below the
     // 500 a thread per kernel would add.
     let grown = threads().len().saturating_sub(before);
-    assert!(
-        grown < 100,
-        "500 pooled kernels added {grown} threads"
-    );
+    assert!(grown < 100, "500 pooled kernels added {grown} threads");
     let ded = rt
         .launch(
             ECHO,
@@ -351,7 +348,9 @@ async fn dedicated_and_pooled_kernels_talk_both_ways() {
         .unwrap();
     let route = [a.id(), b.id(), c.id()];
     for i in 0..200 {
-        a.send(Token::routed(i, 0.0, &route).unwrap()).await.unwrap();
+        a.send(Token::routed(i, 0.0, &route).unwrap())
+            .await
+            .unwrap();
     }
     for i in 0..200 {
         let t: Token = c.receive_timeout_as(T).await.unwrap();
@@ -359,7 +358,11 @@ async fn dedicated_and_pooled_kernels_talk_both_ways() {
     }
     b.send(Token::new(9, 1.0)).await.unwrap();
     b.terminate().await.unwrap();
-    assert_eq!(b.metrics().processed, 201, "the last message is handled or drained");
+    assert_eq!(
+        b.metrics().processed,
+        201,
+        "the last message is handled or drained"
+    );
     rt.shutdown().await.unwrap();
 }
 
