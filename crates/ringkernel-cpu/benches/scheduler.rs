@@ -295,11 +295,10 @@ async fn section_pipeline(rt: &CpuRuntime, n: u64) {
 }
 
 async fn section_kernels(rt: &CpuRuntime, n: usize) {
-    // The smallest queues: 2 input slots (one lane open) and 2 output slots of 128 B.
-    let opts = LaunchOptions::default()
-        .with_queue_capacity(2)
-        .with_slot_size(128);
-    let queue_bytes = (2 + 2) * 128;
+    // The smallest queues: 2 input slots (one lane open) and 2 output slots of 256 B
+    // (a `Token` needs more than the 64 payload bytes of a 128-B slot).
+    let opts = LaunchOptions::default().with_queue_capacity(2);
+    let queue_bytes = (2 + 2) * opts.slot_size;
     let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
     let live0 = LIVE.load(Ordering::Relaxed);
     let t0 = Instant::now();
@@ -512,9 +511,13 @@ fn main() {
         .build()
         .expect("tokio runtime");
     tokio_rt.block_on(async {
-        let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        let mut rt = CpuRuntime::with_registry(KernelRegistry::new())
             .await
             .unwrap();
+        // `RK_WORKERS=n`: another pool size than one worker per core.
+        if let Some(n) = std::env::var("RK_WORKERS").ok().and_then(|v| v.parse().ok()) {
+            rt = rt.with_workers(n).unwrap();
+        }
         println!(
             "CPU runtime: {} pool workers; {}",
             rt.scheduler_stats().workers,

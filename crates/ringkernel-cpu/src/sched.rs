@@ -363,7 +363,7 @@ impl Pool {
                         searching = true;
                         self.searching.fetch_add(1, Ordering::SeqCst);
                     }
-                    if !self.search(idx) {
+                    if !self.search() {
                         searching = false;
                         self.searching.fetch_sub(1, Ordering::SeqCst);
                         if self.retire() {
@@ -406,8 +406,14 @@ impl Pool {
         }
     }
 
-    /// Spins up to [`SEARCH_SPIN`] waiting for queued work; whether some appeared.
-    fn search(&self, _idx: usize) -> bool {
+    /// Spins up to [`SEARCH_SPIN`] waiting for queued work; whether some appeared. Only
+    /// half the workers (at least one) search at once: the others park at once, leaving
+    /// the cores to the threads that produce the work (on a small machine the host's
+    /// own threads need them).
+    fn search(&self) -> bool {
+        if self.searching.load(Ordering::SeqCst) > self.target.div_ceil(2) {
+            return false;
+        }
         let start = std::time::Instant::now();
         loop {
             for _ in 0..32 {
