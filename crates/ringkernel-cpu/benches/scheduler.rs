@@ -515,7 +515,10 @@ fn main() {
             .await
             .unwrap();
         // `RK_WORKERS=n`: another pool size than one worker per core.
-        if let Some(n) = std::env::var("RK_WORKERS").ok().and_then(|v| v.parse().ok()) {
+        if let Some(n) = std::env::var("RK_WORKERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
             rt = rt.with_workers(n).unwrap();
         }
         println!(

@@ -87,7 +87,7 @@ use ringkernel_core::queue::slot::{
 use ringkernel_core::registry::{CpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
-    TerminateReport,
+    ShutdownReport, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
@@ -323,6 +323,54 @@ impl RingKernelRuntime for CpuRuntime {
     fn device_info(&self) -> String {
         self.info.clone()
     }
+
+    /// As the default (every kernel terminated, active ones drained), but every kernel
+    /// is told first and the reports are collected afterwards, so the pool's workers
+    /// drain the kernels side by side instead of one round trip per kernel.
+    fn shutdown(&self) -> BoxFuture<'_, Result<ShutdownReport>> {
+        Box::pin(async move {
+            let core = &self.core;
+            let engines: Vec<_> = core
+                .engines()
+                .into_iter()
+                .filter(|e| {
+                    let done = matches!(
+                        e.state(),
+                        LifecycleState::Terminated | LifecycleState::Terminating
+                    );
+                    if done {
+                        core.remove(e.id());
+                    }
+                    !done
+                })
+                .collect();
+            // The first poll of `terminate` moves the kernel to `Terminating` and wakes
+            // its worker; the futures are awaited (in order) afterwards.
+            let pending: Vec<_> = {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                engines
+                    .iter()
+                    .map(|e| {
+                        let mut f = e.terminate();
+                        let first = f.as_mut().poll(&mut cx);
+                        (e, f, first)
+                    })
+                    .collect()
+            };
+            let mut report = ShutdownReport::default();
+            for (e, f, first) in pending {
+                let r = match first {
+                    std::task::Poll::Ready(r) => r?,
+                    std::task::Poll::Pending => f.await?,
+                };
+                core.remove(e.id());
+                report.kernels += 1;
+                report.drained += r.drained;
+                report.undelivered += r.undelivered.len();
+            }
+            Ok(report)
+        })
+    }
 }
 
 /// A kernel's input lanes, one per priority level. The sending side of a lane exists
@@ -543,9 +591,7 @@ fn spawn_kernel(
         _pool: pool,
         ctl: Mutex::new(()),
     });
-    // A kernel launched active may already have work (none yet, but a turn settles
-    // its state at once).
-    engine.kick();
+    // Nothing to do until the first message or state change: no turn yet.
     Ok(engine)
 }
 
