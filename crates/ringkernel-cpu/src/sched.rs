@@ -231,17 +231,19 @@ impl Pool {
     /// Queues a task that asked for a turn.
     fn push(&self, task: Arc<Task>) {
         let me = self.id();
-        let task = LOCAL.with(|l| match &*l.borrow() {
-            Some(local) if local.pool == me => {
-                local.deque.push(task);
-                // The new task runs on this worker after the current turn; call for help
-                // only when more than that one waits here.
-                if local.deque.len() > 1 {
-                    self.notify_idle();
+        let mut task = Some(task);
+        // `try_with`: a thread being torn down queues through the injector.
+        let _ = LOCAL.try_with(|l| {
+            if let Some(local) = &*l.borrow() {
+                if local.pool == me {
+                    local.deque.push(task.take().expect("task"));
+                    // The new task runs on this worker after the current turn; call for
+                    // help only when more than that one waits here.
+                    if local.deque.len() > 1 {
+                        self.notify_idle();
+                    }
                 }
-                None
             }
-            _ => Some(task),
         });
         if let Some(task) = task {
             self.injector.push(task);
@@ -489,7 +491,13 @@ impl Pool {
         // `fetch_or` is visible to the turn.
         task.state.swap(RUNNING, Ordering::AcqRel);
         slot.turns.fetch_add(1, Ordering::Relaxed);
-        let outcome = task.body.turn();
+        // Handler panics are caught per message; this only guards the pool against a
+        // bug in the turn itself: the task ends, the worker goes on.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.body.turn()))
+            .unwrap_or_else(|_| {
+                tracing::error!("a kernel's turn panicked outside its handler: kernel stopped");
+                Turn::Done
+            });
         slot.turns.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Turn::Done => task.state.store(DONE, Ordering::Release),
