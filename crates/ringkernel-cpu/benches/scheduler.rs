@@ -18,7 +18,8 @@
 //!
 //! `cargo bench -p ringkernel-cpu --bench scheduler` (`-- --test`, as `cargo test
 //! --benches` passes, runs a short smoke version). Optional first argument: a section
-//! (`call`, `hops`, `pipeline`, `actix`, `kernels`).
+//! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` runs only
+//! our pooled pipeline, for a profiler).
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::options::LaunchOptions;
@@ -501,9 +502,17 @@ mod actix_peer {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
-    let only: Option<String> = std::env::args()
-        .skip(1)
-        .find(|a| ["call", "hops", "pipeline", "kernels", "actix"].contains(&a.as_str()));
+    let only: Option<String> = std::env::args().skip(1).find(|a| {
+        [
+            "call",
+            "hops",
+            "pipeline",
+            "pipeline-pooled",
+            "kernels",
+            "actix",
+        ]
+        .contains(&a.as_str())
+    });
     let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
     let tokio_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -531,6 +540,13 @@ fn main() {
         }
         if want("hops") {
             section_hops(&rt, if quick { 100 } else { 20_000 }).await;
+        }
+        if only.as_deref() == Some("pipeline-pooled") {
+            // Only our pooled pipeline (for profiling it alone).
+            let opts = LaunchOptions::default().with_queue_capacity(4096);
+            let ks = stages(&rt, "prof", &opts).await;
+            let r = pipeline_ours(&ks, if quick { 10_000 } else { 1_000_000 }).await;
+            println!("pooled pipeline alone: {:.3} M tokens/s", r / 1e6);
         }
         if want("pipeline") {
             section_pipeline(&rt, if quick { 10_000 } else { 1_000_000 }).await;
