@@ -514,11 +514,18 @@ fn main() {
         .contains(&a.as_str())
     });
     let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
-    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    // `RK_HOST=current_thread`: drive everything from a single-threaded tokio runtime
+    // (as the CLI demo does) instead of a 2-worker one.
+    let tokio_rt = if std::env::var("RK_HOST").is_ok_and(|v| v == "current_thread") {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    }
+    .enable_all()
+    .build()
+    .expect("tokio runtime");
     tokio_rt.block_on(async {
         let mut rt = CpuRuntime::with_registry(KernelRegistry::new())
             .await

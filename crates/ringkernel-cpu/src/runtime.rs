@@ -19,7 +19,7 @@
 //! and moves on, so a flooded kernel cannot starve the others. A kernel woken by a
 //! handler running on a worker (K2K, publish) is queued on that worker and runs there
 //! next, without an OS wake-up; idle workers steal queued kernels from busy ones, look
-//! for work for a few tens of microseconds, then park (no CPU while idle). A handler
+//! for work for up to 200 µs, then park (no CPU while idle). A handler
 //! that blocks (sleeps, or spins on a full downstream queue like `rk.stage` does) keeps
 //! its worker: when every worker is stuck in a long turn while kernels wait, the pool
 //! starts an extra worker, which exits again once idle, so blocking cannot deadlock the

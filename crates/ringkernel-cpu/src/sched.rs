@@ -25,7 +25,7 @@ use std::time::Duration;
 use crossbeam_deque::{Injector, Steal, Stealer, Worker as Deque};
 
 /// How long an idle worker keeps looking for work before it parks.
-pub const SEARCH_SPIN: Duration = Duration::from_micros(50);
+pub const SEARCH_SPIN: Duration = Duration::from_micros(200);
 /// A worker polls the injector before its own deque every this many turns.
 const GLOBAL_EVERY: u64 = 31;
 /// How often the monitor samples the workers while any of them runs.
