@@ -33,6 +33,8 @@ const MONITOR_TICK: Duration = Duration::from_millis(1);
 /// A turn running this long while other work waits and no worker is free counts as
 /// blocked: the monitor starts an extra worker.
 pub const STALL: Duration = Duration::from_millis(4);
+/// How long an extra worker stays parked without work before it exits.
+pub const RETIRE_AFTER: Duration = Duration::from_millis(100);
 /// Most worker threads one pool runs at once (its base workers plus the extras started
 /// for blocked turns).
 pub const MAX_THREADS: usize = 512;
@@ -368,11 +370,13 @@ impl Pool {
                     if !self.search() {
                         searching = false;
                         self.searching.fetch_sub(1, Ordering::SeqCst);
-                        if self.retire() {
+                        // An extra worker parks for a while before it retires, so a
+                        // pipeline that keeps blocking does not start a thread per stall.
+                        let extra = self.live.load(Ordering::Acquire) > self.target;
+                        if !self.park(idx, extra.then_some(RETIRE_AFTER)) && self.retire() {
                             retired = true;
                             break;
                         }
-                        self.park(idx);
                         // Woken for work: look for it as a searcher.
                         searching = true;
                         self.searching.fetch_add(1, Ordering::SeqCst);
@@ -446,8 +450,9 @@ impl Pool {
         false
     }
 
-    /// Parks worker `idx` until a producer, the monitor or shutdown wakes it.
-    fn park(&self, idx: usize) {
+    /// Parks worker `idx` until a producer, the monitor or shutdown wakes it, or (with
+    /// `timeout`) until that much time passed without a wake-up; `false` in that case.
+    fn park(&self, idx: usize, timeout: Option<Duration>) -> bool {
         let slot = &self.slots[idx];
         {
             let mut idle = lock(&self.idle);
@@ -456,25 +461,56 @@ impl Pool {
         }
         // Pairs with the fence in `notify_idle`.
         fence(Ordering::SeqCst);
-        if self.has_queued() || self.shutdown.load(Ordering::SeqCst) {
-            let mut idle = lock(&self.idle);
-            if let Some(pos) = idle.iter().position(|&i| i == idx) {
-                idle.swap_remove(pos);
-                self.parked.fetch_sub(1, Ordering::SeqCst);
-            } else {
-                // Already taken off the list by a waker: consume its notification.
-                slot.notified.store(false, Ordering::Relaxed);
+        let woken = if self.has_queued() || self.shutdown.load(Ordering::SeqCst) {
+            self.unregister_idle(idx);
+            true
+        } else {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
+            loop {
+                if slot.notified.swap(false, Ordering::AcqRel)
+                    || self.shutdown.load(Ordering::Acquire)
+                {
+                    break true;
+                }
+                match deadline {
+                    None => std::thread::park(),
+                    Some(d) => {
+                        let now = std::time::Instant::now();
+                        if now >= d {
+                            // Unless a waker took it off the list meanwhile, this worker
+                            // stayed idle for the whole timeout.
+                            break !self.unregister_idle(idx);
+                        }
+                        std::thread::park_timeout(d - now);
+                    }
+                }
             }
-            return;
+        };
+        // The monitor may have seen this worker counted as parked and parked itself.
+        self.wake_monitor();
+        woken
+    }
+
+    /// Takes worker `idx` off the idle list; `true` if it was still there. If a waker
+    /// took it off first, its notification is consumed instead.
+    fn unregister_idle(&self, idx: usize) -> bool {
+        let mut idle = lock(&self.idle);
+        if let Some(pos) = idle.iter().position(|&i| i == idx) {
+            idle.swap_remove(pos);
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            true
+        } else {
+            // The waker set `notified` under this lock.
+            self.slots[idx].notified.store(false, Ordering::Relaxed);
+            false
         }
-        loop {
-            if slot.notified.swap(false, Ordering::AcqRel) || self.shutdown.load(Ordering::Acquire)
-            {
-                break;
-            }
-            std::thread::park();
-        }
-        // Pairs with the fence in `monitor`: a parked monitor learns a worker is awake.
+    }
+
+    /// Unparks the monitor if it parked (it does when every worker is parked): a worker
+    /// leaving `park` may run a turn that blocks, and only the monitor notices.
+    fn wake_monitor(&self) {
+        // Pairs with the fence in `monitor`: either it sees this worker no longer
+        // counted as parked, or this sees its flag.
         fence(Ordering::SeqCst);
         if self.monitor_parked.load(Ordering::SeqCst)
             && self.monitor_parked.swap(false, Ordering::SeqCst)
