@@ -28,8 +28,8 @@ pub struct LaunchOptions {
     /// Threads of the kernel's block on CUDA (the persistent kernel is one block of this
     /// many threads; each gets its own device scratch slots). Must be in 1..=1024 on
     /// every backend ([`validate`](Self::validate)), but only CUDA uses it: the CPU
-    /// handles one message at a time per kernel, and the WebGPU and Metal drain passes use the
-    /// workgroup size fixed in their WGSL, whatever this says.
+    /// handles one message at a time per kernel, and the WebGPU and Metal drain passes
+    /// use the workgroup size fixed in their WGSL, whatever this says.
     pub block_size: u32,
     /// Blocks in the grid. Must be at least 1 everywhere, and exactly 1 on CUDA (a
     /// persistent kernel is one block; any other value fails the launch with
