@@ -28,8 +28,8 @@ pub struct LaunchOptions {
     /// Threads of the kernel's block on CUDA (the persistent kernel is one block of this
     /// many threads; each gets its own device scratch slots). Must be in 1..=1024 on
     /// every backend ([`validate`](Self::validate)), but only CUDA uses it: the CPU
-    /// runs one thread per kernel, and the WebGPU and Metal drain passes use the
-    /// workgroup size fixed in their WGSL, whatever this says.
+    /// handles one message at a time per kernel, and the WebGPU and Metal drain passes
+    /// use the workgroup size fixed in their WGSL, whatever this says.
     pub block_size: u32,
     /// Blocks in the grid. Must be at least 1 everywhere, and exactly 1 on CUDA (a
     /// persistent kernel is one block; any other value fails the launch with
@@ -53,6 +53,13 @@ pub struct LaunchOptions {
     /// the kernels that receive it; and where a backend serves several kernels in turn
     /// (the WebGPU poller finishing drain passes), higher-priority kernels go first.
     pub priority: u8,
+    /// Run the kernel on a thread of its own instead of as a task on the backend's
+    /// shared worker pool (default false). Only the CPU backend schedules kernels on a
+    /// pool (`ringkernel-cpu`: M:N, one worker per core); there a dedicated thread suits
+    /// a latency-critical kernel (its thread spins before it parks, and no other
+    /// kernel's turn runs ahead of it) or a handler that blocks for long (sleeps, waits
+    /// on I/O or a lock). The GPU backends ignore it.
+    pub dedicated_thread: bool,
 }
 
 impl Default for LaunchOptions {
@@ -68,6 +75,7 @@ impl Default for LaunchOptions {
             state_bytes: 0,
             name: None,
             priority: crate::priority::NORMAL,
+            dedicated_thread: false,
         }
     }
 }
@@ -116,6 +124,16 @@ impl LaunchOptions {
     /// `with_priority(priority::HIGH)`.
     pub fn with_priority(mut self, priority: u8) -> Self {
         self.priority = priority;
+        self
+    }
+    /// Runs the kernel on a dedicated thread ([`dedicated_thread`](Self::dedicated_thread)).
+    ///
+    /// ```
+    /// use ringkernel_core::options::LaunchOptions;
+    /// assert!(LaunchOptions::default().with_dedicated_thread().dedicated_thread);
+    /// ```
+    pub fn with_dedicated_thread(mut self) -> Self {
+        self.dedicated_thread = true;
         self
     }
     /// Sets the backpressure behaviour of `send`.

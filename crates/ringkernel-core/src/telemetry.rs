@@ -4,6 +4,7 @@ use crate::backend::BackendKind;
 use crate::ids::KernelId;
 use crate::lifecycle::LifecycleState;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Bits of linear resolution inside each power-of-two range (32 sub-buckets).
@@ -35,7 +36,10 @@ pub const HISTOGRAM_MAX_RELATIVE_ERROR: f64 = 1.0 / (2 * SUB) as f64;
 /// assert_eq!(h.percentile(1.0), 1000);
 /// ```
 pub struct LatencyHistogram {
-    buckets: Box<[AtomicU64]>,
+    /// The buckets, `SUB` per power-of-two range; a range's are allocated on its first
+    /// sample (a histogram costs about 1 KB until used, and a kernel's handler times
+    /// usually fall into a few ranges).
+    groups: Box<[OnceLock<Box<[AtomicU64; SUB]>>]>,
     count: AtomicU64,
     sum: AtomicU64,
     max: AtomicU64,
@@ -85,7 +89,7 @@ impl LatencyHistogram {
     /// An empty histogram.
     pub fn new() -> Self {
         LatencyHistogram {
-            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            groups: (0..BUCKETS / SUB).map(|_| OnceLock::new()).collect(),
             count: AtomicU64::new(0),
             sum: AtomicU64::new(0),
             max: AtomicU64::new(0),
@@ -93,10 +97,17 @@ impl LatencyHistogram {
         }
     }
 
+    /// The counter of bucket `b` (its group is allocated on first use).
+    #[inline]
+    fn bucket(&self, b: usize) -> &AtomicU64 {
+        &self.groups[b / SUB].get_or_init(|| Box::new(std::array::from_fn(|_| AtomicU64::new(0))))
+            [b % SUB]
+    }
+
     /// Records one sample.
     #[inline]
     pub fn record(&self, ns: u64) {
-        self.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
+        self.bucket(bucket_of(ns)).fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(ns, Ordering::Relaxed);
         if ns > self.max.load(Ordering::Relaxed) {
             self.max.fetch_max(ns, Ordering::Relaxed);
@@ -113,7 +124,7 @@ impl LatencyHistogram {
         if n == 0 {
             return;
         }
-        self.buckets[bucket_of(ns)].fetch_add(n, Ordering::Relaxed);
+        self.bucket(bucket_of(ns)).fetch_add(n, Ordering::Relaxed);
         self.sum.fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
         self.max.fetch_max(ns, Ordering::Relaxed);
         self.min.fetch_min(ns, Ordering::Relaxed);
@@ -147,9 +158,12 @@ impl LatencyHistogram {
         // Count from the buckets themselves so a concurrent `record` cannot make the
         // rank point past the last bucket.
         let counts: Vec<u64> = self
-            .buckets
+            .groups
             .iter()
-            .map(|b| b.load(Ordering::Relaxed))
+            .flat_map(|g| match g.get() {
+                Some(g) => g.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+                None => vec![0; SUB],
+            })
             .collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {

@@ -1,4 +1,5 @@
-//! The CPU actor runtime: one dedicated OS thread per launched kernel.
+//! The CPU actor runtime: kernels are tasks on a pool of worker threads (M:N), or, on
+//! request, each on a thread of its own.
 //!
 //! Each kernel owns
 //!
@@ -7,13 +8,28 @@
 //!   [Priority](#priority)),
 //! * an SPSC output ring (the worker writes replies, the host reads them),
 //! * its own hybrid logical clock, counters, latency histogram and lifecycle state,
-//! * a worker thread that runs the registered [`CpuHandler`] on every message.
+//! * its registered [`CpuHandler`], run on every message.
 //!
-//! Wake-ups are spin-then-park: after its queue runs dry the worker spins for
-//! [`SPIN_BEFORE_PARK`] (so back-to-back requests are picked up in well under a
-//! microsecond), then parks. Producers only pay for an `unpark` when the worker is
-//! actually parked (a `sleeping` flag, checked after a fence), so the enqueue fast path
-//! stays a queue push plus a few atomics.
+//! # Scheduling
+//!
+//! By default a kernel is a task of the runtime's worker pool: one worker thread per
+//! logical core ([`CpuRuntime::with_workers`] sets another count), started with the
+//! first launch. A message (or a state change) schedules the kernel; a worker then gives
+//! it a *turn* of at most [`TURN_BUDGET`] messages (priority lanes still highest first)
+//! and moves on, so a flooded kernel cannot starve the others. A kernel woken by a
+//! handler running on a worker (K2K, publish) is queued on that worker and runs there
+//! next, without an OS wake-up; idle workers steal queued kernels from busy ones, look
+//! for work for up to 200 µs, then park (no CPU while idle). A handler
+//! that blocks (sleeps, or spins on a full downstream queue like `rk.stage` does) keeps
+//! its worker: when every worker is stuck in a long turn while kernels wait, the pool
+//! starts an extra worker, which exits again once idle, so blocking cannot deadlock the
+//! pool. `DESIGN.md` in this crate explains the choices.
+//!
+//! [`LaunchOptions::dedicated_thread`] (`with_dedicated_thread()`) gives a kernel its
+//! own named OS thread instead (latency-critical kernels, handlers that block for
+//! long). Wake-ups there are spin-then-park: after its queue runs dry the thread spins
+//! for [`SPIN_BEFORE_PARK`], then parks. Producers only pay for an `unpark` when the
+//! worker is actually parked (a `sleeping` flag, checked after a fence).
 //!
 //! Lifecycle on the CPU:
 //!
@@ -24,7 +40,7 @@
 //!   input queue (every queued message is processed); one that was not hands its queued
 //!   messages back in [`TerminateReport::undelivered`] (highest lane first, in the
 //!   order it would have handled them). Then the state becomes `Terminated` and the
-//!   thread exits.
+//!   kernel's task (or thread) ends.
 //!
 //! # Priority
 //!
@@ -71,7 +87,7 @@ use ringkernel_core::queue::slot::{
 use ringkernel_core::registry::{CpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{
     KernelEngine, KernelEvents, KernelHandle, KernelId, RingKernelRuntime, RuntimeCore,
-    TerminateReport,
+    ShutdownReport, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
@@ -79,6 +95,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::{JoinHandle, Thread};
+
+use crate::sched::{Pool, PoolHandle, Runnable, Task, Turn};
 use std::time::{Duration, Instant};
 
 /// How long an idle active worker spins (checking its queue) before it parks.
@@ -92,8 +110,11 @@ const OUTPUT_PARK: Duration = Duration::from_millis(1);
 /// While terminating, how long the worker waits for space in a full output queue
 /// before it gives up and drops outputs (counted in `dropped`, logged).
 pub const DRAIN_OUTPUT_GRACE: Duration = Duration::from_millis(50);
-/// Messages handled between two upgrades of the runtime reference.
+/// Messages a dedicated thread handles between two upgrades of the runtime reference.
 const BATCH: usize = 256;
+/// Messages a pooled kernel handles in one turn before the worker moves on to the next
+/// kernel waiting (it goes to the back of the queue if it has more).
+pub const TURN_BUDGET: usize = 64;
 
 /// Describes the host CPU: model (where the OS says), architecture, logical cores.
 /// Always `Ok`: the CPU backend is always available.
@@ -126,19 +147,36 @@ fn cpu_model() -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// The CPU actor runtime. Each kernel is a dedicated thread running its registered
-/// [`CpuHandler`].
+/// The CPU actor runtime: kernels run their registered [`CpuHandler`] as tasks of a
+/// worker pool (see [the module docs](self)), or on a dedicated thread each when
+/// launched with [`LaunchOptions::with_dedicated_thread`].
 ///
 /// The built-in kernels ([`rk.echo`](builtin::ECHO), [`rk.stage`](builtin::STAGE),
 /// [`rk.counter`](builtin::COUNTER)) are registered into the given registry under
 /// their names unless the registry already has a handler of that name.
 ///
 /// Call [`shutdown`](RingKernelRuntime::shutdown) to drain and stop every kernel.
-/// Dropping the runtime (and every handle) without it stops each kernel's thread too,
+/// Dropping the runtime (and every handle) without it stops every kernel and the pool,
 /// but whatever was still queued is discarded, since nobody can receive it any more.
 pub struct CpuRuntime {
     core: Arc<RuntimeCore>,
     info: String,
+    /// Worker threads of the pool (started with the first pooled kernel).
+    workers: usize,
+    pool: Mutex<Option<Arc<PoolHandle>>>,
+}
+
+/// What the CPU runtime's worker pool is doing ([`CpuRuntime::scheduler_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SchedulerStats {
+    /// Worker threads the pool keeps ([`CpuRuntime::with_workers`]; default one per core).
+    pub workers: usize,
+    /// Worker threads alive now: `workers` plus extras started while turns were blocked
+    /// (0 before the first pooled kernel is launched).
+    pub threads: usize,
+    /// Extra workers started so far because every worker was stuck in a long turn while
+    /// other kernels waited (they exit again once idle).
+    pub extra_started: usize,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -166,15 +204,70 @@ impl CpuRuntime {
         Ok(CpuRuntime {
             core: RuntimeCore::new(BackendKind::Cpu, registry),
             info,
+            workers: default_workers(),
+            pool: Mutex::new(None),
         })
+    }
+
+    /// Sets how many worker threads run the pooled kernels (default: one per logical
+    /// core). Only before the first launch: [`Error::InvalidArgument`] afterwards, or
+    /// for a count outside `1..=512`.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let rt = ringkernel_cpu::CpuRuntime::new().await?.with_workers(2)?;
+    /// assert_eq!(rt.scheduler_stats().workers, 2);
+    /// # Ok::<(), ringkernel_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn with_workers(mut self, workers: usize) -> Result<Self> {
+        if workers == 0 || workers > crate::sched::MAX_THREADS {
+            return Err(Error::invalid(format!(
+                "the CPU worker pool needs 1..={} workers, got {workers}",
+                crate::sched::MAX_THREADS
+            )));
+        }
+        if lock(&self.pool).is_some() {
+            return Err(Error::invalid(
+                "set the CPU worker count before the first launch",
+            ));
+        }
+        self.workers = workers;
+        Ok(self)
+    }
+
+    /// The worker pool's figures now.
+    pub fn scheduler_stats(&self) -> SchedulerStats {
+        let pool = lock(&self.pool);
+        SchedulerStats {
+            workers: self.workers,
+            threads: pool.as_ref().map_or(0, |p| p.0.threads()),
+            extra_started: pool.as_ref().map_or(0, |p| p.0.extra_started()),
+        }
+    }
+
+    /// The worker pool, started on first use.
+    fn pool(&self) -> Result<Arc<PoolHandle>> {
+        let mut pool = lock(&self.pool);
+        if let Some(p) = pool.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = Pool::start(self.workers)?;
+        *pool = Some(p.clone());
+        Ok(p)
     }
 
     fn launch_now(&self, handler: &str, opts: &LaunchOptions) -> Result<KernelHandle> {
         opts.validate()?;
         let factory = self.core.registry().cpu(handler)?;
         let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
+        let pool = if opts.dedicated_thread {
+            None
+        } else {
+            Some(self.pool()?)
+        };
         let id = self.core.reserve(&name)?;
-        match spawn_kernel(&self.core, id, &name, handler, factory.as_ref(), opts) {
+        match spawn_kernel(&self.core, pool, id, &name, handler, factory.as_ref(), opts) {
             Ok(engine) => {
                 let engine: Arc<dyn KernelEngine> = engine;
                 self.core.insert(engine.clone());
@@ -187,6 +280,14 @@ impl CpuRuntime {
             }
         }
     }
+}
+
+/// One worker per logical core.
+fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(crate::sched::MAX_THREADS)
 }
 
 /// Registers the CPU built-ins whose names `registry` does not have yet.
@@ -221,6 +322,54 @@ impl RingKernelRuntime for CpuRuntime {
 
     fn device_info(&self) -> String {
         self.info.clone()
+    }
+
+    /// As the default (every kernel terminated, active ones drained), but every kernel
+    /// is told first and the reports are collected afterwards, so the pool's workers
+    /// drain the kernels side by side instead of one round trip per kernel.
+    fn shutdown(&self) -> BoxFuture<'_, Result<ShutdownReport>> {
+        Box::pin(async move {
+            let core = &self.core;
+            let engines: Vec<_> = core
+                .engines()
+                .into_iter()
+                .filter(|e| {
+                    let done = matches!(
+                        e.state(),
+                        LifecycleState::Terminated | LifecycleState::Terminating
+                    );
+                    if done {
+                        core.remove(e.id());
+                    }
+                    !done
+                })
+                .collect();
+            // The first poll of `terminate` moves the kernel to `Terminating` and wakes
+            // its worker; the futures are awaited (in order) afterwards.
+            let pending: Vec<_> = {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                engines
+                    .iter()
+                    .map(|e| {
+                        let mut f = e.terminate();
+                        let first = f.as_mut().poll(&mut cx);
+                        (e, f, first)
+                    })
+                    .collect()
+            };
+            let mut report = ShutdownReport::default();
+            for (e, f, first) in pending {
+                let r = match first {
+                    std::task::Poll::Ready(r) => r?,
+                    std::task::Poll::Pending => f.await?,
+                };
+                core.remove(e.id());
+                report.kernels += 1;
+                report.drained += r.drained;
+                report.undelivered += r.undelivered.len();
+            }
+            Ok(report)
+        })
     }
 }
 
@@ -293,8 +442,11 @@ struct Shared {
     lanes: Lanes,
     /// The kernel's priority, carried by everything it sends.
     priority: u8,
-    /// Set by the worker right before it parks; whoever sees it set unparks it.
+    /// Set by the worker right before it parks; whoever sees it set unparks `sleeper`.
     sleeping: AtomicBool,
+    /// The thread that parks when `sleeping` is set (a dedicated kernel's own thread;
+    /// for a pooled kernel, the worker waiting for output space).
+    sleeper: Mutex<Option<Thread>>,
     /// Producers between their state check and the end of their push. The worker waits
     /// for this to reach zero after seeing `Terminating`, so no message can slip into
     /// the queue after its final sweep.
@@ -313,14 +465,46 @@ struct CpuEngine {
     output: Mutex<SlotConsumer>,
     slot_size: usize,
     input_capacity: usize,
-    thread: Thread,
+    /// How the kernel is woken for a message or a state change.
+    kick: Kick,
     join: Mutex<Option<JoinHandle<()>>>,
+    /// Keeps the worker pool running while this kernel exists (pooled kernels).
+    _pool: Option<Arc<PoolHandle>>,
     /// Serialises the host-side lifecycle changes (activate, deactivate, terminate).
     ctl: Mutex<()>,
 }
 
+/// How a kernel's worker is woken.
+enum Kick {
+    /// A dedicated thread: unparked when it sleeps.
+    Thread,
+    /// A task of the worker pool: scheduled for a turn.
+    Task(Arc<Task>),
+}
+
+/// A pooled kernel's worker, run one turn at a time by the pool.
+struct PooledKernel(Mutex<Option<Worker>>);
+
+impl Runnable for PooledKernel {
+    fn turn(&self) -> Turn {
+        let mut slot = lock(&self.0);
+        let Some(worker) = slot.as_mut() else {
+            return Turn::Done;
+        };
+        let t = worker.turn(TURN_BUDGET);
+        if matches!(t, Turn::Done) {
+            // Drops the handler and marks the kernel `Terminated` if it is not yet.
+            let w = slot.take();
+            drop(slot);
+            drop(w);
+        }
+        t
+    }
+}
+
 fn spawn_kernel(
     core: &Arc<RuntimeCore>,
+    pool: Option<Arc<PoolHandle>>,
     id: KernelId,
     name: &str,
     handler_name: &str,
@@ -344,6 +528,7 @@ fn spawn_kernel(
         lanes,
         priority: opts.priority,
         sleeping: AtomicBool::new(false),
+        sleeper: Mutex::new(None),
         inflight: AtomicUsize::new(0),
         drain_on_terminate: AtomicBool::new(false),
         detached: AtomicBool::new(false),
@@ -354,6 +539,11 @@ fn spawn_kernel(
         shared.state.transition(LifecycleState::Active)?;
     }
     let worker = Worker {
+        _exit: ExitGuard(shared.clone()),
+        scratch: Envelope {
+            header: MessageHeader::default(),
+            payload: Vec::new(),
+        },
         shared: shared.clone(),
         core: Arc::downgrade(core),
         rx: {
@@ -367,24 +557,42 @@ fn spawn_kernel(
         output_capacity: opts.output_capacity,
         output_stalled: false,
     };
-    // Thread names may not contain NUL; Linux shows the first 15 bytes.
-    let thread_name: String = format!("rk-{name}")
-        .chars()
-        .map(|c| if c == '\0' { '?' } else { c })
-        .collect();
-    let join = std::thread::Builder::new()
-        .name(thread_name)
-        .spawn(move || worker.run())
-        .map_err(|e| Error::Device(format!("cannot start the thread of kernel {name:?}: {e}")))?;
-    Ok(Arc::new(CpuEngine {
+    let (kick, join) = match &pool {
+        Some(p) => (
+            Kick::Task(Task::new(
+                &p.0,
+                Box::new(PooledKernel(Mutex::new(Some(worker)))),
+            )),
+            None,
+        ),
+        None => {
+            // Thread names may not contain NUL; Linux shows the first 15 bytes.
+            let thread_name: String = format!("rk-{name}")
+                .chars()
+                .map(|c| if c == '\0' { '?' } else { c })
+                .collect();
+            let join = std::thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || worker.run())
+                .map_err(|e| {
+                    Error::Device(format!("cannot start the thread of kernel {name:?}: {e}"))
+                })?;
+            *lock(&shared.sleeper) = Some(join.thread().clone());
+            (Kick::Thread, Some(join))
+        }
+    };
+    let engine = Arc::new(CpuEngine {
         shared,
         output: Mutex::new(output),
         slot_size: opts.slot_size,
         input_capacity: opts.queue_capacity,
-        thread: join.thread().clone(),
-        join: Mutex::new(Some(join)),
+        kick,
+        join: Mutex::new(join),
+        _pool: pool,
         ctl: Mutex::new(()),
-    }))
+    });
+    // Nothing to do until the first message or state change: no turn yet.
+    Ok(engine)
 }
 
 impl CpuEngine {
@@ -398,13 +606,31 @@ impl CpuEngine {
         if self.shared.sleeping.load(Ordering::Relaxed)
             && self.shared.sleeping.swap(false, Ordering::AcqRel)
         {
-            self.thread.unpark();
+            if let Some(t) = lock(&self.shared.sleeper).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Tells the worker there is something new (a message, a state change).
+    #[inline]
+    fn kick(&self) {
+        match &self.kick {
+            Kick::Thread => self.wake_if_sleeping(),
+            Kick::Task(t) => t.schedule(),
         }
     }
 
     fn state_changed(&self) {
         self.shared.events.state.notify(usize::MAX);
-        self.thread.unpark();
+        match &self.kick {
+            Kick::Thread => {
+                if let Some(t) = lock(&self.shared.sleeper).as_ref() {
+                    t.unpark();
+                }
+            }
+            Kick::Task(t) => t.schedule(),
+        }
     }
 }
 
@@ -412,7 +638,7 @@ impl Drop for CpuEngine {
     fn drop(&mut self) {
         // Nobody can reach this kernel any more: let the worker exit.
         self.shared.detached.store(true, Ordering::SeqCst);
-        self.thread.unpark();
+        self.state_changed();
     }
 }
 
@@ -455,7 +681,7 @@ impl KernelEngine for CpuEngine {
         match pushed {
             Ok(()) => {
                 s.counters.received.fetch_add(1, Ordering::Relaxed);
-                self.wake_if_sleeping();
+                self.kick();
                 Ok(())
             }
             Err(Error::QueueFull { .. }) => Err(Error::QueueFull {
@@ -558,8 +784,10 @@ impl KernelEngine for CpuEngine {
     }
 }
 
-/// The worker thread's side of a kernel.
+/// The worker's side of a kernel: run by its dedicated thread, or in turns by the pool.
 struct Worker {
+    /// Reused for every message: no allocation per message on the hot path.
+    scratch: Envelope,
     shared: Arc<Shared>,
     core: Weak<RuntimeCore>,
     /// The receiving side of each open lane the worker has taken over.
@@ -571,9 +799,11 @@ struct Worker {
     /// Set once, while terminating, the output queue stayed full past the grace period:
     /// from then on outputs that do not fit are dropped at once (counted, logged).
     output_stalled: bool,
+    /// Dropped last: the kernel ends `Terminated` however the worker goes away.
+    _exit: ExitGuard,
 }
 
-/// Makes sure a kernel ends `Terminated` (with waiters woken) however its thread exits.
+/// Makes sure a kernel ends `Terminated` (with waiters woken) however its worker ends.
 struct ExitGuard(Arc<Shared>);
 
 impl Drop for ExitGuard {
@@ -653,6 +883,7 @@ impl OutputSink for Sink<'_> {
                     } else if spins < 128 {
                         std::thread::yield_now();
                     } else {
+                        *lock(&self.shared.sleeper) = Some(std::thread::current());
                         self.shared.sleeping.store(true, Ordering::SeqCst);
                         fence(Ordering::SeqCst);
                         std::thread::park_timeout(OUTPUT_PARK);
@@ -666,53 +897,65 @@ impl OutputSink for Sink<'_> {
 }
 
 impl Worker {
+    /// A dedicated thread's loop: turns, and spin-then-park while idle.
     fn run(mut self) {
-        let guard = ExitGuard(self.shared.clone());
         let span = tracing::info_span!("rk.kernel", backend = "cpu", id = %self.shared.id, kernel = %self.shared.name);
         let _e = span.enter();
         tracing::debug!("worker started");
-        // Reused for every message: no allocation per message on the hot path.
-        let mut scratch = Envelope {
-            header: MessageHeader::default(),
-            payload: Vec::with_capacity(self.slot_size),
-        };
+        *lock(&self.shared.sleeper) = Some(std::thread::current());
         loop {
-            if self.shared.detached.load(Ordering::Acquire) {
-                tracing::debug!("engine dropped: worker exits");
-                break;
+            let observed = self.shared.state.get();
+            match self.turn(BATCH) {
+                Turn::Done => break,
+                Turn::More => {}
+                Turn::Idle => self.idle(observed),
             }
-            let state = self.shared.state.get();
-            match state {
-                LifecycleState::Active => {
-                    let Some(core) = self.core.upgrade() else {
-                        tracing::debug!("runtime dropped: worker exits");
-                        break;
-                    };
-                    let mut n = 0;
-                    while n < BATCH
-                        && self.shared.state.get() == LifecycleState::Active
-                        && self.pop_into(&mut scratch)
-                    {
-                        self.process(&core, &scratch);
-                        n += 1;
-                    }
-                    drop(core);
-                    if n > 0 {
-                        continue;
-                    }
-                }
-                LifecycleState::Terminating => {
-                    self.finish();
-                    break;
-                }
-                LifecycleState::Terminated => break,
-                LifecycleState::Created
-                | LifecycleState::Launched
-                | LifecycleState::Deactivated => {}
-            }
-            self.idle(state);
         }
-        drop(guard);
+    }
+
+    /// Handles up to `budget` messages (or finishes termination).
+    fn turn(&mut self, budget: usize) -> Turn {
+        if self.shared.detached.load(Ordering::Acquire) {
+            tracing::debug!(kernel = %self.shared.name, "engine dropped: worker exits");
+            return Turn::Done;
+        }
+        match self.shared.state.get() {
+            LifecycleState::Active => {
+                let Some(core) = self.core.upgrade() else {
+                    tracing::debug!(kernel = %self.shared.name, "runtime dropped: worker exits");
+                    return Turn::Done;
+                };
+                let mut env = std::mem::replace(
+                    &mut self.scratch,
+                    Envelope {
+                        header: MessageHeader::default(),
+                        payload: Vec::new(),
+                    },
+                );
+                let mut n = 0;
+                while n < budget
+                    && self.shared.state.get() == LifecycleState::Active
+                    && self.pop_into(&mut env)
+                {
+                    self.process(&core, &env);
+                    n += 1;
+                }
+                self.scratch = env;
+                if n == budget {
+                    Turn::More
+                } else {
+                    Turn::Idle
+                }
+            }
+            LifecycleState::Terminating => {
+                self.finish();
+                Turn::Done
+            }
+            LifecycleState::Terminated => Turn::Done,
+            LifecycleState::Created | LifecycleState::Launched | LifecycleState::Deactivated => {
+                Turn::Idle
+            }
+        }
     }
 
     /// The receiving side of `lane`, taking it over from the host side if the lane

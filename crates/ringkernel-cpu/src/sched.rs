@@ -1,0 +1,635 @@
+//! The M:N scheduler of the CPU runtime: kernels are [`Task`]s run in turns by a small
+//! pool of worker threads (see `DESIGN.md` in this crate for why it is built this way).
+//!
+//! * Each worker owns a FIFO deque (`crossbeam-deque`); a task woken by a handler running
+//!   on a worker goes to that worker's deque and runs there next, without an OS wake-up.
+//!   Tasks woken from outside the pool (the host) go to the shared injector queue.
+//! * Idle workers look for work (own deque, injector, then steal from the others) for
+//!   [`SEARCH_SPIN`], then park. Producers unpark a parked worker only when no worker is
+//!   searching, so the hot path is a queue push plus a fence and two loads.
+//! * A task whose turn used its whole budget goes to the back of the injector, behind
+//!   every task waiting there, and a worker looks at the injector first every
+//!   [`GLOBAL_EVERY`] turns: a flooded kernel cannot starve the others.
+//! * A monitor thread watches for workers stuck in one turn (a handler that blocks, or
+//!   spins waiting for a full downstream queue) while work waits: it then starts an extra
+//!   worker, so blocked handlers cannot deadlock the pool. Extra workers retire when idle.
+
+use ringkernel_core::error::{Error, Result};
+use ringkernel_core::util::lock;
+use std::cell::RefCell;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::Duration;
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker as Deque};
+
+/// How long an idle worker keeps looking for work before it parks.
+pub const SEARCH_SPIN: Duration = Duration::from_micros(200);
+/// A worker polls the injector before its own deque every this many turns.
+const GLOBAL_EVERY: u64 = 31;
+/// How often the monitor samples the workers while any of them runs.
+const MONITOR_TICK: Duration = Duration::from_millis(1);
+/// A turn running this long while other work waits and no worker is free counts as
+/// blocked: the monitor starts an extra worker.
+pub const STALL: Duration = Duration::from_millis(4);
+/// How long an extra worker stays parked without work before it exits.
+pub const RETIRE_AFTER: Duration = Duration::from_millis(100);
+/// Most worker threads one pool runs at once (its base workers plus the extras started
+/// for blocked turns).
+pub const MAX_THREADS: usize = 512;
+
+/// What one turn of a task reports.
+pub(crate) enum Turn {
+    /// Nothing more to do until the task is woken again.
+    Idle,
+    /// The turn's budget ran out with work left: run again later.
+    More,
+    /// The task is finished and is never run again.
+    Done,
+}
+
+/// The body of a task: one turn at a time, never two at once.
+pub(crate) trait Runnable: Send + Sync + 'static {
+    /// Runs one bounded turn.
+    fn turn(&self) -> Turn;
+}
+
+const IDLE: u8 = 0;
+/// In a queue, about to run (bit 0 is "someone asked for a turn").
+const SCHEDULED: u8 = 1;
+/// Running; `RUNNING | SCHEDULED` (3) is running and woken again during the turn.
+const RUNNING: u8 = 2;
+const DONE: u8 = 4;
+
+/// A schedulable unit (one kernel) of a [`Pool`].
+pub(crate) struct Task {
+    state: AtomicU8,
+    pool: Arc<Pool>,
+    body: Box<dyn Runnable>,
+}
+
+impl Task {
+    /// A new idle task of `pool`.
+    pub(crate) fn new(pool: &Arc<Pool>, body: Box<dyn Runnable>) -> Arc<Task> {
+        Arc::new(Task {
+            state: AtomicU8::new(IDLE),
+            pool: pool.clone(),
+            body,
+        })
+    }
+
+    /// Asks for a turn: queues the task if it is idle, or marks a running task to run
+    /// again. One atomic read-modify-write when the task is already queued or running.
+    #[inline]
+    pub(crate) fn schedule(self: &Arc<Self>) {
+        // An RMW (not a load): it orders the caller's earlier writes (a pushed message)
+        // before the worker's RMW that starts or ends the turn, whichever comes later.
+        if self.state.fetch_or(SCHEDULED, Ordering::AcqRel) == IDLE {
+            self.pool.push(self.clone());
+        }
+    }
+}
+
+thread_local! {
+    /// The deque of the pool worker running on this thread (none elsewhere).
+    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+}
+
+struct Local {
+    pool: usize,
+    deque: Deque<Arc<Task>>,
+}
+
+/// One worker position: its deque's stealing end and what the monitor watches.
+#[derive(Default)]
+struct Slot {
+    in_use: AtomicBool,
+    stealer: OnceLock<Stealer<Arc<Task>>>,
+    /// The owning end of the deque while no thread holds the slot.
+    deque: Mutex<Option<Deque<Arc<Task>>>>,
+    thread: Mutex<Option<Thread>>,
+    /// Set by whoever takes the worker off the idle list to wake it.
+    notified: AtomicBool,
+    /// Turn boundaries: odd while a turn runs.
+    turns: AtomicU64,
+}
+
+/// A pool of worker threads running [`Task`]s. Shut down (threads exit, queued tasks are
+/// dropped) by [`PoolHandle`]'s drop.
+pub(crate) struct Pool {
+    injector: Injector<Arc<Task>>,
+    slots: Box<[Slot]>,
+    /// Slots ever used (the stealing loops look at these).
+    high: AtomicUsize,
+    /// Worker threads alive.
+    live: AtomicUsize,
+    /// Worker threads the pool keeps when idle.
+    target: usize,
+    /// Extra workers started for blocked turns (a counter, for tests and metrics).
+    extra_started: AtomicUsize,
+    searching: AtomicUsize,
+    parked: AtomicUsize,
+    idle: Mutex<Vec<usize>>,
+    shutdown: AtomicBool,
+    monitor: Mutex<Option<Thread>>,
+    monitor_parked: AtomicBool,
+}
+
+/// Keeps a [`Pool`] running; the pool shuts down when the last handle is dropped.
+pub(crate) struct PoolHandle(pub(crate) Arc<Pool>);
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+impl Pool {
+    /// Starts `workers` worker threads and the monitor.
+    pub(crate) fn start(workers: usize) -> Result<Arc<PoolHandle>> {
+        if workers == 0 || workers > MAX_THREADS {
+            return Err(Error::invalid(format!(
+                "the CPU worker pool needs 1..={MAX_THREADS} workers, got {workers}"
+            )));
+        }
+        let pool = Arc::new(Pool {
+            injector: Injector::new(),
+            slots: (0..MAX_THREADS).map(|_| Slot::default()).collect(),
+            high: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
+            target: workers,
+            extra_started: AtomicUsize::new(0),
+            searching: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+            idle: Mutex::new(Vec::new()),
+            shutdown: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+            monitor_parked: AtomicBool::new(false),
+        });
+        let handle = Arc::new(PoolHandle(pool.clone()));
+        for _ in 0..workers {
+            pool.spawn_worker()?;
+        }
+        let p = pool.clone();
+        let m = std::thread::Builder::new()
+            .name("rk-monitor".into())
+            .spawn(move || p.monitor())
+            .map_err(|e| Error::Device(format!("cannot start the CPU pool monitor: {e}")))?;
+        *lock(&pool.monitor) = Some(m.thread().clone());
+        Ok(handle)
+    }
+
+    /// Worker threads alive now.
+    pub(crate) fn threads(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Extra workers started so far because turns were blocked.
+    pub(crate) fn extra_started(&self) -> usize {
+        self.extra_started.load(Ordering::Relaxed)
+    }
+
+    fn id(&self) -> usize {
+        self as *const Pool as usize
+    }
+
+    /// Starts one worker thread in a free slot.
+    fn spawn_worker(self: &Arc<Self>) -> Result<()> {
+        let Some(idx) = self.slots.iter().position(|s| {
+            s.in_use
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        }) else {
+            return Err(Error::Device(format!(
+                "the CPU worker pool already runs {MAX_THREADS} threads"
+            )));
+        };
+        let slot = &self.slots[idx];
+        let deque = lock(&slot.deque).take().unwrap_or_else(|| {
+            let d = Deque::new_fifo();
+            let _ = slot.stealer.set(d.stealer());
+            d
+        });
+        self.high.fetch_max(idx + 1, Ordering::AcqRel);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let pool = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("rk-worker-{idx}"))
+            .spawn(move || pool.worker(idx, deque));
+        match spawned {
+            Ok(j) => {
+                *lock(&slot.thread) = Some(j.thread().clone());
+                Ok(())
+            }
+            Err(e) => {
+                self.live.fetch_sub(1, Ordering::AcqRel);
+                slot.in_use.store(false, Ordering::Release);
+                Err(Error::Device(format!("cannot start a CPU worker: {e}")))
+            }
+        }
+    }
+
+    /// Queues a task that asked for a turn.
+    fn push(&self, task: Arc<Task>) {
+        let me = self.id();
+        let mut task = Some(task);
+        // `try_with`: a thread being torn down queues through the injector.
+        let _ = LOCAL.try_with(|l| {
+            if let Some(local) = &*l.borrow() {
+                if local.pool == me {
+                    local.deque.push(task.take().expect("task"));
+                    // The new task runs on this worker after the current turn; call for
+                    // help only when more than that one waits here.
+                    if local.deque.len() > 1 {
+                        self.notify_idle();
+                    }
+                }
+            }
+        });
+        if let Some(task) = task {
+            self.injector.push(task);
+            self.notify_idle();
+        }
+    }
+
+    /// Wakes a parked worker if none is searching (one of those would find the work).
+    #[inline]
+    fn notify_idle(&self) {
+        // Pairs with the fence in `park`: either the parking worker sees the queued task
+        // in its final check, or this sees it counted as parked.
+        fence(Ordering::SeqCst);
+        if self.searching.load(Ordering::SeqCst) == 0 && self.parked.load(Ordering::SeqCst) > 0 {
+            self.wake_one();
+        }
+    }
+
+    #[cold]
+    fn wake_one(&self) {
+        let idx = {
+            let mut idle = lock(&self.idle);
+            let Some(idx) = idle.pop() else { return };
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            self.slots[idx].notified.store(true, Ordering::Release);
+            idx
+        };
+        if let Some(t) = lock(&self.slots[idx].thread).as_ref() {
+            t.unpark();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        let woken: Vec<usize> = {
+            let mut idle = lock(&self.idle);
+            self.parked.store(0, Ordering::SeqCst);
+            idle.drain(..).collect()
+        };
+        for idx in woken {
+            self.slots[idx].notified.store(true, Ordering::Release);
+        }
+        for s in self.slots[..self.high.load(Ordering::Acquire)].iter() {
+            if let Some(t) = lock(&s.thread).as_ref() {
+                t.unpark();
+            }
+        }
+        if let Some(t) = lock(&self.monitor).as_ref() {
+            t.unpark();
+        }
+    }
+
+    /// Whether any queue holds a task.
+    fn has_queued(&self) -> bool {
+        !self.injector.is_empty()
+            || self.slots[..self.high.load(Ordering::Acquire)]
+                .iter()
+                .filter_map(|s| s.stealer.get())
+                .any(|s| !s.is_empty())
+    }
+
+    /// The next task for worker `idx`: own deque, injector, then the other deques (the
+    /// injector first every [`GLOBAL_EVERY`] turns).
+    fn find_task(&self, idx: usize, deque: &Deque<Arc<Task>>, tick: u64) -> Option<Arc<Task>> {
+        if tick.is_multiple_of(GLOBAL_EVERY) {
+            if let Some(t) = steal_one(|| self.injector.steal()) {
+                return Some(t);
+            }
+        }
+        if let Some(t) = deque.pop() {
+            return Some(t);
+        }
+        if let Some(t) = steal_one(|| self.injector.steal_batch_and_pop(deque)) {
+            return Some(t);
+        }
+        let high = self.high.load(Ordering::Acquire);
+        for k in 1..high {
+            let other = &self.slots[(idx + k) % high];
+            if let Some(s) = other.stealer.get() {
+                if let Some(t) = steal_one(|| s.steal_batch_and_pop(deque)) {
+                    return Some(t);
+                }
+            }
+        }
+        None
+    }
+
+    fn worker(self: Arc<Self>, idx: usize, deque: Deque<Arc<Task>>) {
+        LOCAL.with(|l| {
+            *l.borrow_mut() = Some(Local {
+                pool: self.id(),
+                deque,
+            })
+        });
+        let slot = &self.slots[idx];
+        let mut tick = 0u64;
+        let mut searching = false;
+        let mut retired = false;
+        loop {
+            if self.shutdown.load(Ordering::Acquire) {
+                break;
+            }
+            tick = tick.wrapping_add(1);
+            let found = LOCAL.with(|l| {
+                let l = l.borrow();
+                let local = l.as_ref().expect("worker deque");
+                self.find_task(idx, &local.deque, tick)
+            });
+            match found {
+                Some(task) => {
+                    if searching {
+                        searching = false;
+                        self.searching.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    self.run(slot, task);
+                }
+                None => {
+                    if !searching {
+                        searching = true;
+                        self.searching.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if !self.search() {
+                        searching = false;
+                        self.searching.fetch_sub(1, Ordering::SeqCst);
+                        // An extra worker parks for a while before it retires, so a
+                        // pipeline that keeps blocking does not start a thread per stall.
+                        let extra = self.live.load(Ordering::Acquire) > self.target;
+                        if !self.park(idx, extra.then_some(RETIRE_AFTER)) && self.retire() {
+                            retired = true;
+                            break;
+                        }
+                        // Woken for work: look for it as a searcher.
+                        searching = true;
+                        self.searching.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        }
+        if searching {
+            self.searching.fetch_sub(1, Ordering::SeqCst);
+        }
+        let deque = LOCAL.with(|l| l.borrow_mut().take()).map(|l| l.deque);
+        if let Some(deque) = deque {
+            if self.shutdown.load(Ordering::Acquire) {
+                // Queued tasks are dropped with the pool (their kernels end `Terminated`).
+                while deque.pop().is_some() {}
+            } else {
+                // Retiring: hand anything left to the others.
+                while let Some(t) = deque.pop() {
+                    self.injector.push(t);
+                }
+            }
+            *lock(&slot.deque) = Some(deque);
+        }
+        *lock(&slot.thread) = None;
+        slot.in_use.store(false, Ordering::Release);
+        let last = !retired && self.live.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last && self.shutdown.load(Ordering::Acquire) {
+            // The last worker out drops whatever is still queued (this breaks the
+            // task -> pool -> queue -> task cycle).
+            while steal_one(|| self.injector.steal()).is_some() {}
+        } else {
+            self.notify_idle();
+        }
+    }
+
+    /// Spins up to [`SEARCH_SPIN`] waiting for queued work; whether some appeared. Only
+    /// half the workers (at least one) search at once: the others park at once, leaving
+    /// the cores to the threads that produce the work (on a small machine the host's
+    /// own threads need them).
+    fn search(&self) -> bool {
+        if self.searching.load(Ordering::SeqCst) > self.target.div_ceil(2) {
+            return false;
+        }
+        let start = std::time::Instant::now();
+        loop {
+            for _ in 0..32 {
+                if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= SEARCH_SPIN {
+                return false;
+            }
+        }
+    }
+
+    /// Whether this idle worker should exit because the pool runs more threads than it
+    /// keeps; a `true` has already taken the worker out of `live`.
+    fn retire(&self) -> bool {
+        let mut live = self.live.load(Ordering::Acquire);
+        while live > self.target {
+            match self
+                .live
+                .compare_exchange(live, live - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => live = now,
+            }
+        }
+        false
+    }
+
+    /// Parks worker `idx` until a producer, the monitor or shutdown wakes it, or (with
+    /// `timeout`) until that much time passed without a wake-up; `false` in that case.
+    fn park(&self, idx: usize, timeout: Option<Duration>) -> bool {
+        let slot = &self.slots[idx];
+        {
+            let mut idle = lock(&self.idle);
+            idle.push(idx);
+            self.parked.fetch_add(1, Ordering::SeqCst);
+        }
+        // Pairs with the fence in `notify_idle`.
+        fence(Ordering::SeqCst);
+        let woken = if self.has_queued() || self.shutdown.load(Ordering::SeqCst) {
+            self.unregister_idle(idx);
+            true
+        } else {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
+            loop {
+                if slot.notified.swap(false, Ordering::AcqRel)
+                    || self.shutdown.load(Ordering::Acquire)
+                {
+                    break true;
+                }
+                match deadline {
+                    None => std::thread::park(),
+                    Some(d) => {
+                        let now = std::time::Instant::now();
+                        if now >= d {
+                            // Unless a waker took it off the list meanwhile, this worker
+                            // stayed idle for the whole timeout.
+                            break !self.unregister_idle(idx);
+                        }
+                        std::thread::park_timeout(d - now);
+                    }
+                }
+            }
+        };
+        // The monitor may have seen this worker counted as parked and parked itself.
+        self.wake_monitor();
+        woken
+    }
+
+    /// Takes worker `idx` off the idle list; `true` if it was still there. If a waker
+    /// took it off first, its notification is consumed instead.
+    fn unregister_idle(&self, idx: usize) -> bool {
+        let mut idle = lock(&self.idle);
+        if let Some(pos) = idle.iter().position(|&i| i == idx) {
+            idle.swap_remove(pos);
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            true
+        } else {
+            // The waker set `notified` under this lock.
+            self.slots[idx].notified.store(false, Ordering::Relaxed);
+            false
+        }
+    }
+
+    /// Unparks the monitor if it parked (it does when every worker is parked): a worker
+    /// leaving `park` may run a turn that blocks, and only the monitor notices.
+    fn wake_monitor(&self) {
+        // Pairs with the fence in `monitor`: either it sees this worker no longer
+        // counted as parked, or this sees its flag.
+        fence(Ordering::SeqCst);
+        if self.monitor_parked.load(Ordering::SeqCst)
+            && self.monitor_parked.swap(false, Ordering::SeqCst)
+        {
+            if let Some(t) = lock(&self.monitor).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Runs one turn of `task` and requeues it as the turn asks.
+    fn run(&self, slot: &Slot, task: Arc<Task>) {
+        // An RMW on `state` (see `Task::schedule`): everything a producer did before its
+        // `fetch_or` is visible to the turn.
+        task.state.swap(RUNNING, Ordering::AcqRel);
+        slot.turns.fetch_add(1, Ordering::Relaxed);
+        // Handler panics are caught per message; this only guards the pool against a
+        // bug in the turn itself: the task ends, the worker goes on.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.body.turn()))
+            .unwrap_or_else(|_| {
+                tracing::error!("a kernel's turn panicked outside its handler: kernel stopped");
+                Turn::Done
+            });
+        slot.turns.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Turn::Done => task.state.store(DONE, Ordering::Release),
+            Turn::More => {
+                task.state.store(SCHEDULED, Ordering::Release);
+                // Behind everything waiting in the injector: fairness.
+                self.injector.push(task);
+                self.notify_idle();
+            }
+            Turn::Idle => {
+                if task
+                    .state
+                    .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    // Woken during the turn: run again, after what waits here.
+                    task.state.store(SCHEDULED, Ordering::Release);
+                    self.push(task);
+                }
+            }
+        }
+    }
+
+    /// The monitor: while workers run, samples them every [`MONITOR_TICK`]; wakes a
+    /// parked worker when work waits, and starts an extra worker when every worker is
+    /// busy and one has been in the same turn for [`STALL`].
+    fn monitor(self: Arc<Self>) {
+        let mut seen = vec![(0u64, 0u32); MAX_THREADS];
+        let stall_ticks = (STALL.as_micros() / MONITOR_TICK.as_micros()).max(1) as u32;
+        loop {
+            if self.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            if self.parked.load(Ordering::SeqCst) >= self.live.load(Ordering::SeqCst) {
+                self.monitor_parked.store(true, Ordering::SeqCst);
+                // Pairs with the fence in `park`.
+                fence(Ordering::SeqCst);
+                if self.parked.load(Ordering::SeqCst) >= self.live.load(Ordering::SeqCst)
+                    && !self.shutdown.load(Ordering::SeqCst)
+                {
+                    std::thread::park();
+                }
+                self.monitor_parked.store(false, Ordering::SeqCst);
+                continue;
+            }
+            std::thread::sleep(MONITOR_TICK);
+            if !self.has_queued() {
+                continue;
+            }
+            if self.parked.load(Ordering::SeqCst) > 0 {
+                if self.searching.load(Ordering::SeqCst) == 0 {
+                    self.wake_one();
+                }
+                continue;
+            }
+            if self.searching.load(Ordering::SeqCst) > 0 {
+                continue;
+            }
+            let high = self.high.load(Ordering::Acquire);
+            let mut stalled = 0;
+            for (s, seen) in self.slots[..high].iter().zip(seen.iter_mut()) {
+                let turns = s.turns.load(Ordering::Relaxed);
+                if !turns.is_multiple_of(2) && turns == seen.0 {
+                    seen.1 = seen.1.saturating_add(1);
+                    if seen.1 >= stall_ticks {
+                        stalled += 1;
+                    }
+                } else {
+                    *seen = (turns, 0);
+                }
+            }
+            // Keep `target` workers that are not stuck in a turn.
+            let stalled = stalled > 0 && self.live.load(Ordering::Acquire) < self.target + stalled;
+            if stalled {
+                match self.spawn_worker() {
+                    Ok(()) => {
+                        self.extra_started.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            threads = self.threads(),
+                            "a worker is blocked in a turn while work waits: extra worker started"
+                        );
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot start an extra worker"),
+                }
+            }
+        }
+    }
+}
+
+/// Retries a steal until it succeeds or finds the queue empty.
+fn steal_one(mut f: impl FnMut() -> Steal<Arc<Task>>) -> Option<Arc<Task>> {
+    loop {
+        match f() {
+            Steal::Success(t) => return Some(t),
+            Steal::Empty => return None,
+            Steal::Retry => std::hint::spin_loop(),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The M:N worker pool of the CPU runtime beyond the shared conformance suite (which
+//! runs on it): backpressure between kernels sharing busy workers, blocked handlers,
+//! fairness, wake-ups under contention, idle workers parked, dedicated threads.
+
+use ringkernel_core::builtin::{Token, ECHO, STAGE};
+use ringkernel_core::context::KernelContext;
+use ringkernel_core::error::Result;
+use ringkernel_core::options::LaunchOptions;
+use ringkernel_core::registry::KernelRegistry;
+use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime};
+use ringkernel_cpu::CpuRuntime;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(20);
+
+async fn runtime(reg: KernelRegistry, workers: usize) -> CpuRuntime {
+    CpuRuntime::with_registry(reg)
+        .await
+        .unwrap()
+        .with_workers(workers)
+        .unwrap()
+}
+
+/// Launches a 3-stage `rk.stage` chain with tiny input queues (downstream fills at once).
+async fn chain(rt: &CpuRuntime, tag: &str) -> Vec<KernelHandle> {
+    let mut v = Vec::new();
+    for i in 0..3 {
+        let k = rt
+            .launch(
+                STAGE,
+                LaunchOptions::default()
+                    .with_queue_capacity(2)
+                    .with_output_capacity(4096)
+                    .with_name(format!("{tag}.{i}")),
+            )
+            .await
+            .unwrap();
+        v.push(k);
+    }
+    v
+}
+
+/// Pushes `n` tokens through `stages` and checks every one comes out of the last stage
+/// once, in order.
+async fn pump(stages: Vec<KernelHandle>, n: u64) {
+    let route: Vec<_> = stages.iter().map(|k| k.id()).collect();
+    let first = stages[0].clone();
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            first
+                .send(Token::routed(i, 0.0, &route).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    for i in 0..n {
+        let t: Token = stages[2].receive_timeout_as(T).await.unwrap();
+        assert_eq!(t.id, i, "tokens of one sender keep their order");
+        assert_eq!(t.value, 3.0);
+    }
+    sender.await.unwrap();
+}
+
+/// One worker, a stage whose downstream queue holds two messages: the stage's handler
+/// spins on `QueueFull` (the built-in retries, never drops) while the downstream kernel
+/// waits on the same, only, worker. A pool that only runs queued tasks on its fixed
+/// workers deadlocks here; ours notices the blocked turn and adds a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k2k_backpressure_on_a_single_busy_worker_does_not_deadlock() {
+    let rt = runtime(KernelRegistry::new(), 1).await;
+    let stages = chain(&rt, "one").await;
+    tokio::time::timeout(T, pump(stages, 2_000)).await.unwrap();
+    let stats = rt.scheduler_stats();
+    assert!(
+        stats.extra_started >= 1,
+        "the blocked turn was not compensated: {stats:?}"
+    );
+    rt.shutdown().await.unwrap();
+}
+
+/// Every worker busy with a stage blocked on a full downstream queue, several chains at
+/// once: all tokens still come through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k2k_backpressure_with_every_worker_busy_does_not_deadlock() {
+    let rt = runtime(KernelRegistry::new(), 2).await;
+    let mut pumps = Vec::new();
+    for c in 0..4 {
+        let stages = chain(&rt, &format!("c{c}")).await;
+        pumps.push(tokio::spawn(pump(stages, 1_000)));
+    }
+    tokio::time::timeout(T, async {
+        for p in pumps {
+            p.await.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    rt.shutdown().await.unwrap();
+    // The extra workers retire once idle.
+    let start = Instant::now();
+    while rt.scheduler_stats().threads > 2 {
+        assert!(
+            start.elapsed() < T,
+            "extra workers stay: {:?}",
+            rt.scheduler_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A handler that sleeps does not hold up other kernels, even with a single worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_handler_does_not_stall_the_others() {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.sleepy",
+        |_ctx: &mut KernelContext<'_>, t: Token| -> Result<Option<Token>> {
+            std::thread::sleep(Duration::from_millis(1_000));
+            Ok(Some(t))
+        },
+    );
+    let rt = runtime(reg, 1).await;
+    let sleepy = rt
+        .launch("test.sleepy", LaunchOptions::default())
+        .await
+        .unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    sleepy.send(Token::new(1, 1.0)).await.unwrap();
+    // Let the worker enter the sleeping handler.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t0 = Instant::now();
+    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(r.value, 8.0);
+    assert!(
+        // Without the extra worker it would wait ~980 ms; a loaded machine may delay
+        // the monitor and the new thread, hence the loose bound.
+        waited < Duration::from_millis(500),
+        "the echo waited {waited:?} behind a sleeping handler"
+    );
+    let r: Token = sleepy.receive_timeout_as(T).await.unwrap();
+    assert_eq!(r.id, 1);
+    rt.shutdown().await.unwrap();
+}
+
+/// A flooded kernel cannot starve another on the same (single) worker: a call to a
+/// second kernel is answered while the flooded one still has most of its backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooded_kernel_does_not_starve_the_others() {
+    const FLOOD: u64 = 16_000;
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.busy",
+        |_ctx: &mut KernelContext<'_>, _t: Token| -> Result<Option<Token>> {
+            // About 10 µs of work per message: the backlog takes ~160 ms.
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_micros(10) {
+                std::hint::spin_loop();
+            }
+            Ok(None)
+        },
+    );
+    let rt = runtime(reg, 1).await;
+    let busy = rt
+        .launch(
+            "test.busy",
+            LaunchOptions::default().with_queue_capacity(16_384),
+        )
+        .await
+        .unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    for i in 0..FLOOD {
+        busy.try_send(&Token::new(i, 0.0)).unwrap();
+    }
+    let t0 = Instant::now();
+    for i in 0..5 {
+        let r: Token = echo.call(Token::new(i, 1.0), T).await.unwrap();
+        assert_eq!(r.id, i);
+    }
+    let waited = t0.elapsed();
+    let done = busy.metrics().processed;
+    assert!(
+        done < FLOOD / 2,
+        "5 calls took {waited:?}: the flooded kernel had handled {done} of {FLOOD} meanwhile"
+    );
+    rt.shutdown().await.unwrap();
+    assert_eq!(busy.metrics().processed, FLOOD, "shutdown drains the flood");
+}
+
+/// Many host threads calling many kernels, with pauses long enough for the workers to
+/// park in between: a lost wake-up would leave a call waiting for its timeout (the pool
+/// has no timed safety net).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_lost_wake_ups_under_contention() {
+    const KERNELS: usize = 32;
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 60;
+    let rt = runtime(KernelRegistry::new(), 2).await;
+    let mut ks = Vec::new();
+    for i in 0..KERNELS {
+        let o = LaunchOptions::default().with_name(format!("w{i}"));
+        ks.push(rt.launch(ECHO, o).await.unwrap());
+    }
+    let mut joins = Vec::new();
+    for th in 0..THREADS {
+        let ks = ks.clone();
+        joins.push(std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for round in 0..ROUNDS {
+                    for (j, k) in ks.iter().enumerate() {
+                        if !(j as u64 + th).is_multiple_of(3) {
+                            continue;
+                        }
+                        let id = th << 40 | round << 20 | j as u64;
+                        let r: Token = k
+                            .call(Token::new(id, 1.0), Duration::from_secs(5))
+                            .await
+                            .expect("a call was not answered: lost wake-up?");
+                        assert_eq!(r.id, id);
+                    }
+                    if round.is_multiple_of(4) {
+                        // Let every worker park.
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            });
+        }));
+    }
+    for j in joins {
+        j.join().unwrap();
+    }
+    rt.shutdown().await.unwrap();
+}
+
+/// Names and states of this process's threads (Linux `/proc`).
+#[cfg(target_os = "linux")]
+fn threads() -> Vec<(String, char)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "tid (comm) S ..."
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_string();
+        let state = stat[close + 2..].chars().next().unwrap_or('?');
+        v.push((name, state));
+    }
+    v
+}
+
+/// Hundreds of kernels run on the pool's few threads; a kernel that asks for a
+/// dedicated thread gets one; once idle, every worker sleeps (no CPU spent).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernels_share_workers_and_idle_workers_sleep() {
+    let rt = runtime(KernelRegistry::new(), 2).await;
+    let before = threads().len();
+    let mut ks = Vec::new();
+    for i in 0..500 {
+        let k = rt
+            .launch(
+                ECHO,
+                LaunchOptions::default()
+                    .with_queue_capacity(4)
+                    .with_name(format!("e{i}")),
+            )
+            .await
+            .unwrap();
+        ks.push(k);
+    }
+    for (i, k) in ks.iter().enumerate() {
+        let r: Token = k.call(Token::new(i as u64, 1.0), T).await.unwrap();
+        assert_eq!(r.id, i as u64);
+    }
+    // Other tests of this binary start threads meanwhile: a loose bound, far below the
+    // 500 a thread per kernel would add.
+    let grown = threads().len().saturating_sub(before);
+    assert!(grown < 100, "500 pooled kernels added {grown} threads");
+    let ded = rt
+        .launch(
+            ECHO,
+            LaunchOptions::default()
+                .with_dedicated_thread()
+                .with_name("dedicated"),
+        )
+        .await
+        .unwrap();
+    let r: Token = ded.call(Token::new(7, 2.0), T).await.unwrap();
+    assert_eq!(r.value, 4.0);
+    assert!(
+        threads().iter().any(|(n, _)| n == "rk-dedicated"),
+        "no thread of its own for the dedicated kernel: {:?}",
+        threads()
+    );
+    // Idle: after their spin, the workers park.
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let workers: Vec<_> = threads()
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("rk-worker") || n == "rk-monitor")
+            .collect();
+        assert!(!workers.is_empty());
+        if workers.iter().all(|(_, s)| *s == 'S') {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "idle workers keep running: {workers:?}"
+        );
+    }
+    let report = rt.shutdown().await.unwrap();
+    assert_eq!(report.kernels, 501);
+    // Terminated kernels' threads exit right after (they are not joined).
+    let start = Instant::now();
+    while threads().iter().any(|(n, _)| n == "rk-dedicated") {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the dedicated thread outlived its kernel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A dedicated kernel keeps today's behaviour next to pooled ones: K2K both ways, and
+/// termination drains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedicated_and_pooled_kernels_talk_both_ways() {
+    let rt = runtime(KernelRegistry::new(), 1).await;
+    let a = rt.launch(STAGE, LaunchOptions::default()).await.unwrap();
+    let b = rt
+        .launch(
+            STAGE,
+            LaunchOptions::default()
+                .with_dedicated_thread()
+                .with_name("ded.stage"),
+        )
+        .await
+        .unwrap();
+    let c = rt
+        .launch(STAGE, LaunchOptions::default().with_name("pooled.last"))
+        .await
+        .unwrap();
+    let route = [a.id(), b.id(), c.id()];
+    for i in 0..200 {
+        a.send(Token::routed(i, 0.0, &route).unwrap())
+            .await
+            .unwrap();
+    }
+    for i in 0..200 {
+        let t: Token = c.receive_timeout_as(T).await.unwrap();
+        assert_eq!((t.id, t.value), (i, 3.0));
+    }
+    b.send(Token::new(9, 1.0)).await.unwrap();
+    b.terminate().await.unwrap();
+    assert_eq!(
+        b.metrics().processed,
+        201,
+        "the last message is handled or drained"
+    );
+    rt.shutdown().await.unwrap();
+}
+
+/// The worker count is checked, and fixed once the pool runs.
+#[tokio::test(flavor = "current_thread")]
+async fn worker_count_is_validated() {
+    let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(rt.scheduler_stats().workers, cores);
+    assert_eq!(rt.scheduler_stats().threads, 0, "the pool starts on demand");
+    assert!(CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap()
+        .with_workers(0)
+        .is_err());
+    let rt = rt.with_workers(1).unwrap();
+    let k = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    let _: Token = k.call(Token::new(1, 1.0), T).await.unwrap();
+    assert_eq!(rt.scheduler_stats().threads, 1);
+    assert!(rt.with_workers(2).is_err(), "the pool already runs");
+}
+
+/// A handler that panics on every message shares the only worker with an echo kernel:
+/// the panics stay with their kernel (counted as dropped) and the echo keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_kernel_does_not_take_down_its_worker() {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.panics",
+        |_ctx: &mut KernelContext<'_>, t: Token| -> Result<Option<Token>> {
+            if t.id < u64::MAX {
+                panic!("handler panic for token {}", t.id);
+            }
+            Ok(Some(t))
+        },
+    );
+    let rt = runtime(reg, 1).await;
+    let bad = rt
+        .launch("test.panics", LaunchOptions::default())
+        .await
+        .unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    for i in 0..20 {
+        bad.send(Token::new(i, 1.0)).await.unwrap();
+        let r: Token = echo.call(Token::new(i, 2.0), T).await.unwrap();
+        assert_eq!((r.id, r.value), (i, 4.0));
+    }
+    let start = Instant::now();
+    while bad.metrics().dropped < 20 {
+        assert!(start.elapsed() < T, "panicking kernel: {:?}", bad.metrics());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(rt.scheduler_stats().threads, 1, "the worker survived");
+    rt.shutdown().await.unwrap();
+}
