@@ -5,8 +5,9 @@
 //! * **Actors.** A *kernel* is a named, long-lived actor with its own state and
 //!   lock-free input and output queues. On CUDA it is a persistent GPU kernel; on
 //!   WebGPU and Metal the host dispatches a drain pass whenever messages wait; on the CPU
-//!   it is a task on a pool of worker threads. Start a runtime with [`RingKernel::builder`], launch kernels by
-//!   handler name, and talk to them through [`KernelHandle`]s: `send`, `receive`,
+//!   it is a task on a pool of worker threads. Start a runtime with
+//!   [`RingKernel::builder`], launch kernels by handler name, and talk to them through
+//!   [`KernelHandle`]s: `send`, `receive`,
 //!   correlated `call`, lifecycle, metrics. Kernels talk to each other (K2K) and through
 //!   MQTT-style topics, all stamped with a hybrid logical clock.
 //! * **Compute.** [`compute`] holds the tensor-op library on the same backends.
