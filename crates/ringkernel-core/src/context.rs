@@ -2,10 +2,8 @@
 
 use crate::error::Result;
 use crate::hlc::{HlcClock, HlcTimestamp};
-use crate::ids::KernelId;
-use crate::k2k::{K2kReceipt, KernelTarget};
+use crate::ids::{K2kReceipt, KernelId, KernelTarget, PublishReport};
 use crate::message::{check_payload_fits, flags, MessageHeader, RingMessage};
-use crate::pubsub::PublishReport;
 use crate::telemetry::KernelCounters;
 use std::sync::atomic::Ordering;
 

@@ -11,83 +11,27 @@
 //! ([`RuntimeCore::set_k2k_enabled`](crate::runtime::RuntimeCore::set_k2k_enabled))
 //! refuses every K2K send with [`Error::InvalidArgument`] and has no broker.
 
+use crate::context::MessageRouter;
 use crate::error::{Error, Result};
 use crate::hlc::HlcTimestamp;
 use crate::ids::KernelId;
-use crate::message::{flags, Envelope, MessageHeader};
+use crate::message::{flags, Envelope};
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Where a K2K message goes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum KernelTarget {
-    /// A kernel by id.
-    Id(KernelId),
-    /// A kernel by instance name.
-    Name(String),
-}
-
-impl From<KernelId> for KernelTarget {
-    fn from(id: KernelId) -> Self {
-        KernelTarget::Id(id)
-    }
-}
-impl From<&str> for KernelTarget {
-    fn from(s: &str) -> Self {
-        KernelTarget::Name(s.to_string())
-    }
-}
-impl From<String> for KernelTarget {
-    fn from(s: String) -> Self {
-        KernelTarget::Name(s)
-    }
-}
-impl From<&String> for KernelTarget {
-    fn from(s: &String) -> Self {
-        KernelTarget::Name(s.clone())
-    }
-}
-
-impl std::fmt::Display for KernelTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KernelTarget::Id(id) => write!(f, "{id}"),
-            KernelTarget::Name(n) => write!(f, "{n:?}"),
-        }
-    }
-}
-
-/// What happened to a K2K message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum K2kReceipt {
-    /// In the destination's input queue.
-    Delivered,
-    /// The destination's input queue was full; the message was not delivered.
-    QueueFull,
-    /// No such kernel (or it has terminated); the message was not delivered.
-    NotFound,
-}
+pub use crate::ids::{K2kReceipt, KernelTarget};
 
 /// What a [`K2kBroker`] needs from its runtime.
 /// [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a trait, so that this
 /// module does not depend on the runtime module that uses it).
-pub trait K2kHost: Send + Sync {
+pub trait K2kHost: MessageRouter {
     /// Whether K2K messaging is enabled.
     fn k2k_enabled(&self) -> bool;
     /// The id of the live kernel `target` names, if there is one.
     fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId>;
-    /// A fresh message id.
-    fn next_message_id(&self) -> u64;
     /// A timestamp of the runtime's clock.
     fn tick(&self) -> HlcTimestamp;
-    /// Routes one stamped message into a kernel's input queue without blocking.
-    fn deliver(
-        &self,
-        target: &KernelTarget,
-        header: MessageHeader,
-        payload: &[u8],
-    ) -> Result<K2kReceipt>;
 }
 
 /// The error of a K2K send on a runtime whose K2K messaging is switched off.

@@ -11,11 +11,12 @@
 //! shape of the seed README: standalone with bounded mailboxes, or a runtime's own
 //! ([`RingKernelRuntime::pubsub`](crate::runtime::RingKernelRuntime::pubsub)).
 
+use crate::context::MessageRouter;
 use crate::error::{Error, Result};
 use crate::hlc::HlcTimestamp;
 use crate::ids::KernelId;
 pub use crate::ids::SubscriptionId;
-use crate::message::{Envelope, MessageHeader};
+use crate::message::Envelope;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,16 +138,7 @@ struct Inner {
     subs: BTreeMap<SubscriptionId, (TopicFilter, KernelId)>,
 }
 
-/// How a publish went.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PublishReport {
-    /// Kernels whose input queue received the message.
-    pub delivered: usize,
-    /// Subscribed kernels whose queue was full (not delivered).
-    pub queue_full: Vec<KernelId>,
-    /// Subscribed kernels that have terminated (not delivered).
-    pub not_found: Vec<KernelId>,
-}
+pub use crate::ids::PublishReport;
 
 /// Subscriptions of kernels to topic filters. Thread-safe.
 ///
@@ -334,7 +326,7 @@ struct Mailbox {
 /// What an attached [`PubSubBroker`] needs from its runtime.
 /// [`RuntimeCore`](crate::runtime::RuntimeCore) implements it (a trait, so that this
 /// module does not depend on the runtime module that uses it).
-pub trait PubSubHost: Send + Sync {
+pub trait PubSubHost: MessageRouter {
     /// The runtime's subscriptions.
     fn broker(&self) -> &Broker;
     /// Whether `kernel` is a live kernel of the runtime.
@@ -342,15 +334,6 @@ pub trait PubSubHost: Send + Sync {
     /// Merges a timestamp into the runtime's clock ([`Error::ClockDrift`] if it is
     /// too far ahead).
     fn merge_timestamp(&self, ts: &HlcTimestamp) -> Result<()>;
-    /// A fresh message id.
-    fn next_message_id(&self) -> u64;
-    /// Delivers one stamped message into every subscribed kernel's input queue.
-    fn publish_raw(
-        &self,
-        topic: &str,
-        header: MessageHeader,
-        payload: &[u8],
-    ) -> Result<PublishReport>;
 }
 
 enum Backing {

@@ -400,19 +400,8 @@ impl K2kHost for RuntimeCore {
     fn live_kernel(&self, target: &KernelTarget) -> Option<KernelId> {
         self.lookup(target).map(|e| e.id())
     }
-    fn next_message_id(&self) -> u64 {
-        RuntimeCore::next_message_id(self)
-    }
     fn tick(&self) -> HlcTimestamp {
         self.hlc.tick()
-    }
-    fn deliver(
-        &self,
-        target: &KernelTarget,
-        header: MessageHeader,
-        payload: &[u8],
-    ) -> Result<K2kReceipt> {
-        RuntimeCore::deliver(self, target, header, payload)
     }
 }
 
@@ -425,17 +414,6 @@ impl PubSubHost for RuntimeCore {
     }
     fn merge_timestamp(&self, ts: &HlcTimestamp) -> Result<()> {
         self.hlc.update(ts).map(|_| ())
-    }
-    fn next_message_id(&self) -> u64 {
-        RuntimeCore::next_message_id(self)
-    }
-    fn publish_raw(
-        &self,
-        topic: &str,
-        header: MessageHeader,
-        payload: &[u8],
-    ) -> Result<PublishReport> {
-        RuntimeCore::publish_raw(self, topic, header, payload)
     }
 }
 

@@ -8,7 +8,6 @@
 //! out answers every request with [`Error::BackendUnavailable`] whose reason is
 //! [`not_compiled_reason`]: "not compiled in: enable feature `cuda` …".
 
-use crate::compute::Native;
 use crate::core::compute::ComputeBackend;
 use crate::core::registry::KernelRegistry;
 use crate::core::runtime::RingKernelRuntime;
@@ -241,6 +240,43 @@ fn probe_wgpu() -> (ProbeResult, Vec<String>) {
                 None => String::new(),
             };
             (Ok(device), details)
+        }
+    }
+}
+
+/// The backend behind a [`Device`](crate::compute::Device) as its concrete type, for what the object-safe
+/// [`ComputeBackend`] does not cover (running generated kernels).
+#[derive(Clone)]
+pub(crate) enum Native {
+    /// The CPU.
+    Cpu,
+    /// wgpu.
+    #[cfg(feature = "wgpu")]
+    Wgpu(std::sync::Arc<ringkernel_wgpu::WgpuCompute>),
+    /// CUDA.
+    #[cfg(feature = "cuda")]
+    Cuda(std::sync::Arc<ringkernel_cuda::CudaCompute>),
+    /// Metal.
+    #[cfg(feature = "metal")]
+    Metal(std::sync::Arc<ringkernel_metal::MetalCompute>),
+    /// A backend handed to
+    /// [`Device::from_backend`](crate::compute::Device::from_backend): no generated
+    /// kernels.
+    Opaque,
+}
+
+impl Native {
+    /// The backend behind the object-safe trait (`None` for [`Native::Cpu`] and
+    /// [`Native::Opaque`], whose trait object the caller has).
+    pub(crate) fn dyn_backend(&self) -> Option<std::sync::Arc<dyn ComputeBackend>> {
+        match self {
+            #[cfg(feature = "wgpu")]
+            Native::Wgpu(b) => Some(b.clone()),
+            #[cfg(feature = "cuda")]
+            Native::Cuda(b) => Some(b.clone()),
+            #[cfg(feature = "metal")]
+            Native::Metal(b) => Some(b.clone()),
+            Native::Cpu | Native::Opaque => None,
         }
     }
 }

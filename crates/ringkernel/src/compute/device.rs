@@ -1,8 +1,9 @@
 //! [`Device`]: one compute backend, chosen explicitly or by [`Device::auto`], and
 //! validated against the CPU before it is trusted.
 
-use super::launch::{KernelCache, Native};
+use super::launch::KernelCache;
 use crate::backends;
+use crate::backends::Native;
 use crate::core::compute::{
     reference, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims, ReduceDims, ReduceOp,
     UnaryOp,

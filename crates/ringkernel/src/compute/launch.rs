@@ -30,7 +30,8 @@
 //! on tensors copies nothing.
 
 use super::{Device, Tensor};
-use crate::core::compute::{BufferRef, ComputeBackend};
+use crate::backends::Native;
+use crate::core::compute::BufferRef;
 use crate::{BackendKind, Error, Result};
 use ringkernel_codegen::launch::{ArgError, DeviceRef, GpuKernel, KernelArg};
 use std::collections::HashMap;
@@ -48,41 +49,6 @@ pub struct LaunchInfo {
     pub compile_time: Duration,
     /// Time of the whole launch: compiling, copying the slices in and out, running.
     pub total_time: Duration,
-}
-
-/// The backend behind a [`Device`] as its concrete type, for what the object-safe
-/// [`ComputeBackend`] does not cover (running generated kernels).
-#[derive(Clone)]
-pub(crate) enum Native {
-    /// The CPU.
-    Cpu,
-    /// wgpu.
-    #[cfg(feature = "wgpu")]
-    Wgpu(std::sync::Arc<ringkernel_wgpu::WgpuCompute>),
-    /// CUDA.
-    #[cfg(feature = "cuda")]
-    Cuda(std::sync::Arc<ringkernel_cuda::CudaCompute>),
-    /// Metal.
-    #[cfg(feature = "metal")]
-    Metal(std::sync::Arc<ringkernel_metal::MetalCompute>),
-    /// A backend handed to [`Device::from_backend`]: no generated kernels.
-    Opaque,
-}
-
-impl Native {
-    /// The backend behind the object-safe trait (`None` for [`Native::Cpu`] and
-    /// [`Native::Opaque`], whose trait object the caller has).
-    pub(crate) fn dyn_backend(&self) -> Option<std::sync::Arc<dyn ComputeBackend>> {
-        match self {
-            #[cfg(feature = "wgpu")]
-            Native::Wgpu(b) => Some(b.clone()),
-            #[cfg(feature = "cuda")]
-            Native::Cuda(b) => Some(b.clone()),
-            #[cfg(feature = "metal")]
-            Native::Metal(b) => Some(b.clone()),
-            Native::Cpu | Native::Opaque => None,
-        }
-    }
 }
 
 /// A kernel compiled for one device.

@@ -31,7 +31,6 @@ mod tensor;
 pub use device::Device;
 pub use kv_cache::{KvCache, KvView};
 pub use launch::LaunchInfo;
-pub(crate) use launch::Native;
 pub use ringkernel_codegen::launch::{GpuKernel, KernelArg};
 pub use tensor::Tensor;
 
