@@ -99,13 +99,11 @@ pub fn assert_close(what: &str, gpu: &[f32], cpu: &[f32], rel: f32) {
     }
 }
 
-/// The wgpu device of the software adapter (lavapipe), or `None` (printed as SKIPPED)
-/// when this machine has no adapter at all.
+/// The wgpu device `RINGKERNEL_WGPU_ADAPTER` selects (by default the best adapter there
+/// is: a GPU where there is one, lavapipe in CI), or `None` (printed as SKIPPED) when this
+/// machine has no adapter at all.
 pub fn gpu(test: &str) -> Option<Arc<ringkernel_wgpu::GpuContext>> {
-    let sel = match std::env::var(ringkernel_wgpu::ADAPTER_ENV) {
-        Ok(s) if !s.is_empty() => ringkernel_wgpu::AdapterSelection::parse(&s),
-        _ => ringkernel_wgpu::AdapterSelection::Software,
-    };
+    let sel = ringkernel_wgpu::AdapterSelection::from_env();
     match ringkernel_wgpu::GpuContext::shared(&sel) {
         Ok(ctx) => Some(ctx),
         Err(e) => {
