@@ -316,15 +316,21 @@ impl RuntimeCore {
         Ok(report)
     }
 
+    /// Stamps a message the host sends: a fresh message id (also its correlation id)
+    /// and a tick of the host clock.
+    pub fn stamp_from_host(&self, h: &mut MessageHeader) {
+        h.message_id = self.next_message_id();
+        h.correlation_id = h.message_id;
+        h.set_hlc(self.hlc.tick());
+    }
+
     /// Publishes a typed message from the host (priority [`NORMAL`](priority::NORMAL)).
     pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
         let payload = msg.encode_payload()?;
         let mut h = MessageHeader::new(M::TYPE_ID, payload.len());
         h.flags |= M::header_flags();
         h.set_priority(priority::NORMAL);
-        h.message_id = self.next_message_id();
-        h.correlation_id = h.message_id;
-        h.set_hlc(self.hlc.tick());
+        self.stamp_from_host(&mut h);
         self.publish_raw(topic, h, &payload)
     }
 
@@ -505,9 +511,7 @@ pub trait RingKernelRuntime: Send + Sync {
     /// Publishes an already-built message to a topic, at the envelope's priority.
     fn publish_envelope(&self, topic: &str, env: &Envelope) -> Result<PublishReport> {
         let mut h = env.header;
-        h.message_id = self.core().next_message_id();
-        h.correlation_id = h.message_id;
-        h.set_hlc(self.core().hlc().tick());
+        self.core().stamp_from_host(&mut h);
         self.core().publish_raw(topic, h, &env.payload)
     }
 
@@ -667,11 +671,9 @@ impl KernelHandle {
     fn stamp(&self, type_id: u32, len: usize, priority: u8) -> MessageHeader {
         let mut h = MessageHeader::new(type_id, len);
         h.set_priority(priority);
-        h.message_id = self.inner.core.next_message_id();
-        h.correlation_id = h.message_id;
         h.source_kernel = KernelId::HOST.0;
         h.dest_kernel = self.id().0;
-        h.set_hlc(self.inner.core.hlc().tick());
+        self.inner.core.stamp_from_host(&mut h);
         h
     }
 
