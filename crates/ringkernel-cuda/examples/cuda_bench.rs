@@ -127,11 +127,14 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
-fn spin_dequeue(k: &ringkernel_core::runtime::KernelHandle) -> Result<Envelope> {
+/// Spins on `try_dequeue` until a reply comes; also returns when the successful call
+/// began.
+fn spin_dequeue_timed(k: &ringkernel_core::runtime::KernelHandle) -> Result<(Envelope, Instant)> {
     let start = Instant::now();
     loop {
+        let t = Instant::now();
         if let Some(e) = k.engine().try_dequeue()? {
-            return Ok(e);
+            return Ok((e, t));
         }
         if start.elapsed() > Duration::from_secs(10) {
             return Err(ringkernel_core::Error::Timeout(Duration::from_secs(10)));
@@ -158,19 +161,35 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
 
     // ---- 1. round trip ----
     let n = if quick { 2_000 } else { 20_000 };
+    // BENCH_RT_BLOCK: the echo kernel's block size (default 128).
+    let rt_block = std::env::var("BENCH_RT_BLOCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128u32);
     let k = rt
-        .launch(ECHO, LaunchOptions::default().with_block_size(128))
+        .launch(ECHO, LaunchOptions::default().with_block_size(rt_block))
         .await?;
+    rep.line(format!("echo kernel block size: {rt_block}"));
     let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
     let mut samples = Vec::with_capacity(n);
+    // Host shares of each round trip: the enqueue call, and the dequeue call that
+    // returned the reply (validation, copy, decode).
+    let (mut enq, mut deq) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for i in 0..(n + 2000) as u64 {
         h.message_id = i + 1;
         h.correlation_id = i + 1;
         let t = Token::new(i, i as f64);
         let t0 = Instant::now();
         k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))?;
-        let r = spin_dequeue(&k)?.decode::<Token>()?;
-        let dt = t0.elapsed().as_secs_f64() * 1e6;
+        let t1 = Instant::now();
+        let (env, t2) = spin_dequeue_timed(&k)?;
+        let r = env.decode::<Token>()?;
+        let t3 = Instant::now();
+        let dt = (t3 - t0).as_secs_f64() * 1e6;
+        if i >= 2000 {
+            enq.push((t1 - t0).as_secs_f64() * 1e6);
+            deq.push((t3 - t2).as_secs_f64() * 1e6);
+        }
         if r.id != i || r.value != 2.0 * i as f64 {
             return Err(ringkernel_core::Error::Device(format!(
                 "wrong echo {r:?} for {i}"
@@ -182,6 +201,14 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
     }
     let (p50, p99) = (pct(&mut samples, 0.5), pct(&mut samples, 0.99));
     rep.line(format!("round trip, persistent kernel (engine, spin): p50 {p50:.2} us  p99 {p99:.2} us  ({n} msgs)"));
+    let (e50, d50) = (pct(&mut enq, 0.5), pct(&mut deq, 0.5));
+    let dev = k.metrics().latency;
+    let dev_us = dev.p50_ns as f64 / 1e3;
+    rep.line(format!(
+        "  breakdown (p50): host enqueue {e50:.2} us, host dequeue+decode {d50:.2} us, device handler {dev_us:.2} us (%globaltimer), \
+         the rest (PCIe both ways, polling, the kernel's round) {:.2} us",
+        p50 - e50 - d50 - dev_us
+    ));
     let mut call_samples = Vec::with_capacity(n / 4);
     for i in 0..(n / 4) as u64 {
         let t0 = Instant::now();
@@ -312,6 +339,7 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
             LaunchOptions::default()
                 .with_slot_size(128)
                 .with_queue_capacity(1 << 16)
+                .with_output_capacity(1 << 16)
                 .with_block_size(1024),
         )
         .await?;

@@ -8,11 +8,21 @@ use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RingKernelRuntime;
 use ringkernel_core::util::SplitMix64;
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// The tests of this file run one at a time: a module load (layout kernel, compute,
+/// handler compile) is refused while another test's persistent kernels run.
+static GPU: Mutex<()> = Mutex::new(());
+
+fn gpu() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn probe_describes_the_gpu() {
+    let _gpu = gpu();
     let desc = ringkernel_cuda::probe().expect("probe");
     println!("{desc}");
     let info = ringkernel_cuda::device_info(0).unwrap();
@@ -26,6 +36,7 @@ fn probe_describes_the_gpu() {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn layout_matches_rust() {
+    let _gpu = gpu();
     let got = ringkernel_cuda::layout::device_layout(0).expect("layout kernel");
     println!("device layout words: {}", got.len());
     ringkernel_cuda::layout::check_device_layout(0).expect("layouts agree");
@@ -34,6 +45,7 @@ fn layout_matches_rust() {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn compile_error_is_reported_with_the_log() {
+    let _gpu = gpu();
     let reg = KernelRegistry::new();
     reg.register_gpu(
         ringkernel_core::registry::GpuHandler::new("broken")
@@ -64,6 +76,7 @@ fn compile_error_is_reported_with_the_log() {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn add_matches_reference() {
+    let _gpu = gpu();
     let gpu = ringkernel_cuda::CudaCompute::new(0).expect("compute");
     let mut rng = SplitMix64::from_entropy();
     for n in [1usize, 7, 1023, 4097, 1 << 20] {
@@ -83,6 +96,7 @@ fn add_matches_reference() {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn one_echo_through_a_persistent_kernel() {
+    let _gpu = gpu();
     let reg = KernelRegistry::new();
     // No explicit registration: the runtime registers the CUDA built-ins itself.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -138,6 +152,7 @@ fn one_echo_through_a_persistent_kernel() {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn modules_load_before_kernels_run_and_never_hang() {
+    let _gpu = gpu();
     use ringkernel_core::builtin::STAGE;
     let reg = KernelRegistry::new();
     ringkernel_cuda::register_cuda_builtins(&reg);

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs the CUDA test binaries under NVIDIA compute-sanitizer (memcheck, racecheck,
+# synccheck) on a machine with a GPU, and prints a per-test summary.
+#
+# Usage (on the GPU machine; the test binaries are built elsewhere and staged with
+# ../shared/tools/gpu-bundle.sh -p ringkernel-cuda, which names them
+# ringkernel-cuda-<test>):
+#
+#   scripts/gpu-sanitize.sh [BUNDLE_DIR] [LOG_DIR]     # defaults: .gpu/tests, ./sanitize-logs
+#
+# What runs:
+# * the ops tests (`ringkernel-cuda-ops`: one launch per op) under all three tools;
+# * every runtime test (`ringkernel-cuda-runtime`, and the unit tests of the crate's
+#   library, `ringkernel_cuda`) one at a time under each tool, with a time limit.
+#
+# compute-sanitizer serialises kernel launches and instruments every memory access.
+# A persistent kernel never returns, so a test that needs a second kernel (or a copy
+# on another stream) to run beside it cannot finish under the tool: it is reported as
+# TIMEOUT, separately from failures. Each result is printed as it comes (tool, ok /
+# FAILED / TIMEOUT, binary and test, the sanitizer's error count), then a count per
+# tool and outcome.
+#
+# Environment: SANITIZE_TIMEOUT (seconds per test and tool, default 120),
+# SANITIZE_TOOLS (default "memcheck racecheck synccheck").
+set -uo pipefail
+
+bundle=${1:-.gpu/tests}
+logs=${2:-sanitize-logs}
+limit=${SANITIZE_TIMEOUT:-120}
+tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck}
+mkdir -p "$logs"
+
+if ! command -v compute-sanitizer >/dev/null 2>&1; then
+  for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+    [ -x "$d/compute-sanitizer" ] && PATH="$d:$PATH"
+  done
+fi
+if ! command -v compute-sanitizer >/dev/null 2>&1; then
+  echo "SKIPPED: compute-sanitizer not found (it ships with the CUDA toolkit)"
+  exit 0
+fi
+
+# Lists the tests of a libtest binary (ignored ones included: they are the GPU tests).
+list_tests() {
+  "$1" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'
+}
+
+summary=()
+fails=0
+# Records one result line (printed at once, so a run cut short keeps what it found).
+note() {
+  summary+=("$1")
+  echo "$1"
+}
+run_one() { # tool binary test
+  local tool=$1 bin=$2 test=$3 name log rc errors
+  name="$(basename "$bin")__${test//::/_}__$tool"
+  log="$logs/$name.log"
+  timeout --kill-after=10 "$limit" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    --target-processes all "$bin" --include-ignored --exact "$test" --test-threads 1 >"$log" 2>&1
+  rc=$?
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
+  case $rc in
+    0) note "$(printf '%-10s ok       %-60s errors %s' "$tool" "$(basename "$bin") $test" "${errors:-0}")" ;;
+    124 | 137) note "$(printf '%-10s TIMEOUT  %-60s (no result within %ss)' "$tool" "$(basename "$bin") $test" "$limit")" ;;
+    *)
+      note "$(printf '%-10s FAILED   %-60s exit %s, errors %s (see %s)' "$tool" "$(basename "$bin") $test" "$rc" "${errors:-?}" "$log")"
+      fails=$((fails + 1))
+      ;;
+  esac
+}
+
+shopt -s nullglob
+bins=("$bundle"/ringkernel-cuda-ops "$bundle"/ringkernel-cuda-runtime "$bundle"/ringkernel_cuda*)
+if [ "${#bins[@]}" -eq 0 ]; then
+  echo "no CUDA test binaries under $bundle (stage them with gpu-bundle.sh -p ringkernel-cuda)" >&2
+  exit 2
+fi
+for bin in "${bins[@]}"; do
+  [ -x "$bin" ] || continue
+  for test in $(list_tests "$bin"); do
+    for tool in $tools; do
+      run_one "$tool" "$bin" "$test"
+    done
+  done
+done
+
+echo "==== compute-sanitizer summary ($(date -u +%F)): ${#summary[@]} runs, $fails failed"
+printf '%s\n' "${summary[@]}" | awk '{print $1, $2}' | sort | uniq -c
+[ "$fails" -eq 0 ]
