@@ -265,6 +265,7 @@ fn cpu_ns() -> (u64, u64) {
 /// the host's threads, messages per turn, OS wake-ups per 1,000 tokens.
 struct Breakdown {
     pool_ns: f64,
+    search_ns: f64,
     host_ns: f64,
     per_turn: f64,
     wakeups_per_k: f64,
@@ -274,8 +275,8 @@ impl std::fmt::Display for Breakdown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CPU per token: pool workers {:.0} ns, host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens",
-            self.pool_ns, self.host_ns, self.per_turn, self.wakeups_per_k
+            "CPU per token: pool workers {:.0} ns (of which spinning for work {:.0} ns), host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens",
+            self.pool_ns, self.search_ns, self.host_ns, self.per_turn, self.wakeups_per_k
         )
     }
 }
@@ -292,6 +293,7 @@ async fn pipeline_measured(rt: &CpuRuntime, ks: &[KernelHandle], n: u64) -> (f64
         rate,
         Breakdown {
             pool_ns: per(c0.0, c1.0),
+            search_ns: (s1.search_time - s0.search_time).as_nanos() as f64 / n as f64,
             host_ns: per(c0.1, c1.1),
             per_turn: 3.0 * n as f64 / turns,
             wakeups_per_k: 1e3 * (s1.wakeups - s0.wakeups) as f64 / n as f64,

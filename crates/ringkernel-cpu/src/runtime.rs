@@ -182,6 +182,9 @@ pub struct SchedulerStats {
     pub turns: u64,
     /// Parked workers woken so far (each an OS wake-up).
     pub wakeups: u64,
+    /// Time idle workers spent spinning for work before they found some or parked
+    /// (CPU the pool used without running a kernel).
+    pub search_time: Duration,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -250,6 +253,7 @@ impl CpuRuntime {
             extra_started: pool.as_ref().map_or(0, |p| p.0.extra_started()),
             turns: pool.as_ref().map_or(0, |p| p.0.turns()),
             wakeups: pool.as_ref().map_or(0, |p| p.0.wakeups()),
+            search_time: pool.as_ref().map_or(Duration::ZERO, |p| p.0.search_time()),
         }
     }
 

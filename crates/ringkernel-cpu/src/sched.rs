@@ -149,6 +149,9 @@ pub(crate) struct Pool {
     extra_started: AtomicUsize,
     /// Parked workers woken so far (OS wake-ups; a counter, for metrics).
     wakeups: AtomicU64,
+    /// Nanoseconds idle workers spent looking for work (spinning) before they found
+    /// some or parked.
+    search_ns: AtomicU64,
     searching: AtomicUsize,
     parked: AtomicUsize,
     idle: Mutex<Vec<usize>>,
@@ -182,6 +185,7 @@ impl Pool {
             target: workers,
             extra_started: AtomicUsize::new(0),
             wakeups: AtomicU64::new(0),
+            search_ns: AtomicU64::new(0),
             searching: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
             idle: Mutex::new(Vec::new()),
@@ -223,6 +227,11 @@ impl Pool {
     /// Parked workers woken so far.
     pub(crate) fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Time idle workers spent spinning for work so far.
+    pub(crate) fn search_time(&self) -> Duration {
+        Duration::from_nanos(self.search_ns.load(Ordering::Relaxed))
     }
 
     fn id(&self) -> usize {
@@ -468,17 +477,23 @@ impl Pool {
             return false;
         }
         let start = std::time::Instant::now();
-        loop {
+        let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
-                    return true;
+                    break;
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= SEARCH_SPIN {
-                return false;
+            if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
+                break true;
             }
-        }
+            if start.elapsed() >= SEARCH_SPIN {
+                break false;
+            }
+        };
+        self.search_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        found
     }
 
     /// Whether this idle worker should exit because the pool runs more threads than it
