@@ -275,7 +275,7 @@ impl std::fmt::Display for Breakdown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CPU per token: pool workers {:.0} ns (idle workers looked for work for {:.0} ns of wall time), host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens",
+            "CPU per token: pool workers {:.0} ns (idle workers spinning for work {:.0} ns, wall time), host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens",
             self.pool_ns, self.search_ns, self.host_ns, self.per_turn, self.wakeups_per_k
         )
     }

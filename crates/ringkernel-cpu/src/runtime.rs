@@ -182,9 +182,8 @@ pub struct SchedulerStats {
     pub turns: u64,
     /// Parked workers woken so far (each an OS wake-up).
     pub wakeups: u64,
-    /// Time idle workers spent looking for work before they found some or parked
-    /// (wall time: they spin, and yield their core to other runnable threads between
-    /// looks, so at most this much CPU went to the pool without running a kernel).
+    /// Time idle workers spent spinning for work before they found some or parked
+    /// (wall time; CPU the pool used without running a kernel, unless preempted).
     pub search_time: Duration,
 }
 

@@ -149,8 +149,8 @@ pub(crate) struct Pool {
     extra_started: AtomicUsize,
     /// Parked workers woken so far (OS wake-ups; a counter, for metrics).
     wakeups: AtomicU64,
-    /// Nanoseconds idle workers spent looking for work (spinning, yielding their core
-    /// between looks) before they found some or parked.
+    /// Nanoseconds idle workers spent looking for work (spinning) before they found
+    /// some or parked.
     search_ns: AtomicU64,
     searching: AtomicUsize,
     parked: AtomicUsize,
@@ -490,10 +490,6 @@ impl Pool {
             if start.elapsed() >= SEARCH_SPIN {
                 break false;
             }
-            // Give the core to a runnable thread (on a small machine, the host thread
-            // that produces the work) instead of spinning against it; with nothing
-            // else runnable this returns at once.
-            std::thread::yield_now();
         };
         self.search_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
