@@ -628,6 +628,8 @@ impl Pool {
     /// parked worker when work waits, and starts an extra worker when every worker is
     /// busy and one has been in the same turn for [`STALL`].
     fn monitor(self: Arc<Self>) {
+        // Per slot: the turn counter last seen, and for how many ticks since then work
+        // was queued (a turn counts as blocked only while others wait).
         let mut seen = vec![(0u64, 0u32); MAX_THREADS];
         let stall_ticks = (STALL.as_micros() / MONITOR_TICK.as_micros()).max(1) as u32;
         loop {
@@ -650,22 +652,25 @@ impl Pool {
             // Which workers are in the same turn as a tick ago (their lone queued task
             // becomes stealable), and which have been for `STALL`.
             let high = self.high.load(Ordering::Acquire);
+            let queued = self.has_any_queued();
             let mut stalled = 0;
             for (s, seen) in self.slots[..high].iter().zip(seen.iter_mut()) {
                 let turns = s.turns.load(Ordering::Relaxed);
                 if !turns.is_multiple_of(2) && turns == seen.0 {
-                    seen.1 = seen.1.saturating_add(1);
                     if !s.stuck.load(Ordering::Relaxed) {
                         s.stuck.store(true, Ordering::Relaxed);
                     }
-                    if seen.1 >= stall_ticks {
-                        stalled += 1;
+                    if queued {
+                        seen.1 = seen.1.saturating_add(1);
+                        if seen.1 >= stall_ticks {
+                            stalled += 1;
+                        }
                     }
                 } else {
                     *seen = (turns, 0);
                 }
             }
-            if !self.has_any_queued() {
+            if !queued {
                 continue;
             }
             if self.parked.load(Ordering::SeqCst) > 0 {
