@@ -419,7 +419,18 @@ async fn a_panicking_kernel_does_not_take_down_its_worker() {
         assert!(start.elapsed() < T, "panicking kernel: {:?}", bad.metrics());
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    assert_eq!(rt.scheduler_stats().threads, 1, "the worker survived");
+    // On a loaded machine the monitor may have taken a preempted turn for a blocked one
+    // and started an extra worker; extras retire after `RETIRE_AFTER` idle. What must
+    // remain is the pool's own worker.
+    let start = Instant::now();
+    while rt.scheduler_stats().threads != 1 {
+        let s = rt.scheduler_stats();
+        assert!(
+            s.threads > 1 && start.elapsed() < T,
+            "the worker survived: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     rt.shutdown().await.unwrap();
 }
 
