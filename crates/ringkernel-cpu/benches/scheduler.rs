@@ -238,6 +238,69 @@ async fn section_hops(rt: &CpuRuntime, n: usize) {
     }
 }
 
+/// CPU time (ns) this process's threads have used so far: the pool's workers and the
+/// rest (the host's threads, the pool's monitor), from `/proc/self/task/*/schedstat`
+/// (zeros where that does not exist).
+fn cpu_ns() -> (u64, u64) {
+    let (mut pool, mut rest) = (0, 0);
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return (0, 0);
+    };
+    for t in dir.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        if comm.starts_with("rk-worker") {
+            pool += ns;
+        } else {
+            rest += ns;
+        }
+    }
+    (pool, rest)
+}
+
+/// Where the pooled pipeline's time went: CPU per token on the pool's workers and on
+/// the host's threads, messages per turn, OS wake-ups per 1,000 tokens.
+struct Breakdown {
+    pool_ns: f64,
+    search_ns: f64,
+    host_ns: f64,
+    per_turn: f64,
+    wakeups_per_k: f64,
+}
+
+impl std::fmt::Display for Breakdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CPU per token: pool workers {:.0} ns (idle workers spinning for work {:.0} ns, wall time), host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens",
+            self.pool_ns, self.search_ns, self.host_ns, self.per_turn, self.wakeups_per_k
+        )
+    }
+}
+
+/// Runs [`pipeline_ours`] on pooled kernels and measures its [`Breakdown`].
+async fn pipeline_measured(rt: &CpuRuntime, ks: &[KernelHandle], n: u64) -> (f64, Breakdown) {
+    // Threads that exited meanwhile (an extra worker retiring) are not counted.
+    let (s0, c0) = (rt.scheduler_stats(), cpu_ns());
+    let rate = pipeline_ours(ks, n).await;
+    let (s1, c1) = (rt.scheduler_stats(), cpu_ns());
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n as f64;
+    let turns = (s1.turns - s0.turns).max(1) as f64;
+    (
+        rate,
+        Breakdown {
+            pool_ns: per(c0.0, c1.0),
+            search_ns: (s1.search_time - s0.search_time).as_nanos() as f64 / n as f64,
+            host_ns: per(c0.1, c1.1),
+            per_turn: 3.0 * n as f64 / turns,
+            wakeups_per_k: 1e3 * (s1.wakeups - s0.wakeups) as f64 / n as f64,
+        },
+    )
+}
+
 /// Tokens/s of `n` tokens pushed through `ks` (a sender task) and received at the end.
 async fn pipeline_ours(ks: &[KernelHandle], n: u64) -> f64 {
     let route: Vec<_> = ks.iter().map(|k| k.id()).collect();
@@ -279,7 +342,7 @@ async fn section_pipeline(rt: &CpuRuntime, n: u64) {
     let opts = LaunchOptions::default().with_queue_capacity(4096);
     let pool = stages(rt, "pipe.pool", &opts).await;
     let ded = stages(rt, "pipe.ded", &opts.clone().with_dedicated_thread()).await;
-    let a = pipeline_ours(&pool, n).await;
+    let (a, bd) = pipeline_measured(rt, &pool, n).await;
     let b = pipeline_ours(&ded, n).await;
     let c = pipeline_tokio(n).await;
     println!("{n} tokens through 3 stages, pipelined (tokens/s; 3 hops each):");
@@ -290,6 +353,7 @@ async fn section_pipeline(rt: &CpuRuntime, n: u64) {
         c / 1e6,
         a / c
     );
+    println!("  pooled: {bd}");
     for k in pool.into_iter().chain(ded) {
         k.terminate().await.unwrap();
     }
@@ -552,8 +616,8 @@ fn main() {
             // Only our pooled pipeline (for profiling it alone).
             let opts = LaunchOptions::default().with_queue_capacity(4096);
             let ks = stages(&rt, "prof", &opts).await;
-            let r = pipeline_ours(&ks, if quick { 10_000 } else { 1_000_000 }).await;
-            println!("pooled pipeline alone: {:.3} M tokens/s", r / 1e6);
+            let (r, bd) = pipeline_measured(&rt, &ks, if quick { 10_000 } else { 1_000_000 }).await;
+            println!("pooled pipeline alone: {:.3} M tokens/s; {bd}", r / 1e6);
         }
         if want("pipeline") {
             section_pipeline(&rt, if quick { 10_000 } else { 1_000_000 }).await;

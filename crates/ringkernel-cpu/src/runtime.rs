@@ -177,6 +177,14 @@ pub struct SchedulerStats {
     /// Extra workers started so far because every worker was stuck in a long turn while
     /// other kernels waited (they exit again once idle).
     pub extra_started: usize,
+    /// Turns run so far (a turn handles up to [`TURN_BUDGET`] messages of one kernel):
+    /// messages processed ÷ turns is how well work is batched.
+    pub turns: u64,
+    /// Parked workers woken so far (each an OS wake-up).
+    pub wakeups: u64,
+    /// Time idle workers spent spinning for work before they found some or parked
+    /// (wall time; CPU the pool used without running a kernel, unless preempted).
+    pub search_time: Duration,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -243,6 +251,9 @@ impl CpuRuntime {
             workers: self.workers,
             threads: pool.as_ref().map_or(0, |p| p.0.threads()),
             extra_started: pool.as_ref().map_or(0, |p| p.0.extra_started()),
+            turns: pool.as_ref().map_or(0, |p| p.0.turns()),
+            wakeups: pool.as_ref().map_or(0, |p| p.0.wakeups()),
+            search_time: pool.as_ref().map_or(Duration::ZERO, |p| p.0.search_time()),
         }
     }
 
@@ -455,6 +466,10 @@ struct Shared {
     drain_on_terminate: AtomicBool,
     /// Set when the engine is dropped (nobody can send or receive any more).
     detached: AtomicBool,
+    /// A pooled kernel whose output queue filled up ended its turn and waits for the
+    /// receiver to take it below half (or to empty it): the receiver then clears this
+    /// and schedules the kernel. No worker is held meanwhile.
+    out_wait: AtomicBool,
     /// Written by the worker before it moves to `Terminated`.
     report: Mutex<Option<TerminateReport>>,
 }
@@ -532,6 +547,7 @@ fn spawn_kernel(
         inflight: AtomicUsize::new(0),
         drain_on_terminate: AtomicBool::new(false),
         detached: AtomicBool::new(false),
+        out_wait: AtomicBool::new(false),
         report: Mutex::new(None),
     });
     shared.state.transition(LifecycleState::Launched)?;
@@ -556,6 +572,9 @@ fn spawn_kernel(
         slot_size: opts.slot_size,
         output_capacity: opts.output_capacity,
         output_stalled: false,
+        popped: false,
+        emitted: false,
+        pooled: pool.is_some(),
     };
     let (kick, join) = match &pool {
         Some(p) => (
@@ -609,6 +628,14 @@ impl CpuEngine {
             if let Some(t) = lock(&self.shared.sleeper).as_ref() {
                 t.unpark();
             }
+        }
+    }
+
+    /// Ends a pooled kernel's wait for output room: schedules it for a turn.
+    #[cold]
+    fn resume_output(&self) {
+        if self.shared.out_wait.swap(false, Ordering::AcqRel) {
+            self.kick();
         }
     }
 
@@ -692,10 +719,37 @@ impl KernelEngine for CpuEngine {
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
-        let r = lock(&self.output).try_pop();
-        if matches!(r, Ok(Some(_))) {
-            // The worker may be parked waiting for an output slot.
-            self.wake_if_sleeping();
+        let mut out = lock(&self.output);
+        let before = out.len();
+        let cap = out.capacity();
+        let r = out.try_pop();
+        drop(out);
+        match &r {
+            Ok(Some(_)) => {
+                if before >= cap {
+                    // The worker may be parked in a handler waiting for an output slot
+                    // (it only waits for a full queue, and re-checks for room after
+                    // announcing it sleeps).
+                    self.wake_if_sleeping();
+                }
+                // A pooled kernel waiting for room resumes once the queue is at most
+                // half full. Best effort (no fence): the empty case below is the
+                // guarantee.
+                if before > cap / 2
+                    && before - 1 <= cap / 2
+                    && self.shared.out_wait.load(Ordering::Acquire)
+                {
+                    self.resume_output();
+                }
+            }
+            Ok(None) => {
+                // Pairs with the fence in `Worker::wait_for_output`.
+                fence(Ordering::SeqCst);
+                if self.shared.out_wait.load(Ordering::Relaxed) {
+                    self.resume_output();
+                }
+            }
+            Err(_) => {}
         }
         r
     }
@@ -799,6 +853,14 @@ struct Worker {
     /// Set once, while terminating, the output queue stayed full past the grace period:
     /// from then on outputs that do not fit are dropped at once (counted, logged).
     output_stalled: bool,
+    /// Inputs were taken since the last `input_space` notification (senders waiting for
+    /// room are told once per turn, not once per message: each notification is a fence).
+    popped: bool,
+    /// Outputs were written since the last `output` notification (likewise).
+    emitted: bool,
+    /// Run in turns by the pool (a full output queue then ends the turn instead of
+    /// blocking the worker; see `Shared::out_wait`).
+    pooled: bool,
     /// Dropped last: the kernel ends `Terminated` however the worker goes away.
     _exit: ExitGuard,
 }
@@ -824,6 +886,8 @@ struct Sink<'w> {
     shared: &'w Shared,
     capacity: usize,
     stalled: &'w mut bool,
+    /// Set when an output was written (the turn notifies receivers when it ends).
+    emitted: &'w mut bool,
     /// Whether an output of this call was dropped (already counted in `dropped`).
     dropped: bool,
 }
@@ -858,7 +922,7 @@ impl OutputSink for Sink<'_> {
         loop {
             match self.tx.try_push(header, payload) {
                 Ok(()) => {
-                    self.shared.events.output.notify(usize::MAX);
+                    *self.emitted = true;
                     return Ok(());
                 }
                 Err(Error::QueueFull { .. }) => {
@@ -875,8 +939,11 @@ impl OutputSink for Sink<'_> {
                             capacity: self.capacity,
                         });
                     }
-                    // Wake anyone who could drain the output queue, then back off.
+                    // Wake anyone who could drain the output queue (and senders waiting
+                    // for the input room this turn freed: the host may be both), then
+                    // back off.
                     self.shared.events.output.notify(usize::MAX);
+                    self.shared.events.input_space.notify(usize::MAX);
                     spins += 1;
                     if spins < 64 {
                         std::hint::spin_loop();
@@ -885,8 +952,13 @@ impl OutputSink for Sink<'_> {
                     } else {
                         *lock(&self.shared.sleeper) = Some(std::thread::current());
                         self.shared.sleeping.store(true, Ordering::SeqCst);
+                        // Pairs with the fence in `CpuEngine::wake_if_sleeping`, which
+                        // the receiver runs after taking from a full queue: either it
+                        // sees `sleeping`, or this sees the room it made.
                         fence(Ordering::SeqCst);
-                        std::thread::park_timeout(OUTPUT_PARK);
+                        if self.tx.free() == 0 {
+                            std::thread::park_timeout(OUTPUT_PARK);
+                        }
                         self.shared.sleeping.store(false, Ordering::Relaxed);
                     }
                 }
@@ -921,6 +993,10 @@ impl Worker {
         }
         match self.shared.state.get() {
             LifecycleState::Active => {
+                if self.pooled && self.shared.out_wait.load(Ordering::Acquire) {
+                    // Still waiting for the receiver to make room.
+                    return Turn::Idle;
+                }
                 let Some(core) = self.core.upgrade() else {
                     tracing::debug!(kernel = %self.shared.name, "runtime dropped: worker exits");
                     return Turn::Done;
@@ -933,14 +1009,19 @@ impl Worker {
                     },
                 );
                 let mut n = 0;
+                // One clock read per message: a handler's time runs from the end of
+                // the previous one (so it includes taking its message off the queue).
+                let mut start = Instant::now();
                 while n < budget
                     && self.shared.state.get() == LifecycleState::Active
+                    && !(self.pooled && !self.tx.has_room() && self.wait_for_output())
                     && self.pop_into(&mut env)
                 {
-                    self.process(&core, &env);
+                    start = self.process(&core, &env, start);
                     n += 1;
                 }
                 self.scratch = env;
+                self.notify_events();
                 if n == budget {
                     Turn::More
                 } else {
@@ -990,12 +1071,12 @@ impl Worker {
                 });
                 match r {
                     Ok(Some(())) => {
-                        shared.events.input_space.notify(usize::MAX);
+                        self.popped = true;
                         return true;
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        shared.events.input_space.notify(usize::MAX);
+                        self.popped = true;
                         shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(error = %e, "corrupt input slot dropped");
                     }
@@ -1058,8 +1139,35 @@ impl Worker {
         self.shared.sleeping.store(false, Ordering::Relaxed);
     }
 
-    /// Runs the handler on one message, counting and timing it.
-    fn process(&mut self, core: &RuntimeCore, env: &Envelope) {
+    /// The output queue is full: announces that this (pooled) kernel waits for room;
+    /// `true` when it must wait (its turn ends), `false` when the receiver made room
+    /// meanwhile (below half full).
+    fn wait_for_output(&mut self) -> bool {
+        let s = &self.shared;
+        s.out_wait.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `CpuEngine::try_dequeue` (taken on an empty queue):
+        // either the receiver sees `out_wait`, or this sees the room it made.
+        fence(Ordering::SeqCst);
+        if self.tx.free() >= self.output_capacity - self.output_capacity / 2 {
+            s.out_wait.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Tells waiting senders and receivers about the room and the outputs of this turn.
+    fn notify_events(&mut self) {
+        if std::mem::take(&mut self.popped) {
+            self.shared.events.input_space.notify(usize::MAX);
+        }
+        if std::mem::take(&mut self.emitted) {
+            self.shared.events.output.notify(usize::MAX);
+        }
+    }
+
+    /// Runs the handler on one message, counting it and timing it from `start`;
+    /// returns when it ended.
+    fn process(&mut self, core: &RuntimeCore, env: &Envelope, start: Instant) -> Instant {
         let s = &*self.shared;
         let mut request = env.header;
         match s.hlc.update(&request.hlc()) {
@@ -1071,7 +1179,7 @@ impl Worker {
                     message_id = request.message_id,
                     "message dropped: its timestamp is too far ahead of this kernel's clock"
                 );
-                return;
+                return start;
             }
         }
         let mut sink = Sink {
@@ -1079,10 +1187,10 @@ impl Worker {
             shared: s,
             capacity: self.output_capacity,
             stalled: &mut self.output_stalled,
+            emitted: &mut self.emitted,
             dropped: false,
         };
         let handler = &mut self.handler;
-        let t0 = Instant::now();
         let result = {
             let mut ctx = KernelContext::new(
                 s.id,
@@ -1097,7 +1205,10 @@ impl Worker {
             .with_priority(s.priority);
             catch_unwind(AssertUnwindSafe(|| handler.handle(&mut ctx, env)))
         };
-        s.counters.latency.record(t0.elapsed().as_nanos() as u64);
+        let end = Instant::now();
+        s.counters
+            .latency
+            .record(end.saturating_duration_since(start).as_nanos() as u64);
         match result {
             Ok(Ok(())) => {
                 s.counters.processed.fetch_add(1, Ordering::Relaxed);
@@ -1129,6 +1240,7 @@ impl Worker {
                 );
             }
         }
+        end
     }
 
     /// Termination: drain (the kernel was active) or hand the queue back, then move to
@@ -1155,7 +1267,7 @@ impl Worker {
         while let Some(env) = self.pop() {
             match &core {
                 Some(core) => {
-                    self.process(core, &env);
+                    self.process(core, &env, Instant::now());
                     report.drained += 1;
                 }
                 None => report.undelivered.push(env),

@@ -113,6 +113,25 @@ struct Slot {
     notified: AtomicBool,
     /// Turn boundaries: odd while a turn runs.
     turns: AtomicU64,
+    /// Set by the monitor when the worker has been in one turn for a monitor tick or
+    /// more: from then on other workers may take even the last task of its deque.
+    stuck: AtomicBool,
+}
+
+impl Slot {
+    /// Whether another worker may steal from this slot's deque. A lone task is left to
+    /// the owner, which runs it right after its current turn with the messages it was
+    /// just handed still in its cache (a pipeline's stages then follow each other on
+    /// one core); more than one, or any while the owner is stuck in a turn, are fair
+    /// game.
+    #[inline]
+    fn stealable(&self) -> bool {
+        self.stealer.get().is_some_and(|s| match s.len() {
+            0 => false,
+            1 => self.stuck.load(Ordering::Relaxed),
+            _ => true,
+        })
+    }
 }
 
 /// A pool of worker threads running [`Task`]s. Shut down (threads exit, queued tasks are
@@ -128,6 +147,11 @@ pub(crate) struct Pool {
     target: usize,
     /// Extra workers started for blocked turns (a counter, for tests and metrics).
     extra_started: AtomicUsize,
+    /// Parked workers woken so far (OS wake-ups; a counter, for metrics).
+    wakeups: AtomicU64,
+    /// Nanoseconds idle workers spent looking for work (spinning) before they found
+    /// some or parked.
+    search_ns: AtomicU64,
     searching: AtomicUsize,
     parked: AtomicUsize,
     idle: Mutex<Vec<usize>>,
@@ -160,6 +184,8 @@ impl Pool {
             live: AtomicUsize::new(0),
             target: workers,
             extra_started: AtomicUsize::new(0),
+            wakeups: AtomicU64::new(0),
+            search_ns: AtomicU64::new(0),
             searching: AtomicUsize::new(0),
             parked: AtomicUsize::new(0),
             idle: Mutex::new(Vec::new()),
@@ -188,6 +214,24 @@ impl Pool {
     /// Extra workers started so far because turns were blocked.
     pub(crate) fn extra_started(&self) -> usize {
         self.extra_started.load(Ordering::Relaxed)
+    }
+
+    /// Turns run so far, by every worker.
+    pub(crate) fn turns(&self) -> u64 {
+        self.slots[..self.high.load(Ordering::Acquire)]
+            .iter()
+            .map(|s| s.turns.load(Ordering::Relaxed) / 2)
+            .sum()
+    }
+
+    /// Parked workers woken so far.
+    pub(crate) fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Time idle workers spent spinning for work so far.
+    pub(crate) fn search_time(&self) -> Duration {
+        Duration::from_nanos(self.search_ns.load(Ordering::Relaxed))
     }
 
     fn id(&self) -> usize {
@@ -273,6 +317,7 @@ impl Pool {
             self.slots[idx].notified.store(true, Ordering::Release);
             idx
         };
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = lock(&self.slots[idx].thread).as_ref() {
             t.unpark();
         }
@@ -298,8 +343,16 @@ impl Pool {
         }
     }
 
-    /// Whether any queue holds a task.
+    /// Whether a queue holds a task an idle worker may take (see [`Slot::stealable`]).
     fn has_queued(&self) -> bool {
+        !self.injector.is_empty()
+            || self.slots[..self.high.load(Ordering::Acquire)]
+                .iter()
+                .any(Slot::stealable)
+    }
+
+    /// Whether any queue holds a task at all (a lone one left to its owner included).
+    fn has_any_queued(&self) -> bool {
         !self.injector.is_empty()
             || self.slots[..self.high.load(Ordering::Acquire)]
                 .iter()
@@ -324,6 +377,9 @@ impl Pool {
         let high = self.high.load(Ordering::Acquire);
         for k in 1..high {
             let other = &self.slots[(idx + k) % high];
+            if !other.stealable() {
+                continue;
+            }
             if let Some(s) = other.stealer.get() {
                 if let Some(t) = steal_one(|| s.steal_batch_and_pop(deque)) {
                     return Some(t);
@@ -421,17 +477,23 @@ impl Pool {
             return false;
         }
         let start = std::time::Instant::now();
-        loop {
+        let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
-                    return true;
+                    break;
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= SEARCH_SPIN {
-                return false;
+            if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
+                break true;
             }
-        }
+            if start.elapsed() >= SEARCH_SPIN {
+                break false;
+            }
+        };
+        self.search_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        found
     }
 
     /// Whether this idle worker should exit because the pool runs more threads than it
@@ -526,7 +588,12 @@ impl Pool {
         // An RMW on `state` (see `Task::schedule`): everything a producer did before its
         // `fetch_or` is visible to the turn.
         task.state.swap(RUNNING, Ordering::AcqRel);
-        slot.turns.fetch_add(1, Ordering::Relaxed);
+        // Only this worker writes its counter: a plain store (no locked instruction).
+        let turns = slot.turns.load(Ordering::Relaxed);
+        slot.turns.store(turns.wrapping_add(1), Ordering::Relaxed);
+        if slot.stuck.load(Ordering::Relaxed) {
+            slot.stuck.store(false, Ordering::Relaxed);
+        }
         // Handler panics are caught per message; this only guards the pool against a
         // bug in the turn itself: the task ends, the worker goes on.
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.body.turn()))
@@ -534,7 +601,7 @@ impl Pool {
                 tracing::error!("a kernel's turn panicked outside its handler: kernel stopped");
                 Turn::Done
             });
-        slot.turns.fetch_add(1, Ordering::Relaxed);
+        slot.turns.store(turns.wrapping_add(2), Ordering::Relaxed);
         match outcome {
             Turn::Done => task.state.store(DONE, Ordering::Release),
             Turn::More => {
@@ -561,6 +628,8 @@ impl Pool {
     /// parked worker when work waits, and starts an extra worker when every worker is
     /// busy and one has been in the same turn for [`STALL`].
     fn monitor(self: Arc<Self>) {
+        // Per slot: the turn counter last seen, and for how many ticks since then work
+        // was queued (a turn counts as blocked only while others wait).
         let mut seen = vec![(0u64, 0u32); MAX_THREADS];
         let stall_ticks = (STALL.as_micros() / MONITOR_TICK.as_micros()).max(1) as u32;
         loop {
@@ -580,30 +649,38 @@ impl Pool {
                 continue;
             }
             std::thread::sleep(MONITOR_TICK);
-            if !self.has_queued() {
+            // Which workers are in the same turn as a tick ago (their lone queued task
+            // becomes stealable), and which have been for `STALL`.
+            let high = self.high.load(Ordering::Acquire);
+            let queued = self.has_any_queued();
+            let mut stalled = 0;
+            for (s, seen) in self.slots[..high].iter().zip(seen.iter_mut()) {
+                let turns = s.turns.load(Ordering::Relaxed);
+                if !turns.is_multiple_of(2) && turns == seen.0 {
+                    if !s.stuck.load(Ordering::Relaxed) {
+                        s.stuck.store(true, Ordering::Relaxed);
+                    }
+                    if queued {
+                        seen.1 = seen.1.saturating_add(1);
+                        if seen.1 >= stall_ticks {
+                            stalled += 1;
+                        }
+                    }
+                } else {
+                    *seen = (turns, 0);
+                }
+            }
+            if !queued {
                 continue;
             }
             if self.parked.load(Ordering::SeqCst) > 0 {
-                if self.searching.load(Ordering::SeqCst) == 0 {
+                if self.searching.load(Ordering::SeqCst) == 0 && self.has_queued() {
                     self.wake_one();
                 }
                 continue;
             }
             if self.searching.load(Ordering::SeqCst) > 0 {
                 continue;
-            }
-            let high = self.high.load(Ordering::Acquire);
-            let mut stalled = 0;
-            for (s, seen) in self.slots[..high].iter().zip(seen.iter_mut()) {
-                let turns = s.turns.load(Ordering::Relaxed);
-                if !turns.is_multiple_of(2) && turns == seen.0 {
-                    seen.1 = seen.1.saturating_add(1);
-                    if seen.1 >= stall_ticks {
-                        stalled += 1;
-                    }
-                } else {
-                    *seen = (turns, 0);
-                }
             }
             // Keep `target` workers that are not stuck in a turn.
             let stalled = stalled > 0 && self.live.load(Ordering::Acquire) < self.target + stalled;

@@ -404,10 +404,10 @@ impl SlotProducer {
         Ok(Self::from_ring(ring))
     }
 
-    /// Whether slot `tail` is free, re-reading the consumer's head only when the ring
-    /// looks full.
+    /// Whether a slot is free for the next push, re-reading the consumer's head only
+    /// when the ring looks full (so the common case touches no shared cache line).
     #[inline(always)]
-    fn has_room(&mut self) -> bool {
+    pub fn has_room(&mut self) -> bool {
         let cap = self.ring.capacity as u64;
         if self.tail.wrapping_sub(self.cached_head) < cap {
             return true;
