@@ -531,6 +531,8 @@ fn execution_kernels_cuda_type_checks() {
         kernels::mixed::source(),
         kernels::histogram::source(),
         kernels::control::source(),
+        kernels::block_reduce::source(),
+        kernels::tile_transpose::source(),
     ] {
         check_cuda_syntax(&transpile_global_kernel(&f).unwrap());
     }

@@ -287,3 +287,47 @@ fn stencil_errors() {
     let e = transpile_stencil_kernel(&ok, &big).unwrap_err().to_string();
     assert!(e.contains("the stencil halo must be 1 to 16 cells"), "{e}");
 }
+
+#[test]
+fn shared_memory_and_barriers() {
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { if true { let mut s = shared_array::<f32, 8>(); } } },
+        "shared arrays are declared at the top level of the kernel body",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let s = shared_array::<f32, 8>(); } },
+        "a shared array must be declared `let mut`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32>(); } },
+        "shared arrays are declared as `let mut name = shared_array::<T, N>();`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32, 0>(); } },
+        "local arrays need 1 to 1024 elements",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<usize, 4>(); } },
+        "`usize` has no fixed size on the GPU",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let v = 1.0 + shared_array::<f32, 4>(); } },
+        "is the initializer of a top-level",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let a = sync_threads(); } },
+        "`sync_threads()` is a statement",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { sync_threads(1); } },
+        "`sync_threads()` takes no arguments",
+    );
+    let stencil: syn::ItemFn = parse_quote! {
+        fn k(pos: GridPos, x: &mut [f32]) { sync_threads(); x[pos.idx()] = 1.0; }
+    };
+    let e = transpile_stencil_kernel(&stencil, &StencilConfig::new(1)).unwrap_err();
+    assert!(
+        e.to_string().contains("not available in stencil kernels"),
+        "{e}"
+    );
+}

@@ -33,6 +33,17 @@ fn scalar_tokens(cg: &TokenStream, s: ScalarType) -> TokenStream {
     quote!(#cg::ScalarType::#v)
 }
 
+/// Whether the tokens name `sync_threads` (the kernel then runs on the CPU through
+/// `dsl::launch_with_barriers`).
+fn uses_barrier(tokens: impl Iterator<Item = proc_macro2::TokenTree>) -> bool {
+    use proc_macro2::TokenTree;
+    tokens.into_iter().any(|t| match t {
+        TokenTree::Ident(i) => i == "sync_threads",
+        TokenTree::Group(g) => uses_barrier(g.stream().into_iter()),
+        _ => false,
+    })
+}
+
 /// Expands `#[gpu_kernel]` on `item`.
 pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
     let mut halo: Option<syn::LitInt> = None;
@@ -196,6 +207,9 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         call_args.push(call);
     }
     let run = match stencil {
+        None if uses_barrier(quote!(#item).into_iter()) => quote! {
+            #cg::dsl::launch_with_barriers(grid, block, || #ident(#(#call_args),*));
+        },
         None => quote! {
             #cg::dsl::launch(grid, block, || #ident(#(#call_args),*));
         },

@@ -691,3 +691,75 @@ fn wgpu_tensors_as_arguments() {
 fn cuda_tensors_as_arguments() {
     tensors_as_arguments(&Device::cuda(0).unwrap());
 }
+
+/// Dot product partials: each block reduces its products in shared memory (barriers
+/// between the tree's levels) and writes one sum.
+#[gpu_kernel]
+fn dot_partials(x: &[f32], y: &[f32], partial: &mut [f32], n: i32) {
+    let mut acc = shared_array::<f32, 256>();
+    let t = thread_idx_x();
+    let i = block_idx_x() * block_dim_x() + t;
+    acc[t as usize] = if i < n {
+        x[i as usize] * y[i as usize]
+    } else {
+        0.0
+    };
+    sync_threads();
+    let mut s = block_dim_x() / 2;
+    while s > 0 {
+        if t < s {
+            acc[t as usize] += acc[(t + s) as usize];
+        }
+        sync_threads();
+        s /= 2;
+    }
+    if t == 0 {
+        partial[block_idx_x() as usize] = acc[0];
+    }
+}
+
+/// `dot_partials` on `dev` against an f64 reference, for several block sizes.
+fn shared_memory_dot(dev: &Device) {
+    let (mut r, seed) = rng();
+    for (&n, block) in [1usize, 100, 1000, 4099].iter().zip([32u32, 64, 128, 256]) {
+        let x = r.vec(n, -2.0, 2.0);
+        let y = r.vec(n, -2.0, 2.0);
+        let g = blocks(n, block);
+        let mut partial = vec![0.0f32; g as usize];
+        dev.launch(
+            &DOT_PARTIALS,
+            [g, 1, 1],
+            [block, 1, 1],
+            &mut args![&x, &y, &mut partial, n as i32],
+        )
+        .unwrap();
+        for (b, p) in partial.iter().enumerate() {
+            let lo = b * block as usize;
+            let hi = (lo + block as usize).min(n);
+            let want: f64 = (lo..hi).map(|i| x[i] as f64 * y[i] as f64).sum();
+            let scale: f64 = (lo..hi).map(|i| (x[i] as f64 * y[i] as f64).abs()).sum();
+            assert!(
+                (*p as f64 - want).abs() <= 1e-5 * scale + 1e-6,
+                "block {b} of n = {n}: {p} vs {want} (seed {seed:#x}, {dev})"
+            );
+        }
+    }
+}
+
+#[test]
+fn cpu_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::cuda(0).unwrap());
+}

@@ -593,6 +593,18 @@ impl Tx {
             }
         }
         let is_dsl = segs.len() == 1 || segs.iter().rev().nth(1).is_some_and(|s| s == "dsl");
+        if is_dsl && last == "sync_threads" {
+            return err(
+                c,
+                "`sync_threads()` is a statement (`sync_threads();`), not a value",
+            );
+        }
+        if is_dsl && last == "shared_array" {
+            return err(
+                c,
+                "`shared_array::<T, N>()` is the initializer of a top-level                  `let mut name = shared_array::<T, N>();` only",
+            );
+        }
         if let (Some((cuda_fn, wgsl_fn)), true) = (atomic_fn(c), is_dsl) {
             return self.atomic_call(c, &last, cuda_fn, wgsl_fn);
         }

@@ -352,6 +352,7 @@ impl Tx {
             );
         }
         src.push_str(&globals);
+        src.push_str(&self.workgroup_globals);
         let [wx, wy, wz] = self.workgroup;
         let _ = write!(
             src,

@@ -7,9 +7,11 @@
 mod builtins;
 mod expr;
 mod kernel;
+mod shared;
 mod stmt;
 
 use builtins::{atomic_fn, atomic_targets, calls_atomic};
+use shared::dsl_call;
 
 use crate::names::Names;
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};
@@ -72,6 +74,8 @@ pub(crate) struct Tx {
     workgroup: [u32; 3],
     /// Emitted names of the slices that atomics touch (WGSL `array<atomic<T>>`).
     atomics: HashSet<String>,
+    /// WGSL module-scope `var<workgroup>` declarations of the shared arrays.
+    workgroup_globals: String,
 }
 
 /// An expression translated: code and type.
@@ -180,6 +184,7 @@ impl Tx {
             stencil: None,
             workgroup,
             atomics: HashSet::new(),
+            workgroup_globals: String::new(),
         }
     }
 

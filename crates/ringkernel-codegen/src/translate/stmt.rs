@@ -133,6 +133,11 @@ impl Tx {
                     return Ok(());
                 };
                 let value = peel(&init.expr);
+                if let Expr::Call(c) = value {
+                    if let Some(seg) = dsl_call(c, "shared_array") {
+                        return self.shared_local(pi, annot_ty.as_ref(), c, seg);
+                    }
+                }
                 match value {
                     Expr::Array(_) | Expr::Repeat(_) => {
                         let (code, ty) = self.array_init(value, annot_ty.as_ref())?;
@@ -505,6 +510,7 @@ impl Tx {
                 Ok(())
             }
             Expr::Tuple(t) if t.elems.is_empty() => Ok(()),
+            Expr::Call(c) if dsl_call(c, "sync_threads").is_some() => self.sync_stmt(c),
             Expr::Call(c) if atomic_fn(c).is_some() => {
                 let (code, _) = self.expr(e, None)?;
                 self.line(&format!("{code};"));

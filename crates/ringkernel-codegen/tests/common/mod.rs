@@ -292,6 +292,8 @@ const CUDA_SHIM: &str = r#"
 #include <math.h>
 #include <stdlib.h>
 #define __global__
+#define __shared__ static
+static inline void __syncthreads() {}
 struct rk_dim3 { unsigned int x, y, z; };
 static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define RK_MINMAX(T) \
