@@ -59,6 +59,13 @@
 //!   which surfaces as a compile error at launch). The CPU runs such kernels through
 //!   [`dsl::launch_with_barriers`] (see [`dsl`] for how).
 //!
+//! * **Helper functions**: plain `fn`s defined at the top level of the kernel's body,
+//!   with scalar parameters (`mut` allowed) and a scalar result, may be called from the
+//!   kernel and from each other (no recursion): CUDA `__device__` functions and WGSL
+//!   module functions named `rk_fn_<name>`. They use the same statements and expressions
+//!   as kernels (`return value;` and a tail value included), but no thread indices (pass
+//!   them as parameters), shared arrays or barriers.
+//!
 //! Unsuffixed literals take the type of the other operand, of the annotation or of the
 //! parameter they are passed to, else `i32`/`f32`; Rust infers a literal's type from later
 //! uses too (`let mut k = 0; ... k += n_u32`), the translator does not: write `0u32` there
@@ -67,7 +74,7 @@
 //! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs, calls of other functions, 64-bit integers.
+//! Not yet in the subset: structs, 64-bit integers.
 //!
 //! ## Launching on every backend
 //!

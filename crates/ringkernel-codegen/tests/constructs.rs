@@ -533,6 +533,7 @@ fn execution_kernels_cuda_type_checks() {
         kernels::control::source(),
         kernels::block_reduce::source(),
         kernels::tile_transpose::source(),
+        kernels::with_helpers::source(),
     ] {
         check_cuda_syntax(&transpile_global_kernel(&f).unwrap());
     }

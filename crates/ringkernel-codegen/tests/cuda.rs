@@ -313,3 +313,28 @@ fn cuda_shared_memory_reduction_matches_cpu() {
         assert_eq!(stream.clone_dtoh(&md).unwrap(), maxes);
     }
 }
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_helper_functions_match_cpu() {
+    let mut rng = Rng::fresh("cuda_with_helpers");
+    let src = transpile_global_kernel(&with_helpers::source()).unwrap();
+    let (stream, f) = load(&src, "with_helpers");
+    let n = rng.usize(1, 100_000);
+    let x = rng.vec_f32(n, -4.0, 4.0);
+    let codes = rng.vec_i32(n, -50, 50);
+    let mut cpu = vec![0.0f32; n];
+    let cfg = cfg_1d(n);
+    launch([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        with_helpers::with_helpers(&x, &codes, &mut cpu, n as i32)
+    });
+    let xd = stream.clone_htod(&x).unwrap();
+    let cd = stream.clone_htod(&codes).unwrap();
+    let mut od = stream.alloc_zeros::<f32>(n).unwrap();
+    let ni = n as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&xd).arg(&cd).arg(&mut od).arg(&ni);
+    // SAFETY: (const float*, const int*, float*, int) as generated; n elements each.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_close("cuda helpers", &stream.clone_dtoh(&od).unwrap(), &cpu, 1e-5);
+}

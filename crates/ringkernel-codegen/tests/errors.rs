@@ -75,8 +75,8 @@ fn statements() {
         "macros are not supported in kernels; supported statements: `let`, assignments",
     );
     fails(
-        parse_quote! { fn k(x: &mut [f32]) { fn helper() {} } },
-        "items (functions, structs, constants, uses) inside a kernel are not supported",
+        parse_quote! { fn k(x: &mut [f32]) { struct S; } },
+        "items inside a kernel are not supported",
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { let (a, b) = (1.0, 2.0); } },
@@ -329,5 +329,45 @@ fn shared_memory_and_barriers() {
     assert!(
         e.to_string().contains("not available in stencil kernels"),
         "{e}"
+    );
+}
+
+#[test]
+fn helper_functions() {
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { f(v) } x[0] = f(1.0); } },
+        "helper `f` calls itself (directly or through other helpers)",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: &[f32]) -> f32 { v[0] } } },
+        "helper functions take scalar parameters",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) { } } },
+        "a helper function returns a value",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f() -> i32 { thread_idx_x() } x[0] = f() as f32; } },
+        "thread and block indices are not available in helper functions",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { v } x[0] = f(1.0, 2.0); } },
+        "this helper takes 1 argument",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { v } x[0] = f(1); } },
+        "mismatched types: expected `f32`, found `i32`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { return; } } },
+        "a helper function returns a value: `return value;`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { if true { fn f(v: f32) -> f32 { v } } } },
+        "helper functions are defined at the top level of the kernel body",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { x[0] = g(1.0); } },
+        "helper functions defined at the top level of the kernel's",
     );
 }

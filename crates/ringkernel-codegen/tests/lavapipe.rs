@@ -321,3 +321,60 @@ fn shared_tile_transpose_matches_cpu() {
     run(&ctx, &k, &params, &mut data, grid);
     assert_eq!(data[1], Data::U32(cpu));
 }
+
+/// Helper functions (device functions), one calling another, with early returns, a
+/// `match` value, a `mut` parameter and a `bool` result.
+#[test]
+fn helper_functions_match_cpu() {
+    let mut rng = Rng::fresh("with_helpers");
+    let n = rng.usize(1, 3000);
+    let x = rng.vec_f32(n, -4.0, 4.0);
+    let codes = rng.vec_i32(n, -50, 50);
+    let mut cpu = vec![0.0f32; n];
+    launch(groups(n), [64, 1, 1], || {
+        with_helpers::with_helpers(&x, &codes, &mut cpu, n as i32)
+    });
+    // An independent f64 evaluation of the same formulas.
+    for i in 0..n {
+        let (v, c) = (x[i] as f64, codes[i]);
+        let smooth = |v: f64, k: f64| {
+            if v.abs() < k {
+                0.5 * v * v / k
+            } else {
+                v.abs() - 0.5 * k
+            }
+        };
+        let w = match c.rem_euclid(4) {
+            0 => 1.0,
+            1 | 2 => 0.25,
+            _ => -1.5,
+        };
+        let (mut s, mut k) = (c.abs() + 1, 0);
+        while s > 1 && k < 40 {
+            s = if s % 2 == 0 { s / 2 } else { 3 * s + 1 };
+            k += 1;
+        }
+        let mut r = smooth(v, 0.75) * w + k as f64;
+        if smooth(v, 1.0) > 2.0 {
+            r = -r;
+        }
+        assert!(
+            (cpu[i] as f64 - r).abs() <= 1e-5 * r.abs().max(1.0),
+            "{i}: {} vs {r}",
+            cpu[i]
+        );
+    }
+    let Some(ctx) = gpu("helper_functions_match_cpu") else {
+        return;
+    };
+    let k = transpile_global_kernel_wgsl(&with_helpers::source()).unwrap();
+    check_wgsl(&k);
+    let mut data = [
+        Data::F32(x.clone()),
+        Data::I32(codes.clone()),
+        Data::F32(vec![0.0; n]),
+    ];
+    let params = k.pack_params(&[P::I32(n as i32)]).unwrap();
+    run(&ctx, &k, &params, &mut data, groups(n));
+    assert_close("helpers", data[2].f32(), &cpu, 1e-5);
+}

@@ -593,6 +593,18 @@ impl Tx {
             }
         }
         let is_dsl = segs.len() == 1 || segs.iter().rev().nth(1).is_some_and(|s| s == "dsl");
+        if segs.len() == 1 {
+            if let Some(h) = self.helpers.get(&last).cloned() {
+                return self.helper_call(c, &h);
+            }
+        }
+        let in_helper = self.func_ret.is_some();
+        if in_helper && is_dsl && ["sync_threads", "shared_array"].contains(&last.as_str()) {
+            return err(
+                c,
+                "helper functions cannot use shared arrays or barriers; keep them in the kernel",
+            );
+        }
         if is_dsl && last == "sync_threads" {
             return err(
                 c,
@@ -617,6 +629,11 @@ impl Tx {
                     .map(|k| (*b, k))
             });
         match builtin {
+            Some(_) if is_dsl && in_helper => err(
+                c,
+                "thread and block indices are not available in helper functions; pass them \
+                 as parameters",
+            ),
             Some((b, k)) if is_dsl => {
                 if !c.args.is_empty() {
                     return err(&c.args, format!("`{last}()` takes no arguments"));
@@ -652,7 +669,8 @@ impl Tx {
                 format!(
                     "unsupported call `{}`: kernels can call the dsl index functions \
                      (thread_idx_x(), block_idx_x(), block_dim_x(), grid_dim_x() and their y/z \
-                     forms) and math methods; other functions are not supported yet",
+                     forms), math methods and helper functions defined at the top level of the kernel's \
+                     body (`fn name(x: f32) -> f32 {{ .. }}`)",
                     segs.join("::")
                 ),
             ),

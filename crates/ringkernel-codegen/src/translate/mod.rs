@@ -6,11 +6,13 @@
 
 mod builtins;
 mod expr;
+mod helpers;
 mod kernel;
 mod shared;
 mod stmt;
 
 use builtins::{atomic_fn, atomic_targets, calls_atomic};
+pub(crate) use helpers::Helpers;
 use shared::dsl_call;
 
 use crate::names::Names;
@@ -76,6 +78,12 @@ pub(crate) struct Tx {
     atomics: HashSet<String>,
     /// WGSL module-scope `var<workgroup>` declarations of the shared arrays.
     workgroup_globals: String,
+    /// Helper functions the body may call.
+    helpers: Helpers,
+    /// Their translated definitions.
+    helper_text: String,
+    /// `Some(return type)` while translating a helper function.
+    func_ret: Option<Ty>,
 }
 
 /// An expression translated: code and type.
@@ -185,6 +193,9 @@ impl Tx {
             workgroup,
             atomics: HashSet::new(),
             workgroup_globals: String::new(),
+            helpers: Helpers::default(),
+            helper_text: String::new(),
+            func_ret: None,
         }
     }
 

@@ -20,11 +20,25 @@ impl Tx {
                     }
                     self.stmt_expr(e)?;
                 }
+                Stmt::Item(syn::Item::Fn(h))
+                    if self.func_ret.is_none()
+                        && self.scopes.len() == 1
+                        && self.helpers.contains_key(&h.sig.ident.to_string()) =>
+                {
+                    // A helper function, translated on its own.
+                }
+                Stmt::Item(syn::Item::Fn(h)) => {
+                    return err(
+                        &h.sig.ident,
+                        "helper functions are defined at the top level of the kernel body \
+                         (not inside blocks or other helpers)",
+                    )
+                }
                 Stmt::Item(it) => {
                     return err(
                         it,
-                        "items (functions, structs, constants, uses) inside a kernel are not \
-                         supported",
+                        "items inside a kernel are not supported (structs, constants and uses \
+                         go outside; helper functions at the top level of the body)",
                     )
                 }
                 Stmt::Macro(m) => {
@@ -477,6 +491,16 @@ impl Tx {
                 self.loops -= 1;
                 r?;
                 self.line("}");
+                Ok(())
+            }
+            Expr::Return(r) if self.func_ret.is_some() => {
+                let ret = self.func_ret.clone().expect("checked");
+                let Some(v) = &r.expr else {
+                    return err(r, "a helper function returns a value: `return value;`");
+                };
+                let (code, t) = self.expr(v, Some(&ret))?;
+                self.expect_ty(&t, &ret, v)?;
+                self.line(&format!("return {code};"));
                 Ok(())
             }
             Expr::Return(r) => {

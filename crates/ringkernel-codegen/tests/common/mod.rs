@@ -293,6 +293,7 @@ const CUDA_SHIM: &str = r#"
 #include <stdlib.h>
 #define __global__
 #define __shared__ static
+#define __device__ static
 static inline void __syncthreads() {}
 struct rk_dim3 { unsigned int x, y, z; };
 static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;

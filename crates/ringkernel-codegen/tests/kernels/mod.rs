@@ -312,3 +312,45 @@ twin! { tile_transpose =>
         }
     }
 }
+
+twin! { with_helpers =>
+    pub fn with_helpers(x: &[f32], codes: &[i32], out: &mut [f32], n: i32) {
+        // Helpers: plain functions at the top of the body (device functions on the GPU).
+        fn smooth(v: f32, k: f32) -> f32 {
+            let a = v.abs();
+            if a < k {
+                return 0.5 * v * v / k;
+            }
+            a - 0.5 * k
+        }
+        fn weight(code: i32) -> f32 {
+            match (code % 4 + 4) % 4 {
+                0 => 1.0,
+                1 | 2 => 0.25,
+                _ => -1.5,
+            }
+        }
+        fn steps(mut v: i32, cap: i32) -> i32 {
+            let mut k = 0;
+            while v > 1 && k < cap {
+                v = if v % 2 == 0 { v / 2 } else { 3 * v + 1 };
+                k += 1;
+            }
+            k
+        }
+        fn is_big(v: f32) -> bool {
+            smooth(v, 1.0) > 2.0
+        }
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let v = x[i as usize];
+        let c = codes[i as usize];
+        let mut r = smooth(v, 0.75) * weight(c) + steps(c.abs() + 1, 40) as f32;
+        if is_big(v) {
+            r = -r;
+        }
+        out[i as usize] = r;
+    }
+}
