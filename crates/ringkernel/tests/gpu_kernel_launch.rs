@@ -8,7 +8,7 @@
 use ringkernel::codegen::dsl::*;
 use ringkernel::compute::Device;
 use ringkernel::core::util::SplitMix64;
-use ringkernel::{args, gpu_kernel, Error};
+use ringkernel::{args, gpu_fn, gpu_kernel, Error};
 
 #[gpu_kernel]
 fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
@@ -762,4 +762,74 @@ fn wgpu_shared_memory_and_barriers() {
 #[ignore = "needs CUDA GPU"]
 fn cuda_shared_memory_and_barriers() {
     shared_memory_dot(&Device::cuda(0).unwrap());
+}
+
+/// `#[gpu_fn]` helpers of the module: `logistic` calls `clamp_unit`; the kernel calls
+/// `logistic` and a helper of its own body.
+#[gpu_fn]
+fn clamp_unit(v: f32) -> f32 {
+    v.max(0.0).min(1.0)
+}
+
+#[gpu_fn]
+fn logistic(v: f32, k: f32) -> f32 {
+    clamp_unit(1.0 / (1.0 + (-k * v).exp()))
+}
+
+#[gpu_kernel]
+fn squash(x: &[f32], out: &mut [f32], k: f32, n: i32) {
+    fn twice(v: f32) -> f32 {
+        v + v
+    }
+    let i = block_idx_x() * block_dim_x() + thread_idx_x();
+    if i < n {
+        out[i as usize] = twice(logistic(x[i as usize], k));
+    }
+}
+
+fn module_helpers(dev: &Device) {
+    let (mut r, seed) = rng();
+    let n = 1 + r.below(3000) as usize;
+    let x = r.vec(n, -6.0, 6.0);
+    let k = r.uniform(0.5, 2.0);
+    let mut out = vec![0.0f32; n];
+    dev.launch(
+        &SQUASH,
+        [blocks(n, 64), 1, 1],
+        [64, 1, 1],
+        &mut args![&x, &mut out, k, n as i32],
+    )
+    .unwrap();
+    for (i, (&v, &o)) in x.iter().zip(&out).enumerate() {
+        let want = 2.0 / (1.0 + (-(k as f64) * v as f64).exp());
+        assert!(
+            (o as f64 - want).abs() <= 1e-5,
+            "{i}: {o} vs {want} (seed {seed:#x}, {dev})"
+        );
+    }
+}
+
+#[test]
+fn cpu_module_helpers() {
+    assert!(SQUASH
+        .cuda_source
+        .contains("__device__ float rk_fn_clamp_unit(float v)"));
+    assert!(SQUASH
+        .wgsl_source
+        .unwrap()
+        .contains("fn rk_fn_twice(v: f32) -> f32"));
+    module_helpers(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_module_helpers() {
+    module_helpers(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_module_helpers() {
+    module_helpers(&Device::cuda(0).unwrap());
 }
