@@ -74,7 +74,7 @@
 //! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs, 64-bit integers.
+//! Not yet in the subset: structs (`GpuType`) as parameters or locals.
 //!
 //! ## Launching on every backend
 //!
@@ -92,6 +92,8 @@
 //! | `f64`           | `double`               | error: WGSL has no `f64`                   |
 //! | `i32`           | `int`                  | `i32`                                      |
 //! | `u32`           | `unsigned int`         | `u32`                                      |
+//! | `i64`           | `long long`            | error: WGSL has no 64-bit integers         |
+//! | `u64`           | `unsigned long long`   | error: WGSL has no 64-bit integers         |
 //! | `bool`          | `bool`                 | `bool` (a `u32` 0/1 in the params block)   |
 //! | `usize` (local) | `unsigned long long`   | `u32`                                      |
 //! | `[T; N]` local  | `T name[N]`            | `array<T, N>`                              |

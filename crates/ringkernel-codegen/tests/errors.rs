@@ -7,6 +7,8 @@ use ringkernel_codegen::{
 };
 use syn::parse_quote;
 
+mod common;
+
 /// The error of translating `f` to CUDA and to WGSL; both must fail with `needle`.
 fn fails(f: syn::ItemFn, needle: &str) {
     let cuda = transpile_global_kernel(&f).expect_err("CUDA translation should fail");
@@ -41,7 +43,7 @@ fn signatures() {
         parse_quote! { fn k(n: usize) {} },
         "`usize` parameters are not supported",
     );
-    fails(parse_quote! { fn k(v: Vec<f32>) {} }, "unsupported type `Vec < f32 >`; the kernel subset supports f32, f64 (CUDA only), i32, u32, bool");
+    fails(parse_quote! { fn k(v: Vec<f32>) {} }, "unsupported type `Vec < f32 >`; the kernel subset supports f32, f64 (CUDA only), i32, u32, i64 and u64 (CUDA only), bool");
     fails(
         parse_quote! { fn k(v: &f32) {} },
         "references other than slices are not supported",
@@ -51,8 +53,8 @@ fn signatures() {
         "parameters must be plain names",
     );
     fails(
-        parse_quote! { fn k(x: &[i64]) {} },
-        "unsupported type `i64`",
+        parse_quote! { fn k(x: &[i128]) {} },
+        "unsupported type `i128`",
     );
     fails(
         parse_quote! { fn float(x: &[f32]) {} },
@@ -369,5 +371,46 @@ fn helper_functions() {
     fails(
         parse_quote! { fn k(x: &mut [f32]) { x[0] = g(1.0); } },
         "helper functions defined at the top level of the kernel's",
+    );
+}
+
+/// i64/u64: CUDA `long long`/`unsigned long long`; in WGSL an error naming the type.
+#[test]
+fn wide_integers_are_cuda_only() {
+    let f: syn::ItemFn = parse_quote! {
+        fn k(x: &mut [i64], y: &[u64], s: i64, n: i32) {
+            let i = thread_idx_x();
+            if i < n {
+                let big: u64 = y[i as usize] * 3 + u64::MAX / 7;
+                x[i as usize] = s * (big >> 2u32) as i64 - 9223372036854775807 + i64::MIN / 2;
+            }
+        }
+    };
+    let cuda = transpile_global_kernel(&f).unwrap();
+    common::check_cuda_syntax(&cuda);
+    assert!(
+        cuda.contains("void k(long long* x, const unsigned long long* y, long long s, int n)"),
+        "{cuda}"
+    );
+    assert!(cuda.contains("(-9223372036854775807ll - 1ll)"), "{cuda}");
+    let e = transpile_global_kernel_wgsl(&f).unwrap_err().to_string();
+    assert!(e.starts_with("type `i64` is not available in WGSL"), "{e}");
+    let g: syn::ItemFn = parse_quote! {
+        fn k(x: &mut [u32]) {
+            let y = x[0] as u64;
+        }
+    };
+    assert!(transpile_global_kernel(&g).is_ok());
+    let e = transpile_global_kernel_wgsl(&g).unwrap_err().to_string();
+    assert!(e.contains("type `u64` is not available in WGSL"), "{e}");
+    // Out of range literals and atomics on 64-bit elements are refused.
+    let h: syn::ItemFn = parse_quote! { fn k(x: &mut [i64]) { x[0] = 18446744073709551615; } };
+    let e = transpile_global_kernel(&h).unwrap_err().to_string();
+    assert!(e.contains("does not fit in `i64`"), "{e}");
+    let a: syn::ItemFn = parse_quote! { fn k(x: &mut [u64]) { atomic_add(&mut x[0], 1); } };
+    let e = transpile_global_kernel(&a).unwrap_err().to_string();
+    assert!(
+        e.contains("atomics take an element of a `&mut [u32]` or `&mut [i32]`"),
+        "{e}"
     );
 }

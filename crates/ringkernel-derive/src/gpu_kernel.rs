@@ -31,6 +31,8 @@ fn scalar_tokens(cg: &TokenStream, s: ScalarType) -> TokenStream {
         ScalarType::U32 => quote!(U32),
         ScalarType::Usize => quote!(Usize),
         ScalarType::Bool => quote!(Bool),
+        ScalarType::I64 => quote!(I64),
+        ScalarType::U64 => quote!(U64),
     };
     quote!(#cg::ScalarType::#v)
 }

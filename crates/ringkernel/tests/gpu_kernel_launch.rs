@@ -768,7 +768,7 @@ fn cuda_shared_memory_and_barriers() {
 /// `logistic` and a helper of its own body.
 #[gpu_fn]
 fn clamp_unit(v: f32) -> f32 {
-    v.max(0.0).min(1.0)
+    v.clamp(0.0, 1.0)
 }
 
 #[gpu_fn]
@@ -832,4 +832,80 @@ fn wgpu_module_helpers() {
 #[ignore = "needs CUDA GPU"]
 fn cuda_module_helpers() {
     module_helpers(&Device::cuda(0).unwrap());
+}
+
+/// 64-bit integers (CUDA and CPU): a mixing hash over u64 and an i64 running offset.
+#[gpu_kernel]
+fn mix64(keys: &[u64], out: &mut [u64], delta: &mut [i64], seed: u64, base: i64, n: i32) {
+    let i = block_idx_x() * block_dim_x() + thread_idx_x();
+    if i < n {
+        let mut h = keys[i as usize] ^ seed;
+        h = (h ^ (h >> 33u32)).wrapping_mul(0xff51afd7ed558ccdu64);
+        h = (h ^ (h >> 33u32)).wrapping_mul(0xc4ceb9fe1a85ec53u64);
+        out[i as usize] = h ^ (h >> 33u32);
+        delta[i as usize] = base - (i as i64) * 4294967296i64;
+    }
+}
+
+fn wide_integers(dev: &Device) {
+    let (mut r, seed) = rng();
+    let n = 1 + r.below(2000) as usize;
+    let keys: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+    let s = r.next_u64();
+    let base = r.next_u64() as i64 >> 2;
+    let (mut out, mut delta) = (vec![0u64; n], vec![0i64; n]);
+    dev.launch(
+        &MIX64,
+        [blocks(n, 64), 1, 1],
+        [64, 1, 1],
+        &mut args![&keys, &mut out, &mut delta, s, base, n as i32],
+    )
+    .unwrap();
+    for i in 0..n {
+        let mut h = keys[i] ^ s;
+        h = (h ^ (h >> 33)).wrapping_mul(0xff51afd7ed558ccd);
+        h = (h ^ (h >> 33)).wrapping_mul(0xc4ceb9fe1a85ec53);
+        assert_eq!(out[i], h ^ (h >> 33), "{i} (seed {seed:#x}, {dev})");
+        assert_eq!(
+            delta[i],
+            base - i as i64 * (1 << 32),
+            "{i} (seed {seed:#x}, {dev})"
+        );
+    }
+}
+
+#[test]
+fn cpu_wide_integers() {
+    assert!(MIX64
+        .cuda_source
+        .contains("unsigned long long seed, long long base"));
+    assert!(MIX64
+        .wgsl_source
+        .unwrap_err()
+        .contains("`u64` is not available in WGSL"));
+    wide_integers(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_refuses_wide_integers() {
+    let mut out = vec![0u64; 1];
+    let mut delta = vec![0i64; 1];
+    let e = Device::wgpu()
+        .unwrap()
+        .launch(
+            &MIX64,
+            [1, 1, 1],
+            [64, 1, 1],
+            &mut args![&[1u64][..], &mut out, &mut delta, 1u64, 0i64, 1],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("u64"), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_wide_integers() {
+    wide_integers(&Device::cuda(0).unwrap());
 }

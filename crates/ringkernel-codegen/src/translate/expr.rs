@@ -107,6 +107,8 @@ impl Tx {
             ScalarType::U32 => (0, u32::MAX as i128),
             ScalarType::Usize if self.target == Target::Wgsl => (0, u32::MAX as i128),
             ScalarType::Usize => (0, u64::MAX as i128),
+            ScalarType::I64 => (i64::MIN as i128, i64::MAX as i128),
+            ScalarType::U64 => (0, u64::MAX as i128),
             _ => return err(span_of, "an integer literal cannot have this type"),
         };
         if v < lo || v > hi {
@@ -114,6 +116,17 @@ impl Tx {
                 span_of,
                 format!("literal {v} does not fit in `{}`", s.rust_name()),
             );
+        }
+        if s == ScalarType::I64 || s == ScalarType::U64 {
+            if self.target == Target::Wgsl {
+                return Err(crate::types::no_wgsl_type(s, span_of));
+            }
+            return Ok(match (s, v == i64::MIN as i128) {
+                (ScalarType::U64, _) => format!("{v}ull"),
+                (_, true) => "(-9223372036854775807ll - 1ll)".to_string(),
+                _ if v < 0 => format!("({v}ll)"),
+                _ => format!("{v}ll"),
+            });
         }
         if v < 0 {
             // Only i32 reaches here; i32::MIN has no positive literal to negate.
@@ -197,7 +210,7 @@ impl Tx {
                                 i,
                                 format!(
                                     "literal suffix `{suf}` is not supported; integers are i32, \
-                                     u32 or usize"
+                                     u32, i64, u64 or usize"
                                 ),
                             )
                         }
@@ -312,6 +325,10 @@ impl Tx {
                 (ScalarType::I32, "MIN") => i32::MIN as i128,
                 (ScalarType::U32, "MAX") => u32::MAX as i128,
                 (ScalarType::U32, "MIN") => 0,
+                (ScalarType::I64, "MAX") => i64::MAX as i128,
+                (ScalarType::I64, "MIN") => i64::MIN as i128,
+                (ScalarType::U64, "MAX") => u64::MAX as i128,
+                (ScalarType::U64, "MIN") => 0,
                 _ => return unsupported(),
             };
             return Ok((self.int_literal(v, s, p)?, Ty::Scalar(s)));

@@ -15,8 +15,9 @@ pub(crate) struct HelperSig {
 
 pub(crate) type Helpers = Rc<HashMap<String, HelperSig>>;
 
-const HELPER_RULES: &str = "helper functions take scalar parameters (f32, f64 on CUDA, i32, \
-     u32, bool) and return a scalar";
+const HELPER_RULES: &str =
+    "helper functions take scalar parameters (f32, i32, u32, bool; f64, i64 \
+     and u64 on CUDA) and return a scalar";
 
 /// The helpers defined at the top level of `f`'s body (`fn name(..) -> T { .. }` items).
 pub(crate) fn nested_helpers(f: &syn::ItemFn) -> Vec<&syn::ItemFn> {

@@ -303,6 +303,7 @@ static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;
 RK_MINMAX(int)
 RK_MINMAX(unsigned int)
 RK_MINMAX(unsigned long long)
+RK_MINMAX(long long)
 #define RK_ATOMIC(name, expr) \
     template <class T> static inline T name(T* p, T v) { T o = *p; *p = (expr); return o; }
 RK_ATOMIC(atomicAdd, o + v)
