@@ -78,7 +78,10 @@ pub struct GpuKernel {
     pub name: &'static str,
     /// Parameters in order.
     pub params: &'static [StaticParam],
-    /// The function as Rust tokens (what the macro translated).
+    /// The function as Rust tokens (what the macro translated). Empty for a
+    /// hand-written kernel: then [`cuda_source`](Self::cuda_source) and
+    /// [`wgsl_source`](Self::wgsl_source) are used as they are (see
+    /// [`wgsl`](Self::wgsl)) and [`cpu`](Self::cpu) is the CPU implementation.
     pub rust_source: &'static str,
     /// CUDA C (`extern "C" __global__ void name(...)`).
     pub cuda_source: &'static str,
@@ -106,9 +109,42 @@ impl GpuKernel {
     /// The WGSL of this kernel with `workgroup_size` (translated again from
     /// [`rust_source`](Self::rust_source); the size is checked as
     /// [`crate::transpile_global_kernel_wgsl_with`] checks it).
+    ///
+    /// A hand-written kernel (empty `rust_source`) keeps its WGSL as it is, which must
+    /// follow the generated kernels' binding layout for its parameters (see the crate
+    /// docs) and declare `@workgroup_size` equal to `workgroup_size`:
+    ///
+    /// ```
+    /// use ringkernel_codegen::launch::{GpuKernel, StaticParam};
+    /// use ringkernel_codegen::{ParamKind, ScalarType};
+    ///
+    /// const SCALE: GpuKernel = GpuKernel {
+    ///     name: "scale",
+    ///     params: &[
+    ///         StaticParam { name: "x", kind: ParamKind::Slice { elem: ScalarType::F32, mutable: true } },
+    ///         StaticParam { name: "k", kind: ParamKind::Scalar(ScalarType::F32) },
+    ///     ],
+    ///     rust_source: "",
+    ///     cuda_source: "extern \"C\" __global__ void scale(float* x, float k) { x[threadIdx.x] *= k; }",
+    ///     wgsl_source: Ok("struct RkParams { k: f32, p0: u32, p1: u32, p2: u32 }
+    /// @group(0) @binding(0) var<uniform> rk_params: RkParams;
+    /// @group(0) @binding(1) var<storage, read_write> x: array<f32>;
+    /// @compute @workgroup_size(64, 1, 1)
+    /// fn scale(@builtin(global_invocation_id) g: vec3<u32>) { x[g.x] *= rk_params.k; }"),
+    ///     cpu: |_, _, _| Ok(()),
+    ///     stencil: None,
+    /// };
+    /// let k = SCALE.wgsl([64, 1, 1]).unwrap();
+    /// assert_eq!((k.bindings.len(), k.params_size), (2, 16));
+    /// assert!(SCALE.wgsl([128, 1, 1]).is_err());
+    /// ```
     pub fn wgsl(&self, workgroup_size: [u32; 3]) -> Result<WgslKernel, String> {
-        if let Err(e) = self.wgsl_source {
-            return Err(e.to_string());
+        let source = match self.wgsl_source {
+            Err(e) => return Err(e.to_string()),
+            Ok(s) => s,
+        };
+        if self.rust_source.is_empty() {
+            return self.hand_written_wgsl(source, workgroup_size);
         }
         let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
         match self.stencil {
@@ -122,6 +158,50 @@ impl GpuKernel {
             ),
         }
         .map_err(|e| e.to_string())
+    }
+
+    /// The layout of a hand-written kernel: that of a generated kernel with the same
+    /// parameters, with `source` as the module.
+    fn hand_written_wgsl(&self, source: &str, wg: [u32; 3]) -> Result<WgslKernel, String> {
+        let [x, y, z] = wg;
+        if !source.contains(&format!("@workgroup_size({x}, {y}, {z})")) {
+            return Err(format!(
+                "hand-written kernel `{}` does not declare @workgroup_size({x}, {y}, {z}), the \
+                 launch's block",
+                self.name
+            ));
+        }
+        let mut params = Vec::new();
+        for p in self.params {
+            let name = syn::Ident::new(p.name, proc_macro2::Span::call_site());
+            let ty: syn::Type = match p.kind {
+                ParamKind::Scalar(s) => syn::parse_str(s.rust_name()),
+                ParamKind::Slice { elem, mutable } => syn::parse_str(&format!(
+                    "&{}[{}]",
+                    if mutable { "mut " } else { "" },
+                    elem.rust_name()
+                )),
+                ParamKind::GridPos { dims: 3 } => syn::parse_str("GridPos3"),
+                ParamKind::GridPos { .. } => syn::parse_str("GridPos"),
+            }
+            .map_err(|e| e.to_string())?;
+            params.push(quote::quote!(#name: #ty));
+        }
+        let ident = syn::Ident::new(self.name, proc_macro2::Span::call_site());
+        let stub: syn::ItemFn = syn::parse_quote!(fn #ident(#(#params),*) {});
+        let mut layout = match self.stencil {
+            None => crate::transpile_global_kernel_wgsl_with(&stub, wg),
+            Some(st) => crate::transpile_stencil_kernel_wgsl(
+                &stub,
+                &StencilConfig {
+                    halo: st.halo,
+                    workgroup_size: wg,
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())?;
+        layout.source = source.to_string();
+        Ok(layout)
     }
 
     /// The parameters a launch passes arguments for (all but a stencil's `GridPos`).

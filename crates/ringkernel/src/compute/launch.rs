@@ -375,7 +375,10 @@ impl Device {
         let wgsl_like = matches!(self.kind(), BackendKind::Wgpu | BackendKind::Metal);
         let key: Key = (
             kernel.name,
-            fnv1a(kernel.rust_source),
+            // A hand-written kernel (no Rust source) is known by its sources.
+            fnv1a(kernel.rust_source)
+                ^ fnv1a(kernel.cuda_source).rotate_left(21)
+                ^ fnv1a(kernel.wgsl_source.unwrap_or("")).rotate_left(42),
             if wgsl_like { block } else { [0; 3] },
         );
         let cache = self.kernel_cache();
