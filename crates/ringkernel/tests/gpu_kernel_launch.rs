@@ -909,3 +909,84 @@ fn wgpu_refuses_wide_integers() {
 fn cuda_wide_integers() {
     wide_integers(&Device::cuda(0).unwrap());
 }
+
+/// A hand-written kernel (empty `rust_source`): its own WGSL and CUDA C with the layout
+/// of its parameters, and a Rust function for the CPU.
+const ADD_ONE_HAND: ringkernel::codegen::launch::GpuKernel =
+    ringkernel::codegen::launch::GpuKernel {
+        name: "add_one_hand",
+        params: &[
+            ringkernel::codegen::launch::StaticParam {
+                name: "x",
+                kind: ringkernel::codegen::ParamKind::Slice {
+                    elem: ringkernel::codegen::ScalarType::F32,
+                    mutable: true,
+                },
+            },
+            ringkernel::codegen::launch::StaticParam {
+                name: "n",
+                kind: ringkernel::codegen::ParamKind::Scalar(ringkernel::codegen::ScalarType::I32),
+            },
+        ],
+        rust_source: "",
+        cuda_source: "extern \"C\" __global__ void add_one_hand(float* x, int n) { \
+                  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }",
+        wgsl_source: Ok("struct P { n: i32, a: u32, b: u32, c: u32 }
+@group(0) @binding(0) var<uniform> prm: P;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@compute @workgroup_size(32, 1, 1)
+fn add_one_hand(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (i32(g.x) < prm.n) { x[g.x] += 1.0; }
+}"),
+        cpu: |_, _, args| {
+            use ringkernel::codegen::launch::FromArg;
+            let [x, n] = args else {
+                return Err(ringkernel::codegen::launch::ArgError::Count {
+                    kernel: "add_one_hand",
+                    expected: 2,
+                    got: args.len(),
+                });
+            };
+            let n = i32::from_arg(n, "n")?;
+            let x = <&mut [f32]>::from_arg(x, "x")?;
+            x.iter_mut().take(n as usize).for_each(|v| *v += 1.0);
+            Ok(())
+        },
+        stencil: None,
+    };
+
+fn hand_written(dev: &Device) {
+    let mut x: Vec<f32> = (0..77).map(|v| v as f32).collect();
+    dev.launch(&ADD_ONE_HAND, [3, 1, 1], [32, 1, 1], &mut args![&mut x, 70])
+        .unwrap();
+    let want: Vec<f32> = (0..77)
+        .map(|v| v as f32 + if v < 70 { 1.0 } else { 0.0 })
+        .collect();
+    assert_eq!(x, want, "{dev}");
+}
+
+#[test]
+fn cpu_hand_written_kernel() {
+    hand_written(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_hand_written_kernel() {
+    let dev = Device::wgpu().unwrap();
+    hand_written(&dev);
+    // Its WGSL is fixed: another block size is refused.
+    let mut x = vec![0.0f32; 4];
+    let e = dev
+        .launch(&ADD_ONE_HAND, [1, 1, 1], [64, 1, 1], &mut args![&mut x, 4])
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("@workgroup_size(64, 1, 1)"), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_hand_written_kernel() {
+    hand_written(&Device::cuda(0).unwrap());
+}
