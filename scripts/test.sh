@@ -157,6 +157,9 @@ examples() {
       echo "---- example $ex --device wgpu (--features wgpu)"
       cargo run -q -p ringkernel --features wgpu --example "$ex" -- --device wgpu
     done
+    # Generated vs hand-written kernels on lavapipe (small sizes; outputs compared).
+    echo "---- example codegen_bench --backends wgpu (--features wgpu)"
+    cargo run -q -p ringkernel --features wgpu --example codegen_bench -- --backends wgpu --iters 3
   else
     echo "SKIPPED: actor examples on --backend wgpu (no lavapipe)"
   fi

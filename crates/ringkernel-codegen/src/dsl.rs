@@ -14,8 +14,48 @@
 //! indices 0, dimensions 1.
 //!
 //! Because the CPU runs the threads one at a time, the atomics ([`atomic_add`], ...) are
-//! plain read-modify-writes there; kernels whose threads wait for each other (shared
-//! memory, barriers) are not part of the subset yet.
+//! plain read-modify-writes there.
+//!
+//! ## Shared arrays and barriers
+//!
+//! `let mut s = shared_array::<f32, 256>();` ([`shared_array`]) declares an array that
+//! all threads of a block share (CUDA `__shared__`, WGSL `var<workgroup>`), and
+//! [`sync_threads`] is the block's barrier. On the CPU, [`launch_with_barriers`] runs such
+//! a kernel: blocks one after another; within a block every thread has its own OS thread,
+//! but only one runs at a time: thread 0 runs until its first barrier (or its end), then
+//! thread 1, and so on; when all have arrived, the next stretch runs in the same order.
+//! So the CPU result is deterministic and equals the GPU's whenever the kernel is free of
+//! races between barriers. [`launch`] also provides shared arrays (fresh for every block)
+//! but panics at a barrier when a block has more than one thread.
+//!
+//! ```
+//! use ringkernel_codegen::dsl::*;
+//!
+//! // Sum of each block of 64 values: a tree reduction in shared memory.
+//! fn block_sum(x: &[f32], out: &mut [f32], n: i32) {
+//!     let mut part = shared_array::<f32, 64>();
+//!     let t = thread_idx_x();
+//!     let i = block_idx_x() * block_dim_x() + t;
+//!     part[t as usize] = if i < n { x[i as usize] } else { 0.0 };
+//!     sync_threads();
+//!     let mut s = block_dim_x() / 2;
+//!     while s > 0 {
+//!         if t < s {
+//!             part[t as usize] += part[(t + s) as usize];
+//!         }
+//!         sync_threads();
+//!         s /= 2;
+//!     }
+//!     if t == 0 {
+//!         out[block_idx_x() as usize] = part[0];
+//!     }
+//! }
+//!
+//! let x: Vec<f32> = (0..100).map(|v| v as f32).collect();
+//! let mut out = vec![0.0f32; 2];
+//! launch_with_barriers([2, 1, 1], [64, 1, 1], || block_sum(&x, &mut out, 100));
+//! assert_eq!(out, [(0..64).sum::<i32>() as f32, (64..100).sum::<i32>() as f32]);
+//! ```
 //!
 //! ```
 //! use ringkernel_codegen::dsl::*;
@@ -46,6 +86,9 @@
 
 use std::cell::Cell;
 
+mod block;
+pub use block::{launch_with_barriers, shared_array, sync_threads, SharedArray};
+
 #[derive(Clone, Copy)]
 struct LaunchState {
     thread: [u32; 3],
@@ -74,16 +117,18 @@ fn state() -> LaunchState {
 /// within a block before the next block). Sequential, on the calling thread. A zero
 /// dimension runs nothing. The previous state is restored afterwards, also on panic.
 pub fn launch(grid: [u32; 3], block: [u32; 3], mut body: impl FnMut()) {
-    struct Restore(LaunchState);
+    struct Restore(LaunchState, Option<std::sync::Arc<block::BlockCtx>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             STATE.with(|s| s.set(self.0));
+            block::enter(self.1.take());
         }
     }
-    let _restore = Restore(state());
+    let _restore = Restore(state(), block::enter(None));
     for bz in 0..grid[2] {
         for by in 0..grid[1] {
             for bx in 0..grid[0] {
+                block::enter(Some(block::fresh_block()));
                 for tz in 0..block[2] {
                     for ty in 0..block[1] {
                         for tx in 0..block[0] {
@@ -95,6 +140,7 @@ pub fn launch(grid: [u32; 3], block: [u32; 3], mut body: impl FnMut()) {
                                     grid_dim: grid,
                                 })
                             });
+                            block::next_thread();
                             body();
                         }
                     }

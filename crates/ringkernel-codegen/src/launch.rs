@@ -78,7 +78,10 @@ pub struct GpuKernel {
     pub name: &'static str,
     /// Parameters in order.
     pub params: &'static [StaticParam],
-    /// The function as Rust tokens (what the macro translated).
+    /// The function as Rust tokens (what the macro translated). Empty for a
+    /// hand-written kernel: then [`cuda_source`](Self::cuda_source) and
+    /// [`wgsl_source`](Self::wgsl_source) are used as they are (see
+    /// [`wgsl`](Self::wgsl)) and [`cpu`](Self::cpu) is the CPU implementation.
     pub rust_source: &'static str,
     /// CUDA C (`extern "C" __global__ void name(...)`).
     pub cuda_source: &'static str,
@@ -106,9 +109,42 @@ impl GpuKernel {
     /// The WGSL of this kernel with `workgroup_size` (translated again from
     /// [`rust_source`](Self::rust_source); the size is checked as
     /// [`crate::transpile_global_kernel_wgsl_with`] checks it).
+    ///
+    /// A hand-written kernel (empty `rust_source`) keeps its WGSL as it is, which must
+    /// follow the generated kernels' binding layout for its parameters (see the crate
+    /// docs) and declare `@workgroup_size` equal to `workgroup_size`:
+    ///
+    /// ```
+    /// use ringkernel_codegen::launch::{GpuKernel, StaticParam};
+    /// use ringkernel_codegen::{ParamKind, ScalarType};
+    ///
+    /// const SCALE: GpuKernel = GpuKernel {
+    ///     name: "scale",
+    ///     params: &[
+    ///         StaticParam { name: "x", kind: ParamKind::Slice { elem: ScalarType::F32, mutable: true } },
+    ///         StaticParam { name: "k", kind: ParamKind::Scalar(ScalarType::F32) },
+    ///     ],
+    ///     rust_source: "",
+    ///     cuda_source: "extern \"C\" __global__ void scale(float* x, float k) { x[threadIdx.x] *= k; }",
+    ///     wgsl_source: Ok("struct RkParams { k: f32, p0: u32, p1: u32, p2: u32 }
+    /// @group(0) @binding(0) var<uniform> rk_params: RkParams;
+    /// @group(0) @binding(1) var<storage, read_write> x: array<f32>;
+    /// @compute @workgroup_size(64, 1, 1)
+    /// fn scale(@builtin(global_invocation_id) g: vec3<u32>) { x[g.x] *= rk_params.k; }"),
+    ///     cpu: |_, _, _| Ok(()),
+    ///     stencil: None,
+    /// };
+    /// let k = SCALE.wgsl([64, 1, 1]).unwrap();
+    /// assert_eq!((k.bindings.len(), k.params_size), (2, 16));
+    /// assert!(SCALE.wgsl([128, 1, 1]).is_err());
+    /// ```
     pub fn wgsl(&self, workgroup_size: [u32; 3]) -> Result<WgslKernel, String> {
-        if let Err(e) = self.wgsl_source {
-            return Err(e.to_string());
+        let source = match self.wgsl_source {
+            Err(e) => return Err(e.to_string()),
+            Ok(s) => s,
+        };
+        if self.rust_source.is_empty() {
+            return self.hand_written_wgsl(source, workgroup_size);
         }
         let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
         match self.stencil {
@@ -122,6 +158,50 @@ impl GpuKernel {
             ),
         }
         .map_err(|e| e.to_string())
+    }
+
+    /// The layout of a hand-written kernel: that of a generated kernel with the same
+    /// parameters, with `source` as the module.
+    fn hand_written_wgsl(&self, source: &str, wg: [u32; 3]) -> Result<WgslKernel, String> {
+        let [x, y, z] = wg;
+        if !source.contains(&format!("@workgroup_size({x}, {y}, {z})")) {
+            return Err(format!(
+                "hand-written kernel `{}` does not declare @workgroup_size({x}, {y}, {z}), the \
+                 launch's block",
+                self.name
+            ));
+        }
+        let mut params = Vec::new();
+        for p in self.params {
+            let name = syn::Ident::new(p.name, proc_macro2::Span::call_site());
+            let ty: syn::Type = match p.kind {
+                ParamKind::Scalar(s) => syn::parse_str(s.rust_name()),
+                ParamKind::Slice { elem, mutable } => syn::parse_str(&format!(
+                    "&{}[{}]",
+                    if mutable { "mut " } else { "" },
+                    elem.rust_name()
+                )),
+                ParamKind::GridPos { dims: 3 } => syn::parse_str("GridPos3"),
+                ParamKind::GridPos { .. } => syn::parse_str("GridPos"),
+            }
+            .map_err(|e| e.to_string())?;
+            params.push(quote::quote!(#name: #ty));
+        }
+        let ident = syn::Ident::new(self.name, proc_macro2::Span::call_site());
+        let stub: syn::ItemFn = syn::parse_quote!(fn #ident(#(#params),*) {});
+        let mut layout = match self.stencil {
+            None => crate::transpile_global_kernel_wgsl_with(&stub, wg),
+            Some(st) => crate::transpile_stencil_kernel_wgsl(
+                &stub,
+                &StencilConfig {
+                    halo: st.halo,
+                    workgroup_size: wg,
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())?;
+        layout.source = source.to_string();
+        Ok(layout)
     }
 
     /// The parameters a launch passes arguments for (all but a stencil's `GridPos`).
@@ -173,6 +253,10 @@ pub fn kind_name(kind: ParamKind) -> &'static str {
             (Bool, true) => "&mut [bool]",
             (Usize, false) => "&[usize]",
             (Usize, true) => "&mut [usize]",
+            (I64, false) => "&[i64]",
+            (I64, true) => "&mut [i64]",
+            (U64, false) => "&[u64]",
+            (U64, true) => "&mut [u64]",
         },
         ParamKind::GridPos { dims: 3 } => "GridPos3",
         ParamKind::GridPos { .. } => "GridPos",
@@ -237,6 +321,10 @@ pub enum KernelArg<'a> {
     U32(u32),
     /// A `bool` scalar.
     Bool(bool),
+    /// An `i64` scalar (CUDA and CPU only).
+    I64(i64),
+    /// A `u64` scalar (CUDA and CPU only).
+    U64(u64),
     /// `&[f32]`.
     F32s(&'a [f32]),
     /// `&mut [f32]`.
@@ -253,6 +341,14 @@ pub enum KernelArg<'a> {
     U32s(&'a [u32]),
     /// `&mut [u32]`.
     U32sMut(&'a mut [u32]),
+    /// `&[i64]` (CUDA and CPU only).
+    I64s(&'a [i64]),
+    /// `&mut [i64]`.
+    I64sMut(&'a mut [i64]),
+    /// `&[u64]` (CUDA and CPU only).
+    U64s(&'a [u64]),
+    /// `&mut [u64]`.
+    U64sMut(&'a mut [u64]),
     /// f32 data already on a device (the `ringkernel` facade's `Tensor`), for an `f32`
     /// slice parameter: GPU launchers bind it without a copy; the CPU launcher stages it
     /// through host memory.
@@ -283,6 +379,12 @@ impl KernelArg<'_> {
             KernelArg::I32sMut(_) => "&mut [i32]",
             KernelArg::U32s(_) => "&[u32]",
             KernelArg::U32sMut(_) => "&mut [u32]",
+            KernelArg::I64(_) => "i64",
+            KernelArg::U64(_) => "u64",
+            KernelArg::I64s(_) => "&[i64]",
+            KernelArg::I64sMut(_) => "&mut [i64]",
+            KernelArg::U64s(_) => "&[u64]",
+            KernelArg::U64sMut(_) => "&mut [u64]",
             KernelArg::Device { mutable: false, .. } => "&Tensor",
             KernelArg::Device { mutable: true, .. } => "&mut Tensor",
         }
@@ -304,6 +406,12 @@ impl KernelArg<'_> {
             KernelArg::I32sMut(s) => KernelArg::I32sMut(s),
             KernelArg::U32s(s) => KernelArg::U32s(s),
             KernelArg::U32sMut(s) => KernelArg::U32sMut(s),
+            KernelArg::I64(x) => KernelArg::I64(*x),
+            KernelArg::U64(x) => KernelArg::U64(*x),
+            KernelArg::I64s(s) => KernelArg::I64s(s),
+            KernelArg::I64sMut(s) => KernelArg::I64sMut(s),
+            KernelArg::U64s(s) => KernelArg::U64s(s),
+            KernelArg::U64sMut(s) => KernelArg::U64sMut(s),
             KernelArg::Device {
                 buffer,
                 len,
@@ -328,16 +436,22 @@ impl KernelArg<'_> {
                     | (S::I32, A::I32(_))
                     | (S::U32, A::U32(_))
                     | (S::Bool, A::Bool(_))
+                    | (S::I64, A::I64(_))
+                    | (S::U64, A::U64(_))
             ),
             ParamKind::Slice { elem, mutable } => match (elem, self) {
                 (S::F32, A::F32sMut(_))
                 | (S::F64, A::F64sMut(_))
                 | (S::I32, A::I32sMut(_))
-                | (S::U32, A::U32sMut(_)) => true,
+                | (S::U32, A::U32sMut(_))
+                | (S::I64, A::I64sMut(_))
+                | (S::U64, A::U64sMut(_)) => true,
                 (S::F32, A::F32s(_))
                 | (S::F64, A::F64s(_))
                 | (S::I32, A::I32s(_))
-                | (S::U32, A::U32s(_)) => !mutable,
+                | (S::U32, A::U32s(_))
+                | (S::I64, A::I64s(_))
+                | (S::U64, A::U64s(_)) => !mutable,
                 (S::F32, A::Device { mutable: m, .. }) => *m || !mutable,
                 _ => false,
             },
@@ -353,6 +467,8 @@ impl KernelArg<'_> {
             KernelArg::I32(x) => x.to_le_bytes().to_vec(),
             KernelArg::U32(x) => x.to_le_bytes().to_vec(),
             KernelArg::Bool(x) => vec![*x as u8],
+            KernelArg::I64(x) => x.to_le_bytes().to_vec(),
+            KernelArg::U64(x) => x.to_le_bytes().to_vec(),
             _ => return None,
         })
     }
@@ -373,6 +489,10 @@ impl KernelArg<'_> {
             KernelArg::U32sMut(s) => w(s, |v| v),
             KernelArg::F64s(s) => f64_words(s),
             KernelArg::F64sMut(s) => f64_words(s),
+            KernelArg::I64s(s) => u64_words(s.iter().map(|&v| v as u64)),
+            KernelArg::I64sMut(s) => u64_words(s.iter().map(|&v| v as u64)),
+            KernelArg::U64s(s) => u64_words(s.iter().copied()),
+            KernelArg::U64sMut(s) => u64_words(s.iter().copied()),
             _ => return None,
         })
     }
@@ -393,9 +513,9 @@ impl KernelArg<'_> {
             KernelArg::F32sMut(s) => st(s, words, 1, |w| w[0]),
             KernelArg::I32sMut(s) => st(s, words, 1, |w| w[0].to_bits() as i32),
             KernelArg::U32sMut(s) => st(s, words, 1, |w| w[0].to_bits()),
-            KernelArg::F64sMut(s) => st(s, words, 2, |w| {
-                f64::from_bits(w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32)
-            }),
+            KernelArg::F64sMut(s) => st(s, words, 2, |w| f64::from_bits(word_pair(w))),
+            KernelArg::I64sMut(s) => st(s, words, 2, |w| word_pair(w) as i64),
+            KernelArg::U64sMut(s) => st(s, words, 2, word_pair),
             _ => false,
         }
     }
@@ -411,6 +531,10 @@ impl KernelArg<'_> {
             KernelArg::U32sMut(s) => s.len(),
             KernelArg::F64s(s) => 2 * s.len(),
             KernelArg::F64sMut(s) => 2 * s.len(),
+            KernelArg::I64s(s) => 2 * s.len(),
+            KernelArg::I64sMut(s) => 2 * s.len(),
+            KernelArg::U64s(s) => 2 * s.len(),
+            KernelArg::U64sMut(s) => 2 * s.len(),
             _ => 0,
         }
     }
@@ -423,17 +547,25 @@ impl KernelArg<'_> {
                 | KernelArg::F64sMut(_)
                 | KernelArg::I32sMut(_)
                 | KernelArg::U32sMut(_)
+                | KernelArg::I64sMut(_)
+                | KernelArg::U64sMut(_)
         )
     }
 }
 
 fn f64_words(s: &[f64]) -> Vec<f32> {
-    s.iter()
-        .flat_map(|v| {
-            let b = v.to_bits();
-            [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)]
-        })
+    u64_words(s.iter().map(|v| v.to_bits()))
+}
+
+/// 64-bit values as pairs of 32-bit words, low word first.
+fn u64_words(s: impl Iterator<Item = u64>) -> Vec<f32> {
+    s.flat_map(|b| [f32::from_bits(b as u32), f32::from_bits((b >> 32) as u32)])
         .collect()
+}
+
+/// The 64-bit value of a pair of words (low first).
+fn word_pair(w: &[f32]) -> u64 {
+    w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32
 }
 
 macro_rules! from_impls {
@@ -445,7 +577,7 @@ macro_rules! from_impls {
         }
     )*};
 }
-from_impls!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool);
+from_impls!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool, i64 => I64, u64 => U64);
 
 macro_rules! from_slices {
     ($($t:ty => $v:ident, $m:ident;)*) => {$(
@@ -526,13 +658,15 @@ macro_rules! from_arg_scalars {
         }
     )*};
 }
-from_arg_scalars!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool);
+from_arg_scalars!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, bool => Bool, i64 => I64, u64 => U64);
 
 from_slices! {
     f32 => F32s, F32sMut;
     f64 => F64s, F64sMut;
     i32 => I32s, I32sMut;
     u32 => U32s, U32sMut;
+    i64 => I64s, I64sMut;
+    u64 => U64s, U64sMut;
 }
 
 /// An array of [`KernelArg`]s from scalars, slices, arrays and `Vec`s (`&v` read-only,
@@ -554,11 +688,15 @@ mod tests {
         let mut i = vec![-1i32, i32::MIN, 7];
         let mut u = vec![u32::MAX, 0, 3];
         let mut d = vec![1.0e300f64, -2.5, f64::MIN_POSITIVE];
+        let mut l = vec![i64::MIN, -3, i64::MAX];
+        let mut q = vec![u64::MAX, 1 << 40, 9];
         for a in [
             KernelArg::from(&mut f),
             KernelArg::from(&mut i),
             KernelArg::from(&mut u),
             KernelArg::from(&mut d),
+            KernelArg::from(&mut l),
+            KernelArg::from(&mut q),
         ]
         .iter_mut()
         {
@@ -575,6 +713,12 @@ mod tests {
         assert_eq!(i, vec![-1, i32::MIN, 7]);
         assert_eq!(u, vec![u32::MAX, 0, 3]);
         assert_eq!(d, vec![1.0e300, -2.5, f64::MIN_POSITIVE]);
+        assert_eq!(l, vec![i64::MIN, -3, i64::MAX]);
+        assert_eq!(q, vec![u64::MAX, 1 << 40, 9]);
+        assert_eq!(
+            KernelArg::from(-2i64).scalar_bytes(),
+            Some((-2i64).to_le_bytes().to_vec())
+        );
         let ro = [1.0f32];
         let mut a = KernelArg::from(&ro);
         assert!(!a.is_mut_slice() && !a.store_words(&[2.0]));

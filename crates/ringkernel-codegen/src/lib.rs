@@ -50,6 +50,21 @@
 //!   the old value. In WGSL such a slice becomes `array<atomic<T>>`, and its plain reads and
 //!   writes become `atomicLoad`/`atomicStore` (a `+=` on it is a load and a store, not one
 //!   atomic step, as in Rust).
+//! * **Shared memory and barriers** (global kernels): `let mut s = shared_array::<T, N>();`
+//!   at the top level of the body declares an array of the block's shared memory (CUDA
+//!   `__shared__ T s[N];`, WGSL `var<workgroup> s: array<T, N>;`); `sync_threads();` is
+//!   the block's barrier (CUDA `__syncthreads()`, WGSL `storageBarrier();
+//!   workgroupBarrier();`). Every thread of a block must reach the same barriers (WGSL's
+//!   uniformity analysis rejects a barrier under a condition that depends on the thread,
+//!   which surfaces as a compile error at launch). The CPU runs such kernels through
+//!   [`dsl::launch_with_barriers`] (see [`dsl`] for how).
+//!
+//! * **Helper functions**: plain `fn`s defined at the top level of the kernel's body,
+//!   with scalar parameters (`mut` allowed) and a scalar result, may be called from the
+//!   kernel and from each other (no recursion): CUDA `__device__` functions and WGSL
+//!   module functions named `rk_fn_<name>`. They use the same statements and expressions
+//!   as kernels (`return value;` and a tail value included), but no thread indices (pass
+//!   them as parameters), shared arrays or barriers.
 //!
 //! Unsuffixed literals take the type of the other operand, of the annotation or of the
 //! parameter they are passed to, else `i32`/`f32`; Rust infers a literal's type from later
@@ -59,8 +74,7 @@
 //! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs, calls of other functions, shared/workgroup memory and
-//! barriers, 64-bit integers.
+//! Not yet in the subset: structs (`GpuType`) as parameters or locals.
 //!
 //! ## Launching on every backend
 //!
@@ -78,9 +92,12 @@
 //! | `f64`           | `double`               | error: WGSL has no `f64`                   |
 //! | `i32`           | `int`                  | `i32`                                      |
 //! | `u32`           | `unsigned int`         | `u32`                                      |
+//! | `i64`           | `long long`            | error: WGSL has no 64-bit integers         |
+//! | `u64`           | `unsigned long long`   | error: WGSL has no 64-bit integers         |
 //! | `bool`          | `bool`                 | `bool` (a `u32` 0/1 in the params block)   |
 //! | `usize` (local) | `unsigned long long`   | `u32`                                      |
 //! | `[T; N]` local  | `T name[N]`            | `array<T, N>`                              |
+//! | `shared_array::<T, N>()` | `__shared__ T name[N]` | `var<workgroup> name: array<T, N>` |
 //! | `&[T]` param    | `const T* name`        | `var<storage, read> name: array<T>`        |
 //! | `&mut [T]` param| `T* name`              | `var<storage, read_write> name: array<T>`  |
 //! | scalar param    | `T name`               | a field of the uniform params struct       |

@@ -19,6 +19,10 @@ pub enum ScalarType {
     Usize,
     /// `bool`: CUDA `bool`, WGSL `bool` (a `u32` in the WGSL parameter block).
     Bool,
+    /// `i64`: CUDA `long long`; not available in WGSL (a translation error).
+    I64,
+    /// `u64`: CUDA `unsigned long long`; not available in WGSL (a translation error).
+    U64,
 }
 
 impl ScalarType {
@@ -31,6 +35,8 @@ impl ScalarType {
             ScalarType::U32 => "u32",
             ScalarType::Usize => "usize",
             ScalarType::Bool => "bool",
+            ScalarType::I64 => "i64",
+            ScalarType::U64 => "u64",
         }
     }
 
@@ -43,14 +49,16 @@ impl ScalarType {
             ScalarType::U32 => "unsigned int",
             ScalarType::Usize => "unsigned long long",
             ScalarType::Bool => "bool",
+            ScalarType::I64 => "long long",
+            ScalarType::U64 => "unsigned long long",
         }
     }
 
-    /// The WGSL spelling (`None` for `f64`, which WGSL lacks).
+    /// The WGSL spelling (`None` for `f64`, `i64` and `u64`, which WGSL lacks).
     pub fn wgsl_name(self) -> Option<&'static str> {
         match self {
             ScalarType::F32 => Some("f32"),
-            ScalarType::F64 => None,
+            ScalarType::F64 | ScalarType::I64 | ScalarType::U64 => None,
             ScalarType::I32 => Some("i32"),
             ScalarType::U32 | ScalarType::Usize => Some("u32"),
             ScalarType::Bool => Some("bool"),
@@ -62,11 +70,21 @@ impl ScalarType {
     }
 
     pub(crate) fn is_int(self) -> bool {
-        matches!(self, ScalarType::I32 | ScalarType::U32 | ScalarType::Usize)
+        matches!(
+            self,
+            ScalarType::I32
+                | ScalarType::U32
+                | ScalarType::Usize
+                | ScalarType::I64
+                | ScalarType::U64
+        )
     }
 
     pub(crate) fn is_signed(self) -> bool {
-        matches!(self, ScalarType::I32 | ScalarType::F32 | ScalarType::F64)
+        matches!(
+            self,
+            ScalarType::I32 | ScalarType::I64 | ScalarType::F32 | ScalarType::F64
+        )
     }
 
     pub(crate) fn from_name(s: &str) -> Option<Self> {
@@ -77,6 +95,8 @@ impl ScalarType {
             "u32" => ScalarType::U32,
             "usize" => ScalarType::Usize,
             "bool" => ScalarType::Bool,
+            "i64" => ScalarType::I64,
+            "u64" => ScalarType::U64,
             _ => return None,
         })
     }
@@ -118,8 +138,8 @@ impl Ty {
     }
 }
 
-pub(crate) const SUPPORTED_TYPES: &str = "f32, f64 (CUDA only), i32, u32, bool, usize (for \
-     indices), [T; N] locals, &[T] and &mut [T] parameters, GridPos/GridPos3 (stencil kernels)";
+pub(crate) const SUPPORTED_TYPES: &str = "f32, f64 (CUDA only), i32, u32, i64 and u64 (CUDA \
+     only), bool, usize (for indices), [T; N] locals, &[T] and &mut [T] parameters, GridPos/GridPos3 (stencil kernels)";
 
 /// The spelling of a scalar for `target`; `f64` on WGSL is an error at `span_of`.
 pub(crate) fn scalar_name(
@@ -129,8 +149,24 @@ pub(crate) fn scalar_name(
 ) -> syn::Result<&'static str> {
     match target {
         Target::Cuda => Ok(s.cuda_name()),
-        Target::Wgsl => s.wgsl_name().ok_or_else(|| f64_error(span_of)),
+        Target::Wgsl => s.wgsl_name().ok_or_else(|| no_wgsl_type(s, span_of)),
     }
+}
+
+/// The error for a type WGSL lacks (`f64`, `i64`, `u64`) at `span_of`.
+pub(crate) fn no_wgsl_type(s: ScalarType, span_of: &dyn quote::ToTokens) -> syn::Error {
+    if s == ScalarType::F64 {
+        return f64_error(span_of);
+    }
+    syn::Error::new_spanned(
+        span_of,
+        format!(
+            "type `{}` is not available in WGSL (it has no 64-bit integers); use `i32`/`u32` in \
+             kernels translated to WGSL ({} is supported on CUDA only)",
+            s.rust_name(),
+            s.rust_name()
+        ),
+    )
 }
 
 pub(crate) fn f64_error(span_of: &dyn quote::ToTokens) -> syn::Error {
@@ -165,8 +201,8 @@ pub(crate) fn parse_type(ty: &syn::Type, target: Target) -> syn::Result<Ty> {
                 if p.path.segments.len() != 1 {
                     return Err(unsupported());
                 }
-                if s == ScalarType::F64 && target == Target::Wgsl {
-                    return Err(f64_error(ty));
+                if target == Target::Wgsl && s.wgsl_name().is_none() {
+                    return Err(no_wgsl_type(s, ty));
                 }
                 return Ok(Ty::Scalar(s));
             }

@@ -531,6 +531,9 @@ fn execution_kernels_cuda_type_checks() {
         kernels::mixed::source(),
         kernels::histogram::source(),
         kernels::control::source(),
+        kernels::block_reduce::source(),
+        kernels::tile_transpose::source(),
+        kernels::with_helpers::source(),
     ] {
         check_cuda_syntax(&transpile_global_kernel(&f).unwrap());
     }
@@ -638,4 +641,41 @@ fn kernel_params_describe_the_signature() {
     );
     let bad: syn::ItemFn = parse_quote! { fn k(n: usize) {} };
     assert!(kernel_params(&bad).is_err());
+}
+
+/// naga's MSL of every kernel the execution tests run (also where no adapter runs them):
+/// workgroup memory becomes `threadgroup`, barriers `threadgroup_barrier`, helpers
+/// functions of their own.
+#[test]
+fn execution_kernels_give_msl() {
+    for f in [
+        kernels::saxpy::source(),
+        kernels::branchy::source(),
+        kernels::classify::source(),
+        kernels::loops::source(),
+        kernels::mixed::source(),
+        kernels::histogram::source(),
+        kernels::control::source(),
+        kernels::with_helpers::source(),
+    ] {
+        check_wgsl(&transpile_global_kernel_wgsl(&f).unwrap());
+    }
+    let reduce =
+        transpile_global_kernel_wgsl_with(&kernels::block_reduce::source(), [256, 1, 1]).unwrap();
+    assert!(reduce
+        .source
+        .contains("var<workgroup> part: array<f32, 256>;"));
+    let msl = check_wgsl(&reduce);
+    assert!(msl.contains("threadgroup"), "{msl}");
+    assert!(msl.contains("threadgroup_barrier"), "{msl}");
+    let tile =
+        transpile_global_kernel_wgsl_with(&kernels::tile_transpose::source(), [16, 16, 1]).unwrap();
+    assert!(check_wgsl(&tile).contains("threadgroup_barrier"));
+    let helpers =
+        check_wgsl(&transpile_global_kernel_wgsl(&kernels::with_helpers::source()).unwrap());
+    assert!(helpers.contains("rk_fn_smooth"), "{helpers}");
+    let cfg = StencilConfig::new(1);
+    check_wgsl(&transpile_stencil_kernel_wgsl(&kernels::laplace::source(), &cfg).unwrap());
+    let cfg3 = StencilConfig::new_3d(1);
+    check_wgsl(&transpile_stencil_kernel_wgsl(&kernels::heat3::source(), &cfg3).unwrap());
 }

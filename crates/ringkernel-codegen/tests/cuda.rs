@@ -8,7 +8,9 @@ mod kernels;
 use common::{assert_close, Rng};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kernels::*;
-use ringkernel_codegen::dsl::{launch, stencil_2d, stencil_3d, GridPos, GridPos3};
+use ringkernel_codegen::dsl::{
+    launch, launch_with_barriers, stencil_2d, stencil_3d, GridPos, GridPos3,
+};
 use ringkernel_codegen::{transpile_global_kernel, transpile_stencil_kernel, StencilConfig};
 use std::sync::Arc;
 
@@ -272,4 +274,67 @@ fn cuda_control_flow_matches_cpu() {
     // SAFETY: (const int*, int*, int) as generated; n elements each.
     unsafe { b.launch(cfg) }.unwrap();
     assert_eq!(stream.clone_dtoh(&od).unwrap(), cpu);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_shared_memory_reduction_matches_cpu() {
+    let mut rng = Rng::fresh("cuda_block_reduce");
+    let src = transpile_global_kernel(&block_reduce::source()).unwrap();
+    let (stream, f) = load(&src, "block_reduce");
+    for block in [64u32, 256, 32] {
+        let n = rng.usize(1, 200_000);
+        let x = rng.vec_f32(n, -10.0, 10.0);
+        let blocks = n.div_ceil(block as usize);
+        let (mut sums, mut maxes) = (vec![0.0f32; blocks], vec![0.0f32; blocks]);
+        launch_with_barriers([blocks as u32, 1, 1], [block, 1, 1], || {
+            block_reduce::block_reduce(&x, &mut sums, &mut maxes, n as i32)
+        });
+        let xd = stream.clone_htod(&x).unwrap();
+        let mut sd = stream.alloc_zeros::<f32>(blocks).unwrap();
+        let mut md = stream.alloc_zeros::<f32>(blocks).unwrap();
+        let ni = n as i32;
+        let mut b = stream.launch_builder(&f);
+        b.arg(&xd).arg(&mut sd).arg(&mut md).arg(&ni);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: (const float*, float*, float*, int) as generated; x holds n floats and
+        // the outputs one per block, the ranges the kernel touches.
+        unsafe { b.launch(cfg) }.unwrap();
+        assert_close(
+            "cuda block sums",
+            &stream.clone_dtoh(&sd).unwrap(),
+            &sums,
+            1e-5,
+        );
+        assert_eq!(stream.clone_dtoh(&md).unwrap(), maxes);
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_helper_functions_match_cpu() {
+    let mut rng = Rng::fresh("cuda_with_helpers");
+    let src = transpile_global_kernel(&with_helpers::source()).unwrap();
+    let (stream, f) = load(&src, "with_helpers");
+    let n = rng.usize(1, 100_000);
+    let x = rng.vec_f32(n, -4.0, 4.0);
+    let codes = rng.vec_i32(n, -50, 50);
+    let mut cpu = vec![0.0f32; n];
+    let cfg = cfg_1d(n);
+    launch([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        with_helpers::with_helpers(&x, &codes, &mut cpu, n as i32)
+    });
+    let xd = stream.clone_htod(&x).unwrap();
+    let cd = stream.clone_htod(&codes).unwrap();
+    let mut od = stream.alloc_zeros::<f32>(n).unwrap();
+    let ni = n as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&xd).arg(&cd).arg(&mut od).arg(&ni);
+    // SAFETY: (const float*, const int*, float*, int) as generated; n elements each.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_close("cuda helpers", &stream.clone_dtoh(&od).unwrap(), &cpu, 1e-5);
 }

@@ -7,6 +7,8 @@ use ringkernel_codegen::{
 };
 use syn::parse_quote;
 
+mod common;
+
 /// The error of translating `f` to CUDA and to WGSL; both must fail with `needle`.
 fn fails(f: syn::ItemFn, needle: &str) {
     let cuda = transpile_global_kernel(&f).expect_err("CUDA translation should fail");
@@ -41,7 +43,7 @@ fn signatures() {
         parse_quote! { fn k(n: usize) {} },
         "`usize` parameters are not supported",
     );
-    fails(parse_quote! { fn k(v: Vec<f32>) {} }, "unsupported type `Vec < f32 >`; the kernel subset supports f32, f64 (CUDA only), i32, u32, bool");
+    fails(parse_quote! { fn k(v: Vec<f32>) {} }, "unsupported type `Vec < f32 >`; the kernel subset supports f32, f64 (CUDA only), i32, u32, i64 and u64 (CUDA only), bool");
     fails(
         parse_quote! { fn k(v: &f32) {} },
         "references other than slices are not supported",
@@ -51,8 +53,8 @@ fn signatures() {
         "parameters must be plain names",
     );
     fails(
-        parse_quote! { fn k(x: &[i64]) {} },
-        "unsupported type `i64`",
+        parse_quote! { fn k(x: &[i128]) {} },
+        "unsupported type `i128`",
     );
     fails(
         parse_quote! { fn float(x: &[f32]) {} },
@@ -75,8 +77,8 @@ fn statements() {
         "macros are not supported in kernels; supported statements: `let`, assignments",
     );
     fails(
-        parse_quote! { fn k(x: &mut [f32]) { fn helper() {} } },
-        "items (functions, structs, constants, uses) inside a kernel are not supported",
+        parse_quote! { fn k(x: &mut [f32]) { struct S; } },
+        "items inside a kernel are not supported",
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { let (a, b) = (1.0, 2.0); } },
@@ -286,4 +288,129 @@ fn stencil_errors() {
     let ok: syn::ItemFn = parse_quote! { fn k(p: GridPos, x: &mut [f32]) {} };
     let e = transpile_stencil_kernel(&ok, &big).unwrap_err().to_string();
     assert!(e.contains("the stencil halo must be 1 to 16 cells"), "{e}");
+}
+
+#[test]
+fn shared_memory_and_barriers() {
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { if true { let mut s = shared_array::<f32, 8>(); } } },
+        "shared arrays are declared at the top level of the kernel body",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let s = shared_array::<f32, 8>(); } },
+        "a shared array must be declared `let mut`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32>(); } },
+        "shared arrays are declared as `let mut name = shared_array::<T, N>();`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32, 0>(); } },
+        "local arrays need 1 to 1024 elements",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<usize, 4>(); } },
+        "`usize` has no fixed size on the GPU",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let v = 1.0 + shared_array::<f32, 4>(); } },
+        "is the initializer of a top-level",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let a = sync_threads(); } },
+        "`sync_threads()` is a statement",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { sync_threads(1); } },
+        "`sync_threads()` takes no arguments",
+    );
+    let stencil: syn::ItemFn = parse_quote! {
+        fn k(pos: GridPos, x: &mut [f32]) { sync_threads(); x[pos.idx()] = 1.0; }
+    };
+    let e = transpile_stencil_kernel(&stencil, &StencilConfig::new(1)).unwrap_err();
+    assert!(
+        e.to_string().contains("not available in stencil kernels"),
+        "{e}"
+    );
+}
+
+#[test]
+fn helper_functions() {
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { f(v) } x[0] = f(1.0); } },
+        "helper `f` calls itself (directly or through other helpers)",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: &[f32]) -> f32 { v[0] } } },
+        "helper functions take scalar parameters",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) { } } },
+        "a helper function returns a value",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f() -> i32 { thread_idx_x() } x[0] = f() as f32; } },
+        "thread and block indices are not available in helper functions",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { v } x[0] = f(1.0, 2.0); } },
+        "this helper takes 1 argument",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { v } x[0] = f(1); } },
+        "mismatched types: expected `f32`, found `i32`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { fn f(v: f32) -> f32 { return; } } },
+        "a helper function returns a value: `return value;`",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { if true { fn f(v: f32) -> f32 { v } } } },
+        "helper functions are defined at the top level of the kernel body",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { x[0] = g(1.0); } },
+        "helper functions defined at the top level of the kernel's",
+    );
+}
+
+/// i64/u64: CUDA `long long`/`unsigned long long`; in WGSL an error naming the type.
+#[test]
+fn wide_integers_are_cuda_only() {
+    let f: syn::ItemFn = parse_quote! {
+        fn k(x: &mut [i64], y: &[u64], s: i64, n: i32) {
+            let i = thread_idx_x();
+            if i < n {
+                let big: u64 = y[i as usize] * 3 + u64::MAX / 7;
+                x[i as usize] = s * (big >> 2u32) as i64 - 9223372036854775807 + i64::MIN / 2;
+            }
+        }
+    };
+    let cuda = transpile_global_kernel(&f).unwrap();
+    common::check_cuda_syntax(&cuda);
+    assert!(
+        cuda.contains("void k(long long* x, const unsigned long long* y, long long s, int n)"),
+        "{cuda}"
+    );
+    assert!(cuda.contains("(-9223372036854775807ll - 1ll)"), "{cuda}");
+    let e = transpile_global_kernel_wgsl(&f).unwrap_err().to_string();
+    assert!(e.starts_with("type `i64` is not available in WGSL"), "{e}");
+    let g: syn::ItemFn = parse_quote! {
+        fn k(x: &mut [u32]) {
+            let y = x[0] as u64;
+        }
+    };
+    assert!(transpile_global_kernel(&g).is_ok());
+    let e = transpile_global_kernel_wgsl(&g).unwrap_err().to_string();
+    assert!(e.contains("type `u64` is not available in WGSL"), "{e}");
+    // Out of range literals and atomics on 64-bit elements are refused.
+    let h: syn::ItemFn = parse_quote! { fn k(x: &mut [i64]) { x[0] = 18446744073709551615; } };
+    let e = transpile_global_kernel(&h).unwrap_err().to_string();
+    assert!(e.contains("does not fit in `i64`"), "{e}");
+    let a: syn::ItemFn = parse_quote! { fn k(x: &mut [u64]) { atomic_add(&mut x[0], 1); } };
+    let e = transpile_global_kernel(&a).unwrap_err().to_string();
+    assert!(
+        e.contains("atomics take an element of a `&mut [u32]` or `&mut [i32]`"),
+        "{e}"
+    );
 }

@@ -6,9 +6,12 @@ mod kernels;
 
 use common::{assert_close, check_wgsl, gpu, run, Data, Rng};
 use kernels::*;
-use ringkernel_codegen::dsl::{launch, stencil_2d, stencil_3d, GridPos, GridPos3};
+use ringkernel_codegen::dsl::{
+    launch, launch_with_barriers, stencil_2d, stencil_3d, GridPos, GridPos3,
+};
 use ringkernel_codegen::{
-    transpile_global_kernel_wgsl, transpile_stencil_kernel_wgsl, ParamValue as P, StencilConfig,
+    transpile_global_kernel_wgsl, transpile_global_kernel_wgsl_with, transpile_stencil_kernel_wgsl,
+    ParamValue as P, StencilConfig,
 };
 
 /// Workgroups for `n` threads of 64.
@@ -246,4 +249,132 @@ fn control_flow_matches_cpu() {
     let params = k.pack_params(&[P::I32(n as i32)]).unwrap();
     run(&ctx, &k, &params, &mut data, groups(n));
     assert_eq!(data[1].i32(), &cpu[..]);
+}
+
+/// Block sums and maxima through shared memory and barriers: the CPU (threads of a block
+/// interleaved at the barriers) against an f64 reference, then the GPU against the CPU.
+#[test]
+fn shared_memory_reduction_matches_cpu_and_reference() {
+    let mut rng = Rng::fresh("block_reduce");
+    for block in [64u32, 256, 32] {
+        let n = rng.usize(1, 3000);
+        let x = rng.vec_f32(n, -10.0, 10.0);
+        let blocks = n.div_ceil(block as usize);
+        let (mut sums, mut maxes) = (vec![0.0f32; blocks], vec![0.0f32; blocks]);
+        launch_with_barriers([blocks as u32, 1, 1], [block, 1, 1], || {
+            block_reduce::block_reduce(&x, &mut sums, &mut maxes, n as i32)
+        });
+        for (b, chunk) in x.chunks(block as usize).enumerate() {
+            let want: f64 = chunk.iter().map(|&v| v as f64).sum();
+            let bound = 1e-5 * chunk.iter().map(|v| v.abs() as f64).sum::<f64>() + 1e-6;
+            assert!(
+                (sums[b] as f64 - want).abs() <= bound,
+                "block {b}: {} vs {want}",
+                sums[b]
+            );
+            let m = chunk.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(maxes[b], m, "block {b} max");
+        }
+        let Some(ctx) = gpu("shared_memory_reduction_matches_cpu_and_reference") else {
+            continue;
+        };
+        let k = transpile_global_kernel_wgsl_with(&block_reduce::source(), [block, 1, 1]).unwrap();
+        check_wgsl(&k);
+        let mut data = [
+            Data::F32(x.clone()),
+            Data::F32(vec![0.0; blocks]),
+            Data::F32(vec![0.0; blocks]),
+        ];
+        let params = k.pack_params(&[P::I32(n as i32)]).unwrap();
+        run(&ctx, &k, &params, &mut data, [blocks as u32, 1, 1]);
+        assert_close("block sums", data[1].f32(), &sums, 1e-5);
+        assert_eq!(data[2].f32(), &maxes[..]);
+    }
+}
+
+/// A shared 16 x 16 tile with 2-D thread indices: an exact transpose on the CPU and
+/// the GPU.
+#[test]
+fn shared_tile_transpose_matches_cpu() {
+    let mut rng = Rng::fresh("tile_transpose");
+    let (w, h) = (rng.usize(1, 90), rng.usize(1, 70));
+    let a: Vec<u32> = (0..w * h).map(|_| rng.i32(0, i32::MAX) as u32).collect();
+    let grid = [w.div_ceil(16) as u32, h.div_ceil(16) as u32, 1];
+    let mut cpu = vec![0u32; w * h];
+    launch_with_barriers(grid, [16, 16, 1], || {
+        tile_transpose::tile_transpose(&a, &mut cpu, w as i32, h as i32)
+    });
+    for y in 0..h {
+        for x in 0..w {
+            assert_eq!(cpu[x * h + y], a[y * w + x], "({x}, {y})");
+        }
+    }
+    let Some(ctx) = gpu("shared_tile_transpose_matches_cpu") else {
+        return;
+    };
+    let k = transpile_global_kernel_wgsl_with(&tile_transpose::source(), [16, 16, 1]).unwrap();
+    check_wgsl(&k);
+    let mut data = [Data::U32(a.clone()), Data::U32(vec![0; w * h])];
+    let params = k
+        .pack_params(&[P::I32(w as i32), P::I32(h as i32)])
+        .unwrap();
+    run(&ctx, &k, &params, &mut data, grid);
+    assert_eq!(data[1], Data::U32(cpu));
+}
+
+/// Helper functions (device functions), one calling another, with early returns, a
+/// `match` value, a `mut` parameter and a `bool` result.
+#[test]
+fn helper_functions_match_cpu() {
+    let mut rng = Rng::fresh("with_helpers");
+    let n = rng.usize(1, 3000);
+    let x = rng.vec_f32(n, -4.0, 4.0);
+    let codes = rng.vec_i32(n, -50, 50);
+    let mut cpu = vec![0.0f32; n];
+    launch(groups(n), [64, 1, 1], || {
+        with_helpers::with_helpers(&x, &codes, &mut cpu, n as i32)
+    });
+    // An independent f64 evaluation of the same formulas.
+    for i in 0..n {
+        let (v, c) = (x[i] as f64, codes[i]);
+        let smooth = |v: f64, k: f64| {
+            if v.abs() < k {
+                0.5 * v * v / k
+            } else {
+                v.abs() - 0.5 * k
+            }
+        };
+        let w = match c.rem_euclid(4) {
+            0 => 1.0,
+            1 | 2 => 0.25,
+            _ => -1.5,
+        };
+        let (mut s, mut k) = (c.abs() + 1, 0);
+        while s > 1 && k < 40 {
+            s = if s % 2 == 0 { s / 2 } else { 3 * s + 1 };
+            k += 1;
+        }
+        let mut r = smooth(v, 0.75) * w + k as f64;
+        if smooth(v, 1.0) > 2.0 {
+            r = -r;
+        }
+        assert!(
+            (cpu[i] as f64 - r).abs() <= 1e-5 * r.abs().max(1.0),
+            "{i}: {} vs {r}",
+            cpu[i]
+        );
+    }
+    let Some(ctx) = gpu("helper_functions_match_cpu") else {
+        return;
+    };
+    let k = transpile_global_kernel_wgsl(&with_helpers::source()).unwrap();
+    check_wgsl(&k);
+    let mut data = [
+        Data::F32(x.clone()),
+        Data::I32(codes.clone()),
+        Data::F32(vec![0.0; n]),
+    ];
+    let params = k.pack_params(&[P::I32(n as i32)]).unwrap();
+    run(&ctx, &k, &params, &mut data, groups(n));
+    assert_close("helpers", data[2].f32(), &cpu, 1e-5);
 }

@@ -2,8 +2,10 @@
 //! implementation) and described by a `GpuKernel` const with its CUDA C and WGSL,
 //! translated here at compile time.
 
-use crate::paths::codegen_path;
+use crate::gpu_fn::{bare, carrier, free_calls};
+use crate::paths::{codegen_path, gpu_kernel_path};
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use quote::{format_ident, quote};
 use ringkernel_codegen::{ParamKind, ScalarType};
 use syn::ItemFn;
@@ -29,12 +31,92 @@ fn scalar_tokens(cg: &TokenStream, s: ScalarType) -> TokenStream {
         ScalarType::U32 => quote!(U32),
         ScalarType::Usize => quote!(Usize),
         ScalarType::Bool => quote!(Bool),
+        ScalarType::I64 => quote!(I64),
+        ScalarType::U64 => quote!(U64),
     };
     quote!(#cg::ScalarType::#v)
 }
 
+/// Whether the tokens name `sync_threads` (the kernel then runs on the CPU through
+/// `dsl::launch_with_barriers`).
+fn uses_barrier(tokens: impl Iterator<Item = proc_macro2::TokenTree>) -> bool {
+    use proc_macro2::TokenTree;
+    tokens.into_iter().any(|t| match t {
+        TokenTree::Ident(i) => i == "sync_threads",
+        TokenTree::Group(g) => uses_barrier(g.stream().into_iter()),
+        _ => false,
+    })
+}
+
+/// Splits `__rk_expanded (attr) [helpers]` (a re-invocation by the `#[gpu_fn]` hand-over)
+/// into the user's attribute and the helpers; any other attribute has no helpers.
+fn split_expanded(attr: TokenStream) -> syn::Result<(TokenStream, Vec<ItemFn>)> {
+    use proc_macro2::{Delimiter, TokenTree};
+    let tts: Vec<TokenTree> = attr.clone().into_iter().collect();
+    match tts.as_slice() {
+        [TokenTree::Ident(i), TokenTree::Group(a), TokenTree::Group(h)]
+            if i == "__rk_expanded"
+                && a.delimiter() == Delimiter::Parenthesis
+                && h.delimiter() == Delimiter::Bracket =>
+        {
+            let file: syn::File = syn::parse2(h.stream())?;
+            let mut helpers = Vec::new();
+            for it in file.items {
+                match it {
+                    syn::Item::Fn(f) => helpers.push(f),
+                    other => {
+                        return Err(syn::Error::new_spanned(other, "expected a helper function"))
+                    }
+                }
+            }
+            Ok((a.stream(), helpers))
+        }
+        _ => Ok((attr, Vec::new())),
+    }
+}
+
 /// Expands `#[gpu_kernel]` on `item`.
 pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
+    let (attr, helpers) = split_expanded(attr)?;
+    // Functions called that are neither nested helpers nor `#[gpu_fn]` helpers already
+    // handed over: fetch them through their hand-over macros.
+    let mut calls = Vec::new();
+    free_calls(item.block.to_token_stream(), &mut calls);
+    for h in &helpers {
+        free_calls(h.block.to_token_stream(), &mut calls);
+    }
+    let known: Vec<String> = item
+        .block
+        .stmts
+        .iter()
+        .filter_map(|s| match s {
+            syn::Stmt::Item(syn::Item::Fn(f)) => Some(f.sig.ident.to_string()),
+            _ => None,
+        })
+        .chain(helpers.iter().map(|h| h.sig.ident.to_string()))
+        .collect();
+    calls.retain(|c| !known.contains(&c.to_string()));
+    if !calls.is_empty() {
+        let macs: Vec<syn::Ident> = calls.iter().map(carrier).collect();
+        let (first, rest) = (&macs[0], &macs[1..]);
+        let path = gpu_kernel_path();
+        return Ok(quote! {
+            #first! { [#(#rest),*] [#(#helpers)*] {#path} (#attr) #item }
+        });
+    }
+    // What is translated (and kept for re-translation): the kernel with the handed-over
+    // helpers at the top of its body, as nested helpers are written.
+    let mut tx_item = item.clone();
+    tx_item.block.stmts.splice(
+        0..0,
+        helpers
+            .iter()
+            .map(|h| syn::Stmt::Item(syn::Item::Fn(bare(h)))),
+    );
+    expand_resolved(attr, &item, &tx_item)
+}
+
+fn expand_resolved(attr: TokenStream, item: &ItemFn, tx_item: &ItemFn) -> syn::Result<TokenStream> {
     let mut halo: Option<syn::LitInt> = None;
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("halo") {
@@ -51,7 +133,7 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    let params = ringkernel_codegen::kernel_params(&item).map_err(labelled)?;
+    let params = ringkernel_codegen::kernel_params(item).map_err(labelled)?;
     let mut stencil_dims = None;
     for (p, arg) in params.iter().zip(&item.sig.inputs) {
         match p.kind {
@@ -104,13 +186,13 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         }
     });
     let cuda = match &config {
-        None => ringkernel_codegen::transpile_global_kernel(&item),
-        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel(&item, cfg),
+        None => ringkernel_codegen::transpile_global_kernel(tx_item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel(tx_item, cfg),
     }
     .map_err(labelled)?;
     let wgsl_result = match &config {
-        None => ringkernel_codegen::transpile_global_kernel_wgsl(&item),
-        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel_wgsl(&item, cfg),
+        None => ringkernel_codegen::transpile_global_kernel_wgsl(tx_item),
+        Some(cfg) => ringkernel_codegen::transpile_stencil_kernel_wgsl(tx_item, cfg),
     };
     let wgsl = match wgsl_result {
         Ok(k) => {
@@ -134,7 +216,7 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
     let vis = &item.vis;
     let name = ident.to_string();
     let const_ident = format_ident!("{}", name.to_uppercase(), span = ident.span());
-    let rust_source = quote!(#item).to_string();
+    let rust_source = quote!(#tx_item).to_string();
 
     let static_params = params.iter().map(|p| {
         let n = &p.name;
@@ -196,6 +278,9 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         call_args.push(call);
     }
     let run = match stencil {
+        None if uses_barrier(quote!(#tx_item).into_iter()) => quote! {
+            #cg::dsl::launch_with_barriers(grid, block, || #ident(#(#call_args),*));
+        },
         None => quote! {
             #cg::dsl::launch(grid, block, || #ident(#(#call_args),*));
         },

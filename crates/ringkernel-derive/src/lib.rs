@@ -22,6 +22,7 @@ use proc_macro::TokenStream;
 use syn::{parse_macro_input, DeriveInput, ItemFn};
 
 mod gpu;
+mod gpu_fn;
 mod gpu_kernel;
 mod kernel;
 mod message;
@@ -244,6 +245,56 @@ pub fn gpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(t) => t.into(),
         // Keep the function itself, so the error is the only one (no "cannot find
         // function" at its callers).
+        Err(e) => {
+            let mut t = e.into_compile_error();
+            t.extend(quote::quote!(#item));
+            t.into()
+        }
+    }
+}
+
+/// A helper function that `#[gpu_kernel]` functions may call: the kernels below it in the
+/// same module translate it with themselves (a CUDA `__device__` function, a WGSL
+/// function). It takes scalar parameters and returns a scalar, in the subset of
+/// `ringkernel-codegen`, and may call other `#[gpu_fn]` helpers defined before the
+/// kernel (no recursion). The function itself stays ordinary Rust (the CPU calls it).
+///
+/// Define helpers above the kernels that call them (the kernel finds each helper through
+/// a macro the helper defines, which Rust makes visible only below the helper; a call of
+/// a function without `#[gpu_fn]` fails with "cannot find macro `__rk_gpu_fn_<name>`").
+/// Helpers can also be written inside the kernel's body, at its top level.
+///
+/// ```
+/// use ringkernel_codegen::dsl::*;
+/// use ringkernel_derive::{gpu_fn, gpu_kernel};
+///
+/// #[gpu_fn]
+/// fn softplus(v: f32) -> f32 {
+///     if v > 20.0 {
+///         return v;
+///     }
+///     (1.0 + v.exp()).ln()
+/// }
+///
+/// #[gpu_kernel]
+/// fn activate(x: &mut [f32], n: i32) {
+///     let i = block_idx_x() * block_dim_x() + thread_idx_x();
+///     if i < n {
+///         x[i as usize] = softplus(x[i as usize]);
+///     }
+/// }
+///
+/// assert!(ACTIVATE.cuda_source.contains("__device__ float rk_fn_softplus(float v)"));
+/// assert!(ACTIVATE.wgsl_source.unwrap().contains("fn rk_fn_softplus(v: f32) -> f32"));
+/// let mut x = vec![0.0f32, 30.0];
+/// (ACTIVATE.cpu)([1, 1, 1], [2, 1, 1], &mut ringkernel_codegen::args![&mut x, 2]).unwrap();
+/// assert_eq!(x, [2.0f32.ln(), 30.0]);
+/// ```
+#[proc_macro_attribute]
+pub fn gpu_fn(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item = parse_macro_input!(item as ItemFn);
+    match gpu_fn::expand(attr.into(), item.clone()) {
+        Ok(t) => t.into(),
         Err(e) => {
             let mut t = e.into_compile_error();
             t.extend(quote::quote!(#item));

@@ -60,3 +60,27 @@ pub fn codegen_path() -> TokenStream {
         Err(_) => quote!(::ringkernel_codegen),
     }
 }
+
+/// The path of the `gpu_kernel` attribute as the user's crate sees it (for the
+/// `#[gpu_fn]` hand-over, which invokes it again): `::ringkernel_derive::gpu_kernel` with
+/// a direct dependency, else `::ringkernel::gpu_kernel` through the facade.
+pub fn gpu_kernel_path() -> TokenStream {
+    let named = |n: String| {
+        let id = syn::Ident::new(&n, Span::call_site());
+        quote!(::#id)
+    };
+    match crate_name("ringkernel-derive") {
+        Ok(FoundCrate::Itself) => quote!(::ringkernel_derive::gpu_kernel),
+        Ok(FoundCrate::Name(n)) => {
+            let p = named(n);
+            quote!(#p::gpu_kernel)
+        }
+        Err(_) => match crate_name("ringkernel") {
+            Ok(FoundCrate::Name(n)) => {
+                let p = named(n);
+                quote!(#p::gpu_kernel)
+            }
+            _ => quote!(::ringkernel::gpu_kernel),
+        },
+    }
+}

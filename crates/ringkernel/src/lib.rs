@@ -103,7 +103,7 @@ pub use info::{probe_backend, probe_backends, Availability, BackendProbe};
 pub use runtime::RingKernel;
 pub use selection::{Backend, Selection, Skipped, BACKEND_ENV};
 
-pub use ringkernel_derive::{gpu_kernel, ring_kernel, GpuType, RingMessage};
+pub use ringkernel_derive::{gpu_fn, gpu_kernel, ring_kernel, GpuType, RingMessage};
 
 /// The Rust-to-CUDA C/WGSL translator behind [`gpu_kernel`]: its `dsl` (the index
 /// functions a kernel body calls), the translation functions and the launch types.
@@ -171,7 +171,7 @@ pub mod prelude {
     pub use ringkernel_cpu::CpuRuntime;
     #[cfg(feature = "cuda")]
     pub use ringkernel_cuda::CudaRuntime;
-    pub use ringkernel_derive::{gpu_kernel, ring_kernel, GpuType, RingMessage};
+    pub use ringkernel_derive::{gpu_fn, gpu_kernel, ring_kernel, GpuType, RingMessage};
     #[cfg(feature = "metal")]
     pub use ringkernel_metal::MetalRuntime;
     #[cfg(feature = "wgpu")]

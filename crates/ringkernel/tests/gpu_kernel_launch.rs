@@ -8,7 +8,7 @@
 use ringkernel::codegen::dsl::*;
 use ringkernel::compute::Device;
 use ringkernel::core::util::SplitMix64;
-use ringkernel::{args, gpu_kernel, Error};
+use ringkernel::{args, gpu_fn, gpu_kernel, Error};
 
 #[gpu_kernel]
 fn saxpy(a: f32, x: &[f32], y: &mut [f32], n: i32) {
@@ -690,4 +690,303 @@ fn wgpu_tensors_as_arguments() {
 #[ignore = "needs CUDA GPU"]
 fn cuda_tensors_as_arguments() {
     tensors_as_arguments(&Device::cuda(0).unwrap());
+}
+
+/// Dot product partials: each block reduces its products in shared memory (barriers
+/// between the tree's levels) and writes one sum.
+#[gpu_kernel]
+fn dot_partials(x: &[f32], y: &[f32], partial: &mut [f32], n: i32) {
+    let mut acc = shared_array::<f32, 256>();
+    let t = thread_idx_x();
+    let i = block_idx_x() * block_dim_x() + t;
+    acc[t as usize] = if i < n {
+        x[i as usize] * y[i as usize]
+    } else {
+        0.0
+    };
+    sync_threads();
+    let mut s = block_dim_x() / 2;
+    while s > 0 {
+        if t < s {
+            acc[t as usize] += acc[(t + s) as usize];
+        }
+        sync_threads();
+        s /= 2;
+    }
+    if t == 0 {
+        partial[block_idx_x() as usize] = acc[0];
+    }
+}
+
+/// `dot_partials` on `dev` against an f64 reference, for several block sizes.
+fn shared_memory_dot(dev: &Device) {
+    let (mut r, seed) = rng();
+    for (&n, block) in [1usize, 100, 1000, 4099].iter().zip([32u32, 64, 128, 256]) {
+        let x = r.vec(n, -2.0, 2.0);
+        let y = r.vec(n, -2.0, 2.0);
+        let g = blocks(n, block);
+        let mut partial = vec![0.0f32; g as usize];
+        dev.launch(
+            &DOT_PARTIALS,
+            [g, 1, 1],
+            [block, 1, 1],
+            &mut args![&x, &y, &mut partial, n as i32],
+        )
+        .unwrap();
+        for (b, p) in partial.iter().enumerate() {
+            let lo = b * block as usize;
+            let hi = (lo + block as usize).min(n);
+            let want: f64 = (lo..hi).map(|i| x[i] as f64 * y[i] as f64).sum();
+            let scale: f64 = (lo..hi).map(|i| (x[i] as f64 * y[i] as f64).abs()).sum();
+            assert!(
+                (*p as f64 - want).abs() <= 1e-5 * scale + 1e-6,
+                "block {b} of n = {n}: {p} vs {want} (seed {seed:#x}, {dev})"
+            );
+        }
+    }
+}
+
+#[test]
+fn cpu_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_shared_memory_and_barriers() {
+    shared_memory_dot(&Device::cuda(0).unwrap());
+}
+
+/// `#[gpu_fn]` helpers of the module: `logistic` calls `clamp_unit`; the kernel calls
+/// `logistic` and a helper of its own body.
+#[gpu_fn]
+fn clamp_unit(v: f32) -> f32 {
+    v.clamp(0.0, 1.0)
+}
+
+#[gpu_fn]
+fn logistic(v: f32, k: f32) -> f32 {
+    clamp_unit(1.0 / (1.0 + (-k * v).exp()))
+}
+
+#[gpu_kernel]
+fn squash(x: &[f32], out: &mut [f32], k: f32, n: i32) {
+    fn twice(v: f32) -> f32 {
+        v + v
+    }
+    let i = block_idx_x() * block_dim_x() + thread_idx_x();
+    if i < n {
+        out[i as usize] = twice(logistic(x[i as usize], k));
+    }
+}
+
+fn module_helpers(dev: &Device) {
+    let (mut r, seed) = rng();
+    let n = 1 + r.below(3000) as usize;
+    let x = r.vec(n, -6.0, 6.0);
+    let k = r.uniform(0.5, 2.0);
+    let mut out = vec![0.0f32; n];
+    dev.launch(
+        &SQUASH,
+        [blocks(n, 64), 1, 1],
+        [64, 1, 1],
+        &mut args![&x, &mut out, k, n as i32],
+    )
+    .unwrap();
+    for (i, (&v, &o)) in x.iter().zip(&out).enumerate() {
+        let want = 2.0 / (1.0 + (-(k as f64) * v as f64).exp());
+        assert!(
+            (o as f64 - want).abs() <= 1e-5,
+            "{i}: {o} vs {want} (seed {seed:#x}, {dev})"
+        );
+    }
+}
+
+#[test]
+fn cpu_module_helpers() {
+    assert!(SQUASH
+        .cuda_source
+        .contains("__device__ float rk_fn_clamp_unit(float v)"));
+    assert!(SQUASH
+        .wgsl_source
+        .unwrap()
+        .contains("fn rk_fn_twice(v: f32) -> f32"));
+    module_helpers(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_module_helpers() {
+    module_helpers(&Device::wgpu().unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_module_helpers() {
+    module_helpers(&Device::cuda(0).unwrap());
+}
+
+/// 64-bit integers (CUDA and CPU): a mixing hash over u64 and an i64 running offset.
+#[gpu_kernel]
+fn mix64(keys: &[u64], out: &mut [u64], delta: &mut [i64], seed: u64, base: i64, n: i32) {
+    let i = block_idx_x() * block_dim_x() + thread_idx_x();
+    if i < n {
+        let mut h = keys[i as usize] ^ seed;
+        h = (h ^ (h >> 33u32)).wrapping_mul(0xff51afd7ed558ccdu64);
+        h = (h ^ (h >> 33u32)).wrapping_mul(0xc4ceb9fe1a85ec53u64);
+        out[i as usize] = h ^ (h >> 33u32);
+        delta[i as usize] = base - (i as i64) * 4294967296i64;
+    }
+}
+
+fn wide_integers(dev: &Device) {
+    let (mut r, seed) = rng();
+    let n = 1 + r.below(2000) as usize;
+    let keys: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+    let s = r.next_u64();
+    let base = r.next_u64() as i64 >> 2;
+    let (mut out, mut delta) = (vec![0u64; n], vec![0i64; n]);
+    dev.launch(
+        &MIX64,
+        [blocks(n, 64), 1, 1],
+        [64, 1, 1],
+        &mut args![&keys, &mut out, &mut delta, s, base, n as i32],
+    )
+    .unwrap();
+    for i in 0..n {
+        let mut h = keys[i] ^ s;
+        h = (h ^ (h >> 33)).wrapping_mul(0xff51afd7ed558ccd);
+        h = (h ^ (h >> 33)).wrapping_mul(0xc4ceb9fe1a85ec53);
+        assert_eq!(out[i], h ^ (h >> 33), "{i} (seed {seed:#x}, {dev})");
+        assert_eq!(
+            delta[i],
+            base - i as i64 * (1 << 32),
+            "{i} (seed {seed:#x}, {dev})"
+        );
+    }
+}
+
+#[test]
+fn cpu_wide_integers() {
+    assert!(MIX64
+        .cuda_source
+        .contains("unsigned long long seed, long long base"));
+    assert!(MIX64
+        .wgsl_source
+        .unwrap_err()
+        .contains("`u64` is not available in WGSL"));
+    wide_integers(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_refuses_wide_integers() {
+    let mut out = vec![0u64; 1];
+    let mut delta = vec![0i64; 1];
+    let e = Device::wgpu()
+        .unwrap()
+        .launch(
+            &MIX64,
+            [1, 1, 1],
+            [64, 1, 1],
+            &mut args![&[1u64][..], &mut out, &mut delta, 1u64, 0i64, 1],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("u64"), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_wide_integers() {
+    wide_integers(&Device::cuda(0).unwrap());
+}
+
+/// A hand-written kernel (empty `rust_source`): its own WGSL and CUDA C with the layout
+/// of its parameters, and a Rust function for the CPU.
+const ADD_ONE_HAND: ringkernel::codegen::launch::GpuKernel =
+    ringkernel::codegen::launch::GpuKernel {
+        name: "add_one_hand",
+        params: &[
+            ringkernel::codegen::launch::StaticParam {
+                name: "x",
+                kind: ringkernel::codegen::ParamKind::Slice {
+                    elem: ringkernel::codegen::ScalarType::F32,
+                    mutable: true,
+                },
+            },
+            ringkernel::codegen::launch::StaticParam {
+                name: "n",
+                kind: ringkernel::codegen::ParamKind::Scalar(ringkernel::codegen::ScalarType::I32),
+            },
+        ],
+        rust_source: "",
+        cuda_source: "extern \"C\" __global__ void add_one_hand(float* x, int n) { \
+                  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }",
+        wgsl_source: Ok("struct P { n: i32, a: u32, b: u32, c: u32 }
+@group(0) @binding(0) var<uniform> prm: P;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@compute @workgroup_size(32, 1, 1)
+fn add_one_hand(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (i32(g.x) < prm.n) { x[g.x] += 1.0; }
+}"),
+        cpu: |_, _, args| {
+            use ringkernel::codegen::launch::FromArg;
+            let [x, n] = args else {
+                return Err(ringkernel::codegen::launch::ArgError::Count {
+                    kernel: "add_one_hand",
+                    expected: 2,
+                    got: args.len(),
+                });
+            };
+            let n = i32::from_arg(n, "n")?;
+            let x = <&mut [f32]>::from_arg(x, "x")?;
+            x.iter_mut().take(n as usize).for_each(|v| *v += 1.0);
+            Ok(())
+        },
+        stencil: None,
+    };
+
+fn hand_written(dev: &Device) {
+    let mut x: Vec<f32> = (0..77).map(|v| v as f32).collect();
+    dev.launch(&ADD_ONE_HAND, [3, 1, 1], [32, 1, 1], &mut args![&mut x, 70])
+        .unwrap();
+    let want: Vec<f32> = (0..77)
+        .map(|v| v as f32 + if v < 70 { 1.0 } else { 0.0 })
+        .collect();
+    assert_eq!(x, want, "{dev}");
+}
+
+#[test]
+fn cpu_hand_written_kernel() {
+    hand_written(&Device::cpu());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_hand_written_kernel() {
+    let dev = Device::wgpu().unwrap();
+    hand_written(&dev);
+    // Its WGSL is fixed: another block size is refused.
+    let mut x = vec![0.0f32; 4];
+    let e = dev
+        .launch(&ADD_ONE_HAND, [1, 1, 1], [64, 1, 1], &mut args![&mut x, 4])
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("@workgroup_size(64, 1, 1)"), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_hand_written_kernel() {
+    hand_written(&Device::cuda(0).unwrap());
 }

@@ -178,6 +178,10 @@ impl Tx {
                     arity(0)?;
                     return Ok((format!("abs({r})"), rt));
                 }
+                "abs" if s == ScalarType::I64 => {
+                    arity(0)?;
+                    return Ok((format!("llabs({r})"), rt));
+                }
                 "clamp" => {
                     arity(2)?;
                     return Ok(if cuda {
@@ -200,6 +204,15 @@ impl Tx {
                             rt,
                         ));
                     }
+                    if cuda && s == ScalarType::I64 {
+                        return Ok((
+                            format!(
+                                "((long long)((unsigned long long)({r}) {op} (unsigned long long)({})))",
+                                a[0]
+                            ),
+                            rt,
+                        ));
+                    }
                     return Ok((format!("({r} {op} {})", a[0]), rt));
                 }
                 _ => {}
@@ -211,7 +224,7 @@ impl Tx {
                 "unsupported method `{m}` on `{}`; supported: float sqrt, exp, exp2, ln, log2, \
                  sin, cos, tan, tanh, sinh, cosh, asin, acos, atan, atan2, abs, floor, ceil, \
                  trunc, recip, powf, min, max, clamp, mul_add; integer min, max, clamp, abs \
-                 (i32), wrapping_add/sub/mul",
+                 (i32, i64), wrapping_add/sub/mul",
                 s.rust_name()
             ),
         )

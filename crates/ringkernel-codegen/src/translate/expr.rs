@@ -107,6 +107,8 @@ impl Tx {
             ScalarType::U32 => (0, u32::MAX as i128),
             ScalarType::Usize if self.target == Target::Wgsl => (0, u32::MAX as i128),
             ScalarType::Usize => (0, u64::MAX as i128),
+            ScalarType::I64 => (i64::MIN as i128, i64::MAX as i128),
+            ScalarType::U64 => (0, u64::MAX as i128),
             _ => return err(span_of, "an integer literal cannot have this type"),
         };
         if v < lo || v > hi {
@@ -114,6 +116,17 @@ impl Tx {
                 span_of,
                 format!("literal {v} does not fit in `{}`", s.rust_name()),
             );
+        }
+        if s == ScalarType::I64 || s == ScalarType::U64 {
+            if self.target == Target::Wgsl {
+                return Err(crate::types::no_wgsl_type(s, span_of));
+            }
+            return Ok(match (s, v == i64::MIN as i128) {
+                (ScalarType::U64, _) => format!("{v}ull"),
+                (_, true) => "(-9223372036854775807ll - 1ll)".to_string(),
+                _ if v < 0 => format!("({v}ll)"),
+                _ => format!("{v}ll"),
+            });
         }
         if v < 0 {
             // Only i32 reaches here; i32::MIN has no positive literal to negate.
@@ -197,7 +210,7 @@ impl Tx {
                                 i,
                                 format!(
                                     "literal suffix `{suf}` is not supported; integers are i32, \
-                                     u32 or usize"
+                                     u32, i64, u64 or usize"
                                 ),
                             )
                         }
@@ -312,6 +325,10 @@ impl Tx {
                 (ScalarType::I32, "MIN") => i32::MIN as i128,
                 (ScalarType::U32, "MAX") => u32::MAX as i128,
                 (ScalarType::U32, "MIN") => 0,
+                (ScalarType::I64, "MAX") => i64::MAX as i128,
+                (ScalarType::I64, "MIN") => i64::MIN as i128,
+                (ScalarType::U64, "MAX") => u64::MAX as i128,
+                (ScalarType::U64, "MIN") => 0,
                 _ => return unsupported(),
             };
             return Ok((self.int_literal(v, s, p)?, Ty::Scalar(s)));
@@ -593,6 +610,30 @@ impl Tx {
             }
         }
         let is_dsl = segs.len() == 1 || segs.iter().rev().nth(1).is_some_and(|s| s == "dsl");
+        if segs.len() == 1 {
+            if let Some(h) = self.helpers.get(&last).cloned() {
+                return self.helper_call(c, &h);
+            }
+        }
+        let in_helper = self.func_ret.is_some();
+        if in_helper && is_dsl && ["sync_threads", "shared_array"].contains(&last.as_str()) {
+            return err(
+                c,
+                "helper functions cannot use shared arrays or barriers; keep them in the kernel",
+            );
+        }
+        if is_dsl && last == "sync_threads" {
+            return err(
+                c,
+                "`sync_threads()` is a statement (`sync_threads();`), not a value",
+            );
+        }
+        if is_dsl && last == "shared_array" {
+            return err(
+                c,
+                "`shared_array::<T, N>()` is the initializer of a top-level                  `let mut name = shared_array::<T, N>();` only",
+            );
+        }
         if let (Some((cuda_fn, wgsl_fn)), true) = (atomic_fn(c), is_dsl) {
             return self.atomic_call(c, &last, cuda_fn, wgsl_fn);
         }
@@ -605,6 +646,11 @@ impl Tx {
                     .map(|k| (*b, k))
             });
         match builtin {
+            Some(_) if is_dsl && in_helper => err(
+                c,
+                "thread and block indices are not available in helper functions; pass them \
+                 as parameters",
+            ),
             Some((b, k)) if is_dsl => {
                 if !c.args.is_empty() {
                     return err(&c.args, format!("`{last}()` takes no arguments"));
@@ -640,7 +686,8 @@ impl Tx {
                 format!(
                     "unsupported call `{}`: kernels can call the dsl index functions \
                      (thread_idx_x(), block_idx_x(), block_dim_x(), grid_dim_x() and their y/z \
-                     forms) and math methods; other functions are not supported yet",
+                     forms), math methods and helper functions defined at the top level of the kernel's \
+                     body (`fn name(x: f32) -> f32 {{ .. }}`)",
                     segs.join("::")
                 ),
             ),

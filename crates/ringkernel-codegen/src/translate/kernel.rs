@@ -52,6 +52,12 @@ impl Tx {
             );
         }
         self.names.reserve(&name);
+        let nested = helpers::nested_helpers(f);
+        if !nested.is_empty() {
+            let (sigs, text) = helpers::translate_helpers(&nested, self.target)?;
+            self.helpers = sigs;
+            self.helper_text = text;
+        }
         let [wx, wy, wz] = self.workgroup;
         let invocations = wx as u64 * wy as u64 * wz as u64;
         if wx == 0 || wy == 0 || wz == 0 || wz > 64 || invocations > 256 {
@@ -239,7 +245,7 @@ impl Tx {
         for d in self.hidden_dims() {
             args.push(format!("int {d}"));
         }
-        let mut s = String::new();
+        let mut s = self.helper_text.clone();
         let _ = writeln!(
             s,
             "extern \"C\" __global__ void {name}({}) {{",
@@ -352,6 +358,7 @@ impl Tx {
             );
         }
         src.push_str(&globals);
+        src.push_str(&self.workgroup_globals);
         let [wx, wy, wz] = self.workgroup;
         let _ = write!(
             src,
@@ -364,6 +371,10 @@ impl Tx {
         src.push_str(prologue);
         src.push_str(body);
         src.push_str("}\n");
+        if !self.helper_text.is_empty() {
+            src.push('\n');
+            src.push_str(&self.helper_text);
+        }
         Ok(WgslKernel {
             source: src,
             entry_point: name.to_string(),

@@ -6,10 +6,14 @@
 
 mod builtins;
 mod expr;
+mod helpers;
 mod kernel;
+mod shared;
 mod stmt;
 
 use builtins::{atomic_fn, atomic_targets, calls_atomic};
+pub(crate) use helpers::Helpers;
+use shared::dsl_call;
 
 use crate::names::Names;
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};
@@ -72,6 +76,14 @@ pub(crate) struct Tx {
     workgroup: [u32; 3],
     /// Emitted names of the slices that atomics touch (WGSL `array<atomic<T>>`).
     atomics: HashSet<String>,
+    /// WGSL module-scope `var<workgroup>` declarations of the shared arrays.
+    workgroup_globals: String,
+    /// Helper functions the body may call.
+    helpers: Helpers,
+    /// Their translated definitions.
+    helper_text: String,
+    /// `Some(return type)` while translating a helper function.
+    func_ret: Option<Ty>,
 }
 
 /// An expression translated: code and type.
@@ -180,6 +192,10 @@ impl Tx {
             stencil: None,
             workgroup,
             atomics: HashSet::new(),
+            workgroup_globals: String::new(),
+            helpers: Helpers::default(),
+            helper_text: String::new(),
+            func_ret: None,
         }
     }
 

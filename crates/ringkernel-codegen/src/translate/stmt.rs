@@ -20,11 +20,25 @@ impl Tx {
                     }
                     self.stmt_expr(e)?;
                 }
+                Stmt::Item(syn::Item::Fn(h))
+                    if self.func_ret.is_none()
+                        && self.scopes.len() == 1
+                        && self.helpers.contains_key(&h.sig.ident.to_string()) =>
+                {
+                    // A helper function, translated on its own.
+                }
+                Stmt::Item(syn::Item::Fn(h)) => {
+                    return err(
+                        &h.sig.ident,
+                        "helper functions are defined at the top level of the kernel body \
+                         (not inside blocks or other helpers)",
+                    )
+                }
                 Stmt::Item(it) => {
                     return err(
                         it,
-                        "items (functions, structs, constants, uses) inside a kernel are not \
-                         supported",
+                        "items inside a kernel are not supported (structs, constants and uses \
+                         go outside; helper functions at the top level of the body)",
                     )
                 }
                 Stmt::Macro(m) => {
@@ -133,6 +147,11 @@ impl Tx {
                     return Ok(());
                 };
                 let value = peel(&init.expr);
+                if let Expr::Call(c) = value {
+                    if let Some(seg) = dsl_call(c, "shared_array") {
+                        return self.shared_local(pi, annot_ty.as_ref(), c, seg);
+                    }
+                }
                 match value {
                     Expr::Array(_) | Expr::Repeat(_) => {
                         let (code, ty) = self.array_init(value, annot_ty.as_ref())?;
@@ -474,6 +493,16 @@ impl Tx {
                 self.line("}");
                 Ok(())
             }
+            Expr::Return(r) if self.func_ret.is_some() => {
+                let ret = self.func_ret.clone().expect("checked");
+                let Some(v) = &r.expr else {
+                    return err(r, "a helper function returns a value: `return value;`");
+                };
+                let (code, t) = self.expr(v, Some(&ret))?;
+                self.expect_ty(&t, &ret, v)?;
+                self.line(&format!("return {code};"));
+                Ok(())
+            }
             Expr::Return(r) => {
                 if let Some(v) = &r.expr {
                     return err(v, "kernels return nothing; write `return;`");
@@ -505,6 +534,7 @@ impl Tx {
                 Ok(())
             }
             Expr::Tuple(t) if t.elems.is_empty() => Ok(()),
+            Expr::Call(c) if dsl_call(c, "sync_threads").is_some() => self.sync_stmt(c),
             Expr::Call(c) if atomic_fn(c).is_some() => {
                 let (code, _) = self.expr(e, None)?;
                 self.line(&format!("{code};"));

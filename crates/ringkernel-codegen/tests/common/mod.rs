@@ -292,6 +292,9 @@ const CUDA_SHIM: &str = r#"
 #include <math.h>
 #include <stdlib.h>
 #define __global__
+#define __shared__ static
+#define __device__ static
+static inline void __syncthreads() {}
 struct rk_dim3 { unsigned int x, y, z; };
 static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define RK_MINMAX(T) \
@@ -300,6 +303,7 @@ static rk_dim3 threadIdx, blockIdx, blockDim, gridDim;
 RK_MINMAX(int)
 RK_MINMAX(unsigned int)
 RK_MINMAX(unsigned long long)
+RK_MINMAX(long long)
 #define RK_ATOMIC(name, expr) \
     template <class T> static inline T name(T* p, T v) { T o = *p; *p = (expr); return o; }
 RK_ATOMIC(atomicAdd, o + v)

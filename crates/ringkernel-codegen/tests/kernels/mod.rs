@@ -265,3 +265,92 @@ twin! { control =>
         out[i as usize] = kind + x * 100;
     }
 }
+
+twin! { block_reduce =>
+    pub fn block_reduce(x: &[f32], sums: &mut [f32], maxes: &mut [f32], n: i32) {
+        let mut part = shared_array::<f32, 256>();
+        let mut top = shared_array::<f32, 256>();
+        let t = thread_idx_x();
+        let i = block_idx_x() * block_dim_x() + t;
+        let v = if i < n { x[i as usize] } else { 0.0 };
+        part[t as usize] = v;
+        top[t as usize] = if i < n { v } else { f32::NEG_INFINITY };
+        sync_threads();
+        let mut s = block_dim_x() / 2;
+        while s > 0 {
+            if t < s {
+                part[t as usize] += part[(t + s) as usize];
+                top[t as usize] = top[t as usize].max(top[(t + s) as usize]);
+            }
+            sync_threads();
+            s /= 2;
+        }
+        if t == 0 {
+            sums[block_idx_x() as usize] = part[0];
+            maxes[block_idx_x() as usize] = top[0];
+        }
+    }
+}
+
+twin! { tile_transpose =>
+    // A 16 x 16 tile through shared memory: 2-D thread indices, a barrier between the
+    // writes of one thread and the reads of another.
+    pub fn tile_transpose(a: &[u32], out: &mut [u32], w: i32, h: i32) {
+        let mut tile = shared_array::<u32, 256>();
+        let tx = thread_idx_x();
+        let ty = thread_idx_y();
+        let x = block_idx_x() * 16 + tx;
+        let y = block_idx_y() * 16 + ty;
+        if x < w && y < h {
+            tile[(ty * 16 + tx) as usize] = a[(y * w + x) as usize];
+        }
+        sync_threads();
+        let ox = block_idx_y() * 16 + tx;
+        let oy = block_idx_x() * 16 + ty;
+        if ox < h && oy < w {
+            out[(oy * h + ox) as usize] = tile[(tx * 16 + ty) as usize];
+        }
+    }
+}
+
+twin! { with_helpers =>
+    pub fn with_helpers(x: &[f32], codes: &[i32], out: &mut [f32], n: i32) {
+        // Helpers: plain functions at the top of the body (device functions on the GPU).
+        fn smooth(v: f32, k: f32) -> f32 {
+            let a = v.abs();
+            if a < k {
+                return 0.5 * v * v / k;
+            }
+            a - 0.5 * k
+        }
+        fn weight(code: i32) -> f32 {
+            match (code % 4 + 4) % 4 {
+                0 => 1.0,
+                1 | 2 => 0.25,
+                _ => -1.5,
+            }
+        }
+        fn steps(mut v: i32, cap: i32) -> i32 {
+            let mut k = 0;
+            while v > 1 && k < cap {
+                v = if v % 2 == 0 { v / 2 } else { 3 * v + 1 };
+                k += 1;
+            }
+            k
+        }
+        fn is_big(v: f32) -> bool {
+            smooth(v, 1.0) > 2.0
+        }
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i >= n {
+            return;
+        }
+        let v = x[i as usize];
+        let c = codes[i as usize];
+        let mut r = smooth(v, 0.75) * weight(c) + steps(c.abs() + 1, 40) as f32;
+        if is_big(v) {
+            r = -r;
+        }
+        out[i as usize] = r;
+    }
+}

@@ -375,7 +375,10 @@ impl Device {
         let wgsl_like = matches!(self.kind(), BackendKind::Wgpu | BackendKind::Metal);
         let key: Key = (
             kernel.name,
-            fnv1a(kernel.rust_source),
+            // A hand-written kernel (no Rust source) is known by its sources.
+            fnv1a(kernel.rust_source)
+                ^ fnv1a(kernel.cuda_source).rotate_left(21)
+                ^ fnv1a(kernel.wgsl_source.unwrap_or("")).rotate_left(42),
             if wgsl_like { block } else { [0; 3] },
         );
         let cache = self.kernel_cache();
@@ -531,10 +534,9 @@ fn wgsl_params(
             KernelArg::I32(x) => Some(Ok(V::I32(*x))),
             KernelArg::U32(x) => Some(Ok(V::U32(*x))),
             KernelArg::Bool(x) => Some(Ok(V::Bool(*x))),
-            KernelArg::F64(_) => Some(Err(Error::invalid(format!(
-                "kernel `{}`: WGSL has no f64",
-                kernel.name
-            )))),
+            KernelArg::F64(_) | KernelArg::I64(_) | KernelArg::U64(_) => Some(Err(Error::invalid(
+                format!("kernel `{}`: WGSL has no {}", kernel.name, a.type_name()),
+            ))),
             _ => None,
         })
         .chain(sizes.iter().map(|&d| Ok(V::I32(d))))
@@ -611,6 +613,10 @@ fn run(
                     (KernelArg::I32(x), None, _) => Ok(CudaArg::I32(*x)),
                     (KernelArg::U32(x), None, _) => Ok(CudaArg::U32(*x)),
                     (KernelArg::Bool(x), None, _) => Ok(CudaArg::Bool(*x)),
+                    // 64-bit integers travel as the 8 bytes of a `double` (same size and
+                    // alignment in the kernel's parameter buffer; the bits are kept).
+                    (KernelArg::I64(x), None, _) => Ok(CudaArg::F64(f64::from_bits(*x as u64))),
+                    (KernelArg::U64(x), None, _) => Ok(CudaArg::F64(f64::from_bits(*x))),
                     _ => Err(Error::invalid(format!(
                         "kernel `{}`: argument for `{}` does not fit",
                         kernel.name, p.name
