@@ -2,10 +2,10 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only] [--ops-only]
 //! ```
 //!
-//! `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
+//! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
 //! adapter). The actor figures come with the **floor** of the same run, measured on the
 //! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
 //! the inputs, one dispatch that transforms them, copy back, map, read) over 4 words,
@@ -203,8 +203,12 @@ fn main() -> Result<(), Error> {
         Err(e) => return Err(e),
     };
     println!("device: {}", g.device_name());
+    let ops_only = std::env::args().any(|a| a == "--ops-only");
     if !actors_only {
         ops(&g, elems, cols, mm)?;
+    }
+    if ops_only {
+        return Ok(());
     }
     actors(&g, msgs, calls)
 }
@@ -275,11 +279,31 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
         b_batched: false,
     };
     let t = time_op(g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
+    let flops = 2.0 * (mm as f64).powi(3);
     println!(
-        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s",
+        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s (tile {})",
         t * 1e3,
-        2.0 * (mm as f64).powi(3) / t / 1e9
+        flops / t / 1e9,
+        g.matmul_tile_for(dims)?
     );
+    // The 64×64 kernel this one replaced (still Metal's non-MPS path), same buffers.
+    let old = ringkernel_drain::plan::matmul(dims)?;
+    let args: [&dyn ringkernel_core::compute::DeviceBuffer; 3] = [&*ma, &*mb, &*mc];
+    let t_old = time_op(g, 5, || ringkernel_drain::exec::run(g, &old, &args))?;
+    println!(
+        "  matmul, the 64x64 kernel before issue 17: {:.3} ms, {:.0} GFLOP/s (ours {:.2}x it)",
+        t_old * 1e3,
+        flops / t_old / 1e9,
+        t_old / t
+    );
+    // Every tile shape the tuner chooses from, timed here on this size.
+    for (tile, d) in g.time_matmul_tiles(dims)? {
+        println!(
+            "  matmul tile {tile}: {:.3} ms, {:.0} GFLOP/s",
+            d.as_secs_f64() * 1e3,
+            flops / d.as_secs_f64() / 1e9
+        );
+    }
     drop((ma, mb, mc));
     Ok(())
 }

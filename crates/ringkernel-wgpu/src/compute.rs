@@ -13,11 +13,13 @@
 //! * Pipelines are cached per `(Kernel, Specialization)`; shader modules per family.
 
 use crate::{AdapterSelection, GpuContext};
-use ringkernel_core::compute::{checks, downcast, BufferRef, ComputeBackend, DeviceBuffer};
+use ringkernel_core::compute::{
+    checks, downcast, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+};
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
 use ringkernel_drain::exec::{PlanDevice, Step};
-use ringkernel_shaders::{Family, Kernel, Specialization};
+use ringkernel_shaders::{Family, Kernel, MatmulTile, Specialization};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,9 +55,10 @@ pub struct WgpuCompute {
     ctx: Arc<GpuContext>,
     id: u64,
     next_buffer: AtomicU64,
-    modules: Mutex<HashMap<Family, wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<(Family, Specialization), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(Kernel, Specialization), wgpu::ComputePipeline>>,
     batch: Mutex<Batch>,
+    pub(crate) tiles: Mutex<crate::matmul_tune::TileState>,
 }
 
 impl std::fmt::Debug for WgpuCompute {
@@ -97,6 +100,7 @@ impl WgpuCompute {
                 encoder: None,
                 ops: 0,
             }),
+            tiles: Mutex::new(Default::default()),
         }
     }
 
@@ -154,28 +158,28 @@ impl WgpuCompute {
             return Ok(p.clone());
         }
         let family = kernel.family();
+        let module_key = (family, ringkernel_shaders::source_key(kernel, spec));
         let module = {
             let mut mods = lock(&self.modules);
-            match mods.get(&family) {
+            match mods.get(&module_key) {
                 Some(m) => m.clone(),
                 None => {
                     // naga validation first: a clear Compile error instead of a wgpu one.
-                    ringkernel_shaders::validate(family)?;
+                    ringkernel_shaders::validate_kernel(kernel, spec)?;
+                    let source = ringkernel_shaders::kernel_wgsl(kernel, spec)?;
                     let m = self
                         .ctx
                         .device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {
                             label: Some(family.name()),
-                            source: wgpu::ShaderSource::Wgsl(
-                                ringkernel_shaders::wgsl(family).into(),
-                            ),
+                            source: wgpu::ShaderSource::Wgsl(source),
                         });
-                    mods.insert(family, m.clone());
+                    mods.insert(module_key, m.clone());
                     m
                 }
             }
         };
-        let constants = spec.constants();
+        let constants = ringkernel_shaders::pipeline_constants(kernel, spec);
         let scope = self
             .ctx
             .device
@@ -325,6 +329,22 @@ impl PlanDevice for WgpuCompute {
         }
         batch.ops += 1;
         Ok(())
+    }
+
+    /// The register-tiled kernel with this device's tile shape
+    /// ([`matmul_tile_for`](WgpuCompute::matmul_tile_for)), with 16-byte accesses where
+    /// the shapes and buffer lengths allow them.
+    fn run_matmul(&self, dims: MatmulDims, args: [&dyn DeviceBuffer; 3]) -> Result<()> {
+        // The arguments are checked before a first large product times the shapes.
+        let check = ringkernel_drain::plan::matmul_tiled(dims, MatmulTile::LARGE, false, false)?;
+        ringkernel_drain::exec::prepare(self, &check, &args)?;
+        let tile = self.matmul_tile_for(dims)?;
+        // An `array<vec4<f32>>` binding needs at least 16 bytes.
+        let whole_vec4s = |b: &dyn DeviceBuffer| b.len().is_multiple_of(4) && !b.is_empty();
+        let vec_a = whole_vec4s(args[0]);
+        let vec_b = whole_vec4s(args[1]) && whole_vec4s(args[2]);
+        let plan = ringkernel_drain::plan::matmul_tiled(dims, tile, vec_a, vec_b)?;
+        ringkernel_drain::exec::run(self, &plan, &args)
     }
 }
 

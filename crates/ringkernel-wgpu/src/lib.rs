@@ -29,9 +29,11 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+pub mod matmul_tune;
 pub mod runtime;
 
 pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
+pub use ringkernel_shaders::MatmulTile;
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
 use ringkernel_core::{BackendKind, Error, Result};
