@@ -538,6 +538,51 @@ impl<T: DrainTarget> DrainEngine<T> {
         &self.target
     }
 
+    /// [`Error::KernelTerminated`] once the kernel no longer takes messages, the
+    /// failure once it has failed. Called with the host lock held.
+    fn check_accepting(&self, h: &Host) -> Result<()> {
+        if !self.lifecycle.get().accepts_messages() {
+            return Err(Error::KernelTerminated(self.name.clone()));
+        }
+        if let Some(e) = &h.failed {
+            return Err(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Queues one message (payload size already checked) in its priority lane, or
+    /// [`Error::QueueFull`]. Called with the host lock held.
+    fn push_waiting(&self, h: &mut Host, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let lane = priority::lane(header.priority());
+        if h.lanes[lane].len() >= self.capacity {
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        let mut hdr = *header;
+        hdr.payload_len = payload.len() as u32;
+        if hdr.flags & flags::CHECKSUM != 0 {
+            hdr.checksum = ringkernel_core::message::fnv1a32(payload);
+        }
+        let mut buf = h.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(payload);
+        h.lanes[lane].push_back(Waiting {
+            header: hdr,
+            payload: buf,
+        });
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// After replies were taken: a pass paused for want of reply room may start.
+    fn kick_if_starved(&self) {
+        if self.starved.load(Ordering::SeqCst) {
+            let mut h = lock(&self.host);
+            self.kick(&mut h);
+        }
+    }
+
     /// Starts a pass if the kernel is active (or draining), fewer than the target's
     /// [`max_in_flight`](DrainTarget::max_in_flight) passes run, messages wait, and the
     /// host's reply queue has room for the outputs of every pass in flight. Called with
@@ -947,49 +992,60 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         check_payload_fits(payload.len(), self.slot_size)?;
         let mut h = lock(&self.host);
-        if !self.lifecycle.get().accepts_messages() {
-            return Err(Error::KernelTerminated(self.name.clone()));
-        }
-        if let Some(e) = &h.failed {
-            return Err(e.clone());
-        }
-        let lane = priority::lane(header.priority());
-        if h.lanes[lane].len() >= self.capacity {
-            return Err(Error::QueueFull {
-                capacity: self.capacity,
-            });
-        }
-        let mut hdr = *header;
-        hdr.payload_len = payload.len() as u32;
-        if hdr.flags & flags::CHECKSUM != 0 {
-            hdr.checksum = ringkernel_core::message::fnv1a32(payload);
-        }
-        let mut buf = h.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(payload);
-        h.lanes[lane].push_back(Waiting {
-            header: hdr,
-            payload: buf,
-        });
-        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        self.check_accepting(&h)?;
+        self.push_waiting(&mut h, header, payload)?;
         self.kick(&mut h);
         Ok(())
+    }
+
+    /// One host lock and one pass kick for the whole batch.
+    fn try_enqueue_batch(&self, batch: &[(MessageHeader, &[u8])]) -> Result<usize> {
+        let mut h = lock(&self.host);
+        self.check_accepting(&h)?;
+        let mut taken = 0;
+        for (header, payload) in batch {
+            let r = check_payload_fits(payload.len(), self.slot_size)
+                .and_then(|()| self.push_waiting(&mut h, header, payload));
+            if let Err(e) = r {
+                if taken == 0 {
+                    return Err(e);
+                }
+                break;
+            }
+            taken += 1;
+        }
+        self.kick(&mut h);
+        Ok(taken)
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
         let env = lock(&self.replies).pop_front();
         if env.is_some() {
-            if self.starved.load(Ordering::SeqCst) {
-                // Room for more replies: the paused pass may start.
-                let mut h = lock(&self.host);
-                self.kick(&mut h);
-            }
+            self.kick_if_starved();
         } else if self.failed.load(Ordering::Acquire) {
             if let Some(e) = &lock(&self.host).failed {
                 return Err(e.clone());
             }
         }
         Ok(env)
+    }
+
+    /// One lock of the reply queue for the whole batch.
+    fn try_dequeue_batch(&self, out: &mut Vec<Envelope>, max: usize) -> Result<usize> {
+        let n = {
+            let mut replies = lock(&self.replies);
+            let n = replies.len().min(max);
+            out.extend(replies.drain(..n));
+            n
+        };
+        if n > 0 {
+            self.kick_if_starved();
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
+        }
+        Ok(n)
     }
 
     fn output_depth(&self) -> usize {

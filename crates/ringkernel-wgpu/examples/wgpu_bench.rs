@@ -2,9 +2,10 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only] [--ops-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only]
 //! ```
 //!
+//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch` (65,536).
 //! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
 //! adapter). The actor figures come with the **floor** of the same run, measured on the
 //! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
@@ -193,6 +194,7 @@ fn main() -> Result<(), Error> {
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
     let calls = arg("--calls", 2000);
+    let batch = arg("--batch", 65536);
     let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
@@ -210,7 +212,7 @@ fn main() -> Result<(), Error> {
     if ops_only {
         return Ok(());
     }
-    actors(&g, msgs, calls)
+    actors(&g, msgs, calls, batch)
 }
 
 fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
@@ -308,7 +310,64 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     Ok(())
 }
 
-fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
+/// The echo through the batched API: one task sends `batch` messages per
+/// `send_batch`, another takes the replies with `receive_batch`, in order.
+async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Result<(), Error> {
+    let opts = LaunchOptions::default().with_queue_capacity(65536);
+    let k = runtime.launch(ECHO, opts).await?;
+    let batch = batch.max(1);
+    let start = Instant::now();
+    let sender = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let mut busy = Duration::ZERO;
+            let mut next = 0u64;
+            let mut buf = Vec::with_capacity(batch);
+            while (next as usize) < msgs {
+                let n = batch.min(msgs - next as usize) as u64;
+                buf.clear();
+                buf.extend((next..next + n).map(|i| Token::new(i, i as f64)));
+                let t = Instant::now();
+                k.send_batch(&buf).await?;
+                busy += t.elapsed();
+                next += n;
+            }
+            Ok::<_, Error>(busy)
+        })
+    };
+    let (mut got, mut calls, mut recv_busy) = (0usize, 0usize, Duration::ZERO);
+    while got < msgs {
+        let t = Instant::now();
+        let replies = k
+            .receive_batch(msgs - got, Some(Duration::from_secs(30)))
+            .await?;
+        recv_busy += t.elapsed();
+        calls += 1;
+        for env in replies {
+            let t: Token = env.decode()?;
+            let i = got as u64;
+            if t.id != i || t.value != 2.0 * i as f64 {
+                return Err(Error::Device(format!("batched reply {i} wrong: {t:?}")));
+            }
+            got += 1;
+        }
+    }
+    let send_busy = sender.await.map_err(|e| Error::Device(e.to_string()))??;
+    let s = start.elapsed().as_secs_f64();
+    println!(
+        "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch): {:.3} s, {:.0} msgs/s; in send_batch {:.1} ns/msg (waits for ring room included), {} receive_batch calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included)",
+        s,
+        msgs as f64 / s,
+        send_busy.as_secs_f64() * 1e9 / msgs as f64,
+        calls,
+        msgs as f64 / calls.max(1) as f64,
+        recv_busy.as_secs_f64() * 1e9 / msgs as f64,
+    );
+    k.terminate().await?;
+    Ok(())
+}
+
+fn actors(g: &WgpuCompute, msgs: usize, calls: usize, batch: usize) -> Result<(), Error> {
     // The floor of this run, as `wgpu-floor` measures it.
     let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
     let (b50, b99) = p50_p99(&mut floor_batch.passes(200)?);
@@ -345,8 +404,9 @@ fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
         sender.await.map_err(|e| Error::Device(e.to_string()))??;
         let s = start.elapsed().as_secs_f64();
         let m = k.metrics();
-        println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
+        println!("actor echo, {msgs} messages, one send/receive per message (drain passes batch them): {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         k.terminate().await?;
+        echo_batched(&runtime, msgs, batch).await?;
         // Round trip: one call at a time, on a kernel with the default options, in
         // blocks alternating with blocks of floor passes (so both see the same load).
         let k = runtime.launch(ECHO, LaunchOptions::default()).await?;
