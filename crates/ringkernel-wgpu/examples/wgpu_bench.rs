@@ -25,12 +25,25 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RingKernelRuntime;
 use ringkernel_core::util::SplitMix64;
 use ringkernel_core::Error;
-use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
+use ringkernel_wgpu::{WgpuCompute, WgpuRuntime, WgslResource};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
 const REPS: usize = 20;
+
+/// `o = a` over whole vec4s, a 2-D grid of 256-thread workgroups (as `grid_for`).
+const COPY4_WGSL: &str = r#"
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> o: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn copy4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < arrayLength(&o)) {
+        o[i] = a[i];
+    }
+}
+"#;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -242,13 +255,36 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     let a = random(g, elems, 1)?;
     let b = random(g, elems, 2)?;
     let out = g.alloc(elems)?;
+    // The in-run reference for memory-bound kernels: a plain vec4 copy kernel, recorded
+    // and submitted the way the ops are.
+    let copy_kernel = g.compile_wgsl(
+        "copy4",
+        COPY4_WGSL,
+        "copy4",
+        &[
+            (1, WgslResource::Storage { read_only: true }),
+            (2, WgslResource::Storage { read_only: false }),
+        ],
+    )?;
+    let groups = ringkernel_shaders::grid_for((elems / 4).div_ceil(256) as u64);
+    let t = time_op(g, REPS, || {
+        g.dispatch_wgsl(&copy_kernel, None, &[(1, &*a), (2, &*out)], groups)
+    })?;
+    let kernel_bw = gb(2.0 * bytes, t);
+    println!(
+        "copy kernel (vec4 WGSL) {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        t * 1e3,
+        kernel_bw,
+        100.0 * kernel_bw / copy_bw
+    );
     let t = time_op(g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
     let bw = gb(3.0 * bytes, t);
     println!(
-        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy, {:.0}% of the copy kernel",
         t * 1e3,
         bw,
-        100.0 * bw / copy_bw
+        100.0 * bw / copy_bw,
+        100.0 * bw / kernel_bw
     );
     let rows = elems / cols;
     let t = time_op(g, REPS, || g.softmax(&*a, &*out, rows, cols))?;

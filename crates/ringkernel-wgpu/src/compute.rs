@@ -8,8 +8,10 @@
 //!   [`PlanDevice`]: each dispatch's parameter block becomes a uniform buffer at
 //!   binding 0, its operands storage buffers at their WGSL `@binding`.
 //! * Dispatches are recorded into one command encoder (one compute pass each) and
-//!   submitted together: on a read, a write, `synchronize`, or every [`MAX_BATCH`]
-//!   dispatches.
+//!   submitted together: on a read, a write, `synchronize`, every [`MAX_BATCH`]
+//!   dispatches, or once they add up to [`SUBMIT_THREADS`] threads (so a large op
+//!   runs on the device while the host records the next; for [`WgpuCompute::dispatch_wgsl`]
+//!   a workgroup counts as 256 threads).
 //! * Pipelines are cached per `(Kernel, Specialization)`; shader modules per family.
 
 use crate::{AdapterSelection, GpuContext};
@@ -26,6 +28,11 @@ use std::sync::{Arc, Mutex};
 
 /// Dispatches recorded before the batch is submitted without being asked to.
 pub const MAX_BATCH: usize = 256;
+/// Threads (workgroups × workgroup size) recorded before the batch is submitted without
+/// being asked to: a large dispatch starts on the device while the host records the
+/// next one, instead of waiting for the next read, write or `synchronize`; small ones
+/// still share a submission.
+pub const SUBMIT_THREADS: u64 = 1 << 20;
 
 /// A device-resident f32 buffer of [`WgpuCompute`].
 #[derive(Debug)]
@@ -48,6 +55,7 @@ ringkernel_core::impl_device_buffer!(WgpuBuffer, BackendKind::Wgpu);
 struct Batch {
     encoder: Option<wgpu::CommandEncoder>,
     ops: usize,
+    threads: u64,
 }
 
 /// The wgpu implementation of [`ComputeBackend`].
@@ -99,6 +107,7 @@ impl WgpuCompute {
             batch: Mutex::new(Batch {
                 encoder: None,
                 ops: 0,
+                threads: 0,
             }),
             tiles: Mutex::new(Default::default()),
         }
@@ -107,6 +116,11 @@ impl WgpuCompute {
     /// The device this backend runs on.
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
+    }
+
+    /// Dispatches recorded and not submitted yet (for tests of the batching).
+    pub fn pending_ops(&self) -> usize {
+        lock(&self.batch).ops
     }
 
     /// Pipelines compiled so far (for tests of the cache).
@@ -213,6 +227,7 @@ impl WgpuCompute {
             self.ctx.queue.submit([enc.finish()]);
         }
         batch.ops = 0;
+        batch.threads = 0;
     }
 
     /// Submits everything recorded so far (without waiting).
@@ -299,7 +314,14 @@ impl PlanDevice for WgpuCompute {
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         }
         batch.ops += prepared.len();
-        if batch.ops >= MAX_BATCH {
+        batch.threads += prepared
+            .iter()
+            .map(|(_, _, d)| {
+                let per_group: u64 = d.threads().iter().map(|&t| u64::from(t)).product();
+                d.groups.iter().map(|&g| u64::from(g)).product::<u64>() * per_group
+            })
+            .sum::<u64>();
+        if batch.ops >= MAX_BATCH || batch.threads >= SUBMIT_THREADS {
             self.submit(&mut batch);
         }
         Ok(())
@@ -591,7 +613,9 @@ impl WgpuCompute {
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         batch.ops += 1;
-        if batch.ops >= MAX_BATCH {
+        batch.threads += groups.iter().map(|&g| u64::from(g)).product::<u64>()
+            * u64::from(ringkernel_shaders::WORKGROUP_SIZE);
+        if batch.ops >= MAX_BATCH || batch.threads >= SUBMIT_THREADS {
             self.submit(&mut batch);
         }
         Ok(())

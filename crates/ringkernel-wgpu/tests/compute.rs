@@ -264,6 +264,24 @@ fn many_ops_in_one_batch_keep_their_order() {
 }
 
 #[test]
+fn large_dispatches_are_submitted_at_once_small_ones_batched() {
+    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let n = 4 * ringkernel_wgpu::compute::SUBMIT_THREADS as usize; // one vec4 per thread
+    let (a, out) = (g.upload(&vec![1.5; n]).unwrap(), g.alloc(n).unwrap());
+    g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();
+    g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();
+    assert_eq!(g.pending_ops(), 2, "small ops share a submission");
+    g.binary_scalar(BinaryOp::Mul, &*a, 2.0, &*out, n).unwrap();
+    assert_eq!(
+        g.pending_ops(),
+        0,
+        "a large op is submitted as soon as it is recorded"
+    );
+    let got = read(&g, &*out);
+    assert!(got.iter().all(|v| *v == 3.0));
+}
+
+#[test]
 fn pipelines_are_cached_per_specialisation() {
     let g = WgpuCompute::with_selection(default_adapter()).unwrap();
     let x = g.upload(&[1.0, 4.0]).unwrap();
