@@ -22,7 +22,10 @@
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
-//! pass's outputs while the device runs the next. Passes are finished in launch order
+//! pass's outputs while the device runs the next. A pass then takes at most the ring's
+//! capacity divided by the passes allowed in flight (and never more than [`MAX_PASS`]),
+//! so a burst of messages becomes overlapping passes rather than one that holds the
+//! whole ring. Passes are finished in launch order
 //! whatever the order of their completions, so replies, a serial handler's state and
 //! every count keep the order of a single pass at a time.
 //!
@@ -167,6 +170,10 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
 /// completion starts the next pass anyway, so small batches wait for it instead of
 /// taking a pass of their own.
 pub const OVERLAP_MIN_BATCH: u64 = 256;
+
+/// Most messages one drain pass takes (a pass is also limited to the ring's free slots
+/// and, with several passes in flight, to the ring's capacity divided by their number).
+pub const MAX_PASS: u64 = 65_536;
 
 /// A handler's WGSL composed with the drain template and validated by naga: what a
 /// backend compiles for a drain kernel.
@@ -588,17 +595,31 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// host's reply queue has room for the outputs of every pass in flight. Called with
     /// the host lock held.
     fn kick(&self, h: &mut Host) {
+        // A batch that arrives at once may fill several passes.
+        while self.kick_once(h) {}
+    }
+
+    /// Most messages one pass takes: [`MAX_PASS`], and with several passes in flight a
+    /// share of the ring, so that a burst (a `send_batch`) becomes passes that overlap
+    /// instead of one that holds the whole ring.
+    fn pass_limit(&self) -> u64 {
+        let in_flight = self.target.max_in_flight().max(1) as u64;
+        (self.capacity as u64 / in_flight).clamp(1, MAX_PASS)
+    }
+
+    /// One step of [`kick`](Self::kick): whether it launched a pass.
+    fn kick_once(&self, h: &mut Host) -> bool {
         let state = self.lifecycle.get();
         let backlog = self.k2k_backlog.load(Ordering::Acquire) > 0;
         let runs = !backlog
             && (state == LifecycleState::Active
                 || (state == LifecycleState::Terminating && h.draining));
         if !runs || h.in_flight >= self.target.max_in_flight().max(1) || h.failed.is_some() {
-            return;
+            return false;
         }
         let waiting = h.waiting() as u64;
         if waiting == 0 {
-            return;
+            return false;
         }
         // Slots of the passes in flight stay theirs until they complete.
         let busy = h.tail - h.completed;
@@ -611,7 +632,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             1
         };
         if waiting < min_batch || ring_room < min_batch {
-            return;
+            return false;
         }
         let room = {
             let replies = lock(&self.replies);
@@ -621,9 +642,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             self.starved.store(room == 0, Ordering::SeqCst);
             room
         };
-        let count = waiting.min(room).min(ring_room);
+        let count = waiting.min(room).min(ring_room).min(self.pass_limit());
         if count < min_batch {
-            return;
+            return false;
         }
         let first = h.dispatched;
         self.fill_ring(h, count);
@@ -659,7 +680,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
             self.fail(h, e);
             self.events.notify_all();
+            return false;
         }
+        true
     }
 
     /// Moves `count` waiting messages into the free input slots at `tail`, highest

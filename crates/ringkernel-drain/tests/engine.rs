@@ -849,3 +849,39 @@ async fn the_default_batch_methods_loop_over_single_messages() {
     let k = core.handle(Arc::new(OneByOne(engine)), &opts);
     batched_echo(&k, 300, 50).await;
 }
+
+/// A batch that arrives at once is split into passes that overlap: with three passes
+/// allowed in flight, each takes at most a third of the ring, and all three start from
+/// the one `send_batch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_becomes_overlapping_passes() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(512);
+    let (k, engine) = launch_overlapped(&core, "counter", Handler::Counter, opts, 3);
+    let target = engine.target();
+    target.hold.store(true, Ordering::SeqCst);
+    let msgs: Vec<Token> = (0..500).map(|i| Token::new(i, 0.0)).collect();
+    k.send_batch(&msgs).await.unwrap();
+    assert_eq!(
+        target.running.load(Ordering::SeqCst),
+        3,
+        "three passes from one batch"
+    );
+    assert_eq!(target.passes.load(Ordering::SeqCst), 3);
+    target.hold.store(false, Ordering::SeqCst);
+    let mut got = Vec::new();
+    while got.len() < 500 {
+        got.extend(
+            k.receive_batch(500, Some(Duration::from_secs(10)))
+                .await
+                .unwrap(),
+        );
+    }
+    for (i, env) in got.iter().enumerate() {
+        let t: Token = env.decode().unwrap();
+        assert_eq!((t.id, t.value), (i as u64, (i + 1) as f64), "reply {i}");
+    }
+    assert!(target.most_running.load(Ordering::SeqCst) <= 3);
+    // 500 messages, at most 512 / 3 = 170 per pass.
+    assert!(target.passes.load(Ordering::SeqCst) >= 3);
+}

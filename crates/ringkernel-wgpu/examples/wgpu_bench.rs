@@ -5,7 +5,7 @@
 //! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only]
 //! ```
 //!
-//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch` (65,536).
+//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch` (16,384).
 //! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
 //! adapter). The actor figures come with the **floor** of the same run, measured on the
 //! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
@@ -207,7 +207,7 @@ fn main() -> Result<(), Error> {
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
     let calls = arg("--calls", 2000);
-    let batch = arg("--batch", 65536);
+    let batch = arg("--batch", 16384);
     let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
