@@ -20,6 +20,17 @@
 //! A [`MatmulTile`] plus its flags travel in a [`Specialization`] (keys `BM`, `BN`, `BK`,
 //! `TM`, `TN`, `VA`, `VB`) so the pipeline caches of both backends key on them; the keys
 //! are generation parameters, not WGSL `override`s.
+//!
+//! ```
+//! use ringkernel_shaders::{to_msl, Kernel, MatmulTile};
+//! let tile: MatmulTile = "128x128x8/8x8".parse().unwrap();
+//! assert_eq!(tile, MatmulTile::LARGE);
+//! assert_eq!(tile.grid(1000, 300, 2), [3, 8, 2]);
+//! let spec = tile.spec(true, false); // 16-byte loads of A, scalar B and out
+//! let msl = to_msl(Kernel::MatmulTiled, &spec).unwrap();
+//! assert_eq!(msl.workgroup_size, [256, 1, 1]);
+//! assert!(tile.wgsl(true, false).unwrap().contains("fn matmul_tiled"));
+//! ```
 
 use crate::Specialization;
 use ringkernel_core::{Error, Result};

@@ -13,6 +13,19 @@
 //!   `$HOME/.cache/ringkernel`), so later processes skip the timing.
 //! * `RINGKERNEL_WGPU_AUTOTUNE=0` (or `off`, `false`) turns the timing and the file off:
 //!   large products then take [`MatmulTile::LARGE`].
+//!
+//! ```no_run
+//! use ringkernel_core::compute::MatmulDims;
+//! use ringkernel_wgpu::{MatmulTile, WgpuCompute};
+//! let gpu = WgpuCompute::new().unwrap();
+//! let dims = MatmulDims { batch: 1, m: 2048, k: 2048, n: 2048, b_batched: false };
+//! // Every candidate's time on this device, fastest first (what the tuner compares).
+//! for (tile, t) in gpu.time_matmul_tiles(dims).unwrap() {
+//!     println!("{tile}: {t:?}");
+//! }
+//! println!("chosen: {}", gpu.matmul_tile_for(dims).unwrap());
+//! gpu.set_matmul_tile(Some(MatmulTile::LARGE)).unwrap(); // force one from now on
+//! ```
 
 use crate::compute::WgpuCompute;
 use ringkernel_core::compute::{ComputeBackend, MatmulDims};
