@@ -12,7 +12,8 @@
 //!   `RINGKERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/ringkernel`, else
 //!   `$HOME/.cache/ringkernel`), so later processes skip the timing.
 //! * `RINGKERNEL_WGPU_AUTOTUNE=0` (or `off`, `false`) turns the timing and the file off:
-//!   large products then take [`MatmulTile::LARGE`].
+//!   large products then take [`MatmulTile::LARGE`], as they do on a software adapter
+//!   (lavapipe), where timing would cost seconds of the host's cores.
 //!
 //! ```no_run
 //! use ringkernel_core::compute::MatmulDims;
@@ -238,7 +239,9 @@ impl WgpuCompute {
         if let Some(t) = tuned {
             return Ok(t);
         }
-        if !autotune_enabled() {
+        // A software adapter runs on the host's cores: timing shapes there costs
+        // seconds and says little, so it takes the large shape.
+        if !autotune_enabled() || self.context().info.software {
             return Ok(MatmulTile::LARGE);
         }
         let key = self.tuning_key();

@@ -8,7 +8,7 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::util::{rel_error, SplitMix64};
 use ringkernel_core::Error;
-use ringkernel_wgpu::{AdapterSelection, WgpuCompute};
+use ringkernel_wgpu::{AdapterSelection, MatmulTile, WgpuCompute};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static WgpuCompute {
@@ -177,7 +177,7 @@ fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
         mm(1, 1, 1, 1, false),
     ];
     let shapes = g.matmul_tile_candidates();
-    assert!(shapes.contains(&ringkernel_wgpu::MatmulTile::LARGE));
+    assert!(shapes.contains(&MatmulTile::LARGE));
     for t in shapes {
         g.set_matmul_tile(Some(t)).unwrap();
         for dims in cases {
@@ -189,8 +189,25 @@ fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
         assert!(read(&g, &*out).iter().all(|v| *v == 0.0), "{t}: k = 0");
     }
     g.set_matmul_tile(None).unwrap();
+    // Without a forced shape: small products by the workgroup count, large ones tuned
+    // (or the large shape on a software adapter, where nothing is timed).
+    use ringkernel_wgpu::matmul_tune::{untuned_tile, TILE_ENV};
+    if std::env::var_os(TILE_ENV).is_none() {
+        for d in [mm(1, 64, 64, 64, false), mm(1, 2048, 16, 1024, false)] {
+            assert_eq!(g.matmul_tile_for(d).unwrap(), untuned_tile(d));
+        }
+        assert_eq!(untuned_tile(mm(1, 64, 64, 64, false)), MatmulTile::SMALL);
+        assert_eq!(
+            untuned_tile(mm(1, 2048, 16, 1024, false)),
+            MatmulTile::LARGE
+        );
+        if g.context().info.software {
+            let big = mm(1, 1024, 1024, 1024, false);
+            assert_eq!(g.matmul_tile_for(big).unwrap(), MatmulTile::LARGE);
+        }
+    }
     // A shape the generator does not support, or one too big for the device, is refused.
-    let odd = ringkernel_wgpu::MatmulTile {
+    let odd = MatmulTile {
         bm: 96,
         bn: 128,
         bk: 8,
@@ -201,9 +218,9 @@ fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
         g.set_matmul_tile(Some(odd)),
         Err(Error::InvalidArgument(_))
     ));
-    let huge = ringkernel_wgpu::MatmulTile {
+    let huge = MatmulTile {
         bk: 64,
-        ..ringkernel_wgpu::MatmulTile::LARGE
+        ..MatmulTile::LARGE
     };
     let limit = g
         .context()
@@ -229,13 +246,10 @@ fn matmul_tuning_times_every_fitting_shape_and_caches_the_winner() {
     let key = g.tuning_key();
     assert_eq!(cached_tile(&path, &key), None);
     store_tile(&path, &key, times[0].0).unwrap();
-    store_tile(&path, "other|adapter", ringkernel_wgpu::MatmulTile::SMALL).unwrap();
+    store_tile(&path, "other|adapter", MatmulTile::SMALL).unwrap();
     assert_eq!(cached_tile(&path, &key), Some(times[0].0));
-    store_tile(&path, &key, ringkernel_wgpu::MatmulTile::SMALL).unwrap();
-    assert_eq!(
-        cached_tile(&path, &key),
-        Some(ringkernel_wgpu::MatmulTile::SMALL)
-    );
+    store_tile(&path, &key, MatmulTile::SMALL).unwrap();
+    assert_eq!(cached_tile(&path, &key), Some(MatmulTile::SMALL));
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(text.lines().count(), 2, "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
