@@ -87,8 +87,36 @@ pub trait KernelEngine: Send + Sync + 'static {
     /// kernel is terminating or terminated, [`Error::MessageTooLarge`] for an oversized
     /// payload. Counts `received` on success.
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()>;
+    /// Puts the messages of `batch` (headers already stamped) into the input queue in
+    /// order, as [`try_enqueue`](Self::try_enqueue) would one by one, and returns how
+    /// many it took: it stops at the first that does not fit. An error comes back only
+    /// when not even the first was taken. The default loops over `try_enqueue`; an
+    /// engine that can take a batch under one lock, with one wake-up of its worker,
+    /// overrides it.
+    fn try_enqueue_batch(&self, batch: &[(MessageHeader, &[u8])]) -> Result<usize> {
+        for (i, (h, p)) in batch.iter().enumerate() {
+            if let Err(e) = self.try_enqueue(h, p) {
+                return if i > 0 { Ok(i) } else { Err(e) };
+            }
+        }
+        Ok(batch.len())
+    }
     /// Takes the oldest message out of the output queue.
     fn try_dequeue(&self) -> Result<Option<Envelope>>;
+    /// Moves up to `max` of the oldest messages of the output queue to the end of
+    /// `out`, in order, and returns how many. The default loops over
+    /// [`try_dequeue`](Self::try_dequeue).
+    fn try_dequeue_batch(&self, out: &mut Vec<Envelope>, max: usize) -> Result<usize> {
+        let mut n = 0;
+        while n < max {
+            match self.try_dequeue()? {
+                Some(env) => out.push(env),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
     /// Messages in the output queue.
     fn output_depth(&self) -> usize;
     /// `Launched|Deactivated → Active`.
@@ -322,6 +350,35 @@ impl RuntimeCore {
         h.message_id = self.next_message_id();
         h.correlation_id = h.message_id;
         h.set_hlc(self.hlc.tick());
+    }
+
+    /// Stamps a batch of host messages at once: consecutive fresh message ids (each its
+    /// own correlation id) from one counter update and consecutive ticks of the host
+    /// clock from one reservation ([`HlcClock::reserve`]), in slice order.
+    pub fn stamp_batch_from_host(&self, headers: &mut [MessageHeader]) {
+        let n = headers.len() as u64;
+        if n == 0 {
+            return;
+        }
+        let first_id = self.next_message.fetch_add(n, Ordering::Relaxed);
+        let mut left = headers;
+        let mut id = first_id;
+        // A reservation counts in u32: stamp very large batches in chunks.
+        while !left.is_empty() {
+            let take = left.len().min(u32::MAX as usize);
+            let (chunk, rest) = left.split_at_mut(take);
+            let first = self.hlc.reserve(take as u32);
+            for (i, h) in chunk.iter_mut().enumerate() {
+                h.message_id = id;
+                h.correlation_id = id;
+                h.set_hlc(HlcTimestamp::from_parts(
+                    first.packed() + i as u64,
+                    first.node(),
+                ));
+                id += 1;
+            }
+            left = rest;
+        }
     }
 
     /// Publishes a typed message from the host (priority [`NORMAL`](priority::NORMAL)).
@@ -761,6 +818,115 @@ impl KernelHandle {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Sends every message of `msgs` in order with priority [`NORMAL`](priority::NORMAL)
+    /// and returns their message ids, which are consecutive (`first..first + len`).
+    /// The host work is done once per batch where the engine allows it: one id block
+    /// and one clock reservation for all headers, and the engine takes as many as fit
+    /// in one call ([`KernelEngine::try_enqueue_batch`]; the drain engines of the GPU
+    /// backends under one lock with one pass kick, the others one by one). When the
+    /// input queue fills up it waits for space as [`send`](Self::send) does and goes on
+    /// with the rest; with `wait_when_full(false)` it returns [`Error::QueueFull`]
+    /// after enqueueing what fitted (the ids of those are lost to the caller: send
+    /// smaller batches when that matters). An empty slice sends nothing.
+    ///
+    /// ```
+    /// # use ringkernel_core::builtin::Token;
+    /// # async fn demo(k: ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
+    /// let batch: Vec<Token> = (0..1000).map(|i| Token::new(i, 1.0)).collect();
+    /// let ids = k.send_batch(&batch).await?;
+    /// assert_eq!(ids.end - ids.start, 1000);
+    /// let replies = k.receive_batch(1000, Some(std::time::Duration::from_secs(5))).await?;
+    /// # let _ = replies; Ok(()) }
+    /// ```
+    pub async fn send_batch<M: RingMessage>(&self, msgs: &[M]) -> Result<std::ops::Range<u64>> {
+        let payloads = msgs
+            .iter()
+            .map(RingMessage::encode_payload)
+            .collect::<Result<Vec<_>>>()?;
+        let mut headers: Vec<MessageHeader> = payloads
+            .iter()
+            .map(|p| {
+                let mut h = MessageHeader::new(M::TYPE_ID, p.len());
+                h.set_priority(priority::NORMAL);
+                h.source_kernel = KernelId::HOST.0;
+                h.dest_kernel = self.id().0;
+                h.flags |= M::header_flags();
+                h
+            })
+            .collect();
+        self.inner.core.stamp_batch_from_host(&mut headers);
+        let first = headers.first().map_or(0, |h| h.message_id);
+        if let Some(h) = headers.first() {
+            // Every header of the batch has the same type, flags and destination.
+            self.inner.engine.accepts(h)?;
+        }
+        let batch: Vec<(MessageHeader, &[u8])> = headers
+            .iter()
+            .zip(&payloads)
+            .map(|(h, p)| (*h, &p[..]))
+            .collect();
+        let mut done = 0;
+        while done < batch.len() {
+            match self.inner.engine.try_enqueue_batch(&batch[done..]) {
+                Ok(n) => done += n,
+                Err(Error::QueueFull { capacity }) if self.inner.wait_when_full => {
+                    let listener = self.inner.engine.events().input_space.listen();
+                    match self.inner.engine.try_enqueue_batch(&batch[done..]) {
+                        Ok(n) => {
+                            done += n;
+                            continue;
+                        }
+                        Err(Error::QueueFull { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    if !wait_for(listener, None).await {
+                        return Err(Error::QueueFull { capacity });
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(first..first + batch.len() as u64)
+    }
+
+    /// Receives up to `max` messages in arrival order: waits up to `timeout` (forever
+    /// with `None`) for the first ([`Error::Timeout`] when none comes), then takes
+    /// whatever else is already waiting, up to `max`, without waiting for more. Messages
+    /// kept from earlier receives come first. The host clock merges the batch's latest
+    /// timestamp once. `max = 0` returns an empty vector at once.
+    pub async fn receive_batch(
+        &self,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Envelope>> {
+        let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
+        out.push(self.receive_envelope(timeout).await?);
+        {
+            let mut stash = lock(&self.inner.stash);
+            while out.len() < max {
+                match stash.pop_front() {
+                    Some(env) => out.push(env),
+                    None => break,
+                }
+            }
+        }
+        let before = out.len();
+        if before < max {
+            self.inner
+                .engine
+                .try_dequeue_batch(&mut out, max - before)?;
+        }
+        if let Some(latest) = out[before..].iter().map(|e| e.header.hlc()).max() {
+            if let Err(e) = self.inner.core.hlc().update(&latest) {
+                tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
+            }
+        }
+        Ok(out)
     }
 
     /// Takes the first message (stash first, then the queue) that `pred` accepts,

@@ -22,7 +22,10 @@
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
-//! pass's outputs while the device runs the next. Passes are finished in launch order
+//! pass's outputs while the device runs the next. A pass then takes at most the ring's
+//! capacity divided by the passes allowed in flight (and never more than [`MAX_PASS`]),
+//! so a burst of messages becomes overlapping passes rather than one that holds the
+//! whole ring. Passes are finished in launch order
 //! whatever the order of their completions, so replies, a serial handler's state and
 //! every count keep the order of a single pass at a time.
 //!
@@ -167,6 +170,10 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
 /// completion starts the next pass anyway, so small batches wait for it instead of
 /// taking a pass of their own.
 pub const OVERLAP_MIN_BATCH: u64 = 256;
+
+/// Most messages one drain pass takes (a pass is also limited to the ring's free slots
+/// and, with several passes in flight, to the ring's capacity divided by their number).
+pub const MAX_PASS: u64 = 65_536;
 
 /// A handler's WGSL composed with the drain template and validated by naga: what a
 /// backend compiles for a drain kernel.
@@ -538,22 +545,81 @@ impl<T: DrainTarget> DrainEngine<T> {
         &self.target
     }
 
+    /// [`Error::KernelTerminated`] once the kernel no longer takes messages, the
+    /// failure once it has failed. Called with the host lock held.
+    fn check_accepting(&self, h: &Host) -> Result<()> {
+        if !self.lifecycle.get().accepts_messages() {
+            return Err(Error::KernelTerminated(self.name.clone()));
+        }
+        if let Some(e) = &h.failed {
+            return Err(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Queues one message (payload size already checked) in its priority lane, or
+    /// [`Error::QueueFull`]. Called with the host lock held.
+    fn push_waiting(&self, h: &mut Host, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let lane = priority::lane(header.priority());
+        if h.lanes[lane].len() >= self.capacity {
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        let mut hdr = *header;
+        hdr.payload_len = payload.len() as u32;
+        if hdr.flags & flags::CHECKSUM != 0 {
+            hdr.checksum = ringkernel_core::message::fnv1a32(payload);
+        }
+        let mut buf = h.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(payload);
+        h.lanes[lane].push_back(Waiting {
+            header: hdr,
+            payload: buf,
+        });
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// After replies were taken: a pass paused for want of reply room may start.
+    fn kick_if_starved(&self) {
+        if self.starved.load(Ordering::SeqCst) {
+            let mut h = lock(&self.host);
+            self.kick(&mut h);
+        }
+    }
+
     /// Starts a pass if the kernel is active (or draining), fewer than the target's
     /// [`max_in_flight`](DrainTarget::max_in_flight) passes run, messages wait, and the
     /// host's reply queue has room for the outputs of every pass in flight. Called with
     /// the host lock held.
     fn kick(&self, h: &mut Host) {
+        // A batch that arrives at once may fill several passes.
+        while self.kick_once(h) {}
+    }
+
+    /// Most messages one pass takes: [`MAX_PASS`], and with several passes in flight a
+    /// share of the ring, so that a burst (a `send_batch`) becomes passes that overlap
+    /// instead of one that holds the whole ring.
+    fn pass_limit(&self) -> u64 {
+        let in_flight = self.target.max_in_flight().max(1) as u64;
+        (self.capacity as u64 / in_flight).clamp(1, MAX_PASS)
+    }
+
+    /// One step of [`kick`](Self::kick): whether it launched a pass.
+    fn kick_once(&self, h: &mut Host) -> bool {
         let state = self.lifecycle.get();
         let backlog = self.k2k_backlog.load(Ordering::Acquire) > 0;
         let runs = !backlog
             && (state == LifecycleState::Active
                 || (state == LifecycleState::Terminating && h.draining));
         if !runs || h.in_flight >= self.target.max_in_flight().max(1) || h.failed.is_some() {
-            return;
+            return false;
         }
         let waiting = h.waiting() as u64;
         if waiting == 0 {
-            return;
+            return false;
         }
         // Slots of the passes in flight stay theirs until they complete.
         let busy = h.tail - h.completed;
@@ -566,7 +632,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             1
         };
         if waiting < min_batch || ring_room < min_batch {
-            return;
+            return false;
         }
         let room = {
             let replies = lock(&self.replies);
@@ -576,9 +642,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             self.starved.store(room == 0, Ordering::SeqCst);
             room
         };
-        let count = waiting.min(room).min(ring_room);
+        let count = waiting.min(room).min(ring_room).min(self.pass_limit());
         if count < min_batch {
-            return;
+            return false;
         }
         let first = h.dispatched;
         self.fill_ring(h, count);
@@ -614,7 +680,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             tracing::error!(kernel = %self.name, error = %e, "drain pass could not be launched");
             self.fail(h, e);
             self.events.notify_all();
+            return false;
         }
+        true
     }
 
     /// Moves `count` waiting messages into the free input slots at `tail`, highest
@@ -947,49 +1015,60 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         check_payload_fits(payload.len(), self.slot_size)?;
         let mut h = lock(&self.host);
-        if !self.lifecycle.get().accepts_messages() {
-            return Err(Error::KernelTerminated(self.name.clone()));
-        }
-        if let Some(e) = &h.failed {
-            return Err(e.clone());
-        }
-        let lane = priority::lane(header.priority());
-        if h.lanes[lane].len() >= self.capacity {
-            return Err(Error::QueueFull {
-                capacity: self.capacity,
-            });
-        }
-        let mut hdr = *header;
-        hdr.payload_len = payload.len() as u32;
-        if hdr.flags & flags::CHECKSUM != 0 {
-            hdr.checksum = ringkernel_core::message::fnv1a32(payload);
-        }
-        let mut buf = h.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(payload);
-        h.lanes[lane].push_back(Waiting {
-            header: hdr,
-            payload: buf,
-        });
-        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        self.check_accepting(&h)?;
+        self.push_waiting(&mut h, header, payload)?;
         self.kick(&mut h);
         Ok(())
+    }
+
+    /// One host lock and one pass kick for the whole batch.
+    fn try_enqueue_batch(&self, batch: &[(MessageHeader, &[u8])]) -> Result<usize> {
+        let mut h = lock(&self.host);
+        self.check_accepting(&h)?;
+        let mut taken = 0;
+        for (header, payload) in batch {
+            let r = check_payload_fits(payload.len(), self.slot_size)
+                .and_then(|()| self.push_waiting(&mut h, header, payload));
+            if let Err(e) = r {
+                if taken == 0 {
+                    return Err(e);
+                }
+                break;
+            }
+            taken += 1;
+        }
+        self.kick(&mut h);
+        Ok(taken)
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
         let env = lock(&self.replies).pop_front();
         if env.is_some() {
-            if self.starved.load(Ordering::SeqCst) {
-                // Room for more replies: the paused pass may start.
-                let mut h = lock(&self.host);
-                self.kick(&mut h);
-            }
+            self.kick_if_starved();
         } else if self.failed.load(Ordering::Acquire) {
             if let Some(e) = &lock(&self.host).failed {
                 return Err(e.clone());
             }
         }
         Ok(env)
+    }
+
+    /// One lock of the reply queue for the whole batch.
+    fn try_dequeue_batch(&self, out: &mut Vec<Envelope>, max: usize) -> Result<usize> {
+        let n = {
+            let mut replies = lock(&self.replies);
+            let n = replies.len().min(max);
+            out.extend(replies.drain(..n));
+            n
+        };
+        if n > 0 {
+            self.kick_if_starved();
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
+        }
+        Ok(n)
     }
 
     fn output_depth(&self) -> usize {

@@ -25,7 +25,7 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::error::{Error, Result};
 use ringkernel_shaders::{
-    grid_for, msl_buffer_index, params, Binding, Kernel, Specialization, MATMUL_TILE,
+    grid_for, msl_buffer_index, params, Binding, Kernel, MatmulTile, Specialization, MATMUL_TILE,
 };
 use ringkernel_shaders::{ATTENTION_MAX_HEAD_DIM, MAX_WORKGROUPS_PER_DIM, WORKGROUP_SIZE};
 
@@ -310,14 +310,40 @@ pub fn swiglu(len: usize) -> Result<Plan> {
 /// `matmul(a, b, out, dims)` on the tiled kernel: a 64×64 output tile per threadgroup,
 /// grid `(⌈n/64⌉, ⌈m/64⌉, batch)`. `k = 0` writes zeros.
 pub fn matmul(d: MatmulDims) -> Result<Plan> {
+    let tile = MATMUL_TILE as usize;
+    matmul_on(d, Kernel::Matmul, Specialization::none(), [tile, tile])
+}
+
+/// `matmul(a, b, out, dims)` on the register-tiled kernel ([`Kernel::MatmulTiled`]) with
+/// the tile shape `tile`. `vec_a` reads A with 16-byte loads (taken only when `k % 4 ==
+/// 0`), `vec_b` reads B and writes out that way (taken only when `n % 4 == 0`); a host
+/// passes `false` where a bound buffer's length is not a multiple of 4 elements.
+/// `k = 0` writes zeros. An unsupported shape is [`Error::InvalidArgument`].
+pub fn matmul_tiled(d: MatmulDims, tile: MatmulTile, vec_a: bool, vec_b: bool) -> Result<Plan> {
+    tile.check()?;
+    let spec = tile.spec(
+        vec_a && d.k.is_multiple_of(4),
+        vec_b && d.n.is_multiple_of(4),
+    );
+    let edge = [tile.bm as usize, tile.bn as usize];
+    matmul_on(d, Kernel::MatmulTiled, spec, edge)
+}
+
+/// A matmul on `kernel`, one `edge[0] × edge[1]` output tile per threadgroup, grid
+/// `(⌈n/edge[1]⌉, ⌈m/edge[0]⌉, batch)`.
+fn matmul_on(
+    d: MatmulDims,
+    kernel: Kernel,
+    spec: Specialization,
+    edge: [usize; 2],
+) -> Result<Plan> {
     let needs = checks::matmul(d)?;
     let (a_len, b_len, c_len) = (needs.elems(0), needs.elems(1), needs.elems(2));
     u32_of(a_len.max(b_len).max(c_len), "matmul size")?;
     if c_len == 0 {
         return Ok(Plan::empty(needs));
     }
-    let tile = MATMUL_TILE as usize;
-    let groups = [groups_for(d.n, tile), groups_for(d.m, tile), d.batch];
+    let groups = [groups_for(d.n, edge[1]), groups_for(d.m, edge[0]), d.batch];
     if groups.iter().any(|&g| g > MAX_WORKGROUPS_PER_DIM as usize) {
         return Err(Error::invalid(format!(
             "matmul {d:?} needs a grid of {groups:?} tiles, over 65535 in one dimension"
@@ -335,8 +361,8 @@ pub fn matmul(d: MatmulDims) -> Result<Plan> {
         _pad: 0,
     };
     let dsp = Dispatch {
-        kernel: Kernel::Matmul,
-        spec: Specialization::none(),
+        kernel,
+        spec,
         params: bytes(&p),
         binds: vec![read(1, "a", 0), read(2, "b", 1), write(3, "out", 2)],
         groups: groups.map(|g| g as u32),

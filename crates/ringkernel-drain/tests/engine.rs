@@ -690,3 +690,198 @@ async fn a_high_message_overtakes_lows_waiting_behind_a_running_pass() {
     assert_eq!(engine.target().passes.load(Ordering::SeqCst), 2);
     k.terminate().await.unwrap();
 }
+
+/// Sends `n` tokens with `send_batch` in batches of `batch`, takes the replies with
+/// `receive_batch`, and checks ids, order and values.
+async fn batched_echo(k: &KernelHandle, n: u64, batch: u64) {
+    let sender = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut next = 0;
+            while next < n {
+                let end = (next + batch).min(n);
+                let msgs: Vec<Token> = (next..end).map(|i| Token::new(i, i as f64)).collect();
+                let r = k.send_batch(&msgs).await.unwrap();
+                assert_eq!(r.end - r.start, end - next, "one id per message");
+                ids.extend(r);
+                next = end;
+            }
+            ids
+        })
+    };
+    let mut got = Vec::new();
+    while (got.len() as u64) < n {
+        let max = 37.min(n as usize - got.len());
+        let envs = k
+            .receive_batch(max, Some(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert!(!envs.is_empty() && envs.len() <= max);
+        got.extend(envs);
+    }
+    let ids = sender.await.unwrap();
+    assert!(ids.windows(2).all(|w| w[1] > w[0]), "ids increase");
+    for (i, env) in got.iter().enumerate() {
+        let t: Token = env.decode().unwrap();
+        assert_eq!(
+            (t.id, t.value),
+            (i as u64, 2.0 * i as f64),
+            "reply {i} in order"
+        );
+        assert_eq!(
+            env.header.correlation_id, ids[i],
+            "reply {i} answers request {i}"
+        );
+    }
+    // Timestamps of a batch are distinct and increasing, like one-by-one sends.
+    assert!(got
+        .windows(2)
+        .all(|w| w[1].header.hlc() > w[0].header.hlc()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_sends_and_receives_through_a_small_ring_in_order() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(8);
+    let (k, engine) = launch_overlapped(&core, "echo", Handler::Echo, opts, 3);
+    // Batches larger than the queue: send_batch waits for room and goes on.
+    batched_echo(&k, 1000, 300).await;
+    let passes = engine.target().passes.load(Ordering::SeqCst);
+    assert!(passes < 1000, "{passes} passes");
+    assert_eq!(k.metrics().received, 1000);
+    // Empty batches.
+    assert_eq!(k.send_batch::<Token>(&[]).await.unwrap().count(), 0);
+    assert!(k.receive_batch(0, None).await.unwrap().is_empty());
+    // Nothing waiting: a timeout, not a hang.
+    let e = k
+        .receive_batch(5, Some(Duration::from_millis(20)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    k.terminate().await.unwrap();
+    let e = k.send_batch(&[Token::new(1, 1.0)]).await.unwrap_err();
+    assert!(matches!(e, Error::KernelTerminated(_)), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_into_a_full_queue_takes_what_fits() {
+    let core = core();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(8)
+        .with_auto_activate(false)
+        .with_wait_when_full(false);
+    let (k, engine) = launch(&core, "echo", Handler::Echo, opts);
+    let msgs: Vec<Token> = (0..20).map(|i| Token::new(i, 1.0)).collect();
+    let e = k.send_batch(&msgs).await.unwrap_err();
+    assert!(matches!(e, Error::QueueFull { capacity: 8 }), "{e}");
+    assert_eq!(k.metrics().received, 8, "the first 8 were taken");
+    // The engine's own batch call reports how many it took.
+    let mut h = MessageHeader::new(Token::TYPE_ID, 32);
+    h.set_priority(ringkernel_core::priority::NORMAL);
+    h.dest_kernel = k.id().0;
+    let p = [0u8; 32];
+    let e = engine.try_enqueue_batch(&[(h, &p[..])]).unwrap_err();
+    assert!(matches!(e, Error::QueueFull { .. }), "{e}");
+    let big = vec![0u8; 1 << 20];
+    let e = engine.try_enqueue_batch(&[(h, &big[..])]).unwrap_err();
+    assert!(matches!(e, Error::MessageTooLarge { .. }), "{e}");
+    let r = k.terminate().await.unwrap();
+    assert_eq!(r.undelivered.len(), 8);
+}
+
+/// An engine that only forwards the one-message calls: the trait's default batch
+/// methods (what the CPU and CUDA engines use) run over it.
+struct OneByOne(Arc<dyn KernelEngine>);
+
+impl KernelEngine for OneByOne {
+    fn id(&self) -> ringkernel_core::runtime::KernelId {
+        self.0.id()
+    }
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn state(&self) -> LifecycleState {
+        self.0.state()
+    }
+    fn slot_size(&self) -> usize {
+        self.0.slot_size()
+    }
+    fn input_capacity(&self) -> usize {
+        self.0.input_capacity()
+    }
+    fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> ringkernel_core::Result<()> {
+        self.0.try_enqueue(header, payload)
+    }
+    fn try_dequeue(&self) -> ringkernel_core::Result<Option<ringkernel_core::message::Envelope>> {
+        self.0.try_dequeue()
+    }
+    fn output_depth(&self) -> usize {
+        self.0.output_depth()
+    }
+    fn activate(&self) -> ringkernel_core::Result<()> {
+        self.0.activate()
+    }
+    fn deactivate(&self) -> ringkernel_core::Result<()> {
+        self.0.deactivate()
+    }
+    fn terminate(
+        &self,
+    ) -> ringkernel_core::util::BoxFuture<
+        '_,
+        ringkernel_core::Result<ringkernel_core::runtime::TerminateReport>,
+    > {
+        self.0.terminate()
+    }
+    fn events(&self) -> &ringkernel_core::runtime::KernelEvents {
+        self.0.events()
+    }
+    fn metrics(&self) -> ringkernel_core::telemetry::KernelMetrics {
+        self.0.metrics()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_batch_methods_loop_over_single_messages() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(8);
+    let (_, engine) = launch(&core, "echo", Handler::Echo, opts.clone());
+    let k = core.handle(Arc::new(OneByOne(engine)), &opts);
+    batched_echo(&k, 300, 50).await;
+}
+
+/// A batch that arrives at once is split into passes that overlap: with three passes
+/// allowed in flight, each takes at most a third of the ring, and all three start from
+/// the one `send_batch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_becomes_overlapping_passes() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(512);
+    let (k, engine) = launch_overlapped(&core, "counter", Handler::Counter, opts, 3);
+    let target = engine.target();
+    target.hold.store(true, Ordering::SeqCst);
+    let msgs: Vec<Token> = (0..500).map(|i| Token::new(i, 0.0)).collect();
+    k.send_batch(&msgs).await.unwrap();
+    assert_eq!(
+        target.running.load(Ordering::SeqCst),
+        3,
+        "three passes from one batch"
+    );
+    assert_eq!(target.passes.load(Ordering::SeqCst), 3);
+    target.hold.store(false, Ordering::SeqCst);
+    let mut got = Vec::new();
+    while got.len() < 500 {
+        got.extend(
+            k.receive_batch(500, Some(Duration::from_secs(10)))
+                .await
+                .unwrap(),
+        );
+    }
+    for (i, env) in got.iter().enumerate() {
+        let t: Token = env.decode().unwrap();
+        assert_eq!((t.id, t.value), (i as u64, (i + 1) as f64), "reply {i}");
+    }
+    assert!(target.most_running.load(Ordering::SeqCst) <= 3);
+    // 500 messages, at most 512 / 3 = 170 per pass.
+    assert!(target.passes.load(Ordering::SeqCst) >= 3);
+}

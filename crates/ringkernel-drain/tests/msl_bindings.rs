@@ -42,6 +42,21 @@ fn every_plan() -> Vec<(String, Plan)> {
         })
         .unwrap(),
     ));
+    for tile in ringkernel_shaders::MatmulTile::CANDIDATES {
+        for (k, n) in [(9, 65), (12, 64)] {
+            let d = MatmulDims {
+                batch: 2,
+                m: 70,
+                k,
+                n,
+                b_batched: true,
+            };
+            v.push((
+                format!("matmul_tiled {tile} k={k} n={n}"),
+                plan::matmul_tiled(d, tile, true, true).unwrap(),
+            ));
+        }
+    }
     v.push(("matvec".into(), plan::matvec(70, 9).unwrap()));
     for op in ReduceOp::ALL {
         v.push((

@@ -47,7 +47,10 @@
 #![warn(missing_docs)]
 
 pub mod drain;
+pub mod matmul_tiled;
 pub mod params;
+
+pub use matmul_tiled::MatmulTile;
 
 use naga::back::msl;
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
@@ -61,6 +64,9 @@ pub enum Family {
     Elementwise,
     /// Workgroup-shared-memory tiled (batched) matmul and matvec (`kernels/matmul.wgsl`).
     Matmul,
+    /// The register-tiled matmul, generated per tile shape ([`matmul_tiled`]); as a
+    /// family its source is the [`MatmulTile::LARGE`] shape with scalar accesses.
+    MatmulTiled,
     /// Tree reductions: sum/max/min/mean along an axis, and dot (`kernels/reduce.wgsl`).
     Reduce,
     /// Row-wise softmax, RMSNorm and LayerNorm (`kernels/norm.wgsl`).
@@ -74,9 +80,10 @@ pub enum Family {
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Elementwise,
         Family::Matmul,
+        Family::MatmulTiled,
         Family::Reduce,
         Family::Norm,
         Family::Attention,
@@ -88,6 +95,7 @@ impl Family {
         match self {
             Family::Elementwise => "elementwise",
             Family::Matmul => "matmul",
+            Family::MatmulTiled => "matmul_tiled",
             Family::Reduce => "reduce",
             Family::Norm => "norm",
             Family::Attention => "attention",
@@ -104,6 +112,10 @@ pub fn wgsl(family: Family) -> &'static str {
     match family {
         Family::Elementwise => include_str!("../kernels/elementwise.wgsl"),
         Family::Matmul => include_str!("../kernels/matmul.wgsl"),
+        Family::MatmulTiled => {
+            static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+            SOURCE.get_or_init(|| matmul_tiled::generate_source(MatmulTile::LARGE, false, false))
+        }
         Family::Reduce => include_str!("../kernels/reduce.wgsl"),
         Family::Norm => include_str!("../kernels/norm.wgsl"),
         Family::Attention => include_str!("../kernels/attention.wgsl"),
@@ -182,6 +194,10 @@ pub enum Kernel {
     Matmul,
     /// `out[m] = A[m, :] · x`, one workgroup per row. Params: [`params::Matmul`] (`n` = 1).
     Matvec,
+    /// Register-tiled (batched) matmul, generated per [`MatmulTile`] (the tile shape and
+    /// vector flags are its [`Specialization`], see [`MatmulTile::spec`]); grid
+    /// [`MatmulTile::grid`]. Params: [`params::Matmul`].
+    MatmulTiled,
     /// Reduction of each row chunk of a `[rows, cols]` view (contiguous axis) into
     /// `out[row * chunks + chunk]`, a workgroup per (row, chunk), tree reduction in
     /// workgroup memory, result multiplied by `scale`. `OP` = [`ReduceOp::code`](ringkernel_core::compute::ReduceOp::code)
@@ -219,7 +235,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::BinaryScalar,
@@ -230,6 +246,7 @@ impl Kernel {
         Kernel::Swiglu4,
         Kernel::Matmul,
         Kernel::Matvec,
+        Kernel::MatmulTiled,
         Kernel::ReduceRows,
         Kernel::ReduceStrided,
         Kernel::DotPartial,
@@ -254,6 +271,7 @@ impl Kernel {
                 Family::Elementwise
             }
             Matmul | Matvec => Family::Matmul,
+            MatmulTiled => Family::MatmulTiled,
             ReduceRows | ReduceStrided | DotPartial => Family::Reduce,
             Softmax | RmsNorm | LayerNorm | Softmax4 | RmsNorm4 => Family::Norm,
             Rope | AttentionScores | AttentionWeightedSum | Attention => Family::Attention,
@@ -275,6 +293,7 @@ impl Kernel {
             Swiglu4 => "swiglu4",
             Matmul => "matmul",
             Matvec => "matvec",
+            MatmulTiled => "matmul_tiled",
             ReduceRows => "reduce_rows",
             ReduceStrided => "reduce_strided",
             DotPartial => "dot_partial",
@@ -327,7 +346,7 @@ impl Kernel {
                 const T: &[Binding] = &[b(0, "p", U), b(1, "a", R), b(3, "out", RW)];
                 T
             }
-            Matmul | Matvec => {
+            Matmul | Matvec | MatmulTiled => {
                 const T: &[Binding] = &[b(0, "p", U), b(1, "a", R), b(2, "b", R), b(3, "out", RW)];
                 T
             }
@@ -403,6 +422,52 @@ impl Specialization {
     /// The constants as `(name, value as f64)` pairs (what wgpu's pipeline constants take).
     pub fn constants(&self) -> Vec<(&'static str, f64)> {
         self.0.iter().map(|(k, v)| (*k, *v as f64)).collect()
+    }
+}
+
+/// The part of `spec` that selects a kernel's source rather than its `override`s: the
+/// tile shape and flags of [`Kernel::MatmulTiled`], nothing for every other kernel. A
+/// host caches shader modules by `(family, source_key)`.
+pub fn source_key(kernel: Kernel, spec: &Specialization) -> Specialization {
+    match kernel {
+        Kernel::MatmulTiled => spec.clone(),
+        _ => Specialization::none(),
+    }
+}
+
+/// The WGSL `override` values of `spec` for `kernel` (only the names of
+/// [`Kernel::overrides`]), as wgpu's pipeline constants take them.
+pub fn pipeline_constants(kernel: Kernel, spec: &Specialization) -> Vec<(&'static str, f64)> {
+    spec.constants()
+        .into_iter()
+        .filter(|(k, _)| kernel.overrides().contains(k))
+        .collect()
+}
+
+/// The WGSL module that holds `kernel` under `spec`: its family's file, or the source
+/// generated for the tile shape of a [`Kernel::MatmulTiled`] specialisation.
+pub fn kernel_wgsl(
+    kernel: Kernel,
+    spec: &Specialization,
+) -> Result<std::borrow::Cow<'static, str>> {
+    match kernel {
+        Kernel::MatmulTiled => {
+            let (tile, va, vb) = MatmulTile::from_spec(spec)?;
+            Ok(tile.wgsl(va, vb)?.into())
+        }
+        Kernel::Drain | Kernel::DrainSerial => Ok(drain::compose(drain::STUB_HANDLER).into()),
+        k => Ok(wgsl(k.family()).into()),
+    }
+}
+
+/// Parses and validates the module of `kernel` under `spec` ([`kernel_wgsl`]).
+pub fn validate_kernel(kernel: Kernel, spec: &Specialization) -> Result<Validated> {
+    match kernel {
+        Kernel::MatmulTiled => {
+            let (tile, ..) = MatmulTile::from_spec(spec)?;
+            validate_source(&format!("matmul_tiled {tile}"), &kernel_wgsl(kernel, spec)?)
+        }
+        k => validate(k.family()),
     }
 }
 
@@ -600,8 +665,15 @@ pub fn module_to_msl(
 /// given specialisation. For [`Kernel::Drain`]/[`Kernel::DrainSerial`] use
 /// [`drain_to_msl`] (the drain needs a handler); here they get the stub handler.
 pub fn to_msl(kernel: Kernel, spec: &Specialization) -> Result<MslOutput> {
-    let v = validate(kernel.family())?;
-    module_to_msl(&v, kernel.entry_point(), kernel.bindings(), spec)
+    let v = validate_kernel(kernel, spec)?;
+    let overrides = Specialization(
+        spec.0
+            .iter()
+            .filter(|(k, _)| kernel.overrides().contains(k))
+            .map(|(k, v)| (*k, *v))
+            .collect(),
+    );
+    module_to_msl(&v, kernel.entry_point(), kernel.bindings(), &overrides)
 }
 
 /// Composes the drain template with `handler_wgsl` and translates the parallel

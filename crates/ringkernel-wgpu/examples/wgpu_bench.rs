@@ -2,10 +2,11 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--actors-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only]
 //! ```
 //!
-//! `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
+//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch` (16,384).
+//! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
 //! adapter). The actor figures come with the **floor** of the same run, measured on the
 //! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
 //! the inputs, one dispatch that transforms them, copy back, map, read) over 4 words,
@@ -24,12 +25,25 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RingKernelRuntime;
 use ringkernel_core::util::SplitMix64;
 use ringkernel_core::Error;
-use ringkernel_wgpu::{WgpuCompute, WgpuRuntime};
+use ringkernel_wgpu::{WgpuCompute, WgpuRuntime, WgslResource};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wgpu::util::DeviceExt;
 
 const REPS: usize = 20;
+
+/// `o = a` over whole vec4s, a 2-D grid of 256-thread workgroups (as `grid_for`).
+const COPY4_WGSL: &str = r#"
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> o: array<vec4<f32>>;
+@compute @workgroup_size(256)
+fn copy4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i < arrayLength(&o)) {
+        o[i] = a[i];
+    }
+}
+"#;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -193,6 +207,7 @@ fn main() -> Result<(), Error> {
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
     let calls = arg("--calls", 2000);
+    let batch = arg("--batch", 16384);
     let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
@@ -203,10 +218,14 @@ fn main() -> Result<(), Error> {
         Err(e) => return Err(e),
     };
     println!("device: {}", g.device_name());
+    let ops_only = std::env::args().any(|a| a == "--ops-only");
     if !actors_only {
         ops(&g, elems, cols, mm)?;
     }
-    actors(&g, msgs, calls)
+    if ops_only {
+        return Ok(());
+    }
+    actors(&g, msgs, calls, batch)
 }
 
 fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
@@ -236,13 +255,36 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     let a = random(g, elems, 1)?;
     let b = random(g, elems, 2)?;
     let out = g.alloc(elems)?;
+    // The in-run reference for memory-bound kernels: a plain vec4 copy kernel, recorded
+    // and submitted the way the ops are.
+    let copy_kernel = g.compile_wgsl(
+        "copy4",
+        COPY4_WGSL,
+        "copy4",
+        &[
+            (1, WgslResource::Storage { read_only: true }),
+            (2, WgslResource::Storage { read_only: false }),
+        ],
+    )?;
+    let groups = ringkernel_shaders::grid_for((elems / 4).div_ceil(256) as u64);
+    let t = time_op(g, REPS, || {
+        g.dispatch_wgsl(&copy_kernel, None, &[(1, &*a), (2, &*out)], groups)
+    })?;
+    let kernel_bw = gb(2.0 * bytes, t);
+    println!(
+        "copy kernel (vec4 WGSL) {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        t * 1e3,
+        kernel_bw,
+        100.0 * kernel_bw / copy_bw
+    );
     let t = time_op(g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
     let bw = gb(3.0 * bytes, t);
     println!(
-        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
+        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy, {:.0}% of the copy kernel",
         t * 1e3,
         bw,
-        100.0 * bw / copy_bw
+        100.0 * bw / copy_bw,
+        100.0 * bw / kernel_bw
     );
     let rows = elems / cols;
     let t = time_op(g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
@@ -275,16 +317,93 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
         b_batched: false,
     };
     let t = time_op(g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
+    let flops = 2.0 * (mm as f64).powi(3);
     println!(
-        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s",
+        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s (tile {})",
         t * 1e3,
-        2.0 * (mm as f64).powi(3) / t / 1e9
+        flops / t / 1e9,
+        g.matmul_tile_for(dims)?
     );
+    // The 64×64 kernel this one replaced (still Metal's non-MPS path), same buffers.
+    let old = ringkernel_drain::plan::matmul(dims)?;
+    let args: [&dyn ringkernel_core::compute::DeviceBuffer; 3] = [&*ma, &*mb, &*mc];
+    let t_old = time_op(g, 5, || ringkernel_drain::exec::run(g, &old, &args))?;
+    println!(
+        "  matmul, the 64x64 kernel before issue 17: {:.3} ms, {:.0} GFLOP/s (ours {:.2}x it)",
+        t_old * 1e3,
+        flops / t_old / 1e9,
+        t_old / t
+    );
+    // Every tile shape the tuner chooses from, timed here on this size.
+    for (tile, d) in g.time_matmul_tiles(dims)? {
+        println!(
+            "  matmul tile {tile}: {:.3} ms, {:.0} GFLOP/s",
+            d.as_secs_f64() * 1e3,
+            flops / d.as_secs_f64() / 1e9
+        );
+    }
     drop((ma, mb, mc));
     Ok(())
 }
 
-fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
+/// The echo through the batched API: one task sends `batch` messages per
+/// `send_batch`, another takes the replies with `receive_batch`, in order.
+async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Result<(), Error> {
+    let opts = LaunchOptions::default().with_queue_capacity(65536);
+    let k = runtime.launch(ECHO, opts).await?;
+    let batch = batch.max(1);
+    let start = Instant::now();
+    let sender = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let mut busy = Duration::ZERO;
+            let mut next = 0u64;
+            let mut buf = Vec::with_capacity(batch);
+            while (next as usize) < msgs {
+                let n = batch.min(msgs - next as usize) as u64;
+                buf.clear();
+                buf.extend((next..next + n).map(|i| Token::new(i, i as f64)));
+                let t = Instant::now();
+                k.send_batch(&buf).await?;
+                busy += t.elapsed();
+                next += n;
+            }
+            Ok::<_, Error>(busy)
+        })
+    };
+    let (mut got, mut calls, mut recv_busy) = (0usize, 0usize, Duration::ZERO);
+    while got < msgs {
+        let t = Instant::now();
+        let replies = k
+            .receive_batch(msgs - got, Some(Duration::from_secs(30)))
+            .await?;
+        recv_busy += t.elapsed();
+        calls += 1;
+        for env in replies {
+            let t: Token = env.decode()?;
+            let i = got as u64;
+            if t.id != i || t.value != 2.0 * i as f64 {
+                return Err(Error::Device(format!("batched reply {i} wrong: {t:?}")));
+            }
+            got += 1;
+        }
+    }
+    let send_busy = sender.await.map_err(|e| Error::Device(e.to_string()))??;
+    let s = start.elapsed().as_secs_f64();
+    println!(
+        "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch): {:.3} s, {:.0} msgs/s; in send_batch {:.1} ns/msg (waits for ring room included), {} receive_batch calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included)",
+        s,
+        msgs as f64 / s,
+        send_busy.as_secs_f64() * 1e9 / msgs as f64,
+        calls,
+        msgs as f64 / calls.max(1) as f64,
+        recv_busy.as_secs_f64() * 1e9 / msgs as f64,
+    );
+    k.terminate().await?;
+    Ok(())
+}
+
+fn actors(g: &WgpuCompute, msgs: usize, calls: usize, batch: usize) -> Result<(), Error> {
     // The floor of this run, as `wgpu-floor` measures it.
     let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
     let (b50, b99) = p50_p99(&mut floor_batch.passes(200)?);
@@ -321,8 +440,9 @@ fn actors(g: &WgpuCompute, msgs: usize, calls: usize) -> Result<(), Error> {
         sender.await.map_err(|e| Error::Device(e.to_string()))??;
         let s = start.elapsed().as_secs_f64();
         let m = k.metrics();
-        println!("actor echo, {msgs} messages with batching: {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
+        println!("actor echo, {msgs} messages, one send/receive per message (drain passes batch them): {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         k.terminate().await?;
+        echo_batched(&runtime, msgs, batch).await?;
         // Round trip: one call at a time, on a kernel with the default options, in
         // blocks alternating with blocks of floor passes (so both see the same load).
         let k = runtime.launch(ECHO, LaunchOptions::default()).await?;

@@ -8,22 +8,31 @@
 //!   [`PlanDevice`]: each dispatch's parameter block becomes a uniform buffer at
 //!   binding 0, its operands storage buffers at their WGSL `@binding`.
 //! * Dispatches are recorded into one command encoder (one compute pass each) and
-//!   submitted together: on a read, a write, `synchronize`, or every [`MAX_BATCH`]
-//!   dispatches.
+//!   submitted together: on a read, a write, `synchronize`, every [`MAX_BATCH`]
+//!   dispatches, or once they add up to [`SUBMIT_THREADS`] threads (so a large op
+//!   runs on the device while the host records the next; for [`WgpuCompute::dispatch_wgsl`]
+//!   a workgroup counts as 256 threads).
 //! * Pipelines are cached per `(Kernel, Specialization)`; shader modules per family.
 
 use crate::{AdapterSelection, GpuContext};
-use ringkernel_core::compute::{checks, downcast, BufferRef, ComputeBackend, DeviceBuffer};
+use ringkernel_core::compute::{
+    checks, downcast, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
+};
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
 use ringkernel_drain::exec::{PlanDevice, Step};
-use ringkernel_shaders::{Family, Kernel, Specialization};
+use ringkernel_shaders::{Family, Kernel, MatmulTile, Specialization};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Dispatches recorded before the batch is submitted without being asked to.
 pub const MAX_BATCH: usize = 256;
+/// Threads (workgroups × workgroup size) recorded before the batch is submitted without
+/// being asked to: a large dispatch starts on the device while the host records the
+/// next one, instead of waiting for the next read, write or `synchronize`; small ones
+/// still share a submission.
+pub const SUBMIT_THREADS: u64 = 1 << 20;
 
 /// A device-resident f32 buffer of [`WgpuCompute`].
 #[derive(Debug)]
@@ -46,6 +55,7 @@ ringkernel_core::impl_device_buffer!(WgpuBuffer, BackendKind::Wgpu);
 struct Batch {
     encoder: Option<wgpu::CommandEncoder>,
     ops: usize,
+    threads: u64,
 }
 
 /// The wgpu implementation of [`ComputeBackend`].
@@ -53,9 +63,10 @@ pub struct WgpuCompute {
     ctx: Arc<GpuContext>,
     id: u64,
     next_buffer: AtomicU64,
-    modules: Mutex<HashMap<Family, wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<(Family, Specialization), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(Kernel, Specialization), wgpu::ComputePipeline>>,
     batch: Mutex<Batch>,
+    pub(crate) tiles: Mutex<crate::matmul_tune::TileState>,
 }
 
 impl std::fmt::Debug for WgpuCompute {
@@ -96,13 +107,20 @@ impl WgpuCompute {
             batch: Mutex::new(Batch {
                 encoder: None,
                 ops: 0,
+                threads: 0,
             }),
+            tiles: Mutex::new(Default::default()),
         }
     }
 
     /// The device this backend runs on.
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
+    }
+
+    /// Dispatches recorded and not submitted yet (for tests of the batching).
+    pub fn pending_ops(&self) -> usize {
+        lock(&self.batch).ops
     }
 
     /// Pipelines compiled so far (for tests of the cache).
@@ -154,28 +172,28 @@ impl WgpuCompute {
             return Ok(p.clone());
         }
         let family = kernel.family();
+        let module_key = (family, ringkernel_shaders::source_key(kernel, spec));
         let module = {
             let mut mods = lock(&self.modules);
-            match mods.get(&family) {
+            match mods.get(&module_key) {
                 Some(m) => m.clone(),
                 None => {
                     // naga validation first: a clear Compile error instead of a wgpu one.
-                    ringkernel_shaders::validate(family)?;
+                    ringkernel_shaders::validate_kernel(kernel, spec)?;
+                    let source = ringkernel_shaders::kernel_wgsl(kernel, spec)?;
                     let m = self
                         .ctx
                         .device
                         .create_shader_module(wgpu::ShaderModuleDescriptor {
                             label: Some(family.name()),
-                            source: wgpu::ShaderSource::Wgsl(
-                                ringkernel_shaders::wgsl(family).into(),
-                            ),
+                            source: wgpu::ShaderSource::Wgsl(source),
                         });
-                    mods.insert(family, m.clone());
+                    mods.insert(module_key, m.clone());
                     m
                 }
             }
         };
-        let constants = spec.constants();
+        let constants = ringkernel_shaders::pipeline_constants(kernel, spec);
         let scope = self
             .ctx
             .device
@@ -209,6 +227,7 @@ impl WgpuCompute {
             self.ctx.queue.submit([enc.finish()]);
         }
         batch.ops = 0;
+        batch.threads = 0;
     }
 
     /// Submits everything recorded so far (without waiting).
@@ -295,7 +314,14 @@ impl PlanDevice for WgpuCompute {
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         }
         batch.ops += prepared.len();
-        if batch.ops >= MAX_BATCH {
+        batch.threads += prepared
+            .iter()
+            .map(|(_, _, d)| {
+                let per_group: u64 = d.threads().iter().map(|&t| u64::from(t)).product();
+                d.groups.iter().map(|&g| u64::from(g)).product::<u64>() * per_group
+            })
+            .sum::<u64>();
+        if batch.ops >= MAX_BATCH || batch.threads >= SUBMIT_THREADS {
             self.submit(&mut batch);
         }
         Ok(())
@@ -325,6 +351,22 @@ impl PlanDevice for WgpuCompute {
         }
         batch.ops += 1;
         Ok(())
+    }
+
+    /// The register-tiled kernel with this device's tile shape
+    /// ([`matmul_tile_for`](WgpuCompute::matmul_tile_for)), with 16-byte accesses where
+    /// the shapes and buffer lengths allow them.
+    fn run_matmul(&self, dims: MatmulDims, args: [&dyn DeviceBuffer; 3]) -> Result<()> {
+        // The arguments are checked before a first large product times the shapes.
+        let check = ringkernel_drain::plan::matmul_tiled(dims, MatmulTile::LARGE, false, false)?;
+        ringkernel_drain::exec::prepare(self, &check, &args)?;
+        let tile = self.matmul_tile_for(dims)?;
+        // An `array<vec4<f32>>` binding needs at least 16 bytes.
+        let whole_vec4s = |b: &dyn DeviceBuffer| b.len().is_multiple_of(4) && !b.is_empty();
+        let vec_a = whole_vec4s(args[0]);
+        let vec_b = whole_vec4s(args[1]) && whole_vec4s(args[2]);
+        let plan = ringkernel_drain::plan::matmul_tiled(dims, tile, vec_a, vec_b)?;
+        ringkernel_drain::exec::run(self, &plan, &args)
     }
 }
 
@@ -571,7 +613,9 @@ impl WgpuCompute {
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         batch.ops += 1;
-        if batch.ops >= MAX_BATCH {
+        batch.threads += groups.iter().map(|&g| u64::from(g)).product::<u64>()
+            * u64::from(ringkernel_shaders::WORKGROUP_SIZE);
+        if batch.ops >= MAX_BATCH || batch.threads >= SUBMIT_THREADS {
             self.submit(&mut batch);
         }
         Ok(())

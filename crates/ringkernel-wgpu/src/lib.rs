@@ -4,7 +4,10 @@
 //! adapters, and Mesa's software Vulkan (lavapipe) on a machine without a GPU.
 //!
 //! * [`WgpuCompute`]: every [`ComputeBackend`](ringkernel_core::compute::ComputeBackend)
-//!   op, with the WGSL kernels of `ringkernel-shaders`.
+//!   op, with the WGSL kernels of `ringkernel-shaders`; matmul runs the register-tiled
+//!   kernel with a tile shape chosen per adapter ([`matmul_tune`]: timed once, cached
+//!   on disk; `RINGKERNEL_WGPU_AUTOTUNE=0` turns that off,
+//!   `RINGKERNEL_WGPU_MATMUL_TILE=128x128x8/8x8` forces a shape).
 //! * [`WgpuRuntime`]: event-driven actors (a drain pass per batch of waiting messages,
 //!   see [`runtime`]), with [`register_wgsl_builtins`] for `rk.echo`, `rk.stage` and
 //!   `rk.counter`.
@@ -29,9 +32,11 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+pub mod matmul_tune;
 pub mod runtime;
 
 pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
+pub use ringkernel_shaders::MatmulTile;
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
 use ringkernel_core::{BackendKind, Error, Result};

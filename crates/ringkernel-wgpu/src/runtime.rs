@@ -50,7 +50,7 @@ use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
@@ -135,6 +135,9 @@ impl Completion {
 }
 
 /// Drives the device for a runtime's passes and finishes them, on one OS thread.
+/// How long the poller looks for a new pass before it parks (see `Poller::run`).
+const POLL_SPIN: Duration = Duration::from_micros(100);
+
 struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
@@ -203,8 +206,17 @@ impl Poller {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
-                drop(p);
-                listener.wait_timeout(Duration::from_millis(200));
+                // A caller usually sends its next request within microseconds of its
+                // reply: look for it for a short while before parking, so that the
+                // next pass does not wait for this thread to be woken.
+                let until = Instant::now() + POLL_SPIN;
+                while p.outstanding.load(Ordering::Acquire) == 0 && Instant::now() < until {
+                    std::thread::yield_now();
+                }
+                if p.outstanding.load(Ordering::Acquire) == 0 {
+                    drop(p);
+                    listener.wait_timeout(Duration::from_millis(200));
+                }
                 continue;
             }
             let wait = wgpu::PollType::Wait {

@@ -8,7 +8,7 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::util::{rel_error, SplitMix64};
 use ringkernel_core::Error;
-use ringkernel_wgpu::{AdapterSelection, WgpuCompute};
+use ringkernel_wgpu::{AdapterSelection, MatmulTile, WgpuCompute};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static WgpuCompute {
@@ -104,46 +104,155 @@ fn long_reduction_takes_passes_and_is_accurate() {
     assert!((got - want).abs() < 1e-3, "dot {got} vs {want}");
 }
 
+/// Runs `dims` on random inputs and checks each output against the f64 reference,
+/// within the forward error bound of its dot product.
+fn check_matmul(g: &WgpuCompute, rng: &mut SplitMix64, dims: MatmulDims, what: &str) {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched: bb,
+    } = dims;
+    let a = rng.vec(batch * m * k, -1.0, 1.0);
+    let b = rng.vec(if bb { batch } else { 1 } * k * n, -1.0, 1.0);
+    let (da, db, out) = (
+        g.upload(&a).unwrap(),
+        g.upload(&b).unwrap(),
+        poisoned(g, batch * m * n),
+    );
+    g.matmul(&*da, &*db, &*out, dims).unwrap();
+    let want = reference::matmul(&a, &b, dims);
+    let got = read(g, &*out);
+    // Forward error of each dot product against its condition Σ|a||b| (a single short
+    // dot can cancel to near zero, where a plain relative error means nothing).
+    let abs_a: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+    let abs_b: Vec<f32> = b.iter().map(|v| v.abs()).collect();
+    let scale = reference::matmul(&abs_a, &abs_b, dims);
+    for (i, ((g, w), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
+        assert!(
+            (*g as f64 - w).abs() <= 1e-6 * s + 1e-30,
+            "{what} {dims:?}: element {i}: {g} vs {w} (scale {s})"
+        );
+    }
+}
+
+fn mm(batch: usize, m: usize, k: usize, n: usize, b_batched: bool) -> MatmulDims {
+    MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    }
+}
+
 #[test]
 fn matmul_with_awkward_sizes_matches_reference() {
     let g = gpu();
     let mut rng = SplitMix64::from_entropy();
-    for &(batch, m, k, n, bb) in &[
-        (1, 130, 67, 129, false),
-        (2, 64, 128, 64, true),
-        (1, 1, 300, 1, false),
+    for dims in [
+        mm(1, 130, 67, 129, false),
+        mm(2, 64, 128, 64, true),
+        mm(1, 1, 300, 1, false),
     ] {
-        let a = rng.vec(batch * m * k, -1.0, 1.0);
-        let b = rng.vec(if bb { batch } else { 1 } * k * n, -1.0, 1.0);
-        let dims = MatmulDims {
-            batch,
-            m,
-            k,
-            n,
-            b_batched: bb,
-        };
-        let (da, db, out) = (
-            g.upload(&a).unwrap(),
-            g.upload(&b).unwrap(),
-            poisoned(g, batch * m * n),
+        check_matmul(g, &mut rng, dims, "default shape");
+    }
+}
+
+/// Every tile shape the tuner may pick, with and without 16-byte accesses, on sizes that
+/// are not multiples of any tile: 1×N, N×1, k = 1, k = 0, a ragged depth, batches.
+#[test]
+fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
+    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let mut rng = SplitMix64::from_entropy();
+    let cases = [
+        mm(1, 131, 37, 133, false), // scalar accesses, ragged everywhere
+        mm(1, 130, 68, 132, false), // 16-byte accesses, tiles cut at the edges
+        mm(2, 67, 20, 9, true),     // vec A, scalar B, batched B
+        mm(3, 9, 13, 20, false),    // scalar A, vec B, B shared by the batch
+        mm(1, 1, 257, 300, false),  // one row
+        mm(1, 300, 257, 1, false),  // one column
+        mm(1, 129, 1, 131, false),  // k = 1
+        mm(1, 1, 1, 1, false),
+    ];
+    let shapes = g.matmul_tile_candidates();
+    assert!(shapes.contains(&MatmulTile::LARGE));
+    for t in shapes {
+        g.set_matmul_tile(Some(t)).unwrap();
+        for dims in cases {
+            check_matmul(&g, &mut rng, dims, &t.to_string());
+        }
+        // k = 0: zeros.
+        let (a, b, out) = (g.alloc(0).unwrap(), g.alloc(0).unwrap(), poisoned(&g, 35));
+        g.matmul(&*a, &*b, &*out, mm(1, 5, 0, 7, false)).unwrap();
+        assert!(read(&g, &*out).iter().all(|v| *v == 0.0), "{t}: k = 0");
+    }
+    g.set_matmul_tile(None).unwrap();
+    // Without a forced shape: small products by the workgroup count, large ones tuned
+    // (or the large shape on a software adapter, where nothing is timed).
+    use ringkernel_wgpu::matmul_tune::{untuned_tile, TILE_ENV};
+    if std::env::var_os(TILE_ENV).is_none() {
+        for d in [mm(1, 64, 64, 64, false), mm(1, 2048, 16, 1024, false)] {
+            assert_eq!(g.matmul_tile_for(d).unwrap(), untuned_tile(d));
+        }
+        assert_eq!(untuned_tile(mm(1, 64, 64, 64, false)), MatmulTile::SMALL);
+        assert_eq!(
+            untuned_tile(mm(1, 2048, 16, 1024, false)),
+            MatmulTile::LARGE
         );
-        g.matmul(&*da, &*db, &*out, dims).unwrap();
-        let want = reference::matmul(&a, &b, dims);
-        let got = read(g, &*out);
-        let e = rel_error(&got, &want);
-        assert!(e.is_finite(), "{dims:?}: unwritten output");
-        // Forward error of each dot product against its condition Σ|a||b| (a single
-        // short dot can cancel to near zero, where a plain relative error means nothing).
-        let abs_a: Vec<f32> = a.iter().map(|v| v.abs()).collect();
-        let abs_b: Vec<f32> = b.iter().map(|v| v.abs()).collect();
-        let scale = reference::matmul(&abs_a, &abs_b, dims);
-        for ((g, w), s) in got.iter().zip(&want).zip(&scale) {
-            assert!(
-                (*g as f64 - w).abs() <= 1e-6 * s + 1e-30,
-                "{dims:?}: {g} vs {w} (scale {s})"
-            );
+        if g.context().info.software {
+            let big = mm(1, 1024, 1024, 1024, false);
+            assert_eq!(g.matmul_tile_for(big).unwrap(), MatmulTile::LARGE);
         }
     }
+    // A shape the generator does not support, or one too big for the device, is refused.
+    let odd = MatmulTile {
+        bm: 96,
+        bn: 128,
+        bk: 8,
+        tm: 8,
+        tn: 8,
+    };
+    assert!(matches!(
+        g.set_matmul_tile(Some(odd)),
+        Err(Error::InvalidArgument(_))
+    ));
+    let huge = MatmulTile {
+        bk: 64,
+        ..MatmulTile::LARGE
+    };
+    let limit = g
+        .context()
+        .device
+        .limits()
+        .max_compute_workgroup_storage_size;
+    assert_eq!(
+        g.set_matmul_tile(Some(huge)).is_ok(),
+        huge.workgroup_bytes() <= limit
+    );
+}
+
+#[test]
+fn matmul_tuning_times_every_fitting_shape_and_caches_the_winner() {
+    use ringkernel_wgpu::matmul_tune::{cached_tile, store_tile};
+    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let times = g.time_matmul_tiles(mm(1, 256, 64, 256, false)).unwrap();
+    assert_eq!(times.len(), g.matmul_tile_candidates().len());
+    assert!(times.windows(2).all(|w| w[0].1 <= w[1].1), "{times:?}");
+    // The cache file: one line per key, a newer entry replaces an older one.
+    let dir = std::env::temp_dir().join(format!("rk-tune-{}", std::process::id()));
+    let path = dir.join("tiles.txt");
+    let key = g.tuning_key();
+    assert_eq!(cached_tile(&path, &key), None);
+    store_tile(&path, &key, times[0].0).unwrap();
+    store_tile(&path, "other|adapter", MatmulTile::SMALL).unwrap();
+    assert_eq!(cached_tile(&path, &key), Some(times[0].0));
+    store_tile(&path, &key, MatmulTile::SMALL).unwrap();
+    assert_eq!(cached_tile(&path, &key), Some(MatmulTile::SMALL));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -166,6 +275,24 @@ fn many_ops_in_one_batch_keep_their_order() {
     for (i, v) in got.iter().enumerate().skip(1) {
         assert_eq!(*v, -(i as f32 + 600.0), "element {i}");
     }
+}
+
+#[test]
+fn large_dispatches_are_submitted_at_once_small_ones_batched() {
+    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let n = 4 * ringkernel_wgpu::compute::SUBMIT_THREADS as usize; // one vec4 per thread
+    let (a, out) = (g.upload(&vec![1.5; n]).unwrap(), g.alloc(n).unwrap());
+    g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();
+    g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();
+    assert_eq!(g.pending_ops(), 2, "small ops share a submission");
+    g.binary_scalar(BinaryOp::Mul, &*a, 2.0, &*out, n).unwrap();
+    assert_eq!(
+        g.pending_ops(),
+        0,
+        "a large op is submitted as soon as it is recorded"
+    );
+    let got = read(&g, &*out);
+    assert!(got.iter().all(|v| *v == 3.0));
 }
 
 #[test]

@@ -1,0 +1,268 @@
+//! Which tile shape of the register-tiled matmul ([`MatmulTile`]) a [`WgpuCompute`] uses.
+//!
+//! * `RINGKERNEL_WGPU_MATMUL_TILE=BMxBNxBK/TMxTN` forces one shape (also
+//!   [`WgpuCompute::set_matmul_tile`]).
+//! * Small products (fewer than [`TUNE_MIN_WORK`] multiply-adds) take
+//!   [`MatmulTile::LARGE`] when it gives at least [`LARGE_MIN_TILES`] workgroups and
+//!   [`MatmulTile::SMALL`] otherwise.
+//! * The first large product on a device times every candidate shape
+//!   ([`MatmulTile::CANDIDATES`] that fit the device's workgroup memory) once on
+//!   buffers of its own size and keeps the fastest, in memory and in a small text file
+//!   keyed by the adapter's name, backend and driver (`wgpu-matmul-tiles.txt` under
+//!   `RINGKERNEL_CACHE_DIR`, else `$XDG_CACHE_HOME/ringkernel`, else
+//!   `$HOME/.cache/ringkernel`), so later processes skip the timing.
+//! * `RINGKERNEL_WGPU_AUTOTUNE=0` (or `off`, `false`) turns the timing and the file off:
+//!   large products then take [`MatmulTile::LARGE`], as they do on a software adapter
+//!   (lavapipe), where timing would cost seconds of the host's cores.
+//!
+//! ```no_run
+//! use ringkernel_core::compute::MatmulDims;
+//! use ringkernel_wgpu::{MatmulTile, WgpuCompute};
+//! let gpu = WgpuCompute::new().unwrap();
+//! let dims = MatmulDims { batch: 1, m: 2048, k: 2048, n: 2048, b_batched: false };
+//! // Every candidate's time on this device, fastest first (what the tuner compares).
+//! for (tile, t) in gpu.time_matmul_tiles(dims).unwrap() {
+//!     println!("{tile}: {t:?}");
+//! }
+//! println!("chosen: {}", gpu.matmul_tile_for(dims).unwrap());
+//! gpu.set_matmul_tile(Some(MatmulTile::LARGE)).unwrap(); // force one from now on
+//! ```
+
+use crate::compute::WgpuCompute;
+use ringkernel_core::compute::{ComputeBackend, MatmulDims};
+use ringkernel_core::util::lock;
+use ringkernel_core::{Error, Result};
+use ringkernel_shaders::MatmulTile;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Environment variable that forces a tile shape (`BMxBNxBK/TMxTN`).
+pub const TILE_ENV: &str = "RINGKERNEL_WGPU_MATMUL_TILE";
+/// Environment variable that turns autotuning off (`0`, `off`, `false`).
+pub const AUTOTUNE_ENV: &str = "RINGKERNEL_WGPU_AUTOTUNE";
+/// Environment variable naming the directory of the tuning cache file.
+pub const CACHE_DIR_ENV: &str = "RINGKERNEL_CACHE_DIR";
+/// Name of the tuning cache file.
+pub const CACHE_FILE: &str = "wgpu-matmul-tiles.txt";
+/// Products of at least this many multiply-adds (`batch·m·n·k`) use the tuned shape.
+pub const TUNE_MIN_WORK: u128 = 512 * 512 * 512;
+/// Below [`TUNE_MIN_WORK`], [`MatmulTile::LARGE`] is taken when it yields at least this
+/// many workgroups, [`MatmulTile::SMALL`] otherwise.
+pub const LARGE_MIN_TILES: usize = 128;
+/// Timed runs per candidate (after one untimed run that compiles the pipeline).
+pub const TUNE_RUNS: usize = 3;
+
+/// The per-device state: a forced shape, and the tuned winner once known.
+#[derive(Debug, Default)]
+pub(crate) struct TileState {
+    pub(crate) forced: Option<MatmulTile>,
+    pub(crate) tuned: Option<MatmulTile>,
+}
+
+/// Whether the environment turns autotuning off.
+pub fn autotune_enabled() -> bool {
+    !matches!(
+        std::env::var(AUTOTUNE_ENV).as_deref().map(str::trim),
+        Ok("0") | Ok("off") | Ok("false") | Ok("no")
+    )
+}
+
+/// The tile forced by [`TILE_ENV`], if set; a malformed value is an error.
+pub fn tile_from_env() -> Result<Option<MatmulTile>> {
+    match std::env::var(TILE_ENV) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<MatmulTile>()
+            .map(Some)
+            .map_err(|e| Error::invalid(format!("{TILE_ENV}: {e}"))),
+        _ => Ok(None),
+    }
+}
+
+/// The shape for a product too small to tune (see the module docs).
+pub fn untuned_tile(d: MatmulDims) -> MatmulTile {
+    let g = MatmulTile::LARGE.grid(d.m, d.n, d.batch);
+    if g[0] * g[1] * g[2] >= LARGE_MIN_TILES {
+        MatmulTile::LARGE
+    } else {
+        MatmulTile::SMALL
+    }
+}
+
+fn work(d: MatmulDims) -> u128 {
+    d.batch as u128 * d.m as u128 * d.n as u128 * d.k as u128
+}
+
+/// The cache file's directory from the environment, if any.
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env(CACHE_DIR_ENV)
+        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("ringkernel")))
+        .or_else(|| env("HOME").map(|p| p.join(".cache").join("ringkernel")))
+}
+
+/// Reads the shape stored for `key` in the cache file at `path` (none if the file or
+/// the line is missing or unreadable: the cache only saves time).
+pub fn cached_tile(path: &std::path::Path, key: &str) -> Option<MatmulTile> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(k, _)| *k == key)
+        .find_map(|(_, t)| t.parse().ok())
+}
+
+/// Stores `tile` for `key` in the cache file at `path`, replacing an older line for the
+/// key (written to a temporary file and renamed, so readers never see half a file).
+pub fn store_tile(path: &std::path::Path, key: &str, tile: MatmulTile) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let mut text: String = old
+        .lines()
+        .filter(|l| l.split_once('\t').map(|(k, _)| k) != Some(key))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    text.push_str(&format!("{key}\t{tile}\n"));
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+impl WgpuCompute {
+    /// The key of this device in the tuning cache: adapter name, backend and driver
+    /// (tabs and line breaks replaced).
+    pub fn tuning_key(&self) -> String {
+        let i = &self.context().info;
+        format!("matmul-large|{}|{}|{}", i.name, i.backend, i.driver)
+            .replace(['\t', '\n', '\r'], " ")
+    }
+
+    /// Forces the tile shape of every later matmul (`None`: back to the automatic
+    /// choice). An unsupported shape is [`Error::InvalidArgument`].
+    pub fn set_matmul_tile(&self, tile: Option<MatmulTile>) -> Result<()> {
+        if let Some(t) = tile {
+            t.check()?;
+            self.check_tile_fits(t)?;
+        }
+        lock(&self.tiles).forced = tile;
+        Ok(())
+    }
+
+    fn check_tile_fits(&self, t: MatmulTile) -> Result<()> {
+        let limit = self
+            .context()
+            .device
+            .limits()
+            .max_compute_workgroup_storage_size;
+        if t.workgroup_bytes() > limit {
+            return Err(Error::invalid(format!(
+                "matmul tile {t} needs {} bytes of workgroup memory; the device has {limit}",
+                t.workgroup_bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The candidate shapes that fit this device.
+    pub fn matmul_tile_candidates(&self) -> Vec<MatmulTile> {
+        MatmulTile::CANDIDATES
+            .into_iter()
+            .filter(|t| self.check_tile_fits(*t).is_ok())
+            .collect()
+    }
+
+    /// Times every candidate shape ([`matmul_tile_candidates`](Self::matmul_tile_candidates))
+    /// on a product of `dims` over buffers of its own (zeros), best of [`TUNE_RUNS`]
+    /// after one untimed run, fastest first. A shape the device fails to build is left
+    /// out; none succeeding is the first error.
+    pub fn time_matmul_tiles(&self, dims: MatmulDims) -> Result<Vec<(MatmulTile, Duration)>> {
+        let b_batch = if dims.b_batched { dims.batch } else { 1 };
+        let a = self.alloc(dims.batch * dims.m * dims.k)?;
+        let b = self.alloc(b_batch * dims.k * dims.n)?;
+        let c = self.alloc(dims.batch * dims.m * dims.n)?;
+        let mut times = Vec::new();
+        let mut first_err = None;
+        for t in self.matmul_tile_candidates() {
+            let run = || -> Result<Duration> {
+                let (va, vb) = (!a.is_empty(), !b.is_empty() && !c.is_empty());
+                let plan = ringkernel_drain::plan::matmul_tiled(dims, t, va, vb)?;
+                let args: [&dyn ringkernel_core::compute::DeviceBuffer; 3] = [&*a, &*b, &*c];
+                ringkernel_drain::exec::run(self, &plan, &args)?;
+                self.synchronize()?;
+                let mut best = Duration::MAX;
+                for _ in 0..TUNE_RUNS {
+                    let t0 = Instant::now();
+                    ringkernel_drain::exec::run(self, &plan, &args)?;
+                    self.synchronize()?;
+                    best = best.min(t0.elapsed());
+                }
+                Ok(best)
+            };
+            match run() {
+                Ok(d) => times.push((t, d)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if times.is_empty() {
+            return Err(first_err
+                .unwrap_or_else(|| Error::Device("no matmul tile shape fits this device".into())));
+        }
+        times.sort_by_key(|(_, d)| *d);
+        Ok(times)
+    }
+
+    /// The shape a matmul of `dims` runs with (see the [module docs](self)); may time
+    /// the candidates on the first large product.
+    pub fn matmul_tile_for(&self, dims: MatmulDims) -> Result<MatmulTile> {
+        let (forced, tuned) = {
+            let s = lock(&self.tiles);
+            (s.forced, s.tuned)
+        };
+        if let Some(t) = forced {
+            return Ok(t);
+        }
+        if let Some(t) = tile_from_env()? {
+            self.check_tile_fits(t)?;
+            return Ok(t);
+        }
+        if work(dims) < TUNE_MIN_WORK {
+            return Ok(untuned_tile(dims));
+        }
+        if let Some(t) = tuned {
+            return Ok(t);
+        }
+        // A software adapter runs on the host's cores: timing shapes there costs
+        // seconds and says little, so it takes the large shape.
+        if !autotune_enabled() || self.context().info.software {
+            return Ok(MatmulTile::LARGE);
+        }
+        let key = self.tuning_key();
+        let path = cache_dir().map(|d| d.join(CACHE_FILE));
+        let stored = path
+            .as_deref()
+            .and_then(|p| cached_tile(p, &key))
+            .filter(|t| self.check_tile_fits(*t).is_ok());
+        let tile = match stored {
+            Some(t) => t,
+            None => {
+                let best = self.time_matmul_tiles(dims)?[0].0;
+                if let Some(p) = &path {
+                    // A read-only or missing cache directory costs a re-tune next time,
+                    // nothing else.
+                    let _ = store_tile(p, &key, best);
+                }
+                best
+            }
+        };
+        lock(&self.tiles).tuned = Some(tile);
+        Ok(tile)
+    }
+}
