@@ -29,8 +29,12 @@ mod grid3d;
 mod kernel;
 mod params;
 mod source;
+mod tiled;
 
 pub use grid2d::{Material, WaveGrid2D};
 pub use grid3d::WaveGrid3D;
 pub use params::{cfl_limit, CflError, WaveParams};
 pub use source::{Signal, Source};
+pub use tiled::TiledWave2D;
+pub mod image;
+pub mod scene;
