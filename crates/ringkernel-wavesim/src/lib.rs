@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod device;
 mod grid2d;
 mod grid3d;
 mod kernel;
@@ -31,6 +32,7 @@ mod params;
 mod source;
 mod tiled;
 
+pub use device::{wave_step, DeviceWave2D, WAVE_STEP};
 pub use grid2d::{Material, WaveGrid2D};
 pub use grid3d::WaveGrid3D;
 pub use params::{cfl_limit, CflError, WaveParams};
