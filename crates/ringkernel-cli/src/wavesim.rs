@@ -1,8 +1,11 @@
 //! `ringkernel wavesim`: the wave simulation, headless (PNG frames and an animation) and
 //! its benchmark against a numpy peer and the memory-bandwidth bound.
 
+use ringkernel::compute::Device;
 use ringkernel::Error;
-use ringkernel_wavesim::scene::{copy_bandwidth, cpu_steps_per_sec, demo_scene, run_headless};
+use ringkernel_wavesim::scene::{
+    copy_bandwidth, cpu_steps_per_sec, demo_scene, device_steps_per_sec, run_headless,
+};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -59,6 +62,10 @@ pub struct BenchArgs {
     /// Skip the numpy peer.
     #[arg(long)]
     pub no_numpy: bool,
+    /// GPU backends to measure besides the CPU engine (the codegen stencil, a launch
+    /// per step): any of wgpu, cuda, metal; unavailable ones are reported as skipped.
+    #[arg(long, value_delimiter = ',', default_values_t = ["wgpu".to_string(), "cuda".to_string()])]
+    pub gpu: Vec<String>,
 }
 
 pub fn run(cmd: &WavesimCmd) -> Result<(), Error> {
@@ -143,6 +150,16 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
         "{:>6}  {:>8}  {:>12}  {:>12}  {:>12}  {:>10}  {:>9}",
         "size", "backend", "steps/s", "Mcells/s", "bound st/s", "% of bound", "x numpy"
     );
+    let mut gpus = Vec::new();
+    for name in &b.gpu {
+        match Device::from_name(name) {
+            Ok(d) => {
+                println!("{name}: {d}");
+                gpus.push((name.clone(), d));
+            }
+            Err(e) => println!("{name}: SKIPPED ({e})"),
+        }
+    }
     for &n in &b.sizes {
         let (sps, sum) = cpu_steps_per_sec(n, Duration::from_secs_f64(b.seconds))?;
         let cells = (n * n) as f64;
@@ -175,6 +192,21 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
                     "numpy and the CPU engine disagree at {n}²: checksum {} vs {sum}",
                     r.2
                 )));
+            }
+        }
+        for (name, dev) in &gpus {
+            match device_steps_per_sec(dev, n, Duration::from_secs_f64(b.seconds)) {
+                Ok(g) => println!(
+                    "{:>6}  {:>8}  {:>12.0}  {:>12.1}  {:>12}  {:>10}  {:>9}",
+                    "",
+                    name,
+                    g,
+                    g * cells / 1e6,
+                    "",
+                    "",
+                    np.map_or("-".to_string(), |r| format!("{:.1}", g / r.1))
+                ),
+                Err(e) => println!("{:>6}  {name}: failed: {e}", ""),
             }
         }
     }

@@ -137,3 +137,29 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
     }
     (2 * n * 4) as f64 / best
 }
+
+/// Steps per second of [`DeviceWave2D`](crate::DeviceWave2D) (the codegen stencil, one
+/// launch per step) on `device` for an `n × n` grid of the default medium: 10 warm-up
+/// steps (compiling the kernel), then batches until `min_time` has passed, the device
+/// synchronised before the clock stops.
+pub fn device_steps_per_sec(
+    device: &ringkernel::compute::Device,
+    n: usize,
+    min_time: Duration,
+) -> Result<f64> {
+    let mut g = WaveGrid2D::new(n, n, WaveParams::default())?;
+    g.add_gaussian(n as f32 / 2.0, n as f32 / 2.0, 3.0, 1.0);
+    let mut d = crate::DeviceWave2D::from_grid(device, &g)?;
+    d.run(10)?;
+    device.synchronize()?;
+    let batch = ((1u64 << 24) / (n * n) as u64).clamp(1, 1000);
+    let t0 = Instant::now();
+    let mut steps = 0u64;
+    while t0.elapsed() < min_time || steps < 3 {
+        let k = if steps == 0 { 1 } else { batch };
+        d.run(k)?;
+        steps += k;
+        device.synchronize()?;
+    }
+    Ok(steps as f64 / t0.elapsed().as_secs_f64())
+}

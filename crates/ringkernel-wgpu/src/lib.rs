@@ -29,9 +29,11 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+pub mod halo;
 pub mod runtime;
 
 pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
+pub use halo::{HaloExchangeConfig, WgpuHaloExchange};
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
 use ringkernel_core::{BackendKind, Error, Result};
