@@ -24,6 +24,7 @@
 
 #![warn(missing_docs)]
 
+mod actors;
 mod device;
 mod grid2d;
 mod grid3d;
@@ -32,6 +33,7 @@ mod params;
 mod source;
 mod tiled;
 
+pub use actors::run_tile_actors;
 pub use device::{wave_step, DeviceWave2D, WAVE_STEP};
 pub use grid2d::{Material, WaveGrid2D};
 pub use grid3d::WaveGrid3D;

@@ -11,11 +11,11 @@ use ringkernel_core::{Error, Result};
 
 /// One tile's coefficients (padded like its fields).
 #[derive(Debug, Clone)]
-struct TileCoeffs {
-    c2: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    uniform: Vec<bool>,
+pub(crate) struct TileCoeffs {
+    pub(crate) c2: Vec<f32>,
+    pub(crate) a: Vec<f32>,
+    pub(crate) b: Vec<f32>,
+    pub(crate) uniform: Vec<bool>,
 }
 
 /// A [`WaveGrid2D`] split into `tiles_x × tiles_y` tiles that exchange one-cell halos
@@ -34,12 +34,12 @@ struct TileCoeffs {
 /// ```
 #[derive(Debug, Clone)]
 pub struct TiledWave2D {
-    config: HaloExchangeConfig,
+    pub(crate) config: HaloExchangeConfig,
     exchange: HaloExchange,
-    prev: Vec<Vec<f32>>,
-    cur: Vec<Vec<f32>>,
-    coeffs: Vec<TileCoeffs>,
-    c2u: f32,
+    pub(crate) prev: Vec<Vec<f32>>,
+    pub(crate) cur: Vec<Vec<f32>>,
+    pub(crate) coeffs: Vec<TileCoeffs>,
+    pub(crate) c2u: f32,
     dt: f32,
     sources: Vec<Source>,
     steps: u64,

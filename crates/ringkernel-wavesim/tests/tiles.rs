@@ -69,3 +69,45 @@ fn tiled_equals_untiled_with_materials_and_sources() {
     assert!(TiledWave2D::from_grid(&g, 4, 2).is_err());
     assert!(TiledWave2D::from_grid(&g, 0, 2).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tile_actors_through_k2k_equal_the_untiled_grid() {
+    let mut rng = Rng(99);
+    for (nx, ny, tx, ty, steps) in [
+        (60, 36, 4, 3, 300),
+        (33, 50, 3, 5, 1000),
+        (16, 16, 1, 1, 10),
+    ] {
+        let mut g = WaveGrid2D::new(nx, ny, WaveParams::new(1.0, 1.0, 0.5)).unwrap();
+        for _ in 0..3 {
+            let (x, y) = (rng.f32(0.0, nx as f32), rng.f32(0.0, ny as f32));
+            g.add_gaussian(x, y, rng.f32(1.0, 3.0), rng.f32(-1.0, 1.0));
+        }
+        for _ in 0..nx * ny / 8 {
+            let (x, y) = (rng.below(nx), rng.below(ny));
+            match rng.below(3) {
+                0 => g.set_speed(x, y, rng.f32(0.3, 1.4)).unwrap(),
+                1 => g.set_damping(x, y, rng.f32(0.0, 0.3)).unwrap(),
+                _ => g.set_reflector(x, y).unwrap(),
+            }
+        }
+        let field = ringkernel_wavesim::run_tile_actors(&g, tx, ty, steps)
+            .await
+            .unwrap();
+        g.run(steps);
+        assert_eq!(
+            field,
+            g.field(),
+            "{nx}x{ny} as {tx}x{ty} tile actors, {steps} steps"
+        );
+    }
+    let mut g = WaveGrid2D::new(16, 16, WaveParams::default()).unwrap();
+    assert!(ringkernel_wavesim::run_tile_actors(&g, 3, 1, 5)
+        .await
+        .is_err());
+    g.add_source(Source::point(1, 1, Signal::Sine { freq: 0.1 }, 1.0))
+        .unwrap();
+    assert!(ringkernel_wavesim::run_tile_actors(&g, 2, 2, 5)
+        .await
+        .is_err());
+}
