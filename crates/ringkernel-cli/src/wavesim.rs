@@ -4,7 +4,8 @@
 use ringkernel::compute::Device;
 use ringkernel::Error;
 use ringkernel_wavesim::scene::{
-    copy_bandwidth, cpu_steps_per_sec, demo_scene, device_steps_per_sec, run_headless,
+    copy_bandwidth, cpu_steps_per_sec, cuda_steps_per_sec, demo_scene, device_steps_per_sec,
+    run_headless,
 };
 use std::path::PathBuf;
 use std::process::Command;
@@ -207,6 +208,23 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
                     np.map_or("-".to_string(), |r| format!("{:.1}", g / r.1))
                 ),
                 Err(e) => println!("{:>6}  {name}: failed: {e}", ""),
+            }
+            if name == "cuda" {
+                for (label, persistent) in [("cuda-step", false), ("cuda-tile", true)] {
+                    match cuda_steps_per_sec(n, Duration::from_secs_f64(b.seconds), persistent) {
+                        Ok(g) => println!(
+                            "{:>6}  {:>10}  {:>10.0}  {:>12.1}  {:>12}  {:>10}  {:>9}",
+                            "",
+                            label,
+                            g,
+                            g * cells / 1e6,
+                            "",
+                            "",
+                            np.map_or("-".to_string(), |r| format!("{:.1}", g / r.1))
+                        ),
+                        Err(e) => println!("{:>6}  {label}: failed: {e}", ""),
+                    }
+                }
             }
         }
     }

@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 mod actors;
+pub mod cuda;
 mod device;
 mod grid2d;
 mod grid3d;

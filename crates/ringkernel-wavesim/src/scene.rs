@@ -163,3 +163,30 @@ pub fn device_steps_per_sec(
     }
     Ok(steps as f64 / t0.elapsed().as_secs_f64())
 }
+
+/// Steps per second of [`CudaWave2D`](crate::cuda::CudaWave2D) on device 0 for an
+/// `n × n` grid: the persistent tile-actor kernel (`persistent`, batches of steps per
+/// launch) or one launch per step, after a warm-up, synchronised before the clock stops.
+pub fn cuda_steps_per_sec(n: usize, min_time: Duration, persistent: bool) -> Result<f64> {
+    let mut g = WaveGrid2D::new(n, n, WaveParams::default())?;
+    g.add_gaussian(n as f32 / 2.0, n as f32 / 2.0, 3.0, 1.0);
+    let mut d = crate::cuda::CudaWave2D::new(&g, 0)?;
+    let run = |d: &mut crate::cuda::CudaWave2D, k: u64| {
+        if persistent {
+            d.run_persistent(k)
+        } else {
+            d.run_per_step(k)
+        }
+    };
+    run(&mut d, 10)?;
+    d.synchronize()?;
+    let batch = ((1u64 << 28) / (n * n) as u64).clamp(10, 20_000);
+    let t0 = Instant::now();
+    let mut steps = 0u64;
+    while t0.elapsed() < min_time || steps < 3 {
+        run(&mut d, batch)?;
+        steps += batch;
+        d.synchronize()?;
+    }
+    Ok(steps as f64 / t0.elapsed().as_secs_f64())
+}
