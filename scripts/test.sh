@@ -176,6 +176,38 @@ demo() {
   fi
 }
 
+# numpy for the WaveSim bench's peer, into a local cache (target/pydeps), not the system.
+numpy_cache() {
+  local dir=target/pydeps
+  if PYTHONPATH=$dir python3 -c "import numpy" >/dev/null 2>&1; then
+    echo "$dir"
+    return 0
+  fi
+  if python3 -m pip install -q --disable-pip-version-check --target "$dir" numpy >/dev/null 2>&1 &&
+    PYTHONPATH=$dir python3 -c "import numpy" >/dev/null 2>&1; then
+    echo "$dir"
+    return 0
+  fi
+  return 1
+}
+
+# WaveSim from the release CLI: a headless run (frames checked by the tests), and a short
+# bench with the numpy peer where numpy can be had.
+wavesim() {
+  local out pydeps
+  out=$(mktemp -d)
+  cargo run -q --release -p ringkernel-cli -- wavesim --headless --steps 300 --size 128 --frames 3 --out "$out"
+  test -s "$out/frame_0002.png"
+  test -s "$out/wavesim.png"
+  rm -rf "$out"
+  if pydeps=$(numpy_cache); then
+    PYTHONPATH=$pydeps cargo run -q --release -p ringkernel-cli -- wavesim bench --sizes 256 --seconds 0.3 --gpu wgpu
+  else
+    echo "SKIPPED: numpy peer (python3 -m pip install numpy failed); bench without it"
+    cargo run -q --release -p ringkernel-cli -- wavesim bench --sizes 256 --seconds 0.3 --gpu wgpu --no-numpy
+  fi
+}
+
 metal() {
   local target="aarch64-apple-darwin" out
   if ! command -v rustup >/dev/null 2>&1; then
@@ -206,6 +238,7 @@ step "cargo test --workspace (ringkernel with every backend: the CLI enables \`f
 step "cargo test -p ringkernel (default build: CPU only) + cargo tree check" tests_default
 step "examples: cargo run -p ringkernel --example ... (CPU; then --features wgpu) and wgpu_hello" examples
 step "release demo: ringkernel demo --messages $MESSAGES" demo
+step "WaveSim: ringkernel wavesim --headless and a short wavesim bench (numpy peer)" wavesim
 step "Metal type-check: cargo check + clippy -p ringkernel-metal --target aarch64-apple-darwin" metal
 step "cargo fmt --all -- --check" fmt
 if [ "${RK_SKIP_CLIPPY:-0}" = "1" ]; then

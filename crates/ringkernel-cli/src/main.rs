@@ -5,6 +5,7 @@ mod bench_ops;
 mod demo;
 mod info;
 mod stats;
+mod wavesim;
 
 use clap::{Parser, Subcommand};
 use ringkernel::Backend;
@@ -28,6 +29,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Quick measurements beside peers measured in the same run.
     Bench(BenchCmd),
+    /// WaveSim: the acoustic wave simulation (`--headless` writes PNG frames), and
+    /// `wavesim bench`.
+    Wavesim(wavesim::WavesimCmd),
 }
 
 /// `ringkernel bench [ops]`.
@@ -72,6 +76,10 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e.to_string()),
             }
         }
+        Command::Wavesim(w) => match wavesim::run(&w) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e.to_string()),
+        },
         Command::Bench(b) => {
             let r = match b.sub {
                 None => bench::run(&b.quick),

@@ -15,6 +15,7 @@
 //!   machinery ([`RuntimeCore`](runtime::RuntimeCore)).
 //! * [`k2k`], [`pubsub`], [`telemetry`]: kernel-to-kernel messaging and routing tables,
 //!   MQTT-style topics, counters and latency histograms.
+//! * [`halo`]: halo exchange for 2-D/3-D tile grids (the copy plan every backend runs).
 //! * [`compute`]: the [`ComputeBackend`](compute::ComputeBackend) trait for tensor ops.
 
 #![warn(missing_docs)]
@@ -28,6 +29,7 @@ pub mod context;
 pub mod control;
 pub mod error;
 pub mod gpu_type;
+pub mod halo;
 pub mod hlc;
 pub mod ids;
 pub mod k2k;

@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+pub mod halo;
 pub mod runtime;
 mod sys;
 
@@ -57,6 +58,7 @@ mod sys;
 pub use ringkernel_drain::{engine, msl, plan, pool, sizing};
 
 pub use compute::{MetalCompute, MslPipeline};
+pub use halo::{HaloExchangeConfig, MetalHaloExchange};
 pub use runtime::MetalRuntime;
 pub use sys::{MetalBuffer, MetalDevice};
 

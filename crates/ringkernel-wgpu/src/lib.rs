@@ -32,10 +32,12 @@
 #![warn(missing_docs)]
 
 pub mod compute;
+pub mod halo;
 pub mod matmul_tune;
 pub mod runtime;
 
 pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
+pub use halo::{HaloExchangeConfig, WgpuHaloExchange};
 pub use ringkernel_shaders::MatmulTile;
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
