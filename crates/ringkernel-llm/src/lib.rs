@@ -6,10 +6,14 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod locate;
+pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod tokenizer;
 
 pub use error::{LlmError, Result};
+pub use generate::{ChatTemplate, GenerationStats, Message, Session};
+pub use sample::SamplerConfig;

@@ -231,6 +231,121 @@ fn block_sums(x: &[f32]) -> Vec<f32> {
     x.chunks_exact(QK).map(|b| b.iter().sum()).collect()
 }
 
+/// AVX2/FMA/F16C versions of the hot dot products (same f32 arithmetic, 8 lanes).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::QK;
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU has what the functions below need (cached by std).
+    #[inline]
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn half(b: &[u8], i: usize) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            u16::from_le_bytes([b[i], b[i + 1]]) as i32,
+        )))
+    }
+
+    /// Q4_1 row · x; `row` holds `x.len() / 32` blocks of 20 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q4_1(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+        assert!(row.len() == x.len() / QK * 20 && xsum.len() == x.len() / QK);
+        let mask = _mm_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut macc = 0f32;
+        for (i, b) in row.chunks_exact(20).enumerate() {
+            let (d, m) = (half(b, 0), half(b, 2));
+            // SAFETY: `b` has 20 bytes, 16 of them from offset 4 are read; `x` has
+            // 32 floats from `i * 32` (lengths asserted above); unaligned loads.
+            let v = unsafe {
+                let qs = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
+                let lo = _mm_and_si128(qs, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+                let xp = x.as_ptr().add(i * QK);
+                let f = |q: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+                let mut v = _mm256_mul_ps(f(lo), _mm256_loadu_ps(xp));
+                v = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xp.add(8)), v);
+                v = _mm256_fmadd_ps(f(hi), _mm256_loadu_ps(xp.add(16)), v);
+                _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xp.add(24)), v)
+            };
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), v, acc);
+            macc += m * xsum[i];
+        }
+        hsum(acc) + macc
+    }
+
+    /// Q8_0 row · x; `row` holds `x.len() / 32` blocks of 34 bytes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot_q8_0(row: &[u8], x: &[f32]) -> f32 {
+        assert!(row.len() == x.len() / QK * 34);
+        let mut acc = _mm256_setzero_ps();
+        for (i, b) in row.chunks_exact(34).enumerate() {
+            let d = half(b, 0);
+            // SAFETY: `b` has 34 bytes, 32 of them from offset 2 are read; `x` has 32
+            // floats from `i * 32` (length asserted above); unaligned loads.
+            let v = unsafe {
+                let q = _mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i);
+                let xp = x.as_ptr().add(i * QK);
+                let lo = _mm256_castsi256_si128(q);
+                let hi = _mm256_extracti128_si256(q, 1);
+                let f = |q: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                let mut v = _mm256_mul_ps(f(lo), _mm256_loadu_ps(xp));
+                v = _mm256_fmadd_ps(f(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(xp.add(8)), v);
+                v = _mm256_fmadd_ps(f(hi), _mm256_loadu_ps(xp.add(16)), v);
+                _mm256_fmadd_ps(f(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(xp.add(24)), v)
+            };
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), v, acc);
+        }
+        hsum(acc)
+    }
+}
+
+/// `row · x`, through the AVX2 kernels where the CPU has them (`simd`).
+#[inline]
+fn dot_row_fast(ty: GgmlType, row: &[u8], x: &[f32], xsum: &[f32], simd: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        match ty {
+            // SAFETY: `simd` is true only when `x86::available()` said the CPU has
+            // AVX2, FMA and F16C.
+            GgmlType::Q4_1 => return unsafe { x86::dot_q4_1(row, x, xsum) },
+            // SAFETY: as above.
+            GgmlType::Q8_0 => return unsafe { x86::dot_q8_0(row, x) },
+            _ => {}
+        }
+    }
+    let _ = simd;
+    dot_row(ty, row, x, xsum)
+}
+
+/// Whether the SIMD kernels are used on this CPU.
+pub fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `row · x` for one quantized row; `xsum` holds `x`'s block sums (Q4_0/Q4_1 use them).
 #[inline]
 fn dot_row(ty: GgmlType, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
@@ -362,8 +477,16 @@ impl<'a> QMatrix<'a> {
         out
     }
 
-    /// `y = W · x` on the quantized rows, rows split over rayon's threads.
+    /// `y = W · x` on the quantized rows, rows split over rayon's threads (SIMD kernels
+    /// where the CPU has them).
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) -> Result<()> {
+        self.matvec_with(x, y, simd_available())
+    }
+
+    /// [`Self::matvec`] with the SIMD kernels on (where available) or off: for tests
+    /// that compare the two.
+    pub fn matvec_with(&self, x: &[f32], y: &mut [f32], simd: bool) -> Result<()> {
+        let simd = simd && simd_available();
         if x.len() != self.cols || y.len() != self.rows {
             return Err(LlmError::Shape(format!(
                 "matvec of a {} x {} matrix with x of {} and y of {}",
@@ -384,7 +507,7 @@ impl<'a> QMatrix<'a> {
             .zip(self.data.par_chunks(rb * 16))
             .for_each(|(ys, rows)| {
                 for (o, row) in ys.iter_mut().zip(rows.chunks_exact(rb)) {
-                    *o = dot_row(self.ty, row, x, &xsum);
+                    *o = dot_row_fast(self.ty, row, x, &xsum, simd);
                 }
             });
         Ok(())

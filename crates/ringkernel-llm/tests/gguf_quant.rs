@@ -246,19 +246,21 @@ fn quantized_matvec_matches_the_dequantized_f32_product() {
             let m = QMatrix::new(ty, rows, cols, &bytes).unwrap();
             let wf = m.to_f32();
             let mut y = vec![0f32; rows];
-            m.matvec(&x, &mut y).unwrap();
-            for r in 0..rows {
-                let want: f64 = (0..cols)
-                    .map(|c| wf[r * cols + c] as f64 * x[c] as f64)
-                    .sum();
-                let norm: f64 = (0..cols)
-                    .map(|c| (wf[r * cols + c] as f64 * x[c] as f64).abs())
-                    .sum();
-                assert!(
-                    (y[r] as f64 - want).abs() <= 1e-5 * norm.max(1.0),
-                    "{ty:?} {rows}x{cols} row {r}: {} vs {want}",
-                    y[r]
-                );
+            for simd in [false, true] {
+                m.matvec_with(&x, &mut y, simd).unwrap();
+                for r in 0..rows {
+                    let want: f64 = (0..cols)
+                        .map(|c| wf[r * cols + c] as f64 * x[c] as f64)
+                        .sum();
+                    let norm: f64 = (0..cols)
+                        .map(|c| (wf[r * cols + c] as f64 * x[c] as f64).abs())
+                        .sum();
+                    assert!(
+                        (y[r] as f64 - want).abs() <= 1e-5 * norm.max(1.0),
+                        "{ty:?} {rows}x{cols} simd {simd} row {r}: {} vs {want}",
+                        y[r]
+                    );
+                }
             }
             assert!(matches!(m.matvec(&x[1..], &mut y), Err(LlmError::Shape(_))));
         }
