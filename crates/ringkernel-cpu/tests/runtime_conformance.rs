@@ -305,7 +305,13 @@ async fn async_api_never_blocks_the_executor() {
     // Terminating a kernel with slow messages queued drains them without blocking.
     let before = ticks.load(Ordering::Relaxed);
     let report = k.terminate().await.unwrap();
-    assert!(report.drained >= 1, "{report:?}");
+    // Whatever was still queued is drained (on a fast scheduler the handler may have
+    // finished all of them before terminate: then their replies wait); none is lost.
+    assert!(report.undelivered.is_empty(), "{report:?}");
+    assert!(
+        report.drained + report.replies_waiting as u64 >= 1,
+        "{report:?}"
+    );
     assert!(
         ticks.load(Ordering::Relaxed) >= before + 5,
         "the executor was blocked during terminate"

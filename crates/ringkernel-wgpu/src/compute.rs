@@ -621,3 +621,149 @@ impl WgpuCompute {
         Ok(())
     }
 }
+
+// Tile choice and tuning of the register-tiled matmul (the policy and the cache file
+// live in `matmul_tune`).
+mod tuning {
+    use super::WgpuCompute;
+    use crate::matmul_tune::*;
+    use ringkernel_core::compute::{ComputeBackend, MatmulDims};
+    use ringkernel_core::util::lock;
+    use ringkernel_core::{Error, Result};
+    use ringkernel_shaders::MatmulTile;
+    use std::time::{Duration, Instant};
+
+    impl WgpuCompute {
+        /// The key of this device in the tuning cache: adapter name, backend and driver
+        /// (tabs and line breaks replaced).
+        pub fn tuning_key(&self) -> String {
+            let i = &self.context().info;
+            format!("matmul-large|{}|{}|{}", i.name, i.backend, i.driver)
+                .replace(['\t', '\n', '\r'], " ")
+        }
+
+        /// Forces the tile shape of every later matmul (`None`: back to the automatic
+        /// choice). An unsupported shape is [`Error::InvalidArgument`].
+        pub fn set_matmul_tile(&self, tile: Option<MatmulTile>) -> Result<()> {
+            if let Some(t) = tile {
+                t.check()?;
+                self.check_tile_fits(t)?;
+            }
+            lock(&self.tiles).forced = tile;
+            Ok(())
+        }
+
+        fn check_tile_fits(&self, t: MatmulTile) -> Result<()> {
+            let limit = self
+                .context()
+                .device
+                .limits()
+                .max_compute_workgroup_storage_size;
+            if t.workgroup_bytes() > limit {
+                return Err(Error::invalid(format!(
+                    "matmul tile {t} needs {} bytes of workgroup memory; the device has {limit}",
+                    t.workgroup_bytes()
+                )));
+            }
+            Ok(())
+        }
+
+        /// The candidate shapes that fit this device.
+        pub fn matmul_tile_candidates(&self) -> Vec<MatmulTile> {
+            MatmulTile::CANDIDATES
+                .into_iter()
+                .filter(|t| self.check_tile_fits(*t).is_ok())
+                .collect()
+        }
+
+        /// Times every candidate shape ([`matmul_tile_candidates`](Self::matmul_tile_candidates))
+        /// on a product of `dims` over buffers of its own (zeros), best of [`TUNE_RUNS`]
+        /// after one untimed run, fastest first. A shape the device fails to build is left
+        /// out; none succeeding is the first error.
+        pub fn time_matmul_tiles(&self, dims: MatmulDims) -> Result<Vec<(MatmulTile, Duration)>> {
+            let b_batch = if dims.b_batched { dims.batch } else { 1 };
+            let a = self.alloc(dims.batch * dims.m * dims.k)?;
+            let b = self.alloc(b_batch * dims.k * dims.n)?;
+            let c = self.alloc(dims.batch * dims.m * dims.n)?;
+            let mut times = Vec::new();
+            let mut first_err = None;
+            for t in self.matmul_tile_candidates() {
+                let run = || -> Result<Duration> {
+                    let (va, vb) = (!a.is_empty(), !b.is_empty() && !c.is_empty());
+                    let plan = ringkernel_drain::plan::matmul_tiled(dims, t, va, vb)?;
+                    let args: [&dyn ringkernel_core::compute::DeviceBuffer; 3] = [&*a, &*b, &*c];
+                    ringkernel_drain::exec::run(self, &plan, &args)?;
+                    self.synchronize()?;
+                    let mut best = Duration::MAX;
+                    for _ in 0..TUNE_RUNS {
+                        let t0 = Instant::now();
+                        ringkernel_drain::exec::run(self, &plan, &args)?;
+                        self.synchronize()?;
+                        best = best.min(t0.elapsed());
+                    }
+                    Ok(best)
+                };
+                match run() {
+                    Ok(d) => times.push((t, d)),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if times.is_empty() {
+                return Err(first_err.unwrap_or_else(|| {
+                    Error::Device("no matmul tile shape fits this device".into())
+                }));
+            }
+            times.sort_by_key(|(_, d)| *d);
+            Ok(times)
+        }
+
+        /// The shape a matmul of `dims` runs with (see the [module docs](self)); may time
+        /// the candidates on the first large product.
+        pub fn matmul_tile_for(&self, dims: MatmulDims) -> Result<MatmulTile> {
+            let (forced, tuned) = {
+                let s = lock(&self.tiles);
+                (s.forced, s.tuned)
+            };
+            if let Some(t) = forced {
+                return Ok(t);
+            }
+            if let Some(t) = tile_from_env()? {
+                self.check_tile_fits(t)?;
+                return Ok(t);
+            }
+            if work(dims) < TUNE_MIN_WORK {
+                return Ok(untuned_tile(dims));
+            }
+            if let Some(t) = tuned {
+                return Ok(t);
+            }
+            // A software adapter runs on the host's cores: timing shapes there costs
+            // seconds and says little, so it takes the large shape.
+            if !autotune_enabled() || self.context().info.software {
+                return Ok(MatmulTile::LARGE);
+            }
+            let key = self.tuning_key();
+            let path = cache_dir().map(|d| d.join(CACHE_FILE));
+            let stored = path
+                .as_deref()
+                .and_then(|p| cached_tile(p, &key))
+                .filter(|t| self.check_tile_fits(*t).is_ok());
+            let tile = match stored {
+                Some(t) => t,
+                None => {
+                    let best = self.time_matmul_tiles(dims)?[0].0;
+                    if let Some(p) = &path {
+                        // A read-only or missing cache directory costs a re-tune next time,
+                        // nothing else.
+                        let _ = store_tile(p, &key, best);
+                    }
+                    best
+                }
+            };
+            lock(&self.tiles).tuned = Some(tile);
+            Ok(tile)
+        }
+    }
+}

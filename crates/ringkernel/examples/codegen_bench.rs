@@ -242,7 +242,7 @@ extern "C" __global__ void softmax_hand(const float* __restrict__ x, float* __re
     const int t = threadIdx.x;
     const float* xr = x + (size_t)blockIdx.x * cols;
     float* yr = y + (size_t)blockIdx.x * cols;
-    float m = -INFINITY;
+    float m = __int_as_float(0xff800000);  // -inf (NVRTC has no math.h macros)
     for (int c = t; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
     red[t] = m;
     __syncthreads();
