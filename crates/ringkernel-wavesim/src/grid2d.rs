@@ -25,6 +25,34 @@ pub enum Material {
     Reflector,
 }
 
+impl Material {
+    /// The cell's update coefficients `(c², a, b)` under `p` on a grid of `dims`
+    /// dimensions (see [`damping_coeffs`]). [`Error::InvalidArgument`] for a speed or
+    /// damping that is negative or not finite, or a speed that breaks the CFL condition.
+    pub(crate) fn coefficients(self, p: &WaveParams, dims: u32) -> Result<(f32, f32, f32)> {
+        Ok(match self {
+            Material::Medium => (p.c2_of(p.speed), 1.0, 1.0),
+            Material::Speed(c) => {
+                if !(c.is_finite() && c >= 0.0) {
+                    return Err(Error::invalid(format!("speed {c}: must be finite, >= 0")));
+                }
+                p.check_speed(c, dims)?;
+                (p.c2_of(c), 1.0, 1.0)
+            }
+            Material::Absorber(sigma) => {
+                if !(sigma.is_finite() && sigma >= 0.0) {
+                    return Err(Error::invalid(format!(
+                        "damping {sigma}: must be finite, >= 0"
+                    )));
+                }
+                let (a, b) = damping_coeffs(sigma, p.dt);
+                (p.c2_of(p.speed), a, b)
+            }
+            Material::Reflector => (0.0, 0.0, 0.0),
+        })
+    }
+}
+
 /// A 2-D acoustic wave simulation on the CPU: `u_tt = c²∇²u − 2σu_t`, second-order
 /// finite differences in time and space (5-point Laplacian), per-cell speed and damping,
 /// zero field outside the grid (a reflecting border unless absorbers line it).
@@ -152,27 +180,7 @@ impl WaveGrid2D {
     /// that is negative or not finite, or a speed that breaks the CFL condition.
     pub fn set_material(&mut self, x: usize, y: usize, material: Material) -> Result<()> {
         self.check_cell(x, y)?;
-        let p = self.params;
-        let (c2, a, b) = match material {
-            Material::Medium => (p.c2_of(p.speed), 1.0, 1.0),
-            Material::Speed(c) => {
-                if !(c.is_finite() && c >= 0.0) {
-                    return Err(Error::invalid(format!("speed {c}: must be finite, >= 0")));
-                }
-                p.check_speed(c, 2)?;
-                (p.c2_of(c), 1.0, 1.0)
-            }
-            Material::Absorber(sigma) => {
-                if !(sigma.is_finite() && sigma >= 0.0) {
-                    return Err(Error::invalid(format!(
-                        "damping {sigma}: must be finite, >= 0"
-                    )));
-                }
-                let (a, b) = damping_coeffs(sigma, p.dt);
-                (p.c2_of(p.speed), a, b)
-            }
-            Material::Reflector => (0.0, 0.0, 0.0),
-        };
+        let (c2, a, b) = material.coefficients(&self.params, 2)?;
         let k = self.idx(x, y);
         self.c2[k] = c2;
         self.a[k] = a;

@@ -2,7 +2,7 @@
 
 use crate::grid2d::Material;
 use crate::kernel::{planes_3d, Coeffs};
-use crate::params::{damping_coeffs, WaveParams};
+use crate::params::WaveParams;
 use rayon::prelude::*;
 use ringkernel_core::{Error, Result};
 
@@ -93,27 +93,7 @@ impl WaveGrid3D {
                 "cell ({x}, {y}, {z}) is outside the {nx} x {ny} x {nz} grid"
             )));
         }
-        let p = self.params;
-        let (c2, a, b) = match material {
-            Material::Medium => (p.c2_of(p.speed), 1.0, 1.0),
-            Material::Speed(c) => {
-                if !(c.is_finite() && c >= 0.0) {
-                    return Err(Error::invalid(format!("speed {c}: must be finite, >= 0")));
-                }
-                p.check_speed(c, 3)?;
-                (p.c2_of(c), 1.0, 1.0)
-            }
-            Material::Absorber(sigma) => {
-                if !(sigma.is_finite() && sigma >= 0.0) {
-                    return Err(Error::invalid(format!(
-                        "damping {sigma}: must be finite, >= 0"
-                    )));
-                }
-                let (a, b) = damping_coeffs(sigma, p.dt);
-                (p.c2_of(p.speed), a, b)
-            }
-            Material::Reflector => (0.0, 0.0, 0.0),
-        };
+        let (c2, a, b) = material.coefficients(&self.params, 3)?;
         let k = self.idx(x, y, z);
         self.c2[k] = c2;
         self.a[k] = a;
@@ -122,7 +102,7 @@ impl WaveGrid3D {
             self.cur[k] = 0.0;
             self.prev[k] = 0.0;
         }
-        let c2u = p.c2_of(p.speed);
+        let c2u = self.params.c2_of(self.params.speed);
         let r = self.idx(0, y, z)..self.idx(0, y, z) + nx;
         self.uniform[(z + 1) * (ny + 2) + y + 1] = self.c2[r.clone()].iter().all(|&v| v == c2u)
             && self.a[r.clone()].iter().all(|&v| v == 1.0)
