@@ -25,15 +25,18 @@ pub struct LaunchOptions {
     pub output_capacity: usize,
     /// Slot size in bytes: 64-byte header plus payload (power of two, at least 128).
     pub slot_size: usize,
-    /// Threads of the kernel's block on CUDA (the persistent kernel is one block of this
-    /// many threads; each gets its own device scratch slots). Must be in 1..=1024 on
-    /// every backend ([`validate`](Self::validate)), but only CUDA uses it: the CPU
-    /// handles one message at a time per kernel, and the WebGPU and Metal drain passes
-    /// use the workgroup size fixed in their WGSL, whatever this says.
+    /// Threads of each block of the kernel on CUDA: a whole number of warps (a multiple
+    /// of 32 there, at most 512); a quarter of them (at least one warp, when there are two or more)
+    /// serve the K2K inbox, the rest the host's input, one message per thread. Must be
+    /// in 1..=1024 on every backend ([`validate`](Self::validate)), but only CUDA uses
+    /// it: the CPU handles one message at a time per kernel, and the WebGPU and Metal
+    /// drain passes use the workgroup size fixed in their WGSL, whatever this says.
     pub block_size: u32,
-    /// Blocks in the grid. Must be at least 1 everywhere, and exactly 1 on CUDA (a
-    /// persistent kernel is one block; any other value fails the launch with
-    /// [`Error::InvalidArgument`]). Ignored by the CPU, WebGPU and Metal backends.
+    /// Blocks in the grid. Must be at least 1 everywhere. On CUDA every block of the
+    /// persistent kernel takes messages of the same queues (replies still leave in
+    /// input order); at most one block per multiprocessor, all resident at once
+    /// ([`Error::InvalidArgument`] or a launch error otherwise). Ignored by the CPU,
+    /// WebGPU and Metal backends.
     pub grid_size: u32,
     /// Activate right after launch (default true). When false the kernel stays
     /// `Launched` until [`KernelHandle::activate`](crate::runtime::KernelHandle::activate).
@@ -103,8 +106,8 @@ impl LaunchOptions {
         self.block_size = threads;
         self
     }
-    /// Sets the grid size ([`grid_size`](Self::grid_size): must stay 1 on CUDA, ignored
-    /// elsewhere).
+    /// Sets the grid size ([`grid_size`](Self::grid_size): blocks of a CUDA kernel,
+    /// ignored elsewhere).
     pub fn with_grid_size(mut self, blocks: u32) -> Self {
         self.grid_size = blocks;
         self

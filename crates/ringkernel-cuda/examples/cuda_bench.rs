@@ -66,27 +66,32 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
 
 const K2K_SINK_SRC: &str = r#"
 // bench.k2k_sink: counts K2K probes and their one-way latency (device clock). A host
-// message {u64 expected} arms it; once `expected` probes have arrived it replies with
-// {count, sum_ns, max_ns} and resets. Serial.
-#define RK_HANDLER_SERIAL 1
+// message {u64 expected} arms it; the probe that makes `expected` replies with
+// {count, sum_ns, max_ns} and resets. Parallel: probes are counted with atomics.
 struct SinkState { unsigned long long expected, count, sum, max; };
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
                       RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
     SinkState* s = (SinkState*)state;
+    (void)in_hdr;
     if (!ctx->from_inbox) {
-        s->expected = *(const unsigned long long*)in_payload;
-    } else {
-        unsigned long long lat = rk_globaltimer_ns() - *(const unsigned long long*)in_payload;
-        s->count++;
-        s->sum += lat;
-        if (lat > s->max) s->max = lat;
+        atomicExch(&s->expected, *(const unsigned long long*)in_payload);
+        return 0;
     }
-    if (s->expected != 0 && s->count >= s->expected) {
+    unsigned long long lat = rk_globaltimer_ns() - *(const unsigned long long*)in_payload;
+    atomicAdd(&s->sum, lat);
+    atomicMax(&s->max, lat);
+    __threadfence();  // the sum and max before the count that may complete them
+    unsigned long long c = atomicAdd(&s->count, 1ull) + 1ull;
+    if (c == *(volatile unsigned long long*)&s->expected) {
+        __threadfence();
         unsigned long long* o = (unsigned long long*)out_payload;
-        o[0] = s->count; o[1] = s->sum; o[2] = s->max;
+        o[0] = c;
+        o[1] = atomicExch(&s->sum, 0ull);
+        o[2] = atomicExch(&s->max, 0ull);
         out_hdr->payload_len = 24;
         out_hdr->type_id = 0x43;
-        s->expected = 0; s->count = 0; s->sum = 0; s->max = 0;
+        atomicExch(&s->expected, 0ull);
+        atomicExch(&s->count, 0ull);
         return 1;
     }
     return 0;
@@ -144,6 +149,13 @@ fn spin_dequeue_timed(k: &ringkernel_core::runtime::KernelHandle) -> Result<(Env
 }
 
 async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
+    eprintln!("[bench] host link bandwidth");
+    let (h2d, d2h) = ringkernel_cuda::baseline::host_link_bandwidth(0, 64 << 20)?;
+    rep.line(format!(
+        "host link (pinned memory copies of 64 MiB): host->device {:.1} GB/s, device->host {:.1} GB/s",
+        h2d / 1e9,
+        d2h / 1e9
+    ));
     // The runtime adds the CUDA built-ins itself.
     let reg = KernelRegistry::new();
     reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(STREAM_SRC));
@@ -209,6 +221,106 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
          the rest (PCIe both ways, polling, the kernel's round) {:.2} us",
         p50 - e50 - d50 - dev_us
     ));
+    // Where the kernel's time goes (RINGKERNEL_CUDA_PROFILE=<entries> in the
+    // environment): the phases of the host group's rounds, device clock.
+    let prof = rt.round_profile(&k)?;
+    if !prof.is_empty() {
+        let phase = |taken: bool, i: usize| {
+            let mut v: Vec<f64> = prof
+                .iter()
+                .filter(|r| (r.taken > 0) == taken && r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
+                .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                pct(&mut v, 0.5)
+            }
+        };
+        let mut period: Vec<f64> = prof
+            .windows(2)
+            .map(|w| (w[1].t[0] - w[0].t[0]) as f64 / 1e3)
+            .collect();
+        let names = [
+            "plan",
+            "read (PCIe)",
+            "validate",
+            "decide",
+            "handle",
+            "place",
+        ];
+        let with: Vec<String> = (0..6)
+            .map(|i| format!("{} {:.3}", names[i], phase(true, i)))
+            .collect();
+        let idle: Vec<String> = (0..3)
+            .map(|i| format!("{} {:.3}", names[i], phase(false, i)))
+            .collect();
+        let took = prof.iter().filter(|r| r.taken > 0).count();
+        // Warp 0's one-message loop (mode 3): poll, decide, handler, reply.
+        let fast: Vec<&ringkernel_cuda::RoundProfile> =
+            prof.iter().filter(|r| r.mode == 3).collect();
+        if !fast.is_empty() {
+            let step = |i: usize| {
+                let mut v: Vec<f64> = fast
+                    .iter()
+                    .filter(|r| r.t[i + 1] >= r.t[i])
+                    .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
+                    .collect();
+                pct(&mut v, 0.5)
+            };
+            let mut gap: Vec<f64> = fast
+                .windows(2)
+                .map(|w| (w[1].t[0].saturating_sub(w[0].t[4])) as f64 / 1e3)
+                .collect();
+            rep.line(format!(
+                "  one-message loop ({} messages, p50 us, device clock): poll that found it {:.3}, take {:.3}, handler {:.3}, reply written + fence {:.3}; from a reply to the poll that finds the next message {:.3}",
+                fast.len(),
+                step(0),
+                step(1),
+                step(2),
+                step(3),
+                pct(&mut gap, 0.5)
+            ));
+        }
+        let mut mhz: Vec<f64> = prof
+            .iter()
+            .filter(|r| r.taken > 0 && r.t[6] > r.t[0])
+            .map(|r| r.cycles as f64 / (r.t[6] - r.t[0]) as f64 * 1e3)
+            .collect();
+        let sub = |f: &dyn Fn(&ringkernel_cuda::RoundProfile) -> (u64, u64)| {
+            let mut v: Vec<f64> = prof
+                .iter()
+                .map(f)
+                .filter(|&(a, b)| a > 0 && b >= a)
+                .map(|(a, b)| (b - a) as f64 / 1e3)
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                pct(&mut v, 0.5)
+            }
+        };
+        rep.line(format!(
+            "  inside the read (p50, us): own unit staged {:.3}, announcements in {:+.3}, lane tails done {:+.3}, group synced {:+.3}",
+            sub(&|r| (r.t[1], r.read[0])),
+            sub(&|r| (r.read[0], r.read[1])),
+            sub(&|r| (r.read[1], r.read[2])),
+            sub(&|r| (r.read[2], r.t[2]))
+        ));
+        if !mhz.is_empty() {
+            rep.line(format!(
+                "  SM clock during rounds with a message: {:.0} MHz (p50; cycles over device time)",
+                pct(&mut mhz, 0.5)
+            ));
+        }
+        rep.line(format!(
+            "  kernel rounds (p50, us, device clock; {} rounds, {took} with a message): period {:.3}; with a message: {}; idle: {}",
+            prof.len(),
+            pct(&mut period, 0.5),
+            with.join(", "),
+            idle.join(", ")
+        ));
+    }
     let mut call_samples = Vec::with_capacity(n / 4);
     for i in 0..(n / 4) as u64 {
         let t0 = Instant::now();
@@ -261,13 +373,13 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
             "bench.k2k_sink",
             LaunchOptions::default()
                 .with_queue_capacity(1 << 14)
-                .with_block_size(256),
+                .with_block_size(512),
         )
         .await?;
     let src = rt
         .launch(
             "bench.k2k_src",
-            LaunchOptions::default().with_block_size(128),
+            LaunchOptions::default().with_block_size(256),
         )
         .await?;
     #[repr(C)]
@@ -332,6 +444,7 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
     rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
     // ---- 3. streaming 64-byte payloads ----
     eprintln!("[bench] streaming");
+
     let total: u64 = if quick { 1_000_000 } else { 20_000_000 };
     let k = rt
         .launch(
@@ -340,7 +453,7 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
                 .with_slot_size(128)
                 .with_queue_capacity(1 << 16)
                 .with_output_capacity(1 << 16)
-                .with_block_size(1024),
+                .with_block_size(512),
         )
         .await?;
     let payload = [0x5Au8; 64];
@@ -391,9 +504,19 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
         .join()
         .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
     let secs = t0.elapsed().as_secs_f64();
+    let rate = got as f64 / secs;
+    // What crosses the link per message: the request's and the reply's stamped units
+    // (16 bytes per 12 of the 128-byte slot), and the latency sample.
+    let units = ringkernel_core::queue::stamped::stamped_slot_bytes(128) as f64;
     rep.line(format!(
         "streaming 64-B payloads through one persistent kernel: {:.2} M msgs/s ({got} msgs in {secs:.3} s; CudaStreamer batches, one producer + one consumer thread)",
-        got as f64 / secs / 1e6
+        rate / 1e6
+    ));
+    rep.line(format!(
+        "  link traffic: {:.2} GB/s each way ({units} B of stamped units per message) = {:.1}% of host->device, {:.1}% of device->host copy bandwidth",
+        rate * units / 1e9,
+        100.0 * rate * units / h2d,
+        100.0 * rate * (units + 8.0) / d2h
     ));
     // The same through the per-message engine API (one index update per message).
     let per_msg: u64 = total / 10;

@@ -51,6 +51,8 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkQueueHeader, consumer_reserved);
     out[i++] = sizeof(RkLaneTails);
     out[i++] = RK_OFF(RkLaneTails, tail);
+    out[i++] = RK_OFF(RkLaneTails, command);
+    out[i++] = RK_OFF(RkLaneTails, command_seq);
     out[i++] = RK_OFF(RkLaneTails, reserved);
     out[i++] = sizeof(RkInbox);
     out[i++] = RK_OFF(RkInbox, reserve);
@@ -63,7 +65,6 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = sizeof(RkRoute);
     out[i++] = RK_OFF(RkRoute, inbox);
     out[i++] = RK_OFF(RkRoute, slots);
-    out[i++] = RK_OFF(RkRoute, ready);
     out[i++] = RK_OFF(RkRoute, kernel_id);
     out[i++] = RK_OFF(RkRoute, valid);
     out[i++] = sizeof(RkLaunchParams);
@@ -72,11 +73,10 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkLaunchParams, out_queue);
     out[i++] = RK_OFF(RkLaunchParams, inbox);
     out[i++] = RK_OFF(RkLaunchParams, inbox_slots);
-    out[i++] = RK_OFF(RkLaunchParams, inbox_ready);
     out[i++] = RK_OFF(RkLaunchParams, routes);
     out[i++] = RK_OFF(RkLaunchParams, route_count);
-    out[i++] = RK_OFF(RkLaunchParams, scratch_in);
-    out[i++] = RK_OFF(RkLaunchParams, scratch_out);
+    out[i++] = RK_OFF(RkLaunchParams, stage);
+    out[i++] = RK_OFF(RkLaunchParams, shared);
     out[i++] = RK_OFF(RkLaunchParams, state);
     out[i++] = RK_OFF(RkLaunchParams, clock_offset_ns);
     out[i++] = RK_OFF(RkLaunchParams, kernel_id);
@@ -91,6 +91,12 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkLaunchParams, lane_stride);
     out[i++] = RK_OFF(RkLaunchParams, node_id);
     out[i++] = RK_OFF(RkLaunchParams, priority);
+    out[i++] = RK_OFF(RkLaunchParams, host_threads);
+    out[i++] = RK_OFF(RkLaunchParams, host_window);
+    out[i++] = RK_OFF(RkLaunchParams, inbox_window);
+    out[i++] = RK_OFF(RkLaunchParams, stage_stride);
+    out[i++] = RK_OFF(RkLaunchParams, profile);
+    out[i++] = RK_OFF(RkLaunchParams, profile_capacity);
     out[i++] = sizeof(RkToken);
     out[i++] = RK_OFF(RkToken, id);
     out[i++] = RK_OFF(RkToken, value);

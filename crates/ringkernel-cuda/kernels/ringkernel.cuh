@@ -39,11 +39,12 @@
 //   dropped with RK_ERR_BAD_HEADER / RK_ERR_CHECKSUM.
 // * `state` points at the kernel's `state_bytes` of zero-initialised device memory,
 //   kept across messages.
-// * By default up to blockDim messages are handled in parallel, one per thread
-//   (replies still leave in input order). A handler whose messages depend on each other
-//   (through `state`, or by sending K2K messages whose order matters) defines
-//   `#define RK_HANDLER_SERIAL 1` before `handle`: messages are then handled one after
-//   the other, in order, by thread 0.
+// * By default the messages of a batch are handled in parallel, one per thread, and
+//   batches from the host lanes and from the K2K inbox are handled at the same time by
+//   different warps (replies still leave each source in input order). A handler whose
+//   messages depend on each other (through `state`, or by sending K2K messages whose
+//   order matters) defines `#define RK_HANDLER_SERIAL 1` before `handle`: messages are
+//   then handled one at a time, in order, under a lock shared by every warp.
 // * `rk_send_to(ctx, dest_kernel_id, type_id, payload, len)` sends a message to another
 //   CUDA kernel of the same runtime on the same GPU, through its device-memory inbox
 //   (no host hop). It returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
@@ -51,11 +52,14 @@
 //   (what the CPU backend's `ctx.clock().peek()` returns); its node id is
 //   `ctx->node_id`.
 // * Priority: the host input is RK_LANES rings, one per priority level (RkLaneTails).
-//   The kernel takes each batch from the highest non-empty lane (a batch never mixes
-//   lanes; FIFO within a lane), so a HIGH message overtakes any number of waiting LOW
-//   ones. The K2K inbox is one more source, not split by priority: the kernel
-//   alternates between it and the host lanes so neither starves. Replies and K2K sends
-//   carry the kernel's own priority (`ctx->priority`, LaunchOptions::priority).
+//   Each batch comes from the highest non-empty lane (a batch never mixes lanes; FIFO
+//   within a lane), so a HIGH message overtakes any number of waiting LOW ones. The K2K
+//   inbox is served beside the host lanes; a message at its head whose priority lane is
+//   below the highest host lane holding messages waits until that lane is served.
+//   Replies and K2K sends carry the kernel's own priority (`ctx->priority`).
+// * Host lanes and the output queue hold *stamped* slots (see "STAMPED SLOTS" below),
+//   so the kernel reads a message with one PCIe round trip and publishes a reply
+//   without a system fence; handlers see ordinary slots (header + payload) either way.
 // ---------------------------------------------------------------------------------
 
 #ifndef RINGKERNEL_CUH
@@ -172,25 +176,30 @@ struct __align__(64) RkQueueHeader {
     rk_u32 consumer_reserved[14];
 };
 
-/* The tails of a persistent kernel's host input lanes (ringkernel-cuda's LaneTails, 128
- * bytes, mapped host memory, written by the host only). Lane l's ring (an RkQueueHeader
- * + slots, like every queue) is where the host writes its messages; after publishing
- * them in the ring it stores the low 32 bits of the ring's new tail into `tail[l]`
- * (release). The kernel reads the four words with one 16-byte acquire load per poll
- * instead of each ring's own 64-bit tail: one PCIe read for every lane, so polling four
- * lanes costs what polling one did, whichever lanes are in use. A lane never holds more
- * than its capacity (< 2^32) messages, so `tail[l] - (u32)head` is its exact depth. */
+/* What the kernel polls on the host (ringkernel-cuda's LaneTails, 128 bytes, mapped
+ * host memory, written by the host only). Lane l's ring (an RkQueueHeader + stamped
+ * slots) is where the host writes its messages; after publishing them it stores the low
+ * 32 bits of the ring's new tail into `tail[l]` (release). The host also mirrors the
+ * control block's command and command_seq here. The kernel reads the line with two
+ * 16-byte loads per round, in the round trip that reads the slots: four lanes and the
+ * command cost what one queue did. The device never writes this 128-byte line (on the
+ * GPU a read of a host line it has written waits for those writes to drain, measured at
+ * microseconds; so the control block, whose other half the device writes, is not
+ * polled). A lane never holds more than its capacity (< 2^32) messages, so
+ * `tail[l] - (u32)head` is its exact depth. */
 struct __align__(128) RkLaneTails {
     rk_u32 tail[4];
-    rk_u32 reserved[28];
+    rk_u32 command;
+    rk_u32 command_seq;
+    rk_u32 reserved[26];
 };
 
 /* A K2K inbox in device memory (ringkernel-cuda's DeviceInbox, 128 bytes), followed by
- * `capacity` slots of `slot_size` bytes and then `capacity` 8-byte ready words.
- * Any number of producers (other kernels' threads) reserve an index with a CAS on
- * `reserve`, write the slot, then publish it by writing `index + 1` into its ready word;
- * the one consumer (the owning kernel) takes slots in index order once their ready word
- * says so and advances `head`. */
+ * `capacity` stamped slots (see "stamped slots" below: units of 12 data bytes and a
+ * stamp). Any number of producers (other kernels' warps) reserve indices with a CAS on
+ * `reserve` (one per group of lanes sending together) and write their slots' units; the
+ * one consumer (the owning kernel) takes slots in index order once their units carry
+ * their stamps, and advances `head` (which producers read for room). */
 struct __align__(64) RkInbox {
     rk_u64 reserve;
     rk_u32 capacity;
@@ -201,12 +210,11 @@ struct __align__(64) RkInbox {
     rk_u32 consumer_reserved[14];
 };
 
-/* Device routing table entry (ringkernel-cuda's DeviceRoute, 32 bytes), indexed by
+/* Device routing table entry (ringkernel-cuda's DeviceRoute, 24 bytes), indexed by
  * kernel id. `valid` is 1 while the kernel accepts K2K messages. */
 struct __align__(8) RkRoute {
     rk_u64 inbox;      /* device address of the RkInbox */
-    rk_u64 slots;      /* device address of slot 0 */
-    rk_u64 ready;      /* device address of the ready words */
+    rk_u64 slots;      /* device address of its first stamped slot */
     rk_u32 kernel_id;
     rk_u32 valid;
 };
@@ -215,15 +223,14 @@ struct __align__(8) RkRoute {
  * passed by value as the only kernel parameter). All fields are 8 bytes wide. */
 struct __align__(8) RkLaunchParams {
     rk_u64 control;        /* RkControlBlock*, mapped host memory */
-    rk_u64 in_queue;       /* RkQueueHeader* of input lane 0 (mapped host memory), slots follow */
-    rk_u64 out_queue;      /* RkQueueHeader*, mapped host memory, slots follow */
+    rk_u64 in_queue;       /* RkQueueHeader* of input lane 0 (mapped host memory), stamped slots follow */
+    rk_u64 out_queue;      /* RkQueueHeader*, mapped host memory, stamped slots follow */
     rk_u64 inbox;          /* RkInbox*, device memory */
-    rk_u64 inbox_slots;
-    rk_u64 inbox_ready;
+    rk_u64 inbox_slots;    /* the inbox's stamped slots */
     rk_u64 routes;         /* RkRoute[route_count], device memory */
     rk_u64 route_count;
-    rk_u64 scratch_in;     /* blockDim slots, device memory */
-    rk_u64 scratch_out;    /* blockDim slots, device memory */
+    rk_u64 stage;          /* the groups' staging slots in device memory; 0: in dynamic shared memory */
+    rk_u64 shared;         /* RkShared in device memory (grid_size > 1); 0: in shared memory */
     rk_u64 state;          /* handler state, device memory */
     rk_u64 clock_offset_ns;/* host UNIX time in ns at launch (device maps %globaltimer onto it) */
     rk_u64 kernel_id;
@@ -238,6 +245,12 @@ struct __align__(8) RkLaunchParams {
     rk_u64 lane_stride;    /* lane l's RkQueueHeader is at in_queue + l * lane_stride */
     rk_u64 node_id;        /* node id of this kernel's clock (core's kernel_node_id) */
     rk_u64 priority;       /* the kernel's priority (LaunchOptions::priority, 0..255) */
+    rk_u64 host_threads;   /* threads of a block serving the host lanes (the rest: the K2K inbox) */
+    rk_u64 host_window;    /* most host messages one group takes per round */
+    rk_u64 inbox_window;   /* most inbox messages one group takes per round */
+    rk_u64 stage_stride;   /* bytes between staged slots (units * 12, rounded up to 16) */
+    rk_u64 profile;        /* rk_u64[profile_capacity * 16 + 1] round profile, mapped host memory (0: off) */
+    rk_u64 profile_capacity;
 };
 
 /* What a handler sees (device-only; not shared with the host). */
@@ -344,8 +357,64 @@ __device__ __forceinline__ int rk_hlc_update(rk_u64* state, rk_u64 remote, rk_u6
     return 1;
 }
 
+/* ---- stamped slots (core's queue::stamped) ----
+ * A ring of stamped slots stores each logical slot (64-byte header + payload,
+ * slot_size bytes) as units of 16 bytes: 12 bytes of the slot, then a 4-byte stamp,
+ * the low 32 bits of the message's ring index plus one. A unit whose 16-byte load
+ * shows the expected stamp holds that message's bytes (the writer stores the data
+ * before the stamp, and a 16-byte aligned load is one snapshot of its cache line), so
+ * a reader takes a whole message with one round trip and no index: it reads every
+ * unit at once and checks the stamps of the units that the header's payload_len says
+ * are used. Writers on the device store each unit (data and stamp) with one 16-byte
+ * store and need no fence. */
+#define RK_UNIT_BYTES 16u
+#define RK_UNIT_DATA 12u
+
+__device__ __forceinline__ rk_u32 rk_units_per_slot(rk_u32 slot_size) {
+    return (slot_size + RK_UNIT_DATA - 1) / RK_UNIT_DATA;
+}
+/* Units a message of payload_len bytes uses (its header's included). */
+__device__ __forceinline__ rk_u32 rk_units_used(rk_u32 payload_len) {
+    return (RK_HEADER_SIZE + payload_len + RK_UNIT_DATA - 1) / RK_UNIT_DATA;
+}
+__device__ __forceinline__ rk_u32 rk_stamp_of(rk_u64 index) {
+    return (rk_u32)index + 1u;
+}
+/* 16-byte loads and stores that bypass the caches (host memory, other kernels). */
+__device__ __forceinline__ uint4 rk_ld_volatile_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ void rk_st_volatile_v4(void* p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+}
+
 /* ---- K2K send into another kernel's device inbox ---- */
 
+/* Word `w` (4 bytes at byte 4w) of the message `header ++ payload[0..len]`, zero past
+ * its end. */
+__device__ __forceinline__ rk_u32 rk_message_word(const rk_u32* header, const unsigned char* payload, rk_u32 len,
+                                                  rk_u32 w) {
+    if (w < RK_HEADER_SIZE / 4u) return header[w];
+    const rk_u32 off = w * 4u - RK_HEADER_SIZE;
+    if (off >= len) return 0u;
+    if (off + 4u <= len && (((unsigned long long)(payload + off)) & 3ull) == 0) return *(const rk_u32*)(payload + off);
+    rk_u32 v = 0;
+    for (rk_u32 b = 0; b < 4u && off + b < len; b++) v |= (rk_u32)payload[off + b] << (8u * b);
+    return v;
+}
+
+/* Lanes of the calling warp that send to the same kernel at the same time reserve
+ * their inbox slots together: one CAS on the inbox's `reserve` for the group. A lane
+ * whose slot did not fit gets RK_K2K_QUEUE_FULL (nothing was written for it). The slot
+ * is written as stamped units, each with one 16-byte store: no fence, and the receiver
+ * takes it with one read. */
 __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
     if (len > ctx->max_payload) return RK_K2K_NOT_FOUND;
     if ((rk_u64)dest >= ctx->route_count) return RK_K2K_NOT_FOUND;
@@ -353,33 +422,62 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     if (r->valid != 1u || r->kernel_id != dest) return RK_K2K_NOT_FOUND;
     RkInbox* ib = (RkInbox*)r->inbox;
     unsigned char* slots = (unsigned char*)r->slots;
-    rk_u64* ready = (rk_u64*)r->ready;
-    rk_u64 cap = ib->capacity;
-    rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
-    for (;;) {
-        rk_u64 head = rk_ld_acquire_gpu(&ib->head);
-        if (idx - head >= cap) return RK_K2K_QUEUE_FULL;
-        rk_u64 seen = atomicCAS(&ib->reserve, idx, idx + 1);
-        if (seen == idx) break;
-        idx = seen;
+    const rk_u64 cap = ib->capacity;
+    const rk_u32 slot_size = ib->slot_size;
+    if (len > slot_size - RK_HEADER_SIZE) return RK_K2K_NOT_FOUND;
+
+    const unsigned active = __activemask();
+    const unsigned peers = __match_any_sync(active, (unsigned long long)ib);
+    const int lane = (int)(threadIdx.x & 31u);
+    const int leader = __ffs(peers) - 1;
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    const rk_u32 want = (rk_u32)__popc(peers);
+    rk_u64 base = 0;
+    rk_u32 got = 0;
+    if (lane == leader) {
+        rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
+        for (;;) {
+            const rk_u64 head = rk_ld_acquire_gpu(&ib->head);
+            const rk_u64 room = cap - (idx - head);
+            got = room < (rk_u64)want ? (rk_u32)room : want;
+            if (got == 0) break;
+            const rk_u64 seen = atomicCAS(&ib->reserve, idx, idx + got);
+            if (seen == idx) break;
+            idx = seen;
+        }
+        base = idx;
     }
-    RkMessageHeader* h = (RkMessageHeader*)(slots + (idx & (cap - 1)) * (rk_u64)ib->slot_size);
-    h->magic = RK_MESSAGE_MAGIC;
-    h->version = RK_MESSAGE_VERSION;
-    h->type_id = type_id;
-    h->payload_len = len;
-    h->message_id = ((rk_u64)ctx->kernel_id << 40) | (ctx->message_index & 0xFFFFFFFFFFull);
-    h->correlation_id = ctx->correlation_id;
-    h->source_kernel = ctx->kernel_id;
-    h->dest_kernel = dest;
-    h->timestamp = ctx->send_ts;
-    h->checksum = 0;
-    h->flags = RK_FLAG_K2K | ((ctx->priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
-    h->node_id = ctx->node_id;
-    unsigned char* dst = (unsigned char*)(h + 1);
-    const unsigned char* src = (const unsigned char*)payload;
-    for (rk_u32 i = 0; i < len; i++) dst[i] = src[i];
-    rk_st_release_gpu(&ready[idx & (cap - 1)], idx + 1);
+    base = __shfl_sync(peers, base, leader);
+    got = __shfl_sync(peers, got, leader);
+    if ((rk_u32)rank >= got) return RK_K2K_QUEUE_FULL;
+
+    const rk_u64 idx = base + (rk_u64)rank;
+    union {
+        RkMessageHeader h;
+        rk_u32 w[16];
+    } u;
+    u.h.magic = RK_MESSAGE_MAGIC;
+    u.h.version = RK_MESSAGE_VERSION;
+    u.h.type_id = type_id;
+    u.h.payload_len = len;
+    u.h.message_id = ((rk_u64)ctx->kernel_id << 40) | (ctx->message_index & 0xFFFFFFFFFFull);
+    u.h.correlation_id = ctx->correlation_id;
+    u.h.source_kernel = ctx->kernel_id;
+    u.h.dest_kernel = dest;
+    u.h.timestamp = ctx->send_ts;
+    u.h.checksum = 0;
+    u.h.flags = RK_FLAG_K2K | ((ctx->priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
+    u.h.node_id = ctx->node_id;
+    unsigned char* slot = slots + (idx & (cap - 1)) * (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
+    const unsigned char* pl = (const unsigned char*)payload;
+    const rk_u32 units = rk_units_used(len);
+    const rk_u32 stamp = rk_stamp_of(idx);
+    for (rk_u32 k = 0; k < units; k++) {
+        const rk_u32 w = k * 3u;
+        rk_st_volatile_v4(slot + k * RK_UNIT_BYTES,
+                          make_uint4(rk_message_word(u.w, pl, len, w), rk_message_word(u.w, pl, len, w + 1),
+                                     rk_message_word(u.w, pl, len, w + 2), stamp));
+    }
     return RK_K2K_DELIVERED;
 }
 

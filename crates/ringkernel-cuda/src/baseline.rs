@@ -183,3 +183,42 @@ pub fn check_echo(req: &Token, reply: &Token) -> Result<()> {
         )))
     }
 }
+
+/// The host link's copy bandwidth of device `ordinal` in bytes per second, `(host to
+/// device, device to host)`: the best of five copies of `bytes` between pinned host
+/// memory and device memory (what a persistent kernel's queues in pinned memory can
+/// move at most). The streaming benchmark reports its traffic as a fraction of it.
+pub fn host_link_bandwidth(ordinal: usize, bytes: usize) -> Result<(f64, f64)> {
+    let dev = Device::open(ordinal)?;
+    let stream = Arc::new(dev.new_stream()?);
+    let host = MappedMemory::new(&dev, bytes)?;
+    let device = crate::driver::DeviceMemory::zeroed(&stream, bytes)?;
+    stream.synchronize()?;
+    // SAFETY: `host` is `bytes` of pinned memory this function owns; the slice is only
+    // handed to the copies below, which are waited for before it is dropped.
+    let buf = unsafe { std::slice::from_raw_parts_mut(host.host_ptr(), bytes) };
+    let mut best = [f64::MAX; 2];
+    for _ in 0..5 {
+        for (dir, b) in best.iter_mut().enumerate() {
+            let t = std::time::Instant::now();
+            // SAFETY: both ranges are `bytes` long and stay alive until the stream
+            // synchronises right after.
+            let r = unsafe {
+                if dir == 0 {
+                    cu::memcpy_htod_async(device.ptr(), &buf[..], stream.raw)
+                } else {
+                    cu::memcpy_dtoh_async(&mut buf[..], device.ptr(), stream.raw)
+                }
+            };
+            r.map_err(dev_err("bandwidth copy"))?;
+            stream.synchronize()?;
+            *b = b.min(t.elapsed().as_secs_f64());
+        }
+    }
+    if best.iter().any(|&s| s <= 0.0) {
+        return Err(Error::Device(
+            "bandwidth copies took no measurable time".into(),
+        ));
+    }
+    Ok((bytes as f64 / best[0], bytes as f64 / best[1]))
+}

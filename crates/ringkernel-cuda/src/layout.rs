@@ -29,8 +29,12 @@ use std::sync::Arc;
 pub struct LaneTails {
     /// Low 32 bits of each lane's tail index.
     pub tail: [u32; 4],
+    /// The control block's `command`, mirrored where the kernel polls.
+    pub command: u32,
+    /// The control block's `command_seq`, mirrored (stored after `command`).
+    pub command_seq: u32,
     /// Padding to the end of the two host-written cache lines.
-    pub reserved: [u32; 28],
+    pub reserved: [u32; 26],
 }
 
 impl Default for LaneTails {
@@ -40,10 +44,10 @@ impl Default for LaneTails {
 }
 
 /// Header of a K2K inbox in device memory (`RkInbox`, 128 bytes): followed by
-/// `capacity` slots and `capacity` 8-byte ready words. Producers (other kernels) claim
-/// an index with a CAS on `reserve`, write the slot and publish it by storing
-/// `index + 1` in its ready word; the owning kernel consumes in index order and
-/// advances `head`.
+/// `capacity` stamped slots (core's [`queue::stamped`](ringkernel_core::queue::stamped)
+/// layout). Producers (other kernels' warps) reserve indices with a CAS on `reserve`
+/// (one per group of lanes sending together) and write their slots' units; the owning
+/// kernel takes slots in index order once their stamps are in and advances `head`.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DeviceInbox {
@@ -63,16 +67,14 @@ pub struct DeviceInbox {
     pub consumer_reserved: [u32; 14],
 }
 
-/// One entry of the device routing table (`RkRoute`, 32 bytes), indexed by kernel id.
+/// One entry of the device routing table (`RkRoute`, 24 bytes), indexed by kernel id.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DeviceRoute {
     /// Device address of the kernel's [`DeviceInbox`].
     pub inbox: u64,
-    /// Device address of its slot 0.
+    /// Device address of its first stamped slot.
     pub slots: u64,
-    /// Device address of its ready words.
-    pub ready: u64,
     /// The kernel id (equal to the index; checked by senders).
     pub kernel_id: u32,
     /// 1 while the kernel accepts K2K messages.
@@ -92,18 +94,18 @@ pub struct LaunchParams {
     pub out_queue: u64,
     /// Device address of the K2K inbox header.
     pub inbox: u64,
-    /// Device address of the inbox slots.
+    /// Device address of the inbox's stamped slots.
     pub inbox_slots: u64,
-    /// Device address of the inbox ready words.
-    pub inbox_ready: u64,
     /// Device address of the routing table.
     pub routes: u64,
     /// Entries in the routing table.
     pub route_count: u64,
-    /// Device scratch for the input slots of a batch.
-    pub scratch_in: u64,
-    /// Device scratch for the output slots of a batch.
-    pub scratch_out: u64,
+    /// Device address of the groups' staging slots when they do not fit in shared
+    /// memory; 0: staged in dynamic shared memory.
+    pub stage: u64,
+    /// Device address of the kernel-wide state of a kernel of several blocks; 0: in
+    /// shared memory (one block).
+    pub shared: u64,
     /// Device address of the handler state.
     pub state: u64,
     /// The host's UNIX time in ns at launch; the kernel maps `%globaltimer` onto it.
@@ -135,13 +137,26 @@ pub struct LaunchParams {
     /// The kernel's priority (`LaunchOptions::priority`), carried in the priority byte
     /// of its replies and K2K sends.
     pub priority: u64,
+    /// Threads of each block that serve the host lanes (the rest serve the K2K inbox).
+    pub host_threads: u64,
+    /// Most host messages one group takes per round.
+    pub host_window: u64,
+    /// Most inbox messages one group takes per round.
+    pub inbox_window: u64,
+    /// Bytes between staged slots (the slot's units × 12, rounded up to 16).
+    pub stage_stride: u64,
+    /// Device address of the round profile (mapped host memory, see
+    /// [`CudaRuntime::round_profile`](crate::CudaRuntime::round_profile)), or 0 for none.
+    pub profile: u64,
+    /// Entries of the round profile (a power of two).
+    pub profile_capacity: u64,
 }
 
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
-    assert!(size_of::<DeviceRoute>() == 32);
-    assert!(size_of::<LaunchParams>() == 24 * 8);
+    assert!(size_of::<DeviceRoute>() == 24);
+    assert!(size_of::<LaunchParams>() == 29 * 8);
     assert!(size_of::<LaneTails>() == 128);
     assert!(ringkernel_core::priority::LANES == 4);
 };
@@ -167,7 +182,6 @@ pub const DEVICE_INBOX_FIELDS: &[(&str, usize)] = &[
 pub const DEVICE_ROUTE_FIELDS: &[(&str, usize)] = &[
     ("inbox", offset_of!(DeviceRoute, inbox)),
     ("slots", offset_of!(DeviceRoute, slots)),
-    ("ready", offset_of!(DeviceRoute, ready)),
     ("kernel_id", offset_of!(DeviceRoute, kernel_id)),
     ("valid", offset_of!(DeviceRoute, valid)),
 ];
@@ -179,11 +193,10 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
     ("out_queue", offset_of!(LaunchParams, out_queue)),
     ("inbox", offset_of!(LaunchParams, inbox)),
     ("inbox_slots", offset_of!(LaunchParams, inbox_slots)),
-    ("inbox_ready", offset_of!(LaunchParams, inbox_ready)),
     ("routes", offset_of!(LaunchParams, routes)),
     ("route_count", offset_of!(LaunchParams, route_count)),
-    ("scratch_in", offset_of!(LaunchParams, scratch_in)),
-    ("scratch_out", offset_of!(LaunchParams, scratch_out)),
+    ("stage", offset_of!(LaunchParams, stage)),
+    ("shared", offset_of!(LaunchParams, shared)),
     ("state", offset_of!(LaunchParams, state)),
     ("clock_offset_ns", offset_of!(LaunchParams, clock_offset_ns)),
     ("kernel_id", offset_of!(LaunchParams, kernel_id)),
@@ -201,11 +214,22 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
     ("lane_stride", offset_of!(LaunchParams, lane_stride)),
     ("node_id", offset_of!(LaunchParams, node_id)),
     ("priority", offset_of!(LaunchParams, priority)),
+    ("host_threads", offset_of!(LaunchParams, host_threads)),
+    ("host_window", offset_of!(LaunchParams, host_window)),
+    ("inbox_window", offset_of!(LaunchParams, inbox_window)),
+    ("stage_stride", offset_of!(LaunchParams, stage_stride)),
+    ("profile", offset_of!(LaunchParams, profile)),
+    (
+        "profile_capacity",
+        offset_of!(LaunchParams, profile_capacity),
+    ),
 ];
 
 /// See [`DEVICE_INBOX_FIELDS`].
 pub const LANE_TAILS_FIELDS: &[(&str, usize)] = &[
     ("tail", offset_of!(LaneTails, tail)),
+    ("command", offset_of!(LaneTails, command)),
+    ("command_seq", offset_of!(LaneTails, command_seq)),
     ("reserved", offset_of!(LaneTails, reserved)),
 ];
 

@@ -37,7 +37,9 @@ pub use compute::{CudaArg, CudaBuffer, CudaCompute, CudaFunction, CudaGraph};
 pub use driver::{
     driver_library_candidates, driver_library_present, DeviceInfo, DRIVER_LIBRARY_ENV,
 };
-pub use runtime::{check_launch_options, register_cuda_builtins, CudaRuntime, CudaStreamer};
+pub use runtime::{
+    check_launch_options, register_cuda_builtins, CudaRuntime, CudaStreamer, RoundProfile,
+};
 
 use ringkernel_core::Result;
 

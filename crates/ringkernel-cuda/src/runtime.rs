@@ -1,27 +1,45 @@
 //! [`CudaRuntime`]: persistent GPU actors.
 //!
-//! Every launched kernel is one real persistent CUDA kernel (one block of
-//! `LaunchOptions::block_size` threads) on its own non-blocking stream, running the
-//! template `kernels/persistent.cu` with the handler's CUDA C source compiled in (the
-//! handler ABI is documented in `kernels/ringkernel.cuh`).
+//! Every launched kernel is one real persistent CUDA kernel (`LaunchOptions::grid_size`
+//! blocks of `LaunchOptions::block_size` threads) on its own non-blocking stream,
+//! running the template `kernels/persistent.cu` with the handler's CUDA C source
+//! compiled in (the handler ABI is documented in `kernels/ringkernel.cuh`).
+//!
+//! ## Messages cross PCIe once
+//!
+//! Host input lanes and the output queue are rings of *stamped slots*
+//! ([`ringkernel_core::queue::stamped`]): a slot is stored as 16-byte units of 12 data
+//! bytes and a stamp (the message's ring index + 1), so the kernel takes a message with
+//! one read of the slot (no index read first) and publishes a reply by writing its
+//! units (no fence, no index store before the host may read it). The host validates
+//! the stamps of the units a header says are used, then the slot as every ring does
+//! (magic, version, length, checksum).
+//!
+//! Inside the kernel, warp 0 of each block's host group polls one slot at a time and
+//! handles a lone message itself (registers and warp votes only); when the lane tails
+//! announce a backlog, the whole group takes windows of slots per round (one message
+//! per thread). A quarter of the block (at least a warp) serves the K2K inbox the same
+//! way, concurrently, so device-side K2K never waits behind a PCIe read. The measured
+//! costs behind these choices are in BENCHMARKS.md (issue 12) and
+//! `notes/cuda_stamped_floor.cu`.
 //!
 //! ## Memory
 //!
 //! * Pinned, device-mapped host memory (`cuMemHostAlloc(DEVICEMAP | PORTABLE)`) per
-//!   kernel: the [`ControlBlock`] (host line: commands, host-side indices; device line:
-//!   state, counters, HLC), the input (one queue, [`QueueHeader`] + slots, per
-//!   priority lane, see *Priority* below; the host produces, the device consumes) and
-//!   the output queue (the device produces, the host consumes).
-//!   Each index is written by one side only, on its own cache line; the host publishes
-//!   with release stores, the device reads with `ld.acquire.sys` and re-fetches slot data
-//!   with `__ldcv`, and publishes with `__threadfence_system()` + `st.release.sys`.
-//! * Device memory per kernel: the K2K inbox ([`DeviceInbox`] + slots + ready words),
-//!   scratch slots, handler state, all allocated on the kernel's own stream before the
-//!   kernel is launched on it. Per runtime: the routing table ([`DeviceRoute`] per kernel
-//!   id, up to [`MAX_DEVICE_ROUTES`]), through which `rk_send_to` on the device writes
-//!   straight into another kernel's inbox (no host hop). Each kernel writes its own
-//!   entry when it starts and clears it when told to terminate, so the host never copies
-//!   into device memory while kernels run.
+//!   kernel: the [`ControlBlock`] (page 0; the device writes its counters there, the
+//!   host its commands), the [`LaneTails`] line on a page of its own (the lanes' tails
+//!   and the command, which the kernel polls), the input lanes (one stamped ring per
+//!   priority lane), the output ring (stamped), the latency ring (see
+//!   [`metrics`](crate::metrics)) and, with `RINGKERNEL_CUDA_PROFILE`, the round
+//!   profile ([`CudaRuntime::round_profile`]).
+//! * Device memory per kernel: the K2K inbox ([`DeviceInbox`] + stamped slots), the
+//!   handler state, the kernel-wide state of a kernel of several blocks, and staging
+//!   when it does not fit in shared memory, all allocated on the kernel's own stream
+//!   before the kernel is launched on it. Per runtime: the routing table
+//!   ([`DeviceRoute`] per kernel id, up to [`MAX_DEVICE_ROUTES`]), through which
+//!   `rk_send_to` on the device writes straight into another kernel's inbox (no host
+//!   hop). Each kernel writes its own entry when it starts and clears it when told to
+//!   terminate, so the host never copies into device memory while kernels run.
 //!
 //! Kernel memory is kept until the runtime is dropped (a K2K sender on the GPU may
 //! still hold a terminated kernel's inbox address), and freed only after every kernel
@@ -29,18 +47,14 @@
 //!
 //! ## Priority
 //!
-//! The host input of a kernel is [`LANES`] queues, one per priority level, each of
+//! The host input of a kernel is [`LANES`] rings, one per priority level, each of
 //! `LaunchOptions::queue_capacity` slots ([`KernelEngine::input_capacity`] counts them
-//! all). A message goes into the lane of its header's priority
-//! ([`priority::lane`]); the kernel takes every batch from the highest non-empty lane
-//! (FIFO within a lane, a batch never mixes lanes), so a HIGH message overtakes any
-//! number of waiting LOW ones. The host also writes the low 32 bits of each lane's
-//! tail into the [`LaneTails`] block, whose four words the kernel polls with one
-//! 16-byte load: four lanes cost the poll loop what one queue did. The device K2K
-//! inbox is one more source (one lane): the kernel takes batches from it and from the
-//! host lanes in turns, so neither starves.
-//! The control block's `input_tail` / `input_head` count every lane together, and
-//! the input takes `LANES × queue_capacity × slot_size` bytes of pinned memory.
+//! all). A message goes into the lane of its header's priority ([`priority::lane`]);
+//! the kernel takes every batch from the highest lane holding messages (FIFO within a
+//! lane, a batch never mixes lanes), so a HIGH message overtakes any number of waiting
+//! LOW ones. The host writes the low 32 bits of each lane's tail into [`LaneTails`],
+//! which the kernel reads with one 16-byte load. A K2K message at the head of the
+//! inbox waits while a host lane of higher priority holds messages.
 //! Messages left in an inactive kernel come back from `terminate` highest lane first.
 //!
 //! Replies and K2K sends carry the kernel's priority (`LaunchOptions::priority`) in the
@@ -50,23 +64,22 @@
 //!
 //! ## Host side
 //!
-//! Both queues are core's slot rings ([`SlotProducer`]/[`SlotConsumer`] over the mapped
-//! memory): one index store per batch, and every read path (single, batch, spill,
-//! undelivered) validates each slot the same way (magic, version, length, checksum).
-//! The device applies the same checks to what it reads.
-//!
-//! One pump thread per runtime watches every kernel's device-written indices and raises
-//! [`KernelEvents`]: `output` when replies arrive, `input_space` when the device frees
-//! input slots. It spins while work is in flight and parks when idle (a send wakes it).
-//! It also folds the device's handler-latency samples (timed with `%globaltimer`, see
-//! [`metrics`](crate::metrics)) into each kernel's histogram and logs dropped messages
-//! with their reason.
+//! One pump thread per runtime watches every kernel and raises [`KernelEvents`]:
+//! `output` when a reply has begun to arrive (the stamp of the next output slot),
+//! `input_space` when the device frees input slots. It spins while work is in flight
+//! and parks when idle (a send wakes it). It also folds the device's handler-latency
+//! samples (timed with `%globaltimer`) into each kernel's histogram and logs dropped
+//! messages with their reason. The kernel publishes its counters without ordering
+//! them after its replies (that would cost a system fence per batch);
+//! `KernelHandle::metrics` makes them exact by repeating the last command, whose
+//! acknowledgement comes after fenced counters.
 //!
 //! ## Limits
 //!
-//! * `grid_size` must be 1 (one block per kernel): `launch` returns
-//!   [`Error::InvalidArgument`] otherwise (see [`check_launch_options`]).
-//!   `block_size` is the number of threads of that block (messages handled in parallel).
+//! * `block_size` is a multiple of 32, at most [`MAX_BLOCK_SIZE`]; `grid_size` at most
+//!   the GPU's multiprocessor count (a kernel of several blocks is launched
+//!   cooperatively: all its blocks are resident, or the launch fails). See
+//!   [`check_launch_options`].
 //! * Kernel ids at or above [`MAX_DEVICE_ROUTES`] cannot receive K2K messages on the GPU.
 //! * Persistent kernels occupy hardware work queues for their whole life; the runtime
 //!   raises `CUDA_DEVICE_MAX_CONNECTIONS` to 32 (unless set) so other streams rarely
@@ -90,7 +103,9 @@ use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, LANES};
-use ringkernel_core::queue::slot::{SlotConsumer, SlotProducer};
+use ringkernel_core::queue::stamped::{
+    stamped_slot_bytes, units_per_slot, StampedConsumer, StampedProducer, StampedWatcher, UNIT_DATA,
+};
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
@@ -120,6 +135,14 @@ pub const MAX_DEVICE_ROUTES: usize = 4096;
 pub const RUNTIME_STACK_BYTES: usize = 4096;
 
 const HEADER_LINE: usize = 128;
+const PAGE: usize = 4096;
+/// Bytes of dynamic shared memory the kernel reserves for its RkShared and for each of
+/// its two groups (`RK_SHARED_BYTES`, `RK_GROUP_BYTES` in kernels/persistent.cu).
+const SHARED_STATE_BYTES: usize = 256;
+const GROUP_BYTES: usize = 512;
+/// Dynamic shared memory a kernel uses at most (of the device's opt-in limit), so a few
+/// persistent kernels can share an SM.
+const SMEM_BUDGET: usize = 96 * 1024;
 /// How long `launch` waits for the kernel to report that it runs.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `terminate` waits for the kernel to exit.
@@ -189,17 +212,76 @@ fn register_missing_cuda_builtins(reg: &KernelRegistry) {
     }
 }
 
-/// The launch options CUDA cannot honour: `grid_size` must be 1 (a persistent kernel is
-/// one block). The options' own checks come first.
+/// Most threads a persistent kernel's block may have (`RK_MAX_BLOCK` in
+/// kernels/persistent.cu): with more, each thread would get too few registers and the
+/// kernel's loop would spill to local memory on its critical path.
+pub const MAX_BLOCK_SIZE: u32 = 512;
+
+/// The launch options CUDA cannot honour: `block_size` must be a whole number of warps
+/// (multiples of 32: a kernel's threads are split into warp groups, see the module
+/// docs), at most [`MAX_BLOCK_SIZE`]. `grid_size` is checked against the device when launching (its blocks must all
+/// be resident at once). The options' own checks come first.
 pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
     opts.validate()?;
-    if opts.grid_size != 1 {
+    if !opts.block_size.is_multiple_of(32) || opts.block_size > MAX_BLOCK_SIZE {
         return Err(Error::invalid(format!(
-            "grid_size must be 1 on CUDA (a persistent kernel is one block), got {}",
-            opts.grid_size
+            "block_size must be a multiple of 32 (whole warps) and at most {MAX_BLOCK_SIZE} on CUDA, got {} \
+             (for more threads, use several blocks: grid_size)",
+            opts.block_size
         )));
     }
     Ok(())
+}
+
+/// How a kernel's block is divided and how much it stages per round (see the module
+/// docs): `(host_threads, host_window, inbox_window, stage_stride, smem_bytes,
+/// stage_in_shared)`. `smem_limit` is the dynamic shared memory a block may use.
+pub fn block_plan(
+    block: usize,
+    slot_size: usize,
+    smem_limit: usize,
+) -> (usize, usize, usize, usize, usize, bool) {
+    // One warp: one group serving both sources in turns. Otherwise a quarter of the
+    // block (at least a warp) serves the K2K inbox, the rest the host lanes.
+    let inbox_threads = if block >= 64 {
+        (block / 4).max(32) / 32 * 32
+    } else {
+        0
+    };
+    let host_threads = block - inbox_threads;
+    let stride = (units_per_slot(slot_size) * UNIT_DATA).div_ceil(16) * 16;
+    let fixed = SHARED_STATE_BYTES + 2 * GROUP_BYTES;
+    let per_slot_arrays = 8;
+    let mut host_window = host_threads;
+    let mut inbox_window = if inbox_threads > 0 { inbox_threads } else { 0 };
+    let bytes = |h: usize, i: usize, stage: bool| {
+        let arrays = ((h + i) * per_slot_arrays).div_ceil(16) * 16;
+        fixed + arrays + if stage { (h + i) * stride * 2 } else { 0 }
+    };
+    // Shrink the windows until the staging fits in shared memory, keeping at least a
+    // few slots each; if even that does not fit, stage in device memory.
+    while bytes(host_window, inbox_window, true) > smem_limit && host_window + inbox_window > 8 {
+        if host_window >= inbox_window * 3 && host_window > 4 {
+            host_window = host_window * 3 / 4;
+        } else if inbox_window > 4 {
+            inbox_window = inbox_window * 3 / 4;
+        } else {
+            host_window = host_window * 3 / 4;
+        }
+    }
+    let in_shared = bytes(host_window, inbox_window, true) <= smem_limit;
+    if !in_shared {
+        host_window = host_threads.min(64);
+        inbox_window = inbox_threads.min(32);
+    }
+    (
+        host_threads,
+        host_window.max(1),
+        inbox_window,
+        stride,
+        bytes(host_window, inbox_window, in_shared),
+        in_shared,
+    )
 }
 
 /// The CUDA stream priority for a kernel of priority `priority` (core's levels), in a
@@ -231,13 +313,13 @@ pub fn stream_priority(priority: u8, range: (i32, i32)) -> i32 {
 /// Writes as many of `msgs` as fit into `lanes` (one ring per priority lane, index =
 /// lane), each message into the lane of its header's priority ([`priority::lane`]).
 /// Every run of consecutive messages of one lane is written with one
-/// [`SlotProducer::try_push_batch`] (one release store of the ring's tail), after which
+/// [`StampedProducer::try_push_batch`] (one release store of the ring's tail), after which
 /// `published(lane, new_tail)` is called. Stops at the first message whose lane is full,
 /// so what is written is always a prefix of `msgs`: returns its length and, for a
 /// payload that does not fit a slot, `MessageTooLarge` (the messages before it are
 /// written and published). `lanes` must hold [`LANES`] rings.
 fn push_into_lanes<'a>(
-    lanes: &mut [SlotProducer],
+    lanes: &mut [StampedProducer],
     msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
     mut published: impl FnMut(usize, u64),
 ) -> (usize, Result<()>) {
@@ -512,28 +594,50 @@ impl CudaRuntime {
         let (in_cap, out_cap) = (opts.queue_capacity, opts.output_capacity);
         let inbox_cap = opts.queue_capacity;
         let block = opts.block_size as usize;
+        let grid = opts.grid_size as usize;
+        let sms = rt.dev.info.sm_count as usize;
+        if grid > sms {
+            return Err(Error::invalid(format!(
+                "grid_size {grid} is more blocks than the GPU has multiprocessors ({sms}): a persistent kernel's blocks must all run at once"
+            )));
+        }
+        let smem_limit = (rt.dev.info.max_smem_optin as usize).min(SMEM_BUDGET);
+        let (host_threads, host_window, inbox_window, stage_stride, smem_bytes, stage_in_shared) =
+            block_plan(block, slot, smem_limit);
 
         // Mapped host memory: control block | lane tails | input lanes 0..LANES (each a
-        // queue header + slots) | output queue | latency ring.
-        let tails_off = HEADER_LINE;
-        let in_off = tails_off + std::mem::size_of::<LaneTails>();
-        let lane_stride = HEADER_LINE + in_cap * slot;
+        // queue header + stamped slots) | output queue (stamped) | latency ring.
+        let sslot = stamped_slot_bytes(slot);
+        // The lane tails, which the kernel reads every round, get a page of their own:
+        // read beside the control block (which the device writes and the host polls),
+        // every read of the round took ~2 us longer (H100, measured).
+        let tails_off = PAGE;
+        let in_off = 2 * PAGE;
+        let lane_stride = HEADER_LINE + in_cap * sslot;
         let out_off = in_off + LANES * lane_stride;
-        let lat_off = out_off + HEADER_LINE + out_cap * slot;
-        let mapped_len = lat_off + LATENCY_RING_CAPACITY * 8;
+        let lat_off = out_off + HEADER_LINE + out_cap * sslot;
+        let prof_off = lat_off + LATENCY_RING_CAPACITY * 8;
+        let prof_cap = profile_capacity();
+        let mapped_len = prof_off + if prof_cap > 0 { prof_cap * 128 + 8 } else { 0 };
         let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
-        // Device memory: inbox | inbox slots | ready words | scratch in | scratch out | state.
+        // Device memory: inbox | inbox stamped slots | state | kernel-wide state
+        // (several blocks) | staging (when it does not fit in shared memory).
         let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
         let box_slots = HEADER_LINE;
-        let box_ready = box_slots + inbox_cap * slot;
-        let scratch_in = box_ready + inbox_cap * 8;
-        let scratch_out = scratch_in + block * slot;
-        let state_off = scratch_out + block * slot;
+        let state_off = box_slots + inbox_cap * sslot;
+        let shared_off = state_off + state_bytes;
+        let shared_len = if grid > 1 { SHARED_STATE_BYTES } else { 0 };
+        let stage_off = shared_off + shared_len;
+        let stage_len = if stage_in_shared {
+            0
+        } else {
+            grid * (host_window + inbox_window) * stage_stride * 2
+        };
         // Everything of this kernel is allocated on its own (still empty) stream, so no
         // allocation or copy can queue behind another kernel that never finishes.
         let stream_prio = stream_priority(opts.priority, rt.dev.stream_priority_range()?);
         let stream = Arc::new(rt.dev.new_stream_with_priority(stream_prio)?);
-        let device = DeviceMemory::zeroed(&stream, state_off + state_bytes)?;
+        let device = DeviceMemory::zeroed(&stream, stage_off + stage_len)?;
         let inbox = DeviceInbox {
             capacity: inbox_cap as u32,
             slot_size: slot as u32,
@@ -571,10 +675,10 @@ impl CudaRuntime {
             // SAFETY: each input ring lies inside the mapped block (which `keep` holds),
             // its header was initialised above; the host is its only producer (this
             // value, kept behind a mutex) and the device kernel its only consumer, which
-            // reads the lane's tail (mirrored in LaneTails, see `send_batch`) with
-            // ld.acquire.sys and frees slots only after it has copied them.
+            // takes a slot only when every used unit carries its stamp and frees slots
+            // (the lane's head) only after it has copied them.
             lanes.push(unsafe {
-                SlotProducer::from_raw_parts(
+                StampedProducer::from_raw_parts(
                     ring_header(base, off),
                     ring_slots(base, off),
                     Some(keep.clone()),
@@ -582,15 +686,16 @@ impl CudaRuntime {
             });
         }
         // SAFETY: as above for the output ring, roles swapped: the device is the only
-        // producer (it writes slots in [tail, head + capacity), then st.release.sys of
-        // the tail, and reads the head with ld.acquire.sys), this value the only consumer.
+        // producer (it writes stamped units only into slots it has promised against the
+        // head this consumer publishes), this value the only consumer.
         let consumer = unsafe {
-            SlotConsumer::from_raw_parts(
+            StampedConsumer::from_raw_parts(
                 ring_header(base, out_off),
                 ring_slots(base, out_off),
                 Some(keep),
             )?
         };
+        let consumer_watcher = consumer.watcher();
         let dbase = mem.mapped.device_ptr();
         let ddev = mem.device.ptr();
         let unix_ns = std::time::SystemTime::now()
@@ -603,11 +708,18 @@ impl CudaRuntime {
             out_queue: dbase + out_off as u64,
             inbox: ddev,
             inbox_slots: ddev + box_slots as u64,
-            inbox_ready: ddev + box_ready as u64,
             routes: rt.routes.ptr(),
             route_count: MAX_DEVICE_ROUTES as u64,
-            scratch_in: ddev + scratch_in as u64,
-            scratch_out: ddev + scratch_out as u64,
+            stage: if stage_in_shared {
+                0
+            } else {
+                ddev + stage_off as u64
+            },
+            shared: if grid > 1 {
+                ddev + shared_off as u64
+            } else {
+                0
+            },
             state: ddev + state_off as u64,
             clock_offset_ns: unix_ns,
             kernel_id: id.0 as u64,
@@ -622,6 +734,16 @@ impl CudaRuntime {
             lane_stride: lane_stride as u64,
             node_id: rt.core.kernel_node_id(id),
             priority: u64::from(opts.priority),
+            host_threads: host_threads as u64,
+            host_window: host_window as u64,
+            inbox_window: inbox_window as u64,
+            stage_stride: stage_stride as u64,
+            profile: if prof_cap > 0 {
+                dbase + prof_off as u64
+            } else {
+                0
+            },
+            profile_capacity: prof_cap as u64,
         };
         let kernel = Arc::new(CudaEngine {
             id,
@@ -635,6 +757,7 @@ impl CudaRuntime {
             lane_stride,
             out_off,
             lat_off,
+            prof: (prof_cap > 0).then_some((prof_off, prof_cap)),
             mem: mem.clone(),
             stream,
             _module: module,
@@ -650,7 +773,8 @@ impl CudaRuntime {
             command: Mutex::new(0),
             events: KernelEvents::default(),
             received: AtomicU64::new(0),
-            seen_out_tail: AtomicU64::new(0),
+            watcher: consumer_watcher,
+            seen_ready: AtomicU64::new(u64::MAX),
             seen_in_head: AtomicU64::new(0),
             seen_state: AtomicU32::new(0),
             exited: AtomicBool::new(false),
@@ -661,22 +785,46 @@ impl CudaRuntime {
         });
         rt.dev.bind()?;
         {
+            // SAFETY: valid function handle of a loaded module; the value is within the
+            // device's opt-in limit (block_plan keeps smem_bytes under it).
+            unsafe {
+                cu::function::set_function_attribute(
+                    func,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_bytes as i32,
+                )
+            }
+            .map_err(dev_err("shared memory of the persistent kernel"))?;
             let mut args = [&mut params as *mut LaunchParams as *mut c_void];
             // SAFETY: rk_persistent takes one RkLaunchParams by value, whose layout
             // matches LaunchParams (checked by the layout test); every address in it
             // points into memory that the runtime keeps until the kernel has exited
-            // (KernelMemory is retained in rt.memory, the routing table in rt).
-            unsafe {
-                cu::launch_kernel(
-                    func,
-                    (1, 1, 1),
-                    (block as u32, 1, 1),
-                    0,
-                    kernel.stream.raw,
-                    &mut args,
-                )
-            }
-            .map_err(dev_err("launch of the persistent kernel"))?;
+            // (KernelMemory is retained in rt.memory, the routing table in rt); the
+            // dynamic shared memory is what the kernel carves (block_plan).
+            let launched = unsafe {
+                if grid > 1 {
+                    // Cooperative: every block resident at once, or an error now (the
+                    // blocks wait for each other when the kernel exits).
+                    cu::launch_cooperative_kernel(
+                        func,
+                        (grid as u32, 1, 1),
+                        (block as u32, 1, 1),
+                        smem_bytes as u32,
+                        kernel.stream.raw,
+                        &mut args,
+                    )
+                } else {
+                    cu::launch_kernel(
+                        func,
+                        (1, 1, 1),
+                        (block as u32, 1, 1),
+                        smem_bytes as u32,
+                        kernel.stream.raw,
+                        &mut args,
+                    )
+                }
+            };
+            launched.map_err(dev_err("launch of the persistent kernel"))?;
             crate::driver::RUNNING_PERSISTENT_KERNELS.fetch_add(1, Ordering::AcqRel);
             kernel.counted.store(true, Ordering::Release);
         }
@@ -716,6 +864,32 @@ impl CudaRuntime {
             Error::KernelNotFound(format!("handler {handler:?} has no CUDA source"))
         })?;
         self.inner.module_for(&h, &src).map(|_| ())
+    }
+
+    /// The last rounds of `kernel`'s host group in block 0 (oldest first), when the
+    /// runtime was created with `RINGKERNEL_CUDA_PROFILE=<entries>` (a power of two) in
+    /// the environment: what each phase of the persistent kernel's loop costs, for
+    /// measurements (the benchmark's round-trip breakdown). Empty without a profile.
+    pub fn round_profile(&self, kernel: &KernelHandle) -> Result<Vec<RoundProfile>> {
+        let k = self.streamer(kernel)?.kernel;
+        let Some((off, cap)) = k.prof else {
+            return Ok(Vec::new());
+        };
+        let n = k.u64_at(off + cap * 128).load(Ordering::Acquire) as usize;
+        let first = n.saturating_sub(cap);
+        Ok((first..n)
+            .map(|i| {
+                let e = off + (i & (cap - 1)) * 128;
+                let w = |j: usize| k.u64_at(e + j * 8).load(Ordering::Acquire);
+                RoundProfile {
+                    t: std::array::from_fn(w),
+                    taken: w(7) as u16 as u32,
+                    mode: (w(7) >> 16) as u16 as u32,
+                    cycles: (w(7) >> 32) as u32,
+                    read: [w(8), w(9), w(10)],
+                }
+            })
+            .collect())
     }
 
     /// A batch interface to a kernel of this runtime, for streaming many messages with
@@ -831,9 +1005,39 @@ unsafe fn ring_slots(base: *mut u8, off: usize) -> NonNull<u8> {
     unsafe { NonNull::new_unchecked(base.add(off + HEADER_LINE)) }
 }
 
+/// Entries of the round profile each kernel keeps: `RINGKERNEL_CUDA_PROFILE` (a power
+/// of two; 0 or unset: no profile). See [`CudaRuntime::round_profile`].
+fn profile_capacity() -> usize {
+    std::env::var("RINGKERNEL_CUDA_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(0)
+}
+
+/// One round of a kernel's host group (block 0), as its profile recorded it: the
+/// device time (`%globaltimer`, ns) when the round began and after each of its phases,
+/// and what it took (see [`CudaRuntime::round_profile`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundProfile {
+    /// Round start, then after: plan, read (the PCIe round trip), validate, decide,
+    /// handle, place (0 for the last two when the round took no message).
+    pub t: [u64; 7],
+    /// Messages the round took.
+    pub taken: u32,
+    /// 0: read nothing (lane tails only), 1: one slot speculatively, 2: a claimed window.
+    pub mode: u32,
+    /// SM clock cycles from the round's start to after its replies (the SM clock rate
+    /// is this over `t[6] - t[0]` and some more).
+    pub cycles: u32,
+    /// Inside the read phase: when the announcements (lane tails, command line) were
+    /// in, when the leader's own unit was staged, when the lane tails were processed.
+    pub read: [u64; 3],
+}
+
 /// The host side of the output queue.
 struct Consumer {
-    ring: SlotConsumer,
+    ring: StampedConsumer,
     /// Replies moved out of the ring while terminating (so the device never waits on
     /// a full output queue nobody reads).
     spill: VecDeque<Envelope>,
@@ -856,12 +1060,14 @@ struct CudaEngine {
     out_off: usize,
     /// Offset of the latency ring in the mapped block.
     lat_off: usize,
+    /// Offset and entries of the round profile, when profiling.
+    prof: Option<(usize, usize)>,
     mem: Arc<KernelMemory>,
     stream: Arc<Stream>,
     _module: Arc<Module>,
     lifecycle: AtomicLifecycle,
     /// The producer side of the input lanes ([`LANES`] rings, index = lane).
-    lanes: Mutex<Vec<SlotProducer>>,
+    lanes: Mutex<Vec<StampedProducer>>,
     consumer: Mutex<Consumer>,
     /// Handler latency measured by the device (`%globaltimer`), folded in from the
     /// latency ring.
@@ -873,7 +1079,10 @@ struct CudaEngine {
     command: Mutex<u32>,
     events: KernelEvents,
     received: AtomicU64,
-    seen_out_tail: AtomicU64,
+    /// Watches the output ring for the next reply (the pump thread).
+    watcher: StampedWatcher,
+    /// The output index the pump last raised `output` for.
+    seen_ready: AtomicU64,
     seen_in_head: AtomicU64,
     seen_state: AtomicU32,
     exited: AtomicBool,
@@ -988,19 +1197,37 @@ impl CudaEngine {
         }
     }
 
+    /// The `command` / `command_seq` words of the [`LaneTails`] line, where the kernel
+    /// polls them (the control block keeps its copy for the record).
+    fn polled_command(&self) -> (&AtomicU32, &AtomicU32) {
+        (
+            self.u32_at(self.tails_off + std::mem::offset_of!(LaneTails, command)),
+            self.u32_at(self.tails_off + std::mem::offset_of!(LaneTails, command_seq)),
+        )
+    }
+
     fn send_command(&self, cmd: u32) -> u32 {
         let mut seq = lock(&self.command);
         *seq = seq.wrapping_add(1);
         self.cb_command().store(cmd, Ordering::Relaxed);
-        // Release: the device reads command_seq with acquire, then command.
-        self.cb_command_seq().store(*seq, Ordering::Release);
+        self.cb_command_seq().store(*seq, Ordering::Relaxed);
+        let (c, s) = self.polled_command();
+        c.store(cmd, Ordering::Relaxed);
+        // Release: the device reads command_seq, then (after a fence) command.
+        s.store(*seq, Ordering::Release);
         *seq
     }
 
     fn wait_ack(&self, seq: u32, timeout: Duration) -> bool {
         let start = Instant::now();
         let mut spins = 0u32;
-        while self.cb_command_ack().load(Ordering::Acquire) != seq {
+        // Acknowledged once the device's ack reaches `seq` (a later command's ack counts).
+        while (self
+            .cb_command_ack()
+            .load(Ordering::Acquire)
+            .wrapping_sub(seq) as i32)
+            < 0
+        {
             if self.exited.load(Ordering::Acquire) || start.elapsed() > timeout {
                 return false;
             }
@@ -1066,12 +1293,36 @@ impl CudaEngine {
         self.mark_exited();
     }
 
+    /// Makes the device's counters exact for the caller: the kernel writes them after
+    /// each batch without a fence (off the reply path), so a reply can be seen before
+    /// the counts that include it; every command is acknowledged only after the
+    /// counters, fenced. So this repeats the last command (the device applies it again:
+    /// no change) and waits for the acknowledgement: microseconds while the kernel runs
+    /// (a handler that runs long delays it, up to 100 ms); nothing once it has exited.
+    fn flush_counters(&self) {
+        if self.exited.load(Ordering::Acquire)
+            || self.device_state() == LifecycleState::Terminated as u32
+        {
+            return;
+        }
+        let seq = {
+            let mut seq = lock(&self.command);
+            *seq = seq.wrapping_add(1);
+            self.cb_command_seq().store(*seq, Ordering::Relaxed);
+            self.polled_command().1.store(*seq, Ordering::Release);
+            *seq
+        };
+        if !self.wait_ack(seq, Duration::from_millis(100)) {
+            tracing::debug!(kernel = %self.name, "counters not flushed within 100 ms");
+        }
+    }
+
     /// Writes the host-side indices into the control block's host line (they are not
     /// written per message: the device polls that line for commands).
     fn mirror_host_indices(&self) {
         let tail = lock(&self.lanes)
             .iter()
-            .map(SlotProducer::position)
+            .map(StampedProducer::position)
             .fold(0u64, u64::wrapping_add);
         let head = lock(&self.consumer).ring.position();
         self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
@@ -1109,7 +1360,7 @@ impl CudaEngine {
     /// Takes up to `max` replies out of the output queue, calling `f` on each in place
     /// (no copy), and frees their slots with one store. Every slot is validated as on
     /// [`try_dequeue`](KernelEngine::try_dequeue) (core's
-    /// [`SlotConsumer::try_pop_batch_with`]): a corrupt one is consumed and reported
+    /// [`StampedConsumer::try_pop_batch_with`]): a corrupt one is consumed and reported
     /// as an error after the replies before it. Returns how many were taken.
     ///
     /// The latest timestamp of the replies taken is merged into the host clock (one
@@ -1159,7 +1410,7 @@ impl CudaEngine {
             // inside the mapped block that `self.mem` keeps; the producers are locked
             // above, so no slot is written meanwhile.
             let mut ring = unsafe {
-                SlotConsumer::from_raw_parts(
+                StampedConsumer::from_raw_parts(
                     ring_header(self.base, off),
                     ring_slots(self.base, off),
                     None,
@@ -1189,6 +1440,7 @@ impl CudaEngine {
             self.cb_u64(std::mem::offset_of!(ControlBlock, processed))
                 + self.cb_u64(std::mem::offset_of!(ControlBlock, dropped))
         };
+        self.flush_counters();
         let taken_before = taken();
         let _ = prev;
         self.send_command(command::TERMINATE);
@@ -1314,10 +1566,11 @@ impl KernelEngine for CudaEngine {
     }
 
     fn metrics(&self) -> KernelMetrics {
+        self.flush_counters();
         let processed = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
         let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
         let emitted = self.out_tail().load(Ordering::Acquire);
-        let queue_depth = lock(&self.lanes).iter().map(|l| l.stats().depth).sum();
+        let queue_depth = lock(&self.lanes).iter().map(StampedProducer::depth).sum();
         self.mirror_host_indices();
         self.collect_metrics();
         KernelMetrics {
@@ -1353,8 +1606,10 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
         // the host threads that write the input side.
         for (i, k) in kernels.iter().enumerate() {
             let mut m = false;
-            let t = k.out_tail().load(Ordering::Acquire);
-            if k.seen_out_tail.swap(t, Ordering::AcqRel) != t {
+            // A reply has begun to arrive at the consumer's head (stamps, not an index:
+            // the device publishes no index ordered after its replies).
+            let head = k.watcher.head();
+            if k.watcher.started(head) && k.seen_ready.swap(head, Ordering::AcqRel) != head {
                 k.events.output.notify(usize::MAX);
                 m = true;
             }
@@ -1408,11 +1663,14 @@ mod tests {
     use ringkernel_core::message::{flags, RingMessage};
 
     #[test]
-    fn grid_size_must_be_one() {
+    fn block_size_must_be_whole_warps() {
         check_launch_options(&LaunchOptions::default()).unwrap();
-        match check_launch_options(&LaunchOptions::default().with_grid_size(2)) {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("grid_size must be 1"), "{m}"),
-            other => panic!("grid_size 2 must be refused, got {other:?}"),
+        check_launch_options(&LaunchOptions::default().with_grid_size(4)).unwrap();
+        for bad in [48, 544, 1024] {
+            match check_launch_options(&LaunchOptions::default().with_block_size(bad)) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("multiple of 32"), "{m}"),
+                other => panic!("block_size {bad} must be refused, got {other:?}"),
+            }
         }
         // The options' own checks still come first.
         assert!(matches!(
@@ -1438,10 +1696,34 @@ mod tests {
         assert_ne!(reg.gpu(ECHO).unwrap().cuda.as_deref(), Some("// mine"));
     }
 
-    fn lanes(cap: usize) -> (Vec<SlotProducer>, Vec<SlotConsumer>) {
+    fn lanes(cap: usize) -> (Vec<StampedProducer>, Vec<StampedConsumer>) {
         (0..LANES)
-            .map(|_| ringkernel_core::queue::slot::slot_channel(cap, 128).unwrap())
+            .map(|_| ringkernel_core::queue::stamped::stamped_channel(cap, 128).unwrap())
             .unzip()
+    }
+
+    #[test]
+    fn the_block_plan_splits_warps_and_fits_its_staging() {
+        // (host threads, host window, inbox window, stride, bytes, in shared memory)
+        let (h, hw, iw, stride, bytes, shared) = block_plan(128, 256, 96 * 1024);
+        assert_eq!((h, hw, iw, stride, shared), (96, 96, 32, 272, true));
+        assert!(bytes <= 96 * 1024);
+        // One warp: one group, no inbox group.
+        let (h, _, iw, ..) = block_plan(32, 256, 96 * 1024);
+        assert_eq!((h, iw), (32, 0));
+        // A quarter of a big block serves the inbox; windows shrink to fit.
+        let (h, hw, iw, _, bytes, shared) = block_plan(512, 256, 64 * 1024);
+        assert_eq!(h, 384);
+        assert!(
+            shared && bytes <= 64 * 1024 && hw < 384 && iw <= 128 && hw > iw,
+            "{hw} {iw}"
+        );
+        // Slots too big for shared memory: staged in device memory, a small window.
+        let (_, hw, iw, _, bytes, shared) = block_plan(128, 1 << 16, 96 * 1024);
+        assert!(
+            !shared && hw >= 1 && iw >= 1 && bytes <= 96 * 1024,
+            "{hw} {iw} {bytes}"
+        );
     }
 
     fn with_priority(p: u8, id: u64) -> MessageHeader {
@@ -1452,7 +1734,7 @@ mod tests {
     }
 
     /// The message ids waiting in a lane, in order.
-    fn ids(c: &mut SlotConsumer) -> Vec<u64> {
+    fn ids(c: &mut StampedConsumer) -> Vec<u64> {
         let mut v = Vec::new();
         c.try_pop_batch_with(usize::MAX, |h, _| v.push(h.message_id))
             .unwrap();
@@ -1632,11 +1914,15 @@ mod tests {
         }
     }
 
-    /// Host address of the slot that holds message `index` of a ring at `off`.
-    fn slot_addr(e: &CudaEngine, off: usize, cap: usize, index: u64) -> *mut u8 {
+    /// Host address of byte `byte` of the logical slot that holds message `index` of
+    /// the stamped ring at `off` (unit `byte / 12`, after the units before it).
+    fn slot_byte_addr(e: &CudaEngine, off: usize, cap: usize, index: u64, byte: usize) -> *mut u8 {
         let i = index as usize & (cap - 1);
-        // SAFETY: i < cap, so the slot lies inside that ring of the mapped block.
-        unsafe { e.base.add(off + HEADER_LINE + i * e.slot) }
+        let unit = byte / UNIT_DATA;
+        let at = i * stamped_slot_bytes(e.slot) + unit * 16 + byte % UNIT_DATA;
+        // SAFETY: i < cap and byte < slot size, so the byte lies inside that ring of the
+        // mapped block.
+        unsafe { e.base.add(off + HEADER_LINE + at) }
     }
 
     fn token_header(flags_: u32) -> MessageHeader {
@@ -1702,8 +1988,10 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 let msgs: Vec<_> = toks.iter().map(|t| (&h, bytemuck::bytes_of(t))).collect();
                 assert_eq!(s.try_send_batch(msgs)?, 3);
                 eventually("three replies", || e.output_depth() == 3).await;
+                // The depth is a hint written beside the replies: let their units land.
+                futures_timer::Delay::new(Duration::from_millis(20)).await;
                 let head = lock(&e.consumer).ring.position();
-                let bad = slot_addr(&e, e.out_off, e.out_cap, head + 1);
+                let bad = slot_byte_addr(&e, e.out_off, e.out_cap, head + 1, 0);
                 // SAFETY: the reply is published and not being read (this test is the
                 // only consumer); flipping the magic byte corrupts it in host memory.
                 unsafe { *bad ^= 0xFF };
@@ -1750,10 +2038,16 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
             let lane = priority::lane(h.priority());
             let idx = lock(&e.lanes)[lane].position() - 1;
-            let slot = slot_addr(&e, e.lane_off(lane), e.in_cap, idx);
-            // SAFETY: the kernel is deactivated, so the device does not read the slot
-            // now; the payload byte lies inside it.
-            unsafe { *slot.add(ringkernel_core::message::HEADER_SIZE) ^= 1 };
+            let byte = slot_byte_addr(
+                &e,
+                e.lane_off(lane),
+                e.in_cap,
+                idx,
+                ringkernel_core::message::HEADER_SIZE,
+            );
+            // SAFETY: the kernel is deactivated, so the device does not take the slot
+            // now; the payload's first byte lies inside it (its stamp is unchanged).
+            unsafe { *byte ^= 1 };
             k.activate().await?;
             eventually("the corrupt message is dropped", || {
                 k.metrics().dropped == 1

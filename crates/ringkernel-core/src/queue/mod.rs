@@ -3,6 +3,8 @@
 //! * [`spsc`]: typed single-producer/single-consumer ring with split
 //!   [`Producer`](spsc::Producer)/[`Consumer`](spsc::Consumer) types.
 //! * [`mpsc`]: typed multi-producer/single-consumer ring.
+//! * [`stamped`]: a slot ring whose slots validate themselves (a stamp in every 16 bytes),
+//!   so a consumer across PCIe reads a message with one read and no index.
 //! * [`slot`]: rings of fixed-size message slots (header + payload) in the binary layout
 //!   shared with the GPU backends ([`QueueHeader`]), SPSC and MPSC.
 //!
@@ -13,6 +15,7 @@
 pub mod mpsc;
 pub mod slot;
 pub mod spsc;
+pub mod stamped;
 
 use crate::error::{Error, Result};
 use bytemuck::{Pod, Zeroable};

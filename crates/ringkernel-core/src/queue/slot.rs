@@ -136,8 +136,8 @@ pub fn mpsc_slot_channel(capacity: usize, slot_size: usize) -> Result<(SlotSende
 }
 
 /// A heap allocation of zeroed bytes aligned to [`RING_ALIGN`].
-struct AlignedBuf {
-    ptr: NonNull<u8>,
+pub(crate) struct AlignedBuf {
+    pub(crate) ptr: NonNull<u8>,
     layout: Layout,
 }
 
@@ -148,7 +148,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    fn zeroed(bytes: usize) -> Result<Self> {
+    pub(crate) fn zeroed(bytes: usize) -> Result<Self> {
         let layout = Layout::from_size_align(bytes.max(1), RING_ALIGN)
             .map_err(|e| Error::invalid(format!("ring of {bytes} bytes: {e}")))?;
         // SAFETY: `layout` has a non-zero size.
@@ -172,7 +172,7 @@ impl Drop for AlignedBuf {
 struct Padded<T>(T);
 
 /// Validates the slot at `bytes` and returns its header. `index` is only for messages.
-fn check_slot(bytes: &[u8], index: u64) -> Result<MessageHeader> {
+pub(crate) fn check_slot(bytes: &[u8], index: u64) -> Result<MessageHeader> {
     let header: MessageHeader = bytemuck::pod_read_unaligned(&bytes[..HEADER_SIZE]);
     if header.magic != MESSAGE_MAGIC || header.version != MESSAGE_VERSION {
         return Err(Error::Device(format!(
@@ -201,7 +201,7 @@ fn check_slot(bytes: &[u8], index: u64) -> Result<MessageHeader> {
 
 /// Writes `header` + `payload` into `slot`, stamping magic and version.
 #[inline]
-fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
+pub(crate) fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
     let mut h = *header;
     h.magic = MESSAGE_MAGIC;
     h.version = MESSAGE_VERSION;

@@ -1,0 +1,716 @@
+//! Stamped slot rings: every slot validates itself, so a consumer needs no index.
+//!
+//! A consumer on the far side of PCIe (a persistent CUDA kernel reading pinned host
+//! memory) pays a full round trip for each dependent read. With a plain slot ring it
+//! reads the producer's tail, then the slot: two round trips per message. A stamped
+//! ring stores each logical slot (64-byte [`MessageHeader`] + payload, `slot_size`
+//! bytes) as 16-byte *units*: 12 bytes of the slot and a 4-byte stamp,
+//! [`stamp_of`]`(index)`, the low 32 bits of the message's ring index plus one. The
+//! producer writes a unit's data before its stamp (a release store), so a reader whose
+//! one 16-byte load sees the right stamp also sees that unit's data: a 16-byte aligned
+//! load lies in one cache line, which the host's memory system hands out as one
+//! snapshot, and stores to it become visible in program order. The consumer reads
+//! the whole next slot (or the next several) at once, checks the stamps of the units
+//! the header's `payload_len` says are used, and takes the longest valid prefix: one
+//! read per message (or per batch) and no index on the critical path.
+//!
+//! The producer still needs the consumer's progress to reuse slots: the consumer
+//! publishes `head` in the ring's [`QueueHeader`] as usual. The producer also stores
+//! its `tail` there after each batch, for readers on its own side (metrics, and
+//! [`StampedConsumer`], which reads messages back once the device consumer is gone).
+//!
+//! Stamps never repeat within 2^32 messages of one slot position, and a position's old
+//! stamp differs from the next expected one (the capacity is below 2^32), so zeroed or
+//! stale memory is never mistaken for a message.
+//!
+//! ```
+//! use ringkernel_core::message::MessageHeader;
+//! use ringkernel_core::queue::stamped::stamped_channel;
+//!
+//! let (mut tx, mut rx) = stamped_channel(4, 256).unwrap();
+//! tx.try_push(&MessageHeader::new(7, 3), b"abc").unwrap();
+//! let env = rx.try_pop().unwrap().unwrap();
+//! assert_eq!((env.header.type_id, env.payload.as_slice()), (7, &b"abc"[..]));
+//! assert!(rx.try_pop().unwrap().is_none());
+//! ```
+
+use super::slot::{check_slot, check_slot_size, fill_slot, AlignedBuf};
+use super::{check_capacity, QueueHeader};
+use crate::error::{Error, Result};
+use crate::message::{check_payload_fits, Envelope, MessageHeader, HEADER_SIZE};
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Bytes of one unit (12 data bytes and a 4-byte stamp).
+pub const UNIT_BYTES: usize = 16;
+/// Data bytes of one unit.
+pub const UNIT_DATA: usize = 12;
+
+/// Units per slot of `slot_size` logical bytes.
+pub const fn units_per_slot(slot_size: usize) -> usize {
+    slot_size.div_ceil(UNIT_DATA)
+}
+
+/// Bytes one stamped slot of `slot_size` logical bytes takes in memory.
+pub const fn stamped_slot_bytes(slot_size: usize) -> usize {
+    units_per_slot(slot_size) * UNIT_BYTES
+}
+
+/// Units a message of `payload_len` bytes uses (the header's units included).
+pub const fn units_used(payload_len: usize) -> usize {
+    (HEADER_SIZE + payload_len).div_ceil(UNIT_DATA)
+}
+
+/// The stamp of every unit of the message with ring index `index`.
+#[inline(always)]
+pub const fn stamp_of(index: u64) -> u32 {
+    (index as u32).wrapping_add(1)
+}
+
+/// Size in bytes of a whole stamped ring: the 128-byte [`QueueHeader`] followed by
+/// `capacity` stamped slots. Checks both values as [`slot::ring_bytes`](super::slot::ring_bytes) does.
+pub fn stamped_ring_bytes(capacity: usize, slot_size: usize) -> Result<usize> {
+    check_capacity(capacity)?;
+    check_slot_size(slot_size)?;
+    capacity
+        .checked_mul(stamped_slot_bytes(slot_size))
+        .and_then(|n| n.checked_add(std::mem::size_of::<QueueHeader>()))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "a stamped ring of {capacity} slots of {slot_size} bytes does not fit in memory"
+            ))
+        })
+}
+
+/// The view of one stamped ring shared by both halves.
+struct Ring {
+    header: NonNull<QueueHeader>,
+    units: NonNull<u8>,
+    capacity: usize,
+    slot_size: usize,
+    mask: u64,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: the ring memory is only touched through atomics (indices, stamps) and through
+// slots the index protocol gives to one side at a time; the constructor's caller
+// promised the memory stays valid while `_keep` (or the caller's own guarantee) lives.
+unsafe impl Send for Ring {}
+// SAFETY: `&Ring` allows atomic loads of the indices only; slot access needs `&mut` of
+// the owning half.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// # Safety
+    /// See [`StampedProducer::from_raw_parts`].
+    unsafe fn new(
+        header: NonNull<QueueHeader>,
+        units: NonNull<u8>,
+        keep: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        if !(header.as_ptr() as usize).is_multiple_of(std::mem::align_of::<QueueHeader>()) {
+            return Err(Error::invalid("queue header is not 64-byte aligned"));
+        }
+        if !(units.as_ptr() as usize).is_multiple_of(UNIT_BYTES) {
+            return Err(Error::invalid("stamped slot region is not 16-byte aligned"));
+        }
+        let h = header.as_ptr();
+        // SAFETY: the caller guarantees `header` is valid for reads; these fields are
+        // constants nobody writes while the ring is in use.
+        let (capacity, slot_size, mask) = unsafe {
+            (
+                std::ptr::addr_of!((*h).capacity).read(),
+                std::ptr::addr_of!((*h).slot_size).read(),
+                std::ptr::addr_of!((*h).mask).read(),
+            )
+        };
+        let (capacity, slot_size) = (capacity as usize, slot_size as usize);
+        stamped_ring_bytes(capacity, slot_size)?;
+        if mask as usize != capacity - 1 {
+            return Err(Error::invalid(format!(
+                "queue header mask {mask} does not match capacity {capacity}"
+            )));
+        }
+        Ok(Ring {
+            header,
+            units,
+            capacity,
+            slot_size,
+            mask: mask as u64,
+            _keep: keep,
+        })
+    }
+
+    fn index(&self, head: bool) -> &AtomicU64 {
+        let h = self.header.as_ptr();
+        // SAFETY: the header is valid and 64-aligned (checked in `new`); both indices are
+        // aligned u64 that every party accesses atomically only (caller's guarantee).
+        unsafe {
+            AtomicU64::from_ptr(if head {
+                std::ptr::addr_of_mut!((*h).head)
+            } else {
+                std::ptr::addr_of_mut!((*h).tail)
+            })
+        }
+    }
+
+    /// First unit of the slot of `index`.
+    #[inline(always)]
+    fn slot_ptr(&self, index: u64) -> *mut u8 {
+        let i = (index & self.mask) as usize;
+        // SAFETY: `i < capacity` and the region holds `capacity` stamped slots.
+        unsafe {
+            self.units
+                .as_ptr()
+                .add(i * stamped_slot_bytes(self.slot_size))
+        }
+    }
+
+    /// The stamp word of unit `u` of the slot at `slot`.
+    #[inline(always)]
+    fn stamp(slot: *mut u8, u: usize) -> &'static AtomicU32 {
+        // SAFETY: `slot` is a stamped slot of the ring (16-aligned) and `u` one of its
+        // units, so the stamp is an aligned u32 inside the region, accessed atomically
+        // by every party. The 'static lifetime never escapes the ring's methods.
+        unsafe { AtomicU32::from_ptr(slot.add(u * UNIT_BYTES + UNIT_DATA).cast()) }
+    }
+}
+
+/// Producing half of a stamped ring (the host side of a device-consumed queue).
+pub struct StampedProducer {
+    ring: Ring,
+    tail: u64,
+    cached_head: u64,
+    /// The logical slot being encoded (`units_per_slot * UNIT_DATA` bytes).
+    staging: Vec<u8>,
+}
+
+impl std::fmt::Debug for StampedProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedProducer")
+            .field("capacity", &self.ring.capacity)
+            .field("slot_size", &self.ring.slot_size)
+            .field("tail", &self.tail)
+            .finish()
+    }
+}
+
+impl StampedProducer {
+    fn from_ring(ring: Ring) -> Self {
+        let tail = ring.index(false).load(Ordering::Relaxed);
+        let cached_head = ring.index(true).load(Ordering::Acquire);
+        let staging = vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA];
+        StampedProducer {
+            ring,
+            tail,
+            cached_head,
+            staging,
+        }
+    }
+
+    /// A producer over a stamped ring whose memory is owned elsewhere (e.g. pinned host
+    /// memory a device kernel reads). Capacity and slot size come from the header,
+    /// which must be initialised; `InvalidArgument` for bad values or alignment.
+    ///
+    /// # Safety
+    ///
+    /// For as long as the producer lives: `header` points to a [`QueueHeader`] and
+    /// `units` to `capacity` stamped slots ([`stamped_slot_bytes`] each), valid for
+    /// reads and writes and not freed (`keep_alive` may ensure that); the header's
+    /// constants are not modified; `tail` is written by this producer only and the
+    /// indices and stamps are accessed atomically by every party; the single consumer
+    /// reads only slots whose stamps match, and publishes `head` past a slot only
+    /// after it has finished reading it.
+    pub unsafe fn from_raw_parts(
+        header: NonNull<QueueHeader>,
+        units: NonNull<u8>,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        // SAFETY: forwarded from this function's contract.
+        Ok(Self::from_ring(unsafe {
+            Ring::new(header, units, keep_alive)?
+        }))
+    }
+
+    #[inline(always)]
+    fn has_room(&mut self) -> bool {
+        let cap = self.ring.capacity as u64;
+        if self.tail.wrapping_sub(self.cached_head) < cap {
+            return true;
+        }
+        self.cached_head = self.ring.index(true).load(Ordering::Acquire);
+        self.tail.wrapping_sub(self.cached_head) < cap
+    }
+
+    /// Encodes one message into slot `tail` (data of each used unit, then its stamp
+    /// with a release store) and advances the local tail.
+    #[inline]
+    fn write_next(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let slot_size = self.ring.slot_size;
+        fill_slot(&mut self.staging[..slot_size], header, payload)?;
+        let used = units_used(payload.len());
+        let stamp = stamp_of(self.tail);
+        let slot = self.ring.slot_ptr(self.tail);
+        for u in 0..used {
+            // SAFETY: slot `tail` is free (the caller checked `has_room` against an
+            // acquire-loaded head), the unit lies inside it, and `staging` holds
+            // `units_per_slot * UNIT_DATA` bytes, so both ranges are in bounds.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.staging.as_ptr().add(u * UNIT_DATA),
+                    slot.add(u * UNIT_BYTES),
+                    UNIT_DATA,
+                );
+            }
+            // Release: a reader that sees the stamp sees the data above.
+            Ring::stamp(slot, u).store(stamp, Ordering::Release);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Writes one message. `MessageTooLarge` if it does not fit a slot, `QueueFull` if
+    /// no slot is free; nothing changes in either case.
+    pub fn try_push(&mut self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        check_payload_fits(payload.len(), self.ring.slot_size)?;
+        if !self.has_room() {
+            return Err(Error::QueueFull {
+                capacity: self.ring.capacity,
+            });
+        }
+        self.write_next(header, payload)?;
+        self.ring.index(false).store(self.tail, Ordering::Release);
+        Ok(())
+    }
+
+    /// Writes messages from `msgs` in order until it ends or the ring is full; returns
+    /// how many were written (a prefix). As [`SlotProducer::try_push_batch`]: when the
+    /// ring fills up, the next item has been taken from the iterator but not written;
+    /// an oversized payload is `MessageTooLarge` after the messages before it.
+    ///
+    /// [`SlotProducer::try_push_batch`]: super::slot::SlotProducer::try_push_batch
+    pub fn try_push_batch<'a, I>(&mut self, msgs: I) -> Result<usize>
+    where
+        I: IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
+    {
+        let start = self.tail;
+        let mut result = Ok(());
+        for (header, payload) in msgs {
+            if let Err(e) = check_payload_fits(payload.len(), self.ring.slot_size) {
+                result = Err(e);
+                break;
+            }
+            if !self.has_room() {
+                break;
+            }
+            if let Err(e) = self.write_next(header, payload) {
+                result = Err(e);
+                break;
+            }
+        }
+        let written = self.tail.wrapping_sub(start) as usize;
+        if written > 0 {
+            self.ring.index(false).store(self.tail, Ordering::Release);
+        }
+        result.map(|()| written)
+    }
+
+    /// The index the next message gets.
+    pub fn position(&self) -> u64 {
+        self.tail
+    }
+
+    /// Messages written and not yet freed by the consumer.
+    pub fn depth(&self) -> usize {
+        let head = self.ring.index(true).load(Ordering::Acquire);
+        (self.tail.wrapping_sub(head) as usize).min(self.ring.capacity)
+    }
+
+    /// Capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity
+    }
+
+    /// Logical slot size in bytes.
+    pub fn slot_size(&self) -> usize {
+        self.ring.slot_size
+    }
+}
+
+/// Consuming half of a stamped ring on the host: reads messages back by their stamps
+/// (tests, and the messages a device consumer left behind when it exited).
+pub struct StampedConsumer {
+    ring: Ring,
+    head: u64,
+    staging: Vec<u8>,
+}
+
+impl std::fmt::Debug for StampedConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedConsumer")
+            .field("capacity", &self.ring.capacity)
+            .field("head", &self.head)
+            .finish()
+    }
+}
+
+impl StampedConsumer {
+    fn from_ring(ring: Ring) -> Self {
+        let head = ring.index(true).load(Ordering::Acquire);
+        let staging = vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA];
+        StampedConsumer {
+            ring,
+            head,
+            staging,
+        }
+    }
+
+    /// A consumer over a stamped ring owned elsewhere, starting at the header's `head`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`StampedProducer::from_raw_parts`], and no other consumer exists while
+    /// this one lives (e.g. the device kernel that consumed the ring has exited).
+    pub unsafe fn from_raw_parts(
+        header: NonNull<QueueHeader>,
+        units: NonNull<u8>,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Self> {
+        // SAFETY: forwarded from this function's contract.
+        Ok(Self::from_ring(unsafe {
+            Ring::new(header, units, keep_alive)?
+        }))
+    }
+
+    /// Decodes units `from..to` of the slot at `slot` into `staging` if all their
+    /// stamps are `stamp`; false as soon as one is not.
+    fn decode(staging: &mut [u8], slot: *mut u8, from: usize, to: usize, stamp: u32) -> bool {
+        for u in from..to {
+            // Acquire: the unit's data after its stamp.
+            if Ring::stamp(slot, u).load(Ordering::Acquire) != stamp {
+                return false;
+            }
+            // SAFETY: the unit lies inside the slot and `staging` holds every unit's
+            // data; the producer wrote this unit (stamp) and does not write the slot
+            // again before `head` passes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    slot.add(u * UNIT_BYTES),
+                    staging.as_mut_ptr().add(u * UNIT_DATA),
+                    UNIT_DATA,
+                )
+            }
+        }
+        true
+    }
+
+    /// Decodes the slot of `index` into `staging` if every unit its header says is used
+    /// carries the stamp of `index`: `Some(payload_len)` then, `None` while it is not
+    /// complete (nothing consumed).
+    fn decode_slot(&mut self, index: u64) -> Option<usize> {
+        let stamp = stamp_of(index);
+        let slot = self.ring.slot_ptr(index);
+        let header_units = units_used(0);
+        if !Self::decode(&mut self.staging, slot, 0, header_units, stamp) {
+            return None;
+        }
+        let h: MessageHeader = bytemuck::pod_read_unaligned(&self.staging[..HEADER_SIZE]);
+        let used = units_used(h.payload_len as usize).min(units_per_slot(self.ring.slot_size));
+        if !Self::decode(&mut self.staging, slot, header_units, used, stamp) {
+            return None;
+        }
+        Some(h.payload_len as usize)
+    }
+
+    /// Takes the next message if its stamps say it is complete. A complete slot whose
+    /// header is corrupt is consumed and reported as an error.
+    pub fn try_pop(&mut self) -> Result<Option<Envelope>> {
+        let index = self.head;
+        if self.decode_slot(index).is_none() {
+            return Ok(None);
+        }
+        let bytes = &self.staging[..self.ring.slot_size];
+        let res = check_slot(bytes, index).map(|header| Envelope {
+            header,
+            payload: bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize].to_vec(),
+        });
+        self.head = index.wrapping_add(1);
+        self.ring.index(true).store(self.head, Ordering::Release);
+        res.map(Some)
+    }
+
+    /// Calls `f` on up to `max` complete messages in order (header and payload as
+    /// decoded, valid during the call), then publishes the new head with one store.
+    /// Returns how many were taken. A complete but corrupt slot is consumed and
+    /// reported as an error after the messages before it were passed to `f`.
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::stamped::stamped_channel;
+    ///
+    /// let (mut tx, mut rx) = stamped_channel(8, 128).unwrap();
+    /// let h = MessageHeader::new(1, 0);
+    /// for i in 0..5u8 {
+    ///     tx.try_push(&h, &[i]).unwrap();
+    /// }
+    /// let mut sum = 0;
+    /// assert_eq!(rx.try_pop_batch_with(3, |_, p| sum += p[0]).unwrap(), 3);
+    /// assert_eq!(rx.try_pop_batch_with(usize::MAX, |_, p| sum += p[0]).unwrap(), 2);
+    /// assert_eq!(sum, 0 + 1 + 2 + 3 + 4);
+    /// ```
+    pub fn try_pop_batch_with(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&MessageHeader, &[u8]),
+    ) -> Result<usize> {
+        let start = self.head;
+        let mut result = Ok(());
+        while (self.head.wrapping_sub(start) as usize) < max {
+            let index = self.head;
+            if self.decode_slot(index).is_none() {
+                break;
+            }
+            self.head = index.wrapping_add(1);
+            let bytes = &self.staging[..self.ring.slot_size];
+            match check_slot(bytes, index) {
+                Ok(h) => {
+                    let header: MessageHeader = bytemuck::pod_read_unaligned(&bytes[..HEADER_SIZE]);
+                    f(
+                        &header,
+                        &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+                    );
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let taken = self.head.wrapping_sub(start);
+        if taken > 0 {
+            self.ring.index(true).store(self.head, Ordering::Release);
+        }
+        result.map(|()| taken as usize)
+    }
+
+    /// The index of the next message to take.
+    pub fn position(&self) -> u64 {
+        self.head
+    }
+
+    /// Messages the producer says it has written beyond [`position`](Self::position),
+    /// from the `tail` it stores in the ring's header (a device producer stores it
+    /// without ordering it after the slots: a hint, never a promise that the next
+    /// message is complete).
+    pub fn len(&self) -> usize {
+        let tail = self.ring.index(false).load(Ordering::Acquire);
+        (tail.wrapping_sub(self.head) as usize).min(self.ring.capacity)
+    }
+
+    /// Whether [`len`](Self::len) is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A read-only view of the ring for a thread that only watches for arrivals (it
+    /// shares this consumer's memory, and sees its progress through the header's head).
+    pub fn watcher(&self) -> StampedWatcher {
+        StampedWatcher {
+            header: self.ring.header,
+            units: self.ring.units,
+            slot_bytes: stamped_slot_bytes(self.ring.slot_size),
+            mask: self.ring.mask,
+            _keep: self.ring._keep.clone(),
+        }
+    }
+}
+
+/// Watches a stamped ring for its next message without consuming (see
+/// [`StampedConsumer::watcher`]).
+pub struct StampedWatcher {
+    header: NonNull<QueueHeader>,
+    units: NonNull<u8>,
+    slot_bytes: usize,
+    mask: u64,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for StampedWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedWatcher")
+            .field("mask", &self.mask)
+            .finish()
+    }
+}
+
+// SAFETY: the watcher only loads the header's head and unit stamps atomically; the
+// memory stays valid as long as `_keep` (or the consumer's own guarantee) lives.
+unsafe impl Send for StampedWatcher {}
+// SAFETY: as above; `&self` methods only perform atomic loads.
+unsafe impl Sync for StampedWatcher {}
+
+impl StampedWatcher {
+    /// The consumer's head (the index of the next message it will take).
+    pub fn head(&self) -> u64 {
+        let h = self.header.as_ptr();
+        // SAFETY: the header is valid and aligned (checked when the ring was made); the
+        // head is an aligned u64 every party accesses atomically.
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*h).head)) }.load(Ordering::Acquire)
+    }
+
+    /// Whether the message of `index` has begun to arrive (its first unit carries its
+    /// stamp). Cheap: one load of host memory.
+    pub fn started(&self, index: u64) -> bool {
+        let i = (index & self.mask) as usize;
+        // SAFETY: slot `i` lies inside the region (i <= mask < capacity); its first
+        // unit's stamp is an aligned u32 accessed atomically by every party.
+        let stamp = unsafe {
+            AtomicU32::from_ptr(
+                self.units
+                    .as_ptr()
+                    .add(i * self.slot_bytes + UNIT_DATA)
+                    .cast(),
+            )
+        };
+        stamp.load(Ordering::Acquire) == stamp_of(index)
+    }
+}
+
+/// A stamped ring in host memory: `capacity` slots (power of two) of `slot_size`
+/// logical bytes (power of two, at least 128).
+pub fn stamped_channel(
+    capacity: usize,
+    slot_size: usize,
+) -> Result<(StampedProducer, StampedConsumer)> {
+    let bytes = stamped_ring_bytes(capacity, slot_size)?;
+    let header = super::slot::new_header(capacity, slot_size)?;
+    let mem = Arc::new(AlignedBuf::zeroed(bytes)?);
+    let base = mem.ptr.as_ptr();
+    // SAFETY: `base` points to `bytes` zeroed bytes aligned to 64, the first 128 of
+    // which are the header; nothing else refers to the allocation yet.
+    unsafe { base.cast::<QueueHeader>().write(header) };
+    let hdr = mem.ptr.cast::<QueueHeader>();
+    // SAFETY: the units start right after the 128-byte header, in bounds.
+    let units = unsafe { NonNull::new_unchecked(base.add(std::mem::size_of::<QueueHeader>())) };
+    let keep: Arc<dyn Any + Send + Sync> = mem;
+    // SAFETY: the region lives as long as `keep`, which both halves hold; the header was
+    // initialised above; exactly one producer and one consumer are made.
+    let (p, c) = unsafe {
+        (
+            Ring::new(hdr, units, Some(keep.clone()))?,
+            Ring::new(hdr, units, Some(keep))?,
+        )
+    };
+    Ok((StampedProducer::from_ring(p), StampedConsumer::from_ring(c)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::flags;
+
+    #[test]
+    fn layout_sizes() {
+        assert_eq!(units_per_slot(256), 22);
+        assert_eq!(stamped_slot_bytes(256), 352);
+        assert_eq!(units_used(0), 6);
+        assert_eq!(units_used(64), 11);
+        assert_eq!(stamp_of(u32::MAX as u64), 0);
+        assert!(stamped_ring_bytes(3, 256).is_err());
+        assert!(stamped_ring_bytes(4, 100).is_err());
+    }
+
+    #[test]
+    fn messages_round_trip_in_order_across_laps_and_sizes() {
+        let (mut tx, mut rx) = stamped_channel(8, 256).unwrap();
+        let mut next = 0u32;
+        for round in 0..40usize {
+            let n = 1 + round % 8;
+            let payloads: Vec<Vec<u8>> = (0..n)
+                .map(|i| {
+                    let len = (round * 37 + i * 11) % 193;
+                    (0..len)
+                        .map(|b| (b as u8) ^ (next + i as u32) as u8)
+                        .collect()
+                })
+                .collect();
+            let headers: Vec<MessageHeader> = (0..n)
+                .map(|i| {
+                    let mut h = MessageHeader::new(next + i as u32, 0);
+                    if i % 2 == 0 {
+                        h.flags |= flags::CHECKSUM;
+                    }
+                    h
+                })
+                .collect();
+            let sent = tx
+                .try_push_batch(headers.iter().zip(&payloads).map(|(h, p)| (h, &p[..])))
+                .unwrap();
+            assert_eq!(sent, n);
+            for (i, p) in payloads.iter().enumerate() {
+                let env = rx.try_pop().unwrap().expect("a complete message");
+                assert_eq!(env.header.type_id, next + i as u32);
+                assert_eq!(&env.payload, p);
+            }
+            assert!(rx.try_pop().unwrap().is_none());
+            next += n as u32;
+        }
+    }
+
+    #[test]
+    fn a_full_ring_refuses_and_an_oversized_payload_is_an_error() {
+        let (mut tx, mut rx) = stamped_channel(4, 128).unwrap();
+        let h = MessageHeader::new(1, 0);
+        let msgs = [b"a", b"b", b"c", b"d", b"e"];
+        assert_eq!(
+            tx.try_push_batch(msgs.iter().map(|p| (&h, &p[..])))
+                .unwrap(),
+            4
+        );
+        assert!(matches!(
+            tx.try_push(&h, b"x"),
+            Err(Error::QueueFull { .. })
+        ));
+        assert!(matches!(
+            tx.try_push(&h, &[0u8; 65]),
+            Err(Error::MessageTooLarge { .. })
+        ));
+        assert_eq!(tx.depth(), 4);
+        assert_eq!(rx.try_pop().unwrap().unwrap().payload, b"a");
+        assert_eq!(tx.depth(), 3);
+        tx.try_push(&h, b"f").unwrap();
+        let rest: Vec<u8> = std::iter::from_fn(|| rx.try_pop().unwrap())
+            .map(|e| e.payload[0])
+            .collect();
+        assert_eq!(rest, b"bcdf");
+    }
+
+    #[test]
+    fn a_unit_with_a_stale_stamp_hides_the_message_until_it_is_written() {
+        let (mut tx, mut rx) = stamped_channel(4, 256).unwrap();
+        tx.try_push(&MessageHeader::new(3, 0), &[7u8; 100]).unwrap();
+        // Tear the message: the last used unit still carries the previous lap's stamp.
+        let slot = rx.ring.slot_ptr(0);
+        let last = units_used(100) - 1;
+        Ring::stamp(slot, last).store(stamp_of(0).wrapping_sub(4), Ordering::Release);
+        assert!(rx.try_pop().unwrap().is_none());
+        Ring::stamp(slot, last).store(stamp_of(0), Ordering::Release);
+        assert_eq!(rx.try_pop().unwrap().unwrap().payload, vec![7u8; 100]);
+    }
+
+    #[test]
+    fn a_complete_but_corrupt_slot_is_consumed_and_reported() {
+        let (mut tx, mut rx) = stamped_channel(4, 256).unwrap();
+        tx.try_push(&MessageHeader::new(3, 0), b"abc").unwrap();
+        tx.try_push(&MessageHeader::new(4, 0), b"def").unwrap();
+        // Break the magic of the first message (unit 0's first word), keeping its stamp.
+        let slot = rx.ring.slot_ptr(0);
+        // SAFETY: unit 0 of slot 0, inside the ring, not being written by the producer.
+        unsafe { slot.cast::<u32>().write(0xdead_beef) };
+        assert!(rx.try_pop().is_err());
+        assert_eq!(rx.try_pop().unwrap().unwrap().header.type_id, 4);
+    }
+}
