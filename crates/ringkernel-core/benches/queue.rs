@@ -5,6 +5,9 @@
 //! * `slots`: full message slots (64-byte header + payload, 256-byte slots) through the
 //!   SPSC slot ring (`slot_channel`) and the MPSC one (`mpsc_slot_channel`), written in
 //!   place by `try_push` and read in place by `pop_with`.
+//! * `batches_128B`: 64-byte payloads in 128-byte slots, 256 per batch, through the
+//!   stamped ring (what the CUDA backend's host side does per message when streaming)
+//!   and the plain slot ring's batch calls.
 //!
 //! Throughput is in messages per second (`Throughput::Elements`). A quick run:
 //!
@@ -287,5 +290,83 @@ fn bench_slots(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_spsc, bench_slots);
+fn batches_stamped(iters: u64) -> Duration {
+    let (mut tx, mut rx) = ringkernel_core::queue::stamped::stamped_channel(SLOT_CAP, 128).unwrap();
+    let payload = [0x5Au8; 64];
+    two_threads(
+        move || {
+            let mut b = Backoff::new();
+            let h = MessageHeader::new(1, 64);
+            let mut sent = 0u64;
+            while sent < iters {
+                let want = (iters - sent).min(256) as usize;
+                let n = tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want)).unwrap();
+                sent += n as u64;
+                if n == 0 {
+                    b.wait();
+                } else {
+                    b.reset();
+                }
+            }
+        },
+        move || {
+            let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
+            while n < iters {
+                let got = rx.try_pop_batch_with(256, |h, p| sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)).unwrap();
+                n += got as u64;
+                if got == 0 {
+                    b.wait();
+                } else {
+                    b.reset();
+                }
+            }
+            sum
+        },
+    )
+}
+
+fn batches_plain(iters: u64) -> Duration {
+    let (mut tx, mut rx) = slot::slot_channel(SLOT_CAP, 128).unwrap();
+    let payload = [0x5Au8; 64];
+    two_threads(
+        move || {
+            let mut b = Backoff::new();
+            let h = MessageHeader::new(1, 64);
+            let mut sent = 0u64;
+            while sent < iters {
+                let want = (iters - sent).min(256) as usize;
+                let n = tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want)).unwrap();
+                sent += n as u64;
+                if n == 0 {
+                    b.wait();
+                } else {
+                    b.reset();
+                }
+            }
+        },
+        move || {
+            let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
+            while n < iters {
+                let got = rx.try_pop_batch_with(256, |h, p| sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)).unwrap();
+                n += got as u64;
+                if got == 0 {
+                    b.wait();
+                } else {
+                    b.reset();
+                }
+            }
+            sum
+        },
+    )
+}
+
+fn bench_batches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("batches_128B");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("stamped", |b| b.iter_custom(batches_stamped));
+    g.bench_function("slot_ring", |b| b.iter_custom(batches_plain));
+    g.finish();
+}
+
+criterion_group!(benches, bench_spsc, bench_slots, bench_batches);
 criterion_main!(benches);

@@ -650,6 +650,8 @@ impl Future for Wait {
 
 /// How long a receive polls cooperatively before it sleeps on the output event.
 const RECEIVE_SPIN: Duration = Duration::from_micros(20);
+/// Looks at the output queue between two yields to the executor while polling.
+const RECEIVE_BURST: usize = 8;
 
 /// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
 struct YieldNow(bool);
@@ -972,8 +974,14 @@ impl KernelHandle {
         // tasks keep running and nothing blocks.
         let spin_until = Instant::now() + RECEIVE_SPIN;
         loop {
-            if let Some(env) = self.take_matching(pred)? {
-                return Ok(env);
+            // A short burst of looks between yields: a yield costs a scheduler round trip
+            // (about as long as a GPU reply takes to cross PCIe), and a reply that lands
+            // just after a look would otherwise wait for it.
+            for _ in 0..RECEIVE_BURST {
+                if let Some(env) = self.take_matching(pred)? {
+                    return Ok(env);
+                }
+                std::hint::spin_loop();
             }
             let now = Instant::now();
             if now >= spin_until

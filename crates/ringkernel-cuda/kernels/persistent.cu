@@ -414,6 +414,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 const rk_u32 ann0 = U <= 30u ? 31u : 0u, ann1 = U <= 30u ? 30u : 0u;
                 rk_u32 L = g->lane;
                 rk_u64 claimed = first;
+                // Lane 0's view (registers): what the producer announced for this source,
+                // and output slots promised ahead (taken 16 at a time, the rest given back
+                // when the loop ends).
+                rk_u64 known = host_src ? *(volatile rk_u64*)&S->lane_known[L] : *(volatile rk_u64*)&S->inbox_known;
+                rk_u32 credit = 0;
                 for (rk_u32 it = 0;; it++) {
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
@@ -458,12 +463,17 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     int action = 0;
                     rk_u64 msg = 0, hlc = 0;
                     if (lane_id == 0) {
-                        // Leave for group rounds when the state changes, and now and then
-                        // anyway (their bookkeeping: exit checks, heartbeat).
-                        if (!*(volatile rk_u32*)&S->active || *(volatile rk_u32*)&S->exit ||
-                            *(volatile rk_u32*)&S->terminating || (it & 4095u) == 4095u)
+                        // Leave for group rounds when the state changes (the host loop of
+                        // block 0 sees every change as a command; the inbox loop looks at
+                        // the state every 16th poll), and now and then anyway (their
+                        // bookkeeping: exit checks, heartbeat).
+                        if ((it & 4095u) == 4095u) action = 2;
+                        if (!host_src && (it & 15u) == 0 &&
+                            (!*(volatile rk_u32*)&S->active || *(volatile rk_u32*)&S->exit ||
+                             *(volatile rk_u32*)&S->terminating))
                             action = 2;
                         rk_u32 top = *(volatile rk_u32*)&S->top_lane;
+                        rk_u64 known_l = known;
                         if (action == 0 && ann && host_src) {
                             if (cmd_leader && cmd_seq != ack) {
                                 action = 2;  // a group round applies it
@@ -481,17 +491,20 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     *(volatile rk_u64*)&S->lane_known[l] = known;
                                 }
                                 if (known > c) top = (rk_u32)l + 1u;
+                                if ((rk_u32)l == L) known_l = known;
                             }
                             if (*(volatile rk_u32*)&S->top_lane != top) *(volatile rk_u32*)&S->top_lane = top;
+                            known = known_l;
                         } else if (action == 0 && ann) {
                             const rk_u64 r = (rk_u64)a0.x | ((rk_u64)a0.y << 32);
-                            if (r > *(volatile rk_u64*)&S->inbox_known) *(volatile rk_u64*)&S->inbox_known = r;
+                            if (r > known) {
+                                known = r;
+                                *(volatile rk_u64*)&S->inbox_known = r;
+                            }
                         }
                         if (action == 0) {
                             if (host_src && top > L + 1u) action = 2;  // a higher lane waits: the group round picks it
-                            const rk_u64 known = host_src ? *(volatile rk_u64*)&S->lane_known[L]
-                                                          : *(volatile rk_u64*)&S->inbox_known;
-                            if (known > claimed + 1u) action = 2;  // a backlog: windows, in group rounds
+                            if (known > claimed + 1u) action = 2;      // a backlog: windows, in group rounds
                         }
                         if (action == 0 && complete) {
                             bool go = true;
@@ -502,15 +515,18 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     ((hflags & RK_FLAG_PRIORITY_MASK) >> RK_FLAG_PRIORITY_SHIFT) >> RK_LANE_SHIFT;
                                 go = top <= box_lane + 1u;
                             }
-                            if (go && rk_promise_output(S, p, 1) == 1) {
+                            if (go && credit == 0) credit = rk_promise_output(S, p, 16);
+                            if (go && credit > 0) {
                                 action = 1;
+                                credit--;
                                 claimed++;
+                                if (known < claimed) known = claimed;
                                 if (host_src) {
                                     *(volatile rk_u64*)&S->lane_claimed[L] = claimed;
-                                    if (*(volatile rk_u64*)&S->lane_known[L] < claimed)
-                                        *(volatile rk_u64*)&S->lane_known[L] = claimed;
+                                    *(volatile rk_u64*)&S->lane_known[L] = known;
                                 } else {
                                     *(volatile rk_u64*)&S->inbox_claimed = claimed;
+                                    *(volatile rk_u64*)&S->inbox_known = known;
                                 }
                                 msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
                                 const rk_u64 now = rk_now_ms(clock_off);
@@ -567,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             out_idx = atomicAdd((unsigned long long*)&S->out_tail, 1ull);
                             *(volatile rk_u64*)&S->processed[src] += 1;
                         } else {
-                            atomicAdd((unsigned long long*)&S->out_promised, ~0ull);  // no reply: give it back
+                            credit++;  // no reply: the promised slot stays for the next one
                             if (r < 0) {
                                 *(volatile rk_u64*)&S->dropped[src] += 1;
                                 *(volatile rk_u32*)&S->last_error = (rk_u32)(-r);
@@ -614,7 +630,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     }
                     __syncwarp();
                 }
-                if (lane_id == 0) g->k = 0;
+                if (lane_id == 0) {
+                    g->k = 0;
+                    // Unused promises go back.
+                    if (credit) atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)(-(long long)credit));
+                }
             }
             rk_group_sync(bar_id, gsize);
             continue;
