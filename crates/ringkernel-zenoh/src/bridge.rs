@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, oneshot, Notify};
 use zenoh::pubsub::{Publisher, Subscriber};
+use zenoh::qos::CongestionControl;
 use zenoh::sample::SampleKind;
 use zenoh::Wait;
 
@@ -506,6 +507,7 @@ impl Inner {
             let publisher = self
                 .session
                 .declare_publisher(self.key(&["k2k", node, &self.node]))
+                .congestion_control(CongestionControl::Block)
                 .wait()
                 .map_err(|e| tracing::error!("no publisher towards {node}: {e}"))
                 .ok();
@@ -619,6 +621,7 @@ impl Inner {
                         match self
                             .session
                             .declare_publisher(self.key(&["ack", &node, &self.node]))
+                            .congestion_control(CongestionControl::Block)
                             .wait()
                         {
                             Ok(p) => v.insert(p),
@@ -1099,6 +1102,7 @@ impl ZenohBridge {
         self.inner
             .session
             .put(key, buf)
+            .congestion_control(CongestionControl::Block)
             .wait()
             .map_err(|e| zerr("publishing", e))?;
         *seq += 1;
@@ -1107,10 +1111,20 @@ impl ZenohBridge {
         self.inner.core.publish_raw(topic, h, &envelope.payload)
     }
 
-    /// Closes the bridge: stops receiving, withdraws this node (peers see it
-    /// [lost](PeerEvent::Lost)), counts every K2K message still waiting for a receipt
-    /// as lost, terminates the stand-ins and closes the Zenoh session.
+    /// Closes the bridge: waits up to [`close_timeout`](BridgeConfig::close_timeout)
+    /// for the receipts of K2K messages in flight, then stops receiving, withdraws
+    /// this node (peers see it [lost](PeerEvent::Lost)), counts every K2K message
+    /// still without a receipt as lost, terminates the stand-ins and closes the Zenoh
+    /// session. Returns the final counters.
     pub async fn close(&self) -> Result<BridgeStats> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Ok(self.stats());
+        }
+        // Let the receipts of what was just sent come back first.
+        let deadline = Instant::now() + self.inner.config.close_timeout;
+        while self.stats().k2k_in_flight > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(self.stats());
         }

@@ -35,6 +35,7 @@ pub struct BridgeConfig {
     pub(crate) max_payload: usize,
     pub(crate) lease: Option<Duration>,
     pub(crate) imports: Vec<String>,
+    pub(crate) close_timeout: Duration,
 }
 
 impl BridgeConfig {
@@ -53,6 +54,7 @@ impl BridgeConfig {
             max_payload: 64 * 1024,
             lease: None,
             imports: Vec::new(),
+            close_timeout: Duration::from_secs(2),
         }
     }
 
@@ -108,6 +110,13 @@ impl BridgeConfig {
     /// destination runtime still refuses what does not fit its kernel's slots.
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.max_payload = bytes;
+        self
+    }
+
+    /// How long [`ZenohBridge::close`](crate::ZenohBridge::close) waits for the
+    /// receipts of K2K messages in flight before counting them lost (default 2 s).
+    pub fn close_timeout(mut self, timeout: Duration) -> Self {
+        self.close_timeout = timeout;
         self
     }
 
