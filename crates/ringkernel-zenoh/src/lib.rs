@@ -53,10 +53,24 @@
 //! leave unresolved. A `Delivered` receipt means queued, not processed: what a kernel
 //! does with its queue is its runtime's business (and its metrics').
 //!
+//! The bridge's Zenoh publishers block rather than drop when Zenoh's transmit queue is
+//! full (`CongestionControl::Block`): a send can wait briefly under a burst, and never
+//! vanishes at the sender.
+//!
 //! Publications are at most once without receipts, as MQTT QoS 0: they reach the
 //! runtimes connected and subscribed when they are sent; receivers count
 //! [`topic_received`](BridgeStats::topic_received), deliveries, publications that
 //! matched no kernel, and [`sequence_gaps`](BridgeStats::sequence_gaps).
+//!
+//! # Limits
+//!
+//! * Publications leave a runtime through [`ZenohBridge::publish`] (host side). A
+//!   handler's `ctx.publish` reaches its own runtime's subscribers only; a handler that
+//!   must reach another runtime sends K2K to a kernel there (`ctx.send_to("k@node", ..)`).
+//! * A runtime's stand-ins for remote kernels are kernels of its table: they show up in
+//!   its metrics and kernel lists, named `kernel@node` (`@node` for that node's host).
+//! * Only TCP endpoints are compiled in (the crate builds Zenoh with `transport_tcp`
+//!   alone, to keep build times down).
 //!
 //! # Example
 //!
