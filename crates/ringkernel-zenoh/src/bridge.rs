@@ -557,16 +557,28 @@ impl Inner {
         }
     }
 
+    /// Handles one frame from the network. K2K and receipt keys end with the sender's
+    /// node name; a publication names its sender inside.
+    fn on_sample(self: &Arc<Self>, s: &zenoh::sample::Sample) {
+        let from = last_chunk(s.key_expr().as_str());
+        match wire::decode(&s.payload().to_bytes()) {
+            Ok(Frame::K2k(f)) => self.on_k2k(from, f),
+            Ok(Frame::Ack(a)) => self.on_ack(from, a),
+            Ok(Frame::Topic(f)) => self.on_topic(f),
+            Err(e) => {
+                add(&self.counters.malformed, 1);
+                tracing::warn!("frame on {} dropped: {e}", s.key_expr());
+            }
+        }
+    }
+
     /// Subscribes to the publications on topics matching `filter`.
     async fn declare_import(self: &Arc<Self>, filter: &str) -> Result<Subscriber<()>> {
         let key = filter_key(&self.key(&["topic"]), filter)?;
         let me = self.clone();
         self.session
             .declare_subscriber(key)
-            .callback(move |s| match wire::decode(&s.payload().to_bytes()) {
-                Ok(Frame::Topic(f)) => me.on_topic(f),
-                Ok(_) | Err(_) => add(&me.counters.malformed, 1),
-            })
+            .callback(move |s| me.on_sample(&s))
             .await
             .map_err(|e| zerr("declaring a topic subscriber", e))
     }
@@ -739,37 +751,17 @@ impl ZenohBridge {
             }
         }
         let mut subs = Vec::new();
-        let me = inner.clone();
-        subs.push(
-            inner
-                .session
-                .declare_subscriber(inner.key(&["k2k", &inner.node, "*"]))
-                .callback(move |s| {
-                    let from = last_chunk(s.key_expr().as_str()).to_string();
-                    let bytes = s.payload().to_bytes();
-                    match wire::decode(&bytes) {
-                        Ok(Frame::K2k(f)) => me.on_k2k(&from, f),
-                        Ok(_) | Err(_) => add(&me.counters.malformed, 1),
-                    }
-                })
-                .await
-                .map_err(|e| zerr("declaring the K2K subscriber", e))?,
-        );
-        let me = inner.clone();
-        subs.push(
-            inner
-                .session
-                .declare_subscriber(inner.key(&["ack", &inner.node, "*"]))
-                .callback(move |s| {
-                    let from = last_chunk(s.key_expr().as_str()).to_string();
-                    match wire::decode(&s.payload().to_bytes()) {
-                        Ok(Frame::Ack(a)) => me.on_ack(&from, a),
-                        Ok(_) | Err(_) => add(&me.counters.malformed, 1),
-                    }
-                })
-                .await
-                .map_err(|e| zerr("declaring the receipt subscriber", e))?,
-        );
+        for (kind, what) in [("k2k", "K2K"), ("ack", "receipt")] {
+            let me = inner.clone();
+            subs.push(
+                inner
+                    .session
+                    .declare_subscriber(inner.key(&[kind, &inner.node, "*"]))
+                    .callback(move |s| me.on_sample(&s))
+                    .await
+                    .map_err(|e| zerr(&format!("declaring the {what} subscriber"), e))?,
+            );
+        }
         let me = inner.clone();
         subs.push(
             inner

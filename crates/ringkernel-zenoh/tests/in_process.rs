@@ -2,6 +2,9 @@
 //! 127.0.0.1): the refusals, counters and edge cases that are easier to provoke here
 //! than across processes.
 
+mod common;
+use common::{eventually, free_port, WAIT};
+
 use ringkernel_core::builtin::{self, Token};
 use ringkernel_core::hlc::{HlcTimestamp, DEFAULT_MAX_DRIFT_MS};
 use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
@@ -12,17 +15,7 @@ use ringkernel_cpu::CpuRuntime;
 use ringkernel_zenoh::wire::{self, K2kFrame};
 use ringkernel_zenoh::zenoh::Wait;
 use ringkernel_zenoh::{BridgeConfig, RemoteReceipt, ZenohBridge};
-use std::time::{Duration, Instant};
-
-const WAIT: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use std::time::Duration;
 
 struct Pair {
     rt_a: CpuRuntime,
@@ -50,14 +43,6 @@ async fn pair(config_b: impl FnOnce(BridgeConfig) -> BridgeConfig) -> Pair {
     a.wait_for_peer("b", WAIT).await.unwrap();
     b.wait_for_peer("a", WAIT).await.unwrap();
     Pair { rt_a, rt_b, a, b }
-}
-
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn token(id: u64, v: f64) -> Envelope {

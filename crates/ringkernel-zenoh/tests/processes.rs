@@ -3,6 +3,9 @@
 //! told its role through environment variables), each a runtime with its own bridge.
 //! Ports come from the OS (bind port 0, read it back), so parallel tests don't clash.
 
+mod common;
+use common::{eventually, free_port, WAIT};
+
 use ringkernel_core::context::KernelContext;
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::K2kReceipt;
@@ -108,15 +111,6 @@ fn command(ctx: &mut KernelContext<'_>, m: Req) -> Option<Resp> {
     }
 }
 
-const WAIT: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn launch_opts(name: &str) -> LaunchOptions {
     LaunchOptions::default()
         .with_name(name)
@@ -178,11 +172,7 @@ async fn receive_resps(k: &KernelHandle, n: usize) -> Vec<(Envelope, Resp)> {
 /// Waits until every K2K message sent has its receipt (a reply can overtake the
 /// receipt of its request).
 async fn settle(bridge: &ZenohBridge) {
-    let deadline = Instant::now() + WAIT;
-    while bridge.stats().k2k_in_flight > 0 {
-        assert!(Instant::now() < deadline, "receipts did not come");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("receipts come", || bridge.stats().k2k_in_flight == 0).await;
 }
 
 fn wait_exit(mut child: ChildGuard) {
