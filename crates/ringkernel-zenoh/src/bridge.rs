@@ -899,17 +899,21 @@ impl ZenohBridge {
     /// Errors: [`Error::InvalidArgument`] for an invalid node name or an empty
     /// kernel name, or when a local kernel already has the name `kernel@node`.
     pub fn remote_kernel(&self, node: &str, kernel: &str) -> Result<KernelHandle> {
+        Ok(self.handle(self.named_proxy(node, kernel)?))
+    }
+
+    /// The stand-in of kernel `kernel` of `node`, addressed by name.
+    fn named_proxy(&self, node: &str, kernel: &str) -> Result<Arc<RemoteKernel>> {
         check_chunk("node name", node)?;
         if kernel.is_empty() {
             return Err(Error::invalid("a remote kernel name must not be empty"));
         }
-        let proxy = self.inner.proxy(
+        self.inner.proxy(
             &self.inner,
             node,
             kernel,
             RemoteTarget::Name(kernel.to_string()),
-        )?;
-        Ok(self.handle(proxy))
+        )
     }
 
     /// [`remote_kernel`](Self::remote_kernel) from an address `kernel@node`.
@@ -956,13 +960,7 @@ impl ZenohBridge {
                 .ok_or_else(|| Error::KernelNotFound(format!("K2K source {t}")))?,
         };
         let (kernel, node) = parse_address(address)?;
-        check_chunk("node name", node)?;
-        let proxy = self.inner.proxy(
-            &self.inner,
-            node,
-            kernel,
-            RemoteTarget::Name(kernel.to_string()),
-        )?;
+        let proxy = self.named_proxy(node, kernel)?;
         ringkernel_core::message::check_payload_fits(envelope.payload.len(), proxy.slot_size())?;
         let mut h = envelope.header;
         h.message_id = self.inner.core.next_message_id();
