@@ -286,6 +286,26 @@ fn signal(child: &ChildGuard, sig: libc::c_int) {
     assert_eq!(rc, 0, "kill({sig})");
 }
 
+/// Waits until every thread of the child is stopped (a signal takes effect
+/// asynchronously: until then the child may still answer).
+fn wait_stopped(child: &ChildGuard) {
+    let tasks = format!("/proc/{}/task", child.0.id());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let stopped = std::fs::read_dir(&tasks).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        });
+        if stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "child did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_peer_is_reported_and_its_in_flight_messages_counted() {
     let port = free_port();
@@ -308,6 +328,7 @@ async fn a_killed_peer_is_reported_and_its_in_flight_messages_counted() {
 
     // Freeze c (its connection stays open, it answers nothing), send, then kill it.
     signal(&doomed, libc::SIGSTOP);
+    wait_stopped(&doomed);
     let in_flight = 50;
     for i in 0..in_flight {
         to_c.send(Req::new(i, 0.0)).await.unwrap();
