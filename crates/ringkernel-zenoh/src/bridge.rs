@@ -147,8 +147,9 @@ struct Peer {
 #[derive(Default)]
 struct Inbound {
     epoch: u64,
-    next_k2k: u64,
-    next_topic: u64,
+    /// The next sequence number expected (`None` until the first frame).
+    next_k2k: Option<u64>,
+    next_topic: Option<u64>,
 }
 
 pub(crate) struct Inner {
@@ -314,14 +315,18 @@ impl Inner {
         } else {
             &mut s.next_k2k
         };
-        if seq < *next {
-            return false;
+        match *next {
+            // The first frame of this sender seen since it appeared: a bridge that
+            // joins late has not missed what was sent before it was there.
+            None => {}
+            Some(n) if seq < n => return false,
+            Some(n) if seq > n => {
+                add(&self.counters.sequence_gaps, seq - n);
+                tracing::warn!(node, seq, expected = n, "sequence gap from a peer");
+            }
+            Some(_) => {}
         }
-        if seq > *next {
-            add(&self.counters.sequence_gaps, seq - *next);
-            tracing::warn!(node, seq, expected = *next, "sequence gap from a peer");
-        }
-        *next = seq + 1;
+        *next = Some(seq + 1);
         true
     }
 
@@ -547,6 +552,7 @@ impl Inner {
             for l in lost {
                 self.finish(l, RemoteReceipt::Lost);
             }
+            lock(&self.inbound).remove(node);
             add(&self.counters.peers_lost, 1);
             tracing::warn!(node, in_flight_lost = n, "peer lost");
             let _ = self.events.send(PeerEvent::Lost {
@@ -995,7 +1001,7 @@ impl ZenohBridge {
         let handle = self.inner.core.handle(engine, &LaunchOptions::default());
         let inner = self.inner.clone();
         self.tokio.spawn(async move {
-            loop {
+            while !inner.closed.load(Ordering::Acquire) {
                 let env = tokio::select! {
                     r = handle.receive_envelope(None) => r,
                     _ = inner.shutdown.notified() => return,

@@ -18,6 +18,7 @@ use ringkernel_zenoh::{BridgeConfig, RemoteReceipt, ZenohBridge};
 use std::time::Duration;
 
 struct Pair {
+    port: u16,
     rt_a: CpuRuntime,
     rt_b: CpuRuntime,
     a: ZenohBridge,
@@ -42,7 +43,13 @@ async fn pair(config_b: impl FnOnce(BridgeConfig) -> BridgeConfig) -> Pair {
     .unwrap();
     a.wait_for_peer("b", WAIT).await.unwrap();
     b.wait_for_peer("a", WAIT).await.unwrap();
-    Pair { rt_a, rt_b, a, b }
+    Pair {
+        port,
+        rt_a,
+        rt_b,
+        a,
+        b,
+    }
 }
 
 fn token(id: u64, v: f64) -> Envelope {
@@ -173,6 +180,45 @@ async fn overlapping_imports_deliver_once_and_the_dollar_rule_holds() {
         ids.push(t.id);
     }
     assert_eq!(ids, vec![1, 3]);
+    close(p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_joiner_counts_no_gap_for_what_came_before_it() {
+    let p = pair(|c| c.import_topics("t")).await;
+    for i in 0..5 {
+        p.a.publish("t", KernelId::HOST, &token(i, 0.0)).unwrap();
+    }
+    eventually("b got the first five", || p.b.stats().topic_received == 5).await;
+    let rt_c = CpuRuntime::new().await.unwrap();
+    let k = rt_c
+        .launch(builtin::ECHO, LaunchOptions::default().with_name("k"))
+        .await
+        .unwrap();
+    rt_c.subscribe(k.id(), "t").unwrap();
+    let c = ZenohBridge::start(
+        rt_c.core().clone(),
+        BridgeConfig::new("c")
+            .connect(format!("tcp/127.0.0.1:{}", p.port))
+            .import_topics("t"),
+    )
+    .await
+    .unwrap();
+    p.a.wait_for_peer("c", WAIT).await.unwrap();
+    p.a.publish("t", KernelId::HOST, &token(5, 0.0)).unwrap();
+    let t: Token = k
+        .receive_envelope(Some(WAIT))
+        .await
+        .unwrap()
+        .decode()
+        .unwrap();
+    assert_eq!(t.id, 5);
+    eventually("b got the sixth", || p.b.stats().topic_received == 6).await;
+    let (sb, sc) = (p.b.stats(), c.stats());
+    assert_eq!((sc.topic_received, sc.sequence_gaps), (1, 0));
+    assert_eq!(sb.sequence_gaps, 0);
+    c.close().await.unwrap();
+    rt_c.shutdown().await.unwrap();
     close(p).await;
 }
 
