@@ -3,7 +3,7 @@
 
 use crate::config::BridgeConfig;
 use crate::keyexpr::{check_chunk, filter_key, topic_key};
-use crate::proxy::{RemoteKernel, RemoteTarget};
+use crate::proxy::{Carrier, RemoteKernel, RemoteTarget};
 use crate::wire::{self, AckFrame, Frame, K2kFrame, RemoteReceipt, TopicFrame};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::message::{flags, Envelope, MessageHeader};
@@ -281,7 +281,7 @@ impl Inner {
             name,
             node: node.to_string(),
             target,
-            bridge: Arc::downgrade(me),
+            bridge: Arc::downgrade(me) as std::sync::Weak<dyn Carrier>,
             max_payload: self.config.max_payload,
             window: self.config.max_in_flight,
             output: Mutex::new(VecDeque::new()),
@@ -1017,7 +1017,9 @@ impl ZenohBridge {
                     .get(&KernelId(env.header.dest_kernel))
                     .cloned();
                 let routed = match proxy {
-                    Some(p) => p.try_enqueue_reply(&env).map_err(|e| e.to_string()),
+                    Some(p) => inner
+                        .send_k2k(&p, &env.header, &env.payload, None)
+                        .map_err(|e| e.to_string()),
                     None => Err("not addressed to a remote kernel".into()),
                 };
                 if let Err(why) = routed {
@@ -1173,14 +1175,9 @@ impl Drop for ZenohBridge {
     }
 }
 
-impl RemoteKernel {
-    /// Sends a served kernel's reply back to this stand-in's kernel.
-    fn try_enqueue_reply(&self, env: &Envelope) -> Result<()> {
-        let bridge = self
-            .bridge
-            .upgrade()
-            .ok_or_else(|| Error::KernelTerminated(self.name.clone()))?;
-        bridge.send_k2k(self, &env.header, &env.payload, None)
+impl Carrier for Inner {
+    fn carry(&self, to: &RemoteKernel, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        self.send_k2k(to, header, payload, None)
     }
 }
 

@@ -9,7 +9,6 @@
 //!
 //! [`KernelHandle`]: ringkernel_core::runtime::KernelHandle
 
-use crate::bridge::Inner;
 use ringkernel_core::lifecycle::LifecycleState;
 use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
 use ringkernel_core::runtime::{KernelEngine, KernelEvents, KernelId, TerminateReport};
@@ -19,6 +18,12 @@ use ringkernel_core::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, Weak};
+
+/// What carries a stand-in's messages to its kernel (the bridge).
+pub(crate) trait Carrier: Send + Sync {
+    /// Sends one message (header stamped locally) to `to`'s kernel.
+    fn carry(&self, to: &RemoteKernel, header: &MessageHeader, payload: &[u8]) -> Result<()>;
+}
 
 /// Where a remote kernel is: its runtime's node name and its name or id there.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,7 +42,7 @@ pub(crate) struct RemoteKernel {
     pub(crate) name: String,
     pub(crate) node: String,
     pub(crate) target: RemoteTarget,
-    pub(crate) bridge: Weak<Inner>,
+    pub(crate) bridge: Weak<dyn Carrier>,
     pub(crate) max_payload: usize,
     pub(crate) window: usize,
     pub(crate) output: Mutex<VecDeque<Envelope>>,
@@ -89,7 +94,7 @@ impl KernelEngine for RemoteKernel {
             .bridge
             .upgrade()
             .ok_or_else(|| self.gone("its bridge has closed"))?;
-        bridge.send_k2k(self, header, payload, None)?;
+        bridge.carry(self, header, payload)?;
         self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.counters.processed.fetch_add(1, Ordering::Relaxed);
         Ok(())
