@@ -161,8 +161,8 @@ pub(crate) struct Inner {
     session: zenoh::Session,
     peers: RwLock<HashMap<String, Arc<Mutex<Peer>>>>,
     inbound: Mutex<HashMap<String, Inbound>>,
-    /// Stand-ins by (node, remote kernel name; "" for a host).
-    proxies: RwLock<HashMap<(String, String), Arc<RemoteKernel>>>,
+    /// Stand-ins by node, then remote kernel name ("" for a host).
+    proxies: RwLock<HashMap<String, HashMap<String, Arc<RemoteKernel>>>>,
     /// Stand-ins by local id.
     proxy_ids: RwLock<HashMap<KernelId, Arc<RemoteKernel>>>,
     acks: Mutex<Vec<(String, AckFrame)>>,
@@ -266,13 +266,15 @@ impl Inner {
         remote_name: &str,
         target: RemoteTarget,
     ) -> Result<Arc<RemoteKernel>> {
-        let key = (node.to_string(), remote_name.to_string());
-        if let Some(p) = self.proxies.read().expect("proxies lock").get(&key) {
-            return Ok(p.clone());
+        let find = |m: &HashMap<String, HashMap<String, Arc<RemoteKernel>>>| {
+            m.get(node).and_then(|k| k.get(remote_name)).cloned()
+        };
+        if let Some(p) = find(&self.proxies.read().expect("proxies lock")) {
+            return Ok(p);
         }
         let mut proxies = self.proxies.write().expect("proxies lock");
-        if let Some(p) = proxies.get(&key) {
-            return Ok(p.clone());
+        if let Some(p) = find(&proxies) {
+            return Ok(p);
         }
         let name = format!("{remote_name}@{node}");
         let id = self.core.reserve(&name)?;
@@ -290,7 +292,10 @@ impl Inner {
             terminated: AtomicBool::new(false),
         });
         self.core.insert(proxy.clone() as Arc<dyn KernelEngine>);
-        proxies.insert(key, proxy.clone());
+        proxies
+            .entry(node.to_string())
+            .or_default()
+            .insert(remote_name.to_string(), proxy.clone());
         self.proxy_ids
             .write()
             .expect("proxies lock")
@@ -303,7 +308,10 @@ impl Inner {
     /// filters arrive twice).
     fn sequence(&self, node: &str, epoch: u64, seq: u64, topic: bool) -> bool {
         let mut inbound = lock(&self.inbound);
-        let s = inbound.entry(node.to_string()).or_default();
+        if !inbound.contains_key(node) {
+            inbound.insert(node.to_string(), Inbound::default());
+        }
+        let s = inbound.get_mut(node).expect("just inserted");
         if s.epoch != epoch {
             *s = Inbound {
                 epoch,
@@ -335,6 +343,7 @@ impl Inner {
         self.sequence(from, f.epoch, f.seq, false);
         let receipt = self.deliver_k2k(from, &f);
         let mut acks = lock(&self.acks);
+        let was_empty = acks.is_empty();
         match acks.iter_mut().rev().find(|(n, _)| n == from) {
             Some((_, a))
                 if a.epoch == f.epoch && a.first_seq + a.receipts.len() as u64 == f.seq =>
@@ -351,7 +360,11 @@ impl Inner {
             )),
         }
         drop(acks);
-        self.acks_ready.notify_one();
+        // The acknowledger takes everything there is when it wakes: wake it only when
+        // it may be asleep.
+        if was_empty {
+            self.acks_ready.notify_one();
+        }
     }
 
     fn merge_clock(&self, h: &MessageHeader) -> bool {
@@ -462,8 +475,8 @@ impl Inner {
 
     /// Wakes host sends waiting for window space towards `node`.
     fn wake_senders(&self, node: &str) {
-        for p in self.proxies.read().expect("proxies lock").values() {
-            if p.node == node {
+        if let Some(ps) = self.proxies.read().expect("proxies lock").get(node) {
+            for p in ps.values() {
                 p.events.input_space.notify(usize::MAX);
             }
         }
