@@ -69,6 +69,8 @@
 //!   must reach another runtime sends K2K to a kernel there (`ctx.send_to("k@node", ..)`).
 //! * A runtime's stand-ins for remote kernels are kernels of its table: they show up in
 //!   its metrics and kernel lists, named `kernel@node` (`@node` for that node's host).
+//!   They are made on first contact (a `remote` call, or a first message from that
+//!   kernel) and kept until the bridge closes.
 //! * Only TCP endpoints are compiled in (the crate builds Zenoh with `transport_tcp`
 //!   alone, to keep build times down).
 //!
