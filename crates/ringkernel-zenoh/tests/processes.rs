@@ -128,8 +128,13 @@ impl Drop for ChildGuard {
 }
 
 fn spawn_child(node: &str, parent_port: u16) -> ChildGuard {
+    spawn_child_with(node, parent_port, &[])
+}
+
+fn spawn_child_with(node: &str, parent_port: u16, env: &[(&str, &str)]) -> ChildGuard {
     let exe = std::env::current_exe().expect("test binary");
     let child = Command::new(exe)
+        .envs(env.iter().copied())
         .args([
             "child_process_entry",
             "--exact",
@@ -396,6 +401,60 @@ async fn a_killed_peer_is_reported_and_its_in_flight_messages_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_peer_is_reported_when_its_lease_runs_out() {
+    let port = free_port();
+    let rt = CpuRuntime::new().await.unwrap();
+    let lease = Duration::from_millis(1000);
+    let bridge = ZenohBridge::start(
+        rt.core().clone(),
+        BridgeConfig::new("a")
+            .listen(format!("tcp/127.0.0.1:{port}"))
+            .lease(lease),
+    )
+    .await
+    .unwrap();
+    let mut events = bridge.events();
+    let hung = spawn_child_with("h", port, &[("RK_ZENOH_CHILD_LEASE_MS", "1000")]);
+    bridge.wait_for_peer("h", WAIT).await.unwrap();
+    let to_h = bridge.remote("worker@h").unwrap();
+    let r: Resp = to_h.call(Req::new(1, 1.0), WAIT).await.unwrap();
+    assert_eq!(r.value, 2.0);
+    settle(&bridge).await;
+    // Frozen: its connection stays open, but it sends nothing, keep-alives included.
+    signal(&hung, libc::SIGSTOP);
+    wait_stopped(&hung);
+    for i in 0..5 {
+        to_h.send(Req::new(i, 0.0)).await.unwrap();
+    }
+    let stopped_at = Instant::now();
+    let lost = loop {
+        match tokio::time::timeout(WAIT, events.recv())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            PeerEvent::Lost {
+                node,
+                in_flight_lost,
+            } if node == "h" => break in_flight_lost,
+            _ => {}
+        }
+    };
+    let after = stopped_at.elapsed();
+    eprintln!("hung peer h reported lost {after:?} after it froze (lease {lease:?})");
+    assert_eq!(lost, 5);
+    assert!(after < lease * 5, "{after:?}");
+    let s = bridge.stats();
+    assert_eq!(
+        s.k2k_sent,
+        s.k2k_delivered + s.k2k_refused + s.k2k_lost + s.k2k_in_flight
+    );
+    drop(hung);
+    bridge.close().await.unwrap();
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_configuration_is_a_clear_error() {
     let rt = CpuRuntime::new().await.unwrap();
     let core = rt.core().clone();
@@ -475,9 +534,12 @@ async fn child_process_entry() {
         .unwrap();
     rt.subscribe(command.id(), &format!("cmd/{node}/+"))
         .unwrap();
-    let config = BridgeConfig::new(node.clone())
+    let mut config = BridgeConfig::new(node.clone())
         .connect(connect)
         .import_topics("cmd/#");
+    if let Ok(ms) = std::env::var("RK_ZENOH_CHILD_LEASE_MS") {
+        config = config.lease(Duration::from_millis(ms.parse().unwrap()));
+    }
     let bridge = ZenohBridge::start(rt.core().clone(), config).await.unwrap();
     let mut events = bridge.events();
     bridge.serve(worker.id()).unwrap();
