@@ -9,7 +9,7 @@ use ringkernel_core::builtin::{self, Token};
 use ringkernel_core::hlc::{HlcTimestamp, DEFAULT_MAX_DRIFT_MS};
 use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
-use ringkernel_core::runtime::{KernelId, RingKernelRuntime};
+use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
 use ringkernel_core::Error;
 use ringkernel_cpu::CpuRuntime;
 use ringkernel_zenoh::wire::{self, K2kFrame};
@@ -50,6 +50,14 @@ async fn pair(config_b: impl FnOnce(BridgeConfig) -> BridgeConfig) -> Pair {
         a,
         b,
     }
+}
+
+async fn next_token(k: &KernelHandle) -> Token {
+    k.receive_envelope(Some(WAIT))
+        .await
+        .unwrap()
+        .decode()
+        .unwrap()
 }
 
 fn token(id: u64, v: f64) -> Envelope {
@@ -171,13 +179,7 @@ async fn overlapping_imports_deliver_once_and_the_dollar_rule_holds() {
     assert_eq!(s.sequence_gaps, 0);
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let t: Token = k
-            .receive_envelope(Some(WAIT))
-            .await
-            .unwrap()
-            .decode()
-            .unwrap();
-        ids.push(t.id);
+        ids.push(next_token(&k).await.id);
     }
     assert_eq!(ids, vec![1, 3]);
     close(p).await;
@@ -206,13 +208,7 @@ async fn a_late_joiner_counts_no_gap_for_what_came_before_it() {
     .unwrap();
     p.a.wait_for_peer("c", WAIT).await.unwrap();
     p.a.publish("t", KernelId::HOST, &token(5, 0.0)).unwrap();
-    let t: Token = k
-        .receive_envelope(Some(WAIT))
-        .await
-        .unwrap()
-        .decode()
-        .unwrap();
-    assert_eq!(t.id, 5);
+    assert_eq!(next_token(&k).await.id, 5);
     eventually("b got the sixth", || p.b.stats().topic_received == 6).await;
     let (sb, sc) = (p.b.stats(), c.stats());
     assert_eq!((sc.topic_received, sc.sequence_gaps), (1, 0));

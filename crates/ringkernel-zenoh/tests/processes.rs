@@ -174,6 +174,26 @@ async fn receive_resps(k: &KernelHandle, n: usize) -> Vec<(Envelope, Resp)> {
     out
 }
 
+/// Waits for the report that `node` was lost; returns how many K2K messages to it were
+/// still in flight.
+async fn lost_event(events: &mut tokio::sync::broadcast::Receiver<PeerEvent>, node: &str) -> u64 {
+    loop {
+        let event = tokio::time::timeout(WAIT, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let PeerEvent::Lost {
+            node: n,
+            in_flight_lost,
+        } = event
+        {
+            if n == node {
+                return in_flight_lost;
+            }
+        }
+    }
+}
+
 /// Waits until every K2K message sent has its receipt (a reply can overtake the
 /// receipt of its request).
 async fn settle(bridge: &ZenohBridge) {
@@ -340,19 +360,7 @@ async fn a_killed_peer_is_reported_and_its_in_flight_messages_counted() {
     }
     let killed_at = Instant::now();
     signal(&doomed, libc::SIGKILL);
-    let lost = loop {
-        match tokio::time::timeout(WAIT, events.recv())
-            .await
-            .unwrap()
-            .unwrap()
-        {
-            PeerEvent::Lost {
-                node,
-                in_flight_lost,
-            } if node == "c" => break in_flight_lost,
-            _ => {}
-        }
-    };
+    let lost = lost_event(&mut events, "c").await;
     let detection = killed_at.elapsed();
     eprintln!("peer c reported lost {detection:?} after SIGKILL");
     assert_eq!(lost, in_flight);
@@ -427,19 +435,7 @@ async fn a_hung_peer_is_reported_when_its_lease_runs_out() {
         to_h.send(Req::new(i, 0.0)).await.unwrap();
     }
     let stopped_at = Instant::now();
-    let lost = loop {
-        match tokio::time::timeout(WAIT, events.recv())
-            .await
-            .unwrap()
-            .unwrap()
-        {
-            PeerEvent::Lost {
-                node,
-                in_flight_lost,
-            } if node == "h" => break in_flight_lost,
-            _ => {}
-        }
-    };
+    let lost = lost_event(&mut events, "h").await;
     let after = stopped_at.elapsed();
     eprintln!("hung peer h reported lost {after:?} after it froze (lease {lease:?})");
     assert_eq!(lost, 5);
