@@ -129,6 +129,10 @@ pub use ringkernel_cuda::CudaRuntime;
 pub use ringkernel_metal::MetalRuntime;
 #[cfg(feature = "wgpu")]
 pub use ringkernel_wgpu::WgpuRuntime;
+/// Topics and K2K across processes and hosts through Zenoh (the `ringkernel-zenoh`
+/// crate; feature `zenoh`, not in the default build nor in `full`).
+#[cfg(feature = "zenoh")]
+pub use ringkernel_zenoh as zenoh;
 
 /// The README's example, compiled and run as a doctest so it cannot go stale.
 #[cfg(doctest)]
