@@ -119,6 +119,132 @@ pub(crate) fn rows_2d(
     rows_2d_generic(out, y0, cur, k, stride, nx)
 }
 
+/// One row of the update on padded row `y`: `out` (the row of the older field, padded)
+/// becomes the newer one from the current field's rows `up`, `mid`, `down`.
+#[inline(always)]
+fn row_2d(out: &mut [f32], up: &[f32], mid: &[f32], down: &[f32], k: &Coeffs<'_>, y: usize) {
+    let (stride, nx) = (mid.len(), mid.len() - 2);
+    let o = &mut out[1..nx + 1];
+    if k.uniform[y] {
+        row_uniform(o, up, mid, down, k.c2u);
+    } else {
+        let s = y * stride..(y + 1) * stride;
+        row_material(o, up, mid, down, &k.c2[s.clone()], &k.a[s.clone()], &k.b[s]);
+    }
+}
+
+/// A band of padded rows `y0..y0 + rows` for [`two_steps_2d`]: its rows of both fields
+/// and copies of the current field's rows just above and below it.
+pub(crate) struct Band<'a> {
+    pub y0: usize,
+    pub prev: &'a mut [f32],
+    pub cur: &'a mut [f32],
+    pub above: Vec<f32>,
+    pub below: Vec<f32>,
+}
+
+/// Two steps of a band in one sweep (temporal blocking), in place: row `y` of the first
+/// step (A: into `prev`), then row `y − 1` of the second (B: into `cur`, from A's rows
+/// `y − 2 ..= y`), so each row is loaded once for two steps. The second step of the
+/// band's first and last rows needs the neighbouring bands' first step: it is left to
+/// [`band_edges_2d`].
+#[inline(always)]
+fn band_two_steps_generic(b: &mut Band<'_>, k: &Coeffs<'_>) {
+    let s = b.above.len();
+    let rows = b.prev.len() / s;
+    for r in 0..rows {
+        {
+            let up = if r == 0 {
+                &b.above[..]
+            } else {
+                &b.cur[(r - 1) * s..r * s]
+            };
+            let down = if r + 1 == rows {
+                &b.below[..]
+            } else {
+                &b.cur[(r + 1) * s..(r + 2) * s]
+            };
+            let mid = &b.cur[r * s..(r + 1) * s];
+            row_2d(&mut b.prev[r * s..(r + 1) * s], up, mid, down, k, b.y0 + r);
+        }
+        if r >= 2 {
+            let q = r - 1;
+            let (p, c) = (
+                &b.prev[(q - 1) * s..(q + 2) * s],
+                &mut b.cur[q * s..(q + 1) * s],
+            );
+            row_2d(c, &p[..s], &p[s..2 * s], &p[2 * s..], k, b.y0 + q);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn band_two_steps_avx2(b: &mut Band<'_>, k: &Coeffs<'_>) {
+    band_two_steps_generic(b, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn band_two_steps_avx512(b: &mut Band<'_>, k: &Coeffs<'_>) {
+    band_two_steps_generic(b, k)
+}
+
+/// Whether this CPU has AVX-512F (checked once).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`band_two_steps_generic`] in its fastest build for this CPU.
+pub(crate) fn band_two_steps(b: &mut Band<'_>, k: &Coeffs<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: `has_avx512` checked at run time that the CPU supports AVX-512F,
+            // the only requirement of this function beyond its (safe) body.
+            unsafe { band_two_steps_avx512(b, k) };
+            return;
+        }
+        if has_avx2() {
+            // SAFETY: as above, for AVX2.
+            unsafe { band_two_steps_avx2(b, k) };
+            return;
+        }
+    }
+    band_two_steps_generic(b, k)
+}
+
+/// The second step of padded rows `ys` (band edges) after [`band_two_steps`] ran on
+/// every band: from the first step's rows in `prev` into `cur`.
+pub(crate) fn band_edges_2d(
+    prev: &[f32],
+    cur: &mut [f32],
+    k: &Coeffs<'_>,
+    stride: usize,
+    ys: &[usize],
+) {
+    for &y in ys {
+        let p = &prev[(y - 1) * stride..(y + 2) * stride];
+        let c = &mut cur[y * stride..(y + 1) * stride];
+        row_2d(
+            c,
+            &p[..stride],
+            &p[stride..2 * stride],
+            &p[2 * stride..],
+            k,
+            y,
+        );
+    }
+}
+
 /// Updates the padded z-planes `out` (whole planes of `plane` floats, the first being
 /// padded plane `z0`) of a 3-D field of `nx × ny` interior cells per plane; `uniform` is
 /// indexed by padded line `z * (ny + 2) + y`.

@@ -138,6 +138,26 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
     (2 * n * 4) as f64 / best
 }
 
+/// The copy bandwidth of `device` in bytes per second (read plus write): the best of a
+/// few device-to-device copies of a `bytes`-sized buffer, synchronised. The bound of a
+/// GPU step that moves 12 bytes a cell.
+pub fn device_copy_bandwidth(device: &ringkernel::compute::Device, bytes: usize) -> Result<f64> {
+    let n = (bytes / 4).max(1024);
+    let b = device.backend();
+    let src = b.alloc(n)?;
+    let dst = b.alloc(n)?;
+    b.copy(src.as_ref(), 0, dst.as_ref(), 0, n)?;
+    b.synchronize()?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        b.copy(src.as_ref(), 0, dst.as_ref(), 0, n)?;
+        b.synchronize()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok((2 * n * 4) as f64 / best)
+}
+
 /// Steps per second of [`DeviceWave2D`](crate::DeviceWave2D) (the codegen stencil, one
 /// launch per step) on `device` for an `n × n` grid of the default medium: 10 warm-up
 /// steps (compiling the kernel), then batches until `min_time` has passed, the device
