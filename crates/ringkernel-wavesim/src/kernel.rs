@@ -133,7 +133,7 @@ fn row_2d(out: &mut [f32], up: &[f32], mid: &[f32], down: &[f32], k: &Coeffs<'_>
     }
 }
 
-/// A band of padded rows `y0..y0 + rows` for [`two_steps_2d`]: its rows of both fields
+/// A band of padded rows `y0..y0 + rows` for [`band_sweep`]: its rows of both fields
 /// and copies of the current field's rows just above and below it.
 pub(crate) struct Band<'a> {
     pub y0: usize,
@@ -143,51 +143,56 @@ pub(crate) struct Band<'a> {
     pub below: Vec<f32>,
 }
 
-/// Two steps of a band in one sweep (temporal blocking), in place: row `y` of the first
-/// step (A: into `prev`), then row `y − 1` of the second (B: into `cur`, from A's rows
-/// `y − 2 ..= y`), so each row is loaded once for two steps. The second step of the
-/// band's first and last rows needs the neighbouring bands' first step: it is left to
-/// [`band_edges_2d`].
+/// `depth` steps (even) of a band in one sweep (temporal blocking), in place in the two
+/// fields: step `k` writes the field that held step `k − 2` (`prev` for odd `k`, `cur`
+/// for even), from step `k − 1`'s rows in the other. The sweep is a wavefront: at
+/// position `i` step 1 does row `i`, step 2 row `i − 1`, …, so every row is loaded once
+/// for all the steps while it is in the L1 cache. Only step 1 reads outside the band
+/// (`above`, `below`); step `k` does the band's rows `k − 1` from each end inward, and
+/// [`edge_sweep`] the rest once every band is done.
 #[inline(always)]
-fn band_two_steps_generic(b: &mut Band<'_>, k: &Coeffs<'_>) {
+fn band_sweep_generic(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
     let s = b.above.len();
-    let rows = b.prev.len() / s;
-    for r in 0..rows {
-        {
+    let h = b.prev.len() / s;
+    for i in 0..h + depth - 1 {
+        for step in 1..=depth {
+            let Some(r) = i.checked_sub(step - 1) else {
+                break;
+            };
+            if r + 1 < step || r + step > h {
+                continue;
+            }
+            let (out, src) = if step % 2 == 1 {
+                (&mut *b.prev, &*b.cur)
+            } else {
+                (&mut *b.cur, &*b.prev)
+            };
             let up = if r == 0 {
                 &b.above[..]
             } else {
-                &b.cur[(r - 1) * s..r * s]
+                &src[(r - 1) * s..r * s]
             };
-            let down = if r + 1 == rows {
+            let down = if r + 1 == h {
                 &b.below[..]
             } else {
-                &b.cur[(r + 1) * s..(r + 2) * s]
+                &src[(r + 1) * s..(r + 2) * s]
             };
-            let mid = &b.cur[r * s..(r + 1) * s];
-            row_2d(&mut b.prev[r * s..(r + 1) * s], up, mid, down, k, b.y0 + r);
-        }
-        if r >= 2 {
-            let q = r - 1;
-            let (p, c) = (
-                &b.prev[(q - 1) * s..(q + 2) * s],
-                &mut b.cur[q * s..(q + 1) * s],
-            );
-            row_2d(c, &p[..s], &p[s..2 * s], &p[2 * s..], k, b.y0 + q);
+            let mid = &src[r * s..(r + 1) * s];
+            row_2d(&mut out[r * s..(r + 1) * s], up, mid, down, k, b.y0 + r);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn band_two_steps_avx2(b: &mut Band<'_>, k: &Coeffs<'_>) {
-    band_two_steps_generic(b, k)
+fn band_sweep_avx2(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    band_sweep_generic(b, k, depth)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn band_two_steps_avx512(b: &mut Band<'_>, k: &Coeffs<'_>) {
-    band_two_steps_generic(b, k)
+fn band_sweep_avx512(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    band_sweep_generic(b, k, depth)
 }
 
 /// Whether this CPU has AVX-512F (checked once).
@@ -203,45 +208,56 @@ fn has_avx512() -> bool {
     }
 }
 
-/// [`band_two_steps_generic`] in its fastest build for this CPU.
-pub(crate) fn band_two_steps(b: &mut Band<'_>, k: &Coeffs<'_>) {
+/// [`band_sweep_generic`] in its fastest build for this CPU.
+pub(crate) fn band_sweep(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx512() {
             // SAFETY: `has_avx512` checked at run time that the CPU supports AVX-512F,
             // the only requirement of this function beyond its (safe) body.
-            unsafe { band_two_steps_avx512(b, k) };
+            unsafe { band_sweep_avx512(b, k, depth) };
             return;
         }
         if has_avx2() {
             // SAFETY: as above, for AVX2.
-            unsafe { band_two_steps_avx2(b, k) };
+            unsafe { band_sweep_avx2(b, k, depth) };
             return;
         }
     }
-    band_two_steps_generic(b, k)
+    band_sweep_generic(b, k, depth)
 }
 
-/// The second step of padded rows `ys` (band edges) after [`band_two_steps`] ran on
-/// every band: from the first step's rows in `prev` into `cur`.
-pub(crate) fn band_edges_2d(
-    prev: &[f32],
+/// What [`band_sweep`] left out, after it ran on every band: around each band edge `e`
+/// (a band's first padded row; `ny + 1` for the bottom), step `k` of the rows
+/// `e − k + 1 ..= e + k − 2` (within the grid), steps in order.
+pub(crate) fn edge_sweep(
+    prev: &mut [f32],
     cur: &mut [f32],
     k: &Coeffs<'_>,
-    stride: usize,
-    ys: &[usize],
+    (stride, ny): (usize, usize),
+    edges: &[usize],
+    depth: usize,
 ) {
-    for &y in ys {
-        let p = &prev[(y - 1) * stride..(y + 2) * stride];
-        let c = &mut cur[y * stride..(y + 1) * stride];
-        row_2d(
-            c,
-            &p[..stride],
-            &p[stride..2 * stride],
-            &p[2 * stride..],
-            k,
-            y,
-        );
+    for &e in edges {
+        for step in 2..=depth {
+            let (out, src) = if step % 2 == 1 {
+                (&mut *prev, &*cur)
+            } else {
+                (&mut *cur, &*prev)
+            };
+            for y in (e + 1).saturating_sub(step).max(1)..=(e + step - 2).min(ny) {
+                let p = &src[(y - 1) * stride..(y + 2) * stride];
+                let o = &mut out[y * stride..(y + 1) * stride];
+                row_2d(
+                    o,
+                    &p[..stride],
+                    &p[stride..2 * stride],
+                    &p[2 * stride..],
+                    k,
+                    y,
+                );
+            }
+        }
     }
 }
 
