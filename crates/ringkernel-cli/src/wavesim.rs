@@ -6,7 +6,7 @@ use ringkernel::compute::Device;
 use ringkernel::Error;
 use ringkernel_wavesim::scene::{
     copy_bandwidth, cpu_steps_per_sec, cuda_steps_per_sec, demo_scene, device_copy_bandwidth,
-    device_steps_per_sec, run_headless,
+    device_steps_per_sec, run_headless, CudaPath,
 };
 use ringkernel_wavesim::window::{run_window, WindowOptions};
 use std::path::PathBuf;
@@ -424,13 +424,18 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
             if name == "cuda" {
                 gpu_row(
                     "cuda-step",
-                    cuda_steps_per_sec(n, secs, false),
+                    cuda_steps_per_sec(n, secs, CudaPath::PerStep),
                     "CUDA C, a launch a step",
                 );
                 gpu_row(
                     "cuda-tile",
-                    cuda_steps_per_sec(n, secs, true),
-                    "tile actors in one persistent kernel",
+                    cuda_steps_per_sec(n, secs, CudaPath::Tiles),
+                    "tile actors over global memory, one launch",
+                );
+                gpu_row(
+                    "cuda-reg",
+                    cuda_steps_per_sec(n, secs, CudaPath::Resident),
+                    "tile actors in registers, one launch",
                 );
             }
         }

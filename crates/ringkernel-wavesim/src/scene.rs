@@ -186,19 +186,30 @@ pub fn device_steps_per_sec(
     Ok(steps as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Which [`CudaWave2D`](crate::cuda::CudaWave2D) path [`cuda_steps_per_sec`] times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPath {
+    /// [`run_per_step`](crate::cuda::CudaWave2D::run_per_step): a launch a step.
+    PerStep,
+    /// [`run_persistent`](crate::cuda::CudaWave2D::run_persistent): tile actors over
+    /// global memory in one launch.
+    Tiles,
+    /// [`run_resident`](crate::cuda::CudaWave2D::run_resident): tile actors with the
+    /// fields in registers in one launch.
+    Resident,
+}
+
 /// Steps per second of [`CudaWave2D`](crate::cuda::CudaWave2D) on device 0 for an
-/// `n × n` grid: the persistent tile-actor kernel (`persistent`, batches of steps per
-/// launch) or one launch per step, after a warm-up, synchronised before the clock stops.
-pub fn cuda_steps_per_sec(n: usize, min_time: Duration, persistent: bool) -> Result<f64> {
+/// `n × n` grid along `path` (batches of steps per launch for the one-launch paths),
+/// after a warm-up, synchronised before the clock stops.
+pub fn cuda_steps_per_sec(n: usize, min_time: Duration, path: CudaPath) -> Result<f64> {
     let mut g = WaveGrid2D::new(n, n, WaveParams::default())?;
     g.add_gaussian(n as f32 / 2.0, n as f32 / 2.0, 3.0, 1.0);
     let mut d = crate::cuda::CudaWave2D::new(&g, 0)?;
-    let run = |d: &mut crate::cuda::CudaWave2D, k: u64| {
-        if persistent {
-            d.run_persistent(k)
-        } else {
-            d.run_per_step(k)
-        }
+    let run = |d: &mut crate::cuda::CudaWave2D, k: u64| match path {
+        CudaPath::PerStep => d.run_per_step(k),
+        CudaPath::Tiles => d.run_persistent(k),
+        CudaPath::Resident => d.run_resident(k),
     };
     run(&mut d, 10)?;
     d.synchronize()?;
