@@ -280,6 +280,7 @@ mod tests {
         assert_eq!(resident_rows(1024, 1024, 132), Some(16)); // 32 x 4
         assert_eq!(resident_rows(517, 300, 132), Some(4)); // 17 x 5
         assert_eq!(resident_rows(2048, 2048, 132), None);
-        assert_eq!(resident_rows(40, 20, 1), Some(1));
+        assert_eq!(resident_rows(30, 20, 1), Some(2)); // one tile of 32 x 32
+        assert_eq!(resident_rows(40, 20, 1), None);
     }
 }
