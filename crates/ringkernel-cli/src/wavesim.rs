@@ -104,7 +104,8 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = ["eager".to_string(), "compile".to_string()])]
     pub torch_modes: Vec<String>,
     /// GPU backends to measure besides the CPU engine (the codegen stencil, a launch
-    /// per step): any of wgpu, cuda, metal; unavailable ones are reported as skipped.
+    /// per step): any of wgpu, cuda, metal, or `none`; unavailable ones are reported as
+    /// skipped.
     #[arg(long, value_delimiter = ',', default_values_t = ["wgpu".to_string(), "cuda".to_string()])]
     pub gpu: Vec<String>,
 }
@@ -308,7 +309,7 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
         bw / 1e9
     );
     let mut gpus = Vec::new();
-    for name in &b.gpu {
+    for name in b.gpu.iter().filter(|n| !n.is_empty() && *n != "none") {
         let dev = Device::from_name(name)
             .and_then(|d| device_copy_bandwidth(&d, 256 << 20).map(|bw| (d, bw)));
         match dev {

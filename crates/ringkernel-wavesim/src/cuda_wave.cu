@@ -101,12 +101,29 @@ __device__ __forceinline__ void put_ll(unsigned long long* slot, float v, unsign
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(w) : "memory");
 }
 
-__device__ __forceinline__ float get_ll(const unsigned long long* slot, unsigned stamp) {
+__device__ __forceinline__ unsigned long long ld_ll(const unsigned long long* slot) {
   unsigned long long w;
-  do {
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(slot) : "memory");
-  } while ((unsigned)(w >> 32) != stamp);
-  return __uint_as_float((unsigned)(w & 0xffffffffull));
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(slot) : "memory");
+  return w;
+}
+
+// Waits for up to two stamped words at once (a null slot: nothing to wait for, the value
+// stays 0, a zero border): both loads are in flight together, one round trip, not two.
+__device__ __forceinline__ void get2_ll(const unsigned long long* a, const unsigned long long* b,
+                                        unsigned stamp, float& av, float& bv) {
+  bool need_a = a != nullptr, need_b = b != nullptr;
+  while (need_a || need_b) {
+    unsigned long long wa = need_a ? ld_ll(a) : 0ull;
+    unsigned long long wb = need_b ? ld_ll(b) : 0ull;
+    if (need_a && (unsigned)(wa >> 32) == stamp) {
+      av = __uint_as_float((unsigned)(wa & 0xffffffffull));
+      need_a = false;
+    }
+    if (need_b && (unsigned)(wb >> 32) == stamp) {
+      bv = __uint_as_float((unsigned)(wb & 0xffffffffull));
+      need_b = false;
+    }
+  }
 }
 
 template <int R>
@@ -126,7 +143,7 @@ __device__ __forceinline__ void resident(float* prev, float* cur, unsigned long 
   const int down = by < tiles_y - 1 ? tile + tiles_x : -1;
   const int left = bx > 0 ? tile - 1 : -1;
   const int right = bx < tiles_x - 1 ? tile + 1 : -1;
-  unsigned long long* mine = halo + (size_t)tile * 2 * HALO;
+  unsigned long long* mine = halo + (long long)tile * 2 * HALO;
   float u[R], p[R];
   bool in[R];
 #pragma unroll
@@ -151,18 +168,37 @@ __device__ __forceinline__ void resident(float* prev, float* cur, unsigned long 
       if (tx == TW - 1) put_ll(out + 2 * TW + TH + ty * R + r, u[r], stamp);
     }
     if (i == steps) break;
-    // The tile and its neighbours' borders into shared memory.
+    // The tile and its neighbours' borders into shared memory. A warp is one row of
+    // threads (blockDim.x == 32); its lanes fetch the border cells: lanes 0..R-1 the
+    // left neighbour's cells of the warp's R rows, lanes 16..16+R-1 the right one's,
+    // and in the first and last warp every lane one cell of the row above or below.
 #pragma unroll
     for (int r = 0; r < R; r++) s[ty * R + r + 1][tx + 1] = u[r];
-    if (ty == 0) s[0][tx + 1] = up >= 0 ? get_ll(halo + (size_t)up * 2 * HALO + par + TW + tx, stamp) : 0.0f;
-    if (ty == 15) s[TH + 1][tx + 1] = down >= 0 ? get_ll(halo + (size_t)down * 2 * HALO + par + tx, stamp) : 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      int row = ty * R + r;
-      if (tx == 0)
-        s[row + 1][0] = left >= 0 ? get_ll(halo + (size_t)left * 2 * HALO + par + 2 * TW + TH + row, stamp) : 0.0f;
-      if (tx == TW - 1)
-        s[row + 1][TW + 1] = right >= 0 ? get_ll(halo + (size_t)right * 2 * HALO + par + 2 * TW + row, stamp) : 0.0f;
+    {
+      const unsigned long long* a_slot = nullptr;
+      const unsigned long long* b_slot = nullptr;
+      float* a_dst = nullptr;
+      float* b_dst = nullptr;
+      if (tx < R) {
+        const int row = ty * R + tx;
+        a_dst = &s[row + 1][0];
+        if (left >= 0) a_slot = halo + (long long)left * 2 * HALO + par + 2 * TW + TH + row;
+      } else if (tx >= 16 && tx < 16 + R) {
+        const int row = ty * R + tx - 16;
+        a_dst = &s[row + 1][TW + 1];
+        if (right >= 0) a_slot = halo + (long long)right * 2 * HALO + par + 2 * TW + row;
+      }
+      if (ty == 0) {
+        b_dst = &s[0][tx + 1];
+        if (up >= 0) b_slot = halo + (long long)up * 2 * HALO + par + TW + tx;
+      } else if (ty == 15) {
+        b_dst = &s[TH + 1][tx + 1];
+        if (down >= 0) b_slot = halo + (long long)down * 2 * HALO + par + tx;
+      }
+      float av = 0.0f, bv = 0.0f;
+      get2_ll(a_slot, b_slot, stamp, av, bv);
+      if (a_dst) *a_dst = av;
+      if (b_dst) *b_dst = bv;
     }
     __syncthreads();
 #pragma unroll

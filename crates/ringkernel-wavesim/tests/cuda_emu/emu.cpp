@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
         case 1: wave_resident_1(P, C, H, nx, ny, c2, base, steps, tx_); break;
         case 2: wave_resident_2(P, C, H, nx, ny, c2, base, steps, tx_); break;
         case 4: wave_resident_4(P, C, H, nx, ny, c2, base, steps, tx_); break;
+        case 8: wave_resident_8(P, C, H, nx, ny, c2, base, steps, tx_); break;
+        case 16: wave_resident_16(P, C, H, nx, ny, c2, base, steps, tx_); break;
+        default: printf("R must be 1, 2, 4, 8 or 16\n"); exit(2);
       }
     };
     launch(tiles, run);
