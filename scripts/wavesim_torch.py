@@ -88,30 +88,27 @@ def main():
                     fn(u, p)
                     u, p = p, u
                 checksum = float(u.double().sum().item())
+                bufs = [u, p]
+
+                def timed(batch):
+                    # Seconds for `batch` steps (an even count keeps the buffers' roles).
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for k in range(batch):
+                        fn(bufs[k % 2], bufs[(k + 1) % 2])
+                    b.record()
+                    b.synchronize()
+                    return a.elapsed_time(b) * 1e-3
+
                 # Batches of steps sized to take about a tenth of the time given.
                 batch = 10
-                while True:
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    for _ in range(batch):
-                        fn(u, p)
-                        u, p = p, u
-                    b.record()
-                    b.synchronize()
-                    el = a.elapsed_time(b) * 1e-3
-                    if el >= args.seconds / 10 or batch >= 1 << 20:
-                        break
+                el = timed(batch)
+                while el < args.seconds / 10 and batch < 1 << 20:
                     batch *= 2
+                    el = timed(batch)
                 best, spent = el, 0.0
                 while spent < args.seconds:
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    for _ in range(batch):
-                        fn(u, p)
-                        u, p = p, u
-                    b.record()
-                    b.synchronize()
-                    el = a.elapsed_time(b) * 1e-3
+                    el = timed(batch)
                     best, spent = min(best, el), spent + el
                 sps = batch / best
             except Exception as e:

@@ -353,9 +353,8 @@ impl WaveGrid2D {
         self.uniform.fill(true);
     }
 
-    /// Advances one time step.
-    pub fn step(&mut self) {
-        let (nx, ny, s) = (self.nx, self.ny, self.stride());
+    /// The update coefficients, and the two fields (previous, current) to update.
+    fn parts(&mut self) -> (Coeffs<'_>, &mut [f32], &mut [f32]) {
         let c2u = self.params.c2_of(self.params.speed);
         let k = Coeffs {
             c2: &self.c2,
@@ -364,8 +363,15 @@ impl WaveGrid2D {
             uniform: &self.uniform,
             c2u,
         };
-        let cur = &self.cur;
-        let rows = &mut self.prev[s..s * (ny + 1)];
+        (k, &mut self.prev, &mut self.cur)
+    }
+
+    /// Advances one time step.
+    pub fn step(&mut self) {
+        let (nx, ny, s) = (self.nx, self.ny, self.stride());
+        let (k, prev, cur) = self.parts();
+        let cur = &*cur;
+        let rows = &mut prev[s..s * (ny + 1)];
         if nx * ny < PAR_MIN_CELLS {
             rows_2d(rows, 1, cur, &k, s, nx);
         } else {
@@ -429,23 +435,16 @@ impl WaveGrid2D {
             return false;
         }
         let nbands = bands.clamp(1, ny / min_rows);
-        let c2u = self.params.c2_of(self.params.speed);
-        let k = Coeffs {
-            c2: &self.c2,
-            a: &self.a,
-            b: &self.b,
-            uniform: &self.uniform,
-            c2u,
-        };
+        let (k, all_prev, all_cur) = self.parts();
         // Band j: padded rows starts[j]..starts[j + 1].
         let starts: Vec<usize> = (0..=nbands).map(|j| 1 + j * ny / nbands).collect();
-        let copy = |y: usize| self.cur[y * s..(y + 1) * s].to_vec();
+        let copy = |y: usize| all_cur[y * s..(y + 1) * s].to_vec();
         let halos: Vec<(Vec<f32>, Vec<f32>)> = starts
             .windows(2)
             .map(|w| (copy(w[0] - 1), copy(w[1])))
             .collect();
         let mut bands = Vec::with_capacity(nbands);
-        let (mut prev, mut cur) = (&mut self.prev[s..], &mut self.cur[s..]);
+        let (mut prev, mut cur) = (&mut all_prev[s..], &mut all_cur[s..]);
         for (w, (above, below)) in starts.windows(2).zip(halos) {
             let len = (w[1] - w[0]) * s;
             let (p, p_rest) = std::mem::take(&mut prev).split_at_mut(len);
@@ -465,7 +464,7 @@ impl WaveGrid2D {
             bands.par_iter_mut().for_each(|b| band_sweep(b, &k, depth));
         }
         drop(bands);
-        edge_sweep(&mut self.prev, &mut self.cur, &k, (s, ny), &starts, depth);
+        edge_sweep(all_prev, all_cur, &k, (s, ny), &starts, depth);
         self.steps += depth as u64;
         true
     }

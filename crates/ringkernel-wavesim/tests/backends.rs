@@ -61,13 +61,18 @@ fn cpu_device_agrees_with_the_engine() {
     agree(&Device::cpu());
 }
 
-#[test]
-fn wgpu_agrees_with_the_cpu_engine() {
+/// Runs `check` on the WebGPU device; SKIPPED without an adapter.
+fn on_wgpu(check: fn(&Device)) {
     match Device::wgpu() {
-        Ok(dev) => agree(&dev),
+        Ok(dev) => check(&dev),
         Err(e @ Error::BackendUnavailable { .. }) => eprintln!("SKIPPED: no WebGPU adapter: {e}"),
         Err(e) => panic!("{e}"),
     }
+}
+
+#[test]
+fn wgpu_agrees_with_the_cpu_engine() {
+    on_wgpu(agree);
 }
 
 #[test]
@@ -134,11 +139,7 @@ fn sources_run_on_the_cpu_device() {
 
 #[test]
 fn sources_run_on_wgpu() {
-    match Device::wgpu() {
-        Ok(dev) => sources_agree(&dev),
-        Err(e @ Error::BackendUnavailable { .. }) => eprintln!("SKIPPED: no WebGPU adapter: {e}"),
-        Err(e) => panic!("{e}"),
-    }
+    on_wgpu(sources_agree);
 }
 
 #[test]
