@@ -6,7 +6,6 @@
 //! on across launches) without a GPU; the GPU runs it in `tests/cuda.rs`. Skipped (with
 //! a message) where `g++` is missing.
 
-use std::path::Path;
 use std::process::Command;
 
 /// The kernel source with the three CUDA-only constructs replaced for the emulator.
@@ -44,8 +43,10 @@ fn resident_kernel_matches_the_reference_on_a_cpu_emulation() {
     let dir = std::env::temp_dir().join(format!("rk-wave-emu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("kernel_emu.inc"), emulated_source()).unwrap();
+    // Written out from the test binary, so that it runs wherever the binary goes.
+    let emu_cpp = dir.join("emu.cpp");
+    std::fs::write(&emu_cpp, include_str!("cuda_emu/emu.cpp")).unwrap();
     let exe = dir.join("emu");
-    let emu_cpp = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emu/emu.cpp");
     let out = Command::new("g++")
         .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-I"])
         .arg(&dir)
