@@ -141,13 +141,21 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
 }
 
 /// The copy bandwidth of `device` in bytes per second (read plus write): the best of a
-/// few device-to-device copies of a `bytes`-sized buffer, synchronised. The bound of a
+/// few device-to-device copies of a `bytes`-sized buffer (or a half or quarter of it,
+/// where the device limits buffers), synchronised. The bound of a
 /// GPU step that moves 12 bytes a cell.
 pub fn device_copy_bandwidth(device: &ringkernel::compute::Device, bytes: usize) -> Result<f64> {
-    let n = (bytes / 4).max(1024);
     let b = device.backend();
-    let src = b.alloc(n)?;
-    let dst = b.alloc(n)?;
+    // The largest of `bytes`, its half, its quarter that the device takes in one buffer
+    // (wgpu's default storage-buffer limit is 128 MiB).
+    let mut n = (bytes / 4).max(1024);
+    let (src, dst) = loop {
+        match (b.alloc(n), b.alloc(n)) {
+            (Ok(s), Ok(d)) => break (s, d),
+            (Err(e), _) | (_, Err(e)) if n <= (bytes / 16).max(1024) => return Err(e),
+            _ => n /= 2,
+        }
+    };
     b.copy(src.as_ref(), 0, dst.as_ref(), 0, n)?;
     b.synchronize()?;
     let mut best = f64::MAX;
