@@ -238,6 +238,41 @@ wavesim() {
   fi
 }
 
+# The WaveSim window on a virtual X server (Xvfb, installed here with apt-get like
+# lavapipe): the window opens, a screenshot of the X server shows the wave, and synthetic
+# mouse and key input (XTEST) draws walls and absorbers, places a source, pauses, steps
+# and quits (crates/ringkernel-cli/tests/wavesim_window.rs).
+xvfb_install() {
+  command -v Xvfb >/dev/null 2>&1 && return 0
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "apt-get is not available"
+    return 1
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "not root and no sudo"
+      return 1
+    fi
+    sudo="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q xvfb >/dev/null; }; then
+    echo "apt-get install xvfb failed"
+    return 1
+  fi
+  command -v Xvfb >/dev/null 2>&1 || { echo "no Xvfb after installing xvfb"; return 1; }
+}
+
+wavesim_window() {
+  local why
+  if ! why=$(xvfb_install 2>&1); then
+    echo "SKIPPED: the WaveSim window test under Xvfb ($why)"
+    return 0
+  fi
+  cargo test --release -p ringkernel-cli --test wavesim_window -- --include-ignored
+}
+
 metal() {
   local target="aarch64-apple-darwin" out
   if ! command -v rustup >/dev/null 2>&1; then
@@ -270,6 +305,7 @@ step "cargo test -p ringkernel (default build: CPU only) + cargo tree check" tes
 step "examples: cargo run -p ringkernel --example ... (CPU; then --features wgpu) and wgpu_hello" examples
 step "release demo: ringkernel demo --messages $MESSAGES" demo
 step "WaveSim: ringkernel wavesim --headless and a short wavesim bench (numpy peer)" wavesim
+step "WaveSim window under Xvfb: screenshot pixels and synthetic mouse/key input" wavesim_window
 step "Metal type-check: cargo check + clippy -p ringkernel-metal --target aarch64-apple-darwin" metal
 step "cargo fmt --all -- --check" fmt
 if [ "${RK_SKIP_CLIPPY:-0}" = "1" ]; then

@@ -30,8 +30,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Quick measurements beside peers measured in the same run.
     Bench(BenchCmd),
-    /// WaveSim: the acoustic wave simulation (`--headless` writes PNG frames), and
-    /// `wavesim bench`.
+    /// WaveSim: the acoustic wave simulation in a window (draw absorbers, walls and
+    /// sources with the mouse), `--headless` PNG frames, and `wavesim bench`.
     Wavesim(wavesim::WavesimCmd),
     /// Generate a reply with SmolLM2-135M (GGUF, quantized) and print tokens/s.
     Generate(llm::GenerateArgs),

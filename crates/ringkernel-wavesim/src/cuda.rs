@@ -1,6 +1,14 @@
 //! WaveSim on CUDA through `ringkernel-cuda`'s public API (NVRTC-compiled CUDA C): tile
-//! actors inside one persistent kernel that synchronise only with their neighbours
-//! (per-tile step counters, no grid-wide barrier), beside a kernel-per-step baseline.
+//! actors inside one persistent kernel that synchronise only with their neighbours (no
+//! grid-wide barrier), beside a kernel-per-step baseline. Two kinds of tile actors:
+//!
+//! * [`CudaWave2D::run_persistent`]: the fields in global memory, each tile waiting on its
+//!   four neighbours' step counters (any grid size);
+//! * [`CudaWave2D::run_resident`]: the fields in registers for the whole launch (one
+//!   block per SM, a tile of 32 × 16R cells each), the border cells exchanged as
+//!   {value, step} 64-bit words that carry their own readiness (no fence, no counter):
+//!   for grids that fit on chip (up to about 1024² on an H100/H200).
+//!
 //! The kernels are in `cuda_wave.cu` beside this file; they run the default medium
 //! (uniform speed, no damping) with a zero border, the update of the CPU engine's
 //! uniform rows.
@@ -23,6 +31,10 @@ pub struct CudaWave2D {
     cuda: CudaCompute,
     step_fn: CudaFunction,
     tiles_fn: CudaFunction,
+    /// The register-resident kernel for this grid, its rows per thread `R`, its tiles
+    /// across, and the halo words (2 parities × `64 + 32R` per tile); `None` when the
+    /// grid needs more tiles than the device has SMs.
+    resident: Option<(CudaFunction, usize, usize, BufferRef)>,
     /// `bufs[0]` holds the older field, `bufs[1]` the current one.
     bufs: [BufferRef; 2],
     flags: BufferRef,
@@ -83,10 +95,21 @@ impl CudaWave2D {
             cuda.upload(grid.padded())?,
         ];
         let flags = cuda.upload(&vec![0.0f32; tiles])?; // 0.0 has the bits of 0u32
+        let resident = match resident_rows(nx, ny, sms) {
+            Some(r) => {
+                let f = cuda.compile_function("wavesim", SRC, &format!("wave_resident_{r}"))?;
+                let (tx, ty) = (nx.div_ceil(32), ny.div_ceil(16 * r));
+                // Zeroed: no stamp matches (stamps start at 1).
+                let halo = cuda.upload(&vec![0.0f32; tx * ty * 2 * (64 + 32 * r) * 2])?;
+                Some((f, r, tx, halo))
+            }
+            None => None,
+        };
         Ok(CudaWave2D {
             cuda,
             step_fn,
             tiles_fn,
+            resident,
             bufs,
             flags,
             nx,
@@ -175,6 +198,54 @@ impl CudaWave2D {
         Ok(())
     }
 
+    /// Rows a thread of [`run_resident`](Self::run_resident) keeps (`R`: a tile is
+    /// 32 × 16R cells), or `None` when this grid does not fit on chip.
+    pub fn resident_rows(&self) -> Option<usize> {
+        self.resident.as_ref().map(|r| r.1)
+    }
+
+    /// Advances `steps` steps in one launch of the register-resident tile actors
+    /// (queued; see the [module docs](self)).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a grid that needs more tiles than the
+    /// device has SMs (every tile must be resident at once) or more than `i32::MAX` steps.
+    pub fn run_resident(&mut self, steps: u64) -> Result<()> {
+        let Some((f, r, tiles_x, halo)) = &self.resident else {
+            return Err(Error::invalid(format!(
+                "a {} x {} grid does not fit the register-resident kernel: it needs at most \
+                 one tile of 32 x 256 cells per SM",
+                self.nx, self.ny
+            )));
+        };
+        if steps == 0 {
+            return Ok(());
+        }
+        let steps32 =
+            i32::try_from(steps).map_err(|_| Error::invalid("at most i32::MAX steps a launch"))?;
+        let tiles = tiles_x * self.ny.div_ceil(16 * r);
+        self.cuda.launch_function(
+            f,
+            [tiles as u32, 1, 1],
+            [32, 16, 1],
+            &[
+                CudaArg::Buffer(self.bufs[0].as_ref()),
+                CudaArg::Buffer(self.bufs[1].as_ref()),
+                CudaArg::Buffer(halo.as_ref()),
+                CudaArg::I32(self.nx as i32),
+                CudaArg::I32(self.ny as i32),
+                CudaArg::F32(self.c2),
+                // The stamps go on from the step count (wrapping is fine: only equality
+                // matters, and stamps two steps apart differ).
+                CudaArg::U32(self.steps as u32),
+                CudaArg::I32(steps32),
+                CudaArg::I32(*tiles_x as i32),
+            ],
+        )?;
+        // The kernel writes the newest field back into b1, the one before into b0.
+        self.steps += steps;
+        Ok(())
+    }
+
     /// Waits for the queued work.
     pub fn synchronize(&self) -> Result<()> {
         self.cuda.synchronize()
@@ -185,5 +256,31 @@ impl CudaWave2D {
         let mut out = vec![0.0f32; (self.nx + 2) * (self.ny + 2)];
         self.cuda.read(self.bufs[1].as_ref(), 0, &mut out)?;
         Ok(crate::grid2d::interior(&out, self.nx, self.ny))
+    }
+}
+
+/// The rows per thread `R` (1, 2, 4, 8 or 16) of the register-resident kernel for an
+/// `nx × ny` grid on a device of `sms` SMs: the smallest whose tiles (32 × 16R cells)
+/// number at most `sms`, so that every block has an SM of its own.
+pub fn resident_rows(nx: usize, ny: usize, sms: usize) -> Option<usize> {
+    [1, 2, 4, 8, 16]
+        .into_iter()
+        .find(|&r| nx.div_ceil(32) * ny.div_ceil(16 * r) <= sms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resident_rows;
+
+    #[test]
+    fn resident_tiles_fit_one_per_sm() {
+        // H100/H200: 132 SMs.
+        assert_eq!(resident_rows(256, 256, 132), Some(1)); // 8 x 16 tiles
+        assert_eq!(resident_rows(512, 512, 132), Some(4)); // 16 x 8
+        assert_eq!(resident_rows(1024, 1024, 132), Some(16)); // 32 x 4
+        assert_eq!(resident_rows(517, 300, 132), Some(4)); // 17 x 5
+        assert_eq!(resident_rows(2048, 2048, 132), None);
+        assert_eq!(resident_rows(30, 20, 1), Some(2)); // one tile of 32 x 32
+        assert_eq!(resident_rows(40, 20, 1), None);
     }
 }

@@ -1,4 +1,4 @@
-// WaveSim on CUDA: the 2-D update of the default medium (zero border) two ways.
+// WaveSim on CUDA: the 2-D update of the default medium (zero border) three ways.
 //
 // wave_step: one launch per step, a thread per cell (the baseline).
 //
@@ -16,13 +16,18 @@ __device__ __forceinline__ float wave_cell(const float* u, const float* p, int k
   return (2.0f * c + c2 * lap) - __ldcg(p + k);
 }
 
-extern "C" __global__ void wave_step(const float* u, float* p, int nx, int ny, float c2) {
+// Plain (L1-cached) loads: within one launch nothing else writes `u`, so neighbouring
+// threads share its rows through L1 instead of each going to L2.
+extern "C" __global__ void wave_step(const float* __restrict__ u, float* __restrict__ p, int nx, int ny,
+                                     float c2) {
   int x = blockIdx.x * blockDim.x + threadIdx.x;
   int y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x < nx && y < ny) {
     int s = nx + 2;
     int k = (y + 1) * s + x + 1;
-    p[k] = wave_cell(u, p, k, s, c2);
+    float c = u[k];
+    float lap = u[k - 1] + u[k + 1] + u[k - s] + u[k + s] - 4.0f * c;
+    p[k] = (2.0f * c + c2 * lap) - p[k];
   }
 }
 
@@ -71,3 +76,162 @@ extern "C" __global__ void wave_tiles(float* b0, float* b1, unsigned int* flags,
     }
   }
 }
+
+// wave_resident_R: tile actors whose fields stay on chip. One block (32 x 16 threads)
+// per tile of 32 columns x 16R rows, every block resident (the host launches at most one
+// per SM); thread (tx, ty) keeps its R cells of column tx, rows ty*R .. ty*R + R - 1, at
+// the current and the previous step in registers for the whole launch. A step: the
+// tile's current field goes to shared memory with the neighbours' border cells around it,
+// each thread updates its cells, then the tile publishes its new border cells.
+//
+// Halo exchange without flags apart from the data (as NCCL's LL protocol does): each
+// border cell travels as one 64-bit word {value bits, stamp}, stamp = step + 1 (zeroed
+// memory never matches), written with one 64-bit store and polled with 64-bit volatile
+// loads, so the value and its stamp arrive together: no fence, no counter, no barrier
+// beyond the block. A tile waits only for its four neighbours' cells of the step it needs.
+// Two slots per tile (by the step's parity) suffice: a tile overwrites slot s & 1 with
+// step s + 2 only after it has read its neighbours' step s + 1 cells, which they published
+// after reading its step s cells.
+//
+// Slot layout per tile and parity (HALO words): [0, 32) top row, [32, 64) bottom row,
+// [64, 64 + TH) left column, [64 + TH, 64 + 2 TH) right column.
+
+__device__ __forceinline__ void put_ll(unsigned long long* slot, float v, unsigned stamp) {
+  unsigned long long w = ((unsigned long long)stamp << 32) | (unsigned long long)__float_as_uint(v);
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(w) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long ld_ll(const unsigned long long* slot) {
+  unsigned long long w;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(w) : "l"(slot) : "memory");
+  return w;
+}
+
+// Waits for up to two stamped words at once (a null slot: nothing to wait for, the value
+// stays 0, a zero border): both loads are in flight together, one round trip, not two.
+__device__ __forceinline__ void get2_ll(const unsigned long long* a, const unsigned long long* b,
+                                        unsigned stamp, float& av, float& bv) {
+  bool need_a = a != nullptr, need_b = b != nullptr;
+  while (need_a || need_b) {
+    unsigned long long wa = need_a ? ld_ll(a) : 0ull;
+    unsigned long long wb = need_b ? ld_ll(b) : 0ull;
+    if (need_a && (unsigned)(wa >> 32) == stamp) {
+      av = __uint_as_float((unsigned)(wa & 0xffffffffull));
+      need_a = false;
+    }
+    if (need_b && (unsigned)(wb >> 32) == stamp) {
+      bv = __uint_as_float((unsigned)(wb & 0xffffffffull));
+      need_b = false;
+    }
+  }
+}
+
+template <int R>
+__device__ __forceinline__ void resident(float* prev, float* cur, unsigned long long* halo, int nx, int ny,
+                                         float c2, unsigned base, int steps, int tiles_x) {
+  constexpr int TW = 32;
+  constexpr int TH = 16 * R;
+  constexpr int HALO = 2 * TW + 2 * TH;
+  __shared__ float s[TH + 2][TW + 2];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tile = blockIdx.x;
+  const int tiles_y = gridDim.x / tiles_x;
+  const int bx = tile % tiles_x, by = tile / tiles_x;
+  const int x = bx * TW + tx;
+  const int stride = nx + 2;
+  const int up = by > 0 ? tile - tiles_x : -1;
+  const int down = by < tiles_y - 1 ? tile + tiles_x : -1;
+  const int left = bx > 0 ? tile - 1 : -1;
+  const int right = bx < tiles_x - 1 ? tile + 1 : -1;
+  unsigned long long* mine = halo + (long long)tile * 2 * HALO;
+  float u[R], p[R];
+  bool in[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int y = by * TH + ty * R + r;
+    in[r] = x < nx && y < ny;
+    int k = (y + 1) * stride + x + 1;
+    u[r] = in[r] ? cur[k] : 0.0f;
+    p[r] = in[r] ? prev[k] : 0.0f;
+  }
+  for (int i = 0; i <= steps; i++) {
+    const unsigned step = base + (unsigned)i;  // the step u is at
+    const unsigned stamp = step + 1u;
+    const int par = (int)(step & 1u) * HALO;
+    // Publish this tile's border cells of step `step`.
+    unsigned long long* out = mine + par;
+    if (ty == 0) put_ll(out + tx, u[0], stamp);
+    if (ty == 15) put_ll(out + TW + tx, u[R - 1], stamp);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (tx == 0) put_ll(out + 2 * TW + ty * R + r, u[r], stamp);
+      if (tx == TW - 1) put_ll(out + 2 * TW + TH + ty * R + r, u[r], stamp);
+    }
+    if (i == steps) break;
+    // The tile and its neighbours' borders into shared memory. A warp is one row of
+    // threads (blockDim.x == 32); its lanes fetch the border cells: lanes 0..R-1 the
+    // left neighbour's cells of the warp's R rows, lanes 16..16+R-1 the right one's,
+    // and in the first and last warp every lane one cell of the row above or below.
+#pragma unroll
+    for (int r = 0; r < R; r++) s[ty * R + r + 1][tx + 1] = u[r];
+    {
+      const unsigned long long* a_slot = nullptr;
+      const unsigned long long* b_slot = nullptr;
+      float* a_dst = nullptr;
+      float* b_dst = nullptr;
+      if (tx < R) {
+        const int row = ty * R + tx;
+        a_dst = &s[row + 1][0];
+        if (left >= 0) a_slot = halo + (long long)left * 2 * HALO + par + 2 * TW + TH + row;
+      } else if (tx >= 16 && tx < 16 + R) {
+        const int row = ty * R + tx - 16;
+        a_dst = &s[row + 1][TW + 1];
+        if (right >= 0) a_slot = halo + (long long)right * 2 * HALO + par + 2 * TW + row;
+      }
+      if (ty == 0) {
+        b_dst = &s[0][tx + 1];
+        if (up >= 0) b_slot = halo + (long long)up * 2 * HALO + par + TW + tx;
+      } else if (ty == 15) {
+        b_dst = &s[TH + 1][tx + 1];
+        if (down >= 0) b_slot = halo + (long long)down * 2 * HALO + par + tx;
+      }
+      float av = 0.0f, bv = 0.0f;
+      get2_ll(a_slot, b_slot, stamp, av, bv);
+      if (a_dst) *a_dst = av;
+      if (b_dst) *b_dst = bv;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (in[r]) {
+        const int sy = ty * R + r + 1, sx = tx + 1;
+        const float c = u[r];
+        const float lap = s[sy][sx - 1] + s[sy][sx + 1] + s[sy - 1][sx] + s[sy + 1][sx] - 4.0f * c;
+        const float next = (2.0f * c + c2 * lap) - p[r];
+        p[r] = c;
+        u[r] = next;
+      }
+    }
+    __syncthreads();  // every thread has read `s` before the next step overwrites it
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    if (in[r]) {
+      int k = (by * TH + ty * R + r + 1) * stride + x + 1;
+      cur[k] = u[r];
+      prev[k] = p[r];
+    }
+  }
+}
+
+#define WAVE_RESIDENT(R)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
+      wave_resident_##R(float* prev, float* cur, unsigned long long* halo, int nx, int ny, float c2,           \
+                        unsigned base, int steps, int tiles_x) {                                               \
+    resident<R>(prev, cur, halo, nx, ny, c2, base, steps, tiles_x);                                            \
+  }
+WAVE_RESIDENT(1)
+WAVE_RESIDENT(2)
+WAVE_RESIDENT(4)
+WAVE_RESIDENT(8)
+WAVE_RESIDENT(16)

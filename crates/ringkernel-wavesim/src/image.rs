@@ -19,6 +19,25 @@ fn lerp(a: [u8; 3], b: [u8; 3], t: f32) -> [u8; 3] {
     [f(a[0], b[0]), f(a[1], b[1]), f(a[2], b[2])]
 }
 
+/// The colour of one cell: the field value `u` against the colour scale `1/inv`, on a
+/// cell whose update coefficient `a` marks reflectors (`a == 0`) and absorbers (`a < 1`).
+pub(crate) fn cell_rgb(u: f32, a: f32, inv: f32) -> [u8; 3] {
+    if a == 0.0 {
+        return REFLECTOR;
+    }
+    let mut base = BACKGROUND;
+    if a < 1.0 {
+        // a = 1/(1+g): tint by 1 - a.
+        base[1] = base[1].saturating_add(((1.0 - a) * 400.0).min(90.0) as u8);
+    }
+    let v = (u * inv).clamp(-1.0, 1.0);
+    if v >= 0.0 {
+        lerp(base, POSITIVE, v)
+    } else {
+        lerp(base, NEGATIVE, -v)
+    }
+}
+
 /// The field as RGB pixels (`nx × ny`, row-major, 3 bytes each): the background at rest,
 /// toward [`POSITIVE`] / [`NEGATIVE`] as the field nears `±scale` (clamped beyond),
 /// reflectors in [`REFLECTOR`], absorbers tinted green by their damping.
@@ -31,22 +50,7 @@ pub fn render_rgb(grid: &WaveGrid2D, scale: f32) -> Vec<u8> {
     for y in 1..=ny {
         for x in 1..=nx {
             let k = y * s + x;
-            let px = if a[k] == 0.0 {
-                REFLECTOR
-            } else {
-                let mut base = BACKGROUND;
-                if a[k] < 1.0 {
-                    // a = 1/(1+g): tint by 1 - a.
-                    base[1] = base[1].saturating_add(((1.0 - a[k]) * 400.0).min(90.0) as u8);
-                }
-                let v = (u[k] * inv).clamp(-1.0, 1.0);
-                if v >= 0.0 {
-                    lerp(base, POSITIVE, v)
-                } else {
-                    lerp(base, NEGATIVE, -v)
-                }
-            };
-            out.extend_from_slice(&px);
+            out.extend_from_slice(&cell_rgb(u[k], a[k], inv));
         }
     }
     out

@@ -119,6 +119,148 @@ pub(crate) fn rows_2d(
     rows_2d_generic(out, y0, cur, k, stride, nx)
 }
 
+/// One row of the update on padded row `y`: `out` (the row of the older field, padded)
+/// becomes the newer one from the current field's rows `up`, `mid`, `down`.
+#[inline(always)]
+fn row_2d(out: &mut [f32], up: &[f32], mid: &[f32], down: &[f32], k: &Coeffs<'_>, y: usize) {
+    let (stride, nx) = (mid.len(), mid.len() - 2);
+    let o = &mut out[1..nx + 1];
+    if k.uniform[y] {
+        row_uniform(o, up, mid, down, k.c2u);
+    } else {
+        let s = y * stride..(y + 1) * stride;
+        row_material(o, up, mid, down, &k.c2[s.clone()], &k.a[s.clone()], &k.b[s]);
+    }
+}
+
+/// A band of padded rows `y0..y0 + rows` for [`band_sweep`]: its rows of both fields
+/// and copies of the current field's rows just above and below it.
+pub(crate) struct Band<'a> {
+    pub y0: usize,
+    pub prev: &'a mut [f32],
+    pub cur: &'a mut [f32],
+    pub above: Vec<f32>,
+    pub below: Vec<f32>,
+}
+
+/// `depth` steps (even) of a band in one sweep (temporal blocking), in place in the two
+/// fields: step `k` writes the field that held step `k − 2` (`prev` for odd `k`, `cur`
+/// for even), from step `k − 1`'s rows in the other. The sweep is a wavefront: at
+/// position `i` step 1 does row `i`, step 2 row `i − 1`, …, so every row is loaded once
+/// for all the steps while it is in the L1 cache. Only step 1 reads outside the band
+/// (`above`, `below`); step `k` does the band's rows `k − 1` from each end inward, and
+/// [`edge_sweep`] the rest once every band is done.
+#[inline(always)]
+fn band_sweep_generic(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    let s = b.above.len();
+    let h = b.prev.len() / s;
+    for i in 0..h + depth - 1 {
+        for step in 1..=depth {
+            let Some(r) = i.checked_sub(step - 1) else {
+                break;
+            };
+            if r + 1 < step || r + step > h {
+                continue;
+            }
+            let (out, src) = if step % 2 == 1 {
+                (&mut *b.prev, &*b.cur)
+            } else {
+                (&mut *b.cur, &*b.prev)
+            };
+            let up = if r == 0 {
+                &b.above[..]
+            } else {
+                &src[(r - 1) * s..r * s]
+            };
+            let down = if r + 1 == h {
+                &b.below[..]
+            } else {
+                &src[(r + 1) * s..(r + 2) * s]
+            };
+            let mid = &src[r * s..(r + 1) * s];
+            row_2d(&mut out[r * s..(r + 1) * s], up, mid, down, k, b.y0 + r);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn band_sweep_avx2(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    band_sweep_generic(b, k, depth)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn band_sweep_avx512(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    band_sweep_generic(b, k, depth)
+}
+
+/// Whether this CPU has AVX-512F (checked once).
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`band_sweep_generic`] in its fastest build for this CPU.
+pub(crate) fn band_sweep(b: &mut Band<'_>, k: &Coeffs<'_>, depth: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx512() {
+            // SAFETY: `has_avx512` checked at run time that the CPU supports AVX-512F,
+            // the only requirement of this function beyond its (safe) body.
+            unsafe { band_sweep_avx512(b, k, depth) };
+            return;
+        }
+        if has_avx2() {
+            // SAFETY: as above, for AVX2.
+            unsafe { band_sweep_avx2(b, k, depth) };
+            return;
+        }
+    }
+    band_sweep_generic(b, k, depth)
+}
+
+/// What [`band_sweep`] left out, after it ran on every band: around each band edge `e`
+/// (a band's first padded row; `ny + 1` for the bottom), step `k` of the rows
+/// `e − k + 1 ..= e + k − 2` (within the grid), steps in order.
+pub(crate) fn edge_sweep(
+    prev: &mut [f32],
+    cur: &mut [f32],
+    k: &Coeffs<'_>,
+    (stride, ny): (usize, usize),
+    edges: &[usize],
+    depth: usize,
+) {
+    for &e in edges {
+        for step in 2..=depth {
+            let (out, src) = if step % 2 == 1 {
+                (&mut *prev, &*cur)
+            } else {
+                (&mut *cur, &*prev)
+            };
+            for y in (e + 1).saturating_sub(step).max(1)..=(e + step - 2).min(ny) {
+                let p = &src[(y - 1) * stride..(y + 2) * stride];
+                let o = &mut out[y * stride..(y + 1) * stride];
+                row_2d(
+                    o,
+                    &p[..stride],
+                    &p[stride..2 * stride],
+                    &p[2 * stride..],
+                    k,
+                    y,
+                );
+            }
+        }
+    }
+}
+
 /// Updates the padded z-planes `out` (whole planes of `plane` floats, the first being
 /// padded plane `z0`) of a 3-D field of `nx × ny` interior cells per plane; `uniform` is
 /// indexed by padded line `z * (ny + 2) + y`.

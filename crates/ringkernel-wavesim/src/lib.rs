@@ -8,6 +8,9 @@
 //!
 //! * [`WaveGrid2D`], [`WaveGrid3D`]: the CPU engines (structure of arrays, inner loops
 //!   the compiler vectorises, AVX2 picked at run time, rows spread over rayon).
+//! * [`viewer::Viewer`]: the interactive session (mouse drawing, keys, backend switch,
+//!   a status bar) drawn into a frame buffer; `window::run_window` (feature `window`)
+//!   shows it in an X11 window.
 //!
 //! ```
 //! use ringkernel_wavesim::{Signal, Source, WaveGrid2D, WaveParams};
@@ -27,6 +30,7 @@
 mod actors;
 pub mod cuda;
 mod device;
+mod font;
 mod grid2d;
 mod grid3d;
 mod kernel;
@@ -35,7 +39,7 @@ mod source;
 mod tiled;
 
 pub use actors::run_tile_actors;
-pub use device::{wave_step, DeviceWave2D, WAVE_STEP};
+pub use device::{add_sources, wave_step, DeviceWave2D, ADD_SOURCES, WAVE_STEP};
 pub use grid2d::{Material, WaveGrid2D};
 pub use grid3d::WaveGrid3D;
 pub use params::{cfl_limit, CflError, WaveParams};
@@ -43,3 +47,6 @@ pub use source::{Signal, Source};
 pub use tiled::TiledWave2D;
 pub mod image;
 pub mod scene;
+pub mod viewer;
+#[cfg(feature = "window")]
+pub mod window;

@@ -102,7 +102,7 @@ pub fn run_headless(
 }
 
 /// Steps per second of the CPU engine on an `n × n` grid of the default medium (a pulse
-/// at the centre): after `warmup` steps, whole batches of steps until `min_time` has
+/// at the centre): after a warm-up batch, whole batches of steps until `min_time` has
 /// passed. Also returns the sum of the field after the first 100 steps from a unit
 /// impulse at the centre (the checksum `scripts/wavesim_numpy.py` prints).
 pub fn cpu_steps_per_sec(n: usize, min_time: Duration) -> Result<(f64, f64)> {
@@ -112,7 +112,9 @@ pub fn cpu_steps_per_sec(n: usize, min_time: Duration) -> Result<(f64, f64)> {
     g.set_field(&one)?;
     g.run(100);
     let checksum: f64 = g.padded().iter().map(|&v| v as f64).sum();
-    let batch = ((1u64 << 22) / (n * n) as u64).clamp(1, 1000);
+    // Batches of whole sweeps (`run` takes 8 steps a sweep).
+    let batch = ((1u64 << 22) / (n * n) as u64).clamp(8, 1000) / 8 * 8;
+    g.run(batch);
     let t0 = Instant::now();
     let mut steps = 0u64;
     while t0.elapsed() < min_time || steps < 3 {
@@ -136,6 +138,34 @@ pub fn copy_bandwidth(bytes: usize) -> f64 {
         best = best.min(t0.elapsed().as_secs_f64());
     }
     (2 * n * 4) as f64 / best
+}
+
+/// The copy bandwidth of `device` in bytes per second (read plus write): the best of a
+/// few device-to-device copies of a `bytes`-sized buffer (or a half or quarter of it,
+/// where the device limits buffers), synchronised. The bound of a
+/// GPU step that moves 12 bytes a cell.
+pub fn device_copy_bandwidth(device: &ringkernel::compute::Device, bytes: usize) -> Result<f64> {
+    let b = device.backend();
+    // The largest of `bytes`, its half, its quarter that the device takes in one buffer
+    // (wgpu's default storage-buffer limit is 128 MiB).
+    let mut n = (bytes / 4).max(1024);
+    let (src, dst) = loop {
+        match (b.alloc(n), b.alloc(n)) {
+            (Ok(s), Ok(d)) => break (s, d),
+            (Err(e), _) | (_, Err(e)) if n <= (bytes / 16).max(1024) => return Err(e),
+            _ => n /= 2,
+        }
+    };
+    b.copy(src.as_ref(), 0, dst.as_ref(), 0, n)?;
+    b.synchronize()?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        b.copy(src.as_ref(), 0, dst.as_ref(), 0, n)?;
+        b.synchronize()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok((2 * n * 4) as f64 / best)
 }
 
 /// Steps per second of [`DeviceWave2D`](crate::DeviceWave2D) (the codegen stencil, one
@@ -164,19 +194,30 @@ pub fn device_steps_per_sec(
     Ok(steps as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Which [`CudaWave2D`](crate::cuda::CudaWave2D) path [`cuda_steps_per_sec`] times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPath {
+    /// [`run_per_step`](crate::cuda::CudaWave2D::run_per_step): a launch a step.
+    PerStep,
+    /// [`run_persistent`](crate::cuda::CudaWave2D::run_persistent): tile actors over
+    /// global memory in one launch.
+    Tiles,
+    /// [`run_resident`](crate::cuda::CudaWave2D::run_resident): tile actors with the
+    /// fields in registers in one launch.
+    Resident,
+}
+
 /// Steps per second of [`CudaWave2D`](crate::cuda::CudaWave2D) on device 0 for an
-/// `n × n` grid: the persistent tile-actor kernel (`persistent`, batches of steps per
-/// launch) or one launch per step, after a warm-up, synchronised before the clock stops.
-pub fn cuda_steps_per_sec(n: usize, min_time: Duration, persistent: bool) -> Result<f64> {
+/// `n × n` grid along `path` (batches of steps per launch for the one-launch paths),
+/// after a warm-up, synchronised before the clock stops.
+pub fn cuda_steps_per_sec(n: usize, min_time: Duration, path: CudaPath) -> Result<f64> {
     let mut g = WaveGrid2D::new(n, n, WaveParams::default())?;
     g.add_gaussian(n as f32 / 2.0, n as f32 / 2.0, 3.0, 1.0);
     let mut d = crate::cuda::CudaWave2D::new(&g, 0)?;
-    let run = |d: &mut crate::cuda::CudaWave2D, k: u64| {
-        if persistent {
-            d.run_persistent(k)
-        } else {
-            d.run_per_step(k)
-        }
+    let run = |d: &mut crate::cuda::CudaWave2D, k: u64| match path {
+        CudaPath::PerStep => d.run_per_step(k),
+        CudaPath::Tiles => d.run_persistent(k),
+        CudaPath::Resident => d.run_resident(k),
     };
     run(&mut d, 10)?;
     d.synchronize()?;

@@ -61,13 +61,18 @@ fn cpu_device_agrees_with_the_engine() {
     agree(&Device::cpu());
 }
 
-#[test]
-fn wgpu_agrees_with_the_cpu_engine() {
+/// Runs `check` on the WebGPU device; SKIPPED without an adapter.
+fn on_wgpu(check: fn(&Device)) {
     match Device::wgpu() {
-        Ok(dev) => agree(&dev),
+        Ok(dev) => check(&dev),
         Err(e @ Error::BackendUnavailable { .. }) => eprintln!("SKIPPED: no WebGPU adapter: {e}"),
         Err(e) => panic!("{e}"),
     }
+}
+
+#[test]
+fn wgpu_agrees_with_the_cpu_engine() {
+    on_wgpu(agree);
 }
 
 #[test]
@@ -76,18 +81,80 @@ fn cuda_agrees_with_the_cpu_engine() {
     agree(&Device::cuda(0).unwrap());
 }
 
-#[test]
-fn sources_are_refused_on_devices() {
-    let mut g = scene();
-    g.add_source(ringkernel_wavesim::Source::point(
-        1,
-        1,
-        ringkernel_wavesim::Signal::Sine { freq: 0.1 },
-        1.0,
+/// A grid with a point source and a line source that share a cell, run on `dev` and on
+/// the CPU engine: the sources are applied alike (time, amplitude, the shared cell).
+fn sources_agree(dev: &Device) {
+    use ringkernel_wavesim::{Signal, Source};
+    let mut cpu = scene();
+    let freq = 1.0 / 10.0;
+    cpu.add_source(Source::point(20, 17, Signal::Sine { freq }, 0.5))
+        .unwrap();
+    cpu.add_source(Source::line(
+        (5, 30),
+        (40, 30),
+        Signal::Ricker { freq, delay: 15.0 },
+        2.0,
     ))
     .unwrap();
+    cpu.add_source(Source::point(12, 30, Signal::Impulse { at: 3.0 }, -1.0))
+        .unwrap();
+    cpu.run(7); // the device takes the step count over
+    let mut d = DeviceWave2D::from_grid(dev, &cpu).unwrap();
+    d.run(300).unwrap();
+    cpu.run(300);
+    let (got, want) = (d.field().unwrap(), cpu.field());
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        scale > 0.1,
+        "the sources must have driven the field ({scale})"
+    );
+    assert!(
+        err <= 1e-5 * scale,
+        "{}: max error {err} of {scale}",
+        dev.kind()
+    );
+    // And back: the device's state continues on the CPU engine as if it never left.
+    let mut back = cpu.clone();
+    back.reset();
+    d.store_into(&mut back).unwrap();
+    assert_eq!(back.steps(), cpu.steps());
+    back.run(10);
+    cpu.run(10);
+    let err = back
+        .field()
+        .iter()
+        .zip(cpu.field())
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= 1e-5 * scale, "after store_into: {err}");
+}
+
+#[test]
+fn sources_run_on_the_cpu_device() {
+    sources_agree(&Device::cpu());
+}
+
+#[test]
+fn sources_run_on_wgpu() {
+    on_wgpu(sources_agree);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn sources_run_on_cuda() {
+    sources_agree(&Device::cuda(0).unwrap());
+}
+
+#[test]
+fn a_state_of_another_size_is_refused() {
+    let g = scene();
+    let d = DeviceWave2D::from_grid(&Device::cpu(), &g).unwrap();
+    let mut other = WaveGrid2D::new(10, 10, WaveParams::default()).unwrap();
     assert!(matches!(
-        DeviceWave2D::from_grid(&Device::cpu(), &g),
-        Err(Error::InvalidArgument(_))
+        d.store_into(&mut other),
+        Err(Error::ShapeMismatch(_))
     ));
 }
