@@ -300,7 +300,9 @@ fn batches_stamped(iters: u64) -> Duration {
             let mut sent = 0u64;
             while sent < iters {
                 let want = (iters - sent).min(256) as usize;
-                let n = tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want)).unwrap();
+                let n = tx
+                    .try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
+                    .unwrap();
                 sent += n as u64;
                 if n == 0 {
                     b.wait();
@@ -312,7 +314,11 @@ fn batches_stamped(iters: u64) -> Duration {
         move || {
             let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
             while n < iters {
-                let got = rx.try_pop_batch_with(256, |h, p| sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)).unwrap();
+                let got = rx
+                    .try_pop_batch_with(256, |h, p| {
+                        sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+                    })
+                    .unwrap();
                 n += got as u64;
                 if got == 0 {
                     b.wait();
@@ -335,7 +341,9 @@ fn batches_plain(iters: u64) -> Duration {
             let mut sent = 0u64;
             while sent < iters {
                 let want = (iters - sent).min(256) as usize;
-                let n = tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want)).unwrap();
+                let n = tx
+                    .try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
+                    .unwrap();
                 sent += n as u64;
                 if n == 0 {
                     b.wait();
@@ -347,7 +355,11 @@ fn batches_plain(iters: u64) -> Duration {
         move || {
             let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
             while n < iters {
-                let got = rx.try_pop_batch_with(256, |h, p| sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)).unwrap();
+                let got = rx
+                    .try_pop_batch_with(256, |h, p| {
+                        sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+                    })
+                    .unwrap();
                 n += got as u64;
                 if got == 0 {
                     b.wait();
