@@ -235,6 +235,21 @@ impl RuntimeCore {
         self.next_message.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Reserves `n` fresh message ids at once and returns the first: `first..first + n`
+    /// are unique within this runtime (a worker hands them out one by one without
+    /// touching the shared counter per message). Ids are unique, not ordered across
+    /// reservations.
+    ///
+    /// ```
+    /// # use ringkernel_core::{backend::BackendKind, registry::KernelRegistry, runtime::RuntimeCore};
+    /// let core = RuntimeCore::new(BackendKind::Cpu, KernelRegistry::new());
+    /// let first = core.reserve_message_ids(64);
+    /// assert!(core.next_message_id() >= first + 64);
+    /// ```
+    pub fn reserve_message_ids(&self, n: u64) -> u64 {
+        self.next_message.fetch_add(n, Ordering::Relaxed)
+    }
+
     /// Reserves a kernel id for instance `name`. [`Error::InvalidArgument`] if a live
     /// kernel already has that name.
     pub fn reserve(&self, name: &str) -> Result<KernelId> {
@@ -302,7 +317,7 @@ impl RuntimeCore {
     pub fn deliver(
         &self,
         target: &KernelTarget,
-        mut header: MessageHeader,
+        header: MessageHeader,
         payload: &[u8],
     ) -> Result<K2kReceipt> {
         if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
@@ -311,6 +326,25 @@ impl RuntimeCore {
         let Some(engine) = self.lookup(target) else {
             return Ok(K2kReceipt::NotFound);
         };
+        self.deliver_to(engine.as_ref(), header, payload)
+    }
+
+    /// [`deliver`](Self::deliver) to an engine the caller already looked up (with
+    /// [`lookup`](Self::lookup), or a backend's own table of its engines; a worker
+    /// sending many messages to one kernel keeps it for a while instead of looking it
+    /// up per message). Same checks and receipts: a
+    /// K2K message while K2K is disabled is an error, a terminated kernel is
+    /// [`K2kReceipt::NotFound`].
+    #[inline]
+    pub fn deliver_to<E: KernelEngine + ?Sized>(
+        &self,
+        engine: &E,
+        mut header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
+        if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
+            return Err(k2k_disabled());
+        }
         check_payload_fits(payload.len(), engine.slot_size())?;
         engine.accepts(&header)?;
         header.dest_kernel = engine.id().0;
