@@ -178,9 +178,10 @@ async fn section_call(rt: &CpuRuntime, n: usize) {
         }
     }
     println!(
-        "call round trip to an echo kernel ({} each; pooled: {:.1} pool wake-ups per 1,000 calls):",
+        "call round trip to an echo kernel ({} each; pooled: {:.1} pool wake-ups per 1,000 calls, search window now {:?}):",
         a.len(),
-        1e3 * wakeups as f64 / a.len() as f64
+        1e3 * wakeups as f64 / a.len() as f64,
+        rt.scheduler_stats().search_window
     );
     row(
         "pooled kernel",
@@ -232,9 +233,10 @@ async fn section_hops(rt: &CpuRuntime, n: usize) {
         }
     }
     println!(
-        "a token through 3 stages, one at a time ({} each; pooled: {:.1} pool wake-ups per 1,000 tokens):",
+        "a token through 3 stages, one at a time ({} each; pooled: {:.1} pool wake-ups per 1,000 tokens, search window now {:?}):",
         a.len(),
-        1e3 * wakeups as f64 / a.len() as f64
+        1e3 * wakeups as f64 / a.len() as f64,
+        rt.scheduler_stats().search_window
     );
     row(
         "pooled stages",

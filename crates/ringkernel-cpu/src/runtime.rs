@@ -219,6 +219,10 @@ pub struct SchedulerStats {
     /// Time idle workers spent spinning for work before they found some or parked
     /// (wall time; CPU the pool used without running a kernel, unless preempted).
     pub search_time: Duration,
+    /// How long an idle worker now looks for work before it parks (the pool adapts it
+    /// between 50 µs and 2 ms: longer when workers keep being woken soon after they
+    /// parked, shorter while searches find nothing).
+    pub search_window: Duration,
 }
 
 impl std::fmt::Debug for CpuRuntime {
@@ -289,6 +293,9 @@ impl CpuRuntime {
             turns: pool.as_ref().map_or(0, |p| p.0.turns()),
             wakeups: pool.as_ref().map_or(0, |p| p.0.wakeups()),
             search_time: pool.as_ref().map_or(Duration::ZERO, |p| p.0.search_time()),
+            search_window: pool
+                .as_ref()
+                .map_or(crate::sched::SEARCH_SPIN, |p| p.0.search_window()),
         }
     }
 
