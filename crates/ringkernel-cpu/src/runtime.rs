@@ -504,6 +504,17 @@ impl Lanes {
             .map(|tx| tx.stats().depth)
             .sum()
     }
+
+    /// Messages ever accepted into every lane: each lane's tail counts the slots its
+    /// producers claimed, and a claim is only made for a message that is then written,
+    /// so this is the kernel's `received` without a counter update per message.
+    fn accepted(&self) -> u64 {
+        self.tx
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|tx| tx.stats().enqueued)
+            .sum()
+    }
 }
 
 /// State shared by a kernel's engine (the host side) and its worker thread.
@@ -823,7 +834,7 @@ impl KernelEngine for CpuEngine {
             .and_then(|tx| tx.try_push(header, payload));
         match pushed {
             Ok(()) => {
-                s.counters.received.fetch_add(1, Ordering::Relaxed);
+                // `received` is read off the lanes (`Lanes::accepted`).
                 self.kick();
                 Ok(())
             }
@@ -871,9 +882,6 @@ impl KernelEngine for CpuEngine {
             }
         }
         if done > 0 {
-            s.counters
-                .received
-                .fetch_add(done as u64, Ordering::Relaxed);
             self.kick();
             return Ok(done);
         }
@@ -999,13 +1007,15 @@ impl KernelEngine for CpuEngine {
 
     fn metrics(&self) -> KernelMetrics {
         let s = &self.shared;
-        s.counters.snapshot(
+        let mut m = s.counters.snapshot(
             s.id,
             &s.name,
             s.state.get(),
             s.lanes.depth(),
             self.output_depth(),
-        )
+        );
+        m.received = s.lanes.accepted();
+        m
     }
 }
 
