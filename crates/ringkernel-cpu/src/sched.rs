@@ -5,8 +5,10 @@
 //!   on a worker goes to that worker's deque and runs there next, without an OS wake-up.
 //!   Tasks woken from outside the pool (the host) go to the shared injector queue.
 //! * Idle workers look for work (own deque, injector, then steal from the others) for
-//!   [`SEARCH_SPIN`], then park. Producers unpark a parked worker only when no worker is
-//!   searching, so the hot path is a queue push plus a fence and two loads.
+//!   a search window ([`SEARCH_SPIN`] at first, adapted between [`SEARCH_MIN`] and
+//!   [`SEARCH_MAX`], see [`Pool::search`]), then park. Producers unpark a parked worker
+//!   only when no worker is searching, so the hot path is a queue push plus a fence and
+//!   two loads.
 //! * A task whose turn used its whole budget goes to the back of the injector, behind
 //!   every task waiting there, and a worker looks at the injector first every
 //!   [`GLOBAL_EVERY`] turns: a flooded kernel cannot starve the others.
