@@ -2,7 +2,7 @@
 //!
 //! 1. **Pipeline.** Three `rk.stage` kernels chained by K2K. Every token enters stage 1
 //!    and leaves stage 3; many are in flight at once (the host sends and receives them
-//!    in batches, `send_batch` / `receive_batch`). Each must come back exactly once
+//!    in batches, `send_batch` / `receive_batch_into`). Each must come back exactly once
 //!    with `value = id + 3`, `hops = 3`, and HLC stamps that strictly increase along its
 //!    path (host send < stage 1 < stage 2 < stage 3 ≤ host receive).
 //! 2. **Fan-out.** Four `rk.counter` kernels subscribed with MQTT filters; tokens are
@@ -478,6 +478,7 @@ async fn pipeline(
     let start = Instant::now();
 
     let mut batch: Vec<Token> = Vec::with_capacity(HOST_BATCH as usize);
+    let mut back: Vec<Token> = Vec::with_capacity(HOST_BATCH as usize);
     while received < n {
         // Send what the window allows, a batch at a time (one id block and one clock
         // reservation per batch; the queues hold the whole window, so it never waits).
@@ -502,14 +503,15 @@ async fn pipeline(
         // Take what came back; wait only when the window is full (or all is sent).
         let can_send = sent < n && sent - received < window;
         let got = if can_send && last.engine().output_depth() == 0 {
-            Ok(Vec::new())
+            Ok(0)
         } else {
             let wait = if can_send { Duration::ZERO } else { stall };
-            last.receive_batch(HOST_BATCH as usize, Some(wait)).await
+            last.receive_batch_into(&mut back, HOST_BATCH as usize, Some(wait))
+                .await
         };
-        let got = match got {
-            Ok(got) => got,
-            Err(Error::Timeout(_)) if can_send => Vec::new(),
+        match got {
+            Ok(_) => {}
+            Err(Error::Timeout(_)) if can_send => {}
             Err(e) => {
                 return Err(stalled(
                     rt,
@@ -518,13 +520,10 @@ async fn pipeline(
                     e,
                 ))
             }
-        };
+        }
         let host_now = rt.clock().peek().packed();
-        for env in got {
-            match env.decode::<Token>() {
-                Ok(t) => st.check(t, host_now, failures),
-                Err(e) => failures.add(|| format!("pipeline returned a bad message: {e}")),
-            }
+        for t in back.drain(..) {
+            st.check(t, host_now, failures);
             received += 1;
         }
         progress.update(received);

@@ -343,7 +343,7 @@ async fn pipeline_ours(ks: &[KernelHandle], n: u64) -> f64 {
 const HOST_BATCH: usize = 256;
 
 /// As [`pipeline_ours`], with the host sending `HOST_BATCH` tokens per
-/// `send_batch` and receiving with `receive_batch`.
+/// `send_batch` and receiving with `receive_batch_into` (decoded in place).
 async fn pipeline_ours_batched(ks: &[KernelHandle], n: u64) -> f64 {
     let route: Vec<_> = ks.iter().map(|k| k.id()).collect();
     let first = ks[0].clone();
@@ -360,13 +360,13 @@ async fn pipeline_ours_batched(ks: &[KernelHandle], n: u64) -> f64 {
         }
     });
     let mut next = 0;
+    let mut got: Vec<Token> = Vec::with_capacity(HOST_BATCH);
     while next < n {
-        for env in ks[2]
-            .receive_batch(HOST_BATCH, Some(TIMEOUT))
+        ks[2]
+            .receive_batch_into(&mut got, HOST_BATCH, Some(TIMEOUT))
             .await
-            .unwrap()
-        {
-            let r: Token = env.decode().unwrap();
+            .unwrap();
+        for r in got.drain(..) {
             assert_eq!(r.id, next, "order kept");
             next += 1;
         }

@@ -943,6 +943,43 @@ impl KernelEngine for CpuEngine {
         }
     }
 
+    /// In place: each message is read straight out of its output slot.
+    fn try_dequeue_batch_with(
+        &self,
+        max: usize,
+        f: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut q = lock(&self.output);
+        let before = q.len();
+        let mut taken = 0;
+        let mut failed = None;
+        while taken < max {
+            match q.try_pop_with(|h, p| f(h, p)) {
+                Ok(Some(more)) => {
+                    taken += 1;
+                    if !more {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // A corrupt slot: consumed and reported (after what came before it).
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(q);
+        self.after_dequeue(before, taken);
+        match failed {
+            Some(e) if taken == 0 => Err(e),
+            _ => Ok(taken),
+        }
+    }
+
     fn output_depth(&self) -> usize {
         lock(&self.output).len()
     }

@@ -4,6 +4,7 @@
 //! blocks, sampled handler latency) as the metrics show it.
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
+use ringkernel_core::context::KernelContext;
 use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, HIGH, LOW, NORMAL};
@@ -205,5 +206,81 @@ async fn turn_bookkeeping_is_exact() {
             assert!(m.latency.p50_ns > 0 && m.latency.p50_ns <= m.latency.max_ns);
         }
     }
+    rt.shutdown().await.unwrap();
+}
+
+/// A reply type other than `Token`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+struct Other {
+    x: u64,
+}
+
+impl RingMessage for Other {
+    const TYPE_ID: u32 = 0x7E57_0001;
+    const NAME: &'static str = "Other";
+}
+
+/// `receive_batch_into` decodes replies in place; a reply of another type ends the
+/// batch and stays first in line (a typed receive of the first is `TypeMismatch`, and
+/// the message is still there for a receive of its own type).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_into_stops_at_another_type() {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.mixed",
+        |ctx: &mut KernelContext<'_>, t: Token| -> ringkernel_core::Result<Option<Token>> {
+            if t.id == 5 {
+                ctx.reply(&Other { x: 55 })?;
+                Ok(None)
+            } else {
+                Ok(Some(t))
+            }
+        },
+    );
+    let rt = CpuRuntime::with_registry(reg).await.unwrap();
+    let k = rt
+        .launch(
+            "test.mixed",
+            LaunchOptions::default().without_auto_activate(),
+        )
+        .await
+        .unwrap();
+    let batch: Vec<Token> = (0..10).map(|i| Token::new(i, 0.0)).collect();
+    k.send_batch(&batch).await.unwrap();
+    k.activate().await.unwrap();
+    // Wait until all ten replies are there, so the batch sees them together.
+    let t0 = std::time::Instant::now();
+    while k.metrics().output_depth < 10 {
+        assert!(t0.elapsed() < T, "{:?}", k.metrics());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut got: Vec<Token> = Vec::new();
+    assert_eq!(
+        k.receive_batch_into(&mut got, 64, Some(T)).await.unwrap(),
+        5
+    );
+    assert_eq!(
+        got.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    assert!(matches!(
+        k.receive_batch_into(&mut got, 64, Some(T)).await,
+        Err(Error::TypeMismatch { .. })
+    ));
+    assert_eq!(got.len(), 5, "nothing appended on the mismatch");
+    let o: Other = k.receive_timeout_as(T).await.unwrap();
+    assert_eq!(o, Other { x: 55 });
+    got.clear();
+    assert_eq!(
+        k.receive_batch_into(&mut got, 64, Some(T)).await.unwrap(),
+        4
+    );
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), [6, 7, 8, 9]);
+    assert!(matches!(
+        k.receive_batch_into(&mut got, 64, Some(Duration::from_millis(10)))
+            .await,
+        Err(Error::Timeout(_))
+    ));
     rt.shutdown().await.unwrap();
 }
