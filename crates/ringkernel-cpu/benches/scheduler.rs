@@ -4,7 +4,11 @@
 //!   oneshot);
 //! * a token through 3 `rk.stage` kernels one at a time, p50/p99 (peer: a chain of 3
 //!   tokio tasks over mpsc);
-//! * 1M tokens through the 3 stages, pipelined, tokens/s (same peer);
+//! * 1M tokens through the 3 stages, pipelined, tokens/s: with the host sending and
+//!   receiving in batches of 256 (`send_batch` / `receive_batch_into`; peer: the tokio
+//!   chain with `recv_many` in the stages and the host's receiver), and one at a time
+//!   (`send` / `receive`; peer: the tokio chain as is). Ours and the peers alternate,
+//!   three rounds, medians;
 //! * 100,000 kernels launched: time, and heap bytes per kernel beyond its queues (peer:
 //!   100,000 tokio tasks, each owning an mpsc receiver);
 //! * `actix` (0.13) as a second peer: a request/response ping-pong to an echo actor, a
@@ -18,8 +22,10 @@
 //!
 //! `cargo bench -p ringkernel-cpu --bench scheduler` (`-- --test`, as `cargo test
 //! --benches` passes, runs a short smoke version). Optional first argument: a section
-//! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` runs only
-//! our pooled pipeline, for a profiler).
+//! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` and
+//! `pipeline-batched` run only our pooled pipeline, one at a time or batched, for a
+//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_WORKERS=n` the
+//! pool size, `RK_HOST=current_thread` a single-threaded host runtime.
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::options::LaunchOptions;

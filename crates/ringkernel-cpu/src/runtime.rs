@@ -915,32 +915,13 @@ impl KernelEngine for CpuEngine {
     /// As `try_dequeue` up to `max` times, under one lock of the output queue and with
     /// one look at the kernel's wait for room.
     fn try_dequeue_batch(&self, out: &mut Vec<Envelope>, max: usize) -> Result<usize> {
-        if max == 0 {
-            return Ok(0);
-        }
-        let mut q = lock(&self.output);
-        let before = q.len();
-        let mut taken = 0;
-        let mut failed = None;
-        while taken < max.min(before.max(1)) {
-            match q.try_pop() {
-                Ok(Some(env)) => {
-                    out.push(env);
-                    taken += 1;
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(q);
-        self.after_dequeue(before, taken);
-        match failed {
-            Some(e) if taken == 0 => Err(e),
-            _ => Ok(taken),
-        }
+        self.try_dequeue_batch_with(max, &mut |h, p| {
+            out.push(Envelope {
+                header: *h,
+                payload: p.to_vec(),
+            });
+            true
+        })
     }
 
     /// In place: each message is read straight out of its output slot.
