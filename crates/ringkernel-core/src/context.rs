@@ -39,11 +39,49 @@ pub trait MessageRouter: Send + Sync {
     ) -> Result<PublishReport>;
 }
 
+/// A router owned by the worker running a handler, for one turn of messages: what
+/// [`MessageRouter`] does, but with `&mut self`, so a worker can keep what it looked up
+/// (destination kernels, a block of message ids, a clock reading) for its whole turn
+/// instead of paying for shared state on every message, and count emitted messages
+/// locally. Installed with [`KernelContext::with_turn_router`]; the CPU runtime's
+/// worker uses it.
+pub trait TurnRouter {
+    /// A fresh message id, unique within the runtime.
+    fn next_message_id(&mut self) -> u64;
+    /// A physical time for this kernel's clock ([`HlcClock::tick_at`]): a reading of
+    /// the clock's physical source taken at most one turn ago.
+    fn physical_ms(&mut self) -> u64;
+    /// As [`MessageRouter::deliver`].
+    fn deliver(
+        &mut self,
+        target: &KernelTarget,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt>;
+    /// As [`MessageRouter::publish_raw`].
+    fn publish_raw(
+        &mut self,
+        topic: &str,
+        header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<PublishReport>;
+    /// Counts `n` messages the handler emitted (replies, K2K sends, publishes); the
+    /// router adds them to the kernel's `emitted` counter, at the latest when its turn
+    /// ends.
+    fn count_emitted(&mut self, n: u64);
+}
+
+/// Where a context sends: the runtime's shared router, or a worker's turn router.
+enum Route<'a> {
+    Shared(&'a dyn MessageRouter),
+    Turn(&'a mut dyn TurnRouter),
+}
+
 /// The handler's view of its kernel and the runtime while handling one message.
 pub struct KernelContext<'a> {
     id: KernelId,
     name: &'a str,
-    core: &'a dyn MessageRouter,
+    core: Route<'a>,
     hlc: &'a HlcClock,
     counters: &'a KernelCounters,
     request: MessageHeader,
@@ -68,7 +106,7 @@ impl<'a> KernelContext<'a> {
         KernelContext {
             id,
             name,
-            core,
+            core: Route::Shared(core),
             hlc,
             counters,
             request,
@@ -83,6 +121,14 @@ impl<'a> KernelContext<'a> {
     /// [`NORMAL`](crate::priority::NORMAL) unless a backend sets it.
     pub fn with_priority(mut self, priority: u8) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Routes everything the handler sends through `router` (a worker's per-turn
+    /// router) instead of the runtime's shared one: message ids, clock readings, K2K
+    /// delivery, publishing and the `emitted` count then go through it.
+    pub fn with_turn_router(mut self, router: &'a mut dyn TurnRouter) -> Self {
+        self.core = Route::Turn(router);
         self
     }
 
@@ -113,13 +159,21 @@ impl<'a> KernelContext<'a> {
     }
 
     /// A header for an `M` of `size` payload bytes (its encoding flag included).
-    fn header_for<M: RingMessage>(&self, extra_flags: u32, size: usize) -> Result<MessageHeader> {
+    fn header_for<M: RingMessage>(
+        &mut self,
+        extra_flags: u32,
+        size: usize,
+    ) -> Result<MessageHeader> {
         check_payload_fits(size, self.slot_size)?;
         let mut h = MessageHeader::new(M::TYPE_ID, size);
-        h.message_id = self.core.next_message_id();
+        let (id, ts) = match &mut self.core {
+            Route::Shared(r) => (r.next_message_id(), self.hlc.tick()),
+            Route::Turn(r) => (r.next_message_id(), self.hlc.tick_at(r.physical_ms())),
+        };
+        h.message_id = id;
         h.correlation_id = self.request.correlation_id;
         h.source_kernel = self.id.0;
-        h.set_hlc(self.hlc.tick());
+        h.set_hlc(ts);
         h.flags = extra_flags | M::header_flags();
         h.set_priority(self.priority);
         Ok(h)
@@ -133,7 +187,7 @@ impl<'a> KernelContext<'a> {
         let mut h = self.header_for::<M>(flags::REPLY, payload.len())?;
         h.dest_kernel = self.request.source_kernel;
         self.sink.emit(&h, &payload)?;
-        self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+        self.count_emitted(1);
         Ok(())
     }
 
@@ -143,7 +197,7 @@ impl<'a> KernelContext<'a> {
         let payload = msg.encode_payload()?;
         let h = self.header_for::<M>(0, payload.len())?;
         self.sink.emit(&h, &payload)?;
-        self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+        self.count_emitted(1);
         Ok(())
     }
 
@@ -159,9 +213,13 @@ impl<'a> KernelContext<'a> {
     ) -> Result<K2kReceipt> {
         let payload = msg.encode_payload()?;
         let h = self.header_for::<M>(flags::K2K, payload.len())?;
-        let r = self.core.deliver(&target.into(), h, &payload)?;
+        let target = target.into();
+        let r = match &mut self.core {
+            Route::Shared(c) => c.deliver(&target, h, &payload)?,
+            Route::Turn(c) => c.deliver(&target, h, &payload)?,
+        };
         if r == K2kReceipt::Delivered {
-            self.counters.emitted.fetch_add(1, Ordering::Relaxed);
+            self.count_emitted(1);
         }
         Ok(r)
     }
@@ -171,10 +229,20 @@ impl<'a> KernelContext<'a> {
     pub fn publish<M: RingMessage>(&mut self, topic: &str, msg: &M) -> Result<usize> {
         let payload = msg.encode_payload()?;
         let h = self.header_for::<M>(flags::PUBSUB, payload.len())?;
-        let report = self.core.publish_raw(topic, h, &payload)?;
-        self.counters
-            .emitted
-            .fetch_add(report.delivered as u64, Ordering::Relaxed);
+        let report = match &mut self.core {
+            Route::Shared(c) => c.publish_raw(topic, h, &payload)?,
+            Route::Turn(c) => c.publish_raw(topic, h, &payload)?,
+        };
+        self.count_emitted(report.delivered as u64);
         Ok(report.delivered)
+    }
+
+    fn count_emitted(&mut self, n: u64) {
+        match &mut self.core {
+            Route::Shared(_) => {
+                self.counters.emitted.fetch_add(n, Ordering::Relaxed);
+            }
+            Route::Turn(r) => r.count_emitted(n),
+        }
     }
 }

@@ -262,7 +262,34 @@ impl HlcClock {
     /// returned or seen before.
     #[inline]
     pub fn tick(&self) -> HlcTimestamp {
-        let pt = self.physical();
+        self.tick_at(self.physical())
+    }
+
+    /// This clock's physical time now, in milliseconds (the system wall clock, or the
+    /// custom clock it was made with). A caller that handles many events in a burst
+    /// reads it once and passes it to [`tick_at`](Self::tick_at) /
+    /// [`update_at`](Self::update_at).
+    #[inline]
+    pub fn physical_ms(&self) -> u64 {
+        self.physical()
+    }
+
+    /// [`tick`](Self::tick) with a physical time the caller read earlier from
+    /// [`physical_ms`](Self::physical_ms) (one clock read for a burst of events). A
+    /// `physical_ms` older than the clock's `l` only means the logical counter moves
+    /// instead: the result is still greater than every timestamp issued or seen before.
+    /// Pass a reading of this clock's own physical source, never a time ahead of it.
+    ///
+    /// ```
+    /// use ringkernel_core::hlc::HlcClock;
+    /// let c = HlcClock::new(1);
+    /// let pt = c.physical_ms();
+    /// let (a, b) = (c.tick_at(pt), c.tick_at(pt));
+    /// assert!(b > a);
+    /// ```
+    #[inline]
+    pub fn tick_at(&self, physical_ms: u64) -> HlcTimestamp {
+        let pt = physical_ms & MAX_PHYSICAL_MS;
         let mut old = self.state.load(Ordering::Relaxed);
         loop {
             if pt <= old >> LOGICAL_BITS {
@@ -315,7 +342,24 @@ impl HlcClock {
     /// [`Error::ClockDrift`] if `remote` is more than the
     /// maximum drift ahead of the physical clock; the clock is then unchanged.
     pub fn update(&self, remote: &HlcTimestamp) -> Result<HlcTimestamp> {
-        let pt = self.physical();
+        self.update_at(remote, self.physical())
+    }
+
+    /// [`update`](Self::update) with a physical time the caller read earlier from
+    /// [`physical_ms`](Self::physical_ms). An old reading makes the drift check
+    /// stricter, never looser: on [`Error::ClockDrift`] a caller holding an old reading
+    /// should read the clock again and retry before it refuses the message.
+    ///
+    /// ```
+    /// use ringkernel_core::hlc::HlcClock;
+    /// let (a, b) = (HlcClock::new(1), HlcClock::new(2));
+    /// let sent = a.tick();
+    /// let got = b.update_at(&sent, b.physical_ms()).unwrap();
+    /// assert!(got > sent);
+    /// ```
+    #[inline]
+    pub fn update_at(&self, remote: &HlcTimestamp, physical_ms: u64) -> Result<HlcTimestamp> {
+        let pt = physical_ms & MAX_PHYSICAL_MS;
         let lm = remote.physical_ms();
         if lm > pt.saturating_add(self.max_drift_ms) {
             return Err(Error::ClockDrift {

@@ -117,6 +117,29 @@ pub trait KernelEngine: Send + Sync + 'static {
         }
         Ok(n)
     }
+    /// Calls `f` on the oldest messages of the output queue in order, taking each,
+    /// until `max` were taken, the queue is empty, or `f` returns `false` (the message
+    /// it was given is taken too); returns how many were taken. The default goes
+    /// through [`try_dequeue`](Self::try_dequeue) (an owned envelope per message); an
+    /// engine that can read its output queue in place overrides it, so a typed batch
+    /// receive ([`KernelHandle::receive_batch_into`]) allocates nothing per message.
+    fn try_dequeue_batch_with(
+        &self,
+        max: usize,
+        f: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
+    ) -> Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(env) = self.try_dequeue()? else {
+                break;
+            };
+            n += 1;
+            if !f(&env.header, &env.payload) {
+                break;
+            }
+        }
+        Ok(n)
+    }
     /// Messages in the output queue.
     fn output_depth(&self) -> usize;
     /// `Launched|Deactivated → Active`.
@@ -235,6 +258,21 @@ impl RuntimeCore {
         self.next_message.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Reserves `n` fresh message ids at once and returns the first: `first..first + n`
+    /// are unique within this runtime (a worker hands them out one by one without
+    /// touching the shared counter per message). Ids are unique, not ordered across
+    /// reservations.
+    ///
+    /// ```
+    /// # use ringkernel_core::{backend::BackendKind, registry::KernelRegistry, runtime::RuntimeCore};
+    /// let core = RuntimeCore::new(BackendKind::Cpu, KernelRegistry::new());
+    /// let first = core.reserve_message_ids(64);
+    /// assert!(core.next_message_id() >= first + 64);
+    /// ```
+    pub fn reserve_message_ids(&self, n: u64) -> u64 {
+        self.next_message.fetch_add(n, Ordering::Relaxed)
+    }
+
     /// Reserves a kernel id for instance `name`. [`Error::InvalidArgument`] if a live
     /// kernel already has that name.
     pub fn reserve(&self, name: &str) -> Result<KernelId> {
@@ -302,7 +340,7 @@ impl RuntimeCore {
     pub fn deliver(
         &self,
         target: &KernelTarget,
-        mut header: MessageHeader,
+        header: MessageHeader,
         payload: &[u8],
     ) -> Result<K2kReceipt> {
         if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
@@ -311,6 +349,25 @@ impl RuntimeCore {
         let Some(engine) = self.lookup(target) else {
             return Ok(K2kReceipt::NotFound);
         };
+        self.deliver_to(engine.as_ref(), header, payload)
+    }
+
+    /// [`deliver`](Self::deliver) to an engine the caller already looked up (with
+    /// [`lookup`](Self::lookup), or a backend's own table of its engines; a worker
+    /// sending many messages to one kernel keeps it for a while instead of looking it
+    /// up per message). Same checks and receipts: a
+    /// K2K message while K2K is disabled is an error, a terminated kernel is
+    /// [`K2kReceipt::NotFound`].
+    #[inline]
+    pub fn deliver_to<E: KernelEngine + ?Sized>(
+        &self,
+        engine: &E,
+        mut header: MessageHeader,
+        payload: &[u8],
+    ) -> Result<K2kReceipt> {
+        if header.flags & crate::message::flags::K2K != 0 && !self.k2k_enabled() {
+            return Err(k2k_disabled());
+        }
         check_payload_fits(payload.len(), engine.slot_size())?;
         engine.accepts(&header)?;
         header.dest_kernel = engine.id().0;
@@ -929,6 +986,89 @@ impl KernelHandle {
             }
         }
         Ok(out)
+    }
+
+    /// Receives up to `max` messages of type `M` into `out` (appended) and returns how
+    /// many: as [`receive_batch`](Self::receive_batch), but decoded straight from the
+    /// output queue where the engine allows it
+    /// ([`KernelEngine::try_dequeue_batch_with`]), with no envelope allocated per
+    /// message. Waits up to `timeout` (forever with `None`) for the first
+    /// ([`Error::Timeout`]). A message of another type ends the batch and stays queued
+    /// for the next receive, in its place; when it is the first,
+    /// [`Error::TypeMismatch`] as [`receive_timeout_as`](Self::receive_timeout_as)
+    /// gives.
+    ///
+    /// ```
+    /// # use ringkernel_core::builtin::Token;
+    /// # async fn demo(k: ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
+    /// let mut replies: Vec<Token> = Vec::with_capacity(256);
+    /// let n = k.receive_batch_into(&mut replies, 256, Some(std::time::Duration::from_secs(5))).await?;
+    /// assert_eq!(n, replies.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn receive_batch_into<M: RingMessage>(
+        &self,
+        out: &mut Vec<M>,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let first = self.receive_envelope(timeout).await?;
+        out.push(self.decode_or_keep(first)?);
+        let mut n = 1;
+        {
+            let mut stash = lock(&self.inner.stash);
+            while n < max {
+                let Some(env) = stash.pop_front() else { break };
+                match env.decode::<M>() {
+                    Ok(m) => {
+                        out.push(m);
+                        n += 1;
+                    }
+                    Err(_) => {
+                        // Not an `M`: it stays first in line.
+                        stash.push_front(env);
+                        return Ok(n);
+                    }
+                }
+            }
+        }
+        if n == max {
+            return Ok(n);
+        }
+        let mut latest = None;
+        let mut other = None;
+        let taken = self.inner.engine.try_dequeue_batch_with(
+            max - n,
+            &mut |h, p| match M::decode(h, p) {
+                Ok(m) => {
+                    out.push(m);
+                    latest = latest.max(Some(h.hlc()));
+                    true
+                }
+                Err(_) => {
+                    other = Some(Envelope {
+                        header: *h,
+                        payload: p.to_vec(),
+                    });
+                    false
+                }
+            },
+        )?;
+        if let Some(env) = other {
+            // Taken off the queue but not an `M`: kept, ahead of everything after it.
+            lock(&self.inner.stash).push_back(env);
+            self.inner.engine.events().output.notify(usize::MAX);
+            n -= 1;
+        }
+        if let Some(latest) = latest {
+            if let Err(e) = self.inner.core.hlc().update(&latest) {
+                tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
+            }
+        }
+        Ok(n + taken)
     }
 
     /// Takes the first message (stash first, then the queue) that `pred` accepts,

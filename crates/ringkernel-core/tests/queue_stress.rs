@@ -244,6 +244,129 @@ fn slot_mpsc_many_producers_fifo_per_producer() {
     );
 }
 
+/// Producers pushing batches (`try_push_batch`, one tail update per batch) and single
+/// messages at once: every message arrives once, each producer's in order.
+#[test]
+fn slot_mpsc_batches_keep_per_producer_order() {
+    let (tx, mut rx) = slot::mpsc_slot_channel(64, 256).unwrap();
+    let n = N / 2;
+    let handles: Vec<_> = (0..PRODUCERS as u32)
+        .map(|p| {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                let mut w = Watchdog::new("slot mpsc batch producer");
+                let mut i = 0;
+                while i < n {
+                    // Odd producers push one at a time, even ones in batches of up to 7.
+                    let len = if p % 2 == 1 { 1 } else { 1 + (i % 7) };
+                    let msgs: Vec<_> = (i..(i + len).min(n)).map(|j| msg(p, j)).collect();
+                    let batch: Vec<(MessageHeader, &[u8])> =
+                        msgs.iter().map(|(h, b)| (*h, &b[..])).collect();
+                    let pushed = tx.try_push_batch(&batch).unwrap();
+                    if pushed == 0 {
+                        w.idle(|| format!("{:?}", tx.stats()));
+                    } else {
+                        i += pushed as u64;
+                        w.progress();
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut next = vec![0u64; PRODUCERS as usize];
+    let mut got = 0;
+    let mut w = Watchdog::new("slot mpsc batch consumer");
+    while got < n * PRODUCERS {
+        match rx.try_pop().unwrap() {
+            Some(e) => {
+                let p = e.header.source_kernel;
+                let i = next[p as usize];
+                assert_eq!(e.header.message_id, i, "producer {p}: out of order or lost");
+                assert_eq!(e.payload, msg(p, i).1);
+                next[p as usize] += 1;
+                got += 1;
+                w.progress();
+            }
+            None => w.idle(|| format!("next {next:?}, {:?}", rx.stats())),
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(rx.try_pop().unwrap().is_none());
+}
+
+/// Closing an MPSC ring while producers push (one by one and in batches): every push
+/// that succeeded is taken after the close (nothing slips in after the final sweep,
+/// nothing accepted is lost), and every push after the close fails.
+#[test]
+fn slot_mpsc_close_loses_nothing_that_was_accepted() {
+    for round in 0..50u32 {
+        let (tx, mut rx) = slot::mpsc_slot_channel(1024, 128).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..4u32)
+            .map(|p| {
+                let (tx, accepted) = (tx.clone(), accepted.clone());
+                thread::spawn(move || {
+                    let mut i = 0u64;
+                    loop {
+                        let h = MessageHeader::new(p, 0);
+                        let r = if (p + round) % 2 == 0 {
+                            tx.try_push(&h, b"").map(|()| 1)
+                        } else {
+                            tx.try_push_batch(&[(h, &b""[..]), (h, &b""[..]), (h, &b""[..])])
+                        };
+                        match r {
+                            Ok(k) => {
+                                accepted.fetch_add(k, Ordering::SeqCst);
+                            }
+                            Err(Error::QueueFull { .. }) => {}
+                            Err(Error::KernelTerminated(_)) => return,
+                            Err(e) => panic!("unexpected {e:?}"),
+                        }
+                        i += 1;
+                        if i.is_multiple_of(64) {
+                            thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Let them run, taking some messages meanwhile.
+        let mut taken = 0;
+        for _ in 0..200 {
+            while rx.try_pop().unwrap().is_some() {
+                taken += 1;
+            }
+            thread::yield_now();
+        }
+        let left = rx.close();
+        let mut w = Watchdog::new("close sweep");
+        while !rx.is_complete() {
+            w.idle(|| "producers still writing after the close".to_string());
+        }
+        let mut swept = 0;
+        while rx.try_pop().unwrap().is_some() {
+            swept += 1;
+        }
+        assert_eq!(swept, left, "close() counted what the sweep took");
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert!(tx.is_closed());
+        assert!(matches!(
+            tx.try_push(&MessageHeader::new(0, 0), b""),
+            Err(Error::KernelTerminated(_))
+        ));
+        assert_eq!(
+            taken + swept,
+            accepted.load(Ordering::SeqCst),
+            "round {round}: accepted pushes lost or extra ones slipped in after the close"
+        );
+        assert!(rx.try_pop().unwrap().is_none());
+    }
+}
+
 #[test]
 fn non_power_of_two_capacities_are_invalid() {
     for cap in [0usize, 3, 6, 100, 1000] {

@@ -4,7 +4,11 @@
 //!   oneshot);
 //! * a token through 3 `rk.stage` kernels one at a time, p50/p99 (peer: a chain of 3
 //!   tokio tasks over mpsc);
-//! * 1M tokens through the 3 stages, pipelined, tokens/s (same peer);
+//! * 1M tokens through the 3 stages, pipelined, tokens/s: with the host sending and
+//!   receiving in batches of 256 (`send_batch` / `receive_batch_into`; peer: the tokio
+//!   chain with `recv_many` in the stages and the host's receiver), and one at a time
+//!   (`send` / `receive`; peer: the tokio chain as is). Ours and the peers alternate,
+//!   three rounds, medians;
 //! * 100,000 kernels launched: time, and heap bytes per kernel beyond its queues (peer:
 //!   100,000 tokio tasks, each owning an mpsc receiver);
 //! * `actix` (0.13) as a second peer: a request/response ping-pong to an echo actor, a
@@ -18,8 +22,10 @@
 //!
 //! `cargo bench -p ringkernel-cpu --bench scheduler` (`-- --test`, as `cargo test
 //! --benches` passes, runs a short smoke version). Optional first argument: a section
-//! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` runs only
-//! our pooled pipeline, for a profiler).
+//! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` and
+//! `pipeline-batched` run only our pooled pipeline, one at a time or batched, for a
+//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_WORKERS=n` the
+//! pool size, `RK_HOST=current_thread` a single-threaded host runtime.
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::options::LaunchOptions;
@@ -154,13 +160,18 @@ async fn section_call(rt: &CpuRuntime, n: usize) {
         .unwrap();
     let peer = tokio_echo();
     let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    let mut wakeups = 0;
     for _block in 0..10 {
         for (k, v) in [(&pool, &mut a), (&ded, &mut b)] {
+            let w0 = rt.scheduler_stats().wakeups;
             for i in 0..n / 10 {
                 let t0 = Instant::now();
                 let r: Token = k.call(Token::new(i as u64, 1.0), TIMEOUT).await.unwrap();
                 v.push(t0.elapsed().as_nanos() as u64);
                 assert_eq!(r.id, i as u64);
+            }
+            if k.id() == pool.id() {
+                wakeups += rt.scheduler_stats().wakeups - w0;
             }
         }
         for i in 0..n / 10 {
@@ -172,7 +183,12 @@ async fn section_call(rt: &CpuRuntime, n: usize) {
             assert_eq!(r.id, i as u64);
         }
     }
-    println!("call round trip to an echo kernel ({} each):", a.len());
+    println!(
+        "call round trip to an echo kernel ({} each; pooled: {:.1} pool wake-ups per 1,000 calls, search window now {:?}):",
+        a.len(),
+        1e3 * wakeups as f64 / a.len() as f64,
+        rt.scheduler_stats().search_window
+    );
     row(
         "pooled kernel",
         &mut a,
@@ -195,8 +211,10 @@ async fn section_hops(rt: &CpuRuntime, n: usize) {
     let ded = stages(rt, "hop.ded", &dedicated()).await;
     let (ptx, mut prx) = tokio_chain(1024);
     let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    let mut wakeups = 0;
     for _block in 0..10 {
         for (ks, v) in [(&pool, &mut a), (&ded, &mut b)] {
+            let w0 = rt.scheduler_stats().wakeups;
             let route: Vec<_> = ks.iter().map(|k| k.id()).collect();
             for i in 0..n / 10 {
                 let t0 = Instant::now();
@@ -208,6 +226,9 @@ async fn section_hops(rt: &CpuRuntime, n: usize) {
                 v.push(t0.elapsed().as_nanos() as u64);
                 assert_eq!((r.id, r.value), (i as u64, 3.0));
             }
+            if ks[0].id() == pool[0].id() {
+                wakeups += rt.scheduler_stats().wakeups - w0;
+            }
         }
         for i in 0..n / 10 {
             let t0 = Instant::now();
@@ -218,8 +239,10 @@ async fn section_hops(rt: &CpuRuntime, n: usize) {
         }
     }
     println!(
-        "a token through 3 stages, one at a time ({} each):",
-        a.len()
+        "a token through 3 stages, one at a time ({} each; pooled: {:.1} pool wake-ups per 1,000 tokens, search window now {:?}):",
+        a.len(),
+        1e3 * wakeups as f64 / a.len() as f64,
+        rt.scheduler_stats().search_window
     );
     row(
         "pooled stages",
@@ -322,6 +345,82 @@ async fn pipeline_ours(ks: &[KernelHandle], n: u64) -> f64 {
     n as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// Host batch of the batched pipeline runs (ours and the peer's).
+const HOST_BATCH: usize = 256;
+
+/// As [`pipeline_ours`], with the host sending `HOST_BATCH` tokens per
+/// `send_batch` and receiving with `receive_batch_into` (decoded in place).
+async fn pipeline_ours_batched(ks: &[KernelHandle], n: u64) -> f64 {
+    let route: Vec<_> = ks.iter().map(|k| k.id()).collect();
+    let first = ks[0].clone();
+    let t0 = Instant::now();
+    let sender = tokio::spawn(async move {
+        let mut batch = Vec::with_capacity(HOST_BATCH);
+        let mut i = 0;
+        while i < n {
+            batch.clear();
+            let end = (i + HOST_BATCH as u64).min(n);
+            batch.extend((i..end).map(|j| Token::routed(j, 0.0, &route).unwrap()));
+            first.send_batch(&batch).await.unwrap();
+            i = end;
+        }
+    });
+    let mut next = 0;
+    let mut got: Vec<Token> = Vec::with_capacity(HOST_BATCH);
+    while next < n {
+        ks[2]
+            .receive_batch_into(&mut got, HOST_BATCH, Some(TIMEOUT))
+            .await
+            .unwrap();
+        for r in got.drain(..) {
+            assert_eq!(r.id, next, "order kept");
+            next += 1;
+        }
+    }
+    sender.await.unwrap();
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The tokio chain with the host receiving `HOST_BATCH` at a time (`recv_many`) and
+/// each stage taking what waits (up to 64) before it forwards it.
+async fn pipeline_tokio_batched(n: u64) -> f64 {
+    let cap = 1024;
+    let (tx0, mut rx) = mpsc::channel::<Token>(cap);
+    for _ in 0..3 {
+        let (tx, next_rx) = mpsc::channel::<Token>(cap);
+        let mut my_rx = std::mem::replace(&mut rx, next_rx);
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(64);
+            while my_rx.recv_many(&mut buf, 64).await > 0 {
+                for mut t in buf.drain(..) {
+                    t.value += 1.0;
+                    t.hops += 1;
+                    if tx.send(t).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+    let t0 = Instant::now();
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            tx0.send(Token::new(i, 0.0)).await.unwrap();
+        }
+    });
+    let mut buf = Vec::with_capacity(HOST_BATCH);
+    let mut next = 0;
+    while next < n {
+        rx.recv_many(&mut buf, HOST_BATCH).await;
+        for r in buf.drain(..) {
+            assert_eq!(r.id, next);
+            next += 1;
+        }
+    }
+    sender.await.unwrap();
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
 async fn pipeline_tokio(n: u64) -> f64 {
     let (tx, mut rx) = tokio_chain(1024);
     let t0 = Instant::now();
@@ -338,22 +437,55 @@ async fn pipeline_tokio(n: u64) -> f64 {
     n as f64 / t0.elapsed().as_secs_f64()
 }
 
-async fn section_pipeline(rt: &CpuRuntime, n: u64) {
+/// Median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn section_pipeline(rt: &CpuRuntime, n: u64, rounds: usize) {
     let opts = LaunchOptions::default().with_queue_capacity(4096);
     let pool = stages(rt, "pipe.pool", &opts).await;
     let ded = stages(rt, "pipe.ded", &opts.clone().with_dedicated_thread()).await;
-    let (a, bd) = pipeline_measured(rt, &pool, n).await;
-    let b = pipeline_ours(&ded, n).await;
-    let c = pipeline_tokio(n).await;
-    println!("{n} tokens through 3 stages, pipelined (tokens/s; 3 hops each):");
+    // Ours and the peers alternate, `rounds` times; medians are reported.
+    let (mut a, mut ab, mut b, mut c, mut cb) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut bd = None;
+    for _ in 0..rounds {
+        ab.push(pipeline_ours_batched(&pool, n).await);
+        cb.push(pipeline_tokio_batched(n).await);
+        let (r, d) = pipeline_measured(rt, &pool, n).await;
+        a.push(r);
+        bd = Some(d);
+        c.push(pipeline_tokio(n).await);
+        b.push(pipeline_ours(&ded, n).await);
+    }
+    let show = |v: &[f64]| {
+        v.iter()
+            .map(|r| format!("{:.2}", r / 1e6))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("{n} tokens through 3 stages, pipelined (M tokens/s, median of {rounds} alternating runs; 3 hops each):");
     println!(
-        "  pooled {:.3} M/s | dedicated threads {:.3} M/s | 3 tokio tasks over mpsc {:.3} M/s | ratio pooled/tokio {:.2}",
-        a / 1e6,
-        b / 1e6,
-        c / 1e6,
-        a / c
+        "  host sends/receives in batches of {HOST_BATCH}: pooled {:.3} M/s ({}) | 3 tokio tasks, host recv_many {:.3} M/s ({}) | ratio {:.2}",
+        median(&mut ab.clone()) / 1e6,
+        show(&ab),
+        median(&mut cb.clone()) / 1e6,
+        show(&cb),
+        median(&mut ab) / median(&mut cb)
     );
-    println!("  pooled: {bd}");
+    println!(
+        "  host sends/receives one at a time:  pooled {:.3} M/s ({}) | 3 tokio tasks over mpsc {:.3} M/s ({}) | ratio {:.2} | dedicated threads {:.3} M/s",
+        median(&mut a.clone()) / 1e6,
+        show(&a),
+        median(&mut c.clone()) / 1e6,
+        show(&c),
+        median(&mut a) / median(&mut c),
+        median(&mut b) / 1e6
+    );
+    if let Some(bd) = bd {
+        println!("  pooled, one at a time (last run): {bd}");
+    }
     for k in pool.into_iter().chain(ded) {
         k.terminate().await.unwrap();
     }
@@ -564,6 +696,14 @@ mod actix_peer {
     }
 }
 
+/// Tokens of the pipelined runs: 1M (10,000 with `--test`), or `RK_TOKENS`.
+fn tokens(quick: bool) -> u64 {
+    std::env::var("RK_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 10_000 } else { 1_000_000 })
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--test");
     let only: Option<String> = std::env::args().skip(1).find(|a| {
@@ -572,6 +712,7 @@ fn main() {
             "hops",
             "pipeline",
             "pipeline-pooled",
+            "pipeline-batched",
             "kernels",
             "actix",
         ]
@@ -616,11 +757,27 @@ fn main() {
             // Only our pooled pipeline (for profiling it alone).
             let opts = LaunchOptions::default().with_queue_capacity(4096);
             let ks = stages(&rt, "prof", &opts).await;
-            let (r, bd) = pipeline_measured(&rt, &ks, if quick { 10_000 } else { 1_000_000 }).await;
+            let (r, bd) = pipeline_measured(&rt, &ks, tokens(quick)).await;
             println!("pooled pipeline alone: {:.3} M tokens/s; {bd}", r / 1e6);
         }
+        if only.as_deref() == Some("pipeline-batched") {
+            // Only our pooled pipeline with a batching host (for profiling it alone).
+            let opts = LaunchOptions::default().with_queue_capacity(4096);
+            let ks = stages(&rt, "prof", &opts).await;
+            let n = tokens(quick);
+            let (s0, c0) = (rt.scheduler_stats(), cpu_ns());
+            let r = pipeline_ours_batched(&ks, n).await;
+            let (s1, c1) = (rt.scheduler_stats(), cpu_ns());
+            println!(
+                "pooled pipeline, batching host: {:.3} M tokens/s; CPU per token: pool workers {:.0} ns, host threads {:.0} ns; {:.1} messages per turn",
+                r / 1e6,
+                (c1.0 - c0.0) as f64 / n as f64,
+                (c1.1 - c0.1) as f64 / n as f64,
+                3.0 * n as f64 / (s1.turns - s0.turns).max(1) as f64
+            );
+        }
         if want("pipeline") {
-            section_pipeline(&rt, if quick { 10_000 } else { 1_000_000 }).await;
+            section_pipeline(&rt, tokens(quick), if quick { 1 } else { 3 }).await;
         }
         if want("actix") {
             let n = if quick { 100 } else { 20_000 };

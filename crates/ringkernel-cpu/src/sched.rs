@@ -5,8 +5,10 @@
 //!   on a worker goes to that worker's deque and runs there next, without an OS wake-up.
 //!   Tasks woken from outside the pool (the host) go to the shared injector queue.
 //! * Idle workers look for work (own deque, injector, then steal from the others) for
-//!   [`SEARCH_SPIN`], then park. Producers unpark a parked worker only when no worker is
-//!   searching, so the hot path is a queue push plus a fence and two loads.
+//!   a search window ([`SEARCH_SPIN`] at first, adapted between [`SEARCH_MIN`] and
+//!   [`SEARCH_MAX`], see [`Pool::search`]), then park. Producers unpark a parked worker
+//!   only when no worker is searching, so the hot path is a queue push plus a fence and
+//!   two loads.
 //! * A task whose turn used its whole budget goes to the back of the injector, behind
 //!   every task waiting there, and a worker looks at the injector first every
 //!   [`GLOBAL_EVERY`] turns: a flooded kernel cannot starve the others.
@@ -24,8 +26,19 @@ use std::time::Duration;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker as Deque};
 
-/// How long an idle worker keeps looking for work before it parks.
+/// How long an idle worker keeps looking for work before it parks, at first: the pool
+/// adapts it between [`SEARCH_MIN`] and [`SEARCH_MAX`] (see [`Pool::search`]).
 pub const SEARCH_SPIN: Duration = Duration::from_micros(200);
+/// Shortest search window.
+pub const SEARCH_MIN: Duration = Duration::from_micros(50);
+/// Longest search window.
+pub const SEARCH_MAX: Duration = Duration::from_millis(2);
+/// A gap this long between two looks of a searching worker (a look takes well under a
+/// microsecond) means the OS preempted it: it stops searching and parks.
+const PREEMPTED: Duration = Duration::from_micros(30);
+/// A parked worker woken for work within this many search windows of parking had
+/// parked too early: the window doubles.
+const PREMATURE: u64 = 4;
 /// A worker polls the injector before its own deque every this many turns.
 const GLOBAL_EVERY: u64 = 31;
 /// How often the monitor samples the workers while any of them runs.
@@ -116,6 +129,9 @@ struct Slot {
     /// Set by the monitor when the worker has been in one turn for a monitor tick or
     /// more: from then on other workers may take even the last task of its deque.
     stuck: AtomicBool,
+    /// When the worker last parked after a search found nothing (ns since the pool's
+    /// start; 0: it did not).
+    parked_at: AtomicU64,
 }
 
 impl Slot {
@@ -152,6 +168,10 @@ pub(crate) struct Pool {
     /// Nanoseconds idle workers spent looking for work (spinning) before they found
     /// some or parked.
     search_ns: AtomicU64,
+    /// The current search window, ns (see [`Pool::search`]).
+    window_ns: AtomicU64,
+    /// What `parked_at` counts from.
+    epoch: std::time::Instant,
     searching: AtomicUsize,
     parked: AtomicUsize,
     idle: Mutex<Vec<usize>>,
@@ -177,22 +197,7 @@ impl Pool {
                 "the CPU worker pool needs 1..={MAX_THREADS} workers, got {workers}"
             )));
         }
-        let pool = Arc::new(Pool {
-            injector: Injector::new(),
-            slots: (0..MAX_THREADS).map(|_| Slot::default()).collect(),
-            high: AtomicUsize::new(0),
-            live: AtomicUsize::new(0),
-            target: workers,
-            extra_started: AtomicUsize::new(0),
-            wakeups: AtomicU64::new(0),
-            search_ns: AtomicU64::new(0),
-            searching: AtomicUsize::new(0),
-            parked: AtomicUsize::new(0),
-            idle: Mutex::new(Vec::new()),
-            shutdown: AtomicBool::new(false),
-            monitor: Mutex::new(None),
-            monitor_parked: AtomicBool::new(false),
-        });
+        let pool = Arc::new(Pool::new(workers));
         let handle = Arc::new(PoolHandle(pool.clone()));
         for _ in 0..workers {
             pool.spawn_worker()?;
@@ -204,6 +209,28 @@ impl Pool {
             .map_err(|e| Error::Device(format!("cannot start the CPU pool monitor: {e}")))?;
         *lock(&pool.monitor) = Some(m.thread().clone());
         Ok(handle)
+    }
+
+    /// A pool of `workers` with no thread started yet.
+    fn new(workers: usize) -> Pool {
+        Pool {
+            injector: Injector::new(),
+            slots: (0..MAX_THREADS).map(|_| Slot::default()).collect(),
+            high: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
+            target: workers,
+            extra_started: AtomicUsize::new(0),
+            wakeups: AtomicU64::new(0),
+            search_ns: AtomicU64::new(0),
+            window_ns: AtomicU64::new(SEARCH_SPIN.as_nanos() as u64),
+            epoch: std::time::Instant::now(),
+            searching: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+            idle: Mutex::new(Vec::new()),
+            shutdown: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+            monitor_parked: AtomicBool::new(false),
+        }
     }
 
     /// Worker threads alive now.
@@ -318,9 +345,33 @@ impl Pool {
             idx
         };
         self.wakeups.fetch_add(1, Ordering::Relaxed);
+        self.parked_too_early(idx);
         if let Some(t) = lock(&self.slots[idx].thread).as_ref() {
             t.unpark();
         }
+    }
+
+    /// Worker `idx` is woken for work: if it parked only a few search windows ago, the
+    /// window was too short for how this pool is fed (a host that comes back a little
+    /// later than the window every time would otherwise pay two OS wake-ups per
+    /// request, the worker's and its own): double it.
+    fn parked_too_early(&self, idx: usize) {
+        let at = self.slots[idx].parked_at.swap(0, Ordering::Relaxed);
+        if at == 0 {
+            return;
+        }
+        let window = self.window_ns.load(Ordering::Relaxed);
+        let idle = (self.epoch.elapsed().as_nanos() as u64).saturating_sub(at);
+        if idle < PREMATURE * window {
+            let max = SEARCH_MAX.as_nanos() as u64;
+            self.window_ns
+                .store((window * 2).min(max), Ordering::Relaxed);
+        }
+    }
+
+    /// The current search window (adapted as described at [`Pool::search`]).
+    pub(crate) fn search_window(&self) -> Duration {
+        Duration::from_nanos(self.window_ns.load(Ordering::Relaxed))
     }
 
     fn shutdown(&self) {
@@ -423,7 +474,7 @@ impl Pool {
                         searching = true;
                         self.searching.fetch_add(1, Ordering::SeqCst);
                     }
-                    if !self.search() {
+                    if !self.search(idx) {
                         searching = false;
                         self.searching.fetch_sub(1, Ordering::SeqCst);
                         // An extra worker parks for a while before it retires, so a
@@ -468,15 +519,32 @@ impl Pool {
         }
     }
 
-    /// Spins up to [`SEARCH_SPIN`] waiting for queued work; whether some appeared. Only
-    /// half the workers (at least one) search at once: the others park at once, leaving
-    /// the cores to the threads that produce the work (on a small machine the host's
-    /// own threads need them).
-    fn search(&self) -> bool {
+    /// Looks for queued work (spinning) for up to the pool's search window; whether
+    /// some appeared. Only half the workers (at least one) search at once: the others
+    /// park at once, leaving the cores to the threads that produce the work (on a small
+    /// machine the host's own threads need them).
+    ///
+    /// The window adapts to how the pool is fed. It starts at [`SEARCH_SPIN`]; it
+    /// doubles (up to [`SEARCH_MAX`]) when a worker that parked after a fruitless
+    /// search of worker `idx` is woken for work within four windows (it parked too
+    /// early: a host that comes back a little later than the window each time would
+    /// otherwise pay two OS wake-ups per request); it shrinks by an eighth after each
+    /// fruitless search (down to [`SEARCH_MIN`]), so an idle pool spins little.
+    ///
+    /// A search also ends, and the window drops to [`SEARCH_MIN`], when the worker
+    /// notices it was preempted in the middle of it (two looks [`PREEMPTED`] apart): the
+    /// machine then runs more threads than it has cores, and a spinning worker only
+    /// takes the core from the threads that produce its work (and, having used its
+    /// share, is scheduled after them when work comes); a parked one is woken at once.
+    fn search(&self, idx: usize) -> bool {
         if self.searching.load(Ordering::SeqCst) > self.target.div_ceil(2) {
             return false;
         }
+        self.slots[idx].parked_at.store(0, Ordering::Relaxed);
+        let window = Duration::from_nanos(self.window_ns.load(Ordering::Relaxed));
         let start = std::time::Instant::now();
+        let mut last = Duration::ZERO;
+        let mut preempted = false;
         let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
@@ -487,12 +555,33 @@ impl Pool {
             if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
                 break true;
             }
-            if start.elapsed() >= SEARCH_SPIN {
+            let spent = start.elapsed();
+            if spent >= window {
                 break false;
             }
+            if spent - last >= PREEMPTED {
+                // The OS took the core away in the middle of the search: the machine
+                // has more runnable threads than cores, and spinning only delays the
+                // threads that produce the work. Park now.
+                preempted = true;
+                break false;
+            }
+            last = spent;
         };
+        let spent = start.elapsed();
         self.search_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+        if !found {
+            let w = window.as_nanos() as u64;
+            let min = SEARCH_MIN.as_nanos() as u64;
+            let w = if preempted { min } else { w - w / 8 };
+            self.window_ns.store(w.max(min), Ordering::Relaxed);
+            // It parks next; `wake_one` looks at how soon it is needed again.
+            self.slots[idx].parked_at.store(
+                (self.epoch.elapsed().as_nanos() as u64).max(1),
+                Ordering::Relaxed,
+            );
+        }
         found
     }
 
@@ -708,5 +797,59 @@ fn steal_one(mut f: impl FnMut() -> Steal<Arc<Task>>) -> Option<Arc<Task>> {
             Steal::Empty => return None,
             Steal::Retry => std::hint::spin_loop(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(p: &Pool) -> u64 {
+        p.window_ns.load(Ordering::Relaxed)
+    }
+
+    /// A worker woken soon after it parked doubles the search window (up to the
+    /// maximum); one woken long after leaves it; a fruitless search shrinks it.
+    #[test]
+    fn the_search_window_adapts() {
+        let p = Pool::new(2);
+        let w0 = window(&p);
+        assert_eq!(w0, SEARCH_SPIN.as_nanos() as u64);
+        let now = || p.epoch.elapsed().as_nanos() as u64;
+        // Parked a moment ago and needed again: too early.
+        p.slots[0].parked_at.store(now().max(1), Ordering::Relaxed);
+        p.parked_too_early(0);
+        assert_eq!(window(&p), 2 * w0);
+        assert_eq!(p.slots[0].parked_at.load(Ordering::Relaxed), 0, "consumed");
+        // No record (it did not park after a search): unchanged.
+        p.parked_too_early(0);
+        assert_eq!(window(&p), 2 * w0);
+        // Parked long ago (more than four windows): unchanged.
+        std::thread::sleep(Duration::from_nanos(5 * window(&p)));
+        p.slots[1].parked_at.store(1, Ordering::Relaxed);
+        p.parked_too_early(1);
+        assert_eq!(window(&p), 2 * w0);
+        // Never beyond the maximum.
+        for _ in 0..20 {
+            p.slots[0].parked_at.store(now().max(1), Ordering::Relaxed);
+            p.parked_too_early(0);
+        }
+        assert_eq!(window(&p), SEARCH_MAX.as_nanos() as u64);
+        // A search that finds nothing shrinks it (by an eighth, or to the minimum if
+        // the OS preempted the search) and records when the worker parks.
+        p.searching.store(1, Ordering::SeqCst);
+        let before = window(&p);
+        assert!(!p.search(0));
+        let after = window(&p);
+        assert!(
+            after == before - before / 8 || after == SEARCH_MIN.as_nanos() as u64,
+            "{before} -> {after}"
+        );
+        assert_ne!(p.slots[0].parked_at.load(Ordering::Relaxed), 0);
+        // And never below the minimum.
+        p.window_ns
+            .store(SEARCH_MIN.as_nanos() as u64, Ordering::Relaxed);
+        assert!(!p.search(0));
+        assert_eq!(window(&p), SEARCH_MIN.as_nanos() as u64);
     }
 }

@@ -25,19 +25,20 @@ async fn runtime(reg: KernelRegistry, workers: usize) -> CpuRuntime {
 async fn chain(rt: &CpuRuntime, tag: &str) -> Vec<KernelHandle> {
     let mut v = Vec::new();
     for i in 0..3 {
-        let k = rt
-            .launch(
-                STAGE,
-                LaunchOptions::default()
-                    .with_queue_capacity(2)
-                    .with_output_capacity(4096)
-                    .with_name(format!("{tag}.{i}")),
-            )
-            .await
-            .unwrap();
-        v.push(k);
+        v.push(launch_stage(rt, &format!("{tag}.{i}"), stage_opts(2)).await);
     }
     v
+}
+
+/// Options of a chain's stage: `capacity` input slots, a large output queue.
+fn stage_opts(capacity: usize) -> LaunchOptions {
+    LaunchOptions::default()
+        .with_queue_capacity(capacity)
+        .with_output_capacity(4096)
+}
+
+async fn launch_stage(rt: &CpuRuntime, name: &str, opts: LaunchOptions) -> KernelHandle {
+    rt.launch(STAGE, opts.with_name(name)).await.unwrap()
 }
 
 /// Pushes `n` tokens through `stages` and checks every one comes out of the last stage
@@ -65,16 +66,51 @@ async fn pump(stages: Vec<KernelHandle>, n: u64) {
 /// spins on `QueueFull` (the built-in retries, never drops) while the downstream kernel
 /// waits on the same, only, worker. A pool that only runs queued tasks on its fixed
 /// workers deadlocks here; ours notices the blocked turn and adds a worker.
+///
+/// Deterministic: the first stage is only activated once eight tokens wait in its
+/// queue, so its first turn sends two into the downstream queue and blocks on the
+/// third before the downstream kernel (queued behind it on the one worker) can run,
+/// however fast or slow the machine is. (Pumping tokens one at a time instead left it
+/// to timing whether a turn ever held three, and on a loaded machine some runs never
+/// blocked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k2k_backpressure_on_a_single_busy_worker_does_not_deadlock() {
+    const FIRST: u64 = 8;
     let rt = runtime(KernelRegistry::new(), 1).await;
-    let stages = chain(&rt, "one").await;
-    tokio::time::timeout(T, pump(stages, 2_000)).await.unwrap();
+    let stages = vec![
+        launch_stage(
+            &rt,
+            "one.0",
+            stage_opts(FIRST as usize).without_auto_activate(),
+        )
+        .await,
+        launch_stage(&rt, "one.1", stage_opts(2)).await,
+        launch_stage(&rt, "one.2", stage_opts(2)).await,
+    ];
+    let route: Vec<_> = stages.iter().map(|k| k.id()).collect();
+    for i in 0..FIRST {
+        stages[0]
+            .send(Token::routed(i, 0.0, &route).unwrap())
+            .await
+            .unwrap();
+    }
+    assert_eq!(rt.scheduler_stats().extra_started, 0);
+    stages[0].activate().await.unwrap();
+    tokio::time::timeout(T, async {
+        for i in 0..FIRST {
+            let t: Token = stages[2].receive_timeout_as(T).await.unwrap();
+            assert_eq!((t.id, t.value), (i, 3.0));
+        }
+    })
+    .await
+    .expect("the blocked stage deadlocked the pool");
     let stats = rt.scheduler_stats();
     assert!(
         stats.extra_started >= 1,
         "the blocked turn was not compensated: {stats:?}"
     );
+    // And it keeps flowing with the host pumping more tokens through.
+    tokio::time::timeout(T, pump(stages, 2_000)).await.unwrap();
     rt.shutdown().await.unwrap();
 }
 

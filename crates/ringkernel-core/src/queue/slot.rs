@@ -779,6 +779,16 @@ struct MpscShared {
     mask: u64,
 }
 
+/// Set in an MPSC ring's tail once the receiver closed the ring: producers see it in
+/// the tail they claim positions from, so a claim after the close fails.
+const CLOSED: u64 = 1 << 63;
+
+/// The error of a push into a closed ring: the kernel reading it is gone.
+#[cold]
+fn closed() -> Error {
+    Error::KernelTerminated("its input queue is closed".into())
+}
+
 /// Sequence of a slot that is free for position `pos`.
 #[inline(always)]
 fn seq_free(pos: u64) -> u64 {
@@ -801,7 +811,7 @@ impl MpscShared {
 
     fn stats(&self) -> QueueStats {
         let dequeued = self.head.0.load(Ordering::Acquire);
-        let enqueued = self.tail.0.load(Ordering::Acquire);
+        let enqueued = self.tail.0.load(Ordering::Acquire) & !CLOSED;
         QueueStats {
             enqueued,
             dequeued,
@@ -813,15 +823,21 @@ impl MpscShared {
 }
 
 impl SlotSender {
-    /// As [`SlotProducer::try_push`], callable from any number of threads.
+    /// As [`SlotProducer::try_push`], callable from any number of threads. Once the
+    /// receiver has [closed](SlotReceiver::close) the ring: [`Error::KernelTerminated`].
     pub fn try_push(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         let s = &*self.shared;
         check_payload_fits(payload.len(), s.slot_size)?;
         let mut pos = s.tail.0.load(Ordering::Relaxed);
         loop {
+            if pos & CLOSED != 0 {
+                return Err(closed());
+            }
             let seq = s.seq[(pos & s.mask) as usize].load(Ordering::Acquire);
             let diff = seq.wrapping_sub(seq_free(pos)) as i64;
             if diff == 0 {
+                // Fails (and retries) if the receiver closed the ring meanwhile: the
+                // close bit changes the tail.
                 match s.tail.0.compare_exchange_weak(
                     pos,
                     pos.wrapping_add(1),
@@ -844,17 +860,115 @@ impl SlotSender {
         }
         // SAFETY: the CAS made us the only owner of position `pos`; its slot was
         // released by the consumer (seq == 2 pos, acquire) and nobody reads it until we
-        // publish seq = 2 pos + 1. The slot spans `slot_size` bytes of `data`.
+        // publish seq = 2 pos + 1.
+        unsafe { self.write_claimed(pos, header, payload) }
+    }
+
+    /// Writes one message into the slot of position `pos` and publishes it. Publishes
+    /// the slot even if the write failed, so a claimed position never blocks the ring
+    /// (the cleared magic then makes the consumer report the slot as corrupt instead
+    /// of re-reading an old message); cannot fail for a payload that fits a slot.
+    ///
+    /// # Safety
+    /// The caller claimed position `pos` (moved the tail past it) and the consumer has
+    /// released its slot for this lap (`seq == seq_free(pos)`, seen with acquire).
+    #[inline]
+    unsafe fn write_claimed(&self, pos: u64, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let s = &*self.shared;
+        // SAFETY: per this function's contract the slot is ours until we publish it; it
+        // spans `slot_size` bytes of `data`.
         let slot = unsafe { std::slice::from_raw_parts_mut(s.slot_ptr(pos), s.slot_size) };
-        // Cannot fail: the size was checked above. Publish the slot either way so a
-        // claimed position never blocks the ring; if it had failed, the cleared magic
-        // makes the consumer report the slot instead of re-reading an old message.
         let res = fill_slot(slot, header, payload);
         if res.is_err() {
             slot[..4].fill(0);
         }
         s.seq[(pos & s.mask) as usize].store(seq_written(pos), Ordering::Release);
         res
+    }
+
+    /// Pushes the messages of `batch` in order, claiming as many free slots as it can
+    /// with one update of the shared tail (instead of one per message), and returns how
+    /// many it wrote: the first `n`. `Ok(0)` when the ring is full. A payload that does
+    /// not fit a slot ends the batch before it (`MessageTooLarge` if it is the first).
+    /// Messages of one batch stay together and in order; other producers' messages
+    /// come before or after them. Once the receiver closed the ring:
+    /// [`Error::KernelTerminated`].
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::slot::mpsc_slot_channel;
+    ///
+    /// let (tx, mut rx) = mpsc_slot_channel(4, 128).unwrap();
+    /// let h = MessageHeader::new(1, 1);
+    /// let batch: Vec<(MessageHeader, &[u8])> = (0..6u8).map(|_| (h, &b"x"[..])).collect();
+    /// assert_eq!(tx.try_push_batch(&batch).unwrap(), 4); // the ring holds four
+    /// let mut n = 0;
+    /// while rx.try_pop().unwrap().is_some() { n += 1; }
+    /// assert_eq!(n, 4);
+    /// ```
+    pub fn try_push_batch(&self, batch: &[(MessageHeader, &[u8])]) -> Result<usize> {
+        let s = &*self.shared;
+        let fits = batch
+            .iter()
+            .position(|(_, p)| p.len() > max_payload(s.slot_size))
+            .unwrap_or(batch.len());
+        if fits == 0 {
+            if let Some((_, p)) = batch.first() {
+                check_payload_fits(p.len(), s.slot_size)?;
+            }
+            return Ok(0);
+        }
+        let batch = &batch[..fits];
+        let (pos, n) = loop {
+            let pos = s.tail.0.load(Ordering::Relaxed);
+            if pos & CLOSED != 0 {
+                return Err(closed());
+            }
+            // The receiver frees a slot (its sequence) before it publishes the head
+            // (both release), so every position below `head + capacity` is free.
+            let head = s.head.0.load(Ordering::Acquire);
+            let free = (s.capacity as u64).saturating_sub(pos.wrapping_sub(head));
+            if pos.wrapping_sub(head) > s.capacity as u64 {
+                // `pos` is stale (the head moved past it meanwhile): look again.
+                std::hint::spin_loop();
+                continue;
+            }
+            if free == 0 {
+                // The head may lag its slots by a moment: one message the usual way.
+                return match self.try_push(&batch[0].0, batch[0].1) {
+                    Ok(()) => Ok(1),
+                    Err(Error::QueueFull { .. }) => Ok(0),
+                    Err(e) => Err(e),
+                };
+            }
+            let n = free.min(batch.len() as u64);
+            if s.tail
+                .0
+                .compare_exchange_weak(
+                    pos,
+                    pos.wrapping_add(n),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                break (pos, n);
+            }
+        };
+        for (i, (h, p)) in batch[..n as usize].iter().enumerate() {
+            let at = pos.wrapping_add(i as u64);
+            // SAFETY: the CAS claimed positions `pos..pos + n` for us alone, and each is
+            // below `head + capacity` for a head read with acquire, so the receiver has
+            // released its slot (see above). The payload fits (checked above), so the
+            // write cannot fail.
+            let _ = unsafe { self.write_claimed(at, h, p) };
+        }
+        Ok(n as usize)
+    }
+
+    /// Whether the receiver has closed the ring.
+    pub fn is_closed(&self) -> bool {
+        self.shared.tail.0.load(Ordering::Acquire) & CLOSED != 0
     }
 
     /// Slot size in bytes.
@@ -916,6 +1030,38 @@ impl SlotReceiver {
         res.map(Some)
     }
 
+    /// As [`try_pop`](Self::try_pop), into `env`: its header is overwritten and its
+    /// payload buffer reused (no allocation once it has grown to the message size).
+    /// `Ok(false)` when no message is waiting; a corrupt slot is consumed and reported
+    /// as an error (`env` is then unspecified).
+    ///
+    /// ```
+    /// use ringkernel_core::message::{Envelope, MessageHeader};
+    /// use ringkernel_core::queue::slot::mpsc_slot_channel;
+    ///
+    /// let (tx, mut rx) = mpsc_slot_channel(4, 128).unwrap();
+    /// tx.try_push(&MessageHeader::new(7, 2), b"hi").unwrap();
+    /// let mut env = Envelope::from_bytes(0, &[]);
+    /// assert!(rx.try_pop_into(&mut env).unwrap());
+    /// assert_eq!((env.header.type_id, &env.payload[..]), (7, &b"hi"[..]));
+    /// assert!(!rx.try_pop_into(&mut env).unwrap());
+    /// ```
+    #[inline]
+    pub fn try_pop_into(&mut self, env: &mut Envelope) -> Result<bool> {
+        let index = self.head;
+        let Some(bytes) = self.front() else {
+            return Ok(false);
+        };
+        let res = check_slot(bytes, index).map(|header| {
+            env.header = header;
+            env.payload.clear();
+            env.payload
+                .extend_from_slice(&bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize]);
+        });
+        self.advance();
+        res.map(|()| true)
+    }
+
     /// As [`SlotConsumer::try_pop_with`].
     pub fn try_pop_with<R>(
         &mut self,
@@ -951,9 +1097,46 @@ impl SlotReceiver {
         }
     }
 
+    /// Closes the ring: from now on every push fails with [`Error::KernelTerminated`].
+    /// Returns how many messages are still to take: those waiting, and those whose
+    /// producers claimed a slot before the close and are still writing them (they
+    /// become visible shortly; [`is_complete`](Self::is_complete) says when all are).
+    /// Closing twice changes nothing.
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::slot::mpsc_slot_channel;
+    ///
+    /// let (tx, mut rx) = mpsc_slot_channel(4, 128).unwrap();
+    /// tx.try_push(&MessageHeader::new(1, 0), b"").unwrap();
+    /// assert_eq!(rx.close(), 1);
+    /// assert!(tx.try_push(&MessageHeader::new(1, 0), b"").is_err());
+    /// assert!(rx.is_complete() && rx.try_pop().unwrap().is_some());
+    /// ```
+    pub fn close(&mut self) -> usize {
+        let tail = self.shared.tail.0.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        tail.wrapping_sub(self.head) as usize
+    }
+
+    /// Whether every message whose slot was claimed so far is written (after
+    /// [`close`](Self::close): whether popping until empty takes every message the ring
+    /// will ever hold).
+    pub fn is_complete(&self) -> bool {
+        let s = &*self.shared;
+        let tail = s.tail.0.load(Ordering::Acquire) & !CLOSED;
+        let mut pos = self.head;
+        while pos != tail {
+            if s.seq[(pos & s.mask) as usize].load(Ordering::Acquire) != seq_written(pos) {
+                return false;
+            }
+            pos = pos.wrapping_add(1);
+        }
+        true
+    }
+
     /// Messages waiting (including ones whose producers are still writing them).
     pub fn len(&self) -> usize {
-        let tail = self.shared.tail.0.load(Ordering::Acquire);
+        let tail = self.shared.tail.0.load(Ordering::Acquire) & !CLOSED;
         (tail.wrapping_sub(self.head) as usize).min(self.shared.capacity)
     }
 
