@@ -117,6 +117,44 @@ pub trait KernelEngine: Send + Sync + 'static {
         }
         Ok(n)
     }
+    /// Hands up to `max` of the oldest messages of the output queue to `take`, in
+    /// order, each removed from the queue, without building an [`Envelope`] for each
+    /// (an engine that keeps replies as bytes reads them in place); stops after a
+    /// message for which `take` returns `false`. Returns how many were handed over.
+    /// `take` must not call back into this kernel. The default goes through
+    /// [`try_dequeue`](Self::try_dequeue).
+    fn try_dequeue_with(
+        &self,
+        max: usize,
+        take: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
+    ) -> Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(env) = self.try_dequeue()? else {
+                break;
+            };
+            n += 1;
+            if !take(&env.header, &env.payload) {
+                break;
+            }
+        }
+        Ok(n)
+    }
+    /// Makes what progress it can on device work in flight without blocking, on the
+    /// calling thread (e.g. finishes a drain pass the device has completed, so that its
+    /// replies are queued without waking another thread first); returns whether it did
+    /// anything. Receivers call it while they look for a reply. The default does
+    /// nothing.
+    fn progress(&self) -> bool {
+        false
+    }
+    /// How long a receiver should look for a reply (calling
+    /// [`progress`](Self::progress)) before it sleeps on the output event: about what a
+    /// round trip through this kernel takes. `None` (the default) leaves it to the
+    /// handle (a few microseconds).
+    fn reply_wait(&self) -> Option<Duration> {
+        None
+    }
     /// Messages in the output queue.
     fn output_depth(&self) -> usize;
     /// `Launched|Deactivated → Active`.
@@ -233,6 +271,11 @@ impl RuntimeCore {
     /// A fresh message id (unique within this runtime).
     pub fn next_message_id(&self) -> u64 {
         self.next_message.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `n` fresh consecutive message ids from one counter update: returns the first.
+    pub fn next_message_ids(&self, n: u64) -> u64 {
+        self.next_message.fetch_add(n, Ordering::Relaxed)
     }
 
     /// Reserves a kernel id for instance `name`. [`Error::InvalidArgument`] if a live
@@ -648,8 +691,12 @@ impl Future for Wait {
     }
 }
 
-/// How long a receive polls cooperatively before it sleeps on the output event.
+/// How long a receive polls cooperatively before it sleeps on the output event, unless
+/// the engine says otherwise ([`KernelEngine::reply_wait`]).
 const RECEIVE_SPIN: Duration = Duration::from_micros(20);
+
+/// The longest a receive polls cooperatively, whatever the engine says.
+const MAX_RECEIVE_SPIN: Duration = Duration::from_millis(1);
 
 /// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
 struct YieldNow(bool);
@@ -929,6 +976,99 @@ impl KernelHandle {
         Ok(out)
     }
 
+    /// Receives up to `max` messages of type `M`, appending them to `out` in arrival
+    /// order, and returns how many: waits up to `timeout` (forever with `None`) for the
+    /// first ([`Error::Timeout`] when none comes), then takes whatever else is already
+    /// waiting, up to `max`, without waiting for more. Unlike
+    /// [`receive_batch`](Self::receive_batch) no [`Envelope`] is built per message:
+    /// the engine hands the bytes over in place
+    /// ([`KernelEngine::try_dequeue_with`]; the drain engines of the GPU backends), so a
+    /// steady stream allocates nothing per message once `out` has room. A message that
+    /// is not an `M` ends the batch and stays queued for a later receive (when it is
+    /// the first, the result is its [`Error::TypeMismatch`]). Messages kept from
+    /// earlier receives come first. The host clock merges the batch's latest timestamp
+    /// once. `max = 0` returns 0 at once.
+    ///
+    /// ```
+    /// # use ringkernel_core::builtin::Token;
+    /// # async fn demo(k: ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
+    /// let batch: Vec<Token> = (0..1000).map(|i| Token::new(i, 1.0)).collect();
+    /// k.send_batch(&batch).await?;
+    /// let mut replies: Vec<Token> = Vec::with_capacity(1000);
+    /// while replies.len() < 1000 {
+    ///     let left = 1000 - replies.len();
+    ///     k.receive_batch_into(&mut replies, left, Some(std::time::Duration::from_secs(5))).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn receive_batch_into<M: RingMessage>(
+        &self,
+        out: &mut Vec<M>,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let first = self.receive_envelope(timeout).await?;
+        out.push(self.decode_or_keep(first)?);
+        let mut n = 1;
+        {
+            let mut stash = lock(&self.inner.stash);
+            while n < max {
+                let Some(env) = stash.pop_front() else {
+                    break;
+                };
+                match env.decode::<M>() {
+                    Ok(m) => out.push(m),
+                    Err(_) => {
+                        stash.push_front(env);
+                        return Ok(n);
+                    }
+                }
+                n += 1;
+            }
+        }
+        if n == max {
+            return Ok(n);
+        }
+        let mut latest: Option<HlcTimestamp> = None;
+        let mut kept: Option<Envelope> = None;
+        let taken = self
+            .inner
+            .engine
+            .try_dequeue_with(max - n, &mut |header, payload| {
+                let ts = header.hlc();
+                if latest.is_none_or(|l| ts > l) {
+                    latest = Some(ts);
+                }
+                match M::decode(header, payload) {
+                    Ok(m) => {
+                        out.push(m);
+                        true
+                    }
+                    Err(_) => {
+                        kept = Some(Envelope {
+                            header: *header,
+                            payload: payload.to_vec(),
+                        });
+                        false
+                    }
+                }
+            })?;
+        n += taken;
+        if let Some(env) = kept {
+            n -= 1;
+            lock(&self.inner.stash).push_front(env);
+        }
+        if let Some(latest) = latest {
+            if let Err(e) = self.inner.core.hlc().update(&latest) {
+                tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
+            }
+        }
+        Ok(n)
+    }
+
     /// Takes the first message (stash first, then the queue) that `pred` accepts,
     /// stashing the others. `Ok(None)` when none is there now.
     fn take_matching(&self, pred: &(dyn Fn(&Envelope) -> bool + Sync)) -> Result<Option<Envelope>> {
@@ -966,14 +1106,24 @@ impl KernelHandle {
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Result<Envelope> {
-        // Replies to a request usually arrive within microseconds. Before registering a
-        // listener (whose wake-up costs a scheduler round trip), poll cooperatively for
-        // a short while: each round hands the thread back to the executor, so other
-        // tasks keep running and nothing blocks.
-        let spin_until = Instant::now() + RECEIVE_SPIN;
+        // Replies to a request usually arrive within a round trip of the kernel. Before
+        // registering a listener (whose wake-up costs a scheduler round trip), poll
+        // cooperatively for about that long (the engine's `reply_wait`), helping the
+        // engine along (`progress`, e.g. finishing a completed pass on this thread):
+        // each round hands the thread back to the executor, so other tasks keep
+        // running and nothing blocks.
+        let engine = &self.inner.engine;
+        let spin = engine
+            .reply_wait()
+            .unwrap_or(RECEIVE_SPIN)
+            .min(MAX_RECEIVE_SPIN);
+        let spin_until = Instant::now() + spin;
         loop {
             if let Some(env) = self.take_matching(pred)? {
                 return Ok(env);
+            }
+            if engine.progress() {
+                continue;
             }
             let now = Instant::now();
             if now >= spin_until

@@ -44,7 +44,7 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RuntimeCore;
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget};
+use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
@@ -63,74 +63,73 @@ const HEADER_BYTES: usize = std::mem::size_of::<ringkernel_core::queue::QueueHea
 /// (readback, replies) the device runs the next. Each has its own readback buffer.
 const PASSES_IN_FLIGHT: usize = 3;
 
-/// A drain pass waiting for its readback, finished by the poller.
+/// A drain pass waiting for its readback, finished by the poller (or by a receiver
+/// helping it, see [`Poller::help`]).
 struct Completion {
     staging: wgpu::Buffer,
     /// Where `staging` goes back once unmapped.
     pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
     rings: Arc<HostRings>,
-    /// Byte ranges of the output ring that the pass wrote (at the same offsets in
-    /// `staging`).
-    runs: Vec<Range<usize>>,
     /// Where in `staging` the device-written control fields are.
     control_at: usize,
-    /// The part of `staging` that is mapped: the runs and the control fields.
+    /// The part of `staging` that is mapped: the pass's output slots (at their offsets
+    /// in the ring) and the control fields.
     mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
-    done: Box<dyn FnOnce(Result<()>) + Send>,
+    done: PassDone,
 }
 
 impl Completion {
-    /// Copies the readback into the host copies, unmaps, and reports to the engine.
+    /// Hands the mapped outputs to the engine (read in place, no copy into the host
+    /// ring), copies the control fields into the host copy, unmaps.
     fn finish(self, mapped: std::result::Result<(), wgpu::BufferAsyncError>) {
-        let result = match mapped {
-            Ok(()) => {
-                let copied = self.copy_out();
-                self.staging.unmap();
-                copied
+        let Completion {
+            staging,
+            pool,
+            rings,
+            control_at,
+            mapped: range,
+            done,
+            ..
+        } = self;
+        let view = mapped
+            .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
+            .and_then(|()| {
+                staging
+                    .get_mapped_range(range.start as u64..range.end as u64)
+                    .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
+            });
+        match view {
+            Ok(view) => {
+                let control =
+                    control_at - range.start..control_at - range.start + DEVICE_WRITTEN.len();
+                match view.get(control) {
+                    Some(src) => {
+                        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block
+                        // and holds only fields the host never writes; the poller (or
+                        // one helper at a time) finishes a kernel's passes, and no
+                        // other code writes these bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.as_ptr(),
+                                rings.control().add(DEVICE_WRITTEN.start),
+                                src.len(),
+                            )
+                        };
+                        done(Ok(PassOutputs::Bytes {
+                            start: range.start,
+                            bytes: &view,
+                        }));
+                    }
+                    None => done(Err(Error::Device("readback buffer too small".into()))),
+                }
+                drop(view);
+                staging.unmap();
             }
-            Err(e) => Err(Error::Device(format!("readback of a drain pass: {e}"))),
-        };
-        lock(&self.pool).push(self.staging.clone());
-        (self.done)(result);
-    }
-
-    fn copy_out(&self) -> Result<()> {
-        let view = self
-            .staging
-            .get_mapped_range(self.mapped.start as u64..self.mapped.end as u64)
-            .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))?;
-        let lo = self.mapped.start;
-        let control = self.control_at - lo..self.control_at - lo + DEVICE_WRITTEN.len();
-        if view.len() < control.end {
-            return Err(Error::Device("readback buffer too small".into()));
+            Err(e) => done(Err(e)),
         }
-        for run in &self.runs {
-            let src = &view[run.start - lo..run.end - lo];
-            // SAFETY: `run` lies in the output ring (`slot_runs` of the pass, checked
-            // against `ring_len` by the engine); the pass is complete and its `done` has
-            // not been called, so by the `DrainTarget` contract nobody else touches
-            // these output slots now.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.as_ptr(),
-                    self.rings.output().add(run.start),
-                    src.len(),
-                )
-            };
-        }
-        let src = &view[control];
-        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block and holds only
-        // fields the host never writes; no other pass of this kernel is running.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.rings.control().add(DEVICE_WRITTEN.start),
-                src.len(),
-            )
-        };
-        Ok(())
+        lock(&pool).push(staging);
     }
 }
 
@@ -147,6 +146,8 @@ struct Poller {
     wake: Event,
     /// Whether the thread runs (started with the first pass).
     started: Mutex<bool>,
+    /// Held by the one receiver at a time that helps (see [`Poller::help`]).
+    helping: Mutex<()>,
 }
 
 impl Poller {
@@ -159,6 +160,7 @@ impl Poller {
             outstanding: AtomicUsize::new(0),
             wake: Event::new(),
             started: Mutex::new(false),
+            helping: Mutex::new(()),
         })
     }
 
@@ -191,18 +193,47 @@ impl Poller {
         self.wake.notify(usize::MAX);
     }
 
+    /// Finishes the passes whose readback is mapped (higher kernel priority first);
+    /// returns whether there were any. Never called with an engine lock held.
+    fn finish_ready(&self) -> bool {
+        let mut ready = std::mem::take(&mut *lock(&self.ready));
+        if ready.is_empty() {
+            return false;
+        }
+        serve_order(&mut ready, |(c, _)| c.priority);
+        let n = ready.len();
+        for (c, r) in ready {
+            c.finish(r);
+        }
+        self.outstanding.fetch_sub(n, Ordering::AcqRel);
+        true
+    }
+
+    /// What a receiver waiting for a reply does while it spins
+    /// ([`KernelEngine::progress`](ringkernel_core::runtime::KernelEngine::progress)):
+    /// looks, without blocking, whether the device has finished a pass, and finishes
+    /// the passes whose readback is mapped on the calling thread, so that a short
+    /// pass's reply is queued without a hand-off to the poller thread. One receiver at
+    /// a time (the others return at once); the poller thread keeps finishing passes
+    /// too, whichever looks first.
+    fn help(&self) -> bool {
+        if self.outstanding.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Ok(_one) = self.helping.try_lock() else {
+            return false;
+        };
+        if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
+            tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
+        }
+        self.finish_ready()
+    }
+
     fn run(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
             let listener = p.wake.listen();
-            let mut ready = std::mem::take(&mut *lock(&p.ready));
-            if !ready.is_empty() {
-                serve_order(&mut ready, |(c, _)| c.priority);
-                let n = ready.len();
-                for (c, r) in ready {
-                    c.finish(r);
-                }
-                p.outstanding.fetch_sub(n, Ordering::AcqRel);
+            if p.finish_ready() {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
@@ -265,8 +296,10 @@ struct WgpuDrainTarget {
     control: wgpu::Buffer,
     input: wgpu::Buffer,
     output: wgpu::Buffer,
-    /// Readback buffers not in use by a pass (one per pass in flight).
+    /// Readback buffers not in use by a pass (one per pass in flight, and one more).
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// The host line of the control block as last uploaded.
+    control_sent: Mutex<Option<Vec<u8>>>,
     bind: wgpu::BindGroup,
 }
 
@@ -279,17 +312,18 @@ struct WgpuDrainTarget {
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
-    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+    fn launch(&self, p: params::Drain, done: PassDone) -> Result<()> {
         self.poller.ensure_thread()?;
         let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
         let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
         let (dev, q) = (&self.ctx.device, &self.ctx.queue);
-        // The engine launches at most `max_in_flight` passes at once, one readback
-        // buffer each.
-        let staging = lock(&self.staging).pop().ok_or_else(|| {
-            Error::Device("more drain passes in flight than readback buffers".into())
-        })?;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        // The engine launches at most `max_in_flight` passes at once, and a finishing
+        // pass gives its readback buffer back just after its `done`: one buffer more
+        // than that is kept, and another made should they all be in use.
+        let staging = lock(&self.staging)
+            .pop()
+            .unwrap_or_else(|| readback_buffer(dev, self.rings.ring_len() as u64));
         for run in &runs {
             // SAFETY: the engine calls `launch` with its host lock held, under which
             // alone input slots are written; `run` lies in the input ring.
@@ -297,13 +331,25 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
             q.write_buffer(&self.input, run.start as u64, bytes);
         }
-        // Only the host-written part of the control block goes up: the device-written
-        // part lives on the device across passes (a pass in flight may be updating it).
+        // Only the host-written part of the control block goes up, and only when it
+        // changed (a lifecycle change): the drain template reads none of it, so the
+        // input tail the engine writes before each pass (which the pass gets in its
+        // parameters) is not worth an upload of its own. The device-written part lives
+        // on the device across passes (a pass in flight may be updating it).
         // SAFETY: the host writes the control block only under the engine's host lock
-        // (held now); the poller's copy-out writes only `DEVICE_WRITTEN`, after this.
+        // (held now); the copy-out of a completion writes only `DEVICE_WRITTEN`.
         let control =
             unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
-        q.write_buffer(&self.control, 0, control);
+        {
+            let mut sent = lock(&self.control_sent);
+            let tail = std::mem::offset_of!(ControlBlock, input_tail);
+            let same =
+                |a: &[u8], b: &[u8]| a[..tail] == b[..tail] && a[tail + 8..] == b[tail + 8..];
+            if !sent.as_deref().is_some_and(|s| same(s, control)) {
+                q.write_buffer(&self.control, 0, control);
+                *sent = Some(control.to_vec());
+            }
+        }
         q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("rk drain"),
@@ -355,7 +401,6 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             staging,
             pool: self.staging.clone(),
             rings: self.rings.clone(),
-            runs,
             control_at,
             mapped,
             priority: self.priority,
@@ -367,6 +412,20 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     fn max_in_flight(&self) -> usize {
         PASSES_IN_FLIGHT
     }
+
+    fn progress(&self) -> bool {
+        self.poller.help()
+    }
+}
+
+/// A readback buffer for the passes of a kernel whose rings hold `ring_len` bytes.
+fn readback_buffer(dev: &wgpu::Device, ring_len: u64) -> wgpu::Buffer {
+    dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rk readback"),
+        size: ring_len,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
 }
 
 /// The wgpu implementation of [`RingKernelRuntime`](ringkernel_core::runtime::RingKernelRuntime). See the [module docs](self).
@@ -525,14 +584,8 @@ impl WgpuRuntime {
         let input = mk("rk input", ring_len, storage);
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
-        let staging = (0..PASSES_IN_FLIGHT)
-            .map(|_| {
-                mk(
-                    "rk readback",
-                    ring_len,
-                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                )
-            })
+        let staging = (0..=PASSES_IN_FLIGHT)
+            .map(|_| readback_buffer(dev, ring_len))
             .collect();
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
         // depends on how the allocator initialises memory.
@@ -573,6 +626,7 @@ impl WgpuRuntime {
             input,
             output,
             staging: Arc::new(Mutex::new(staging)),
+            control_sent: Mutex::new(None),
             bind,
         })
     }
