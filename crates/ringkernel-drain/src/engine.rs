@@ -854,14 +854,15 @@ impl<T: DrainTarget> DrainEngine<T> {
 
     /// Reads the outputs of one completed pass (the next in launch order): replies are
     /// queued for the host (one record each, stamped, built without the replies lock
-    /// and appended under it at once), K2K sends added to `routes`, metrics counted.
+    /// and appended under it at once), K2K sends queued for delivery (see `route`),
+    /// metrics counted. Both queues are extended in the step that marks the pass
+    /// complete, so a later pass finished on another thread queues after this one.
     fn finish_pass(
         &self,
         first: u64,
         count: u64,
         elapsed: std::time::Duration,
         result: Result<PassOutputs<'_>>,
-        routes: &mut Vec<Route>,
     ) {
         let out = match result {
             Ok(out) => out,
@@ -873,6 +874,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         let mut replies = lock(&self.replies).builder(count as usize * self.slot_size);
         let core = self.core.upgrade();
         let (mut processed, mut handled) = (0u64, 0u64);
+        let mut routes: Vec<Route> = Vec::new();
         // One block of consecutive timestamps and one of message ids for the pass's
         // outputs (one clock operation and one counter update per pass, not per message).
         let stamps = self.clock.reserve(u32::try_from(count).unwrap_or(u32::MAX));
@@ -934,6 +936,10 @@ impl<T: DrainTarget> DrainEngine<T> {
         let per = u64::try_from(elapsed.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
         self.counters.latency.record_n(per, handled);
         {
+            // The K2K queue first: `route` holds it while it delivers, which may take a
+            // destination's host lock (this kernel's too), so it is never taken inside
+            // the host lock.
+            let mut k2k = lock(&self.k2k);
             let mut h = lock(&self.host);
             h.in_flight -= 1;
             h.completed = first + count;
@@ -947,6 +953,10 @@ impl<T: DrainTarget> DrainEngine<T> {
                 .processed
                 .fetch_add(processed, Ordering::Relaxed);
             lock(&self.replies).append(replies);
+            if !routes.is_empty() {
+                k2k.extend(routes);
+                self.k2k_backlog.store(k2k.len(), Ordering::Release);
+            }
         }
     }
 
@@ -980,8 +990,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 return;
             }
         }
-        let mut routes = Vec::new();
-        self.finish_pass(first, count, elapsed, result, &mut routes);
+        self.finish_pass(first, count, elapsed, result);
         loop {
             // A completion that arrives meanwhile either sees `completed` at its
             // `first` (and finishes itself: this pass's replies are queued by then) or
@@ -994,12 +1003,12 @@ impl<T: DrainTarget> DrainEngine<T> {
                 h.early.swap_remove(i)
             };
             match &kept {
-                Ok(k) => self.finish_pass(first, count, elapsed, Ok(k.view()), &mut routes),
-                Err(e) => self.finish_pass(first, count, elapsed, Err(e.clone()), &mut routes),
+                Ok(k) => self.finish_pass(first, count, elapsed, Ok(k.view())),
+                Err(e) => self.finish_pass(first, count, elapsed, Err(e.clone())),
             }
         }
         // Route K2K sends without holding the host lock (the destination may be us).
-        let delivered_all = self.route(routes);
+        let delivered_all = self.route();
         let mut h = lock(&self.host);
         self.kick(&mut h);
         drop(h);
@@ -1011,13 +1020,13 @@ impl<T: DrainTarget> DrainEngine<T> {
         self.events.state.notify(usize::MAX);
     }
 
-    /// Delivers the K2K backlog and then `new`, in order, stopping at the first full
-    /// destination (so messages keep their order). Returns whether nothing is left.
-    /// While a backlog exists no new pass starts (backpressure, as a full output
+    /// Delivers the K2K queue (the sends of finished passes, queued by `finish_pass` in
+    /// pass order, whichever thread finished them) in order, stopping at the first
+    /// full destination (so messages keep their order). Returns whether nothing is
+    /// left. While a backlog exists no new pass starts (backpressure, as a full output
     /// queue does).
-    fn route(&self, new: Vec<Route>) -> bool {
+    fn route(&self) -> bool {
         let mut q = lock(&self.k2k);
-        q.extend(new);
         if let Some(core) = self.core.upgrade() {
             while let Some((target, hdr, payload)) = q.front() {
                 match core.deliver(target, *hdr, payload) {
@@ -1056,7 +1065,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(std::time::Duration::from_millis(10));
                 let Some(e) = me.upgrade() else { return };
-                if e.route(Vec::new()) {
+                if e.route() {
                     e.retrying.store(false, Ordering::Release);
                     let mut h = lock(&e.host);
                     e.kick(&mut h);
