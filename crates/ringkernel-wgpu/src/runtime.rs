@@ -50,7 +50,7 @@ use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
@@ -133,10 +133,8 @@ impl Completion {
     }
 }
 
-/// Drives the device for a runtime's passes and finishes them, on one OS thread.
-/// How long the poller looks for a new pass before it parks (see `Poller::run`).
-const POLL_SPIN: Duration = Duration::from_micros(100);
-
+/// Drives the device for a runtime's passes and finishes them, on one OS thread (a
+/// receiver waiting for a reply finishes them too, see [`Poller::help`]).
 struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
@@ -237,17 +235,12 @@ impl Poller {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
-                // A caller usually sends its next request within microseconds of its
-                // reply: look for it for a short while before parking, so that the
-                // next pass does not wait for this thread to be woken.
-                let until = Instant::now() + POLL_SPIN;
-                while p.outstanding.load(Ordering::Acquire) == 0 && Instant::now() < until {
-                    std::thread::yield_now();
-                }
-                if p.outstanding.load(Ordering::Acquire) == 0 {
-                    drop(p);
-                    listener.wait_timeout(Duration::from_millis(200));
-                }
+                // Nothing in flight: park until a pass is submitted (`watch`). The next
+                // pass does not wait for this wake-up: a receiver spinning for its
+                // reply finishes it itself (`help`), and otherwise the wake-up overlaps
+                // the pass.
+                drop(p);
+                listener.wait_timeout(Duration::from_millis(200));
                 continue;
             }
             let wait = wgpu::PollType::Wait {
