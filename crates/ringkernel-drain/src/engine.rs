@@ -181,15 +181,11 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
 pub enum PassOutputs<'a> {
     /// In the output ring ([`DrainTarget::output`]).
     InRing,
-    /// In `bytes`, which hold the output ring's bytes from offset `start` on, covering
-    /// every slot of the pass (e.g. a mapped readback buffer): read during the call,
-    /// with no copy into the output ring first.
-    Bytes {
-        /// Offset in the output ring of `bytes[0]`.
-        start: usize,
-        /// The bytes.
-        bytes: &'a [u8],
-    },
+    /// In `bytes`: the pass's output slots in pass order, the `j`-th message's at
+    /// `j · slot_size` (e.g. a mapped readback buffer the slots were copied into, a run
+    /// where the pass wraps around the ring following the run before it), read during
+    /// the call with no copy into the output ring first.
+    Slots(&'a [u8]),
 }
 
 /// The completion of one pass ([`DrainTarget::launch`]).
@@ -198,27 +194,21 @@ pub type PassDone = Box<dyn for<'a> FnOnce(Result<PassOutputs<'a>>) + Send>;
 /// A pass's outputs kept until the passes launched before it are finished.
 enum KeptOutputs {
     InRing,
-    Bytes { start: usize, bytes: Vec<u8> },
+    Slots(Vec<u8>),
 }
 
 impl KeptOutputs {
     fn keep(o: PassOutputs<'_>) -> Self {
         match o {
             PassOutputs::InRing => KeptOutputs::InRing,
-            PassOutputs::Bytes { start, bytes } => KeptOutputs::Bytes {
-                start,
-                bytes: bytes.to_vec(),
-            },
+            PassOutputs::Slots(bytes) => KeptOutputs::Slots(bytes.to_vec()),
         }
     }
 
     fn view(&self) -> PassOutputs<'_> {
         match self {
             KeptOutputs::InRing => PassOutputs::InRing,
-            KeptOutputs::Bytes { start, bytes } => PassOutputs::Bytes {
-                start: *start,
-                bytes,
-            },
+            KeptOutputs::Slots(bytes) => PassOutputs::Slots(bytes),
         }
     }
 }
@@ -833,21 +823,21 @@ impl<T: DrainTarget> DrainEngine<T> {
         tracing::debug!(kernel = %self.name, %reason, "message dropped");
     }
 
-    /// The `slot_size` bytes of output slot `index` of a finished pass, or `None` when
-    /// `out` does not cover it (a target error).
-    fn output_slot<'a>(&'a self, out: &PassOutputs<'a>, index: u64) -> Option<&'a [u8]> {
-        let off = slot_offset(index, self.capacity, self.slot_size);
+    /// The `slot_size` bytes of the output slot of the pass's `j`-th message (queue
+    /// index `first + j`), or `None` when `out` does not cover it (a target error).
+    fn output_slot<'a>(&'a self, out: &PassOutputs<'a>, first: u64, j: u64) -> Option<&'a [u8]> {
         match out {
             // SAFETY: the pass over this slot has completed, so the device no longer
             // writes it, and the next pass over the same slot cannot start before
             // `completed` advances past it (under the host lock, after the caller is
             // done with the slice); `off + slot_size` lies inside the ring.
             PassOutputs::InRing => Some(unsafe {
+                let off = slot_offset(first + j, self.capacity, self.slot_size);
                 std::slice::from_raw_parts(self.target.output().add(off), self.slot_size)
             }),
-            PassOutputs::Bytes { start, bytes } => {
-                let at = off.checked_sub(*start)?;
-                bytes.get(at..at + self.slot_size)
+            PassOutputs::Slots(bytes) => {
+                let at = usize::try_from(j).ok()?.checked_mul(self.slot_size)?;
+                bytes.get(at..at.checked_add(self.slot_size)?)
             }
         }
     }
@@ -881,7 +871,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         let ids = core.as_ref().map_or(0, |c| c.next_message_ids(count));
         let mut stamped = 0u64;
         for i in 0..count {
-            let Some(slot) = self.output_slot(&out, first + i) else {
+            let Some(slot) = self.output_slot(&out, first, i) else {
                 let e = Error::Device(format!(
                     "the outputs of a drain pass of {} do not cover slot {}",
                     self.name,

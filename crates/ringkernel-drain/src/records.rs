@@ -30,8 +30,9 @@ use std::collections::VecDeque;
 /// Bytes a chunk is allocated with (a larger record gets a chunk of its own size).
 pub const CHUNK_BYTES: usize = 256 << 10;
 
-/// Empty chunks kept for reuse by one queue (at most 8 MiB with [`CHUNK_BYTES`]).
-pub const SPARE_CHUNKS: usize = 32;
+/// Empty chunks kept for reuse by one queue (at most 16 MiB with [`CHUNK_BYTES`]: a
+/// 65,536-slot kernel's full lane of `Token`s, about 9 MiB, is refilled from spares).
+pub const SPARE_CHUNKS: usize = 64;
 
 /// Bytes of one record: header, payload, padding to 8.
 pub fn record_bytes(payload_len: usize) -> usize {
@@ -68,15 +69,18 @@ impl Chunk {
         let rec = record_bytes(len);
         self.buf.reserve(rec);
         let start = self.buf.len();
-        // SAFETY: `reserve` made room for `rec` more bytes after `start`; the header
-        // (64 bytes), the payload (`len`) and the zeroed padding (`rec - 64 - len`)
-        // initialise exactly those bytes before `set_len` covers them. Unaligned
-        // writes make no alignment claim.
+        // SAFETY: `reserve` made room for `rec` more bytes after `start`. The header
+        // initialises the first 64; when there is a payload, a zero word initialises the
+        // last 8 (the padding, under 8 bytes, lies in them) and the payload, copied
+        // after it, the `len` bytes after the header: together every byte `set_len`
+        // then covers. Unaligned writes make no alignment claim.
         unsafe {
             let dst = self.buf.as_mut_ptr().add(start);
             std::ptr::write_unaligned(dst.cast::<MessageHeader>(), *header);
+            if rec > HEADER_SIZE {
+                std::ptr::write_unaligned(dst.add(rec - 8).cast::<u64>(), 0);
+            }
             std::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(HEADER_SIZE), len);
-            std::ptr::write_bytes(dst.add(HEADER_SIZE + len), 0, rec - HEADER_SIZE - len);
             self.buf.set_len(start + rec);
         }
         self.count += 1;

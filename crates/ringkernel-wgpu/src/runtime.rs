@@ -48,16 +48,13 @@ use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget, PassDone,
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
 const CB: usize = std::mem::size_of::<ControlBlock>();
-
-/// Bytes of a ring's queue header, before its first slot.
-const HEADER_BYTES: usize = std::mem::size_of::<ringkernel_core::queue::QueueHeader>();
 
 /// Drain passes of one kernel in flight at once: while the poller finishes one pass
 /// (readback, replies) the device runs the next. Each has its own readback buffer.
@@ -69,14 +66,19 @@ struct Completion {
     staging: wgpu::Buffer,
     /// Where `staging` goes back once unmapped.
     pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// The pass's upload buffer and its pool, to be mapped again for the next pass.
+    upload: Option<(wgpu::Buffer, Arc<Mutex<Vec<wgpu::Buffer>>>)>,
     rings: Arc<HostRings>,
-    /// Where in `staging` the device-written control fields are.
+    /// Where in `staging` the device-written control fields are (after the slots).
     control_at: usize,
-    /// The part of `staging` that is mapped: the pass's output slots (at their offsets
-    /// in the ring) and the control fields.
+    /// The part of `staging` that is mapped: the pass's output slots in pass order,
+    /// then the control fields.
     mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
+    /// Order of submission (set by `watch`): among passes of one priority, the poller
+    /// finishes earlier ones first.
+    seq: u64,
     done: PassDone,
 }
 
@@ -87,12 +89,17 @@ impl Completion {
         let Completion {
             staging,
             pool,
+            upload,
             rings,
             control_at,
             mapped: range,
             done,
             ..
         } = self;
+        // The pass is over: its upload buffer may be mapped for the next one.
+        if let Some((buf, uploads)) = upload {
+            remap_upload(buf, uploads);
+        }
         let view = mapped
             .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
             .and_then(|()| {
@@ -117,10 +124,7 @@ impl Completion {
                                 src.len(),
                             )
                         };
-                        done(Ok(PassOutputs::Bytes {
-                            start: range.start,
-                            bytes: &view,
-                        }));
+                        done(Ok(PassOutputs::Slots(&view[..control_at - range.start])));
                     }
                     None => done(Err(Error::Device("readback buffer too small".into()))),
                 }
@@ -144,8 +148,13 @@ struct Poller {
     wake: Event,
     /// Whether the thread runs (started with the first pass).
     started: Mutex<bool>,
-    /// Held by the one receiver at a time that helps (see [`Poller::help`]).
-    helping: Mutex<()>,
+    /// Held by the thread finishing passes (the poller, or one receiver helping it, see
+    /// [`Poller::help`]): passes are finished one thread at a time, in submission order,
+    /// so the engine rarely sees a pass complete before an earlier one (which costs a
+    /// copy of its outputs).
+    finishing: Mutex<()>,
+    /// Submissions so far (for `Completion::seq`).
+    submitted: AtomicU64,
 }
 
 impl Poller {
@@ -158,7 +167,8 @@ impl Poller {
             outstanding: AtomicUsize::new(0),
             wake: Event::new(),
             started: Mutex::new(false),
-            helping: Mutex::new(()),
+            finishing: Mutex::new(()),
+            submitted: AtomicU64::new(0),
         })
     }
 
@@ -177,8 +187,9 @@ impl Poller {
 
     /// Maps `c.staging` once the submitted pass is done; `c` is finished on the
     /// poller's thread.
-    fn watch(self: &Arc<Self>, c: Completion) {
+    fn watch(self: &Arc<Self>, mut c: Completion) {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
+        c.seq = self.submitted.fetch_add(1, Ordering::Relaxed);
         let staging = c.staging.clone();
         let me = self.clone();
         // The callback runs on whichever thread polls or submits on the device (or at
@@ -191,14 +202,15 @@ impl Poller {
         self.wake.notify(usize::MAX);
     }
 
-    /// Finishes the passes whose readback is mapped (higher kernel priority first);
-    /// returns whether there were any. Never called with an engine lock held.
-    fn finish_ready(&self) -> bool {
+    /// Finishes the passes whose readback is mapped (higher kernel priority first,
+    /// then in submission order); returns whether there were any. The caller holds
+    /// `finishing`. Never called with an engine lock held.
+    fn finish_ready(&self, _finishing: &std::sync::MutexGuard<'_, ()>) -> bool {
         let mut ready = std::mem::take(&mut *lock(&self.ready));
         if ready.is_empty() {
             return false;
         }
-        serve_order(&mut ready, |(c, _)| c.priority);
+        serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
         let n = ready.len();
         for (c, r) in ready {
             c.finish(r);
@@ -218,20 +230,20 @@ impl Poller {
         if self.outstanding.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let Ok(_one) = self.helping.try_lock() else {
+        let Ok(finishing) = self.finishing.try_lock() else {
             return false;
         };
         if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
             tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
         }
-        self.finish_ready()
+        self.finish_ready(&finishing)
     }
 
     fn run(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
             let listener = p.wake.listen();
-            if p.finish_ready() {
+            if p.finish_ready(&lock(&p.finishing)) {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
@@ -264,9 +276,12 @@ impl Poller {
 }
 
 /// Orders the passes finished in one poller round: higher kernel priority first, in
-/// arrival order among kernels of one priority (a stable sort).
-fn serve_order<T>(ready: &mut [T], priority: impl Fn(&T) -> u8) {
-    ready.sort_by_key(|c| std::cmp::Reverse(priority(c)));
+/// submission order among kernels of one priority; `key` gives (priority, sequence).
+fn serve_order<T>(ready: &mut [T], key: impl Fn(&T) -> (u8, u64)) {
+    ready.sort_by_key(|c| {
+        let (priority, seq) = key(c);
+        (std::cmp::Reverse(priority), seq)
+    });
 }
 
 /// A compiled drain handler: pipeline and bind group layout.
@@ -291,6 +306,12 @@ struct WgpuDrainTarget {
     output: wgpu::Buffer,
     /// Readback buffers not in use by a pass (one per pass in flight, and one more).
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Upload buffers mapped for writing and not in use by a pass (see `upload`).
+    uploads: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Bytes of each upload buffer: the largest pass the engine hands out.
+    upload_len: usize,
+    /// Bytes of each readback buffer: the largest pass's slots and the control fields.
+    readback_len: usize,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
     bind: wgpu::BindGroup,
@@ -313,17 +334,17 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         // The engine launches at most `max_in_flight` passes at once, and a finishing
         // pass gives its readback buffer back just after its `done`: one buffer more
-        // than that is kept, and another made should they all be in use.
-        let staging = lock(&self.staging)
-            .pop()
-            .unwrap_or_else(|| readback_buffer(dev, self.rings.ring_len() as u64));
-        for run in &runs {
-            // SAFETY: the engine calls `launch` with its host lock held, under which
-            // alone input slots are written; `run` lies in the input ring.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
-            q.write_buffer(&self.input, run.start as u64, bytes);
-        }
+        // than that is kept, and another made should they all be in use (or a pass be
+        // larger than they are).
+        let need = (p.count as usize * self.slot_size + DEVICE_WRITTEN.len()) as u64;
+        let staging = match lock(&self.staging).pop() {
+            Some(b) if b.size() >= need => b,
+            _ => readback_buffer(dev, need.max(self.readback_len as u64)),
+        };
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("rk drain"),
+        });
+        let upload = self.upload(&runs, &mut enc)?;
         // Only the host-written part of the control block goes up, and only when it
         // changed (a lifecycle change): the drain template reads none of it, so the
         // input tail the engine writes before each pass (which the pass gets in its
@@ -344,9 +365,6 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             }
         }
         q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
-        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("rk drain"),
-        });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("rk drain"),
@@ -357,24 +375,21 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             let [x, y, z] = self.compiled.module.groups(p.count);
             pass.dispatch_workgroups(x, y, z);
         }
+        // The pass's output slots go to the readback buffer in pass order (a run where
+        // the pass wraps follows the one before it), the device-written control fields
+        // after them, and only those bytes are mapped.
+        let mut control_at = 0;
         for run in &runs {
             enc.copy_buffer_to_buffer(
                 &self.output,
                 run.start as u64,
                 &staging,
-                run.start as u64,
+                control_at as u64,
                 run.len() as u64,
             );
+            control_at += run.len();
         }
-        // The control fields go just below the first run (into the image of an earlier
-        // slot, or of the queue header, which this pass does not read back), so that
-        // only the bytes of this pass are mapped: mapping the whole buffer costs time
-        // in proportion to the ring.
-        let first_run = runs.first().map_or(HEADER_BYTES, |r| r.start);
-        let control_at = first_run - DEVICE_WRITTEN.len();
-        let mapped = runs.iter().fold(control_at..first_run, |m, r| {
-            m.start.min(r.start)..m.end.max(r.end)
-        });
+        let mapped = 0..control_at + DEVICE_WRITTEN.len();
         enc.copy_buffer_to_buffer(
             &self.control,
             DEVICE_WRITTEN.start as u64,
@@ -385,6 +400,9 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         q.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&self.staging).push(staging);
+            if let Some(u) = upload {
+                remap_upload(u, self.uploads.clone());
+            }
             return Err(Error::Device(format!(
                 "drain pass on {}: {e}",
                 self.ctx.info.name
@@ -393,10 +411,12 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         self.poller.watch(Completion {
             staging,
             pool: self.staging.clone(),
+            upload: upload.map(|u| (u, self.uploads.clone())),
             rings: self.rings.clone(),
             control_at,
             mapped,
             priority: self.priority,
+            seq: 0,
             done,
         });
         Ok(())
@@ -411,11 +431,82 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     }
 }
 
-/// A readback buffer for the passes of a kernel whose rings hold `ring_len` bytes.
-fn readback_buffer(dev: &wgpu::Device, ring_len: u64) -> wgpu::Buffer {
+impl WgpuDrainTarget {
+    /// Moves the pass's input slots (`runs` of the host ring) to the device: written into
+    /// an upload buffer that stays allocated (mapped for writing while no pass uses it)
+    /// and copied by `enc` ahead of the dispatch, so that a pass allocates no staging
+    /// memory (and faults in no fresh pages) of its own. Returns the buffer, which goes
+    /// back to the pool once its pass is done ([`remap_upload`]). When none is mapped
+    /// yet, or the pass is larger than one, `queue.write_buffer` moves the bytes instead.
+    fn upload(
+        &self,
+        runs: &[Range<usize>],
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Result<Option<wgpu::Buffer>> {
+        let total: usize = runs.iter().map(|r| r.len()).sum();
+        let buf = (total > 0 && total <= self.upload_len)
+            .then(|| lock(&self.uploads).pop())
+            .flatten();
+        let Some(buf) = buf else {
+            for run in runs {
+                // SAFETY: the engine calls `launch` with its host lock held, under which
+                // alone input slots are written; `run` lies in the input ring.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
+                };
+                self.ctx
+                    .queue
+                    .write_buffer(&self.input, run.start as u64, bytes);
+            }
+            return Ok(None);
+        };
+        {
+            let mut view = buf
+                .get_mapped_range_mut(..total as u64)
+                .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
+            let mut at = 0;
+            for run in runs {
+                // SAFETY: as above.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
+                };
+                view.slice(at..at + run.len()).copy_from_slice(bytes);
+                at += run.len();
+            }
+        }
+        buf.unmap();
+        let mut at = 0;
+        for run in runs {
+            enc.copy_buffer_to_buffer(
+                &buf,
+                at as u64,
+                &self.input,
+                run.start as u64,
+                run.len() as u64,
+            );
+            at += run.len();
+        }
+        Ok(Some(buf))
+    }
+}
+
+/// Maps an upload buffer for writing again (once the device is done with it) and then
+/// returns it to `pool`; a failed map drops it (the pool falls back on
+/// `queue.write_buffer`).
+fn remap_upload(buf: wgpu::Buffer, pool: Arc<Mutex<Vec<wgpu::Buffer>>>) {
+    let b = buf.clone();
+    buf.map_async(wgpu::MapMode::Write, .., move |r| {
+        if r.is_ok() {
+            lock(&pool).push(b);
+        }
+    });
+}
+
+/// A readback buffer of `size` bytes for the passes of a kernel.
+fn readback_buffer(dev: &wgpu::Device, size: u64) -> wgpu::Buffer {
     dev.create_buffer(&wgpu::BufferDescriptor {
         label: Some("rk readback"),
-        size: ring_len,
+        size,
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     })
@@ -577,8 +668,26 @@ impl WgpuRuntime {
         let input = mk("rk input", ring_len, storage);
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
+        // The engine hands a pass at most a share of the ring (`pass_limit`).
+        let upload_len = opts
+            .queue_capacity
+            .div_ceil(PASSES_IN_FLIGHT)
+            .min(ringkernel_drain::engine::MAX_PASS as usize)
+            .max(1)
+            * opts.slot_size;
+        let readback_len = upload_len + DEVICE_WRITTEN.len();
         let staging = (0..=PASSES_IN_FLIGHT)
-            .map(|_| readback_buffer(dev, ring_len))
+            .map(|_| readback_buffer(dev, readback_len as u64))
+            .collect();
+        let uploads = (0..=PASSES_IN_FLIGHT)
+            .map(|_| {
+                dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("rk upload"),
+                    size: upload_len as u64,
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                })
+            })
             .collect();
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
         // depends on how the allocator initialises memory.
@@ -619,6 +728,9 @@ impl WgpuRuntime {
             input,
             output,
             staging: Arc::new(Mutex::new(staging)),
+            uploads: Arc::new(Mutex::new(uploads)),
+            upload_len,
+            readback_len,
             control_sent: Mutex::new(None),
             bind,
         })
@@ -641,9 +753,9 @@ mod tests {
     #[test]
     fn passes_of_higher_priority_kernels_are_finished_first() {
         use ringkernel_core::priority::{CRITICAL, HIGH, LOW, NORMAL};
-        // (kernel priority, arrival order)
-        let mut ready = vec![(LOW, 0), (NORMAL, 1), (CRITICAL, 2), (NORMAL, 3), (HIGH, 4)];
-        serve_order(&mut ready, |r| r.0);
+        // (kernel priority, submission order)
+        let mut ready = vec![(LOW, 0), (NORMAL, 3), (CRITICAL, 2), (NORMAL, 1), (HIGH, 4)];
+        serve_order(&mut ready, |r| (r.0, r.1 as u64));
         let order: Vec<u32> = ready.iter().map(|r| r.1).collect();
         assert_eq!(order, vec![2, 4, 1, 3, 0]);
     }

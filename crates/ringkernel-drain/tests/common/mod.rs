@@ -4,7 +4,7 @@
 //! same slot of the output ring (`magic == 0` and a status for no output), stamp the
 //! pass's HLC into the token, advance the worker line of the control block, and report
 //! completion from another thread, as a Metal completion handler does. Every other pass
-//! hands its outputs over as bytes ([`PassOutputs::Bytes`], as wgpu's readback does)
+//! hands its outputs over as bytes ([`PassOutputs::Slots`], as wgpu's readback does)
 //! and poisons its slots in the output ring, so that the engine must read them there.
 
 #![allow(dead_code)]
@@ -172,28 +172,22 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
     }
 }
 
-/// Copies the output bytes of the pass `p` out of the ring (from its first slot to the
-/// ring's end, or the whole ring where the pass wraps) and poisons its slots there.
-fn take_outputs(
-    output: *mut u8,
-    ring_len: usize,
-    p: &params::Drain,
-    slot: usize,
-) -> (usize, Vec<u8>) {
+/// Copies the output slots of the pass `p` out of the ring, in pass order, and poisons
+/// them there.
+fn take_outputs(output: *mut u8, p: &params::Drain, slot: usize) -> Vec<u8> {
     let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
     let capacity = p.mask as usize + 1;
-    let start = slot_offset(first, capacity, slot);
-    let wraps = (first as usize & p.mask as usize) + p.count as usize > capacity;
-    let start = if wraps { 0 } else { start };
-    // SAFETY: `[start, ring_len)` lies in the output ring; the pass is over and its
-    // `done` has not been called, so nothing else touches its slots.
-    let bytes = unsafe { std::slice::from_raw_parts(output.add(start), ring_len - start) }.to_vec();
+    let mut bytes = Vec::with_capacity(p.count as usize * slot);
     for j in 0..p.count as u64 {
         let off = slot_offset(first + j, capacity, slot);
-        // SAFETY: as above, one slot of the pass.
-        unsafe { std::ptr::write_bytes(output.add(off), 0xA5, slot) };
+        // SAFETY: one output slot of the pass, inside the ring; the pass is over and its
+        // `done` has not been called, so nothing else touches it.
+        unsafe {
+            bytes.extend_from_slice(std::slice::from_raw_parts(output.add(off), slot));
+            std::ptr::write_bytes(output.add(off), 0xA5, slot);
+        }
     }
-    (start, bytes)
+    bytes
 }
 
 // SAFETY: the pointers address the boxed memory owned by the target: rings of
@@ -218,7 +212,6 @@ unsafe impl DrainTarget for CpuTarget {
         let (hold, order, running) = (self.hold.clone(), self.order.clone(), self.running.clone());
         let late = self.in_flight > 1 && ticket.is_multiple_of(3);
         let as_bytes = ticket % 2 == 1;
-        let ring_len = self.ring_len();
         std::thread::spawn(move || {
             let ptrs = ptrs;
             std::thread::sleep(Duration::from_micros(100));
@@ -234,16 +227,13 @@ unsafe impl DrainTarget for CpuTarget {
                 *next += 1;
                 cv.notify_all();
             }
-            let bytes = as_bytes.then(|| take_outputs(ptrs.1, ring_len, &p, slot));
+            let bytes = as_bytes.then(|| take_outputs(ptrs.1, &p, slot));
             if late {
                 std::thread::sleep(Duration::from_millis(2));
             }
             running.fetch_sub(1, Ordering::SeqCst);
             match &bytes {
-                Some((start, b)) => done(Ok(PassOutputs::Bytes {
-                    start: *start,
-                    bytes: b,
-                })),
+                Some(b) => done(Ok(PassOutputs::Slots(b))),
                 None => done(Ok(PassOutputs::InRing)),
             }
         });
