@@ -344,7 +344,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("rk drain"),
         });
-        let upload = self.upload(&runs, &mut enc)?;
+        let upload = self.upload(&runs, bytemuck::bytes_of(&p), &mut enc)?;
         // Only the host-written part of the control block goes up, and only when it
         // changed (a lifecycle change): the drain template reads none of it, so the
         // input tail the engine writes before each pass (which the pass gets in its
@@ -364,7 +364,6 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 *sent = Some(control.to_vec());
             }
         }
-        q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("rk drain"),
@@ -432,15 +431,18 @@ unsafe impl DrainTarget for WgpuDrainTarget {
 }
 
 impl WgpuDrainTarget {
-    /// Moves the pass's input slots (`runs` of the host ring) to the device: written into
-    /// an upload buffer that stays allocated (mapped for writing while no pass uses it)
-    /// and copied by `enc` ahead of the dispatch, so that a pass allocates no staging
-    /// memory (and faults in no fresh pages) of its own. Returns the buffer, which goes
-    /// back to the pool once its pass is done ([`remap_upload`]). When none is mapped
-    /// yet, or the pass is larger than one, `queue.write_buffer` moves the bytes instead.
+    /// Moves the pass's input slots (`runs` of the host ring) and its parameter block to
+    /// the device: written into an upload buffer that stays allocated (mapped for
+    /// writing while no pass uses it) and copied by `enc` ahead of the dispatch, so that
+    /// a pass allocates no staging memory (and faults in no fresh pages) of its own, and
+    /// its submission carries no separate command buffer of queued writes. Returns the
+    /// buffer, which goes back to the pool once its pass is done ([`remap_upload`]).
+    /// When none is mapped yet, or the pass is larger than one, `queue.write_buffer`
+    /// moves the bytes instead.
     fn upload(
         &self,
         runs: &[Range<usize>],
+        params: &[u8],
         enc: &mut wgpu::CommandEncoder,
     ) -> Result<Option<wgpu::Buffer>> {
         let total: usize = runs.iter().map(|r| r.len()).sum();
@@ -448,6 +450,7 @@ impl WgpuDrainTarget {
             .then(|| lock(&self.uploads).pop())
             .flatten();
         let Some(buf) = buf else {
+            self.ctx.queue.write_buffer(&self.params, 0, params);
             for run in runs {
                 // SAFETY: the engine calls `launch` with its host lock held, under which
                 // alone input slots are written; `run` lies in the input ring.
@@ -460,9 +463,11 @@ impl WgpuDrainTarget {
             }
             return Ok(None);
         };
+        // Slots first (a multiple of the 16-byte aligned slot size), then the parameters.
+        let end = total + params.len();
         {
             let mut view = buf
-                .get_mapped_range_mut(..total as u64)
+                .get_mapped_range_mut(..end as u64)
                 .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
             let mut at = 0;
             for run in runs {
@@ -473,8 +478,10 @@ impl WgpuDrainTarget {
                 view.slice(at..at + run.len()).copy_from_slice(bytes);
                 at += run.len();
             }
+            view.slice(total..end).copy_from_slice(params);
         }
         buf.unmap();
+        enc.copy_buffer_to_buffer(&buf, total as u64, &self.params, 0, params.len() as u64);
         let mut at = 0;
         for run in runs {
             enc.copy_buffer_to_buffer(
@@ -683,7 +690,7 @@ impl WgpuRuntime {
             .map(|_| {
                 dev.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("rk upload"),
-                    size: upload_len as u64,
+                    size: (upload_len + std::mem::size_of::<params::Drain>()) as u64,
                     usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: true,
                 })
