@@ -117,16 +117,16 @@ pub trait KernelEngine: Send + Sync + 'static {
         }
         Ok(n)
     }
-    /// Calls `f` on the oldest messages of the output queue in order, taking each,
-    /// until `max` were taken, the queue is empty, or `f` returns `false` (the message
-    /// it was given is taken too); returns how many were taken. The default goes
-    /// through [`try_dequeue`](Self::try_dequeue) (an owned envelope per message); an
-    /// engine that can read its output queue in place overrides it, so a typed batch
-    /// receive ([`KernelHandle::receive_batch_into`]) allocates nothing per message.
+    /// Hands up to `max` of the oldest messages of the output queue to `take`, in
+    /// order, each removed from the queue, without building an [`Envelope`] for each
+    /// (an engine that keeps replies as bytes reads them in place); stops after a
+    /// message for which `take` returns `false`. Returns how many were handed over.
+    /// `take` must not call back into this kernel. The default goes through
+    /// [`try_dequeue`](Self::try_dequeue).
     fn try_dequeue_batch_with(
         &self,
         max: usize,
-        f: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
+        take: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
     ) -> Result<usize> {
         let mut n = 0;
         while n < max {
@@ -134,11 +134,26 @@ pub trait KernelEngine: Send + Sync + 'static {
                 break;
             };
             n += 1;
-            if !f(&env.header, &env.payload) {
+            if !take(&env.header, &env.payload) {
                 break;
             }
         }
         Ok(n)
+    }
+    /// Makes what progress it can on device work in flight without blocking, on the
+    /// calling thread (e.g. finishes a drain pass the device has completed, so that its
+    /// replies are queued without waking another thread first); returns whether it did
+    /// anything. Receivers call it while they look for a reply. The default does
+    /// nothing.
+    fn progress(&self) -> bool {
+        false
+    }
+    /// How long a receiver should look for a reply (calling
+    /// [`progress`](Self::progress)) before it sleeps on the output event: about what a
+    /// round trip through this kernel takes. `None` (the default) leaves it to the
+    /// handle (a few microseconds).
+    fn reply_wait(&self) -> Option<Duration> {
+        None
     }
     /// Messages in the output queue.
     fn output_depth(&self) -> usize;
@@ -259,9 +274,9 @@ impl RuntimeCore {
     }
 
     /// Reserves `n` fresh message ids at once and returns the first: `first..first + n`
-    /// are unique within this runtime (a worker hands them out one by one without
-    /// touching the shared counter per message). Ids are unique, not ordered across
-    /// reservations.
+    /// are unique within this runtime (a worker or a drain pass hands them out one by
+    /// one without touching the shared counter per message). Ids are unique, not
+    /// ordered across reservations.
     ///
     /// ```
     /// # use ringkernel_core::{backend::BackendKind, registry::KernelRegistry, runtime::RuntimeCore};
@@ -705,10 +720,14 @@ impl Future for Wait {
     }
 }
 
-/// How long a receive polls cooperatively before it sleeps on the output event.
+/// How long a receive polls cooperatively before it sleeps on the output event, unless
+/// the engine says otherwise ([`KernelEngine::reply_wait`]).
 const RECEIVE_SPIN: Duration = Duration::from_micros(20);
 /// Looks at the output queue between two yields to the executor while polling.
 const RECEIVE_BURST: usize = 8;
+
+/// The longest a receive polls cooperatively, whatever the engine says.
+const MAX_RECEIVE_SPIN: Duration = Duration::from_millis(1);
 
 /// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
 struct YieldNow(bool);
@@ -1001,9 +1020,13 @@ impl KernelHandle {
     /// ```
     /// # use ringkernel_core::builtin::Token;
     /// # async fn demo(k: ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
-    /// let mut replies: Vec<Token> = Vec::with_capacity(256);
-    /// let n = k.receive_batch_into(&mut replies, 256, Some(std::time::Duration::from_secs(5))).await?;
-    /// assert_eq!(n, replies.len());
+    /// let batch: Vec<Token> = (0..1000).map(|i| Token::new(i, 1.0)).collect();
+    /// k.send_batch(&batch).await?;
+    /// let mut replies: Vec<Token> = Vec::with_capacity(1000);
+    /// while replies.len() < 1000 {
+    ///     let left = 1000 - replies.len();
+    ///     k.receive_batch_into(&mut replies, left, Some(std::time::Duration::from_secs(5))).await?;
+    /// }
     /// # Ok(()) }
     /// ```
     pub async fn receive_batch_into<M: RingMessage>(
@@ -1021,54 +1044,57 @@ impl KernelHandle {
         {
             let mut stash = lock(&self.inner.stash);
             while n < max {
-                let Some(env) = stash.pop_front() else { break };
+                let Some(env) = stash.pop_front() else {
+                    break;
+                };
                 match env.decode::<M>() {
-                    Ok(m) => {
-                        out.push(m);
-                        n += 1;
-                    }
+                    Ok(m) => out.push(m),
                     Err(_) => {
-                        // Not an `M`: it stays first in line.
                         stash.push_front(env);
                         return Ok(n);
                     }
                 }
+                n += 1;
             }
         }
         if n == max {
             return Ok(n);
         }
-        let mut latest = None;
-        let mut other = None;
-        let taken = self.inner.engine.try_dequeue_batch_with(
-            max - n,
-            &mut |h, p| match M::decode(h, p) {
-                Ok(m) => {
-                    out.push(m);
-                    latest = latest.max(Some(h.hlc()));
-                    true
+        let mut latest: Option<HlcTimestamp> = None;
+        let mut kept: Option<Envelope> = None;
+        let taken = self
+            .inner
+            .engine
+            .try_dequeue_batch_with(max - n, &mut |header, payload| {
+                let ts = header.hlc();
+                if latest.is_none_or(|l| ts > l) {
+                    latest = Some(ts);
                 }
-                Err(_) => {
-                    other = Some(Envelope {
-                        header: *h,
-                        payload: p.to_vec(),
-                    });
-                    false
+                match M::decode(header, payload) {
+                    Ok(m) => {
+                        out.push(m);
+                        true
+                    }
+                    Err(_) => {
+                        kept = Some(Envelope {
+                            header: *header,
+                            payload: payload.to_vec(),
+                        });
+                        false
+                    }
                 }
-            },
-        )?;
-        if let Some(env) = other {
-            // Taken off the queue but not an `M`: kept, ahead of everything after it.
-            lock(&self.inner.stash).push_back(env);
-            self.inner.engine.events().output.notify(usize::MAX);
+            })?;
+        n += taken;
+        if let Some(env) = kept {
             n -= 1;
+            lock(&self.inner.stash).push_front(env);
         }
         if let Some(latest) = latest {
             if let Err(e) = self.inner.core.hlc().update(&latest) {
                 tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
             }
         }
-        Ok(n + taken)
+        Ok(n)
     }
 
     /// Takes the first message (stash first, then the queue) that `pred` accepts,
@@ -1108,11 +1134,18 @@ impl KernelHandle {
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Result<Envelope> {
-        // Replies to a request usually arrive within microseconds. Before registering a
-        // listener (whose wake-up costs a scheduler round trip), poll cooperatively for
-        // a short while: each round hands the thread back to the executor, so other
-        // tasks keep running and nothing blocks.
-        let spin_until = Instant::now() + RECEIVE_SPIN;
+        // Replies to a request usually arrive within a round trip of the kernel. Before
+        // registering a listener (whose wake-up costs a scheduler round trip), poll
+        // cooperatively for about that long (the engine's `reply_wait`), helping the
+        // engine along (`progress`, e.g. finishing a completed pass on this thread):
+        // each round hands the thread back to the executor, so other tasks keep
+        // running and nothing blocks.
+        let engine = &self.inner.engine;
+        let spin = engine
+            .reply_wait()
+            .unwrap_or(RECEIVE_SPIN)
+            .min(MAX_RECEIVE_SPIN);
+        let spin_until = Instant::now() + spin;
         loop {
             // A short burst of looks between yields: a yield costs a scheduler round trip
             // (about as long as a GPU reply takes to cross PCIe), and a reply that lands
@@ -1122,6 +1155,9 @@ impl KernelHandle {
                     return Ok(env);
                 }
                 std::hint::spin_loop();
+            }
+            if engine.progress() {
+                continue;
             }
             let now = Instant::now();
             if now >= spin_until

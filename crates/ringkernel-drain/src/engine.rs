@@ -82,6 +82,7 @@
 //! CI through the WebGPU backend on a software Vulkan adapter.
 
 use crate::msl::HostSlot;
+use crate::records::Records;
 use crate::sizing::groups_for;
 use ringkernel_core::control::ControlBlock;
 use ringkernel_core::error::{Error, Result};
@@ -100,7 +101,7 @@ use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
 use ringkernel_shaders::{drain, grid_for, params, Kernel};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -144,24 +145,71 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// Host address of the control block (128 bytes).
     fn control(&self) -> *mut u8;
     /// Starts one pass with `params` over the input slots `[first, first + count)`.
-    /// `done` must be called exactly once when the device has finished (with the
-    /// outputs in place), or with the error that stopped it, from another thread or
-    /// after `launch` returned: the engine calls `launch` with its host lock held, and
-    /// `done` takes that lock. When `launch` returns an error, `done` is never called.
+    /// `done` must be called exactly once when the device has finished, with where the
+    /// outputs are ([`PassOutputs`]), or with the error that stopped it, from another
+    /// thread or after `launch` returned: the engine calls `launch` with its host lock
+    /// held, and `done` takes that lock. When `launch` returns an error, `done` is never
+    /// called.
     ///
     /// With [`max_in_flight`](Self::max_in_flight) above 1, `launch` is called again
     /// before earlier passes are done, always over other slots; the passes must then
     /// run on the device in the order they were launched (a serial handler's state
     /// sees them in that order). Their `done` calls may come in any order: the engine
     /// finishes passes in launch order.
-    fn launch(&self, params: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>)
-        -> Result<()>;
+    fn launch(&self, params: params::Drain, done: PassDone) -> Result<()>;
 
     /// How many passes of one kernel may be in flight at once (at least 1; the
     /// default). A target that records each pass with its own parameters and readback
     /// (wgpu) can overlap the host's work on one pass with the device's on the next.
     fn max_in_flight(&self) -> usize {
         1
+    }
+
+    /// Makes what progress it can on passes in flight without blocking: e.g. looks
+    /// whether the device has finished one and, if so, calls its `done` on the calling
+    /// thread. Returns whether a pass was finished. Receivers waiting for a reply call
+    /// it while they spin ([`KernelEngine::progress`]), so that a short pass is finished
+    /// by the thread that waits for it instead of by a thread it then has to wake. The
+    /// default does nothing (a target whose completions arrive on their own).
+    fn progress(&self) -> bool {
+        false
+    }
+}
+
+/// Where the outputs of a finished pass are, as a target's `done` hands them over.
+#[derive(Debug)]
+pub enum PassOutputs<'a> {
+    /// In the output ring ([`DrainTarget::output`]).
+    InRing,
+    /// In `bytes`: the pass's output slots in pass order, the `j`-th message's at
+    /// `j · slot_size` (e.g. a mapped readback buffer the slots were copied into, a run
+    /// where the pass wraps around the ring following the run before it), read during
+    /// the call with no copy into the output ring first.
+    Slots(&'a [u8]),
+}
+
+/// The completion of one pass ([`DrainTarget::launch`]).
+pub type PassDone = Box<dyn for<'a> FnOnce(Result<PassOutputs<'a>>) + Send>;
+
+/// A pass's outputs kept until the passes launched before it are finished.
+enum KeptOutputs {
+    InRing,
+    Slots(Vec<u8>),
+}
+
+impl KeptOutputs {
+    fn keep(o: PassOutputs<'_>) -> Self {
+        match o {
+            PassOutputs::InRing => KeptOutputs::InRing,
+            PassOutputs::Slots(bytes) => KeptOutputs::Slots(bytes.to_vec()),
+        }
+    }
+
+    fn view(&self) -> PassOutputs<'_> {
+        match self {
+            KeptOutputs::InRing => PassOutputs::InRing,
+            KeptOutputs::Slots(bytes) => PassOutputs::Slots(bytes),
+        }
     }
 }
 
@@ -170,6 +218,14 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
 /// completion starts the next pass anyway, so small batches wait for it instead of
 /// taking a pass of their own.
 pub const OVERLAP_MIN_BATCH: u64 = 256;
+
+/// The shortest a receiver looks for a reply before it sleeps
+/// ([`KernelEngine::reply_wait`]), whatever the passes take.
+pub const REPLY_WAIT_MIN: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// The longest a receiver looks for a reply before it sleeps: a pass that takes longer
+/// is waited for asleep, and woken by its completion.
+pub const REPLY_WAIT_MAX: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Most messages one drain pass takes (a pass is also limited to the ring's free slots
 /// and, with several passes in flight, to the ring's capacity divided by their number).
@@ -351,18 +407,11 @@ pub fn register_builtins(registry: &KernelRegistry) {
     }
 }
 
-/// A message accepted by `try_enqueue` and not yet in the input ring.
-struct Waiting {
-    header: MessageHeader,
-    payload: Vec<u8>,
-}
-
 struct Host {
-    /// Messages waiting for a pass, one FIFO lane per priority level
-    /// ([`priority::lane`]); a pass takes them highest lane first.
-    lanes: [VecDeque<Waiting>; priority::LANES],
-    /// Payload buffers of messages already copied into the ring, for reuse.
-    spare: Vec<Vec<u8>>,
+    /// Messages waiting for a pass (accepted by `try_enqueue`, not yet in the input
+    /// ring), one FIFO lane per priority level ([`priority::lane`]); a pass takes them
+    /// highest lane first.
+    lanes: [Records; priority::LANES],
     /// Messages written into the input ring.
     tail: u64,
     /// Messages handed to passes so far.
@@ -373,7 +422,7 @@ struct Host {
     in_flight: usize,
     /// Completions that arrived before those of earlier passes: (first, count, pass
     /// time, result), finished in launch order.
-    early: Vec<(u64, u64, std::time::Duration, Result<()>)>,
+    early: Vec<(u64, u64, std::time::Duration, Result<KeptOutputs>)>,
     drained_after_terminate: u64,
     /// Set when an active kernel is terminated: passes keep running until the input is
     /// empty. A kernel terminated while inactive runs no more passes.
@@ -384,12 +433,17 @@ struct Host {
 impl Host {
     /// Messages waiting in the lanes.
     fn waiting(&self) -> usize {
-        self.lanes.iter().map(VecDeque::len).sum()
+        self.lanes.iter().map(Records::len).sum()
     }
 
-    /// Takes the next waiting message: the oldest of the highest non-empty lane.
-    fn next_waiting(&mut self) -> Option<Waiting> {
-        self.lanes.iter_mut().rev().find_map(VecDeque::pop_front)
+    /// Takes every waiting message, in the order a pass would: highest lane first.
+    fn take_all_waiting(&mut self, mut take: impl FnMut(&MessageHeader, &[u8])) {
+        for lane in self.lanes.iter_mut().rev() {
+            lane.pop_with(usize::MAX, |h, p| {
+                take(h, p);
+                true
+            });
+        }
     }
 }
 
@@ -413,7 +467,10 @@ pub struct DrainEngine<T: DrainTarget> {
     host: Mutex<Host>,
     /// Replies for the host. A lock of its own, so that receivers do not contend with
     /// senders; taken after `host` where both are held.
-    replies: Mutex<VecDeque<Envelope>>,
+    replies: Mutex<Records>,
+    /// Recent pass time (launch to completion), nanoseconds, smoothed: how long a
+    /// receiver may expect to wait for a reply ([`KernelEngine::reply_wait`]).
+    pass_ns: AtomicU64,
     /// Set while messages wait for room in `replies` (a pass is owed after a dequeue).
     starved: AtomicBool,
     /// Set once `Host::failed` is.
@@ -518,7 +575,6 @@ impl<T: DrainTarget> DrainEngine<T> {
             clock: HlcClock::new(core.kernel_node_id(cfg.id)),
             host: Mutex::new(Host {
                 lanes: Default::default(),
-                spare: Vec::new(),
                 tail: 0,
                 dispatched: 0,
                 completed: 0,
@@ -528,7 +584,8 @@ impl<T: DrainTarget> DrainEngine<T> {
                 draining: false,
                 failed: None,
             }),
-            replies: Mutex::new(VecDeque::new()),
+            replies: Mutex::new(Records::default()),
+            pass_ns: AtomicU64::new(0),
             starved: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             k2k: Mutex::new(VecDeque::new()),
@@ -571,14 +628,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         if hdr.flags & flags::CHECKSUM != 0 {
             hdr.checksum = ringkernel_core::message::fnv1a32(payload);
         }
-        let mut buf = h.spare.pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(payload);
-        h.lanes[lane].push_back(Waiting {
-            header: hdr,
-            payload: buf,
-        });
-        self.counters.received.fetch_add(1, Ordering::Relaxed);
+        h.lanes[lane].push(&hdr, payload);
         Ok(())
     }
 
@@ -669,7 +719,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         h.dispatched = first + count;
         let started = Instant::now();
         let me = self.me.clone();
-        let done = Box::new(move |r: Result<()>| {
+        let done: PassDone = Box::new(move |r| {
             if let Some(e) = me.upgrade() {
                 e.complete(first, count, started, r);
             }
@@ -697,34 +747,34 @@ impl<T: DrainTarget> DrainEngine<T> {
     fn fill_ring(&self, h: &mut Host, count: u64) {
         let first = h.tail;
         let mut latest: Option<HlcTimestamp> = None;
-        for _ in 0..count {
-            let Some(Waiting { header, payload }) = h.next_waiting() else {
+        let input = self.target.input();
+        let Host { lanes, tail, .. } = h;
+        let mut left = count as usize;
+        for lane in lanes.iter_mut().rev() {
+            if left == 0 {
                 break;
-            };
-            let ts = header.hlc();
-            if latest.is_none_or(|l| ts > l) {
-                latest = Some(ts);
             }
-            let off = slot_offset(h.tail, self.capacity, self.slot_size);
-            // SAFETY: the slot at `tail` belongs to no pass in flight (`kick` hands out
-            // at most the free slots, so they are distinct and inside the ring) and the
-            // device reads input slots only during their own pass; the header and
-            // payload fit the slot (checked in `try_enqueue`).
-            unsafe {
-                std::ptr::write_unaligned(
-                    self.target.input().add(off).cast::<MessageHeader>(),
-                    header,
-                );
-                std::ptr::copy_nonoverlapping(
-                    payload.as_ptr(),
-                    self.target.input().add(off + HEADER_SIZE),
-                    payload.len(),
-                );
-            }
-            h.tail += 1;
-            if h.spare.len() < self.capacity {
-                h.spare.push(payload);
-            }
+            left -= lane.pop_with(left, |header, payload| {
+                let ts = header.hlc();
+                if latest.is_none_or(|l| ts > l) {
+                    latest = Some(ts);
+                }
+                let off = slot_offset(*tail, self.capacity, self.slot_size);
+                // SAFETY: the slot at `tail` belongs to no pass in flight (`kick` hands
+                // out at most the free slots, so they are distinct and inside the ring)
+                // and the device reads input slots only during their own pass; the
+                // header and payload fit the slot (checked in `try_enqueue`).
+                unsafe {
+                    std::ptr::write_unaligned(input.add(off).cast::<MessageHeader>(), *header);
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        input.add(off + HEADER_SIZE),
+                        payload.len(),
+                    );
+                }
+                *tail += 1;
+                true
+            });
         }
         if let Some(l) = latest {
             if self.clock.update(&l).is_err() {
@@ -773,43 +823,63 @@ impl<T: DrainTarget> DrainEngine<T> {
         tracing::debug!(kernel = %self.name, %reason, "message dropped");
     }
 
+    /// The `slot_size` bytes of the output slot of the pass's `j`-th message (queue
+    /// index `first + j`), or `None` when `out` does not cover it (a target error).
+    fn output_slot<'a>(&'a self, out: &PassOutputs<'a>, first: u64, j: u64) -> Option<&'a [u8]> {
+        match out {
+            // SAFETY: the pass over this slot has completed, so the device no longer
+            // writes it, and the next pass over the same slot cannot start before
+            // `completed` advances past it (under the host lock, after the caller is
+            // done with the slice); `off + slot_size` lies inside the ring.
+            PassOutputs::InRing => Some(unsafe {
+                let off = slot_offset(first + j, self.capacity, self.slot_size);
+                std::slice::from_raw_parts(self.target.output().add(off), self.slot_size)
+            }),
+            PassOutputs::Slots(bytes) => {
+                let at = usize::try_from(j).ok()?.checked_mul(self.slot_size)?;
+                bytes.get(at..at.checked_add(self.slot_size)?)
+            }
+        }
+    }
+
     /// Reads the outputs of one completed pass (the next in launch order): replies are
-    /// queued for the host, K2K sends added to `routes`, metrics counted.
+    /// queued for the host (one record each, stamped, built without the replies lock
+    /// and appended under it at once), K2K sends queued for delivery (see `route`),
+    /// metrics counted. Both queues are extended in the step that marks the pass
+    /// complete, so a later pass finished on another thread queues after this one.
     fn finish_pass(
         &self,
         first: u64,
         count: u64,
         elapsed: std::time::Duration,
-        result: Result<()>,
-        routes: &mut Vec<Route>,
+        result: Result<PassOutputs<'_>>,
     ) {
-        if let Err(e) = result {
-            tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
-            let mut h = lock(&self.host);
-            h.in_flight -= 1;
-            h.completed = first + count;
-            self.fail(&mut h, e);
-            drop(h);
-            self.events.notify_all();
-            return;
-        }
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => return self.fail_pass(first, count, e),
+        };
         // The outputs are read without the host lock (senders and receivers go on
         // meanwhile): until `completed` advances below, no pass takes the slots of this
         // one (`kick` counts them as busy).
-        let mut replies = Vec::with_capacity(count as usize);
+        let mut replies = lock(&self.replies).builder(count as usize * self.slot_size);
         let core = self.core.upgrade();
         let (mut processed, mut handled) = (0u64, 0u64);
-        // One block of consecutive timestamps for the pass's outputs, as for its
-        // requests (one clock operation per pass, not per message).
+        let mut routes: Vec<Route> = Vec::new();
+        // One block of consecutive timestamps and one of message ids for the pass's
+        // outputs (one clock operation and one counter update per pass, not per message).
         let stamps = self.clock.reserve(u32::try_from(count).unwrap_or(u32::MAX));
+        let ids = core.as_ref().map_or(0, |c| c.reserve_message_ids(count));
         let mut stamped = 0u64;
         for i in 0..count {
-            let off = slot_offset(first + i, self.capacity, self.slot_size);
-            // SAFETY: the pass over these slots has completed, so the device no longer
-            // writes them; the next pass over the same slots cannot start before
-            // `completed` advances below, under the host lock.
-            let mut hdr: MessageHeader =
-                unsafe { std::ptr::read_unaligned(self.target.output().add(off).cast()) };
+            let Some(slot) = self.output_slot(&out, first, i) else {
+                let e = Error::Device(format!(
+                    "the outputs of a drain pass of {} do not cover slot {}",
+                    self.name,
+                    first + i
+                ));
+                return self.fail_pass(first, count, e);
+            };
+            let mut hdr: MessageHeader = bytemuck::pod_read_unaligned(&slot[..HEADER_SIZE]);
             if !hdr.is_valid() {
                 match hdr.node_id as u32 {
                     0 => {
@@ -831,15 +901,11 @@ impl<T: DrainTarget> DrainEngine<T> {
                 self.drop_message(DropReason::CorruptOutput);
                 continue;
             }
-            // SAFETY: as above (nothing writes these bytes while the slice lives); `len`
-            // fits the slot after the 64-byte header.
-            let payload = unsafe {
-                std::slice::from_raw_parts(self.target.output().add(off + HEADER_SIZE), len)
-            }
-            .to_vec();
-            if let Some(core) = &core {
-                hdr.message_id = core.next_message_id();
-            }
+            let payload = &slot[HEADER_SIZE..HEADER_SIZE + len];
+            // The device writes the routing fields only (see the drain template): the
+            // id, the timestamp and the checksum are the host's.
+            hdr.message_id = if core.is_some() { ids + stamped } else { 0 };
+            hdr.checksum = 0;
             hdr.set_hlc(HlcTimestamp::from_parts(
                 stamps.packed() + stamped,
                 stamps.node(),
@@ -848,13 +914,11 @@ impl<T: DrainTarget> DrainEngine<T> {
             hdr.set_priority(self.priority);
             if hdr.flags & flags::K2K != 0 {
                 // Processed and emitted once delivered (see `route`).
-                routes.push((KernelTarget::Id(KernelId(hdr.dest_kernel)), hdr, payload));
+                let dest = KernelTarget::Id(KernelId(hdr.dest_kernel));
+                routes.push((dest, hdr, payload.to_vec()));
             } else {
                 processed += 1;
-                replies.push(Envelope {
-                    header: hdr,
-                    payload,
-                });
+                replies.push(&hdr, payload);
             }
         }
         // A pass cannot time its messages one by one: each message that reached the
@@ -862,6 +926,10 @@ impl<T: DrainTarget> DrainEngine<T> {
         let per = u64::try_from(elapsed.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
         self.counters.latency.record_n(per, handled);
         {
+            // The K2K queue first: `route` holds it while it delivers, which may take a
+            // destination's host lock (this kernel's too), so it is never taken inside
+            // the host lock.
+            let mut k2k = lock(&self.k2k);
             let mut h = lock(&self.host);
             h.in_flight -= 1;
             h.completed = first + count;
@@ -874,37 +942,63 @@ impl<T: DrainTarget> DrainEngine<T> {
             self.counters
                 .processed
                 .fetch_add(processed, Ordering::Relaxed);
-            lock(&self.replies).extend(replies);
+            lock(&self.replies).append(replies);
+            if !routes.is_empty() {
+                k2k.extend(routes);
+                self.k2k_backlog.store(k2k.len(), Ordering::Release);
+            }
         }
+    }
+
+    /// A pass that failed: the kernel stops with `e`.
+    fn fail_pass(&self, first: u64, count: u64, e: Error) {
+        tracing::error!(kernel = %self.name, error = %e, "drain pass failed");
+        let mut h = lock(&self.host);
+        h.in_flight -= 1;
+        h.completed = first + count;
+        self.fail(&mut h, e);
+        drop(h);
+        self.events.notify_all();
     }
 
     /// Completion of the pass over `[first, first + count)`, launched at `started`.
     /// Passes are finished in launch order: a completion that arrives before an earlier
-    /// pass's waits in `Host::early` and is finished right after that one.
-    fn complete(&self, first: u64, count: u64, started: Instant, result: Result<()>) {
-        let mut pass = (first, count, started.elapsed(), result);
+    /// pass's waits in `Host::early` (its outputs copied, when they are not in the
+    /// ring) and is finished right after that one.
+    fn complete(&self, first: u64, count: u64, started: Instant, result: Result<PassOutputs<'_>>) {
+        let elapsed = started.elapsed();
+        // Smoothed pass time (1/8 of the new sample), for `reply_wait`.
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.pass_ns.load(Ordering::Relaxed);
+        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        self.pass_ns.store(new, Ordering::Relaxed);
         {
             let mut h = lock(&self.host);
             if first != h.completed {
-                h.early.push(pass);
+                h.early
+                    .push((first, count, elapsed, result.map(KeptOutputs::keep)));
                 return;
             }
         }
-        let mut routes = Vec::new();
+        self.finish_pass(first, count, elapsed, result);
         loop {
-            let (first, count, elapsed, result) = pass;
-            self.finish_pass(first, count, elapsed, result, &mut routes);
             // A completion that arrives meanwhile either sees `completed` at its
             // `first` (and finishes itself: this pass's replies are queued by then) or
             // was parked in `early` before `completed` advanced and is found here.
-            let mut h = lock(&self.host);
-            let Some(i) = h.early.iter().position(|e| e.0 == h.completed) else {
-                break;
+            let (first, count, elapsed, kept) = {
+                let mut h = lock(&self.host);
+                let Some(i) = h.early.iter().position(|e| e.0 == h.completed) else {
+                    break;
+                };
+                h.early.swap_remove(i)
             };
-            pass = h.early.swap_remove(i);
+            match &kept {
+                Ok(k) => self.finish_pass(first, count, elapsed, Ok(k.view())),
+                Err(e) => self.finish_pass(first, count, elapsed, Err(e.clone())),
+            }
         }
         // Route K2K sends without holding the host lock (the destination may be us).
-        let delivered_all = self.route(routes);
+        let delivered_all = self.route();
         let mut h = lock(&self.host);
         self.kick(&mut h);
         drop(h);
@@ -916,13 +1010,13 @@ impl<T: DrainTarget> DrainEngine<T> {
         self.events.state.notify(usize::MAX);
     }
 
-    /// Delivers the K2K backlog and then `new`, in order, stopping at the first full
-    /// destination (so messages keep their order). Returns whether nothing is left.
-    /// While a backlog exists no new pass starts (backpressure, as a full output
+    /// Delivers the K2K queue (the sends of finished passes, queued by `finish_pass` in
+    /// pass order, whichever thread finished them) in order, stopping at the first
+    /// full destination (so messages keep their order). Returns whether nothing is
+    /// left. While a backlog exists no new pass starts (backpressure, as a full output
     /// queue does).
-    fn route(&self, new: Vec<Route>) -> bool {
+    fn route(&self) -> bool {
         let mut q = lock(&self.k2k);
-        q.extend(new);
         if let Some(core) = self.core.upgrade() {
             while let Some((target, hdr, payload)) = q.front() {
                 match core.deliver(target, *hdr, payload) {
@@ -961,7 +1055,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(std::time::Duration::from_millis(10));
                 let Some(e) = me.upgrade() else { return };
-                if e.route(Vec::new()) {
+                if e.route() {
                     e.retrying.store(false, Ordering::Release);
                     let mut h = lock(&e.host);
                     e.kick(&mut h);
@@ -1017,6 +1111,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         let mut h = lock(&self.host);
         self.check_accepting(&h)?;
         self.push_waiting(&mut h, header, payload)?;
+        self.counters.received.fetch_add(1, Ordering::Relaxed);
         self.kick(&mut h);
         Ok(())
     }
@@ -1037,12 +1132,22 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
             }
             taken += 1;
         }
+        self.counters
+            .received
+            .fetch_add(taken as u64, Ordering::Relaxed);
         self.kick(&mut h);
         Ok(taken)
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {
-        let env = lock(&self.replies).pop_front();
+        let mut env = None;
+        lock(&self.replies).pop_with(1, |header, payload| {
+            env = Some(Envelope {
+                header: *header,
+                payload: payload.to_vec(),
+            });
+            true
+        });
         if env.is_some() {
             self.kick_if_starved();
         } else if self.failed.load(Ordering::Acquire) {
@@ -1055,12 +1160,22 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
 
     /// One lock of the reply queue for the whole batch.
     fn try_dequeue_batch(&self, out: &mut Vec<Envelope>, max: usize) -> Result<usize> {
-        let n = {
-            let mut replies = lock(&self.replies);
-            let n = replies.len().min(max);
-            out.extend(replies.drain(..n));
-            n
-        };
+        self.try_dequeue_batch_with(max, &mut |header, payload| {
+            out.push(Envelope {
+                header: *header,
+                payload: payload.to_vec(),
+            });
+            true
+        })
+    }
+
+    /// One lock of the reply queue for the whole batch; the replies are read in place.
+    fn try_dequeue_batch_with(
+        &self,
+        max: usize,
+        take: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
+    ) -> Result<usize> {
+        let n = lock(&self.replies).pop_with(max, take);
         if n > 0 {
             self.kick_if_starved();
         } else if self.failed.load(Ordering::Acquire) {
@@ -1133,16 +1248,16 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                 }
                 // In the order a pass would have taken them: highest lane first.
                 let mut h = lock(&self.host);
-                while let Some(w) = h.next_waiting() {
-                    if w.header.is_valid() {
+                h.take_all_waiting(|header, payload| {
+                    if header.is_valid() {
                         undelivered.push(Envelope {
-                            header: w.header,
-                            payload: w.payload,
+                            header: *header,
+                            payload: payload.to_vec(),
                         });
                     } else {
                         self.drop_message(DropReason::InvalidRequest);
                     }
-                }
+                });
             }
             let mut h = lock(&self.host);
             self.lifecycle.transition(LifecycleState::Terminated)?;
@@ -1168,6 +1283,17 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
 
     fn events(&self) -> &KernelEvents {
         &self.events
+    }
+
+    fn progress(&self) -> bool {
+        self.target.progress()
+    }
+
+    /// About twice the recent pass time (launch to completion), within
+    /// [`REPLY_WAIT_MIN`]..=[`REPLY_WAIT_MAX`].
+    fn reply_wait(&self) -> Option<std::time::Duration> {
+        let ns = self.pass_ns.load(Ordering::Relaxed).saturating_mul(2);
+        Some(std::time::Duration::from_nanos(ns).clamp(REPLY_WAIT_MIN, REPLY_WAIT_MAX))
     }
 
     fn metrics(&self) -> KernelMetrics {

@@ -16,6 +16,7 @@
 //! * [`exec`]: running plans ([`PlanDevice`](exec::PlanDevice), [`planned_ops!`]), the
 //!   compute-op host both backends share.
 //! * [`pool`]: a bounded buffer pool, generic over the allocator.
+//! * [`records`]: messages packed in reused byte chunks (the engine's lanes and replies).
 //! * [`sizing`]: workgroup/threadgroup sizing and grid geometry.
 //! * [`msl`]: a reader for naga's MSL entry points, so binding indices are checked
 //!   without a Mac.
@@ -27,5 +28,6 @@ pub mod exec;
 pub mod msl;
 pub mod plan;
 pub mod pool;
+pub mod records;
 pub mod shadow;
 pub mod sizing;

@@ -222,10 +222,14 @@ fn bytes<T: bytemuck::Pod>(p: &T) -> Vec<u8> {
     bytemuck::bytes_of(p).to_vec()
 }
 
-/// An elementwise op over `len` elements: the `vec4` kernel (16-byte accesses, closer
-/// to the memory bandwidth) over the whole vec4s, then, when `len` is not a multiple
-/// of 4, the scalar kernel over the last `len % 4` elements. The inputs are bound at 1
-/// (and 2), the output at 3.
+/// Vec4s each invocation of an elementwise `*4` kernel handles (`VEC4_PER_THREAD` in
+/// `elementwise.wgsl`): several 16-byte loads per thread in flight.
+pub const VEC4_PER_THREAD: usize = 4;
+
+/// An elementwise op over `len` elements: the `vec4` kernel (16-byte accesses,
+/// [`VEC4_PER_THREAD`] of them per invocation, closer to the memory bandwidth) over the
+/// whole vec4s, then, when `len` is not a multiple of 4, the scalar kernel over the
+/// last `len % 4` elements. The inputs are bound at 1 (and 2), the output at 3.
 fn elementwise(
     kernels: (Kernel, Kernel),
     spec: Specialization,
@@ -238,14 +242,15 @@ fn elementwise(
         return Ok(Plan::empty(needs));
     }
     let inputs = needs.args.len() - 1;
-    // (kernel, binding names, indices in the kernel's units, first index)
-    let vec4 = (kernels.1, ["a4", "b4", "out4"], len / 4, 0);
-    let tail = (kernels.0, ["a", "b", "out"], len, len / 4 * 4);
+    // (kernel, binding names, indices in the kernel's units, first index, units per
+    // invocation)
+    let vec4 = (kernels.1, ["a4", "b4", "out4"], len / 4, 0, VEC4_PER_THREAD);
+    let tail = (kernels.0, ["a", "b", "out"], len, len / 4 * 4, 1);
     let parts = [vec4, tail]
         .into_iter()
-        .filter(|&(_, _, end, first)| end > first);
+        .filter(|&(_, _, end, first, _)| end > first);
     let dispatches = parts
-        .map(|(kernel, names, end, first)| {
+        .map(|(kernel, names, end, first, per_thread)| {
             let mut binds: Vec<Bind> = (0..inputs)
                 .map(|i| read(1 + i as u32, names[i], i))
                 .collect();
@@ -261,7 +266,7 @@ fn elementwise(
                 spec: spec.clone(),
                 params: bytes(&p),
                 binds,
-                groups: thread_grid(end - first),
+                groups: thread_grid((end - first).div_ceil(per_thread)),
             }
         })
         .collect();
@@ -832,6 +837,13 @@ mod tests {
     }
 
     #[test]
+    fn vec4_per_thread_matches_the_wgsl() {
+        let src = ringkernel_shaders::wgsl(ringkernel_shaders::Family::Elementwise);
+        let line = format!("const VEC4_PER_THREAD: u32 = {VEC4_PER_THREAD}u;");
+        assert!(src.contains(&line), "elementwise.wgsl lacks {line:?}");
+    }
+
+    #[test]
     fn elementwise_grids_cover_the_range() {
         for len in [
             1usize,
@@ -845,8 +857,8 @@ mod tests {
             100_000_000,
         ] {
             let plan = binary(BinaryOp::Add, len).unwrap();
-            // The vec4 kernel, a thread per vec4, over the whole vec4s; the scalar one
-            // over the last len % 4 elements.
+            // The vec4 kernel, a thread per VEC4_PER_THREAD vec4s, over the whole vec4s;
+            // the scalar one over the last len % 4 elements.
             let mut expect = Vec::new();
             if len >= 4 {
                 expect.push((Kernel::Binary4, 0, len / 4));
@@ -859,14 +871,21 @@ mod tests {
                 assert_eq!(d.kernel, kernel);
                 let pe = p::<params::Elementwise>(d);
                 assert_eq!((pe.first as usize, pe.len as usize), (first, end));
-                let threads = end - first;
+                let per = if kernel == Kernel::Binary4 {
+                    VEC4_PER_THREAD
+                } else {
+                    1
+                };
+                let threads = (end - first).div_ceil(per);
                 assert!(d.total_threads() as usize >= threads, "{len}");
-                // The kernel's linear index: first + gid.x + gid.y * nwg.x * 256. The
+                // The kernel's linear index: first + gid.x + gid.y * nwg.x * 256, and
+                // the vec4 kernel's k-th unit one grid (all its threads) further. The
                 // last thread must reach end - 1, and no dimension may exceed 65535
                 // groups.
                 let max_index = (d.groups[0] as u64 * 256 - 1)
                     + (d.groups[1] as u64 - 1) * d.groups[0] as u64 * 256;
                 assert!(max_index + 1 >= threads as u64);
+                assert!(d.total_threads() * per as u64 >= (end - first) as u64);
                 assert!(d.groups.iter().all(|&g| g <= MAX_WORKGROUPS_PER_DIM));
             }
             assert_eq!(plan.needs.args.len(), 3);

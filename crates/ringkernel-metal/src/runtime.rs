@@ -30,7 +30,9 @@ use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::{KernelHandle, RingKernelRuntime, RuntimeCore, ShutdownReport};
 use ringkernel_core::{BackendKind, Result};
-use ringkernel_drain::engine::{ring_bytes, CompileCache, DrainModule, DrainTarget, DRAIN_SLOTS};
+use ringkernel_drain::engine::{
+    ring_bytes, CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs, DRAIN_SLOTS,
+};
 use ringkernel_drain::sizing::check_fixed_threadgroup;
 use ringkernel_shaders::params;
 use std::sync::Arc;
@@ -184,7 +186,7 @@ unsafe impl DrainTarget for MetalDrainTarget {
     fn control(&self) -> *mut u8 {
         self.control.contents()
     }
-    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+    fn launch(&self, p: params::Drain, done: PassDone) -> Result<()> {
         let kernel = self.compiled.module.kernel();
         let groups = self.compiled.module.groups(p.count);
         let buffers = [&self.control, &self.input, &self.output, &self.state];
@@ -217,7 +219,10 @@ unsafe impl DrainTarget for MetalDrainTarget {
             groups,
             kernel.workgroup_size(),
         )?;
-        batch.commit(Some(done));
+        // The outputs are in the shared output ring itself.
+        batch.commit(Some(Box::new(move |r: Result<()>| {
+            done(r.map(|()| PassOutputs::InRing))
+        })));
         Ok(())
     }
 }

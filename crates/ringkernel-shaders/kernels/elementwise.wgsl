@@ -1,6 +1,6 @@
-// Elementwise kernels. One thread per element (per vec4 in the *4 kernels) from p.first
-// on; the linear index spans a 2-D grid of workgroups (wg.x + wg.y * num_workgroups.x) so
-// ranges beyond 65535 workgroups work. The operation is the override constant OP
+// Elementwise kernels. One thread per element (per VEC4_PER_THREAD vec4s in the *4
+// kernels) from p.first on; the linear index spans a 2-D grid of workgroups (wg.x +
+// wg.y * num_workgroups.x) so ranges beyond 65535 workgroups work. The operation is the override constant OP
 // (UnaryOp / BinaryOp codes of ringkernel-core). A length that is not a multiple of 4
 // runs a *4 kernel over the whole vec4s and a scalar one over the last len % 4 elements.
 
@@ -102,10 +102,24 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
 
 // ---- vec4 variants: 16-byte loads and stores, for lengths that are a multiple of 4
 // (p.len counts vec4s here). Same bindings, viewed as arrays of vec4<f32>.
+//
+// Each invocation handles VEC4_PER_THREAD vec4s, one grid apart (i, i + s, i + 2s, ...
+// with s the invocations of the dispatch, so a warp's accesses stay contiguous), and
+// loads all of them before it stores any: several 16-byte loads per thread in flight.
+// With one per thread, a GPU whose memory is as fast as HBM3e spends much of the time
+// waiting on memory latency rather than moving bytes. Load indices are clamped to the
+// last vec4 (always in bounds); an invocation stores only the vec4s that exist.
+
+const VEC4_PER_THREAD: u32 = 4u;
 
 @group(0) @binding(1) var<storage, read> a4: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> b4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out4: array<vec4<f32>>;
+
+// Invocations of the dispatch: the distance between an invocation's vec4s.
+fn grid_stride(nwg: vec3<u32>) -> u32 {
+    return nwg.x * nwg.y * 256u;
+}
 
 fn unary_op4(v: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(unary_op(v.x), unary_op(v.y), unary_op(v.z), unary_op(v.w));
@@ -123,35 +137,79 @@ fn binary_op4(x: vec4<f32>, y: vec4<f32>) -> vec4<f32> {
     }
 }
 
+fn swiglu_op4(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return g / (vec4<f32>(1.0) + exp(-g)) * u;
+}
+
+// Stores the results of one invocation: v[k] at i + k * s where that is below p.len.
+fn store4(i: u32, s: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) {
+    if (i < p.len) { out4[i] = v0; }
+    if (i + s < p.len) { out4[i + s] = v1; }
+    if (i + 2u * s < p.len) { out4[i + 2u * s] = v2; }
+    if (i + 3u * s < p.len) { out4[i + 3u * s] = v3; }
+}
+
 @compute @workgroup_size(256)
 fn unary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = linear_index(gid, nwg);
-    if (i < p.len) {
-        out4[i] = unary_op4(a4[i]);
-    }
+    let s = grid_stride(nwg);
+    let last = p.len - 1u;
+    let x0 = a4[min(i, last)];
+    let x1 = a4[min(i + s, last)];
+    let x2 = a4[min(i + 2u * s, last)];
+    let x3 = a4[min(i + 3u * s, last)];
+    store4(i, s, unary_op4(x0), unary_op4(x1), unary_op4(x2), unary_op4(x3));
 }
 
 @compute @workgroup_size(256)
 fn binary4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = linear_index(gid, nwg);
-    if (i < p.len) {
-        out4[i] = binary_op4(a4[i], b4[i]);
-    }
+    let s = grid_stride(nwg);
+    let last = p.len - 1u;
+    let j0 = min(i, last);
+    let j1 = min(i + s, last);
+    let j2 = min(i + 2u * s, last);
+    let j3 = min(i + 3u * s, last);
+    let x0 = a4[j0];
+    let x1 = a4[j1];
+    let x2 = a4[j2];
+    let x3 = a4[j3];
+    let y0 = b4[j0];
+    let y1 = b4[j1];
+    let y2 = b4[j2];
+    let y3 = b4[j3];
+    store4(i, s, binary_op4(x0, y0), binary_op4(x1, y1), binary_op4(x2, y2), binary_op4(x3, y3));
 }
 
 @compute @workgroup_size(256)
 fn binary_scalar4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = linear_index(gid, nwg);
-    if (i < p.len) {
-        out4[i] = binary_op4(a4[i], vec4<f32>(p.scalar));
-    }
+    let s = grid_stride(nwg);
+    let last = p.len - 1u;
+    let c = vec4<f32>(p.scalar);
+    let x0 = a4[min(i, last)];
+    let x1 = a4[min(i + s, last)];
+    let x2 = a4[min(i + 2u * s, last)];
+    let x3 = a4[min(i + 3u * s, last)];
+    store4(i, s, binary_op4(x0, c), binary_op4(x1, c), binary_op4(x2, c), binary_op4(x3, c));
 }
 
 @compute @workgroup_size(256)
 fn swiglu4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = linear_index(gid, nwg);
-    if (i < p.len) {
-        let g = a4[i];
-        out4[i] = g / (vec4<f32>(1.0) + exp(-g)) * b4[i];
-    }
+    let s = grid_stride(nwg);
+    let last = p.len - 1u;
+    let j0 = min(i, last);
+    let j1 = min(i + s, last);
+    let j2 = min(i + 2u * s, last);
+    let j3 = min(i + 3u * s, last);
+    let g0 = a4[j0];
+    let g1 = a4[j1];
+    let g2 = a4[j2];
+    let g3 = a4[j3];
+    let u0 = b4[j0];
+    let u1 = b4[j1];
+    let u2 = b4[j2];
+    let u3 = b4[j3];
+    store4(i, s, swiglu_op4(g0, u0), swiglu_op4(g1, u1), swiglu_op4(g2, u2), swiglu_op4(g3, u3));
 }

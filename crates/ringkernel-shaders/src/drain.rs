@@ -11,8 +11,8 @@
 //! |---|---|---|---|
 //! | 0 | `rk_params` | `uniform RkDrainParams` | [`params::Drain`](crate::params::Drain): batch `first`, `count`, HLC, sizes |
 //! | 1 | `rk_control` | `storage, read_write RkControlBlock` | the kernel's [`ControlBlock`](ringkernel_core::control::ControlBlock) |
-//! | 2 | `rk_input` | `storage, read array<u32>` | input ring: [`QueueHeader`](ringkernel_core::queue::QueueHeader) (32 words) + `capacity` slots |
-//! | 3 | `rk_output` | `storage, read_write array<u32>` | output ring, same layout and capacity as the input |
+//! | 2 | `rk_input` | `storage, read array<vec4<u32>>` | input ring: [`QueueHeader`](ringkernel_core::queue::QueueHeader) (32 words) + `capacity` slots |
+//! | 3 | `rk_output` | `storage, read_write array<vec4<u32>>` | output ring, same layout and capacity as the input |
 //! | 4 | `rk_state` | `storage, read_write array<u32>` | the handler's state (`state_bytes`, at least 16 bytes) |
 //!
 //! Message `i` of the batch is at queue index `first + i`, slot `(first + i) & mask`, in
@@ -33,8 +33,14 @@
 //! fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32
 //! ```
 //!
-//! * `in_slot` / `out_slot`: word index of the payload of the request in `rk_input` and of
-//!   the output slot's payload in `rk_output`. Payload word `w` is `rk_input[in_slot + w]`.
+//! * `in_slot` / `out_slot`: word index of the payload of the request in the input ring
+//!   and of the output slot's payload in the output ring, both multiples of 4 (the rings
+//!   are bound as 16-byte units, `array<vec4<u32>>`, so that whole units move in one
+//!   access). Payload word `w` is `rk_in(in_slot + w)`; `rk_in4(in_slot + 4 * i)` reads
+//!   four words at once. Write with `rk_out_set(out_slot + w, v)` or
+//!   `rk_out_set4(out_slot + 4 * i, v)` (words past the payload, up to the end of the
+//!   slot, may be written), read back with `rk_out(out_slot + w)`; `rk_in_u64` and
+//!   `rk_out_set_u64` move 64-bit values as `vec2<u32>`.
 //! * `(*ctx).request`: the request's header; `(*ctx).kernel_id`, `(*ctx).hlc` (the
 //!   kernel's packed HLC for this pass, merged with every request of the batch — what a
 //!   CPU handler's `ctx.clock().peek()` returns), `(*ctx).node_id` (the node id of the
@@ -43,7 +49,7 @@
 //!   `(*ctx).batch_index`/`batch_len`.
 //! * State: the global `rk_state` (words), `state_bytes` long, zeroed at launch, kept
 //!   across passes.
-//! * Output: write the payload at `rk_output[out_slot + w]`, then call
+//! * Output: write the payload from `out_slot` on, then call
 //!   `rk_reply(ctx, type_id, payload_len)` (to the host's output queue, correlated with
 //!   the request) or `rk_send(ctx, dest_kernel_id, type_id, payload_len)` (K2K, routed by
 //!   the host after the pass). No call: no output. At most one output per request.
@@ -78,7 +84,9 @@ use crate::{Access, Binding};
 pub const TEMPLATE: &str = include_str!("../kernels/drain.wgsl");
 /// The integer-bits f64 library (appended to every composed drain module).
 pub const F64_LIB: &str = include_str!("../kernels/f64.wgsl");
-/// Shared helpers for the built-in `Token` handlers (word offsets, type id).
+/// Shared helpers for the built-in `Token` handlers (word offsets, type id, `TokenWords`
+/// with `token_read`/`token_store`: a token in registers, each word read and written
+/// once; `token_begin` copies the request into the output slot).
 pub const TOKEN_LIB: &str = include_str!("../kernels/handlers/token.wgsl");
 /// WGSL of `rk.echo` (needs [`TOKEN_LIB`]).
 pub const ECHO: &str = include_str!("../kernels/handlers/echo.wgsl");
@@ -91,7 +99,7 @@ pub const COUNTER: &str = include_str!("../kernels/handlers/counter.wgsl");
 pub const STUB_HANDLER: &str = "
 fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
     let words = ((*ctx).request.payload_len + 3u) / 4u;
-    for (var w = 0u; w < words; w++) { rk_output[out_slot + w] = rk_input[in_slot + w]; }
+    for (var w = 0u; w < words; w += 4u) { rk_out_set4(out_slot + w, rk_in4(in_slot + w)); }
     rk_reply(ctx, (*ctx).request.type_id, (*ctx).request.payload_len);
     return 0u;
 }

@@ -2,21 +2,26 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only] [--batched-only]
 //! ```
 //!
-//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch` (16,384).
-//! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³ takes minutes on a software
-//! adapter). The actor figures come with the **floor** of the same run, measured on the
-//! same device as `wgpu-floor` does: the round trip of the smallest useful pass (write
-//! the inputs, one dispatch that transforms them, copy back, map, read) over 4 words,
-//! and the same pass over 65,536 words.
+//! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
+//! (16,384). `--ops-only` skips the actors. `--actors-only` skips the compute ops
+//! (matmul 4096³ takes minutes on a software adapter). `--batched-only` runs the
+//! batched echo alone (for profiling). The actor figures come with the **floor** of the
+//! same run, measured on the same device as `wgpu-floor` does: the round trip of the
+//! smallest useful pass (write the inputs, one dispatch that transforms them, copy back,
+//! map, read) over 4 words, and the same pass over 65,536 words.
 //!
-//! Timing: each op is recorded `REPS` times back to back into one submission (the
-//! backend's batching), the wall time from the first record to the end of
-//! `synchronize` is divided by `REPS`; the best of 5 such runs is reported, after a
-//! warm-up. Bytes are the fewest the op must move (inputs read once, output written
-//! once; a copy counts its read and its write), as in `torch_peer.py`.
+//! Timing: each op is recorded `REPS` times back to back (the backend's batching: it
+//! submits as it goes), and two figures are taken per run of `REPS`: the wall time from
+//! the first record to the end of `synchronize`, and, where the adapter has timestamp
+//! queries, the device's own clock from before the first op to after the last
+//! (`gpu`: what the device spent, gaps between submissions included, host recording
+//! not); each divided by `REPS`, the best of 5 runs after a warm-up. The ratios use the
+//! device time where there is one (as `torch_peer.py`'s CUDA events do). Bytes are the
+//! fewest the op must move (inputs read once, output written once; a copy counts its
+//! read and its write), as in `torch_peer.py`.
 
 use ringkernel_core::builtin::{Token, ECHO};
 use ringkernel_core::compute::{BinaryOp, BufferRef, ComputeBackend, MatmulDims};
@@ -32,18 +37,12 @@ use wgpu::util::DeviceExt;
 
 const REPS: usize = 20;
 
-/// `o = a` over whole vec4s, a 2-D grid of 256-thread workgroups (as `grid_for`).
-const COPY4_WGSL: &str = r#"
-@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> o: array<vec4<f32>>;
-@compute @workgroup_size(256)
-fn copy4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.x + gid.y * nwg.x * 256u;
-    if (i < arrayLength(&o)) {
-        o[i] = a[i];
-    }
-}
-"#;
+/// Copy kernels with 1, 2, 4 and 8 vec4s per invocation: the in-run references for the
+/// memory-bound ops.
+const COPY_WGSL: &str = include_str!("kernels/copy.wgsl");
+
+/// The floor pass's kernel.
+const FLOOR_WGSL: &str = include_str!("kernels/floor.wgsl");
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -54,21 +53,128 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Seconds per op: wall time, and the device's own time where it has timestamps.
+#[derive(Clone, Copy)]
+struct Timing {
+    wall: f64,
+    gpu: Option<f64>,
+}
+
+impl Timing {
+    /// The device time where there is one, else the wall time.
+    fn best(&self) -> f64 {
+        self.gpu.unwrap_or(self.wall)
+    }
+
+    /// "wall X ms, device Y ms".
+    fn show(&self) -> String {
+        match self.gpu {
+            Some(d) => format!("device {:.3} ms (wall {:.3} ms)", d * 1e3, self.wall * 1e3),
+            None => format!("wall {:.3} ms", self.wall * 1e3),
+        }
+    }
+}
+
+/// Two timestamp queries written between submissions, around a run of ops.
+struct GpuClock {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    period_ns: f64,
+}
+
+impl GpuClock {
+    fn new(ctx: &ringkernel_wgpu::GpuContext) -> Option<Self> {
+        let need =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        if !ctx.device.features().contains(need) {
+            return None;
+        }
+        let dev = &ctx.device;
+        let buffer = |usage| {
+            dev.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench timestamps"),
+                size: 16,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        Some(GpuClock {
+            queries: dev.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+            read: buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            period_ns: f64::from(ctx.queue.get_timestamp_period()),
+        })
+    }
+
+    /// Submits what `g` recorded, then a timestamp write into query `i`.
+    fn stamp(&self, g: &WgpuCompute, i: u32) -> Result<(), Error> {
+        g.flush()?;
+        let ctx = g.context();
+        let mut e = ctx.device.create_command_encoder(&Default::default());
+        e.write_timestamp(&self.queries, i);
+        ctx.queue.submit([e.finish()]);
+        Ok(())
+    }
+
+    /// Seconds between the two stamps (after they were written).
+    fn elapsed(&self, g: &WgpuCompute) -> Result<f64, Error> {
+        let ctx = g.context();
+        let mut e = ctx.device.create_command_encoder(&Default::default());
+        e.resolve_query_set(&self.queries, 0..2, &self.resolve, 0);
+        e.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, 16);
+        ctx.queue.submit([e.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.read.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| dev_err(&e))?;
+        rx.recv()
+            .map_err(|e| dev_err(&e))?
+            .map_err(|e| dev_err(&e))?;
+        let ticks: [u64; 2] = {
+            let m = self.read.get_mapped_range(..).map_err(|e| dev_err(&e))?;
+            bytemuck::pod_read_unaligned(&m[..16])
+        };
+        self.read.unmap();
+        Ok(ticks[1].saturating_sub(ticks[0]) as f64 * self.period_ns * 1e-9)
+    }
+}
+
 fn time_op(
     g: &WgpuCompute,
     reps: usize,
     mut op: impl FnMut() -> Result<(), Error>,
-) -> Result<f64, Error> {
+) -> Result<Timing, Error> {
+    let clock = GpuClock::new(g.context());
     op()?;
     g.synchronize()?;
-    let mut best = f64::INFINITY;
+    let mut best = Timing {
+        wall: f64::INFINITY,
+        gpu: clock.as_ref().map(|_| f64::INFINITY),
+    };
     for _ in 0..5 {
+        if let Some(c) = &clock {
+            c.stamp(g, 0)?;
+        }
         let t = Instant::now();
         for _ in 0..reps {
             op()?;
         }
+        if let Some(c) = &clock {
+            c.stamp(g, 1)?;
+        }
         g.synchronize()?;
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+        best.wall = best.wall.min(t.elapsed().as_secs_f64() / reps as f64);
+        if let (Some(c), Some(b)) = (&clock, best.gpu.as_mut()) {
+            *b = b.min(c.elapsed(g)? / reps as f64);
+        }
     }
     Ok(best)
 }
@@ -77,15 +183,6 @@ fn random(g: &WgpuCompute, n: usize, seed: u64) -> Result<BufferRef, Error> {
     let mut r = SplitMix64::new(seed);
     g.upload(&r.vec(n, -1.0, 1.0))
 }
-
-const FLOOR_WGSL: &str = r#"
-@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-    let n = arrayLength(&buf) / 2u;
-    if (g.x < n) { buf[n + g.x] = buf[g.x] * 2u + 1u; }
-}
-"#;
 
 /// p50 and p99 of `v` (sorted in place).
 fn p50_p99(v: &mut [f64]) -> (f64, f64) {
@@ -225,11 +322,33 @@ fn main() -> Result<(), Error> {
     if ops_only {
         return Ok(());
     }
-    actors(&g, msgs, calls, batch)
+    let batched_only = std::env::args().any(|a| a == "--batched-only");
+    actors(&g, msgs, calls, batch, batched_only)
+}
+
+/// CPU time this process has used (user + system) in seconds, from `/proc/self/stat`
+/// (`None` where there is none).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may contain spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 of `rest`), in
+    // clock ticks of USER_HZ = 100 on Linux.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
 }
 
 fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
     let gb = |bytes: f64, s: f64| bytes / s / 1e9;
+    println!(
+        "timing: {}",
+        if GpuClock::new(g.context()).is_some() {
+            "device timestamps around each run of ops (wall time beside)"
+        } else {
+            "wall time (the adapter has no timestamp queries)"
+        }
+    );
 
     // Copy bandwidth: a 1 GiB buffer-to-buffer copy.
     // (Halved until it fits the adapter's buffer limit, e.g. 128 MiB on lavapipe.)
@@ -242,11 +361,11 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
         }
     };
     let t = time_op(g, 5, || g.copy(&*src, 0, &*dst, 0, copy_elems))?;
-    let copy_bw = gb(2.0 * (copy_elems * 4) as f64, t);
+    let copy_bw = gb(2.0 * (copy_elems * 4) as f64, t.best());
     println!(
-        "copy {} MiB: {:.3} ms, {:.1} GB/s (read + write)",
+        "copy {} MiB (copy_buffer_to_buffer): {}, {:.1} GB/s (read + write)",
         (copy_elems * 4) >> 20,
-        t * 1e3,
+        t.show(),
         copy_bw
     );
     drop((src, dst));
@@ -255,52 +374,60 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     let a = random(g, elems, 1)?;
     let b = random(g, elems, 2)?;
     let out = g.alloc(elems)?;
-    // The in-run reference for memory-bound kernels: a plain vec4 copy kernel, recorded
-    // and submitted the way the ops are.
-    let copy_kernel = g.compile_wgsl(
-        "copy4",
-        COPY4_WGSL,
-        "copy4",
-        &[
-            (1, WgslResource::Storage { read_only: true }),
-            (2, WgslResource::Storage { read_only: false }),
-        ],
-    )?;
-    let groups = ringkernel_shaders::grid_for((elems / 4).div_ceil(256) as u64);
-    let t = time_op(g, REPS, || {
-        g.dispatch_wgsl(&copy_kernel, None, &[(1, &*a), (2, &*out)], groups)
-    })?;
-    let kernel_bw = gb(2.0 * bytes, t);
-    println!(
-        "copy kernel (vec4 WGSL) {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
-        t * 1e3,
-        kernel_bw,
-        100.0 * kernel_bw / copy_bw
-    );
+    // The in-run references for memory-bound kernels: plain vec4 copy kernels with 1, 2,
+    // 4 and 8 vec4s per invocation, recorded and submitted the way the ops are.
+    let vec4s = elems / 4;
+    let mut kernel_bw = 0.0f64;
+    for per in [1usize, 2, 4, 8] {
+        let entry = format!("copy_x{per}");
+        let kernel = g.compile_wgsl(
+            &entry,
+            COPY_WGSL,
+            &entry,
+            &[
+                (1, WgslResource::Storage { read_only: true }),
+                (2, WgslResource::Storage { read_only: false }),
+            ],
+        )?;
+        let groups = ringkernel_shaders::grid_for(vec4s.div_ceil(256 * per) as u64);
+        let t = time_op(g, REPS, || {
+            g.dispatch_wgsl(&kernel, None, &[(1, &*a), (2, &*out)], groups)
+        })?;
+        let bw = gb(2.0 * bytes, t.best());
+        if per == ringkernel_drain::plan::VEC4_PER_THREAD {
+            kernel_bw = bw;
+        }
+        println!(
+            "copy kernel (WGSL, {per} vec4 per invocation) {elems} f32: {}, {:.1} GB/s = {:.0}% of copy",
+            t.show(),
+            bw,
+            100.0 * bw / copy_bw
+        );
+    }
     let t = time_op(g, REPS, || g.binary(BinaryOp::Add, &*a, &*b, &*out, elems))?;
-    let bw = gb(3.0 * bytes, t);
+    let bw = gb(3.0 * bytes, t.best());
     println!(
-        "add {elems} f32: {:.3} ms, {:.1} GB/s = {:.0}% of copy, {:.0}% of the copy kernel",
-        t * 1e3,
+        "add {elems} f32: {}, {:.1} GB/s = {:.0}% of copy, {:.0}% of the copy kernel with the same vec4s per invocation",
+        t.show(),
         bw,
         100.0 * bw / copy_bw,
         100.0 * bw / kernel_bw
     );
     let rows = elems / cols;
     let t = time_op(g, REPS, || g.softmax(&*a, &*out, rows, cols))?;
-    let bw = gb(2.0 * bytes, t);
+    let bw = gb(2.0 * bytes, t.best());
     println!(
-        "softmax {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
-        t * 1e3,
+        "softmax {rows}x{cols}: {}, {:.1} GB/s = {:.0}% of copy",
+        t.show(),
         bw,
         100.0 * bw / copy_bw
     );
     let w = random(g, cols, 3)?;
     let t = time_op(g, REPS, || g.rms_norm(&*a, &*w, &*out, rows, cols, 1e-6))?;
-    let bw = gb(2.0 * bytes, t);
+    let bw = gb(2.0 * bytes, t.best());
     println!(
-        "rms_norm {rows}x{cols}: {:.3} ms, {:.1} GB/s = {:.0}% of copy",
-        t * 1e3,
+        "rms_norm {rows}x{cols}: {}, {:.1} GB/s = {:.0}% of copy",
+        t.show(),
         bw,
         100.0 * bw / copy_bw
     );
@@ -319,9 +446,9 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     let t = time_op(g, 5, || g.matmul(&*ma, &*mb, &*mc, dims))?;
     let flops = 2.0 * (mm as f64).powi(3);
     println!(
-        "matmul {mm}^3 f32: {:.3} ms, {:.0} GFLOP/s (tile {})",
-        t * 1e3,
-        flops / t / 1e9,
+        "matmul {mm}^3 f32: {}, {:.0} GFLOP/s (tile {})",
+        t.show(),
+        flops / t.best() / 1e9,
         g.matmul_tile_for(dims)?
     );
     // The 64×64 kernel this one replaced (still Metal's non-MPS path), same buffers.
@@ -329,15 +456,16 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     let args: [&dyn ringkernel_core::compute::DeviceBuffer; 3] = [&*ma, &*mb, &*mc];
     let t_old = time_op(g, 5, || ringkernel_drain::exec::run(g, &old, &args))?;
     println!(
-        "  matmul, the 64x64 kernel before issue 17: {:.3} ms, {:.0} GFLOP/s (ours {:.2}x it)",
-        t_old * 1e3,
-        flops / t_old / 1e9,
-        t_old / t
+        "  matmul, the 64x64 kernel before issue 17: {}, {:.0} GFLOP/s (ours {:.2}x it)",
+        t_old.show(),
+        flops / t_old.best() / 1e9,
+        t_old.best() / t.best()
     );
-    // Every tile shape the tuner chooses from, timed here on this size.
+    // Every tile shape the tuner chooses from, timed here on this size (wall time of
+    // the tuner's own runs).
     for (tile, d) in g.time_matmul_tiles(dims)? {
         println!(
-            "  matmul tile {tile}: {:.3} ms, {:.0} GFLOP/s",
+            "  matmul tile {tile}: wall {:.3} ms, {:.0} GFLOP/s",
             d.as_secs_f64() * 1e3,
             flops / d.as_secs_f64() / 1e9
         );
@@ -353,6 +481,7 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
     let k = runtime.launch(ECHO, opts).await?;
     let batch = batch.max(1);
     let start = Instant::now();
+    let cpu0 = cpu_seconds();
     let sender = {
         let k = k.clone();
         tokio::spawn(async move {
@@ -372,15 +501,15 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
         })
     };
     let (mut got, mut calls, mut recv_busy) = (0usize, 0usize, Duration::ZERO);
+    let mut replies: Vec<Token> = Vec::with_capacity(msgs.min(1 << 20));
     while got < msgs {
         let t = Instant::now();
-        let replies = k
-            .receive_batch(msgs - got, Some(Duration::from_secs(30)))
+        replies.clear();
+        k.receive_batch_into(&mut replies, msgs - got, Some(Duration::from_secs(30)))
             .await?;
         recv_busy += t.elapsed();
         calls += 1;
-        for env in replies {
-            let t: Token = env.decode()?;
+        for t in &replies {
             let i = got as u64;
             if t.id != i || t.value != 2.0 * i as f64 {
                 return Err(Error::Device(format!("batched reply {i} wrong: {t:?}")));
@@ -390,23 +519,37 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
     }
     let send_busy = sender.await.map_err(|e| Error::Device(e.to_string()))??;
     let s = start.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(cpu_seconds()).map(|(a, b)| b - a);
+    let m = k.metrics();
     println!(
-        "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch): {:.3} s, {:.0} msgs/s; in send_batch {:.1} ns/msg (waits for ring room included), {} receive_batch calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included)",
+        "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch_into): {:.3} s, {:.0} msgs/s",
         s,
         msgs as f64 / s,
+    );
+    println!(
+        "  where the time goes: process CPU {} ns/msg ({:.2} cores busy); in send_batch {:.1} ns/msg (waits for ring room included); {} receive_batch_into calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included); pass time per message (launch to completion / messages) {:.1} ns mean",
+        cpu.map_or("?".into(), |c| format!("{:.0}", c * 1e9 / msgs as f64)),
+        cpu.map_or(0.0, |c| c / s),
         send_busy.as_secs_f64() * 1e9 / msgs as f64,
         calls,
         msgs as f64 / calls.max(1) as f64,
         recv_busy.as_secs_f64() * 1e9 / msgs as f64,
+        m.latency.mean_ns,
     );
     k.terminate().await?;
     Ok(())
 }
 
-fn actors(g: &WgpuCompute, msgs: usize, calls: usize, batch: usize) -> Result<(), Error> {
+fn actors(
+    g: &WgpuCompute,
+    msgs: usize,
+    calls: usize,
+    batch: usize,
+    batched_only: bool,
+) -> Result<(), Error> {
     // The floor of this run, as `wgpu-floor` measures it.
     let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
-    let (b50, b99) = p50_p99(&mut floor_batch.passes(200)?);
+    let (b50, b99) = p50_p99(&mut floor_batch.passes(if batched_only { 20 } else { 200 })?);
     println!(
         "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
         65536.0 / b50
@@ -419,6 +562,9 @@ fn actors(g: &WgpuCompute, msgs: usize, calls: usize, batch: usize) -> Result<()
     rt.block_on(async {
         let runtime = WgpuRuntime::with_context(KernelRegistry::new(), g.context().clone());
         let opts = LaunchOptions::default().with_queue_capacity(65536);
+        if batched_only {
+            return echo_batched(&runtime, msgs, batch).await;
+        }
         let k = runtime.launch(ECHO, opts).await?;
         // Throughput: one task sends, another receives, as fast as they can.
         let start = Instant::now();

@@ -181,13 +181,34 @@ impl WgpuCompute {
                     // naga validation first: a clear Compile error instead of a wgpu one.
                     ringkernel_shaders::validate_kernel(kernel, spec)?;
                     let source = ringkernel_shaders::kernel_wgsl(kernel, spec)?;
-                    let m = self
-                        .ctx
-                        .device
-                        .create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(family.name()),
-                            source: wgpu::ShaderSource::Wgsl(source),
-                        });
+                    let desc = wgpu::ShaderModuleDescriptor {
+                        label: Some(family.name()),
+                        source: wgpu::ShaderSource::Wgsl(source),
+                    };
+                    let m = if kernel == Kernel::MatmulTiled {
+                        // The generated matmul's inner loop reads workgroup memory at
+                        // indices in range by construction (the tests of
+                        // `matmul_tiled.rs` and of this backend's numerics cover every
+                        // tile shape), but wgpu clamps each such index (and bounds each
+                        // loop) unless told not to: on a GPU those are integer
+                        // instructions among the multiply-adds of every step.
+                        // SAFETY: every workgroup index of the generated kernel is below
+                        // its array's length: `a_s[cur * bk·bm/4 + ty + kk·bm/4 + g·bm/tm]`
+                        // with `ty < bm/tm`, `kk < bk`, `g < tm/4` is at most
+                        // `2·bk·bm/4 - 1`, likewise for `b_s` and for the stores (which
+                        // skip `e >= count`); every storage access is guarded by explicit
+                        // `m`/`n`/`k` checks against operand lengths `prepare` verified;
+                        // its only loop runs `tiles = ⌈k/bk⌉` times, and it divides by
+                        // non-zero constants only.
+                        unsafe {
+                            self.ctx.device.create_shader_module_trusted(
+                                desc,
+                                wgpu::ShaderRuntimeChecks::unchecked(),
+                            )
+                        }
+                    } else {
+                        self.ctx.device.create_shader_module(desc)
+                    };
                     mods.insert(module_key, m.clone());
                     m
                 }

@@ -233,9 +233,13 @@ impl GpuContext {
         let adapter = list.into_iter().nth(i).expect("index from pick");
         let info = summary(&adapter.get_info());
         let limits = adapter.limits();
+        // Timestamp queries where the adapter has them: benchmarks read the device's own
+        // clock around their dispatches (nothing else depends on them).
+        let timing =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         let desc = wgpu::DeviceDescriptor {
             label: Some("ringkernel"),
-            required_features: wgpu::Features::empty(),
+            required_features: adapter.features() & timing,
             required_limits: limits,
             ..Default::default()
         };

@@ -44,100 +44,101 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RuntimeCore;
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget};
+use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 
 const CB: usize = std::mem::size_of::<ControlBlock>();
 
-/// Bytes of a ring's queue header, before its first slot.
-const HEADER_BYTES: usize = std::mem::size_of::<ringkernel_core::queue::QueueHeader>();
-
 /// Drain passes of one kernel in flight at once: while the poller finishes one pass
 /// (readback, replies) the device runs the next. Each has its own readback buffer.
 const PASSES_IN_FLIGHT: usize = 3;
 
-/// A drain pass waiting for its readback, finished by the poller.
+/// A drain pass waiting for its readback, finished by the poller (or by a receiver
+/// helping it, see [`Poller::help`]).
 struct Completion {
     staging: wgpu::Buffer,
     /// Where `staging` goes back once unmapped.
     pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// The pass's upload buffer and its pool, to be mapped again for the next pass.
+    upload: Option<(wgpu::Buffer, Arc<Mutex<Vec<wgpu::Buffer>>>)>,
     rings: Arc<HostRings>,
-    /// Byte ranges of the output ring that the pass wrote (at the same offsets in
-    /// `staging`).
-    runs: Vec<Range<usize>>,
-    /// Where in `staging` the device-written control fields are.
+    /// Where in `staging` the device-written control fields are (after the slots).
     control_at: usize,
-    /// The part of `staging` that is mapped: the runs and the control fields.
+    /// The part of `staging` that is mapped: the pass's output slots in pass order,
+    /// then the control fields.
     mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
-    done: Box<dyn FnOnce(Result<()>) + Send>,
+    /// Order of submission (set by `watch`): among passes of one priority, the poller
+    /// finishes earlier ones first.
+    seq: u64,
+    done: PassDone,
 }
 
 impl Completion {
-    /// Copies the readback into the host copies, unmaps, and reports to the engine.
+    /// Hands the mapped outputs to the engine (read in place, no copy into the host
+    /// ring), copies the control fields into the host copy, unmaps.
     fn finish(self, mapped: std::result::Result<(), wgpu::BufferAsyncError>) {
-        let result = match mapped {
-            Ok(()) => {
-                let copied = self.copy_out();
-                self.staging.unmap();
-                copied
+        let Completion {
+            staging,
+            pool,
+            upload,
+            rings,
+            control_at,
+            mapped: range,
+            done,
+            ..
+        } = self;
+        // The pass is over: its upload buffer may be mapped for the next one.
+        if let Some((buf, uploads)) = upload {
+            remap_upload(buf, uploads);
+        }
+        let view = mapped
+            .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
+            .and_then(|()| {
+                staging
+                    .get_mapped_range(range.start as u64..range.end as u64)
+                    .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
+            });
+        match view {
+            Ok(view) => {
+                let control =
+                    control_at - range.start..control_at - range.start + DEVICE_WRITTEN.len();
+                match view.get(control) {
+                    Some(src) => {
+                        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block
+                        // and holds only fields the host never writes; the poller (or
+                        // one helper at a time) finishes a kernel's passes, and no
+                        // other code writes these bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.as_ptr(),
+                                rings.control().add(DEVICE_WRITTEN.start),
+                                src.len(),
+                            )
+                        };
+                        done(Ok(PassOutputs::Slots(&view[..control_at - range.start])));
+                    }
+                    None => done(Err(Error::Device("readback buffer too small".into()))),
+                }
+                drop(view);
+                staging.unmap();
             }
-            Err(e) => Err(Error::Device(format!("readback of a drain pass: {e}"))),
-        };
-        lock(&self.pool).push(self.staging.clone());
-        (self.done)(result);
-    }
-
-    fn copy_out(&self) -> Result<()> {
-        let view = self
-            .staging
-            .get_mapped_range(self.mapped.start as u64..self.mapped.end as u64)
-            .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))?;
-        let lo = self.mapped.start;
-        let control = self.control_at - lo..self.control_at - lo + DEVICE_WRITTEN.len();
-        if view.len() < control.end {
-            return Err(Error::Device("readback buffer too small".into()));
+            Err(e) => done(Err(e)),
         }
-        for run in &self.runs {
-            let src = &view[run.start - lo..run.end - lo];
-            // SAFETY: `run` lies in the output ring (`slot_runs` of the pass, checked
-            // against `ring_len` by the engine); the pass is complete and its `done` has
-            // not been called, so by the `DrainTarget` contract nobody else touches
-            // these output slots now.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.as_ptr(),
-                    self.rings.output().add(run.start),
-                    src.len(),
-                )
-            };
-        }
-        let src = &view[control];
-        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block and holds only
-        // fields the host never writes; no other pass of this kernel is running.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.rings.control().add(DEVICE_WRITTEN.start),
-                src.len(),
-            )
-        };
-        Ok(())
+        lock(&pool).push(staging);
     }
 }
 
-/// Drives the device for a runtime's passes and finishes them, on one OS thread.
-/// How long the poller looks for a new pass before it parks (see `Poller::run`).
-const POLL_SPIN: Duration = Duration::from_micros(100);
-
+/// Drives the device for a runtime's passes and finishes them, on one OS thread (a
+/// receiver waiting for a reply finishes them too, see [`Poller::help`]).
 struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
@@ -147,6 +148,13 @@ struct Poller {
     wake: Event,
     /// Whether the thread runs (started with the first pass).
     started: Mutex<bool>,
+    /// Held by the thread finishing passes (the poller, or one receiver helping it, see
+    /// [`Poller::help`]): passes are finished one thread at a time, in submission order,
+    /// so the engine rarely sees a pass complete before an earlier one (which costs a
+    /// copy of its outputs).
+    finishing: Mutex<()>,
+    /// Submissions so far (for `Completion::seq`).
+    submitted: AtomicU64,
 }
 
 impl Poller {
@@ -159,6 +167,8 @@ impl Poller {
             outstanding: AtomicUsize::new(0),
             wake: Event::new(),
             started: Mutex::new(false),
+            finishing: Mutex::new(()),
+            submitted: AtomicU64::new(0),
         })
     }
 
@@ -177,8 +187,9 @@ impl Poller {
 
     /// Maps `c.staging` once the submitted pass is done; `c` is finished on the
     /// poller's thread.
-    fn watch(self: &Arc<Self>, c: Completion) {
+    fn watch(self: &Arc<Self>, mut c: Completion) {
         self.outstanding.fetch_add(1, Ordering::AcqRel);
+        c.seq = self.submitted.fetch_add(1, Ordering::Relaxed);
         let staging = c.staging.clone();
         let me = self.clone();
         // The callback runs on whichever thread polls or submits on the device (or at
@@ -191,32 +202,57 @@ impl Poller {
         self.wake.notify(usize::MAX);
     }
 
+    /// Finishes the passes whose readback is mapped (higher kernel priority first,
+    /// then in submission order); returns whether there were any. The caller holds
+    /// `finishing`. Never called with an engine lock held.
+    fn finish_ready(&self, _finishing: &std::sync::MutexGuard<'_, ()>) -> bool {
+        let mut ready = std::mem::take(&mut *lock(&self.ready));
+        if ready.is_empty() {
+            return false;
+        }
+        serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
+        let n = ready.len();
+        for (c, r) in ready {
+            c.finish(r);
+        }
+        self.outstanding.fetch_sub(n, Ordering::AcqRel);
+        true
+    }
+
+    /// What a receiver waiting for a reply does while it spins
+    /// ([`KernelEngine::progress`](ringkernel_core::runtime::KernelEngine::progress)):
+    /// looks, without blocking, whether the device has finished a pass, and finishes
+    /// the passes whose readback is mapped on the calling thread, so that a short
+    /// pass's reply is queued without a hand-off to the poller thread. One receiver at
+    /// a time (the others return at once); the poller thread keeps finishing passes
+    /// too, whichever looks first.
+    fn help(&self) -> bool {
+        if self.outstanding.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let Ok(finishing) = self.finishing.try_lock() else {
+            return false;
+        };
+        if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
+            tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
+        }
+        self.finish_ready(&finishing)
+    }
+
     fn run(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
             let listener = p.wake.listen();
-            let mut ready = std::mem::take(&mut *lock(&p.ready));
-            if !ready.is_empty() {
-                serve_order(&mut ready, |(c, _)| c.priority);
-                let n = ready.len();
-                for (c, r) in ready {
-                    c.finish(r);
-                }
-                p.outstanding.fetch_sub(n, Ordering::AcqRel);
+            if p.finish_ready(&lock(&p.finishing)) {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
-                // A caller usually sends its next request within microseconds of its
-                // reply: look for it for a short while before parking, so that the
-                // next pass does not wait for this thread to be woken.
-                let until = Instant::now() + POLL_SPIN;
-                while p.outstanding.load(Ordering::Acquire) == 0 && Instant::now() < until {
-                    std::thread::yield_now();
-                }
-                if p.outstanding.load(Ordering::Acquire) == 0 {
-                    drop(p);
-                    listener.wait_timeout(Duration::from_millis(200));
-                }
+                // Nothing in flight: park until a pass is submitted (`watch`). The next
+                // pass does not wait for this wake-up: a receiver spinning for its
+                // reply finishes it itself (`help`), and otherwise the wake-up overlaps
+                // the pass.
+                drop(p);
+                listener.wait_timeout(Duration::from_millis(200));
                 continue;
             }
             let wait = wgpu::PollType::Wait {
@@ -240,9 +276,12 @@ impl Poller {
 }
 
 /// Orders the passes finished in one poller round: higher kernel priority first, in
-/// arrival order among kernels of one priority (a stable sort).
-fn serve_order<T>(ready: &mut [T], priority: impl Fn(&T) -> u8) {
-    ready.sort_by_key(|c| std::cmp::Reverse(priority(c)));
+/// submission order among kernels of one priority; `key` gives (priority, sequence).
+fn serve_order<T>(ready: &mut [T], key: impl Fn(&T) -> (u8, u64)) {
+    ready.sort_by_key(|c| {
+        let (priority, seq) = key(c);
+        (std::cmp::Reverse(priority), seq)
+    });
 }
 
 /// A compiled drain handler: pipeline and bind group layout.
@@ -265,8 +304,16 @@ struct WgpuDrainTarget {
     control: wgpu::Buffer,
     input: wgpu::Buffer,
     output: wgpu::Buffer,
-    /// Readback buffers not in use by a pass (one per pass in flight).
+    /// Readback buffers not in use by a pass (one per pass in flight, and one more).
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Upload buffers mapped for writing and not in use by a pass (see `upload`).
+    uploads: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Bytes of each upload buffer: the largest pass the engine hands out.
+    upload_len: usize,
+    /// Bytes of each readback buffer: the largest pass's slots and the control fields.
+    readback_len: usize,
+    /// The host line of the control block as last uploaded.
+    control_sent: Mutex<Option<Vec<u8>>>,
     bind: wgpu::BindGroup,
 }
 
@@ -279,35 +326,44 @@ struct WgpuDrainTarget {
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
-    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+    fn launch(&self, p: params::Drain, done: PassDone) -> Result<()> {
         self.poller.ensure_thread()?;
         let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
         let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
         let (dev, q) = (&self.ctx.device, &self.ctx.queue);
-        // The engine launches at most `max_in_flight` passes at once, one readback
-        // buffer each.
-        let staging = lock(&self.staging).pop().ok_or_else(|| {
-            Error::Device("more drain passes in flight than readback buffers".into())
-        })?;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        for run in &runs {
-            // SAFETY: the engine calls `launch` with its host lock held, under which
-            // alone input slots are written; `run` lies in the input ring.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
-            q.write_buffer(&self.input, run.start as u64, bytes);
-        }
-        // Only the host-written part of the control block goes up: the device-written
-        // part lives on the device across passes (a pass in flight may be updating it).
-        // SAFETY: the host writes the control block only under the engine's host lock
-        // (held now); the poller's copy-out writes only `DEVICE_WRITTEN`, after this.
-        let control =
-            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
-        q.write_buffer(&self.control, 0, control);
-        q.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+        // The engine launches at most `max_in_flight` passes at once, and a finishing
+        // pass gives its readback buffer back just after its `done`: one buffer more
+        // than that is kept, and another made should they all be in use (or a pass be
+        // larger than they are).
+        let need = (p.count as usize * self.slot_size + DEVICE_WRITTEN.len()) as u64;
+        let staging = match lock(&self.staging).pop() {
+            Some(b) if b.size() >= need => b,
+            _ => readback_buffer(dev, need.max(self.readback_len as u64)),
+        };
         let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("rk drain"),
         });
+        let upload = self.upload(&runs, bytemuck::bytes_of(&p), &mut enc)?;
+        // Only the host-written part of the control block goes up, and only when it
+        // changed (a lifecycle change): the drain template reads none of it, so the
+        // input tail the engine writes before each pass (which the pass gets in its
+        // parameters) is not worth an upload of its own. The device-written part lives
+        // on the device across passes (a pass in flight may be updating it).
+        // SAFETY: the host writes the control block only under the engine's host lock
+        // (held now); the copy-out of a completion writes only `DEVICE_WRITTEN`.
+        let control =
+            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
+        {
+            let mut sent = lock(&self.control_sent);
+            let tail = std::mem::offset_of!(ControlBlock, input_tail);
+            let same =
+                |a: &[u8], b: &[u8]| a[..tail] == b[..tail] && a[tail + 8..] == b[tail + 8..];
+            if !sent.as_deref().is_some_and(|s| same(s, control)) {
+                q.write_buffer(&self.control, 0, control);
+                *sent = Some(control.to_vec());
+            }
+        }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("rk drain"),
@@ -318,24 +374,21 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             let [x, y, z] = self.compiled.module.groups(p.count);
             pass.dispatch_workgroups(x, y, z);
         }
+        // The pass's output slots go to the readback buffer in pass order (a run where
+        // the pass wraps follows the one before it), the device-written control fields
+        // after them, and only those bytes are mapped.
+        let mut control_at = 0;
         for run in &runs {
             enc.copy_buffer_to_buffer(
                 &self.output,
                 run.start as u64,
                 &staging,
-                run.start as u64,
+                control_at as u64,
                 run.len() as u64,
             );
+            control_at += run.len();
         }
-        // The control fields go just below the first run (into the image of an earlier
-        // slot, or of the queue header, which this pass does not read back), so that
-        // only the bytes of this pass are mapped: mapping the whole buffer costs time
-        // in proportion to the ring.
-        let first_run = runs.first().map_or(HEADER_BYTES, |r| r.start);
-        let control_at = first_run - DEVICE_WRITTEN.len();
-        let mapped = runs.iter().fold(control_at..first_run, |m, r| {
-            m.start.min(r.start)..m.end.max(r.end)
-        });
+        let mapped = 0..control_at + DEVICE_WRITTEN.len();
         enc.copy_buffer_to_buffer(
             &self.control,
             DEVICE_WRITTEN.start as u64,
@@ -346,6 +399,9 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         q.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&self.staging).push(staging);
+            if let Some(u) = upload {
+                remap_upload(u, self.uploads.clone());
+            }
             return Err(Error::Device(format!(
                 "drain pass on {}: {e}",
                 self.ctx.info.name
@@ -354,11 +410,12 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         self.poller.watch(Completion {
             staging,
             pool: self.staging.clone(),
+            upload: upload.map(|u| (u, self.uploads.clone())),
             rings: self.rings.clone(),
-            runs,
             control_at,
             mapped,
             priority: self.priority,
+            seq: 0,
             done,
         });
         Ok(())
@@ -367,6 +424,99 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     fn max_in_flight(&self) -> usize {
         PASSES_IN_FLIGHT
     }
+
+    fn progress(&self) -> bool {
+        self.poller.help()
+    }
+}
+
+impl WgpuDrainTarget {
+    /// Moves the pass's input slots (`runs` of the host ring) and its parameter block to
+    /// the device: written into an upload buffer that stays allocated (mapped for
+    /// writing while no pass uses it) and copied by `enc` ahead of the dispatch, so that
+    /// a pass allocates no staging memory (and faults in no fresh pages) of its own, and
+    /// its submission carries no separate command buffer of queued writes. Returns the
+    /// buffer, which goes back to the pool once its pass is done ([`remap_upload`]).
+    /// When none is mapped yet, or the pass is larger than one, `queue.write_buffer`
+    /// moves the bytes instead.
+    fn upload(
+        &self,
+        runs: &[Range<usize>],
+        params: &[u8],
+        enc: &mut wgpu::CommandEncoder,
+    ) -> Result<Option<wgpu::Buffer>> {
+        let total: usize = runs.iter().map(|r| r.len()).sum();
+        let buf = (total > 0 && total <= self.upload_len)
+            .then(|| lock(&self.uploads).pop())
+            .flatten();
+        let Some(buf) = buf else {
+            self.ctx.queue.write_buffer(&self.params, 0, params);
+            for run in runs {
+                // SAFETY: the engine calls `launch` with its host lock held, under which
+                // alone input slots are written; `run` lies in the input ring.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
+                };
+                self.ctx
+                    .queue
+                    .write_buffer(&self.input, run.start as u64, bytes);
+            }
+            return Ok(None);
+        };
+        // Slots first (a multiple of the 16-byte aligned slot size), then the parameters.
+        let end = total + params.len();
+        {
+            let mut view = buf
+                .get_mapped_range_mut(..end as u64)
+                .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
+            let mut at = 0;
+            for run in runs {
+                // SAFETY: as above.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
+                };
+                view.slice(at..at + run.len()).copy_from_slice(bytes);
+                at += run.len();
+            }
+            view.slice(total..end).copy_from_slice(params);
+        }
+        buf.unmap();
+        enc.copy_buffer_to_buffer(&buf, total as u64, &self.params, 0, params.len() as u64);
+        let mut at = 0;
+        for run in runs {
+            enc.copy_buffer_to_buffer(
+                &buf,
+                at as u64,
+                &self.input,
+                run.start as u64,
+                run.len() as u64,
+            );
+            at += run.len();
+        }
+        Ok(Some(buf))
+    }
+}
+
+/// Maps an upload buffer for writing again (once the device is done with it) and then
+/// returns it to `pool`; a failed map drops it (the pool falls back on
+/// `queue.write_buffer`).
+fn remap_upload(buf: wgpu::Buffer, pool: Arc<Mutex<Vec<wgpu::Buffer>>>) {
+    let b = buf.clone();
+    buf.map_async(wgpu::MapMode::Write, .., move |r| {
+        if r.is_ok() {
+            lock(&pool).push(b);
+        }
+    });
+}
+
+/// A readback buffer of `size` bytes for the passes of a kernel.
+fn readback_buffer(dev: &wgpu::Device, size: u64) -> wgpu::Buffer {
+    dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rk readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
 }
 
 /// The wgpu implementation of [`RingKernelRuntime`](ringkernel_core::runtime::RingKernelRuntime). See the [module docs](self).
@@ -525,13 +675,25 @@ impl WgpuRuntime {
         let input = mk("rk input", ring_len, storage);
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
-        let staging = (0..PASSES_IN_FLIGHT)
+        // The engine hands a pass at most a share of the ring (`pass_limit`).
+        let upload_len = opts
+            .queue_capacity
+            .div_ceil(PASSES_IN_FLIGHT)
+            .min(ringkernel_drain::engine::MAX_PASS as usize)
+            .max(1)
+            * opts.slot_size;
+        let readback_len = upload_len + DEVICE_WRITTEN.len();
+        let staging = (0..=PASSES_IN_FLIGHT)
+            .map(|_| readback_buffer(dev, readback_len as u64))
+            .collect();
+        let uploads = (0..=PASSES_IN_FLIGHT)
             .map(|_| {
-                mk(
-                    "rk readback",
-                    ring_len,
-                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                )
+                dev.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("rk upload"),
+                    size: (upload_len + std::mem::size_of::<params::Drain>()) as u64,
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
+                })
             })
             .collect();
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
@@ -573,6 +735,10 @@ impl WgpuRuntime {
             input,
             output,
             staging: Arc::new(Mutex::new(staging)),
+            uploads: Arc::new(Mutex::new(uploads)),
+            upload_len,
+            readback_len,
+            control_sent: Mutex::new(None),
             bind,
         })
     }
@@ -594,9 +760,9 @@ mod tests {
     #[test]
     fn passes_of_higher_priority_kernels_are_finished_first() {
         use ringkernel_core::priority::{CRITICAL, HIGH, LOW, NORMAL};
-        // (kernel priority, arrival order)
-        let mut ready = vec![(LOW, 0), (NORMAL, 1), (CRITICAL, 2), (NORMAL, 3), (HIGH, 4)];
-        serve_order(&mut ready, |r| r.0);
+        // (kernel priority, submission order)
+        let mut ready = vec![(LOW, 0), (NORMAL, 3), (CRITICAL, 2), (NORMAL, 1), (HIGH, 4)];
+        serve_order(&mut ready, |r| (r.0, r.1 as u64));
         let order: Vec<u32> = ready.iter().map(|r| r.1).collect();
         assert_eq!(order, vec![2, 4, 1, 3, 0]);
     }

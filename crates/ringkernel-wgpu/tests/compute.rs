@@ -280,7 +280,10 @@ fn many_ops_in_one_batch_keep_their_order() {
 #[test]
 fn large_dispatches_are_submitted_at_once_small_ones_batched() {
     let g = WgpuCompute::with_selection(default_adapter()).unwrap();
-    let n = 4 * ringkernel_wgpu::compute::SUBMIT_THREADS as usize; // one vec4 per thread
+    // Elements for SUBMIT_THREADS threads: VEC4_PER_THREAD vec4s per thread.
+    let n = 4
+        * ringkernel_drain::plan::VEC4_PER_THREAD
+        * ringkernel_wgpu::compute::SUBMIT_THREADS as usize;
     let (a, out) = (g.upload(&vec![1.5; n]).unwrap(), g.alloc(n).unwrap());
     g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();
     g.binary_scalar(BinaryOp::Add, &*a, 1.0, &*out, 8).unwrap();

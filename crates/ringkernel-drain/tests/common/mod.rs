@@ -3,7 +3,9 @@
 //! (`kernels/handlers/*.wgsl`): read requests from input slots, write each output to the
 //! same slot of the output ring (`magic == 0` and a status for no output), stamp the
 //! pass's HLC into the token, advance the worker line of the control block, and report
-//! completion from another thread, as a Metal completion handler does.
+//! completion from another thread, as a Metal completion handler does. Every other pass
+//! hands its outputs over as bytes ([`PassOutputs::Slots`], as wgpu's readback does)
+//! and poisons its slots in the output ring, so that the engine must read them there.
 
 #![allow(dead_code)]
 
@@ -13,7 +15,7 @@ use ringkernel_core::message::{
     flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use ringkernel_core::{Error, Result};
-use ringkernel_drain::engine::DrainTarget;
+use ringkernel_drain::engine::{slot_offset, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::HostRings;
 use ringkernel_shaders::params;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -170,12 +172,30 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
     }
 }
 
+/// Copies the output slots of the pass `p` out of the ring, in pass order, and poisons
+/// them there.
+fn take_outputs(output: *mut u8, p: &params::Drain, slot: usize) -> Vec<u8> {
+    let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
+    let capacity = p.mask as usize + 1;
+    let mut bytes = Vec::with_capacity(p.count as usize * slot);
+    for j in 0..p.count as u64 {
+        let off = slot_offset(first + j, capacity, slot);
+        // SAFETY: one output slot of the pass, inside the ring; the pass is over and its
+        // `done` has not been called, so nothing else touches it.
+        unsafe {
+            bytes.extend_from_slice(std::slice::from_raw_parts(output.add(off), slot));
+            std::ptr::write_bytes(output.add(off), 0xA5, slot);
+        }
+    }
+    bytes
+}
+
 // SAFETY: the pointers address the boxed memory owned by the target: rings of
 // `ring_len` bytes, a 128-byte control block. The stand-in "device" writes only output
 // slots of the running pass and the worker line, between `launch` and `done`.
 unsafe impl DrainTarget for CpuTarget {
     ringkernel_drain::host_rings_memory!(rings);
-    fn launch(&self, p: params::Drain, done: Box<dyn FnOnce(Result<()>) + Send>) -> Result<()> {
+    fn launch(&self, p: params::Drain, done: PassDone) -> Result<()> {
         if self.fail_launch.load(Ordering::SeqCst) {
             return Err(Error::Device("stand-in launch failure".into()));
         }
@@ -191,6 +211,7 @@ unsafe impl DrainTarget for CpuTarget {
         let (handler, slot) = (self.handler, self.slot_size);
         let (hold, order, running) = (self.hold.clone(), self.order.clone(), self.running.clone());
         let late = self.in_flight > 1 && ticket.is_multiple_of(3);
+        let as_bytes = ticket % 2 == 1;
         std::thread::spawn(move || {
             let ptrs = ptrs;
             std::thread::sleep(Duration::from_micros(100));
@@ -206,11 +227,15 @@ unsafe impl DrainTarget for CpuTarget {
                 *next += 1;
                 cv.notify_all();
             }
+            let bytes = as_bytes.then(|| take_outputs(ptrs.1, &p, slot));
             if late {
                 std::thread::sleep(Duration::from_millis(2));
             }
             running.fetch_sub(1, Ordering::SeqCst);
-            done(Ok(()));
+            match &bytes {
+                Some(b) => done(Ok(PassOutputs::Slots(b))),
+                None => done(Ok(PassOutputs::InRing)),
+            }
         });
         Ok(())
     }
