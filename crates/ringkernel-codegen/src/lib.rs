@@ -26,8 +26,17 @@
 //! ## The subset
 //!
 //! * **Kernels**: a plain `fn` (no generics, `self`, `async`, `const`, `unsafe`) that
-//!   returns nothing; parameters are scalars or slices (`&[T]` read-only, `&mut [T]`
-//!   read-write); stencil kernels also take one [`dsl::GridPos`] or [`dsl::GridPos3`].
+//!   returns nothing; parameters are scalars, slices (`&[T]` read-only, `&mut [T]`
+//!   read-write) of scalars or of `GpuType` structs, and structs by value; stencil kernels
+//!   also take one [`dsl::GridPos`] or [`dsl::GridPos3`].
+//! * **Structs**: structs that derive `GpuType` (u32, i32, f32, u64, i64 fields and
+//!   arrays of them, WGSL's layout without implicit padding), declared at the top of
+//!   the kernel's body for the translator (`#[gpu_kernel]` puts there the structs the
+//!   kernel names, see below). They are parameters (`p: P`, `&[P]`, `&mut [P]`), locals
+//!   (`let mut p = ps[i];`), fields are read and assigned (`p.pos[k] += v`,
+//!   `ps[i].mass = m`), and struct literals build them (`P { a: 1.0, ..q }`). On WGSL a
+//!   64-bit field is two words (`vec2<u32>`): it can be copied into another field of its
+//!   type (`out.id = m.id`, `R { id: m.id, .. }`) and nothing else.
 //! * **Statements**: `let` / `let mut` (with or without a type; `let x: T;` then
 //!   assignment), `=` and the compound assignments, `if`/`else`, `match` on integers
 //!   (literal, `a | b` and `_` patterns; becomes a `switch`), `for` over `a..b`, `a..=b`
@@ -74,7 +83,27 @@
 //! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs (`GpuType`) as parameters or locals.
+//!
+//! ```
+//! use ringkernel_codegen::{transpile_global_kernel, transpile_global_kernel_wgsl};
+//!
+//! let kernel: syn::ItemFn = syn::parse_quote! {
+//!     fn kick(ps: &mut [Particle], k: Kick) {
+//!         struct Particle { id: u64, vel: [f32; 2], mass: f32, hits: u32 }
+//!         struct Kick { dv: f32, n: u32 }
+//!         let i = block_idx_x() * block_dim_x() + thread_idx_x();
+//!         if (i as u32) < k.n {
+//!             let mut p = ps[i as usize];
+//!             p.vel[0] += k.dv / p.mass;
+//!             ps[i as usize] = Particle { hits: p.hits + 1, ..p };
+//!         }
+//!     }
+//! };
+//! let cuda = transpile_global_kernel(&kernel).unwrap();
+//! assert!(cuda.contains("void kick(Particle* ps, const Kick* rk_ref_k)"));
+//! let wgsl = transpile_global_kernel_wgsl(&kernel).unwrap();
+//! assert!(wgsl.source.contains("var<storage, read_write> ps: array<Particle>;"));
+//! ```
 //!
 //! ## Launching on every backend
 //!
@@ -101,6 +130,8 @@
 //! | `&[T]` param    | `const T* name`        | `var<storage, read> name: array<T>`        |
 //! | `&mut [T]` param| `T* name`              | `var<storage, read_write> name: array<T>`  |
 //! | scalar param    | `T name`               | a field of the uniform params struct       |
+//! | `GpuType` struct `S` | `struct S { .. };` | `struct S { .. }` (64-bit fields `vec2`)  |
+//! | `s: S` param    | `const S* rk_ref_s`, copied into `S s` | `var<storage, read> rk_ref_s: S`, copied into `var s` |
 //!
 //! `usize` is not a parameter or element type (no fixed size on the GPU); `bool` buffers
 //! are CUDA only.
@@ -162,7 +193,8 @@
 //!   padded with `u32` fields to a multiple of 16 bytes ([`WgslKernel::params`],
 //!   [`WgslKernel::params_size`], [`WgslKernel::pack_params`]);
 //! * bindings 1, 2, ...: the slice parameters in order, `var<storage, read>` for `&[T]`
-//!   and `var<storage, read_write>` for `&mut [T]`.
+//!   and `var<storage, read_write>` for `&mut [T]`; a struct passed by value takes its
+//!   place in this order too, as a read-only buffer of one struct.
 //!
 //! Dispatch `grid_dim` workgroups ([`WgslKernel::workgroup_size`] invocations each).
 //!
@@ -186,6 +218,7 @@
 pub mod dsl;
 pub mod launch;
 mod names;
+mod structs;
 mod translate;
 mod types;
 
@@ -249,6 +282,16 @@ pub struct WgslBinding {
 pub enum BindingKind {
     /// The uniform parameter block (binding 0).
     Params,
+    /// A slice of `GpuType` structs, or a struct passed by value (then one element):
+    /// a storage buffer of `array<ty>` (`ty` for a value).
+    Structs {
+        /// The struct's name.
+        ty: &'static str,
+        /// Its size in bytes.
+        size: u32,
+        /// `&[T]` or a value (`var<storage, read>`) rather than `&mut [T]`.
+        read_only: bool,
+    },
     /// A slice parameter: a storage buffer of `elem`.
     Storage {
         /// Element type.
@@ -439,6 +482,25 @@ pub enum ParamKind {
         /// `&mut [T]` rather than `&[T]`.
         mutable: bool,
     },
+    /// A `GpuType` struct passed by value. Launchers bind it as a one-element read-only
+    /// buffer (CUDA `const T*`, WGSL `var<storage, read>`), which the kernel copies into
+    /// a local of the parameter's name.
+    Struct {
+        /// The struct's name.
+        name: &'static str,
+        /// Its size in bytes (its WGSL and `#[repr(C)]` size).
+        size: u32,
+    },
+    /// A slice of `GpuType` structs: a device pointer (CUDA) or a storage buffer of
+    /// `array<T>` (WGSL).
+    StructSlice {
+        /// The struct's name.
+        name: &'static str,
+        /// Size of one element in bytes.
+        size: u32,
+        /// `&mut [T]` rather than `&[T]`.
+        mutable: bool,
+    },
     /// The cell of a stencil kernel (2 or 3 dimensions): not passed; the launcher passes
     /// the interior size instead (see the crate docs).
     GridPos {
@@ -451,13 +513,32 @@ pub enum ParamKind {
 /// the subset; `f64` allowed, since it is valid on CUDA). For launchers that bind
 /// arguments by position.
 pub fn kernel_params(f: &syn::ItemFn) -> syn::Result<Vec<KernelParam>> {
+    let structs = structs::Structs::of(f)?;
     let mut out = Vec::new();
     for arg in &f.sig.inputs {
-        let (pi, kind) = types::parse_param(arg, Target::Cuda)?;
+        let (pi, kind) = types::parse_param(arg, Target::Cuda, &structs)?;
         out.push(KernelParam {
             name: pi.ident.to_string(),
             kind,
         });
     }
     Ok(out)
+}
+
+/// A `&'static` copy of `s`, made once per distinct string (struct names in
+/// [`ParamKind`] and [`BindingKind`], which are `Copy`).
+pub(crate) fn intern(s: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut set = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(&n) = set.get(s) {
+        return n;
+    }
+    let n: &'static str = Box::leak(s.to_string().into_boxed_str());
+    set.insert(n);
+    n
 }

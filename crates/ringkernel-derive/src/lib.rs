@@ -141,6 +141,13 @@ pub fn derive_ring_message(input: TokenStream) -> TokenStream {
 /// let bytes = Matrix4x4 { data: [2.0; 16] }.to_bytes();
 /// assert_eq!(Matrix4x4::read_bytes(&bytes).unwrap().data, [2.0; 16]);
 /// ```
+///
+/// A `GpuType` struct can be used in [`macro@gpu_kernel`] functions (parameters, locals,
+/// fields, struct literals) and is the message and state type of
+/// [`macro@ring_kernel`]`(gpu)` handlers. The derive also defines a hidden macro,
+/// `__rk_gpu_type_<Name>`, that hands the struct's fields to those attributes; Rust makes
+/// it visible only below the struct, so define the struct above the functions that use
+/// it, in the same module (else: "cannot find macro `__rk_gpu_type_<Name>`").
 #[proc_macro_derive(GpuType)]
 pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -209,9 +216,11 @@ pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// A stencil kernel takes one `GridPos` (or `GridPos3`) parameter and names its halo
 /// width: `#[gpu_kernel(halo = 1)]`; `Device::launch_stencil` runs it over a grid.
 ///
-/// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`) and
-/// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`); a kernel with an `f64`
-/// has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions
+/// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`),
+/// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`) and `#[repr(C)]` structs
+/// that derive [`macro@GpuType`] (by value, `&[S]`, `&mut [S]`; pass them with
+/// `KernelArg::value`, `KernelArg::structs`, `KernelArg::structs_mut`); a kernel with an
+/// `f64` has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions
 /// of `dsl` (bring them in with `use ringkernel_codegen::dsl::*`, or
 /// `ringkernel::codegen::dsl::*` through the facade).
 ///

@@ -36,8 +36,12 @@ impl Tx {
         if let Some(v) = &sig.variadic {
             return err(v, "variadic kernels are not supported");
         }
+        self.structs = Rc::new(Structs::of(f)?);
+        for d in self.structs.iter() {
+            self.names.reserve(&d.name);
+        }
         if let syn::ReturnType::Type(_, t) = &sig.output {
-            if parse_type(t, self.target)? != Ty::Unit {
+            if self.parse_ty(t)? != Ty::Unit {
                 return err(
                     t,
                     "kernels return nothing; write results into a `&mut [T]` parameter",
@@ -54,7 +58,7 @@ impl Tx {
         self.names.reserve(&name);
         let nested = helpers::nested_helpers(f);
         if !nested.is_empty() {
-            let (sigs, text) = helpers::translate_helpers(&nested, self.target)?;
+            let (sigs, text) = helpers::translate_helpers(&nested, self.target, &self.structs)?;
             self.helpers = sigs;
             self.helper_text = text;
         }
@@ -73,7 +77,7 @@ impl Tx {
         // Parameters.
         let mut params = Vec::new();
         for arg in &sig.inputs {
-            let (pi, kind_of) = parse_param(arg, self.target)?;
+            let (pi, kind_of) = parse_param(arg, self.target, &self.structs)?;
             let ty = Ty::from(kind_of);
             let ty_span = match arg {
                 syn::FnArg::Typed(pt) => pt.ty.to_token_stream(),
@@ -135,7 +139,17 @@ impl Tx {
             }
         }
 
-        // Body, into self.out (indent 1).
+        // Body, into self.out (indent 1). Structs passed by value are copied out of their
+        // one-element buffers first.
+        for p in &params {
+            if let Ty::Struct(n) = &p.ty {
+                self.line(&if self.cuda() {
+                    format!("{n} {0} = rk_ref_{0}[0];", p.emitted)
+                } else {
+                    format!("var {0}: {n} = rk_ref_{0};", p.emitted)
+                });
+            }
+        }
         self.stencil_prologue()?;
         let body_start = self.out.len();
         self.block_stmts(&f.block, None)?;
@@ -239,13 +253,20 @@ impl Tx {
                     elem.cuda_name(),
                     p.emitted
                 )),
+                Ty::StructSlice { name, mutable } => args.push(format!(
+                    "{}{name}* {}",
+                    if *mutable { "" } else { "const " },
+                    p.emitted
+                )),
+                Ty::Struct(name) => args.push(format!("const {name}* rk_ref_{}", p.emitted)),
                 _ => {}
             }
         }
         for d in self.hidden_dims() {
             args.push(format!("int {d}"));
         }
-        let mut s = self.helper_text.clone();
+        let mut s = self.structs.declarations(Target::Cuda);
+        s.push_str(&self.helper_text);
         let _ = writeln!(
             s,
             "extern \"C\" __global__ void {name}({}) {{",
@@ -315,6 +336,41 @@ impl Tx {
                         },
                     });
                 }
+                Ty::StructSlice { name, mutable } => {
+                    slice_no += 1;
+                    let access = if *mutable { "read_write" } else { "read" };
+                    let _ = writeln!(
+                        globals,
+                        "@group(0) @binding({slice_no}) var<storage, {access}> {}: array<{name}>;",
+                        p.emitted
+                    );
+                    bindings.push(WgslBinding {
+                        binding: slice_no,
+                        name: p.emitted.clone(),
+                        kind: BindingKind::Structs {
+                            ty: crate::intern(name),
+                            size: self.struct_def(name).size,
+                            read_only: !mutable,
+                        },
+                    });
+                }
+                Ty::Struct(name) => {
+                    slice_no += 1;
+                    let _ = writeln!(
+                        globals,
+                        "@group(0) @binding({slice_no}) var<storage, read> rk_ref_{}: {name};",
+                        p.emitted
+                    );
+                    bindings.push(WgslBinding {
+                        binding: slice_no,
+                        name: format!("rk_ref_{}", p.emitted),
+                        kind: BindingKind::Structs {
+                            ty: crate::intern(name),
+                            size: self.struct_def(name).size,
+                            read_only: true,
+                        },
+                    });
+                }
                 _ => {}
             }
         }
@@ -327,7 +383,7 @@ impl Tx {
             });
             let _ = writeln!(locals, "    let {d}: i32 = rk_params.{d};");
         }
-        let mut src = String::new();
+        let mut src = self.structs.declarations(Target::Wgsl);
         let mut params_size = 0;
         if !fields.is_empty() {
             src.push_str("struct RkParams {\n");

@@ -16,11 +16,13 @@ pub(crate) use helpers::Helpers;
 use shared::dsl_call;
 
 use crate::names::Names;
+use crate::structs::{StructDef, Structs};
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};
 use crate::{BindingKind, ParamField, StencilConfig, Target, WgslBinding, WgslKernel};
 use quote::ToTokens;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
+use std::rc::Rc;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr, Pat, Stmt, UnOp};
 
@@ -84,10 +86,25 @@ pub(crate) struct Tx {
     helper_text: String,
     /// `Some(return type)` while translating a helper function.
     func_ret: Option<Ty>,
+    /// The `GpuType` structs the kernel may use.
+    structs: Rc<Structs>,
+    /// Set while translating the value of a 64-bit struct field assignment: WGSL has no
+    /// 64-bit integers, but a field can be copied to another field as its two words.
+    wide_move: bool,
 }
 
 /// An expression translated: code and type.
 type Val = (String, Ty);
+
+/// A place expression translated (see `Tx::place_ref`).
+struct PlaceRef {
+    code: String,
+    ty: Ty,
+    /// The variable it starts from.
+    root: Var,
+    /// That variable as written (for error spans).
+    root_expr: Expr,
+}
 
 /// Result of translating a kernel.
 pub(crate) enum Output {
@@ -196,7 +213,22 @@ impl Tx {
             helpers: Helpers::default(),
             helper_text: String::new(),
             func_ret: None,
+            structs: Rc::new(Structs::default()),
+            wide_move: false,
         }
+    }
+
+    /// A type of the subset (struct names resolve through the kernel's structs).
+    fn parse_ty(&self, t: &syn::Type) -> Res<Ty> {
+        parse_type(t, self.target, &self.structs)
+    }
+
+    /// The definition of struct `name` (known: its type was parsed).
+    fn struct_def(&self, name: &str) -> Rc<StructDef> {
+        self.structs
+            .get(name)
+            .cloned()
+            .expect("struct types are parsed against the kernel's structs")
     }
 
     fn cuda(&self) -> bool {
@@ -234,10 +266,16 @@ impl Tx {
                     format!("{name}: array<{t}, {len}>")
                 })
             }
+            Ty::Struct(n) => Ok(if self.cuda() {
+                format!("{n} {name}")
+            } else {
+                format!("{name}: {n}")
+            }),
             other => err(
                 span_of,
                 format!(
-                    "a local of type `{}` is not supported; locals are scalars or arrays",
+                    "a local of type `{}` is not supported; locals are scalars, arrays or \
+                     GpuType structs",
                     other.describe()
                 ),
             ),

@@ -83,7 +83,7 @@ impl Tx {
             _ => return err(len_expr, usage),
         };
         check_array_len(len, len_arg)?;
-        let elem = match parse_type(t, self.target)? {
+        let elem = match self.parse_ty(t)? {
             Ty::Scalar(ScalarType::Usize) => {
                 return err(
                     t,

@@ -461,7 +461,8 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
                 .map(|b| {
                     let r = match b.kind {
                         BindingKind::Params => WgslResource::Uniform,
-                        BindingKind::Storage { read_only, .. } => {
+                        BindingKind::Storage { read_only, .. }
+                        | BindingKind::Structs { read_only, .. } => {
                             WgslResource::Storage { read_only }
                         }
                     };
@@ -509,7 +510,8 @@ fn storage_read_write(layout: &ringkernel_codegen::WgslKernel) -> Vec<bool> {
         .bindings
         .iter()
         .filter_map(|b| match b.kind {
-            ringkernel_codegen::BindingKind::Storage { read_only, .. } => Some(!read_only),
+            ringkernel_codegen::BindingKind::Storage { read_only, .. }
+            | ringkernel_codegen::BindingKind::Structs { read_only, .. } => Some(!read_only),
             ringkernel_codegen::BindingKind::Params => None,
         })
         .collect()
@@ -558,7 +560,12 @@ fn wgsl_buffers<'a>(
     let slots: Vec<u32> = layout
         .bindings
         .iter()
-        .filter(|b| matches!(b.kind, BindingKind::Storage { .. }))
+        .filter(|b| {
+            matches!(
+                b.kind,
+                BindingKind::Storage { .. } | BindingKind::Structs { .. }
+            )
+        })
         .map(|b| b.binding)
         .collect();
     let given: Vec<&dyn crate::core::compute::DeviceBuffer> =
@@ -607,7 +614,13 @@ fn run(
                 .zip(bufs)
                 .zip(kernel.launch_params())
                 .map(|((a, b), p)| match (a, b, p.kind) {
-                    (_, Some(b), ParamKind::Slice { .. }) => Ok(CudaArg::Buffer(&**b)),
+                    (
+                        _,
+                        Some(b),
+                        ParamKind::Slice { .. }
+                        | ParamKind::Struct { .. }
+                        | ParamKind::StructSlice { .. },
+                    ) => Ok(CudaArg::Buffer(&**b)),
                     (KernelArg::F32(x), None, _) => Ok(CudaArg::F32(*x)),
                     (KernelArg::F64(x), None, _) => Ok(CudaArg::F64(*x)),
                     (KernelArg::I32(x), None, _) => Ok(CudaArg::I32(*x)),
