@@ -461,6 +461,126 @@ pub fn transpile_stencil_kernel_wgsl(
     .map(wgsl)
 }
 
+/// An actor handler (`#[ring_kernel(name = "..", gpu)]`) translated for the GPU
+/// templates: CUDA C for the persistent kernel of `ringkernel-cuda` and WGSL for the drain
+/// template of `ringkernel-shaders` (wgpu and Metal). See [`transpile_handler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerSource {
+    /// The function's name.
+    pub name: String,
+    /// CUDA C defining `__device__ int handle(..)` (the persistent template's ABI).
+    pub cuda: String,
+    /// WGSL defining `fn handle(..)` (the drain template's ABI), or why there is none (a
+    /// type WGSL lacks, say).
+    pub wgsl: Result<String, String>,
+    /// Messages are handled one at a time in order (the handler has state or sends K2K
+    /// messages): `RK_HANDLER_SERIAL` / `RK_SERIAL` are set.
+    pub serial: bool,
+    /// The message struct's name.
+    pub message: String,
+    /// The reply struct's name (`-> Option<R>`).
+    pub reply: Option<String>,
+    /// The state's type name and size in bytes (`None`: no state).
+    pub state: Option<(String, u32)>,
+    /// Every message struct whose type id the sources use (`RK_TID_<Name>`): the message,
+    /// the reply, the K2K messages.
+    pub type_ids: Vec<String>,
+    /// Every struct with the size the translation gives it.
+    pub structs: Vec<(String, u32)>,
+}
+
+/// Translates an actor handler to the GPU templates' handler ABI (the same Rust function
+/// is the CPU handler; see `#[ring_kernel]` in `ringkernel-derive`).
+///
+/// The handler is `fn name(ctx: &mut KernelContext<'_>, msg: M) -> R` or
+/// `fn name(ctx: &mut KernelContext<'_>, state: &mut S, msg: M) -> R`: `M` a
+/// `#[repr(C)]` message that derives `GpuType`, `S` a `GpuType` struct or a `u32`, `i32`,
+/// `f32` (zeroed at launch on the GPU: its `Default` must be all zeros), `R` either `()`
+/// or `Option<Reply>` with `Reply` a `GpuType` message. The structs are declared at the
+/// top of the body, as for kernels. The body is the kernel subset without thread indices,
+/// shared memory and atomics, plus:
+///
+/// * `Some(reply)` / `None` as the value of the body (or of `return`);
+/// * `ctx.send_to(KernelId(dest), &msg)` as a statement (also `let _ = ..;` or
+///   `.ok();`): a K2K send to kernel `dest` (a `u32`). On the GPU it waits while the
+///   destination's queue is full (the CPU's `send_to` returns `QueueFull` instead); on
+///   wgpu and Metal a message has at most one output (a reply or one send): a second one
+///   drops the message (status [`ERR_SECOND_OUTPUT`]);
+/// * `ctx.kernel_id().0`: this kernel's id;
+/// * `*state` and `state.field` for the state.
+///
+/// The sources use the type id of each message struct as `RK_TID_<Name>`: put
+/// [`handler_prelude`] with the ids (`RingMessage::TYPE_ID`) in front of them.
+///
+/// ```
+/// use ringkernel_codegen::{handler_prelude, transpile_handler, Target};
+///
+/// let f: syn::ItemFn = syn::parse_quote! {
+///     fn count(_ctx: &mut KernelContext<'_>, total: &mut Total, m: Sample) -> Option<Total> {
+///         struct Sample { value: f32 }
+///         struct Total { n: u32, sum: f32 }
+///         total.n += 1;
+///         total.sum += m.value;
+///         Some(*total)
+///     }
+/// };
+/// let h = transpile_handler(&f).unwrap();
+/// assert!(h.serial);
+/// assert_eq!(h.state, Some(("Total".to_string(), 8)));
+/// assert!(h.cuda.contains("__device__ int handle(RkContext* ctx"));
+/// assert!(h.wgsl.as_ref().unwrap().contains("fn handle(ctx: ptr<function, RkContext>"));
+/// let ids = [("Sample", 7), ("Total", 8)];
+/// assert_eq!(handler_prelude(Target::Cuda, &ids), "#define RK_TID_Sample 0x00000007u\n#define RK_TID_Total 0x00000008u\n");
+/// ```
+pub fn transpile_handler(f: &syn::ItemFn) -> syn::Result<HandlerSource> {
+    let cuda = Tx::new(Target::Cuda, [1, 1, 1]).handler(f)?;
+    let wgsl = Tx::new(Target::Wgsl, [1, 1, 1])
+        .handler(f)
+        .map(|w| w.text)
+        .map_err(|e| {
+            e.into_iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+    let mut type_ids = vec![cuda.message.clone()];
+    for o in &cuda.outputs {
+        if !type_ids.contains(o) {
+            type_ids.push(o.clone());
+        }
+    }
+    Ok(HandlerSource {
+        name: f.sig.ident.to_string(),
+        cuda: cuda.text,
+        wgsl,
+        serial: cuda.serial,
+        message: cuda.message,
+        reply: cuda.reply,
+        state: cuda.state,
+        type_ids,
+        structs: cuda.structs,
+    })
+}
+
+/// The status a generated WGSL handler gives a message that would have a second output
+/// (the drain template carries one per message): the message is dropped, counted with
+/// this code. The same value as `ringkernel_shaders::drain::ERR_SECOND_OUTPUT`.
+pub const ERR_SECOND_OUTPUT: u32 = 3;
+
+/// The type id constants a handler's sources use ([`HandlerSource::type_ids`]), for
+/// `target`: CUDA `#define RK_TID_<Name> <id>u`, WGSL `const RK_TID_<Name>: u32 = <id>u;`.
+pub fn handler_prelude(target: Target, type_ids: &[(&str, u32)]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (name, id) in type_ids {
+        let _ = match target {
+            Target::Cuda => writeln!(s, "#define RK_TID_{name} 0x{id:08X}u"),
+            Target::Wgsl => writeln!(s, "const RK_TID_{name}: u32 = 0x{id:08X}u;"),
+        };
+    }
+    s
+}
+
 /// One parameter of a kernel, as a launcher binds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelParam {

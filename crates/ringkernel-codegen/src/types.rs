@@ -88,6 +88,11 @@ impl ScalarType {
         )
     }
 
+    /// The scalar spelled `s` in Rust (`"f32"`, `"u32"`, ...).
+    pub fn from_rust_name(s: &str) -> Option<Self> {
+        Self::from_name(s)
+    }
+
     pub(crate) fn from_name(s: &str) -> Option<Self> {
         Some(match s {
             "f32" => ScalarType::F32,
@@ -126,6 +131,10 @@ pub(crate) enum Ty {
         dims: u8,
     },
     Unit,
+    /// A handler's `&mut KernelContext<'_>` parameter.
+    Context,
+    /// What the tail of an `Option<R>` handler produces: a reply or none.
+    Reply,
 }
 
 impl Ty {
@@ -154,6 +163,8 @@ impl Ty {
             Ty::GridPos { dims: 2 } => "GridPos".into(),
             Ty::GridPos { .. } => "GridPos3".into(),
             Ty::Unit => "()".into(),
+            Ty::Context => "&mut KernelContext".into(),
+            Ty::Reply => "Option<reply>".into(),
         }
     }
 }
@@ -356,7 +367,7 @@ pub(crate) fn parse_param<'a>(
             "`usize` parameters are not supported (no fixed size on the GPU); use `u32` or \
              `i32`",
         )),
-        Ty::Array { .. } | Ty::Unit => Err(syn::Error::new_spanned(
+        Ty::Array { .. } | Ty::Unit | Ty::Context | Ty::Reply => Err(syn::Error::new_spanned(
             &pt.ty,
             "parameters are scalars (f32, f64 on CUDA, i32, u32, bool) or slices (`&[T]`, \
              `&mut [T]`)",

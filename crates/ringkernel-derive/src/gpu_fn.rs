@@ -61,8 +61,11 @@ pub fn free_calls(tokens: TokenStream, out: &mut Vec<syn::Ident>) {
                 let qualified = k > 0
                     && matches!(&tts[k - 1], TokenTree::Punct(p) if p.as_char() == '.' || p.as_char() == ':');
                 let name = i.to_string();
+                // `Some(x)`, `KernelId(n)`: tuple structs and variants, not helpers.
+                let camel = name.starts_with(|c: char| c.is_ascii_uppercase());
                 if called
                     && !qualified
+                    && !camel
                     && !KEYWORDS.contains(&name.as_str())
                     && !DSL.contains(&name.as_str())
                     && !out.iter().any(|o| *o == name)

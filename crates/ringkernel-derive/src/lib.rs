@@ -202,9 +202,15 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = parse_macro_input!(item as ItemFn);
-    kernel::expand(attr.into(), item)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    match kernel::expand(attr.into(), item.clone()) {
+        Ok(t) => t.into(),
+        // Keep the function itself, so the error is the only one.
+        Err(e) => {
+            let mut t = e.into_compile_error();
+            t.extend(quote::quote!(#item));
+            t.into()
+        }
+    }
 }
 
 /// Turns a function in the kernel subset of `ringkernel-codegen` into a kernel that

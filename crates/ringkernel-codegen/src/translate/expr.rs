@@ -33,6 +33,21 @@ impl Tx {
                 self.expr(&g.expr, expected)
             }
             Expr::Path(p) => self.path_value(p),
+            Expr::Field(f)
+                if matches!(&f.member, syn::Member::Unnamed(i) if i.index == 0)
+                    && self.is_ctx_call(&f.base, "kernel_id") =>
+            {
+                Ok((self.ctx_kernel_id(), Ty::Scalar(ScalarType::U32)))
+            }
+            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) && self.handler.is_some() => {
+                match self.deref_state(u) {
+                    Some(r) => {
+                        let r = r?;
+                        Ok((r.code, r.ty))
+                    }
+                    None => self.unary(u, expected),
+                }
+            }
             Expr::Field(_) => {
                 let r = self.place_ref(e)?;
                 self.check_wide(&r.ty, wide, e)?;
@@ -255,6 +270,12 @@ impl Tx {
         }
         let ident = path_ident(p)?;
         let v = self.lookup(ident)?;
+        if v.by_ref {
+            return err(
+                p,
+                format!("`{ident}` is a reference: use `*{ident}` or its fields (`{ident}.x`)"),
+            );
+        }
         match &v.ty {
             Ty::Scalar(_)
             | Ty::Array { .. }
@@ -266,6 +287,11 @@ impl Tx {
                 "a `GridPos` is used through its methods (`pos.idx()`, `pos.north(&buf)`, ...)",
             ),
             Ty::Unit => err(p, "unit values are not supported"),
+            Ty::Context | Ty::Reply => err(
+                p,
+                "a handler uses its context as `ctx.send_to(KernelId(dest), &msg)` and \
+                 `ctx.kernel_id().0` only",
+            ),
         }
     }
 
@@ -547,6 +573,7 @@ impl Tx {
     /// of a struct (`p.x`, `ps[i].pos[2]`).
     pub(super) fn place_ref(&mut self, e: &Expr) -> Res<PlaceRef> {
         match peel(e) {
+            Expr::Unary(u) if self.deref_state_ok(u) => self.deref_state(u).expect("checked"),
             Expr::Path(p) => {
                 let v = self.lookup(path_ident(p)?)?;
                 Ok(PlaceRef {
@@ -862,6 +889,11 @@ impl Tx {
                     .map(|k| (*b, k))
             });
         match builtin {
+            Some(_) if is_dsl && self.handler.is_some() => err(
+                c,
+                "thread and block indices are not available in actor handlers (one message, \
+                 one call)",
+            ),
             Some(_) if is_dsl && in_helper => err(
                 c,
                 "thread and block indices are not available in helper functions; pass them \
@@ -924,6 +956,18 @@ impl Tx {
                 if let Ok(v) = self.lookup(ident) {
                     if let Ty::GridPos { dims } = v.ty {
                         return self.grid_pos(dims, mc);
+                    }
+                    if v.ty == Ty::Context {
+                        return err(
+                            mc,
+                            if mc.method == "send_to" {
+                                "`ctx.send_to(..)` is a statement (`ctx.send_to(..);` or \
+                                 `let _ = ctx.send_to(..);`), not a value"
+                            } else {
+                                "a handler's context offers `ctx.send_to(KernelId(dest), &msg)` \
+                                 and `ctx.kernel_id().0` in GPU handlers"
+                            },
+                        );
                     }
                 }
             }

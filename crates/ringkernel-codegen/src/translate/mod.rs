@@ -6,12 +6,14 @@
 
 mod builtins;
 mod expr;
+mod handler;
 mod helpers;
 mod kernel;
 mod shared;
 mod stmt;
 
 use builtins::{atomic_fn, atomic_targets, calls_atomic};
+use handler::HandlerMode;
 pub(crate) use helpers::Helpers;
 use shared::dsl_call;
 
@@ -52,6 +54,8 @@ struct Var {
     emitted: String,
     ty: Ty,
     mutable: bool,
+    /// A `&mut T` handler state parameter: used as `*state` or through its fields.
+    by_ref: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +95,8 @@ pub(crate) struct Tx {
     /// Set while translating the value of a 64-bit struct field assignment: WGSL has no
     /// 64-bit integers, but a field can be copied to another field as its two words.
     wide_move: bool,
+    /// `Some` while translating an actor handler.
+    handler: Option<HandlerMode>,
 }
 
 /// An expression translated: code and type.
@@ -215,6 +221,7 @@ impl Tx {
             func_ret: None,
             structs: Rc::new(Structs::default()),
             wide_move: false,
+            handler: None,
         }
     }
 
@@ -309,6 +316,7 @@ impl Tx {
                     emitted: emitted.clone(),
                     ty,
                     mutable,
+                    by_ref: false,
                 },
             );
         Ok(emitted)

@@ -102,6 +102,7 @@ impl Tx {
                 Ok(())
             }
             Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => self.stmt_expr(e),
+            other if *ty == Ty::Reply => self.reply_exit(other),
             other => {
                 let (code, t) = self.value_for(other, ty)?;
                 self.expect_ty(&t, ty, other)?;
@@ -127,6 +128,9 @@ impl Tx {
                 let Some(init) = &l.init else {
                     return Ok(());
                 };
+                if self.is_ctx_call(&init.expr, "send_to") {
+                    return self.send_stmt(&init.expr);
+                }
                 let (code, _) = self.expr(&init.expr, annot_ty.as_ref())?;
                 if self.cuda() {
                     self.line(&format!("(void)({code});"));
@@ -194,6 +198,7 @@ impl Tx {
                                 emitted: name,
                                 ty,
                                 mutable,
+                                by_ref: false,
                             },
                         );
                         Ok(())
@@ -399,10 +404,16 @@ impl Tx {
                 let atomic = self.is_atomic(&r.root);
                 Ok((r.code, r.ty, atomic))
             }
-            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => err(
-                e,
-                "dereferencing is not supported; assign to `name` or `slice[i]`",
-            ),
+            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => match self.deref_state(u) {
+                Some(r) => {
+                    let r = r?;
+                    Ok((r.code, r.ty, false))
+                }
+                None => err(
+                    e,
+                    "dereferencing is not supported; assign to `name` or `slice[i]`",
+                ),
+            },
             other => err(
                 other,
                 "this cannot be assigned; assign to a `mut` local or an element `slice[i]`",
@@ -532,6 +543,15 @@ impl Tx {
                 self.expect_ty(&t, &ret, v)?;
                 self.line(&format!("return {code};"));
                 Ok(())
+            }
+            Expr::Return(r) if self.handler.is_some() => self.handler_return(r),
+            Expr::MethodCall(_) if self.is_ctx_call(e, "send_to") => self.send_stmt(e),
+            Expr::MethodCall(mc)
+                if mc.method == "ok"
+                    && mc.args.is_empty()
+                    && self.is_ctx_call(&mc.receiver, "send_to") =>
+            {
+                self.send_stmt(&mc.receiver)
             }
             Expr::Return(r) => {
                 if let Some(v) = &r.expr {
