@@ -14,7 +14,14 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
     let (attr, got) = split_expanded(attr)?;
     let mut name: Option<LitStr> = None;
     let mut gpu = false;
+    // Set on the re-invocation at the end of the hand-over chain: the function and its
+    // CPU registration were emitted by the first expansion; only the GPU part is left.
+    let mut gpu_only = false;
     let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("__rk_gpu_only") {
+            gpu_only = true;
+            return Ok(());
+        }
         if meta.path.is_ident("name") {
             if name.is_some() {
                 return Err(meta.error("duplicate `name`"));
@@ -32,13 +39,6 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         }
     });
     syn::parse::Parser::parse2(parser, attr.clone())?;
-    if gpu {
-        // The structs and helpers the handler names come through their hand-over macros.
-        let macs = missing_carriers(&item, &got);
-        if !macs.is_empty() {
-            return Ok(chain(&macs, &got, &ring_kernel_path(), &attr, &item));
-        }
-    }
 
     let sig = &item.sig;
     let ident = &sig.ident;
@@ -111,15 +111,7 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
-    let gpu_registration = if gpu {
-        let tx_item = with_handed_over(&item, &got);
-        let h = ringkernel_codegen::transpile_handler(&tx_item).map_err(labelled)?;
-        gpu_registration(&h, &name)
-    } else {
-        TokenStream::new()
-    };
-
-    Ok(quote! {
+    let cpu = quote! {
         #item
         #[allow(non_upper_case_globals)]
         const _: () = {
@@ -130,8 +122,26 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
                 #core::registry::StaticCpuHandler { name: #name, factory: __rk_factory }
             }
         };
-        #gpu_registration
-    })
+    };
+    if !gpu {
+        return Ok(cpu);
+    }
+    // The structs and helpers the handler names come through their hand-over macros: the
+    // function and its CPU registration now, the GPU part at the end of the chain (so a
+    // missing hand-over macro is the only error).
+    let macs = missing_carriers(&item, &got);
+    if !macs.is_empty() {
+        let again = quote!(__rk_gpu_only, #attr);
+        let rest = chain(&macs, &got, &ring_kernel_path(), &again, &item);
+        return Ok(quote!(#cpu #rest));
+    }
+    let tx_item = with_handed_over(&item, &got);
+    let h = ringkernel_codegen::transpile_handler(&tx_item).map_err(labelled)?;
+    let gpu_part = gpu_registration(&h, &name);
+    if gpu_only {
+        return Ok(gpu_part);
+    }
+    Ok(quote!(#cpu #gpu_part))
 }
 
 /// Re-labels every message of a translator error, keeping its span.

@@ -11,7 +11,8 @@
 //! * [`macro@GpuType`]: a struct whose WGSL storage-buffer layout is fixed and checked,
 //!   with its WGSL declaration generated (with or without `#[repr(C)]`).
 //! * [`macro@ring_kernel`]: registers a function as a CPU kernel handler under a name, so
-//!   `runtime.launch("name", ..)` finds it.
+//!   `runtime.launch("name", ..)` finds it; with `gpu`, also its CUDA and WGSL
+//!   translations, so every runtime runs it.
 //! * [`macro@gpu_kernel`]: a function in the Rust kernel subset of `ringkernel-codegen`
 //!   becomes a kernel every backend launches (CPU: the Rust itself; CUDA and WGSL:
 //!   translated at compile time).
@@ -199,10 +200,57 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 /// // `CpuRuntime::launch("scale", ..)` finds it through any registry:
 /// assert!(KernelRegistry::new().cpu("scale").is_ok());
 /// ```
+///
+/// **On GPUs too: `#[ring_kernel(name = "...", gpu)]`.** A handler written in the kernel
+/// subset of `ringkernel-codegen` is also translated at compile time to the CUDA handler
+/// of the persistent kernel and to the WGSL handler of the drain template (wgpu and
+/// Metal), registered as the GPU handler of the same name: every runtime then runs the
+/// same Rust function (`runtime.launch("name", ..)` on CPU, CUDA, wgpu or Metal). Its
+/// messages are `#[repr(C)]` structs that derive `RingMessage` and [`macro@GpuType`]
+/// (defined above the handler in the same module), the state a `GpuType` struct (or a
+/// `u32`, `i32`, `f32`) whose `Default` is all zeros (a GPU starts it zeroed; otherwise
+/// the GPU registration reports it), the result `()` or `Option<Reply>`. In the body:
+/// `ctx.send_to(KernelId(dest), &msg)` as a statement (a K2K send), `ctx.kernel_id().0`,
+/// `*state` and `state.field`; see `ringkernel_codegen::transpile_handler` for the whole
+/// subset and where the GPUs differ (a full K2K destination is waited for; wgpu and Metal
+/// carry one output per message). A construct outside the subset is a compile error at
+/// its span; without `gpu` the handler is CPU-only, as before.
+///
+/// ```
+/// use ringkernel_core::context::KernelContext;
+/// use ringkernel_core::registry::KernelRegistry;
+/// use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+///
+/// #[derive(Clone, Copy, Default, RingMessage, GpuType)]
+/// #[message(type_id = 20)]
+/// #[repr(C)]
+/// struct Reading { id: u64, value: f32, _pad: u32 }
+///
+/// #[derive(Clone, Copy, Default, GpuType)]
+/// #[repr(C)]
+/// struct Peak { max: f32, seen: u32 }
+///
+/// #[ring_kernel(name = "peak", gpu)]
+/// fn peak(_ctx: &mut KernelContext<'_>, p: &mut Peak, r: Reading) -> Option<Reading> {
+///     p.seen += 1;
+///     if p.seen == 1 || r.value > p.max {
+///         p.max = r.value;
+///         return Some(r); // a new peak
+///     }
+///     None
+/// }
+///
+/// let gpu = KernelRegistry::new().gpu("peak").unwrap();
+/// assert!(gpu.cuda.unwrap().contains("__device__ int handle("));
+/// assert!(gpu.wgsl.unwrap().contains("fn handle(ctx: ptr<function, RkContext>"));
+/// ```
 #[proc_macro_attribute]
 pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = parse_macro_input!(item as ItemFn);
-    match kernel::expand(attr.into(), item.clone()) {
+    let attr: proc_macro2::TokenStream = attr.into();
+    let gpu_only = attr.to_string().contains("__rk_gpu_only");
+    match kernel::expand(attr, item.clone()) {
+        Err(e) if gpu_only => e.into_compile_error().into(),
         Ok(t) => t.into(),
         // Keep the function itself, so the error is the only one.
         Err(e) => {

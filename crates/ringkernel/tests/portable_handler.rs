@@ -100,6 +100,21 @@ fn forward(ctx: &mut KernelContext<'_>, forwarded: &mut u32, m: Sample) {
     );
 }
 
+/// A reply after a K2K send: two outputs for one message. CPU and CUDA deliver both; the
+/// drain template of wgpu and Metal carries one output per message, so there the message
+/// is dropped (counted, status `ERR_SECOND_OUTPUT`) and neither goes out.
+#[ring_kernel(name = "test.tee", gpu)]
+fn tee(ctx: &mut KernelContext<'_>, m: Sample) -> Option<Total> {
+    let _ = ctx.send_to(KernelId(m.next), &m);
+    Some(Total {
+        id: m.id,
+        count: 1,
+        sum: m.value,
+        from: 0,
+        steps: [0; 3],
+    })
+}
+
 async fn runtime(backend: Backend) -> RingKernel {
     RingKernel::builder()
         .backend(backend)
@@ -217,6 +232,40 @@ async fn conformance(backend: Backend) {
             "{ctx}"
         );
         assert_eq!(t.sum.to_bits(), sum.to_bits(), "{ctx}");
+    }
+    // Two outputs for one message.
+    let tee = rt.launch("test.tee", opts()).await.unwrap();
+    let sink2 = rt
+        .launch("test.accumulate", opts().with_name("sink2"))
+        .await
+        .unwrap();
+    tee.send(Sample {
+        id: 5,
+        value: 1.5,
+        next: sink2.id().0,
+    })
+    .await
+    .unwrap();
+    if backend == Backend::Wgpu {
+        let deadline = std::time::Instant::now() + WAIT;
+        while tee.metrics().dropped == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(tee.metrics().dropped, 1, "{ctx}");
+        assert!(tee
+            .receive_timeout(Duration::from_millis(200))
+            .await
+            .is_err());
+        assert!(sink2
+            .receive_timeout(Duration::from_millis(200))
+            .await
+            .is_err());
+    } else {
+        assert_eq!(
+            (total(&tee).await.id, total(&sink2).await.id),
+            (5, 5),
+            "{ctx}"
+        );
     }
     rt.shutdown().await.unwrap();
 }
