@@ -62,8 +62,10 @@
 //! * **Shared memory and barriers** (global kernels): `let mut s = shared_array::<T, N>();`
 //!   at the top level of the body declares an array of the block's shared memory (CUDA
 //!   `__shared__ T s[N];`, WGSL `var<workgroup> s: array<T, N>;`); `sync_threads();` is
-//!   the block's barrier (CUDA `__syncthreads()`, WGSL `storageBarrier();
-//!   workgroupBarrier();`). Every thread of a block must reach the same barriers (WGSL's
+//!   the block's barrier with CUDA's meaning: writes before it, to shared arrays and to
+//!   slices, are seen by the block's other threads after it (CUDA `__syncthreads()`,
+//!   WGSL `workgroupBarrier()`, with `storageBarrier()` in front where needed: see
+//!   "Barriers in WGSL" below). Every thread of a block must reach the same barriers (WGSL's
 //!   uniformity analysis rejects a barrier under a condition that depends on the thread,
 //!   which surfaces as a compile error at launch). The CPU runs such kernels through
 //!   [`dsl::launch_with_barriers`] (see [`dsl`] for how).
@@ -197,6 +199,24 @@
 //!   place in this order too, as a read-only buffer of one struct.
 //!
 //! Dispatch `grid_dim` workgroups ([`WgslKernel::workgroup_size`] invocations each).
+//!
+//! ## Barriers in WGSL
+//!
+//! WGSL's `workgroupBarrier()` orders workgroup memory (the shared arrays) only; slices are
+//! storage buffers, ordered by `storageBarrier()`, which costs time. The translator puts
+//! `storageBarrier()` in front of every `workgroupBarrier()` of a kernel unless it can
+//! show that no thread reads, after a barrier, a slice element another thread of its
+//! workgroup wrote before it. It can show that when every `&mut` slice that the kernel
+//! both reads and writes is *private to its threads*: every access to it indexes it as
+//! `thread_idx_x() + S` (up to multiples of the workgroup's width), with the same `S` at
+//! every access, `S` built from values that are the same in every thread (literals,
+//! scalar parameters, `block_idx_*()`, `block_dim_*()`, `grid_dim_*()`, immutable locals
+//! of those), in a one-dimensional workgroup. The index may go through `as` casts and
+//! mutable locals whose every assignment keeps that form (`let mut c = t; ..
+//! c += block_dim_x();`, `for k in (t..n).step_by(block_dim_x())`). A slice that atomics
+//! touch always takes the storage barrier. A row softmax that reads and rescales its own
+//! columns of the output gets `workgroupBarrier()` alone; a kernel whose thread reads
+//! what a neighbour wrote gets both (the `barriers` tests run both against the CPU).
 //!
 //! ## Where the GPU differs from the CPU
 //!

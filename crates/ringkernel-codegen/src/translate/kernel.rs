@@ -153,7 +153,40 @@ impl Tx {
         self.stencil_prologue()?;
         let body_start = self.out.len();
         self.block_stmts(&f.block, None)?;
-        let body = self.out.split_off(body_start);
+        let mut body = self.out.split_off(body_start);
+        if body.contains(shared::STORAGE_BARRIER_MARK) {
+            let name = |p: &Param| p.ident.to_string();
+            let slices: Vec<String> = params
+                .iter()
+                .filter(|p| {
+                    matches!(
+                        p.ty,
+                        Ty::Slice { mutable: true, .. } | Ty::StructSlice { mutable: true, .. }
+                    )
+                })
+                .map(name)
+                .collect();
+            let scalars: Vec<String> = params
+                .iter()
+                .filter(|p| matches!(p.ty, Ty::Scalar(_)))
+                .map(name)
+                .collect();
+            let storage = barrier::needs_storage_barrier(
+                f,
+                self.workgroup,
+                &slices,
+                &scalars,
+                !self.atomics.is_empty(),
+            );
+            body = body
+                .lines()
+                .filter_map(|l| match (l.trim() == shared::STORAGE_BARRIER_MARK, storage) {
+                    (false, _) => Some(format!("{l}\n")),
+                    (true, true) => Some(l.replace(shared::STORAGE_BARRIER_MARK, "storageBarrier();") + "\n"),
+                    (true, false) => None,
+                })
+                .collect();
+        }
         let prologue = std::mem::take(&mut self.out);
 
         match self.target {

@@ -4,6 +4,7 @@
 //! `stmt`: statements and control flow; `expr`: expressions and literals; `builtins`:
 //! math methods, `GridPos` and atomics.
 
+mod barrier;
 mod builtins;
 mod expr;
 mod handler;

@@ -354,3 +354,75 @@ twin! { with_helpers =>
         out[i as usize] = r;
     }
 }
+
+twin! { neighbour_sum =>
+    // Threads talk through a storage buffer across a barrier: thread t reads what thread
+    // t + 1 wrote, so the WGSL barrier must order storage (storageBarrier).
+    pub fn neighbour_sum(x: &[f32], out: &mut [f32], n: i32) {
+        let t = thread_idx_x();
+        let i = block_idx_x() * block_dim_x() + t;
+        if i < n {
+            out[i as usize] = x[i as usize] * 2.0;
+        }
+        sync_threads();
+        let j = block_idx_x() * block_dim_x() + (t + 1) % block_dim_x();
+        let mut v = 0.0;
+        if j < n {
+            v = out[j as usize];
+        }
+        sync_threads();
+        if i < n {
+            out[i as usize] += v;
+        }
+    }
+}
+
+twin! { row_softmax =>
+    // One block per row: every thread reads and writes only its own columns of `y`
+    // (`base + t + k * block_dim_x()`), so the barriers order shared memory only.
+    pub fn row_softmax(x: &[f32], y: &mut [f32], cols: i32) {
+        let mut red = shared_array::<f32, 64>();
+        let t = thread_idx_x();
+        let base = block_idx_x() * cols;
+        let mut m = f32::NEG_INFINITY;
+        let mut c = t;
+        while c < cols {
+            m = m.max(x[(base + c) as usize]);
+            c += block_dim_x();
+        }
+        red[t as usize] = m;
+        sync_threads();
+        let mut s = block_dim_x() / 2;
+        while s > 0 {
+            if t < s {
+                red[t as usize] = red[t as usize].max(red[(t + s) as usize]);
+            }
+            sync_threads();
+            s /= 2;
+        }
+        let mx = red[0];
+        sync_threads();
+        let mut sum = 0.0f32;
+        for k in (t..cols).step_by(64) {
+            let e = (x[(base + k) as usize] - mx).exp();
+            y[(base + k) as usize] = e;
+            sum += e;
+        }
+        red[t as usize] = sum;
+        sync_threads();
+        s = block_dim_x() / 2;
+        while s > 0 {
+            if t < s {
+                red[t as usize] += red[(t + s) as usize];
+            }
+            sync_threads();
+            s /= 2;
+        }
+        let inv = 1.0 / red[0];
+        c = t;
+        while c < cols {
+            y[(base + c) as usize] *= inv;
+            c += block_dim_x();
+        }
+    }
+}
