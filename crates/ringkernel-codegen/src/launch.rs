@@ -160,6 +160,29 @@ impl GpuKernel {
         .map_err(|e| e.to_string())
     }
 
+    /// The WGSL of this kernel for a one-dimensional grid folded into two dimensions
+    /// (see [`crate::transpile_global_kernel_wgsl_folded`]); an error for a stencil or a
+    /// hand-written kernel, which cannot be folded.
+    pub fn wgsl_folded(&self, workgroup_size: [u32; 3]) -> Result<WgslKernel, String> {
+        if let Err(e) = self.wgsl_source {
+            return Err(e.to_string());
+        }
+        if self.rust_source.is_empty() || self.stencil.is_some() {
+            return Err(format!(
+                "kernel `{}` cannot run a grid folded into two dimensions (it is {}); launch \
+                 fewer workgroups per dimension",
+                self.name,
+                if self.stencil.is_some() {
+                    "a stencil"
+                } else {
+                    "hand-written"
+                }
+            ));
+        }
+        let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
+        crate::transpile_global_kernel_wgsl_folded(&f, workgroup_size).map_err(|e| e.to_string())
+    }
+
     /// The layout of a hand-written kernel: that of a generated kernel with the same
     /// parameters, with `source` as the module.
     fn hand_written_wgsl(&self, source: &str, wg: [u32; 3]) -> Result<WgslKernel, String> {

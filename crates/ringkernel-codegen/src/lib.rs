@@ -455,6 +455,35 @@ pub fn transpile_global_kernel_wgsl_with(
     run(f, Target::Wgsl, workgroup_size, Kind::Global).map(wgsl)
 }
 
+/// Translates a global kernel to WGSL for a one-dimensional grid of more workgroups
+/// than a dimension takes (WebGPU guarantees 65,535): the launcher dispatches
+/// `(x, y, 1)` workgroups with `x · y` at least the grid and puts the grid's size in the
+/// parameter block's last field, `rk_grid_x` (a `u32`, after the scalar parameters); the
+/// kernel takes `block_idx_x()` as the linear workgroup index `x + y · x_count`, returns at
+/// once past the grid (the whole workgroup: barriers stay valid), and sees
+/// `grid_dim_x()` as the grid's size, `block_idx_y()` / `block_idx_z()` as 0.
+///
+/// ```
+/// use ringkernel_codegen::transpile_global_kernel_wgsl_folded;
+/// let f: syn::ItemFn = syn::parse_quote! {
+///     fn fill(out: &mut [u32]) {
+///         let i = block_idx_x() * block_dim_x() + thread_idx_x();
+///         out[i as usize] = (grid_dim_x() - block_idx_x()) as u32;
+///     }
+/// };
+/// let k = transpile_global_kernel_wgsl_folded(&f, [64, 1, 1]).unwrap();
+/// assert_eq!(k.params.last().unwrap().name, "rk_grid_x");
+/// assert!(k.source.contains("if (rk_bx >= rk_grid_x) { return; }"));
+/// ```
+pub fn transpile_global_kernel_wgsl_folded(
+    f: &syn::ItemFn,
+    workgroup_size: [u32; 3],
+) -> syn::Result<WgslKernel> {
+    let mut tx = Tx::new(Target::Wgsl, workgroup_size);
+    tx.fold = true;
+    tx.kernel(f, Kind::Global).map(wgsl)
+}
+
 /// Translates a stencil kernel (one `GridPos`/`GridPos3` parameter) to CUDA C; the
 /// interior size is passed as trailing `int` parameters (see the crate docs).
 pub fn transpile_stencil_kernel(f: &syn::ItemFn, config: &StencilConfig) -> syn::Result<String> {

@@ -125,9 +125,17 @@ fn both_barrier_kinds_match_cpu() {
         let x = rng.vec_f32(n, -4.0, 4.0);
         let g = [(n as u32).div_ceil(64), 1, 1];
         let mut cpu = vec![f32::NAN; n];
-        launch_with_barriers(g, [64, 1, 1], || neighbour_sum::neighbour_sum(&x, &mut cpu, n as i32));
+        launch_with_barriers(g, [64, 1, 1], || {
+            neighbour_sum::neighbour_sum(&x, &mut cpu, n as i32)
+        });
         let mut data = [Data::F32(x.clone()), Data::F32(vec![f32::NAN; n])];
-        run(&ctx, &k, &k.pack_params(&[P::I32(n as i32)]).unwrap(), &mut data, g);
+        run(
+            &ctx,
+            &k,
+            &k.pack_params(&[P::I32(n as i32)]).unwrap(),
+            &mut data,
+            g,
+        );
         assert_close("neighbour_sum", data[1].f32(), &cpu, 1e-6);
     }
     // Workgroup barriers only: a row softmax.
@@ -136,9 +144,17 @@ fn both_barrier_kinds_match_cpu() {
         let x = rng.vec_f32(rows * cols, -6.0, 6.0);
         let g = [rows as u32, 1, 1];
         let mut cpu = vec![f32::NAN; rows * cols];
-        launch_with_barriers(g, [64, 1, 1], || row_softmax::row_softmax(&x, &mut cpu, cols as i32));
+        launch_with_barriers(g, [64, 1, 1], || {
+            row_softmax::row_softmax(&x, &mut cpu, cols as i32)
+        });
         let mut data = [Data::F32(x.clone()), Data::F32(vec![f32::NAN; rows * cols])];
-        run(&ctx, &k, &k.pack_params(&[P::I32(cols as i32)]).unwrap(), &mut data, g);
+        run(
+            &ctx,
+            &k,
+            &k.pack_params(&[P::I32(cols as i32)]).unwrap(),
+            &mut data,
+            g,
+        );
         assert_close("row_softmax", data[1].f32(), &cpu, 1e-5);
     }
 }

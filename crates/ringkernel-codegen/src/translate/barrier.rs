@@ -156,7 +156,9 @@ impl Analysis {
             Expr::Assign(a) => {
                 if let Expr::Path(p) = peel(&a.left) {
                     if let Some(id) = p.path.get_ident() {
-                        self.def(&id.to_string()).values.push(Some((*a.right).clone()));
+                        self.def(&id.to_string())
+                            .values
+                            .push(Some((*a.right).clone()));
                     }
                 }
                 self.collect_expr(&a.right);
@@ -165,7 +167,9 @@ impl Analysis {
                 if let Expr::Path(p) = peel(&b.left) {
                     if let Some(id) = p.path.get_ident() {
                         let op = compound_op(&b.op).expect("checked");
-                        self.def(&id.to_string()).steps.push((op, (*b.right).clone()));
+                        self.def(&id.to_string())
+                            .steps
+                            .push((op, (*b.right).clone()));
                     }
                 }
                 self.collect_expr(&b.right);
@@ -174,16 +178,21 @@ impl Analysis {
                 if let Pat::Ident(pi) = &*f.pat {
                     let (start, step) = match peel(&f.expr) {
                         Expr::Range(r) => (r.start.as_deref().cloned(), None),
-                        Expr::MethodCall(mc) if mc.method == "step_by" => match peel(&mc.receiver) {
-                            Expr::Range(r) => (r.start.as_deref().cloned(), mc.args.first().cloned()),
-                            _ => (None, None),
-                        },
+                        Expr::MethodCall(mc) if mc.method == "step_by" => {
+                            match peel(&mc.receiver) {
+                                Expr::Range(r) => {
+                                    (r.start.as_deref().cloned(), mc.args.first().cloned())
+                                }
+                                _ => (None, None),
+                            }
+                        }
                         _ => (None, None),
                     };
                     let one: Expr = syn::parse_quote!(1);
                     let d = self.def(&pi.ident.to_string());
                     d.values.push(start);
-                    d.steps.push((BinOp::AddAssign(Default::default()), step.unwrap_or(one)));
+                    d.steps
+                        .push((BinOp::AddAssign(Default::default()), step.unwrap_or(one)));
                 }
                 self.collect_block(&f.body);
             }
@@ -258,12 +267,18 @@ impl Analysis {
     /// `x op= e` keeps `x ≡ thread_idx_x() + S` (mod width): adding or subtracting a
     /// multiple of the width.
     fn keeps_tid(&self, op: &BinOp, e: &Expr) -> bool {
-        if !matches!(op, BinOp::Add(_) | BinOp::Sub(_) | BinOp::AddAssign(_) | BinOp::SubAssign(_)) {
+        if !matches!(
+            op,
+            BinOp::Add(_) | BinOp::Sub(_) | BinOp::AddAssign(_) | BinOp::SubAssign(_)
+        ) {
             return false;
         }
         match peel(e) {
             Expr::Call(c) if c.args.is_empty() && dsl_call(c, "block_dim_x").is_some() => true,
-            Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i
+            Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(i),
+                ..
+            }) => i
                 .base10_parse::<u64>()
                 .is_ok_and(|v| self.width > 0 && v % self.width as u64 == 0),
             Expr::Cast(c) => self.keeps_tid(op, &c.expr),

@@ -920,10 +920,15 @@ impl Tx {
                     };
                     format!("((int){v}.{d})")
                 } else {
-                    match b {
-                        "thread_idx" => format!("i32(rk_lid.{d})"),
-                        "block_idx" => format!("i32(rk_wid.{d})"),
-                        "block_dim" => format!("{}i", self.workgroup[k]),
+                    match (b, self.fold, k) {
+                        ("thread_idx", _, _) => format!("i32(rk_lid.{d})"),
+                        ("block_dim", _, _) => format!("{}i", self.workgroup[k]),
+                        // A folded 1-D grid: the linear block index, the true grid size.
+                        ("block_idx", true, 0) => "i32(rk_bx)".to_string(),
+                        ("block_idx", true, _) => "0i".to_string(),
+                        ("block_idx", false, _) => format!("i32(rk_wid.{d})"),
+                        (_, true, 0) => "i32(rk_grid_x)".to_string(),
+                        (_, true, _) => "1i".to_string(),
                         _ => format!("i32(rk_nwg.{d})"),
                     }
                 };

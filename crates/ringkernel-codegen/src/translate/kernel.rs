@@ -125,9 +125,25 @@ impl Tx {
             }
         }
         for n in [
-            "rk_x", "rk_y", "rk_z", "rk_nx", "rk_ny", "rk_nz", "rk_sy", "rk_sz", "rk_idx",
+            "rk_x",
+            "rk_y",
+            "rk_z",
+            "rk_nx",
+            "rk_ny",
+            "rk_nz",
+            "rk_sy",
+            "rk_sz",
+            "rk_idx",
+            "rk_bx",
+            "rk_grid_x",
         ] {
             self.names.reserve(n);
+        }
+        if self.fold && (self.stencil.is_some() || self.cuda()) {
+            return err(
+                &sig.ident,
+                "only the WGSL of a global kernel is translated for a folded grid",
+            );
         }
 
         // Slices that atomics touch: in WGSL their element type is `atomic<T>`.
@@ -180,11 +196,15 @@ impl Tx {
             );
             body = body
                 .lines()
-                .filter_map(|l| match (l.trim() == shared::STORAGE_BARRIER_MARK, storage) {
-                    (false, _) => Some(format!("{l}\n")),
-                    (true, true) => Some(l.replace(shared::STORAGE_BARRIER_MARK, "storageBarrier();") + "\n"),
-                    (true, false) => None,
-                })
+                .filter_map(
+                    |l| match (l.trim() == shared::STORAGE_BARRIER_MARK, storage) {
+                        (false, _) => Some(format!("{l}\n")),
+                        (true, true) => Some(
+                            l.replace(shared::STORAGE_BARRIER_MARK, "storageBarrier();") + "\n",
+                        ),
+                        (true, false) => None,
+                    },
+                )
                 .collect();
         }
         let prologue = std::mem::take(&mut self.out);
@@ -201,6 +221,7 @@ impl Tx {
 
     pub(super) fn hidden_dims(&self) -> &'static [&'static str] {
         match &self.stencil {
+            None if self.fold => &["rk_grid_x"],
             None => &[],
             Some(s) if s.dims == 2 => &["rk_nx", "rk_ny"],
             Some(_) => &["rk_nx", "rk_ny", "rk_nz"],
@@ -208,6 +229,13 @@ impl Tx {
     }
 
     pub(super) fn stencil_prologue(&mut self) -> Res<()> {
+        if self.fold {
+            // The launcher dispatched (x, y, 1) workgroups for a grid of rk_grid_x: the
+            // linear index of this one, and nothing to do past the grid. Uniform in the
+            // workgroup, so barriers after it stay valid.
+            self.line("let rk_bx: u32 = rk_wid.x + rk_wid.y * rk_nwg.x;");
+            self.line("if (rk_bx >= rk_grid_x) { return; }");
+        }
         let Some(st) = &self.stencil else {
             return Ok(());
         };
@@ -409,12 +437,18 @@ impl Tx {
         }
         for d in self.hidden_dims() {
             let offset = 4 * fields.len() as u32;
+            let ty = if *d == "rk_grid_x" {
+                ScalarType::U32
+            } else {
+                ScalarType::I32
+            };
             fields.push(ParamField {
                 name: (*d).to_string(),
-                ty: ScalarType::I32,
+                ty,
                 offset,
             });
-            let _ = writeln!(locals, "    let {d}: i32 = rk_params.{d};");
+            let t = ty.wgsl_name().expect("32-bit");
+            let _ = writeln!(locals, "    let {d}: {t} = rk_params.{d};");
         }
         let mut src = self.structs.declarations(Target::Wgsl);
         let mut params_size = 0;

@@ -98,6 +98,9 @@ pub(crate) struct Tx {
     wide_move: bool,
     /// `Some` while translating an actor handler.
     handler: Option<HandlerMode>,
+    /// WGSL of a global kernel for a 1-D grid folded into two dimensions (see
+    /// `transpile_global_kernel_wgsl_folded`).
+    pub(crate) fold: bool,
 }
 
 /// An expression translated: code and type.
@@ -223,6 +226,7 @@ impl Tx {
             structs: Rc::new(Structs::default()),
             wide_move: false,
             handler: None,
+            fold: false,
         }
     }
 
