@@ -360,7 +360,7 @@ impl Analysis {
             Expr::MethodCall(mc) => {
                 let mut parts = vec![self.class(&mc.receiver)];
                 parts.extend(mc.args.iter().map(|a| self.class(a)));
-                if parts.iter().any(|p| *p == Cls::Bottom) {
+                if parts.contains(&Cls::Bottom) {
                     return Cls::Bottom;
                 }
                 if parts.iter().all(|p| matches!(p, Cls::Uniform(_))) {
