@@ -4,61 +4,14 @@
 //! a wgpu adapter (lavapipe in CI) against the same Rust on the CPU, and the errors.
 
 mod common;
+mod kernels;
 
 use common::{check_cuda_syntax, check_wgsl, gpu, run, Data, Rng};
+use kernels::particles;
 use ringkernel_codegen::dsl::launch;
 use ringkernel_codegen::{
     kernel_params, transpile_global_kernel, transpile_global_kernel_wgsl, BindingKind, ParamKind,
 };
-
-/// `mod $m` with the structs (`#[repr(C)]`, Pod) and the kernel as Rust, and `source()`:
-/// the kernel with the structs at the top of its body, as `#[gpu_kernel]` hands them over.
-macro_rules! twin_structs {
-    ($m:ident => [$(struct $s:ident { $($f:ident : $t:ty),* $(,)? })*] $($k:tt)*) => {
-        pub mod $m {
-            #[allow(unused_imports)]
-            use ringkernel_codegen::dsl::*;
-            $(
-                #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-                #[repr(C)]
-                pub struct $s { $(pub $f: $t),* }
-            )*
-            $($k)*
-            pub fn source() -> syn::ItemFn {
-                let mut f: syn::ItemFn = syn::parse_quote! { $($k)* };
-                let items: Vec<syn::Stmt> = vec![$(syn::parse_quote! { struct $s { $($f: $t),* } }),*];
-                f.block.stmts.splice(0..0, items);
-                f
-            }
-        }
-    };
-}
-
-twin_structs! { particles => [
-    struct Particle { id: u64, pos: [f32; 3], vel: [f32; 3], mass: f32, hits: u32 }
-    struct Params { dt: f32, gravity: f32, floor: f32, n: u32 }
-]
-    #[allow(clippy::all)]
-    pub fn step(ps: &mut [Particle], params: Params, out: &mut [Particle]) {
-        let i = block_idx_x() * block_dim_x() + thread_idx_x();
-        if i as u32 >= params.n {
-            return;
-        }
-        let mut p = ps[i as usize];
-        p.vel[1] -= params.gravity * params.dt;
-        for k in 0..3usize {
-            p.pos[k] += p.vel[k] * params.dt;
-        }
-        if p.pos[1] < params.floor {
-            p.pos[1] = params.floor;
-            p.vel[1] = -p.vel[1] * 0.5;
-            p.hits += 1;
-        }
-        ps[i as usize] = p;
-        ps[i as usize].mass = p.mass + 1.0;
-        out[i as usize] = Particle { id: p.id, mass: p.mass * 2.0, pos: [p.pos[0], 0.0, p.pos[2]], ..p };
-    }
-}
 
 fn words_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u32> {
     bytemuck::cast_slice(v).to_vec()

@@ -12,7 +12,7 @@
 
 use ringkernel::core::util::SplitMix64;
 use ringkernel::prelude::*;
-use ringkernel::{ring_kernel, Backend, GpuType, RingKernel, RingMessage};
+use ringkernel::{gpu_fn, ring_kernel, Backend, GpuType, RingKernel, RingMessage};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -61,6 +61,12 @@ fn accumulate(_ctx: &mut KernelContext<'_>, stats: &mut Stats, m: Sample) -> Opt
     })
 }
 
+/// One step of the recurrence (a `#[gpu_fn]` helper, translated with the handler).
+#[gpu_fn]
+fn recur_step(acc: f32, v: f32) -> f32 {
+    acc.mul_add(v, 1.0)
+}
+
 /// Stateless (the GPUs run a batch in parallel): no reply for negative values, else a
 /// few steps of a recurrence.
 #[ring_kernel(name = "test.recur", gpu)]
@@ -72,7 +78,7 @@ fn recur(_ctx: &mut KernelContext<'_>, m: Sample) -> Option<Total> {
     let mut steps = [0u32; 3];
     let n = m.next % 9;
     for k in 0..n {
-        acc = acc.mul_add(m.value, 1.0);
+        acc = recur_step(acc, m.value);
         steps[(k % 3) as usize] += k;
     }
     let t = Total {

@@ -316,19 +316,10 @@ impl Analysis {
                     } else {
                         Cls::Unknown
                     }
-                } else if [
-                    "block_idx_x",
-                    "block_idx_y",
-                    "block_idx_z",
-                    "block_dim_x",
-                    "block_dim_y",
-                    "block_dim_z",
-                    "grid_dim_x",
-                    "grid_dim_y",
-                    "grid_dim_z",
-                ]
-                .contains(&last.as_str())
-                {
+                } else if ["block_idx_", "block_dim_", "grid_dim_"].iter().any(|p| {
+                    last.strip_prefix(p)
+                        .is_some_and(|d| ["x", "y", "z"].contains(&d))
+                }) {
                     Cls::Uniform(format!("{last}()"))
                 } else {
                     Cls::Unknown

@@ -67,20 +67,7 @@ impl Tx {
     /// Translates the handler `f` for this target.
     pub(crate) fn handler(mut self, f: &syn::ItemFn) -> Res<HandlerParts> {
         let sig = &f.sig;
-        if sig.constness.is_some()
-            || sig.asyncness.is_some()
-            || sig.unsafety.is_some()
-            || sig.abi.is_some()
-            || sig.variadic.is_some()
-        {
-            return err(
-                &sig.ident,
-                "GPU handlers are plain `fn`s (no const, async, unsafe or extern)",
-            );
-        }
-        if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-            return err(&sig.generics, "GPU handlers cannot be generic");
-        }
+        plain_signature(sig, "GPU handlers")?;
         self.structs = Rc::new(Structs::of(f)?);
         for d in self.structs.iter() {
             self.names.reserve(&d.name);

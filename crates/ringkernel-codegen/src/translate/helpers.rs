@@ -32,20 +32,7 @@ pub(crate) fn nested_helpers(f: &syn::ItemFn) -> Vec<&syn::ItemFn> {
 
 fn signature(h: &syn::ItemFn, target: Target, structs: &Structs) -> Res<HelperSig> {
     let sig = &h.sig;
-    if sig.constness.is_some()
-        || sig.asyncness.is_some()
-        || sig.unsafety.is_some()
-        || sig.abi.is_some()
-        || sig.variadic.is_some()
-    {
-        return err(
-            &sig.ident,
-            "helper functions are plain `fn`s (no const, async, unsafe, extern)",
-        );
-    }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        return err(&sig.generics, "generic helper functions are not supported");
-    }
+    plain_signature(sig, "helper functions")?;
     let mut params = Vec::new();
     for arg in &sig.inputs {
         let syn::FnArg::Typed(pt) = arg else {

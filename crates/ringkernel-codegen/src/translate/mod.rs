@@ -43,6 +43,25 @@ fn err<T>(span_of: &dyn ToTokens, msg: impl std::fmt::Display) -> Res<T> {
     Err(syn::Error::new_spanned(span_of, msg))
 }
 
+/// `what` (helper functions, GPU handlers) are plain, non-generic `fn`s.
+fn plain_signature(sig: &syn::Signature, what: &str) -> Res<()> {
+    if sig.constness.is_some()
+        || sig.asyncness.is_some()
+        || sig.unsafety.is_some()
+        || sig.abi.is_some()
+        || sig.variadic.is_some()
+    {
+        return err(
+            &sig.ident,
+            format!("{what} are plain `fn`s (no const, async, unsafe, extern)"),
+        );
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        return err(&sig.generics, format!("generic {what} are not supported"));
+    }
+    Ok(())
+}
+
 /// What kind of kernel is translated.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Kind<'a> {

@@ -713,10 +713,24 @@ mod tests {
         fn lap(pos: GridPos, p: &[f32], o: &mut [f32], k: f32) {
             o[pos.idx()] = k * (pos.north(p) + pos.south(p) - 2.0 * p[pos.idx()]);
         }
+        #[derive(Clone, Copy, ringkernel_derive::GpuType)]
+        #[repr(C)]
+        struct Pt {
+            id: u64,
+            v: [f32; 2],
+        }
+        #[ringkernel_derive::gpu_kernel]
+        fn nudge(ps: &mut [Pt], by: Pt, seen: &[Pt], n: i32) {
+            let i = block_idx_x() * block_dim_x() + thread_idx_x();
+            if i < n {
+                ps[i as usize].v[0] += by.v[0] + seen[i as usize].v[1];
+            }
+        }
         for (k, block) in [
             (&HIST, [128, 1, 1]),
             (&FILL, [8, 8, 1]),
             (&LAP, LAP.stencil.unwrap().config().workgroup_size),
+            (&NUDGE, [64, 1, 1]),
         ] {
             let layout = wgsl_layout(k, BackendKind::Metal, block, false).unwrap();
             let rw = storage_read_write(&layout);
