@@ -214,7 +214,8 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 /// `*state` and `state.field`; see `ringkernel_codegen::transpile_handler` for the whole
 /// subset and where the GPUs differ (a full K2K destination is waited for; wgpu and Metal
 /// carry one output per message). A construct outside the subset is a compile error at
-/// its span; without `gpu` the handler is CPU-only, as before.
+/// its span; without `gpu` the handler is CPU-only, as before. The registration calls
+/// into `ringkernel-codegen`, so the crate depends on it or on the `ringkernel` facade.
 ///
 /// ```
 /// use ringkernel_core::context::KernelContext;
