@@ -347,15 +347,7 @@ fn cuda_struct_kernel_matches_cpu() {
     let src = transpile_global_kernel(&particles::source()).unwrap();
     let (stream, f) = load(&src, "step");
     let n = rng.usize(1, 20_000);
-    let ps: Vec<Particle> = (0..n)
-        .map(|i| Particle {
-            id: rng.next_u64() ^ i as u64,
-            pos: [rng.f32(-5.0, 5.0), rng.f32(-1.0, 3.0), rng.f32(-5.0, 5.0)],
-            vel: [rng.f32(-2.0, 2.0), rng.f32(-4.0, 4.0), rng.f32(-2.0, 2.0)],
-            mass: rng.f32(0.1, 3.0),
-            hits: rng.i32(0, 5) as u32,
-        })
-        .collect();
+    let ps = random_particles(&mut rng, n);
     let params = Params {
         dt: 0.05,
         gravity: 9.81,

@@ -7,7 +7,7 @@ mod common;
 mod kernels;
 
 use common::{check_cuda_syntax, check_wgsl, gpu, run, Data, Rng};
-use kernels::particles;
+use kernels::{particles, random_particles};
 use ringkernel_codegen::dsl::launch;
 use ringkernel_codegen::{
     kernel_params, transpile_global_kernel, transpile_global_kernel_wgsl, BindingKind, ParamKind,
@@ -85,15 +85,7 @@ fn struct_kernel_matches_cpu() {
     let k = transpile_global_kernel_wgsl(&particles::source()).unwrap();
     check_wgsl(&k);
     for n in [1usize, 63, rng.usize(100, 1500)] {
-        let ps: Vec<Particle> = (0..n)
-            .map(|i| Particle {
-                id: rng.next_u64() ^ (i as u64) << 7,
-                pos: [rng.f32(-5.0, 5.0), rng.f32(-1.0, 3.0), rng.f32(-5.0, 5.0)],
-                vel: [rng.f32(-2.0, 2.0), rng.f32(-4.0, 4.0), rng.f32(-2.0, 2.0)],
-                mass: rng.f32(0.1, 3.0),
-                hits: rng.i32(0, 5) as u32,
-            })
-            .collect();
+        let ps = random_particles(&mut rng, n);
         let params = Params {
             dt: 0.05,
             gravity: 9.81,

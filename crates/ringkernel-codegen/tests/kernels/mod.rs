@@ -475,3 +475,16 @@ twin_structs! { particles => [
         out[i as usize] = Particle { id: p.id, mass: p.mass * 2.0, pos: [p.pos[0], 0.0, p.pos[2]], ..p };
     }
 }
+
+/// `n` random particles for `particles::step`.
+pub fn random_particles(rng: &mut super::common::Rng, n: usize) -> Vec<particles::Particle> {
+    (0..n)
+        .map(|i| particles::Particle {
+            id: rng.next_u64() ^ (i as u64) << 7,
+            pos: [rng.f32(-5.0, 5.0), rng.f32(-1.0, 3.0), rng.f32(-5.0, 5.0)],
+            vel: [rng.f32(-2.0, 2.0), rng.f32(-4.0, 4.0), rng.f32(-2.0, 2.0)],
+            mass: rng.f32(0.1, 3.0),
+            hits: rng.i32(0, 5) as u32,
+        })
+        .collect()
+}
