@@ -558,6 +558,10 @@ pub struct HandlerSource {
 /// * `ctx.kernel_id().0`: this kernel's id;
 /// * `*state` and `state.field` for the state.
 ///
+/// A reply or K2K message larger than the kernel's slots carry drops the request with an
+/// error on the GPU (status [`ERR_OUTPUT_TOO_LARGE`] on wgpu and Metal), as the CPU's
+/// `reply` and `send_to` fail with `MessageTooLarge`.
+///
 /// The sources use the type id of each message struct as `RK_TID_<Name>`: put
 /// [`handler_prelude`] with the ids (`RingMessage::TYPE_ID`) in front of them.
 ///
@@ -615,6 +619,11 @@ pub fn transpile_handler(f: &syn::ItemFn) -> syn::Result<HandlerSource> {
 /// (the drain template carries one per message): the message is dropped, counted with
 /// this code. The same value as `ringkernel_shaders::drain::ERR_SECOND_OUTPUT`.
 pub const ERR_SECOND_OUTPUT: u32 = 3;
+
+/// The status a generated WGSL handler gives a message whose reply or K2K message does
+/// not fit the kernel's slots (the same value as
+/// `ringkernel_shaders::drain::ERR_OUTPUT_TOO_LARGE`).
+pub const ERR_OUTPUT_TOO_LARGE: u32 = 4;
 
 /// The type id constants a handler's sources use ([`HandlerSource::type_ids`]), for
 /// `target`: CUDA `#define RK_TID_<Name> <id>u`, WGSL `const RK_TID_<Name>: u32 = <id>u;`.

@@ -121,6 +121,22 @@ fn tee(ctx: &mut KernelContext<'_>, m: Sample) -> Option<Total> {
     })
 }
 
+/// A reply of 80 bytes: more than a 128-byte slot carries (64 bytes of payload).
+#[derive(Clone, Copy, Debug, Default, PartialEq, RingMessage, GpuType)]
+#[message(type_id = 0x5248_0103)]
+#[repr(C)]
+struct Big {
+    words: [u32; 20],
+}
+
+/// Replies with a message too large for small slots.
+#[ring_kernel(name = "test.big", gpu)]
+fn big(_ctx: &mut KernelContext<'_>, m: Sample) -> Option<Big> {
+    let mut b = Big { words: [0; 20] };
+    b.words[0] = m.next;
+    Some(b)
+}
+
 async fn runtime(backend: Backend) -> RingKernel {
     RingKernel::builder()
         .backend(backend)
@@ -239,6 +255,47 @@ async fn conformance(backend: Backend) {
         );
         assert_eq!(t.sum.to_bits(), sum.to_bits(), "{ctx}");
     }
+    // A reply that does not fit the slots: dropped (counted), nothing goes out; one
+    // that fits, with bigger slots.
+    let small = rt
+        .launch("test.big", opts().with_slot_size(128))
+        .await
+        .unwrap();
+    small
+        .send(Sample {
+            id: 1,
+            value: 0.0,
+            next: 9,
+        })
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while small.metrics().dropped == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(small.metrics().dropped, 1, "{ctx}");
+    assert!(
+        small
+            .receive_timeout(Duration::from_millis(200))
+            .await
+            .is_err(),
+        "{ctx}"
+    );
+    let roomy = rt
+        .launch("test.big", opts().with_slot_size(256).with_name("big256"))
+        .await
+        .unwrap();
+    roomy
+        .send(Sample {
+            id: 1,
+            value: 0.0,
+            next: 9,
+        })
+        .await
+        .unwrap();
+    let b: Big = roomy.receive_timeout(WAIT).await.unwrap().decode().unwrap();
+    assert_eq!(b.words[0], 9, "{ctx}");
+
     // Two outputs for one message.
     let tee = rt.launch("test.tee", opts()).await.unwrap();
     let sink2 = rt

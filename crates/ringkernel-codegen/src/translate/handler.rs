@@ -366,6 +366,7 @@ impl Tx {
         if self.cuda() {
             self.line("{");
             self.indent += 1;
+            self.fits_check(&want);
             self.line(&format!("*({want}*)out_payload = {code};"));
             self.line(&format!("out_hdr->type_id = RK_TID_{want};"));
             self.line(&format!("out_hdr->payload_len = (rk_u32)sizeof({want});"));
@@ -377,6 +378,7 @@ impl Tx {
             self.line("{");
             self.indent += 1;
             self.second_output_check();
+            self.fits_check(&want);
             self.line(&format!("rk_st_out_{want}(out_slot, {code});"));
             self.line(&format!("rk_reply(ctx, RK_TID_{want}, {size}u);"));
             self.store_state();
@@ -397,6 +399,28 @@ impl Tx {
         self.indent -= 1;
         self.line("}");
         self.line("rk_outs = 1u;");
+    }
+
+    /// A message of struct `name` must fit the kernel's slots (the launch's slot size):
+    /// else the request is dropped with an error (CUDA `RK_ERR_HANDLER`, WGSL
+    /// `RK_ERR_OUTPUT_TOO_LARGE`), as the CPU's reply or send fails with
+    /// `MessageTooLarge`.
+    fn fits_check(&mut self, name: &str) {
+        if self.cuda() {
+            self.line(&format!(
+                "if ((rk_u32)sizeof({name}) > ctx->max_payload) return -(int)RK_ERR_HANDLER;"
+            ));
+        } else {
+            let words = self.struct_def(name).size / 4;
+            self.line(&format!(
+                "if ({words}u > rk_params.slot_words - RK_HEADER_WORDS) {{"
+            ));
+            self.indent += 1;
+            self.store_state();
+            self.line("return RK_ERR_OUTPUT_TOO_LARGE;");
+            self.indent -= 1;
+            self.line("}");
+        }
     }
 
     fn note_output(&mut self, name: &str) {
@@ -483,6 +507,7 @@ impl Tx {
         }
         self.line("{");
         self.indent += 1;
+        self.fits_check(&name);
         if self.cuda() {
             self.line(&format!("{name} rk_msg = {code};"));
             self.line(&format!("unsigned int rk_dest = {dest};"));
