@@ -21,7 +21,7 @@ typedef unsigned long long rk_u64;
 #define RK_K2K_QUEUE_FULL 1
 #define RK_K2K_NOT_FOUND 2
 struct RkMessageHeader { rk_u32 magic, version, type_id, payload_len; };
-struct RkContext { rk_u32 kernel_id; };
+struct RkContext { rk_u32 kernel_id; rk_u32 max_payload; };
 static inline int rk_send_to(RkContext*, rk_u32, rk_u32, const void*, rk_u32) { return 0; }
 static inline void __nanosleep(unsigned int) {}
 "#;
