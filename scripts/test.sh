@@ -184,6 +184,13 @@ examples() {
     # Generated vs hand-written kernels on lavapipe (small sizes; outputs compared).
     echo "---- example codegen_bench --backends wgpu (--features wgpu)"
     cargo run -q -p ringkernel --features wgpu --example codegen_bench -- --backends wgpu --iters 3
+    # An actor handler written once in Rust: the generated WGSL prints what the CPU prints.
+    echo "---- example portable_handler --backend wgpu (--features wgpu), compared with the CPU's output"
+    local cpu_out wgpu_out
+    cpu_out=$(cargo run -q -p ringkernel --example portable_handler)
+    wgpu_out=$(cargo run -q -p ringkernel --features wgpu --example portable_handler -- --backend wgpu)
+    echo "$wgpu_out"
+    diff <(echo "$cpu_out") <(echo "$wgpu_out")
   else
     echo "SKIPPED: actor examples on --backend wgpu (no lavapipe)"
   fi

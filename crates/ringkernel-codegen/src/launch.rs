@@ -160,6 +160,29 @@ impl GpuKernel {
         .map_err(|e| e.to_string())
     }
 
+    /// The WGSL of this kernel for a one-dimensional grid folded into two dimensions
+    /// (see [`crate::transpile_global_kernel_wgsl_folded`]); an error for a stencil or a
+    /// hand-written kernel, which cannot be folded.
+    pub fn wgsl_folded(&self, workgroup_size: [u32; 3]) -> Result<WgslKernel, String> {
+        if let Err(e) = self.wgsl_source {
+            return Err(e.to_string());
+        }
+        if self.rust_source.is_empty() || self.stencil.is_some() {
+            return Err(format!(
+                "kernel `{}` cannot run a grid folded into two dimensions (it is {}); launch \
+                 fewer workgroups per dimension",
+                self.name,
+                if self.stencil.is_some() {
+                    "a stencil"
+                } else {
+                    "hand-written"
+                }
+            ));
+        }
+        let f: syn::ItemFn = syn::parse_str(self.rust_source).map_err(|e| e.to_string())?;
+        crate::transpile_global_kernel_wgsl_folded(&f, workgroup_size).map_err(|e| e.to_string())
+    }
+
     /// The layout of a hand-written kernel: that of a generated kernel with the same
     /// parameters, with `source` as the module.
     fn hand_written_wgsl(&self, source: &str, wg: [u32; 3]) -> Result<WgslKernel, String> {
@@ -181,14 +204,30 @@ impl GpuKernel {
                     if mutable { "mut " } else { "" },
                     elem.rust_name()
                 )),
+                ParamKind::Struct { name, .. } => syn::parse_str(name),
+                ParamKind::StructSlice { name, mutable, .. } => {
+                    syn::parse_str(&format!("&{}[{name}]", if mutable { "mut " } else { "" }))
+                }
                 ParamKind::GridPos { dims: 3 } => syn::parse_str("GridPos3"),
                 ParamKind::GridPos { .. } => syn::parse_str("GridPos"),
             }
             .map_err(|e| e.to_string())?;
             params.push(quote::quote!(#name: #ty));
         }
+        // Struct parameters: a stand-in of the same size (the binding layout only
+        // depends on it).
+        let mut structs = Vec::new();
+        for p in self.params {
+            if let ParamKind::Struct { name, size } | ParamKind::StructSlice { name, size, .. } =
+                p.kind
+            {
+                let n = syn::Ident::new(name, proc_macro2::Span::call_site());
+                let words = (size / 4) as usize;
+                structs.push(quote::quote!(struct #n { words: [u32; #words] }));
+            }
+        }
         let ident = syn::Ident::new(self.name, proc_macro2::Span::call_site());
-        let stub: syn::ItemFn = syn::parse_quote!(fn #ident(#(#params),*) {});
+        let stub: syn::ItemFn = syn::parse_quote!(fn #ident(#(#params),*) { #(#structs)* });
         let mut layout = match self.stencil {
             None => crate::transpile_global_kernel_wgsl_with(&stub, wg),
             Some(st) => crate::transpile_stencil_kernel_wgsl(
@@ -239,6 +278,13 @@ impl GpuKernel {
 pub fn kind_name(kind: ParamKind) -> &'static str {
     use ScalarType::*;
     match kind {
+        ParamKind::Struct { name, .. } => name,
+        ParamKind::StructSlice {
+            name,
+            mutable: false,
+            ..
+        } => crate::intern(&format!("&[{name}]")),
+        ParamKind::StructSlice { name, .. } => crate::intern(&format!("&mut [{name}]")),
         ParamKind::Scalar(s) => s.rust_name(),
         ParamKind::Slice { elem, mutable } => match (elem, mutable) {
             (F32, false) => "&[f32]",
@@ -349,6 +395,32 @@ pub enum KernelArg<'a> {
     U64s(&'a [u64]),
     /// `&mut [u64]`.
     U64sMut(&'a mut [u64]),
+    /// A `GpuType` struct by value ([`KernelArg::value`]): its bytes and its type's
+    /// name.
+    Struct {
+        /// The value's bytes (`#[repr(C)]`, the WGSL layout).
+        bytes: &'a [u8],
+        /// The struct's name (the last segment of its Rust path).
+        ty: &'static str,
+    },
+    /// `&[T]` of a `GpuType` struct ([`KernelArg::structs`]).
+    Structs {
+        /// The elements' bytes.
+        bytes: &'a [u8],
+        /// The struct's name.
+        ty: &'static str,
+        /// Size of one element.
+        size: usize,
+    },
+    /// `&mut [T]` of a `GpuType` struct ([`KernelArg::structs_mut`]).
+    StructsMut {
+        /// The elements' bytes.
+        bytes: &'a mut [u8],
+        /// The struct's name.
+        ty: &'static str,
+        /// Size of one element.
+        size: usize,
+    },
     /// f32 data already on a device (the `ringkernel` facade's `Tensor`), for an `f32`
     /// slice parameter: GPU launchers bind it without a copy; the CPU launcher stages it
     /// through host memory.
@@ -362,10 +434,59 @@ pub enum KernelArg<'a> {
     },
 }
 
+/// The name of `T` without its path (what a kernel's struct parameter is checked
+/// against).
+fn short_type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    let no_generics = full.split('<').next().unwrap_or(full);
+    no_generics.rsplit("::").next().unwrap_or(no_generics)
+}
+
+impl<'a> KernelArg<'a> {
+    /// A `#[repr(C)]` `GpuType` struct passed by value (a kernel parameter `p: T`).
+    ///
+    /// ```
+    /// use ringkernel_codegen::launch::KernelArg;
+    /// #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    /// #[repr(C)]
+    /// struct Params { scale: f32, n: u32 }
+    /// let p = Params { scale: 2.0, n: 3 };
+    /// assert_eq!(KernelArg::value(&p).type_name(), "Params");
+    /// ```
+    pub fn value<T: bytemuck::Pod>(v: &'a T) -> Self {
+        KernelArg::Struct {
+            bytes: bytemuck::bytes_of(v),
+            ty: short_type_name::<T>(),
+        }
+    }
+
+    /// A slice of `#[repr(C)]` `GpuType` structs for a `&[T]` parameter.
+    pub fn structs<T: bytemuck::Pod>(s: &'a [T]) -> Self {
+        KernelArg::Structs {
+            bytes: bytemuck::cast_slice(s),
+            ty: short_type_name::<T>(),
+            size: std::mem::size_of::<T>(),
+        }
+    }
+
+    /// A mutable slice of `#[repr(C)]` `GpuType` structs for a `&mut [T]` (or `&[T]`)
+    /// parameter; written back after a GPU launch.
+    pub fn structs_mut<T: bytemuck::Pod>(s: &'a mut [T]) -> Self {
+        KernelArg::StructsMut {
+            bytes: bytemuck::cast_slice_mut(s),
+            ty: short_type_name::<T>(),
+            size: std::mem::size_of::<T>(),
+        }
+    }
+}
+
 impl KernelArg<'_> {
     /// The argument's Rust type.
     pub fn type_name(&self) -> &'static str {
         match self {
+            KernelArg::Struct { ty, .. } => ty,
+            KernelArg::Structs { ty, .. } => crate::intern(&format!("&[{ty}]")),
+            KernelArg::StructsMut { ty, .. } => crate::intern(&format!("&mut [{ty}]")),
             KernelArg::F32(_) => "f32",
             KernelArg::F64(_) => "f64",
             KernelArg::I32(_) => "i32",
@@ -412,6 +533,17 @@ impl KernelArg<'_> {
             KernelArg::I64sMut(s) => KernelArg::I64sMut(s),
             KernelArg::U64s(s) => KernelArg::U64s(s),
             KernelArg::U64sMut(s) => KernelArg::U64sMut(s),
+            KernelArg::Struct { bytes, ty } => KernelArg::Struct { bytes, ty },
+            KernelArg::Structs { bytes, ty, size } => KernelArg::Structs {
+                bytes,
+                ty,
+                size: *size,
+            },
+            KernelArg::StructsMut { bytes, ty, size } => KernelArg::StructsMut {
+                bytes,
+                ty,
+                size: *size,
+            },
             KernelArg::Device {
                 buffer,
                 len,
@@ -455,6 +587,18 @@ impl KernelArg<'_> {
                 (S::F32, A::Device { mutable: m, .. }) => *m || !mutable,
                 _ => false,
             },
+            ParamKind::Struct { name, size } => {
+                matches!(self, A::Struct { bytes, ty } if *ty == name && bytes.len() == size as usize)
+            }
+            ParamKind::StructSlice {
+                name,
+                size,
+                mutable,
+            } => match self {
+                A::Structs { ty, size: s, .. } => !mutable && *ty == name && *s == size as usize,
+                A::StructsMut { ty, size: s, .. } => *ty == name && *s == size as usize,
+                _ => false,
+            },
             ParamKind::GridPos { .. } => false,
         }
     }
@@ -493,6 +637,8 @@ impl KernelArg<'_> {
             KernelArg::I64sMut(s) => u64_words(s.iter().map(|&v| v as u64)),
             KernelArg::U64s(s) => u64_words(s.iter().copied()),
             KernelArg::U64sMut(s) => u64_words(s.iter().copied()),
+            KernelArg::Struct { bytes, .. } | KernelArg::Structs { bytes, .. } => byte_words(bytes),
+            KernelArg::StructsMut { bytes, .. } => byte_words(bytes),
             _ => return None,
         })
     }
@@ -516,6 +662,15 @@ impl KernelArg<'_> {
             KernelArg::F64sMut(s) => st(s, words, 2, |w| f64::from_bits(word_pair(w))),
             KernelArg::I64sMut(s) => st(s, words, 2, |w| word_pair(w) as i64),
             KernelArg::U64sMut(s) => st(s, words, 2, word_pair),
+            KernelArg::StructsMut { bytes, .. } => {
+                if words.len() * 4 != bytes.len() {
+                    return false;
+                }
+                for (d, w) in bytes.chunks_exact_mut(4).zip(words) {
+                    d.copy_from_slice(&w.to_bits().to_le_bytes());
+                }
+                true
+            }
             _ => false,
         }
     }
@@ -535,6 +690,8 @@ impl KernelArg<'_> {
             KernelArg::I64sMut(s) => 2 * s.len(),
             KernelArg::U64s(s) => 2 * s.len(),
             KernelArg::U64sMut(s) => 2 * s.len(),
+            KernelArg::Struct { bytes, .. } | KernelArg::Structs { bytes, .. } => bytes.len() / 4,
+            KernelArg::StructsMut { bytes, .. } => bytes.len() / 4,
             _ => 0,
         }
     }
@@ -549,8 +706,21 @@ impl KernelArg<'_> {
                 | KernelArg::U32sMut(_)
                 | KernelArg::I64sMut(_)
                 | KernelArg::U64sMut(_)
+                | KernelArg::StructsMut { .. }
         )
     }
+}
+
+/// Bytes as 32-bit words (a `GpuType` struct's size is a multiple of 4; a ragged end is
+/// padded with zeros).
+fn byte_words(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            f32::from_bits(u32::from_le_bytes(w))
+        })
+        .collect()
 }
 
 fn f64_words(s: &[f64]) -> Vec<f32> {
@@ -667,6 +837,82 @@ from_slices! {
     u32 => U32s, U32sMut;
     i64 => I64s, I64sMut;
     u64 => U64s, U64sMut;
+}
+
+fn struct_bytes_of<'b>(
+    arg: &'b KernelArg<'_>,
+    name: &'static str,
+    want: &'static str,
+) -> Result<&'b [u8], ArgError> {
+    match arg {
+        KernelArg::Struct { bytes, ty } | KernelArg::Structs { bytes, ty, .. } if *ty == want => {
+            Ok(bytes)
+        }
+        KernelArg::StructsMut { bytes, ty, .. } if *ty == want => Ok(bytes),
+        other => Err(mismatch(name, want, other)),
+    }
+}
+
+/// The value of a struct parameter `name: T` (what the CPU entry point that
+/// `#[gpu_kernel]` generates does for it).
+pub fn struct_arg<T: bytemuck::Pod>(
+    arg: &mut KernelArg<'_>,
+    name: &'static str,
+) -> Result<T, ArgError> {
+    let want = short_type_name::<T>();
+    let bytes = struct_bytes_of(arg, name, want)?;
+    if bytes.len() != std::mem::size_of::<T>() {
+        return Err(mismatch(name, want, arg));
+    }
+    Ok(bytemuck::pod_read_unaligned(bytes))
+}
+
+/// The slice of a `&[T]` struct parameter.
+pub fn struct_slice_arg<'a, T: bytemuck::Pod>(
+    arg: &'a mut KernelArg<'_>,
+    name: &'static str,
+) -> Result<&'a [T], ArgError> {
+    let want = short_type_name::<T>();
+    let got = arg.type_name();
+    let bytes = match arg {
+        KernelArg::Structs { bytes, ty, .. } if *ty == want => &**bytes,
+        KernelArg::StructsMut { bytes, ty, .. } if *ty == want => &**bytes,
+        _ => {
+            return Err(ArgError::Type {
+                param: name,
+                expected: want,
+                got,
+            })
+        }
+    };
+    bytemuck::try_cast_slice(bytes).map_err(|_| ArgError::Type {
+        param: name,
+        expected: want,
+        got: "a byte slice of another size or alignment",
+    })
+}
+
+/// The slice of a `&mut [T]` struct parameter.
+pub fn struct_slice_mut_arg<'a, T: bytemuck::Pod>(
+    arg: &'a mut KernelArg<'_>,
+    name: &'static str,
+) -> Result<&'a mut [T], ArgError> {
+    let want = short_type_name::<T>();
+    let got = arg.type_name();
+    match arg {
+        KernelArg::StructsMut { bytes, ty, .. } if *ty == want => {
+            bytemuck::try_cast_slice_mut(bytes).map_err(|_| ArgError::Type {
+                param: name,
+                expected: want,
+                got: "a byte slice of another size or alignment",
+            })
+        }
+        _ => Err(ArgError::Type {
+            param: name,
+            expected: want,
+            got,
+        }),
+    }
 }
 
 /// An array of [`KernelArg`]s from scalars, slices, arrays and `Vec`s (`&v` read-only,

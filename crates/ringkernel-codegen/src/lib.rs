@@ -26,8 +26,17 @@
 //! ## The subset
 //!
 //! * **Kernels**: a plain `fn` (no generics, `self`, `async`, `const`, `unsafe`) that
-//!   returns nothing; parameters are scalars or slices (`&[T]` read-only, `&mut [T]`
-//!   read-write); stencil kernels also take one [`dsl::GridPos`] or [`dsl::GridPos3`].
+//!   returns nothing; parameters are scalars, slices (`&[T]` read-only, `&mut [T]`
+//!   read-write) of scalars or of `GpuType` structs, and structs by value; stencil kernels
+//!   also take one [`dsl::GridPos`] or [`dsl::GridPos3`].
+//! * **Structs**: structs that derive `GpuType` (u32, i32, f32, u64, i64 fields and
+//!   arrays of them, WGSL's layout without implicit padding), declared at the top of
+//!   the kernel's body for the translator (`#[gpu_kernel]` puts there the structs the
+//!   kernel names, see below). They are parameters (`p: P`, `&[P]`, `&mut [P]`), locals
+//!   (`let mut p = ps[i];`), fields are read and assigned (`p.pos[k] += v`,
+//!   `ps[i].mass = m`), and struct literals build them (`P { a: 1.0, ..q }`). On WGSL a
+//!   64-bit field is two words (`vec2<u32>`): it can be copied into another field of its
+//!   type (`out.id = m.id`, `R { id: m.id, .. }`) and nothing else.
 //! * **Statements**: `let` / `let mut` (with or without a type; `let x: T;` then
 //!   assignment), `=` and the compound assignments, `if`/`else`, `match` on integers
 //!   (literal, `a | b` and `_` patterns; becomes a `switch`), `for` over `a..b`, `a..=b`
@@ -53,8 +62,10 @@
 //! * **Shared memory and barriers** (global kernels): `let mut s = shared_array::<T, N>();`
 //!   at the top level of the body declares an array of the block's shared memory (CUDA
 //!   `__shared__ T s[N];`, WGSL `var<workgroup> s: array<T, N>;`); `sync_threads();` is
-//!   the block's barrier (CUDA `__syncthreads()`, WGSL `storageBarrier();
-//!   workgroupBarrier();`). Every thread of a block must reach the same barriers (WGSL's
+//!   the block's barrier with CUDA's meaning: writes before it, to shared arrays and to
+//!   slices, are seen by the block's other threads after it (CUDA `__syncthreads()`,
+//!   WGSL `workgroupBarrier()`, with `storageBarrier()` in front where needed: see
+//!   "Barriers in WGSL" below). Every thread of a block must reach the same barriers (WGSL's
 //!   uniformity analysis rejects a barrier under a condition that depends on the thread,
 //!   which surfaces as a compile error at launch). The CPU runs such kernels through
 //!   [`dsl::launch_with_barriers`] (see [`dsl`] for how).
@@ -74,7 +85,27 @@
 //! a trailing `_` (`float` → `float_`).
 //!
 //! Anything else is a [`syn::Error`] at the construct's span that says what is supported.
-//! Not yet in the subset: structs (`GpuType`) as parameters or locals.
+//!
+//! ```
+//! use ringkernel_codegen::{transpile_global_kernel, transpile_global_kernel_wgsl};
+//!
+//! let kernel: syn::ItemFn = syn::parse_quote! {
+//!     fn kick(ps: &mut [Particle], k: Kick) {
+//!         struct Particle { id: u64, vel: [f32; 2], mass: f32, hits: u32 }
+//!         struct Kick { dv: f32, n: u32 }
+//!         let i = block_idx_x() * block_dim_x() + thread_idx_x();
+//!         if (i as u32) < k.n {
+//!             let mut p = ps[i as usize];
+//!             p.vel[0] += k.dv / p.mass;
+//!             ps[i as usize] = Particle { hits: p.hits + 1, ..p };
+//!         }
+//!     }
+//! };
+//! let cuda = transpile_global_kernel(&kernel).unwrap();
+//! assert!(cuda.contains("void kick(Particle* ps, const Kick* rk_ref_k)"));
+//! let wgsl = transpile_global_kernel_wgsl(&kernel).unwrap();
+//! assert!(wgsl.source.contains("var<storage, read_write> ps: array<Particle>;"));
+//! ```
 //!
 //! ## Launching on every backend
 //!
@@ -101,6 +132,8 @@
 //! | `&[T]` param    | `const T* name`        | `var<storage, read> name: array<T>`        |
 //! | `&mut [T]` param| `T* name`              | `var<storage, read_write> name: array<T>`  |
 //! | scalar param    | `T name`               | a field of the uniform params struct       |
+//! | `GpuType` struct `S` | `struct S { .. };` | `struct S { .. }` (64-bit fields `vec2`)  |
+//! | `s: S` param    | `const S* rk_ref_s`, copied into `S s` | `var<storage, read> rk_ref_s: S`, copied into `var s` |
 //!
 //! `usize` is not a parameter or element type (no fixed size on the GPU); `bool` buffers
 //! are CUDA only.
@@ -162,9 +195,28 @@
 //!   padded with `u32` fields to a multiple of 16 bytes ([`WgslKernel::params`],
 //!   [`WgslKernel::params_size`], [`WgslKernel::pack_params`]);
 //! * bindings 1, 2, ...: the slice parameters in order, `var<storage, read>` for `&[T]`
-//!   and `var<storage, read_write>` for `&mut [T]`.
+//!   and `var<storage, read_write>` for `&mut [T]`; a struct passed by value takes its
+//!   place in this order too, as a read-only buffer of one struct.
 //!
 //! Dispatch `grid_dim` workgroups ([`WgslKernel::workgroup_size`] invocations each).
+//!
+//! ## Barriers in WGSL
+//!
+//! WGSL's `workgroupBarrier()` orders workgroup memory (the shared arrays) only; slices are
+//! storage buffers, ordered by `storageBarrier()`, which costs time. The translator puts
+//! `storageBarrier()` in front of every `workgroupBarrier()` of a kernel unless it can
+//! show that no thread reads, after a barrier, a slice element another thread of its
+//! workgroup wrote before it. It can show that when every `&mut` slice that the kernel
+//! both reads and writes is *private to its threads*: every access to it indexes it as
+//! `thread_idx_x() + S` (up to multiples of the workgroup's width), with the same `S` at
+//! every access, `S` built from values that are the same in every thread (literals,
+//! scalar parameters, `block_idx_*()`, `block_dim_*()`, `grid_dim_*()`, immutable locals
+//! of those), in a one-dimensional workgroup. The index may go through `as` casts and
+//! mutable locals whose every assignment keeps that form (`let mut c = t; ..
+//! c += block_dim_x();`, `for k in (t..n).step_by(block_dim_x())`). A slice that atomics
+//! touch always takes the storage barrier. A row softmax that reads and rescales its own
+//! columns of the output gets `workgroupBarrier()` alone; a kernel whose thread reads
+//! what a neighbour wrote gets both (the `barriers` tests run both against the CPU).
 //!
 //! ## Where the GPU differs from the CPU
 //!
@@ -186,6 +238,7 @@
 pub mod dsl;
 pub mod launch;
 mod names;
+mod structs;
 mod translate;
 mod types;
 
@@ -249,6 +302,16 @@ pub struct WgslBinding {
 pub enum BindingKind {
     /// The uniform parameter block (binding 0).
     Params,
+    /// A slice of `GpuType` structs, or a struct passed by value (then one element):
+    /// a storage buffer of `array<ty>` (`ty` for a value).
+    Structs {
+        /// The struct's name.
+        ty: &'static str,
+        /// Its size in bytes.
+        size: u32,
+        /// `&[T]` or a value (`var<storage, read>`) rather than `&mut [T]`.
+        read_only: bool,
+    },
     /// A slice parameter: a storage buffer of `elem`.
     Storage {
         /// Element type.
@@ -392,6 +455,35 @@ pub fn transpile_global_kernel_wgsl_with(
     run(f, Target::Wgsl, workgroup_size, Kind::Global).map(wgsl)
 }
 
+/// Translates a global kernel to WGSL for a one-dimensional grid of more workgroups
+/// than a dimension takes (WebGPU guarantees 65,535): the launcher dispatches
+/// `(x, y, 1)` workgroups with `x · y` at least the grid and puts the grid's size in the
+/// parameter block's last field, `rk_grid_x` (a `u32`, after the scalar parameters); the
+/// kernel takes `block_idx_x()` as the linear workgroup index `x + y · x_count`, returns at
+/// once past the grid (the whole workgroup: barriers stay valid), and sees
+/// `grid_dim_x()` as the grid's size, `block_idx_y()` / `block_idx_z()` as 0.
+///
+/// ```
+/// use ringkernel_codegen::transpile_global_kernel_wgsl_folded;
+/// let f: syn::ItemFn = syn::parse_quote! {
+///     fn fill(out: &mut [u32]) {
+///         let i = block_idx_x() * block_dim_x() + thread_idx_x();
+///         out[i as usize] = (grid_dim_x() - block_idx_x()) as u32;
+///     }
+/// };
+/// let k = transpile_global_kernel_wgsl_folded(&f, [64, 1, 1]).unwrap();
+/// assert_eq!(k.params.last().unwrap().name, "rk_grid_x");
+/// assert!(k.source.contains("if (rk_bx >= rk_grid_x) { return; }"));
+/// ```
+pub fn transpile_global_kernel_wgsl_folded(
+    f: &syn::ItemFn,
+    workgroup_size: [u32; 3],
+) -> syn::Result<WgslKernel> {
+    let mut tx = Tx::new(Target::Wgsl, workgroup_size);
+    tx.fold = true;
+    tx.kernel(f, Kind::Global).map(wgsl)
+}
+
 /// Translates a stencil kernel (one `GridPos`/`GridPos3` parameter) to CUDA C; the
 /// interior size is passed as trailing `int` parameters (see the crate docs).
 pub fn transpile_stencil_kernel(f: &syn::ItemFn, config: &StencilConfig) -> syn::Result<String> {
@@ -418,6 +510,135 @@ pub fn transpile_stencil_kernel_wgsl(
     .map(wgsl)
 }
 
+/// An actor handler (`#[ring_kernel(name = "..", gpu)]`) translated for the GPU
+/// templates: CUDA C for the persistent kernel of `ringkernel-cuda` and WGSL for the drain
+/// template of `ringkernel-shaders` (wgpu and Metal). See [`transpile_handler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerSource {
+    /// The function's name.
+    pub name: String,
+    /// CUDA C defining `__device__ int handle(..)` (the persistent template's ABI).
+    pub cuda: String,
+    /// WGSL defining `fn handle(..)` (the drain template's ABI), or why there is none (a
+    /// type WGSL lacks, say).
+    pub wgsl: Result<String, String>,
+    /// Messages are handled one at a time in order (the handler has state or sends K2K
+    /// messages): `RK_HANDLER_SERIAL` / `RK_SERIAL` are set.
+    pub serial: bool,
+    /// The message struct's name.
+    pub message: String,
+    /// The reply struct's name (`-> Option<R>`).
+    pub reply: Option<String>,
+    /// The state's type name and size in bytes (`None`: no state).
+    pub state: Option<(String, u32)>,
+    /// Every message struct whose type id the sources use (`RK_TID_<Name>`): the message,
+    /// the reply, the K2K messages.
+    pub type_ids: Vec<String>,
+    /// Every struct with the size the translation gives it.
+    pub structs: Vec<(String, u32)>,
+}
+
+/// Translates an actor handler to the GPU templates' handler ABI (the same Rust function
+/// is the CPU handler; see `#[ring_kernel]` in `ringkernel-derive`).
+///
+/// The handler is `fn name(ctx: &mut KernelContext<'_>, msg: M) -> R` or
+/// `fn name(ctx: &mut KernelContext<'_>, state: &mut S, msg: M) -> R`: `M` a
+/// `#[repr(C)]` message that derives `GpuType`, `S` a `GpuType` struct or a `u32`, `i32`,
+/// `f32` (zeroed at launch on the GPU: its `Default` must be all zeros), `R` either `()`
+/// or `Option<Reply>` with `Reply` a `GpuType` message. The structs are declared at the
+/// top of the body, as for kernels. The body is the kernel subset without thread indices,
+/// shared memory and atomics, plus:
+///
+/// * `Some(reply)` / `None` as the value of the body (or of `return`);
+/// * `ctx.send_to(KernelId(dest), &msg)` as a statement (also `let _ = ..;` or
+///   `.ok();`): a K2K send to kernel `dest` (a `u32`). On the GPU it waits while the
+///   destination's queue is full (the CPU's `send_to` returns `QueueFull` instead); on
+///   wgpu and Metal a message has at most one output (a reply or one send): a second one
+///   drops the message (status [`ERR_SECOND_OUTPUT`]);
+/// * `ctx.kernel_id().0`: this kernel's id;
+/// * `*state` and `state.field` for the state.
+///
+/// A reply or K2K message larger than the kernel's slots carry drops the request with an
+/// error on the GPU (status [`ERR_OUTPUT_TOO_LARGE`] on wgpu and Metal), as the CPU's
+/// `reply` and `send_to` fail with `MessageTooLarge`.
+///
+/// The sources use the type id of each message struct as `RK_TID_<Name>`: put
+/// [`handler_prelude`] with the ids (`RingMessage::TYPE_ID`) in front of them.
+///
+/// ```
+/// use ringkernel_codegen::{handler_prelude, transpile_handler, Target};
+///
+/// let f: syn::ItemFn = syn::parse_quote! {
+///     fn count(_ctx: &mut KernelContext<'_>, total: &mut Total, m: Sample) -> Option<Total> {
+///         struct Sample { value: f32 }
+///         struct Total { n: u32, sum: f32 }
+///         total.n += 1;
+///         total.sum += m.value;
+///         Some(*total)
+///     }
+/// };
+/// let h = transpile_handler(&f).unwrap();
+/// assert!(h.serial);
+/// assert_eq!(h.state, Some(("Total".to_string(), 8)));
+/// assert!(h.cuda.contains("__device__ int handle(RkContext* ctx"));
+/// assert!(h.wgsl.as_ref().unwrap().contains("fn handle(ctx: ptr<function, RkContext>"));
+/// let ids = [("Sample", 7), ("Total", 8)];
+/// assert_eq!(handler_prelude(Target::Cuda, &ids), "#define RK_TID_Sample 0x00000007u\n#define RK_TID_Total 0x00000008u\n");
+/// ```
+pub fn transpile_handler(f: &syn::ItemFn) -> syn::Result<HandlerSource> {
+    let cuda = Tx::new(Target::Cuda, [1, 1, 1]).handler(f)?;
+    let wgsl = Tx::new(Target::Wgsl, [1, 1, 1])
+        .handler(f)
+        .map(|w| w.text)
+        .map_err(|e| {
+            e.into_iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+    let mut type_ids = vec![cuda.message.clone()];
+    for o in &cuda.outputs {
+        if !type_ids.contains(o) {
+            type_ids.push(o.clone());
+        }
+    }
+    Ok(HandlerSource {
+        name: f.sig.ident.to_string(),
+        cuda: cuda.text,
+        wgsl,
+        serial: cuda.serial,
+        message: cuda.message,
+        reply: cuda.reply,
+        state: cuda.state,
+        type_ids,
+        structs: cuda.structs,
+    })
+}
+
+/// The status a generated WGSL handler gives a message that would have a second output
+/// (the drain template carries one per message): the message is dropped, counted with
+/// this code. The same value as `ringkernel_shaders::drain::ERR_SECOND_OUTPUT`.
+pub const ERR_SECOND_OUTPUT: u32 = 3;
+
+/// The status a generated WGSL handler gives a message whose reply or K2K message does
+/// not fit the kernel's slots (the same value as
+/// `ringkernel_shaders::drain::ERR_OUTPUT_TOO_LARGE`).
+pub const ERR_OUTPUT_TOO_LARGE: u32 = 4;
+
+/// The type id constants a handler's sources use ([`HandlerSource::type_ids`]), for
+/// `target`: CUDA `#define RK_TID_<Name> <id>u`, WGSL `const RK_TID_<Name>: u32 = <id>u;`.
+pub fn handler_prelude(target: Target, type_ids: &[(&str, u32)]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (name, id) in type_ids {
+        let _ = match target {
+            Target::Cuda => writeln!(s, "#define RK_TID_{name} 0x{id:08X}u"),
+            Target::Wgsl => writeln!(s, "const RK_TID_{name}: u32 = 0x{id:08X}u;"),
+        };
+    }
+    s
+}
+
 /// One parameter of a kernel, as a launcher binds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelParam {
@@ -439,6 +660,25 @@ pub enum ParamKind {
         /// `&mut [T]` rather than `&[T]`.
         mutable: bool,
     },
+    /// A `GpuType` struct passed by value. Launchers bind it as a one-element read-only
+    /// buffer (CUDA `const T*`, WGSL `var<storage, read>`), which the kernel copies into
+    /// a local of the parameter's name.
+    Struct {
+        /// The struct's name.
+        name: &'static str,
+        /// Its size in bytes (its WGSL and `#[repr(C)]` size).
+        size: u32,
+    },
+    /// A slice of `GpuType` structs: a device pointer (CUDA) or a storage buffer of
+    /// `array<T>` (WGSL).
+    StructSlice {
+        /// The struct's name.
+        name: &'static str,
+        /// Size of one element in bytes.
+        size: u32,
+        /// `&mut [T]` rather than `&[T]`.
+        mutable: bool,
+    },
     /// The cell of a stencil kernel (2 or 3 dimensions): not passed; the launcher passes
     /// the interior size instead (see the crate docs).
     GridPos {
@@ -451,13 +691,32 @@ pub enum ParamKind {
 /// the subset; `f64` allowed, since it is valid on CUDA). For launchers that bind
 /// arguments by position.
 pub fn kernel_params(f: &syn::ItemFn) -> syn::Result<Vec<KernelParam>> {
+    let structs = structs::Structs::of(f)?;
     let mut out = Vec::new();
     for arg in &f.sig.inputs {
-        let (pi, kind) = types::parse_param(arg, Target::Cuda)?;
+        let (pi, kind) = types::parse_param(arg, Target::Cuda, &structs)?;
         out.push(KernelParam {
             name: pi.ident.to_string(),
             kind,
         });
     }
     Ok(out)
+}
+
+/// A `&'static` copy of `s`, made once per distinct string (struct names in
+/// [`ParamKind`] and [`BindingKind`], which are `Copy`).
+pub(crate) fn intern(s: &str) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut set = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(&n) = set.get(s) {
+        return n;
+    }
+    let n: &'static str = Box::leak(s.to_string().into_boxed_str());
+    set.insert(n);
+    n
 }

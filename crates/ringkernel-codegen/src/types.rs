@@ -1,5 +1,6 @@
 //! The types of the subset and how they map to CUDA C and WGSL.
 
+use crate::structs::Structs;
 use crate::{ParamKind, Target};
 use syn::spanned::Spanned;
 
@@ -87,6 +88,11 @@ impl ScalarType {
         )
     }
 
+    /// The scalar spelled `s` in Rust (`"f32"`, `"u32"`, ...).
+    pub fn from_rust_name(s: &str) -> Option<Self> {
+        Self::from_name(s)
+    }
+
     pub(crate) fn from_name(s: &str) -> Option<Self> {
         Some(match s {
             "f32" => ScalarType::F32,
@@ -106,10 +112,29 @@ impl ScalarType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ty {
     Scalar(ScalarType),
-    Slice { elem: ScalarType, mutable: bool },
-    Array { elem: ScalarType, len: usize },
-    GridPos { dims: u8 },
+    Slice {
+        elem: ScalarType,
+        mutable: bool,
+    },
+    Array {
+        elem: ScalarType,
+        len: usize,
+    },
+    /// A `GpuType` struct (by name; its definition is in the translation's `Structs`).
+    Struct(String),
+    /// `&[T]` / `&mut [T]` of a `GpuType` struct.
+    StructSlice {
+        name: String,
+        mutable: bool,
+    },
+    GridPos {
+        dims: u8,
+    },
     Unit,
+    /// A handler's `&mut KernelContext<'_>` parameter.
+    Context,
+    /// What the tail of an `Option<R>` handler produces: a reply or none.
+    Reply,
 }
 
 impl Ty {
@@ -131,15 +156,22 @@ impl Ty {
                 )
             }
             Ty::Array { elem, len } => format!("[{}; {len}]", elem.rust_name()),
+            Ty::Struct(n) => n.clone(),
+            Ty::StructSlice { name, mutable } => {
+                format!("&{}[{name}]", if *mutable { "mut " } else { "" })
+            }
             Ty::GridPos { dims: 2 } => "GridPos".into(),
             Ty::GridPos { .. } => "GridPos3".into(),
             Ty::Unit => "()".into(),
+            Ty::Context => "&mut KernelContext".into(),
+            Ty::Reply => "Option<reply>".into(),
         }
     }
 }
 
 pub(crate) const SUPPORTED_TYPES: &str = "f32, f64 (CUDA only), i32, u32, i64 and u64 (CUDA \
-     only), bool, usize (for indices), [T; N] locals, &[T] and &mut [T] parameters, GridPos/GridPos3 (stencil kernels)";
+     only), bool, usize (for indices), [T; N] locals, &[T] and &mut [T] parameters, GpuType \
+     structs (defined above the kernel with #[derive(GpuType)]), GridPos/GridPos3 (stencil kernels)";
 
 /// The spelling of a scalar for `target`; `f64` on WGSL is an error at `span_of`.
 pub(crate) fn scalar_name(
@@ -178,7 +210,8 @@ pub(crate) fn f64_error(span_of: &dyn quote::ToTokens) -> syn::Error {
 }
 
 /// Parses a type of the subset; `f64` (and anything containing it) is an error on WGSL.
-pub(crate) fn parse_type(ty: &syn::Type, target: Target) -> syn::Result<Ty> {
+/// Struct names resolve through `structs`.
+pub(crate) fn parse_type(ty: &syn::Type, target: Target, structs: &Structs) -> syn::Result<Ty> {
     let unsupported = || {
         syn::Error::new(
             ty.span(),
@@ -189,7 +222,7 @@ pub(crate) fn parse_type(ty: &syn::Type, target: Target) -> syn::Result<Ty> {
         )
     };
     match ty {
-        syn::Type::Paren(p) => parse_type(&p.elem, target),
+        syn::Type::Paren(p) => parse_type(&p.elem, target, structs),
         syn::Type::Tuple(t) if t.elems.is_empty() => Ok(Ty::Unit),
         syn::Type::Path(p) if p.qself.is_none() => {
             let last = p.path.segments.last().ok_or_else(unsupported)?;
@@ -209,6 +242,19 @@ pub(crate) fn parse_type(ty: &syn::Type, target: Target) -> syn::Result<Ty> {
             match name.as_str() {
                 "GridPos" => Ok(Ty::GridPos { dims: 2 }),
                 "GridPos3" => Ok(Ty::GridPos { dims: 3 }),
+                _ if structs.get(&name).is_some() && p.path.segments.len() == 1 => {
+                    Ok(Ty::Struct(name))
+                }
+                _ if name.starts_with(|c: char| c.is_ascii_uppercase()) => Err(syn::Error::new(
+                    ty.span(),
+                    format!(
+                        "unknown type `{}`: a struct used in a kernel derives `GpuType` and \
+                             is defined above the kernel in the same module (it is then handed \
+                             to the translator; with the translator's API, define it at the top \
+                             of the kernel's body); the kernel subset supports {SUPPORTED_TYPES}",
+                        quote::quote!(#ty)
+                    ),
+                )),
                 _ => Err(unsupported()),
             }
         }
@@ -228,14 +274,20 @@ pub(crate) fn parse_type(ty: &syn::Type, target: Target) -> syn::Result<Ty> {
                     ),
                 ));
             };
-            let elem = element_type(&s.elem, target)?;
+            if let Ty::Struct(name) = parse_type(&s.elem, target, structs)? {
+                return Ok(Ty::StructSlice {
+                    name,
+                    mutable: r.mutability.is_some(),
+                });
+            }
+            let elem = element_type(&s.elem, target, structs)?;
             Ok(Ty::Slice {
                 elem,
                 mutable: r.mutability.is_some(),
             })
         }
         syn::Type::Array(a) => {
-            let elem = element_type(&a.elem, target)?;
+            let elem = element_type(&a.elem, target, structs)?;
             let len = match &a.len {
                 syn::Expr::Lit(syn::ExprLit {
                     lit: syn::Lit::Int(i),
@@ -269,8 +321,8 @@ pub(crate) fn check_array_len(len: usize, span_of: &dyn quote::ToTokens) -> syn:
 }
 
 /// Element type of a slice or array: a scalar that the target can store in a buffer.
-fn element_type(ty: &syn::Type, target: Target) -> syn::Result<ScalarType> {
-    match parse_type(ty, target)? {
+fn element_type(ty: &syn::Type, target: Target, structs: &Structs) -> syn::Result<ScalarType> {
+    match parse_type(ty, target, structs)? {
         Ty::Scalar(ScalarType::Usize) => Err(syn::Error::new_spanned(
             ty,
             "`usize` has no fixed size on the GPU; use `u32` or `i32` elements",
@@ -288,11 +340,13 @@ fn element_type(ty: &syn::Type, target: Target) -> syn::Result<ScalarType> {
 }
 
 /// One kernel parameter: its name pattern and type, with the checks every kernel shares
-/// (a plain name; a scalar other than `usize`, a slice or a `GridPos`).
-pub(crate) fn parse_param(
-    arg: &syn::FnArg,
+/// (a plain name; a scalar other than `usize`, a slice, a `GpuType` struct or a
+/// `GridPos`).
+pub(crate) fn parse_param<'a>(
+    arg: &'a syn::FnArg,
     target: Target,
-) -> syn::Result<(&syn::PatIdent, ParamKind)> {
+    structs: &Structs,
+) -> syn::Result<(&'a syn::PatIdent, ParamKind)> {
     let syn::FnArg::Typed(pt) = arg else {
         return Err(syn::Error::new_spanned(
             arg,
@@ -306,20 +360,41 @@ pub(crate) fn parse_param(
     if pi.by_ref.is_some() || pi.subpat.is_some() {
         return Err(plain());
     }
-    let ty = parse_type(&pt.ty, target)?;
+    let ty = parse_type(&pt.ty, target, structs)?;
     match ty {
         Ty::Scalar(ScalarType::Usize) => Err(syn::Error::new_spanned(
             &pt.ty,
             "`usize` parameters are not supported (no fixed size on the GPU); use `u32` or \
              `i32`",
         )),
-        Ty::Array { .. } | Ty::Unit => Err(syn::Error::new_spanned(
+        Ty::Array { .. } | Ty::Unit | Ty::Context | Ty::Reply => Err(syn::Error::new_spanned(
             &pt.ty,
             "parameters are scalars (f32, f64 on CUDA, i32, u32, bool) or slices (`&[T]`, \
              `&mut [T]`)",
         )),
         Ty::Scalar(s) => Ok((pi, ParamKind::Scalar(s))),
         Ty::Slice { elem, mutable } => Ok((pi, ParamKind::Slice { elem, mutable })),
+        Ty::Struct(name) => {
+            let size = structs.get(&name).expect("parsed").size;
+            Ok((
+                pi,
+                ParamKind::Struct {
+                    name: crate::intern(&name),
+                    size,
+                },
+            ))
+        }
+        Ty::StructSlice { name, mutable } => {
+            let size = structs.get(&name).expect("parsed").size;
+            Ok((
+                pi,
+                ParamKind::StructSlice {
+                    name: crate::intern(&name),
+                    size,
+                    mutable,
+                },
+            ))
+        }
         Ty::GridPos { dims } => Ok((pi, ParamKind::GridPos { dims })),
     }
 }
@@ -329,6 +404,11 @@ impl From<ParamKind> for Ty {
         match k {
             ParamKind::Scalar(s) => Ty::Scalar(s),
             ParamKind::Slice { elem, mutable } => Ty::Slice { elem, mutable },
+            ParamKind::Struct { name, .. } => Ty::Struct(name.to_string()),
+            ParamKind::StructSlice { name, mutable, .. } => Ty::StructSlice {
+                name: name.to_string(),
+                mutable,
+            },
             ParamKind::GridPos { dims } => Ty::GridPos { dims },
         }
     }

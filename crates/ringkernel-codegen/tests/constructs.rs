@@ -512,7 +512,7 @@ fn atomics() {
         .iter()
         .filter_map(|b| match b.kind {
             BindingKind::Storage { atomic, .. } => Some(atomic),
-            BindingKind::Params => None,
+            BindingKind::Params | BindingKind::Structs { .. } => None,
         })
         .collect();
     assert_eq!(atomic, [false, true, true]);

@@ -338,3 +338,175 @@ fn cuda_helper_functions_match_cpu() {
     unsafe { b.launch(cfg) }.unwrap();
     assert_close("cuda helpers", &stream.clone_dtoh(&od).unwrap(), &cpu, 1e-5);
 }
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_struct_kernel_matches_cpu() {
+    use particles::{Params, Particle};
+    let mut rng = Rng::fresh("cuda_structs");
+    let src = transpile_global_kernel(&particles::source()).unwrap();
+    let (stream, f) = load(&src, "step");
+    let n = rng.usize(1, 20_000);
+    let ps = random_particles(&mut rng, n);
+    let params = Params {
+        dt: 0.05,
+        gravity: 9.81,
+        floor: 0.2,
+        n: n as u32,
+    };
+    let (mut cpu_ps, mut cpu_out) = (ps.clone(), vec![Particle::default(); n]);
+    let cfg = cfg_1d(n);
+    launch([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        particles::step(&mut cpu_ps, params, &mut cpu_out)
+    });
+    // Structs travel as their 32-bit words.
+    let words = |v: &[Particle]| -> Vec<u32> { bytemuck::cast_slice(v).to_vec() };
+    let mut psd = stream.clone_htod(&words(&ps)).unwrap();
+    let prd = stream
+        .clone_htod(bytemuck::cast_slice::<Params, u32>(&[params]))
+        .unwrap();
+    let mut outd = stream.alloc_zeros::<u32>(n * 10).unwrap();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&mut psd).arg(&prd).arg(&mut outd);
+    // SAFETY: the signature is (Particle*, const Params*, Particle*); the buffers hold n
+    // Particles (40 bytes = 10 words each) and one Params, what the kernel touches.
+    unsafe { b.launch(cfg) }.unwrap();
+    for (what, d, want) in [("ps", &psd, &cpu_ps), ("out", &outd, &cpu_out)] {
+        let got_words = stream.clone_dtoh(d).unwrap();
+        let got: &[Particle] = bytemuck::cast_slice(&got_words);
+        for (i, (g, c)) in got.iter().zip(want.iter()).enumerate() {
+            assert_eq!((g.id, g.hits), (c.id, c.hits), "{what}[{i}]");
+            let gf: Vec<f32> = g
+                .pos
+                .iter()
+                .chain(&g.vel)
+                .chain([&g.mass])
+                .copied()
+                .collect();
+            let cf: Vec<f32> = c
+                .pos
+                .iter()
+                .chain(&c.vel)
+                .chain([&c.mass])
+                .copied()
+                .collect();
+            assert_close(what, &gf, &cf, 1e-5);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_barrier_kernels_match_cpu() {
+    let mut rng = Rng::fresh("cuda_barriers");
+    let src = transpile_global_kernel(&neighbour_sum::source()).unwrap();
+    let (stream, f) = load(&src, "neighbour_sum");
+    let n = rng.usize(100, 50_000);
+    let x = rng.vec_f32(n, -4.0, 4.0);
+    let mut cpu = vec![0.0f32; n];
+    let cfg = cfg_1d(n);
+    launch_with_barriers([cfg.grid_dim.0, 1, 1], [64, 1, 1], || {
+        neighbour_sum::neighbour_sum(&x, &mut cpu, n as i32)
+    });
+    let xd = stream.clone_htod(&x).unwrap();
+    let mut od = stream.alloc_zeros::<f32>(n).unwrap();
+    let ni = n as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&xd).arg(&mut od).arg(&ni);
+    // SAFETY: (const float*, float*, int), both buffers n floats.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_close(
+        "cuda neighbour_sum",
+        &stream.clone_dtoh(&od).unwrap(),
+        &cpu,
+        1e-6,
+    );
+
+    let src = transpile_global_kernel(&row_softmax::source()).unwrap();
+    let (stream, f) = load(&src, "row_softmax");
+    let (rows, cols) = (rng.usize(1, 300), rng.usize(1, 3000));
+    let x = rng.vec_f32(rows * cols, -6.0, 6.0);
+    let mut cpu = vec![0.0f32; rows * cols];
+    launch_with_barriers([rows as u32, 1, 1], [64, 1, 1], || {
+        row_softmax::row_softmax(&x, &mut cpu, cols as i32)
+    });
+    let xd = stream.clone_htod(&x).unwrap();
+    let mut yd = stream.alloc_zeros::<f32>(rows * cols).unwrap();
+    let ci = cols as i32;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&xd).arg(&mut yd).arg(&ci);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: (const float*, float*, int), both buffers rows * cols floats.
+    unsafe { b.launch(cfg) }.unwrap();
+    assert_close(
+        "cuda row_softmax",
+        &stream.clone_dtoh(&yd).unwrap(),
+        &cpu,
+        1e-5,
+    );
+}
+
+/// Generated actor handlers compiled by NVRTC inside the persistent template of
+/// `ringkernel-cuda`, as its runtime composes them (the facade's `portable_handler` test
+/// runs them).
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn cuda_handlers_compile_in_the_persistent_template() {
+    const HEADER: &str = include_str!("../../ringkernel-cuda/kernels/ringkernel.cuh");
+    const TEMPLATE: &str = include_str!("../../ringkernel-cuda/kernels/persistent.cu");
+    let handlers: [syn::ItemFn; 2] = [
+        syn::parse_quote! {
+            fn stats(_ctx: &mut KernelContext<'_>, s: &mut Stats, m: Reading) -> Option<Summary> {
+                struct Reading { id: u64, values: [f32; 4], kind: u32, pad: u32 }
+                struct Stats { total: i64, seen: u32, peak: f32 }
+                struct Summary { id: u64, peak: f32, seen: u32 }
+                s.seen += 1;
+                s.total += m.kind as i64;
+                for k in 0..4usize {
+                    s.peak = s.peak.max(m.values[k]);
+                }
+                if m.kind == 99 { None } else { Some(Summary { id: m.id, peak: s.peak, seen: s.seen }) }
+            }
+        },
+        syn::parse_quote! {
+            fn route(ctx: &mut KernelContext<'_>, m: Job) -> Option<Job> {
+                struct Job { id: u64, hops: u32, to: u32 }
+                if m.hops < 3 {
+                    let _ = ctx.send_to(KernelId(m.to), &Job { hops: m.hops + 1, ..m });
+                    return None;
+                }
+                Some(m)
+            }
+        },
+    ];
+    let ctx = CudaContext::new(0).expect("CUDA device 0");
+    let (major, minor) = ctx.compute_capability().expect("compute capability");
+    // As the runtime compiles it: for the device's architecture (the template uses
+    // `__nanosleep`, sm_70 and later), C++17.
+    let opts = || cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture=sm_{major}{minor}"),
+            "--std=c++17".into(),
+        ],
+        ..Default::default()
+    };
+    for f in &handlers {
+        let h = ringkernel_codegen::transpile_handler(f).unwrap();
+        let ids: Vec<(&str, u32)> = h.type_ids.iter().map(|n| (n.as_str(), 0x77)).collect();
+        let src = format!(
+            "{HEADER}\n{}{}\n{TEMPLATE}",
+            ringkernel_codegen::handler_prelude(ringkernel_codegen::Target::Cuda, &ids),
+            h.cuda
+        );
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts())
+            .unwrap_or_else(|e| panic!("NVRTC rejected handler {}: {e:?}\n{}", h.name, h.cuda));
+        let module = ctx.load_module(ptx).expect("load module");
+        module
+            .load_function("rk_persistent")
+            .expect("the persistent kernel");
+    }
+}

@@ -77,8 +77,12 @@ fn statements() {
         "macros are not supported in kernels; supported statements: `let`, assignments",
     );
     fails(
-        parse_quote! { fn k(x: &mut [f32]) { struct S; } },
+        parse_quote! { fn k(x: &mut [f32]) { const C: u32 = 1; } },
         "items inside a kernel are not supported",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { struct S; } },
+        "structs used in kernels have named fields",
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { let (a, b) = (1.0, 2.0); } },
@@ -190,6 +194,10 @@ fn expressions() {
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { x[0] = x[1..2][0]; } },
+        "sub-slices (`data[a..b]`) are not supported",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { x[0] = (x[1] + 1.0)[0]; } },
         "only slices and arrays named by a variable can be indexed",
     );
     fails(

@@ -33,6 +33,19 @@ pub struct StaticCpuHandler {
 
 inventory::collect!(StaticCpuHandler);
 
+/// A GPU handler registered at compile time by `#[ring_kernel(gpu)]` (its CUDA and WGSL
+/// translated from the Rust handler). [`KernelRegistry::gpu`] finds it when nothing was
+/// registered under its name, and keeps what `factory` built.
+pub struct StaticGpuHandler {
+    /// Handler name.
+    pub name: &'static str,
+    /// Builds the handler (its sources with the message type ids filled in); an error
+    /// says why the handler cannot run on a GPU.
+    pub factory: fn() -> Result<GpuHandler>,
+}
+
+inventory::collect!(StaticGpuHandler);
+
 /// A GPU handler: device source in each language it exists in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuHandler {
@@ -263,17 +276,37 @@ impl KernelRegistry {
         )))
     }
 
-    /// The GPU handler for `name`.
+    /// The GPU handler for `name`: this registry first, then the `#[ring_kernel(gpu)]`
+    /// handlers (built on first use, then kept here).
     pub fn gpu(&self, name: &str) -> Result<GpuHandler> {
+        if let Some(h) = self.gpu.read().expect("registry lock").get(name) {
+            return Ok(h.clone());
+        }
+        if let Some(s) = inventory::iter::<StaticGpuHandler>
+            .into_iter()
+            .find(|s| s.name == name)
+        {
+            let h = (s.factory)()?;
+            let mut g = self.gpu.write().expect("registry lock");
+            // A registration that raced this one wins.
+            return Ok(g.entry(name.to_string()).or_insert(h).clone());
+        }
         let g = self.gpu.read().expect("registry lock");
-        g.get(name).cloned().ok_or_else(|| {
-            let mut names: Vec<_> = g.keys().cloned().collect();
-            names.sort();
-            Error::KernelNotFound(format!(
-                "no GPU handler named {name:?} (registered: {})",
-                names.join(", ")
-            ))
-        })
+        let mut names: Vec<String> = g
+            .keys()
+            .cloned()
+            .chain(
+                inventory::iter::<StaticGpuHandler>
+                    .into_iter()
+                    .map(|s| s.name.to_string()),
+            )
+            .collect();
+        names.sort();
+        names.dedup();
+        Err(Error::KernelNotFound(format!(
+            "no GPU handler named {name:?} (registered: {})",
+            names.join(", ")
+        )))
     }
 
     /// Names of all CPU handlers (registry and global), sorted.

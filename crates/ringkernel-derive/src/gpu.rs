@@ -118,13 +118,36 @@ fn classify(ty: &Type) -> syn::Result<WgslField> {
     }
 }
 
-/// Expands `#[derive(GpuType)]`.
+/// Expands `#[derive(GpuType)]`: the impl, and the hand-over macro through which
+/// `#[gpu_kernel]` and `#[ring_kernel(gpu)]` functions below it learn the struct's
+/// fields.
 pub fn derive(input: DeriveInput) -> syn::Result<TokenStream> {
-    let fixed = has_fixed_repr(&input)?;
+    let mut out = derive_impl(&input)?;
+    if let syn::Data::Struct(ds) = &input.data {
+        let mut fields = ds.fields.clone();
+        for f in fields.iter_mut() {
+            f.attrs.clear();
+            f.vis = syn::Visibility::Inherited;
+        }
+        let ident = &input.ident;
+        let item = match &fields {
+            syn::Fields::Named(_) => quote!(struct #ident #fields),
+            _ => quote!(struct #ident #fields;),
+        };
+        out.extend(crate::gpu_fn::carrier_macro(
+            &crate::gpu_fn::type_carrier(ident),
+            item,
+        ));
+    }
+    Ok(out)
+}
+
+fn derive_impl(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let fixed = has_fixed_repr(input)?;
     let s = if fixed {
-        parse_plain(&input, "GpuType")?
+        parse_plain(input, "GpuType")?
     } else {
-        parse_any_repr(&input, "GpuType")?
+        parse_any_repr(input, "GpuType")?
     };
     let core = core_path();
     let ident = &s.ident;

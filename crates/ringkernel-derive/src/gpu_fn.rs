@@ -61,8 +61,11 @@ pub fn free_calls(tokens: TokenStream, out: &mut Vec<syn::Ident>) {
                 let qualified = k > 0
                     && matches!(&tts[k - 1], TokenTree::Punct(p) if p.as_char() == '.' || p.as_char() == ':');
                 let name = i.to_string();
+                // `Some(x)`, `KernelId(n)`: tuple structs and variants, not helpers.
+                let camel = name.starts_with(|c: char| c.is_ascii_uppercase());
                 if called
                     && !qualified
+                    && !camel
                     && !KEYWORDS.contains(&name.as_str())
                     && !DSL.contains(&name.as_str())
                     && !out.iter().any(|o| *o == name)
@@ -105,21 +108,75 @@ pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
             errors = syn::Error::new(e.span(), format!("#[gpu_fn]: {e}")).into_compile_error();
         }
     }
-    let mac = carrier(&item.sig.ident);
+    let mac = carrier_macro(&carrier(&item.sig.ident), quote!(#helper));
     Ok(quote! {
         #errors
         #item
+        #mac
+    })
+}
 
+/// The hand-over macro `name` that adds `item` (a helper function or a struct) to the
+/// items a kernel's expansion collects, then passes on to the next macro of the chain or,
+/// last, invokes the kernel's attribute again with them (`__rk_expanded (attr) [items]`).
+pub fn carrier_macro(name: &syn::Ident, item: TokenStream) -> TokenStream {
+    quote! {
         #[doc(hidden)]
         #[allow(unused_macros)]
-        macro_rules! #mac {
+        macro_rules! #name {
             ([$next:ident $(, $rest:ident)*] [$($acc:tt)*] {$($path:tt)*} ($($attr:tt)*) $($kernel:tt)*) => {
-                $next! { [$($rest),*] [$($acc)* #helper] {$($path)*} ($($attr)*) $($kernel)* }
+                $next! { [$($rest),*] [$($acc)* #item] {$($path)*} ($($attr)*) $($kernel)* }
             };
             ([] [$($acc:tt)*] {$($path:tt)*} ($($attr:tt)*) $($kernel:tt)*) => {
-                #[$($path)*(__rk_expanded ($($attr)*) [$($acc)* #helper])]
+                #[$($path)*(__rk_expanded ($($attr)*) [$($acc)* #item])]
                 $($kernel)*
             };
         }
-    })
+    }
+}
+
+/// The name of a `GpuType` struct's hand-over macro.
+pub fn type_carrier(name: &syn::Ident) -> syn::Ident {
+    format_ident!("__rk_gpu_type_{}", name, span = name.span())
+}
+
+/// Names that look like types but are not structs to hand over.
+const NOT_STRUCTS: &[&str] = &[
+    "Self",
+    "GridPos",
+    "GridPos3",
+    "Some",
+    "None",
+    "Option",
+    "Ok",
+    "Err",
+    "Result",
+    "KernelContext",
+    "KernelId",
+];
+
+/// CamelCase names (types; not `ALL_CAPS` constants) used in `tokens` without a path
+/// in front (`a::B` is not collected): the structs a kernel may need handed over.
+pub fn type_names(tokens: TokenStream, out: &mut Vec<syn::Ident>) {
+    let tts: Vec<TokenTree> = tokens.into_iter().collect();
+    for (k, tt) in tts.iter().enumerate() {
+        match tt {
+            TokenTree::Ident(i) => {
+                let name = i.to_string();
+                let camel = name.starts_with(|c: char| c.is_ascii_uppercase())
+                    && name.chars().any(|c| c.is_ascii_lowercase());
+                let colon = |j: usize| matches!(&tts[j], TokenTree::Punct(p) if p.as_char() == ':');
+                let qualified = k > 1 && colon(k - 1) && colon(k - 2);
+                if camel
+                    && !qualified
+                    && !NOT_STRUCTS.contains(&name.as_str())
+                    && !out.iter().any(|o| *o == name)
+                {
+                    out.push(i.clone());
+                }
+            }
+            TokenTree::Group(g) => type_names(g.stream(), out),
+            _ => {}
+        }
+    }
 }

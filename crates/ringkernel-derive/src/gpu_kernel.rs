@@ -2,7 +2,7 @@
 //! implementation) and described by a `GpuKernel` const with its CUDA C and WGSL,
 //! translated here at compile time.
 
-use crate::gpu_fn::{bare, carrier, free_calls};
+use crate::gpu_fn::{bare, carrier, free_calls, type_carrier, type_names};
 use crate::paths::{codegen_path, gpu_kernel_path};
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
@@ -48,9 +48,19 @@ fn uses_barrier(tokens: impl Iterator<Item = proc_macro2::TokenTree>) -> bool {
     })
 }
 
-/// Splits `__rk_expanded (attr) [helpers]` (a re-invocation by the `#[gpu_fn]` hand-over)
-/// into the user's attribute and the helpers; any other attribute has no helpers.
-fn split_expanded(attr: TokenStream) -> syn::Result<(TokenStream, Vec<ItemFn>)> {
+/// What the hand-over macros of `#[gpu_fn]` helpers and `GpuType` structs gave a
+/// kernel's attribute when it is invoked again.
+#[derive(Default)]
+pub struct HandedOver {
+    /// `#[gpu_fn]` helpers.
+    pub helpers: Vec<ItemFn>,
+    /// `GpuType` structs (fields only).
+    pub structs: Vec<syn::ItemStruct>,
+}
+
+/// Splits `__rk_expanded (attr) [items]` (a re-invocation by the hand-over macros) into
+/// the user's attribute and the items; any other attribute has none.
+pub fn split_expanded(attr: TokenStream) -> syn::Result<(TokenStream, HandedOver)> {
     use proc_macro2::{Delimiter, TokenTree};
     let tts: Vec<TokenTree> = attr.clone().into_iter().collect();
     match tts.as_slice() {
@@ -60,59 +70,114 @@ fn split_expanded(attr: TokenStream) -> syn::Result<(TokenStream, Vec<ItemFn>)> 
                 && h.delimiter() == Delimiter::Bracket =>
         {
             let file: syn::File = syn::parse2(h.stream())?;
-            let mut helpers = Vec::new();
+            let mut got = HandedOver::default();
             for it in file.items {
                 match it {
-                    syn::Item::Fn(f) => helpers.push(f),
+                    syn::Item::Fn(f) => got.helpers.push(f),
+                    syn::Item::Struct(st) => got.structs.push(st),
                     other => {
-                        return Err(syn::Error::new_spanned(other, "expected a helper function"))
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            "expected a helper function or a struct",
+                        ))
                     }
                 }
             }
-            Ok((a.stream(), helpers))
+            Ok((a.stream(), got))
         }
-        _ => Ok((attr, Vec::new())),
+        _ => Ok((attr, HandedOver::default())),
     }
+}
+
+/// The hand-over macros `item` still needs (its helpers' and structs' that are neither
+/// defined in its body nor handed over yet), in chain order.
+pub fn missing_carriers(item: &ItemFn, got: &HandedOver) -> Vec<syn::Ident> {
+    // Functions called that are neither nested helpers nor `#[gpu_fn]` helpers already
+    // handed over, and the structs named that are not known either.
+    let mut calls = Vec::new();
+    free_calls(item.block.to_token_stream(), &mut calls);
+    for h in &got.helpers {
+        free_calls(h.block.to_token_stream(), &mut calls);
+    }
+    let nested = |f: &dyn Fn(&syn::Item) -> Option<String>| -> Vec<String> {
+        item.block
+            .stmts
+            .iter()
+            .filter_map(|s| match s {
+                syn::Stmt::Item(it) => f(it),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut known_fns = nested(&|it| match it {
+        syn::Item::Fn(f) => Some(f.sig.ident.to_string()),
+        _ => None,
+    });
+    known_fns.extend(got.helpers.iter().map(|h| h.sig.ident.to_string()));
+    calls.retain(|c| !known_fns.contains(&c.to_string()));
+    let mut types = Vec::new();
+    type_names(item.sig.to_token_stream(), &mut types);
+    type_names(item.block.to_token_stream(), &mut types);
+    for h in &got.helpers {
+        type_names(h.to_token_stream(), &mut types);
+    }
+    let mut known_types = nested(&|it| match it {
+        syn::Item::Struct(s) => Some(s.ident.to_string()),
+        _ => None,
+    });
+    known_types.extend(got.structs.iter().map(|s| s.ident.to_string()));
+    types.retain(|t| !known_types.contains(&t.to_string()));
+    calls
+        .iter()
+        .map(carrier)
+        .chain(types.iter().map(type_carrier))
+        .collect()
+}
+
+/// The first macro of the hand-over chain for `item` (`path` is the attribute to invoke
+/// again at its end).
+pub fn chain(
+    macs: &[syn::Ident],
+    got: &HandedOver,
+    path: &TokenStream,
+    attr: &TokenStream,
+    item: &ItemFn,
+) -> TokenStream {
+    let (first, rest) = (&macs[0], &macs[1..]);
+    let (helpers, structs) = (&got.helpers, &got.structs);
+    quote! {
+        #first! { [#(#rest),*] [#(#helpers)* #(#structs)*] {#path} (#attr) #item }
+    }
+}
+
+/// `item` with the handed-over structs and helpers at the top of its body (as nested
+/// ones are written): what is translated.
+pub fn with_handed_over(item: &ItemFn, got: &HandedOver) -> ItemFn {
+    let mut tx_item = item.clone();
+    tx_item.block.stmts.splice(
+        0..0,
+        got.structs
+            .iter()
+            .map(|s| syn::Stmt::Item(syn::Item::Struct(s.clone())))
+            .chain(
+                got.helpers
+                    .iter()
+                    .map(|h| syn::Stmt::Item(syn::Item::Fn(bare(h)))),
+            ),
+    );
+    tx_item
 }
 
 /// Expands `#[gpu_kernel]` on `item`.
 pub fn expand(attr: TokenStream, item: ItemFn) -> syn::Result<TokenStream> {
-    let (attr, helpers) = split_expanded(attr)?;
-    // Functions called that are neither nested helpers nor `#[gpu_fn]` helpers already
-    // handed over: fetch them through their hand-over macros.
-    let mut calls = Vec::new();
-    free_calls(item.block.to_token_stream(), &mut calls);
-    for h in &helpers {
-        free_calls(h.block.to_token_stream(), &mut calls);
-    }
-    let known: Vec<String> = item
-        .block
-        .stmts
-        .iter()
-        .filter_map(|s| match s {
-            syn::Stmt::Item(syn::Item::Fn(f)) => Some(f.sig.ident.to_string()),
-            _ => None,
-        })
-        .chain(helpers.iter().map(|h| h.sig.ident.to_string()))
-        .collect();
-    calls.retain(|c| !known.contains(&c.to_string()));
-    if !calls.is_empty() {
-        let macs: Vec<syn::Ident> = calls.iter().map(carrier).collect();
-        let (first, rest) = (&macs[0], &macs[1..]);
-        let path = gpu_kernel_path();
-        return Ok(quote! {
-            #first! { [#(#rest),*] [#(#helpers)*] {#path} (#attr) #item }
-        });
+    let (attr, got) = split_expanded(attr)?;
+    let macs = missing_carriers(&item, &got);
+    if !macs.is_empty() {
+        return Ok(chain(&macs, &got, &gpu_kernel_path(), &attr, &item));
     }
     // What is translated (and kept for re-translation): the kernel with the handed-over
-    // helpers at the top of its body, as nested helpers are written.
-    let mut tx_item = item.clone();
-    tx_item.block.stmts.splice(
-        0..0,
-        helpers
-            .iter()
-            .map(|h| syn::Stmt::Item(syn::Item::Fn(bare(h)))),
-    );
+    // structs and helpers at the top of its body.
+    let tx_item = with_handed_over(&item, &got);
     expand_resolved(attr, &item, &tx_item)
 }
 
@@ -133,7 +198,7 @@ fn expand_resolved(attr: TokenStream, item: &ItemFn, tx_item: &ItemFn) -> syn::R
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    let params = ringkernel_codegen::kernel_params(item).map_err(labelled)?;
+    let params = ringkernel_codegen::kernel_params(tx_item).map_err(labelled)?;
     let mut stencil_dims = None;
     for (p, arg) in params.iter().zip(&item.sig.inputs) {
         match p.kind {
@@ -230,8 +295,31 @@ fn expand_resolved(attr: TokenStream, item: &ItemFn, tx_item: &ItemFn) -> syn::R
                 quote!(#cg::ParamKind::Slice { elem: #e, mutable: #mutable })
             }
             ParamKind::GridPos { dims } => quote!(#cg::ParamKind::GridPos { dims: #dims }),
+            ParamKind::Struct { name, size } => {
+                quote!(#cg::ParamKind::Struct { name: #name, size: #size })
+            }
+            ParamKind::StructSlice {
+                name,
+                size,
+                mutable,
+            } => {
+                quote!(#cg::ParamKind::StructSlice { name: #name, size: #size, mutable: #mutable })
+            }
         };
         quote!(#cg::launch::StaticParam { name: #n, kind: #kind })
+    });
+    // The translator's layout of each struct parameter is the Rust one.
+    let size_checks = params.iter().filter_map(|p| match p.kind {
+        ParamKind::Struct { name, size } | ParamKind::StructSlice { name, size, .. } => {
+            let t = format_ident!("{name}");
+            let size = size as usize;
+            let msg = format!(
+                "#[gpu_kernel]: `{name}` is not laid out as the kernel's translation assumes \
+                 ({size} bytes, WGSL's layout): derive GpuType on it with #[repr(C)]"
+            );
+            Some(quote!(assert!(::core::mem::size_of::<#t>() == #size, #msg);))
+        }
+        _ => None,
     });
 
     let n_args = params
@@ -270,6 +358,29 @@ fn expand_resolved(attr: TokenStream, item: &ItemFn, tx_item: &ItemFn) -> syn::R
                 let t = format_ident!("{}", elem.rust_name());
                 (quote!(&mut [#t]), quote!(&mut *#v))
             }
+            ParamKind::Struct { name, .. } => {
+                let t = format_ident!("{name}");
+                binds.push(quote! {
+                    let #v: #t = #cg::launch::struct_arg::<#t>(#a, #pname)?;
+                });
+                call_args.push(quote!(#v));
+                continue;
+            }
+            ParamKind::StructSlice { name, mutable, .. } => {
+                let t = format_ident!("{name}");
+                if mutable {
+                    binds.push(quote! {
+                        let #v: &mut [#t] = #cg::launch::struct_slice_mut_arg::<#t>(#a, #pname)?;
+                    });
+                    call_args.push(quote!(&mut *#v));
+                } else {
+                    binds.push(quote! {
+                        let #v: &[#t] = #cg::launch::struct_slice_arg::<#t>(#a, #pname)?;
+                    });
+                    call_args.push(quote!(#v));
+                }
+                continue;
+            }
             ParamKind::GridPos { .. } => unreachable!("handled above"),
         };
         binds.push(quote! {
@@ -307,6 +418,8 @@ fn expand_resolved(attr: TokenStream, item: &ItemFn, tx_item: &ItemFn) -> syn::R
 
     Ok(quote! {
         #item
+
+        const _: () = { #(#size_checks)* };
 
         #[doc = #doc]
         #[allow(non_upper_case_globals)]

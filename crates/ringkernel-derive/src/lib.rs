@@ -11,7 +11,8 @@
 //! * [`macro@GpuType`]: a struct whose WGSL storage-buffer layout is fixed and checked,
 //!   with its WGSL declaration generated (with or without `#[repr(C)]`).
 //! * [`macro@ring_kernel`]: registers a function as a CPU kernel handler under a name, so
-//!   `runtime.launch("name", ..)` finds it.
+//!   `runtime.launch("name", ..)` finds it; with `gpu`, also its CUDA and WGSL
+//!   translations, so every runtime runs it.
 //! * [`macro@gpu_kernel`]: a function in the Rust kernel subset of `ringkernel-codegen`
 //!   becomes a kernel every backend launches (CPU: the Rust itself; CUDA and WGSL:
 //!   translated at compile time).
@@ -141,6 +142,13 @@ pub fn derive_ring_message(input: TokenStream) -> TokenStream {
 /// let bytes = Matrix4x4 { data: [2.0; 16] }.to_bytes();
 /// assert_eq!(Matrix4x4::read_bytes(&bytes).unwrap().data, [2.0; 16]);
 /// ```
+///
+/// A `GpuType` struct can be used in [`macro@gpu_kernel`] functions (parameters, locals,
+/// fields, struct literals) and is the message and state type of
+/// [`macro@ring_kernel`]`(gpu)` handlers. The derive also defines a hidden macro,
+/// `__rk_gpu_type_<Name>`, that hands the struct's fields to those attributes; Rust makes
+/// it visible only below the struct, so define the struct above the functions that use
+/// it, in the same module (else: "cannot find macro `__rk_gpu_type_<Name>`").
 #[proc_macro_derive(GpuType)]
 pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -192,12 +200,66 @@ pub fn derive_gpu_type(input: TokenStream) -> TokenStream {
 /// // `CpuRuntime::launch("scale", ..)` finds it through any registry:
 /// assert!(KernelRegistry::new().cpu("scale").is_ok());
 /// ```
+///
+/// **On GPUs too: `#[ring_kernel(name = "...", gpu)]`.** A handler written in the kernel
+/// subset of `ringkernel-codegen` is also translated at compile time to the CUDA handler
+/// of the persistent kernel and to the WGSL handler of the drain template (wgpu and
+/// Metal), registered as the GPU handler of the same name: every runtime then runs the
+/// same Rust function (`runtime.launch("name", ..)` on CPU, CUDA, wgpu or Metal). Its
+/// messages are `#[repr(C)]` structs that derive `RingMessage` and [`macro@GpuType`]
+/// (defined above the handler in the same module), the state a `GpuType` struct (or a
+/// `u32`, `i32`, `f32`) whose `Default` is all zeros (a GPU starts it zeroed; otherwise
+/// the GPU registration reports it), the result `()` or `Option<Reply>`. In the body:
+/// `ctx.send_to(KernelId(dest), &msg)` as a statement (a K2K send), `ctx.kernel_id().0`,
+/// `*state` and `state.field`; see `ringkernel_codegen::transpile_handler` for the whole
+/// subset and where the GPUs differ (a full K2K destination is waited for; wgpu and Metal
+/// carry one output per message). A construct outside the subset is a compile error at
+/// its span; without `gpu` the handler is CPU-only, as before. The registration calls
+/// into `ringkernel-codegen`, so the crate depends on it or on the `ringkernel` facade.
+///
+/// ```
+/// use ringkernel_core::context::KernelContext;
+/// use ringkernel_core::registry::KernelRegistry;
+/// use ringkernel_derive::{ring_kernel, GpuType, RingMessage};
+///
+/// #[derive(Clone, Copy, Default, RingMessage, GpuType)]
+/// #[message(type_id = 20)]
+/// #[repr(C)]
+/// struct Reading { id: u64, value: f32, _pad: u32 }
+///
+/// #[derive(Clone, Copy, Default, GpuType)]
+/// #[repr(C)]
+/// struct Peak { max: f32, seen: u32 }
+///
+/// #[ring_kernel(name = "peak", gpu)]
+/// fn peak(_ctx: &mut KernelContext<'_>, p: &mut Peak, r: Reading) -> Option<Reading> {
+///     p.seen += 1;
+///     if p.seen == 1 || r.value > p.max {
+///         p.max = r.value;
+///         return Some(r); // a new peak
+///     }
+///     None
+/// }
+///
+/// let gpu = KernelRegistry::new().gpu("peak").unwrap();
+/// assert!(gpu.cuda.unwrap().contains("__device__ int handle("));
+/// assert!(gpu.wgsl.unwrap().contains("fn handle(ctx: ptr<function, RkContext>"));
+/// ```
 #[proc_macro_attribute]
 pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = parse_macro_input!(item as ItemFn);
-    kernel::expand(attr.into(), item)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    let attr: proc_macro2::TokenStream = attr.into();
+    let gpu_only = attr.to_string().contains("__rk_gpu_only");
+    match kernel::expand(attr, item.clone()) {
+        Err(e) if gpu_only => e.into_compile_error().into(),
+        Ok(t) => t.into(),
+        // Keep the function itself, so the error is the only one.
+        Err(e) => {
+            let mut t = e.into_compile_error();
+            t.extend(quote::quote!(#item));
+            t.into()
+        }
+    }
 }
 
 /// Turns a function in the kernel subset of `ringkernel-codegen` into a kernel that
@@ -209,9 +271,11 @@ pub fn ring_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// A stencil kernel takes one `GridPos` (or `GridPos3`) parameter and names its halo
 /// width: `#[gpu_kernel(halo = 1)]`; `Device::launch_stencil` runs it over a grid.
 ///
-/// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`) and
-/// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`); a kernel with an `f64`
-/// has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions
+/// The function's parameters are scalars (`f32`, `f64`, `i32`, `u32`, `bool`),
+/// slices (`&[T]`, `&mut [T]` of `f32`, `f64`, `i32`, `u32`) and `#[repr(C)]` structs
+/// that derive [`macro@GpuType`] (by value, `&[S]`, `&mut [S]`; pass them with
+/// `KernelArg::value`, `KernelArg::structs`, `KernelArg::structs_mut`); a kernel with an
+/// `f64` has no WGSL form and runs on the CPU and CUDA only. The body uses the index functions
 /// of `dsl` (bring them in with `use ringkernel_codegen::dsl::*`, or
 /// `ringkernel::codegen::dsl::*` through the facade).
 ///

@@ -65,22 +65,33 @@ pub fn codegen_path() -> TokenStream {
 /// `#[gpu_fn]` hand-over, which invokes it again): `::ringkernel_derive::gpu_kernel` with
 /// a direct dependency, else `::ringkernel::gpu_kernel` through the facade.
 pub fn gpu_kernel_path() -> TokenStream {
+    attribute_path("gpu_kernel")
+}
+
+/// The path of the `ring_kernel` attribute as the user's crate sees it (see
+/// [`gpu_kernel_path`]).
+pub fn ring_kernel_path() -> TokenStream {
+    attribute_path("ring_kernel")
+}
+
+fn attribute_path(attr: &str) -> TokenStream {
+    let a = syn::Ident::new(attr, Span::call_site());
     let named = |n: String| {
         let id = syn::Ident::new(&n, Span::call_site());
         quote!(::#id)
     };
     match crate_name("ringkernel-derive") {
-        Ok(FoundCrate::Itself) => quote!(::ringkernel_derive::gpu_kernel),
+        Ok(FoundCrate::Itself) => quote!(::ringkernel_derive::#a),
         Ok(FoundCrate::Name(n)) => {
             let p = named(n);
-            quote!(#p::gpu_kernel)
+            quote!(#p::#a)
         }
         Err(_) => match crate_name("ringkernel") {
             Ok(FoundCrate::Name(n)) => {
                 let p = named(n);
-                quote!(#p::gpu_kernel)
+                quote!(#p::#a)
             }
-            _ => quote!(::ringkernel::gpu_kernel),
+            _ => quote!(::ringkernel::#a),
         },
     }
 }

@@ -92,6 +92,8 @@ const RK_HEADER_WORDS: u32 = 16u;
 const RK_QUEUE_HEADER_WORDS: u32 = 32u;
 const RK_ERR_TYPE_MISMATCH: u32 = 1u;
 const RK_ERR_INVALID_REQUEST: u32 = 2u;
+const RK_ERR_SECOND_OUTPUT: u32 = 3u;
+const RK_ERR_OUTPUT_TOO_LARGE: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> rk_params: RkDrainParams;
 @group(0) @binding(1) var<storage, read_write> rk_control: RkControlBlock;

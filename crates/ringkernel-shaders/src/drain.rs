@@ -112,6 +112,14 @@ pub const ERR_TYPE_MISMATCH: u32 = 1;
 /// Status written by the template itself: the request slot's header is not a valid
 /// message (wrong magic or version), so the handler was not run.
 pub const ERR_INVALID_REQUEST: u32 = 2;
+/// Handler status (`RK_ERR_SECOND_OUTPUT`): a handler generated from Rust
+/// (`#[ring_kernel(gpu)]`) tried a second output for one request (a reply after a K2K
+/// send, or two sends); the template carries one, so the message is dropped with this code.
+pub const ERR_SECOND_OUTPUT: u32 = 3;
+/// Handler status (`RK_ERR_OUTPUT_TOO_LARGE`): a generated handler's reply or K2K message
+/// does not fit the kernel's slots (`LaunchOptions::slot_size`); the message is dropped
+/// with this code.
+pub const ERR_OUTPUT_TOO_LARGE: u32 = 4;
 /// Words of the queue header in front of the slots.
 pub const QUEUE_HEADER_WORDS: u32 = 32;
 /// Minimum size of the state buffer in bytes.

@@ -559,6 +559,15 @@ impl WgpuCompute {
         })
     }
 
+    /// The most workgroups one dimension of a dispatch may have on this device
+    /// (WebGPU guarantees 65,535).
+    pub fn max_workgroups_per_dimension(&self) -> u32 {
+        self.ctx
+            .device
+            .limits()
+            .max_compute_workgroups_per_dimension
+    }
+
     /// Records one dispatch of `groups` workgroups of a pipeline from
     /// [`compile_wgsl`](Self::compile_wgsl): `params` (when given) becomes a uniform
     /// buffer at binding 0, each `(binding, buffer)` a storage buffer of group 0. Runs in

@@ -30,7 +30,7 @@ use ringkernel::codegen::launch::{
 use ringkernel::codegen::{ParamKind, ScalarType};
 use ringkernel::compute::{Device, LaunchInfo, Tensor};
 use ringkernel::core::util::SplitMix64;
-use ringkernel::{args, gpu_kernel, Error, Result};
+use ringkernel::{args, gpu_kernel, BackendKind, Error, Result};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -181,9 +181,12 @@ struct P { a: f32, n: i32, p0: u32, p1: u32 }
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @compute @workgroup_size(256, 1, 1)
-fn saxpy_hand(@builtin(global_invocation_id) g: vec3<u32>) {
-    if (i32(g.x) < prm.n) {
-        y[g.x] = fma(prm.a, x[g.x], y[g.x]);
+fn saxpy_hand(@builtin(local_invocation_id) l: vec3<u32>, @builtin(workgroup_id) w: vec3<u32>,
+              @builtin(num_workgroups) nw: vec3<u32>) {
+    // Launched as (65535, k) workgroups when n needs more than 65535 of them.
+    let i = (w.x + w.y * nw.x) * 256u + l.x;
+    if (i32(i) < prm.n) {
+        y[i] = fma(prm.a, x[i], y[i]);
     }
 }
 "#),
@@ -413,7 +416,15 @@ fn prepare(dev: &Device, scale: Scale) -> Result<Vec<Prepared<'_>>> {
         hand: &SAXPY_HAND,
         out_init: r.vec(n, -1.0, 1.0),
         launch: Box::new(move |k, out| {
-            let g = [(n as u32).div_ceil(256), 1, 1];
+            let groups = (n as u32).div_ceil(256);
+            // Over WebGPU's 65,535 workgroups per dimension the launcher folds the grid of
+            // a generated kernel itself; the hand-written peer is launched folded.
+            let g =
+                if k.rust_source.is_empty() && dev.kind() == BackendKind::Wgpu && groups > 65_535 {
+                    [65_535, groups.div_ceil(65_535), 1]
+                } else {
+                    [groups, 1, 1]
+                };
             dev.launch(k, g, [256, 1, 1], &mut args![0.5f32, &x, out, n as i32])
         }),
     };

@@ -18,14 +18,42 @@ impl Tx {
     }
 
     pub(super) fn expr(&mut self, e: &Expr, expected: Option<&Ty>) -> Res<Val> {
+        // A 64-bit field may be read on WGSL only as the whole value of a field
+        // assignment (see `wide_move`); the flag holds for this expression, not its parts.
+        let wide = std::mem::replace(&mut self.wide_move, false);
         match e {
             Expr::Lit(l) => self.literal(&l.lit, expected),
             Expr::Paren(p) => {
+                self.wide_move = wide;
                 let (c, t) = self.expr(&p.expr, expected)?;
                 Ok((format!("({c})"), t))
             }
-            Expr::Group(g) => self.expr(&g.expr, expected),
+            Expr::Group(g) => {
+                self.wide_move = wide;
+                self.expr(&g.expr, expected)
+            }
             Expr::Path(p) => self.path_value(p),
+            Expr::Field(f)
+                if matches!(&f.member, syn::Member::Unnamed(i) if i.index == 0)
+                    && self.is_ctx_call(&f.base, "kernel_id") =>
+            {
+                Ok((self.ctx_kernel_id(), Ty::Scalar(ScalarType::U32)))
+            }
+            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) && self.handler.is_some() => {
+                match self.deref_state(u) {
+                    Some(r) => {
+                        let r = r?;
+                        Ok((r.code, r.ty))
+                    }
+                    None => self.unary(u, expected),
+                }
+            }
+            Expr::Field(_) => {
+                let r = self.place_ref(e)?;
+                self.check_wide(&r.ty, wide, e)?;
+                Ok((r.code, r.ty))
+            }
+            Expr::Struct(st) => self.struct_literal(st),
             Expr::Binary(b) => {
                 if compound_op(&b.op).is_some() {
                     return err(e, "compound assignment is a statement, not a value");
@@ -36,6 +64,7 @@ impl Tx {
             Expr::Cast(c) => self.cast(c),
             Expr::Index(ix) => {
                 let (code, ty, base) = self.index(ix)?;
+                self.check_wide(&ty, wide, e)?;
                 if self.is_atomic(&base) {
                     return Ok((format!("atomicLoad(&{code})"), ty));
                 }
@@ -76,10 +105,6 @@ impl Tx {
             Expr::Macro(m) => err(
                 m,
                 format!("macros are not supported in kernels; supported expressions: {SUPPORTED_EXPRS}"),
-            ),
-            Expr::Field(_) => err(
-                e,
-                "field access is not supported (no structs in the kernel subset yet)",
             ),
             Expr::Tuple(_) => err(e, "tuples are not supported in the kernel subset"),
             Expr::Range(_) => err(e, "ranges are supported as `for` loop iterators only"),
@@ -245,13 +270,28 @@ impl Tx {
         }
         let ident = path_ident(p)?;
         let v = self.lookup(ident)?;
+        if v.by_ref {
+            return err(
+                p,
+                format!("`{ident}` is a reference: use `*{ident}` or its fields (`{ident}.x`)"),
+            );
+        }
         match &v.ty {
-            Ty::Scalar(_) | Ty::Array { .. } | Ty::Slice { .. } => Ok((v.emitted, v.ty)),
+            Ty::Scalar(_)
+            | Ty::Array { .. }
+            | Ty::Slice { .. }
+            | Ty::Struct(_)
+            | Ty::StructSlice { .. } => Ok((v.emitted, v.ty)),
             Ty::GridPos { .. } => err(
                 p,
                 "a `GridPos` is used through its methods (`pos.idx()`, `pos.north(&buf)`, ...)",
             ),
             Ty::Unit => err(p, "unit values are not supported"),
+            Ty::Context | Ty::Reply => err(
+                p,
+                "a handler uses its context as `ctx.send_to(KernelId(dest), &msg)` and \
+                 `ctx.kernel_id().0` only",
+            ),
         }
     }
 
@@ -497,7 +537,7 @@ impl Tx {
     }
 
     pub(super) fn cast(&mut self, c: &syn::ExprCast) -> Res<Val> {
-        let to = parse_type(&c.ty, self.target)?;
+        let to = self.parse_ty(&c.ty)?;
         let Some(ts) = to.scalar() else {
             return err(&c.ty, "`as` casts to scalar types only");
         };
@@ -523,10 +563,74 @@ impl Tx {
         }
     }
 
-    /// `base[i]`: code, element type, and the base variable.
+    /// `base[i]`: code, element type, and the variable the place starts from.
     pub(super) fn index(&mut self, ix: &syn::ExprIndex) -> Res<(String, Ty, Var)> {
+        let r = self.index_ref(ix)?;
+        Ok((r.code, r.ty, r.root))
+    }
+
+    /// A place expression: a variable, an element of a slice or array (`a[i]`), a field
+    /// of a struct (`p.x`, `ps[i].pos[2]`).
+    pub(super) fn place_ref(&mut self, e: &Expr) -> Res<PlaceRef> {
+        match peel(e) {
+            Expr::Unary(u) if self.deref_state_ok(u) => self.deref_state(u).expect("checked"),
+            Expr::Path(p) => {
+                let v = self.lookup(path_ident(p)?)?;
+                Ok(PlaceRef {
+                    code: v.emitted.clone(),
+                    ty: v.ty.clone(),
+                    root: v,
+                    root_expr: e.clone(),
+                })
+            }
+            Expr::Index(ix) => self.index_ref(ix),
+            Expr::Field(f) => {
+                let base = self.place_ref(&f.base)?;
+                let syn::Member::Named(member) = &f.member else {
+                    return err(
+                        &f.member,
+                        "tuple fields (`.0`) are not supported; GpuType structs have named fields",
+                    );
+                };
+                let Ty::Struct(sname) = &base.ty else {
+                    return err(
+                        &f.base,
+                        format!(
+                            "a `{}` has no fields (fields belong to GpuType structs)",
+                            base.ty.describe()
+                        ),
+                    );
+                };
+                let def = self.struct_def(sname);
+                let m = syn::ext::IdentExt::unraw(member).to_string();
+                let Some(fd) = def.fields.iter().find(|fd| fd.name == m) else {
+                    let names: Vec<&str> = def.fields.iter().map(|f| f.name.as_str()).collect();
+                    return err(
+                        member,
+                        format!(
+                            "struct `{sname}` has no field `{m}` (its fields: {})",
+                            names.join(", ")
+                        ),
+                    );
+                };
+                Ok(PlaceRef {
+                    code: format!("{}.{}", base.code, fd.emitted),
+                    ty: fd.ty.clone(),
+                    root: base.root,
+                    root_expr: base.root_expr,
+                })
+            }
+            other => err(
+                other,
+                "only variables, their elements (`data[i]`) and struct fields (`p.x`) can be \
+                 indexed or have fields read",
+            ),
+        }
+    }
+
+    fn index_ref(&mut self, ix: &syn::ExprIndex) -> Res<PlaceRef> {
         let base = match peel(&ix.expr) {
-            Expr::Path(p) => self.lookup(path_ident(p)?)?,
+            b @ (Expr::Path(_) | Expr::Field(_) | Expr::Index(_)) => self.place_ref(b)?,
             other => {
                 return err(
                     other,
@@ -535,7 +639,8 @@ impl Tx {
             }
         };
         let elem = match &base.ty {
-            Ty::Slice { elem, .. } | Ty::Array { elem, .. } => *elem,
+            Ty::Slice { elem, .. } | Ty::Array { elem, .. } => Ty::Scalar(*elem),
+            Ty::StructSlice { name, .. } => Ty::Struct(name.clone()),
             other => {
                 return err(
                     &ix.expr,
@@ -553,7 +658,145 @@ impl Tx {
         if it.scalar().is_none_or(|s| !s.is_int()) {
             return err(&ix.index, "indices must be integers (usize, u32, i32)");
         }
-        Ok((format!("{}[{i}]", base.emitted), Ty::Scalar(elem), base))
+        Ok(PlaceRef {
+            code: format!("{}[{i}]", base.code),
+            ty: elem,
+            root: base.root,
+            root_expr: base.root_expr,
+        })
+    }
+
+    /// On WGSL a 64-bit value (a `u64`/`i64` field, stored as two words) can only be
+    /// copied whole into another field (`wide` says that is what happens).
+    fn check_wide(&self, ty: &Ty, wide: bool, span_of: &dyn ToTokens) -> Res<()> {
+        if self.cuda() || wide {
+            return Ok(());
+        }
+        match ty.scalar() {
+            Some(s @ (ScalarType::U64 | ScalarType::I64)) => err(
+                span_of,
+                format!(
+                    "a `{}` field can only be copied into another `{}` field in WGSL (a \
+                     GpuType stores it as two 32-bit words; WGSL has no 64-bit arithmetic): \
+                     `out.id = msg.id` or `Reply {{ id: msg.id, .. }}`",
+                    s.rust_name(),
+                    s.rust_name()
+                ),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The value for a destination of type `want`: 64-bit fields are moved whole (see
+    /// [`check_wide`](Self::check_wide)), everything else as usual.
+    pub(super) fn value_for(&mut self, e: &Expr, want: &Ty) -> Res<Val> {
+        self.wide_move = matches!(want.scalar(), Some(ScalarType::U64 | ScalarType::I64));
+        let r = self.expr(e, Some(want));
+        self.wide_move = false;
+        r
+    }
+
+    /// `Name { field: value, .., ..base }` of a GpuType struct: a WGSL constructor call
+    /// or a C++ aggregate, fields in declaration order.
+    pub(super) fn struct_literal(&mut self, st: &syn::ExprStruct) -> Res<Val> {
+        if st.qself.is_some() || st.path.segments.len() != 1 {
+            return err(
+                &st.path,
+                "struct literals name a GpuType struct: `Name { .. }`",
+            );
+        }
+        let name = st.path.segments[0].ident.to_string();
+        let Some(def) = self.structs.get(&name).cloned() else {
+            return err(
+                &st.path,
+                format!(
+                    "unknown struct `{name}`: a struct used in a kernel derives `GpuType` and \
+                     is defined above the kernel in the same module"
+                ),
+            );
+        };
+        let base = match &st.rest {
+            Some(b) => {
+                let r = self.place_ref(b)?;
+                self.expect_ty(&r.ty, &Ty::Struct(name.clone()), b)?;
+                Some(r.code)
+            }
+            None => None,
+        };
+        let mut given: HashMap<String, &Expr> = HashMap::new();
+        for fv in &st.fields {
+            let syn::Member::Named(m) = &fv.member else {
+                return err(&fv.member, "GpuType structs have named fields");
+            };
+            let m = syn::ext::IdentExt::unraw(m).to_string();
+            if !def.fields.iter().any(|f| f.name == m) {
+                return err(&fv.member, format!("struct `{name}` has no field `{m}`"));
+            }
+            if calls_atomic(fv.expr.to_token_stream()) {
+                return err(
+                    &fv.expr,
+                    "a field value cannot call an atomic (fields are set in declaration order, \
+                     not in the order written); compute it into a `let` first",
+                );
+            }
+            if given.insert(m.clone(), &fv.expr).is_some() {
+                return err(&fv.member, format!("field `{m}` is given twice"));
+            }
+        }
+        let mut parts = Vec::new();
+        for fd in &def.fields {
+            let code = match given.get(&fd.name) {
+                None => match &base {
+                    Some(b) => match (&fd.ty, self.cuda()) {
+                        (Ty::Array { len, .. }, true) => {
+                            let items: Vec<String> = (0..*len)
+                                .map(|k| format!("{b}.{}[{k}]", fd.emitted))
+                                .collect();
+                            format!("{{{}}}", items.join(", "))
+                        }
+                        _ => format!("{b}.{}", fd.emitted),
+                    },
+                    None => {
+                        return err(
+                            st,
+                            format!("missing field `{}` of struct `{name}`", fd.name),
+                        )
+                    }
+                },
+                Some(v) => self.field_value(v, &fd.ty)?,
+            };
+            parts.push(code);
+        }
+        let code = if self.cuda() {
+            format!("{name}{{{}}}", parts.join(", "))
+        } else {
+            format!("{name}({})", parts.join(", "))
+        };
+        Ok((code, Ty::Struct(name)))
+    }
+
+    /// The value of a struct literal's field of type `want`: an array field takes an
+    /// array literal or an array place (element by element in CUDA C).
+    fn field_value(&mut self, v: &Expr, want: &Ty) -> Res<String> {
+        if let Ty::Array { len, .. } = want {
+            return match peel(v) {
+                a @ (Expr::Array(_) | Expr::Repeat(_)) => Ok(self.array_init(a, Some(want))?.0),
+                other => {
+                    let r = self.place_ref(other)?;
+                    self.expect_ty(&r.ty, want, other)?;
+                    Ok(if self.cuda() {
+                        let items: Vec<String> =
+                            (0..*len).map(|k| format!("{}[{k}]", r.code)).collect();
+                        format!("{{{}}}", items.join(", "))
+                    } else {
+                        r.code
+                    })
+                }
+            };
+        }
+        let (c, t) = self.value_for(v, want)?;
+        self.expect_ty(&t, want, v)?;
+        Ok(c)
     }
 
     pub(super) fn if_value(&mut self, i: &syn::ExprIf, expected: Option<&Ty>) -> Res<Val> {
@@ -646,6 +889,11 @@ impl Tx {
                     .map(|k| (*b, k))
             });
         match builtin {
+            Some(_) if is_dsl && self.handler.is_some() => err(
+                c,
+                "thread and block indices are not available in actor handlers (one message, \
+                 one call)",
+            ),
             Some(_) if is_dsl && in_helper => err(
                 c,
                 "thread and block indices are not available in helper functions; pass them \
@@ -672,10 +920,15 @@ impl Tx {
                     };
                     format!("((int){v}.{d})")
                 } else {
-                    match b {
-                        "thread_idx" => format!("i32(rk_lid.{d})"),
-                        "block_idx" => format!("i32(rk_wid.{d})"),
-                        "block_dim" => format!("{}i", self.workgroup[k]),
+                    match (b, self.fold, k) {
+                        ("thread_idx", _, _) => format!("i32(rk_lid.{d})"),
+                        ("block_dim", _, _) => format!("{}i", self.workgroup[k]),
+                        // A folded 1-D grid: the linear block index, the true grid size.
+                        ("block_idx", true, 0) => "i32(rk_bx)".to_string(),
+                        ("block_idx", true, _) => "0i".to_string(),
+                        ("block_idx", false, _) => format!("i32(rk_wid.{d})"),
+                        (_, true, 0) => "i32(rk_grid_x)".to_string(),
+                        (_, true, _) => "1i".to_string(),
                         _ => format!("i32(rk_nwg.{d})"),
                     }
                 };
@@ -708,6 +961,18 @@ impl Tx {
                 if let Ok(v) = self.lookup(ident) {
                     if let Ty::GridPos { dims } = v.ty {
                         return self.grid_pos(dims, mc);
+                    }
+                    if v.ty == Ty::Context {
+                        return err(
+                            mc,
+                            if mc.method == "send_to" {
+                                "`ctx.send_to(..)` is a statement (`ctx.send_to(..);` or \
+                                 `let _ = ctx.send_to(..);`), not a value"
+                            } else {
+                                "a handler's context offers `ctx.send_to(KernelId(dest), &msg)` \
+                                 and `ctx.kernel_id().0` in GPU handlers"
+                            },
+                        );
                     }
                 }
             }

@@ -3,7 +3,6 @@
 //! module functions.
 
 use super::*;
-use std::rc::Rc;
 
 /// The signature of a helper as callers see it.
 #[derive(Debug, Clone)]
@@ -31,22 +30,9 @@ pub(crate) fn nested_helpers(f: &syn::ItemFn) -> Vec<&syn::ItemFn> {
         .collect()
 }
 
-fn signature(h: &syn::ItemFn, target: Target) -> Res<HelperSig> {
+fn signature(h: &syn::ItemFn, target: Target, structs: &Structs) -> Res<HelperSig> {
     let sig = &h.sig;
-    if sig.constness.is_some()
-        || sig.asyncness.is_some()
-        || sig.unsafety.is_some()
-        || sig.abi.is_some()
-        || sig.variadic.is_some()
-    {
-        return err(
-            &sig.ident,
-            "helper functions are plain `fn`s (no const, async, unsafe, extern)",
-        );
-    }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        return err(&sig.generics, "generic helper functions are not supported");
-    }
+    plain_signature(sig, "helper functions")?;
     let mut params = Vec::new();
     for arg in &sig.inputs {
         let syn::FnArg::Typed(pt) = arg else {
@@ -59,13 +45,13 @@ fn signature(h: &syn::ItemFn, target: Target) -> Res<HelperSig> {
             Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {}
             other => return err(other, "parameters must be plain names (`x: f32`)"),
         }
-        match parse_type(&pt.ty, target)? {
+        match parse_type(&pt.ty, target, structs)? {
             Ty::Scalar(s) if s != ScalarType::Usize => params.push(s),
             _ => return err(&pt.ty, HELPER_RULES),
         }
     }
     let ret = match &sig.output {
-        syn::ReturnType::Type(_, t) => match parse_type(t, target)? {
+        syn::ReturnType::Type(_, t) => match parse_type(t, target, structs)? {
             Ty::Scalar(s) if s != ScalarType::Usize => s,
             _ => return err(t, HELPER_RULES),
         },
@@ -112,11 +98,15 @@ fn callees(
 pub(crate) fn translate_helpers(
     helpers: &[&syn::ItemFn],
     target: Target,
+    structs: &Rc<Structs>,
 ) -> Res<(Helpers, String)> {
     let mut sigs = HashMap::new();
     for h in helpers {
         let name = h.sig.ident.to_string();
-        if sigs.insert(name.clone(), signature(h, target)?).is_some() {
+        if sigs
+            .insert(name.clone(), signature(h, target, structs)?)
+            .is_some()
+        {
             return err(&h.sig.ident, format!("helper `{name}` is defined twice"));
         }
     }
@@ -157,6 +147,7 @@ pub(crate) fn translate_helpers(
     for h in helpers {
         let mut tx = Tx::new(target, DEFAULT_HELPER_WG);
         tx.helpers = sigs.clone();
+        tx.structs = structs.clone();
         text.push_str(&tx.helper(h, &sigs[&h.sig.ident.to_string()])?);
         text.push('\n');
     }

@@ -36,8 +36,12 @@ impl Tx {
         if let Some(v) = &sig.variadic {
             return err(v, "variadic kernels are not supported");
         }
+        self.structs = Rc::new(Structs::of(f)?);
+        for d in self.structs.iter() {
+            self.names.reserve(&d.name);
+        }
         if let syn::ReturnType::Type(_, t) = &sig.output {
-            if parse_type(t, self.target)? != Ty::Unit {
+            if self.parse_ty(t)? != Ty::Unit {
                 return err(
                     t,
                     "kernels return nothing; write results into a `&mut [T]` parameter",
@@ -54,7 +58,7 @@ impl Tx {
         self.names.reserve(&name);
         let nested = helpers::nested_helpers(f);
         if !nested.is_empty() {
-            let (sigs, text) = helpers::translate_helpers(&nested, self.target)?;
+            let (sigs, text) = helpers::translate_helpers(&nested, self.target, &self.structs)?;
             self.helpers = sigs;
             self.helper_text = text;
         }
@@ -73,7 +77,7 @@ impl Tx {
         // Parameters.
         let mut params = Vec::new();
         for arg in &sig.inputs {
-            let (pi, kind_of) = parse_param(arg, self.target)?;
+            let (pi, kind_of) = parse_param(arg, self.target, &self.structs)?;
             let ty = Ty::from(kind_of);
             let ty_span = match arg {
                 syn::FnArg::Typed(pt) => pt.ty.to_token_stream(),
@@ -121,9 +125,25 @@ impl Tx {
             }
         }
         for n in [
-            "rk_x", "rk_y", "rk_z", "rk_nx", "rk_ny", "rk_nz", "rk_sy", "rk_sz", "rk_idx",
+            "rk_x",
+            "rk_y",
+            "rk_z",
+            "rk_nx",
+            "rk_ny",
+            "rk_nz",
+            "rk_sy",
+            "rk_sz",
+            "rk_idx",
+            "rk_bx",
+            "rk_grid_x",
         ] {
             self.names.reserve(n);
+        }
+        if self.fold && (self.stencil.is_some() || self.cuda()) {
+            return err(
+                &sig.ident,
+                "only the WGSL of a global kernel is translated for a folded grid",
+            );
         }
 
         // Slices that atomics touch: in WGSL their element type is `atomic<T>`.
@@ -135,11 +155,58 @@ impl Tx {
             }
         }
 
-        // Body, into self.out (indent 1).
+        // Body, into self.out (indent 1). Structs passed by value are copied out of their
+        // one-element buffers first.
+        for p in &params {
+            if let Ty::Struct(n) = &p.ty {
+                self.line(&if self.cuda() {
+                    format!("{n} {0} = rk_ref_{0}[0];", p.emitted)
+                } else {
+                    format!("var {0}: {n} = rk_ref_{0};", p.emitted)
+                });
+            }
+        }
         self.stencil_prologue()?;
         let body_start = self.out.len();
         self.block_stmts(&f.block, None)?;
-        let body = self.out.split_off(body_start);
+        let mut body = self.out.split_off(body_start);
+        if body.contains(shared::STORAGE_BARRIER_MARK) {
+            let name = |p: &Param| p.ident.to_string();
+            let slices: Vec<String> = params
+                .iter()
+                .filter(|p| {
+                    matches!(
+                        p.ty,
+                        Ty::Slice { mutable: true, .. } | Ty::StructSlice { mutable: true, .. }
+                    )
+                })
+                .map(name)
+                .collect();
+            let scalars: Vec<String> = params
+                .iter()
+                .filter(|p| matches!(p.ty, Ty::Scalar(_)))
+                .map(name)
+                .collect();
+            let storage = barrier::needs_storage_barrier(
+                f,
+                self.workgroup,
+                &slices,
+                &scalars,
+                !self.atomics.is_empty(),
+            );
+            body = body
+                .lines()
+                .filter_map(
+                    |l| match (l.trim() == shared::STORAGE_BARRIER_MARK, storage) {
+                        (false, _) => Some(format!("{l}\n")),
+                        (true, true) => Some(
+                            l.replace(shared::STORAGE_BARRIER_MARK, "storageBarrier();") + "\n",
+                        ),
+                        (true, false) => None,
+                    },
+                )
+                .collect();
+        }
         let prologue = std::mem::take(&mut self.out);
 
         match self.target {
@@ -154,6 +221,7 @@ impl Tx {
 
     pub(super) fn hidden_dims(&self) -> &'static [&'static str] {
         match &self.stencil {
+            None if self.fold => &["rk_grid_x"],
             None => &[],
             Some(s) if s.dims == 2 => &["rk_nx", "rk_ny"],
             Some(_) => &["rk_nx", "rk_ny", "rk_nz"],
@@ -161,6 +229,13 @@ impl Tx {
     }
 
     pub(super) fn stencil_prologue(&mut self) -> Res<()> {
+        if self.fold {
+            // The launcher dispatched (x, y, 1) workgroups for a grid of rk_grid_x: the
+            // linear index of this one, and nothing to do past the grid. Uniform in the
+            // workgroup, so barriers after it stay valid.
+            self.line("let rk_bx: u32 = rk_wid.x + rk_wid.y * rk_nwg.x;");
+            self.line("if (rk_bx >= rk_grid_x) { return; }");
+        }
         let Some(st) = &self.stencil else {
             return Ok(());
         };
@@ -239,13 +314,20 @@ impl Tx {
                     elem.cuda_name(),
                     p.emitted
                 )),
+                Ty::StructSlice { name, mutable } => args.push(format!(
+                    "{}{name}* {}",
+                    if *mutable { "" } else { "const " },
+                    p.emitted
+                )),
+                Ty::Struct(name) => args.push(format!("const {name}* rk_ref_{}", p.emitted)),
                 _ => {}
             }
         }
         for d in self.hidden_dims() {
             args.push(format!("int {d}"));
         }
-        let mut s = self.helper_text.clone();
+        let mut s = self.structs.declarations(Target::Cuda);
+        s.push_str(&self.helper_text);
         let _ = writeln!(
             s,
             "extern \"C\" __global__ void {name}({}) {{",
@@ -315,19 +397,60 @@ impl Tx {
                         },
                     });
                 }
+                Ty::StructSlice { name, mutable } => {
+                    slice_no += 1;
+                    let access = if *mutable { "read_write" } else { "read" };
+                    let _ = writeln!(
+                        globals,
+                        "@group(0) @binding({slice_no}) var<storage, {access}> {}: array<{name}>;",
+                        p.emitted
+                    );
+                    bindings.push(WgslBinding {
+                        binding: slice_no,
+                        name: p.emitted.clone(),
+                        kind: BindingKind::Structs {
+                            ty: crate::intern(name),
+                            size: self.struct_def(name).size,
+                            read_only: !mutable,
+                        },
+                    });
+                }
+                Ty::Struct(name) => {
+                    slice_no += 1;
+                    let _ = writeln!(
+                        globals,
+                        "@group(0) @binding({slice_no}) var<storage, read> rk_ref_{}: {name};",
+                        p.emitted
+                    );
+                    bindings.push(WgslBinding {
+                        binding: slice_no,
+                        name: format!("rk_ref_{}", p.emitted),
+                        kind: BindingKind::Structs {
+                            ty: crate::intern(name),
+                            size: self.struct_def(name).size,
+                            read_only: true,
+                        },
+                    });
+                }
                 _ => {}
             }
         }
         for d in self.hidden_dims() {
             let offset = 4 * fields.len() as u32;
+            let ty = if *d == "rk_grid_x" {
+                ScalarType::U32
+            } else {
+                ScalarType::I32
+            };
             fields.push(ParamField {
                 name: (*d).to_string(),
-                ty: ScalarType::I32,
+                ty,
                 offset,
             });
-            let _ = writeln!(locals, "    let {d}: i32 = rk_params.{d};");
+            let t = ty.wgsl_name().expect("32-bit");
+            let _ = writeln!(locals, "    let {d}: {t} = rk_params.{d};");
         }
-        let mut src = String::new();
+        let mut src = self.structs.declarations(Target::Wgsl);
         let mut params_size = 0;
         if !fields.is_empty() {
             src.push_str("struct RkParams {\n");

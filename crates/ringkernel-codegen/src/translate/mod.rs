@@ -4,23 +4,28 @@
 //! `stmt`: statements and control flow; `expr`: expressions and literals; `builtins`:
 //! math methods, `GridPos` and atomics.
 
+mod barrier;
 mod builtins;
 mod expr;
+mod handler;
 mod helpers;
 mod kernel;
 mod shared;
 mod stmt;
 
 use builtins::{atomic_fn, atomic_targets, calls_atomic};
+use handler::HandlerMode;
 pub(crate) use helpers::Helpers;
 use shared::dsl_call;
 
 use crate::names::Names;
+use crate::structs::{StructDef, Structs};
 use crate::types::{check_array_len, parse_type, scalar_name, ScalarType, Ty};
 use crate::{BindingKind, ParamField, StencilConfig, Target, WgslBinding, WgslKernel};
 use quote::ToTokens;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
+use std::rc::Rc;
 use syn::spanned::Spanned;
 use syn::{BinOp, Expr, Pat, Stmt, UnOp};
 
@@ -38,6 +43,25 @@ fn err<T>(span_of: &dyn ToTokens, msg: impl std::fmt::Display) -> Res<T> {
     Err(syn::Error::new_spanned(span_of, msg))
 }
 
+/// `what` (helper functions, GPU handlers) are plain, non-generic `fn`s.
+fn plain_signature(sig: &syn::Signature, what: &str) -> Res<()> {
+    if sig.constness.is_some()
+        || sig.asyncness.is_some()
+        || sig.unsafety.is_some()
+        || sig.abi.is_some()
+        || sig.variadic.is_some()
+    {
+        return err(
+            &sig.ident,
+            format!("{what} are plain `fn`s (no const, async, unsafe, extern)"),
+        );
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        return err(&sig.generics, format!("generic {what} are not supported"));
+    }
+    Ok(())
+}
+
 /// What kind of kernel is translated.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Kind<'a> {
@@ -50,6 +74,8 @@ struct Var {
     emitted: String,
     ty: Ty,
     mutable: bool,
+    /// A `&mut T` handler state parameter: used as `*state` or through its fields.
+    by_ref: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -84,10 +110,30 @@ pub(crate) struct Tx {
     helper_text: String,
     /// `Some(return type)` while translating a helper function.
     func_ret: Option<Ty>,
+    /// The `GpuType` structs the kernel may use.
+    structs: Rc<Structs>,
+    /// Set while translating the value of a 64-bit struct field assignment: WGSL has no
+    /// 64-bit integers, but a field can be copied to another field as its two words.
+    wide_move: bool,
+    /// `Some` while translating an actor handler.
+    handler: Option<HandlerMode>,
+    /// WGSL of a global kernel for a 1-D grid folded into two dimensions (see
+    /// `transpile_global_kernel_wgsl_folded`).
+    pub(crate) fold: bool,
 }
 
 /// An expression translated: code and type.
 type Val = (String, Ty);
+
+/// A place expression translated (see `Tx::place_ref`).
+struct PlaceRef {
+    code: String,
+    ty: Ty,
+    /// The variable it starts from.
+    root: Var,
+    /// That variable as written (for error spans).
+    root_expr: Expr,
+}
 
 /// Result of translating a kernel.
 pub(crate) enum Output {
@@ -196,7 +242,24 @@ impl Tx {
             helpers: Helpers::default(),
             helper_text: String::new(),
             func_ret: None,
+            structs: Rc::new(Structs::default()),
+            wide_move: false,
+            handler: None,
+            fold: false,
         }
+    }
+
+    /// A type of the subset (struct names resolve through the kernel's structs).
+    fn parse_ty(&self, t: &syn::Type) -> Res<Ty> {
+        parse_type(t, self.target, &self.structs)
+    }
+
+    /// The definition of struct `name` (known: its type was parsed).
+    fn struct_def(&self, name: &str) -> Rc<StructDef> {
+        self.structs
+            .get(name)
+            .cloned()
+            .expect("struct types are parsed against the kernel's structs")
     }
 
     fn cuda(&self) -> bool {
@@ -234,10 +297,16 @@ impl Tx {
                     format!("{name}: array<{t}, {len}>")
                 })
             }
+            Ty::Struct(n) => Ok(if self.cuda() {
+                format!("{n} {name}")
+            } else {
+                format!("{name}: {n}")
+            }),
             other => err(
                 span_of,
                 format!(
-                    "a local of type `{}` is not supported; locals are scalars or arrays",
+                    "a local of type `{}` is not supported; locals are scalars, arrays or \
+                     GpuType structs",
                     other.describe()
                 ),
             ),
@@ -271,6 +340,7 @@ impl Tx {
                     emitted: emitted.clone(),
                     ty,
                     mutable,
+                    by_ref: false,
                 },
             );
         Ok(emitted)

@@ -16,6 +16,10 @@ pub(super) fn dsl_call<'c>(c: &'c syn::ExprCall, name: &str) -> Option<&'c syn::
     (dsl && p.qself.is_none() && last.ident == name).then_some(last)
 }
 
+/// The line a WGSL `sync_threads()` starts with until the kernel's end decides whether
+/// it is `storageBarrier();` or nothing.
+pub(super) const STORAGE_BARRIER_MARK: &str = "rk_storage_barrier_mark;";
+
 impl Tx {
     /// `let mut name = shared_array::<T, N>();` at the kernel's top level: one array per
     /// block (CUDA `__shared__`, WGSL `var<workgroup>` at module scope).
@@ -83,7 +87,7 @@ impl Tx {
             _ => return err(len_expr, usage),
         };
         check_array_len(len, len_arg)?;
-        let elem = match parse_type(t, self.target)? {
+        let elem = match self.parse_ty(t)? {
             Ty::Scalar(ScalarType::Usize) => {
                 return err(
                     t,
@@ -135,8 +139,10 @@ impl Tx {
         if self.cuda() {
             self.line("__syncthreads();");
         } else {
-            // Storage writes too: CUDA's barrier orders global memory within the block.
-            self.line("storageBarrier();");
+            // Storage writes too, where the kernel may need them (CUDA's barrier orders
+            // global memory within the block): decided once the whole kernel is known,
+            // see `barrier`.
+            self.line(STORAGE_BARRIER_MARK);
             self.line("workgroupBarrier();");
         }
         Ok(())

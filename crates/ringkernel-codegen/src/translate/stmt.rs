@@ -27,6 +27,13 @@ impl Tx {
                 {
                     // A helper function, translated on its own.
                 }
+                Stmt::Item(syn::Item::Struct(st))
+                    if self.func_ret.is_none()
+                        && self.scopes.len() == 1
+                        && self.structs.get(&st.ident.to_string()).is_some() =>
+                {
+                    // A struct the kernel uses, declared on its own.
+                }
                 Stmt::Item(syn::Item::Fn(h)) => {
                     return err(
                         &h.sig.ident,
@@ -95,8 +102,9 @@ impl Tx {
                 Ok(())
             }
             Expr::Return(_) | Expr::Break(_) | Expr::Continue(_) => self.stmt_expr(e),
+            other if *ty == Ty::Reply => self.reply_exit(other),
             other => {
-                let (code, t) = self.expr(other, Some(ty))?;
+                let (code, t) = self.value_for(other, ty)?;
                 self.expect_ty(&t, ty, other)?;
                 self.line(&format!("{place} = {code};"));
                 Ok(())
@@ -109,7 +117,7 @@ impl Tx {
             Pat::Type(pt) => (&*pt.pat, Some(&*pt.ty)),
             p => (p, None),
         };
-        let annot_ty = annot.map(|t| parse_type(t, self.target)).transpose()?;
+        let annot_ty = annot.map(|t| self.parse_ty(t)).transpose()?;
         if let Some(init) = &l.init {
             if let Some((_, d)) = &init.diverge {
                 return err(d, "`let ... else` is not supported");
@@ -120,6 +128,9 @@ impl Tx {
                 let Some(init) = &l.init else {
                     return Ok(());
                 };
+                if self.is_ctx_call(&init.expr, "send_to") {
+                    return self.send_stmt(&init.expr);
+                }
                 let (code, _) = self.expr(&init.expr, annot_ty.as_ref())?;
                 if self.cuda() {
                     self.line(&format!("(void)({code});"));
@@ -187,6 +198,7 @@ impl Tx {
                                 emitted: name,
                                 ty,
                                 mutable,
+                                by_ref: false,
                             },
                         );
                         Ok(())
@@ -196,22 +208,25 @@ impl Tx {
                         if let Some(a) = &annot_ty {
                             self.expect_ty(&ty, a, value)?;
                         }
-                        if ty.scalar().is_none() {
+                        if !matches!(ty, Ty::Scalar(_) | Ty::Struct(_)) {
                             return err(
                                 value,
                                 format!(
-                                    "a local of type `{}` is not supported; locals are scalars \
-                                     or arrays",
+                                    "a local of type `{}` is not supported; locals are scalars, \
+                                     arrays or GpuType structs",
                                     ty.describe()
                                 ),
                             );
                         }
                         let name = self.declare(&pi.ident, ty.clone(), mutable)?;
                         let d = self.decl(&name, &ty, &pi.ident)?;
+                        // WGSL structs are always `var`: naga indexes arrays inside a `let`
+                        // value by constants only on some back ends.
+                        let var = mutable || matches!(ty, Ty::Struct(_));
                         self.line(&if self.cuda() {
                             format!("{d} = {code};")
                         } else {
-                            format!("{} {d} = {code};", if mutable { "var" } else { "let" })
+                            format!("{} {d} = {code};", if var { "var" } else { "let" })
                         });
                         Ok(())
                     }
@@ -335,8 +350,8 @@ impl Tx {
         Ok((code, ty))
     }
 
-    /// A place that can be assigned: a mutable local or an element of a `&mut [T]` / a
-    /// mutable array.
+    /// A place that can be assigned: a mutable local (a struct's field included) or an
+    /// element of a `&mut [T]` / a mutable array.
     pub(super) fn place(&mut self, e: &Expr) -> Res<(String, Ty, bool)> {
         match peel(e) {
             Expr::Path(p) => {
@@ -348,31 +363,57 @@ impl Tx {
                         format!("cannot assign to `{ident}`: it is not declared `mut`"),
                     );
                 }
-                if v.ty.scalar().is_none() {
-                    return err(e, "only scalars and elements can be assigned");
+                if !matches!(v.ty, Ty::Scalar(_) | Ty::Struct(_)) {
+                    return err(e, "only scalars, structs and elements can be assigned");
                 }
                 Ok((v.emitted, v.ty, false))
             }
-            Expr::Index(ix) => {
-                let (code, ty, base) = self.index(ix)?;
-                match base.ty {
-                    Ty::Slice { mutable: true, .. } => {}
-                    Ty::Array { .. } if base.mutable => {}
-                    Ty::Slice { .. } => {
+            pe @ (Expr::Index(_) | Expr::Field(_)) => {
+                let r = self.place_ref(pe)?;
+                match &r.root.ty {
+                    Ty::Slice { mutable: true, .. } | Ty::StructSlice { mutable: true, .. } => {}
+                    Ty::Slice { .. } | Ty::StructSlice { .. } => {
                         return err(
-                            &ix.expr,
+                            &r.root_expr,
                             "cannot assign into a `&[T]` parameter; declare it `&mut [T]`",
                         )
                     }
-                    _ => return err(&ix.expr, "cannot assign into an array that is not `mut`"),
+                    _ if r.root.mutable => {}
+                    Ty::Array { .. } => {
+                        return err(
+                            &r.root_expr,
+                            "cannot assign into an array that is not `mut`",
+                        )
+                    }
+                    _ => {
+                        return err(
+                            &r.root_expr,
+                            format!(
+                                "cannot assign to a field of `{}`: it is not declared `mut`",
+                                r.root_expr.to_token_stream()
+                            ),
+                        )
+                    }
                 }
-                let atomic = self.is_atomic(&base);
-                Ok((code, ty, atomic))
+                if !matches!(r.ty, Ty::Scalar(_) | Ty::Struct(_)) {
+                    return err(
+                        pe,
+                        "a whole array cannot be assigned; assign its elements (`a[i] = v`)",
+                    );
+                }
+                let atomic = self.is_atomic(&r.root);
+                Ok((r.code, r.ty, atomic))
             }
-            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => err(
-                e,
-                "dereferencing is not supported; assign to `name` or `slice[i]`",
-            ),
+            Expr::Unary(u) if matches!(u.op, UnOp::Deref(_)) => match self.deref_state(u) {
+                Some(r) => {
+                    let r = r?;
+                    Ok((r.code, r.ty, false))
+                }
+                None => err(
+                    e,
+                    "dereferencing is not supported; assign to `name` or `slice[i]`",
+                ),
+            },
             other => err(
                 other,
                 "this cannot be assigned; assign to a `mut` local or an element `slice[i]`",
@@ -415,7 +456,7 @@ impl Tx {
                         self.assign_value(&place, &ty, v)
                     }
                     _ => {
-                        let (code, t) = self.expr(&a.right, Some(&ty))?;
+                        let (code, t) = self.value_for(&a.right, &ty)?;
                         self.expect_ty(&t, &ty, &a.right)?;
                         self.line(&format!("{place} = {code};"));
                         Ok(())
@@ -502,6 +543,15 @@ impl Tx {
                 self.expect_ty(&t, &ret, v)?;
                 self.line(&format!("return {code};"));
                 Ok(())
+            }
+            Expr::Return(r) if self.handler.is_some() => self.handler_return(r),
+            Expr::MethodCall(_) if self.is_ctx_call(e, "send_to") => self.send_stmt(e),
+            Expr::MethodCall(mc)
+                if mc.method == "ok"
+                    && mc.args.is_empty()
+                    && self.is_ctx_call(&mc.receiver, "send_to") =>
+            {
+                self.send_stmt(&mc.receiver)
             }
             Expr::Return(r) => {
                 if let Some(v) = &r.expr {

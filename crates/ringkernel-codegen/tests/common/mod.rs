@@ -23,8 +23,11 @@ pub fn check_wgsl(k: &WgslKernel) -> String {
                 BindingKind::Params => Access::Uniform,
                 BindingKind::Storage {
                     read_only: true, ..
+                }
+                | BindingKind::Structs {
+                    read_only: true, ..
                 } => Access::Read,
-                BindingKind::Storage { .. } => Access::ReadWrite,
+                BindingKind::Storage { .. } | BindingKind::Structs { .. } => Access::ReadWrite,
             },
         })
         .collect();
@@ -160,6 +163,12 @@ impl Data {
             _ => panic!("not i32"),
         }
     }
+    pub fn u32(&self) -> &[u32] {
+        match self {
+            Data::U32(v) => v,
+            _ => panic!("not u32"),
+        }
+    }
 }
 
 /// Runs `k` once over `groups` workgroups with the parameter block `params` and the
@@ -190,9 +199,15 @@ pub fn run(
                 });
                 (wgpu::BufferBindingType::Uniform, buf)
             }
-            BindingKind::Storage {
-                elem, read_only, ..
-            } => {
+            BindingKind::Storage { .. } | BindingKind::Structs { .. } => {
+                let (elem, read_only) = match b.kind {
+                    BindingKind::Storage {
+                        elem, read_only, ..
+                    } => (elem, read_only),
+                    // Struct buffers are passed as their 32-bit words.
+                    BindingKind::Structs { read_only, .. } => (ScalarType::U32, read_only),
+                    BindingKind::Params => unreachable!("matched above"),
+                };
                 let d = slices.next().expect("a Data per slice binding");
                 assert_eq!(d.elem(), elem, "element type of binding {}", b.name);
                 let mut bytes = d.bytes();
@@ -273,6 +288,9 @@ pub fn run(
         if matches!(
             b.kind,
             BindingKind::Storage {
+                read_only: false,
+                ..
+            } | BindingKind::Structs {
                 read_only: false,
                 ..
             }

@@ -354,3 +354,137 @@ twin! { with_helpers =>
         out[i as usize] = r;
     }
 }
+
+twin! { neighbour_sum =>
+    // Threads talk through a storage buffer across a barrier: thread t reads what thread
+    // t + 1 wrote, so the WGSL barrier must order storage (storageBarrier).
+    pub fn neighbour_sum(x: &[f32], out: &mut [f32], n: i32) {
+        let t = thread_idx_x();
+        let i = block_idx_x() * block_dim_x() + t;
+        if i < n {
+            out[i as usize] = x[i as usize] * 2.0;
+        }
+        sync_threads();
+        let j = block_idx_x() * block_dim_x() + (t + 1) % block_dim_x();
+        let mut v = 0.0;
+        if j < n {
+            v = out[j as usize];
+        }
+        sync_threads();
+        if i < n {
+            out[i as usize] += v;
+        }
+    }
+}
+
+twin! { row_softmax =>
+    // One block per row: every thread reads and writes only its own columns of `y`
+    // (`base + t + k * block_dim_x()`), so the barriers order shared memory only.
+    pub fn row_softmax(x: &[f32], y: &mut [f32], cols: i32) {
+        let mut red = shared_array::<f32, 64>();
+        let t = thread_idx_x();
+        let base = block_idx_x() * cols;
+        let mut m = f32::NEG_INFINITY;
+        let mut c = t;
+        while c < cols {
+            m = m.max(x[(base + c) as usize]);
+            c += block_dim_x();
+        }
+        red[t as usize] = m;
+        sync_threads();
+        let mut s = block_dim_x() / 2;
+        while s > 0 {
+            if t < s {
+                red[t as usize] = red[t as usize].max(red[(t + s) as usize]);
+            }
+            sync_threads();
+            s /= 2;
+        }
+        let mx = red[0];
+        sync_threads();
+        let mut sum = 0.0f32;
+        for k in (t..cols).step_by(64) {
+            let e = (x[(base + k) as usize] - mx).exp();
+            y[(base + k) as usize] = e;
+            sum += e;
+        }
+        red[t as usize] = sum;
+        sync_threads();
+        s = block_dim_x() / 2;
+        while s > 0 {
+            if t < s {
+                red[t as usize] += red[(t + s) as usize];
+            }
+            sync_threads();
+            s /= 2;
+        }
+        let inv = 1.0 / red[0];
+        c = t;
+        while c < cols {
+            y[(base + c) as usize] *= inv;
+            c += block_dim_x();
+        }
+    }
+}
+
+/// `mod $m` with the structs (`#[repr(C)]`, Pod) and the kernel as Rust, and `source()`:
+/// the kernel with the structs at the top of its body, as `#[gpu_kernel]` hands them over.
+macro_rules! twin_structs {
+    ($m:ident => [$(struct $s:ident { $($f:ident : $t:ty),* $(,)? })*] $($k:tt)*) => {
+        pub mod $m {
+            #[allow(unused_imports)]
+            use ringkernel_codegen::dsl::*;
+            $(
+                #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+                #[repr(C)]
+                pub struct $s { $(pub $f: $t),* }
+            )*
+            $($k)*
+            pub fn source() -> syn::ItemFn {
+                let mut f: syn::ItemFn = syn::parse_quote! { $($k)* };
+                let items: Vec<syn::Stmt> = vec![$(syn::parse_quote! { struct $s { $($f: $t),* } }),*];
+                f.block.stmts.splice(0..0, items);
+                f
+            }
+        }
+    };
+}
+
+twin_structs! { particles => [
+    struct Particle { id: u64, pos: [f32; 3], vel: [f32; 3], mass: f32, hits: u32 }
+    struct Params { dt: f32, gravity: f32, floor: f32, n: u32 }
+]
+    #[allow(clippy::all)]
+    pub fn step(ps: &mut [Particle], params: Params, out: &mut [Particle]) {
+        let i = block_idx_x() * block_dim_x() + thread_idx_x();
+        if i as u32 >= params.n {
+            return;
+        }
+        let mut p = ps[i as usize];
+        p.vel[1] -= params.gravity * params.dt;
+        for k in 0..3usize {
+            p.pos[k] += p.vel[k] * params.dt;
+        }
+        if p.pos[1] < params.floor {
+            p.pos[1] = params.floor;
+            p.vel[1] = -p.vel[1] * 0.5;
+            p.hits += 1;
+        }
+        ps[i as usize] = p;
+        ps[i as usize].mass = p.mass + 1.0;
+        out[i as usize] = Particle { id: p.id, mass: p.mass * 2.0, pos: [p.pos[0], 0.0, p.pos[2]], ..p };
+    }
+}
+
+/// `n` random particles for `particles::step`.
+pub fn random_particles(rng: &mut super::common::Rng, n: usize) -> Vec<particles::Particle> {
+    (0..n)
+        .map(|i| particles::Particle {
+            id: rng.next_u64() ^ (i as u64) << 7,
+            pos: [rng.f32(-5.0, 5.0), rng.f32(-1.0, 3.0), rng.f32(-5.0, 5.0)],
+            vel: [rng.f32(-2.0, 2.0), rng.f32(-4.0, 4.0), rng.f32(-2.0, 2.0)],
+            mass: rng.f32(0.1, 3.0),
+            hits: rng.i32(0, 5) as u32,
+        })
+        .collect()
+}

@@ -34,6 +34,7 @@ use crate::backends::Native;
 use crate::core::compute::BufferRef;
 use crate::{BackendKind, Error, Result};
 use ringkernel_codegen::launch::{ArgError, DeviceRef, GpuKernel, KernelArg};
+use ringkernel_codegen::ParamValue;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -69,8 +70,8 @@ enum Compiled {
 }
 
 /// Which compiled form: the kernel (by name and a hash of its Rust source) and, for
-/// WGSL, the workgroup size.
-type Key = (&'static str, u64, [u32; 3]);
+/// WGSL, the workgroup size and whether the grid is folded.
+type Key = (&'static str, u64, [u32; 3], bool);
 
 /// Per-device cache of compiled generated kernels.
 #[derive(Default)]
@@ -122,6 +123,7 @@ fn wgsl_layout(
     kernel: &GpuKernel,
     backend: BackendKind,
     block: [u32; 3],
+    fold: bool,
 ) -> Result<ringkernel_codegen::WgslKernel> {
     if let Err(why) = kernel.wgsl_source {
         return Err(Error::Compile {
@@ -129,7 +131,12 @@ fn wgsl_layout(
             log: format!("kernel `{}` has no WGSL form: {why}", kernel.name),
         });
     }
-    kernel.wgsl(block).map_err(|e| {
+    let layout = if fold {
+        kernel.wgsl_folded(block)
+    } else {
+        kernel.wgsl(block)
+    };
+    layout.map_err(|e| {
         Error::invalid(format!(
             "kernel `{}` with block {block:?}: {e}",
             kernel.name
@@ -371,6 +378,10 @@ impl Device {
         args: &mut [KernelArg<'_>],
     ) -> Result<LaunchInfo> {
         let backend = self.backend().clone();
+        // A 1-D grid over the device's per-dimension limit runs folded into two
+        // dimensions (WGSL translated for it).
+        let dispatch = folded_grid(native, grid);
+        let fold = dispatch.is_some();
         // Compiled form, from the cache or now.
         let wgsl_like = matches!(self.kind(), BackendKind::Wgpu | BackendKind::Metal);
         let key: Key = (
@@ -380,6 +391,7 @@ impl Device {
                 ^ fnv1a(kernel.cuda_source).rotate_left(21)
                 ^ fnv1a(kernel.wgsl_source.unwrap_or("")).rotate_left(42),
             if wgsl_like { block } else { [0; 3] },
+            fold,
         );
         let cache = self.kernel_cache();
         let hit = cache
@@ -399,7 +411,7 @@ impl Device {
             ),
             None => {
                 let t = Instant::now();
-                let c = compile(native, kernel, block)?;
+                let c = compile(native, kernel, block, fold)?;
                 let info = LaunchInfo {
                     compiled: true,
                     compile_time: t.elapsed(),
@@ -422,11 +434,17 @@ impl Device {
                 None => a.words().map(|w| backend.upload(&w)).transpose(),
             })
             .collect::<Result<Vec<Option<BufferRef>>>>()?;
-        // The interior size of a stencil: trailing `int`s (CUDA) / params fields (WGSL).
-        let sizes: Vec<i32> = match (stencil, kernel.stencil) {
-            (Some(size), Some(st)) => size[..st.dims as usize].iter().map(|&d| d as i32).collect(),
+        // The interior size of a stencil: trailing `int`s (CUDA) / params fields (WGSL);
+        // a folded grid's size: the last params field.
+        let sizes: Vec<ParamValue> = match (stencil, kernel.stencil, dispatch) {
+            (Some(size), Some(st), _) => size[..st.dims as usize]
+                .iter()
+                .map(|&d| ParamValue::I32(d as i32))
+                .collect(),
+            (_, _, Some(_)) => vec![ParamValue::U32(grid[0])],
             _ => Vec::new(),
         };
+        let grid = dispatch.unwrap_or(grid);
         run(&compiled, native, kernel, grid, block, args, &bufs, &sizes)?;
         for (a, b) in args.iter_mut().zip(&bufs) {
             if let (true, Some(b)) = (a.is_mut_slice(), b) {
@@ -446,12 +464,26 @@ impl Device {
     }
 }
 
+/// The `(x, y, 1)` workgroups a 1-D `grid` runs as when it has more than the device's
+/// per-dimension limit (wgpu); `None`: as it is.
 #[allow(unused_variables)]
-fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compiled> {
+fn folded_grid(native: &Native, grid: [u32; 3]) -> Option<[u32; 3]> {
     match native {
         #[cfg(feature = "wgpu")]
         Native::Wgpu(w) => {
-            let layout = wgsl_layout(kernel, BackendKind::Wgpu, block)?;
+            let max = w.max_workgroups_per_dimension().max(1);
+            (grid[0] > max && grid[1] == 1 && grid[2] == 1).then(|| [max, grid[0].div_ceil(max), 1])
+        }
+        _ => None,
+    }
+}
+
+#[allow(unused_variables)]
+fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3], fold: bool) -> Result<Compiled> {
+    match native {
+        #[cfg(feature = "wgpu")]
+        Native::Wgpu(w) => {
+            let layout = wgsl_layout(kernel, BackendKind::Wgpu, block, fold)?;
             let label = format!("{}.wgsl", kernel.name);
             use ringkernel_codegen::BindingKind;
             use ringkernel_wgpu::WgslResource;
@@ -461,7 +493,8 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
                 .map(|b| {
                     let r = match b.kind {
                         BindingKind::Params => WgslResource::Uniform,
-                        BindingKind::Storage { read_only, .. } => {
+                        BindingKind::Storage { read_only, .. }
+                        | BindingKind::Structs { read_only, .. } => {
                             WgslResource::Storage { read_only }
                         }
                     };
@@ -482,7 +515,7 @@ fn compile(native: &Native, kernel: &GpuKernel, block: [u32; 3]) -> Result<Compi
         }
         #[cfg(feature = "metal")]
         Native::Metal(m) => {
-            let layout = wgsl_layout(kernel, BackendKind::Metal, block)?;
+            let layout = wgsl_layout(kernel, BackendKind::Metal, block, fold)?;
             let label = format!("{}.wgsl", kernel.name);
             let pipeline = m
                 .compile_wgsl(
@@ -509,7 +542,8 @@ fn storage_read_write(layout: &ringkernel_codegen::WgslKernel) -> Vec<bool> {
         .bindings
         .iter()
         .filter_map(|b| match b.kind {
-            ringkernel_codegen::BindingKind::Storage { read_only, .. } => Some(!read_only),
+            ringkernel_codegen::BindingKind::Storage { read_only, .. }
+            | ringkernel_codegen::BindingKind::Structs { read_only, .. } => Some(!read_only),
             ringkernel_codegen::BindingKind::Params => None,
         })
         .collect()
@@ -521,7 +555,7 @@ fn wgsl_params(
     kernel: &GpuKernel,
     layout: &ringkernel_codegen::WgslKernel,
     args: &[KernelArg<'_>],
-    sizes: &[i32],
+    sizes: &[ParamValue],
 ) -> Result<Option<Vec<u8>>> {
     use ringkernel_codegen::ParamValue as V;
     if layout.params.is_empty() {
@@ -539,7 +573,7 @@ fn wgsl_params(
             ))),
             _ => None,
         })
-        .chain(sizes.iter().map(|&d| Ok(V::I32(d))))
+        .chain(sizes.iter().map(|&d| Ok(d)))
         .collect::<Result<Vec<_>>>()?;
     layout
         .pack_params(&values)
@@ -558,7 +592,12 @@ fn wgsl_buffers<'a>(
     let slots: Vec<u32> = layout
         .bindings
         .iter()
-        .filter(|b| matches!(b.kind, BindingKind::Storage { .. }))
+        .filter(|b| {
+            matches!(
+                b.kind,
+                BindingKind::Storage { .. } | BindingKind::Structs { .. }
+            )
+        })
         .map(|b| b.binding)
         .collect();
     let given: Vec<&dyn crate::core::compute::DeviceBuffer> =
@@ -583,7 +622,7 @@ fn run(
     block: [u32; 3],
     args: &[KernelArg<'_>],
     bufs: &[Option<BufferRef>],
-    sizes: &[i32],
+    sizes: &[ParamValue],
 ) -> Result<()> {
     match (compiled, native) {
         #[cfg(feature = "wgpu")]
@@ -607,7 +646,13 @@ fn run(
                 .zip(bufs)
                 .zip(kernel.launch_params())
                 .map(|((a, b), p)| match (a, b, p.kind) {
-                    (_, Some(b), ParamKind::Slice { .. }) => Ok(CudaArg::Buffer(&**b)),
+                    (
+                        _,
+                        Some(b),
+                        ParamKind::Slice { .. }
+                        | ParamKind::Struct { .. }
+                        | ParamKind::StructSlice { .. },
+                    ) => Ok(CudaArg::Buffer(&**b)),
                     (KernelArg::F32(x), None, _) => Ok(CudaArg::F32(*x)),
                     (KernelArg::F64(x), None, _) => Ok(CudaArg::F64(*x)),
                     (KernelArg::I32(x), None, _) => Ok(CudaArg::I32(*x)),
@@ -622,7 +667,13 @@ fn run(
                         kernel.name, p.name
                     ))),
                 })
-                .chain(sizes.iter().map(|&d| Ok(CudaArg::I32(d))))
+                .chain(sizes.iter().map(|d| match d {
+                    ParamValue::I32(d) => Ok(CudaArg::I32(*d)),
+                    other => Err(Error::invalid(format!(
+                        "kernel `{}`: no CUDA argument for {other:?}",
+                        kernel.name
+                    ))),
+                }))
                 .collect::<Result<Vec<_>>>()?;
             c.launch_function(f, grid, block, &cargs)
         }
@@ -662,12 +713,26 @@ mod tests {
         fn lap(pos: GridPos, p: &[f32], o: &mut [f32], k: f32) {
             o[pos.idx()] = k * (pos.north(p) + pos.south(p) - 2.0 * p[pos.idx()]);
         }
+        #[derive(Clone, Copy, ringkernel_derive::GpuType)]
+        #[repr(C)]
+        struct Pt {
+            id: u64,
+            v: [f32; 2],
+        }
+        #[ringkernel_derive::gpu_kernel]
+        fn nudge(ps: &mut [Pt], by: Pt, seen: &[Pt], n: i32) {
+            let i = block_idx_x() * block_dim_x() + thread_idx_x();
+            if i < n {
+                ps[i as usize].v[0] += by.v[0] + seen[i as usize].v[1];
+            }
+        }
         for (k, block) in [
             (&HIST, [128, 1, 1]),
             (&FILL, [8, 8, 1]),
             (&LAP, LAP.stencil.unwrap().config().workgroup_size),
+            (&NUDGE, [64, 1, 1]),
         ] {
-            let layout = wgsl_layout(k, BackendKind::Metal, block).unwrap();
+            let layout = wgsl_layout(k, BackendKind::Metal, block, false).unwrap();
             let rw = storage_read_write(&layout);
             let msl = ringkernel_metal::MetalCompute::generated_msl(
                 k.name,
