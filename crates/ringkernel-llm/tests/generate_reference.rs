@@ -1,9 +1,11 @@
 //! The real model against the reference in `fixtures/generate_reference.txt`
 //! (`scripts/llm_reference.py generate`): same prompt tokens, same greedy tokens (or a
-//! near-tie in the reference where they differ), logits within 1e-3 relative.
+//! near-tie in the reference where they differ), logits within 1e-3 relative, on the CPU,
+//! WebGPU (lavapipe in CI) and CUDA (ignored: needs a GPU).
 
 mod common;
 
+use ringkernel::compute::Device;
 use ringkernel_llm::model::KvCache;
 use ringkernel_llm::sample::argmax;
 use ringkernel_llm::{ChatTemplate, Message, Session};
@@ -47,17 +49,18 @@ fn fixture() -> Vec<Prompt> {
     out
 }
 
-#[test]
-fn greedy_tokens_and_logits_match_the_reference() {
-    let Some(f) = common::model("greedy_tokens_and_logits_match_the_reference") else {
-        return;
-    };
-    let prompts = fixture();
-    assert_eq!(prompts.len(), 3);
-    let s = Session::from_file(Arc::new(f), 256).unwrap();
+/// Runs the first `prompts` fixture prompts on `device` (prompt as one batch, then the
+/// first `steps` of the 32 steps teacher-forced with the reference's tokens) and checks
+/// every step; returns
+/// the worst relative logit difference.
+fn check_on(test: &str, device: &Device, prompts: usize, steps: usize) -> Option<f64> {
+    let f = common::model(test)?;
+    let fixture = fixture();
+    assert_eq!(fixture.len(), 3);
+    let s = Session::from_file_on(Arc::new(f), 256, device).unwrap();
     let template = ChatTemplate::from_gguf(s.model().file()).unwrap();
     let mut worst = 0f64;
-    for p in &prompts {
+    for p in &fixture[..prompts] {
         let text = template.render(&[Message::user(p.text.clone())], true);
         assert_eq!(
             s.tokenizer().encode(&text, true),
@@ -66,18 +69,15 @@ fn greedy_tokens_and_logits_match_the_reference() {
             p.text
         );
         assert_eq!(p.steps.len(), 32);
-        let mut cache: KvCache = s.model().new_cache(256);
-        let mut logits = Vec::new();
-        for &id in &p.ids {
-            logits = s.model().forward(id, &mut cache).unwrap();
-        }
-        for (i, (want, top)) in p.steps.iter().enumerate() {
+        let mut cache: KvCache = s.model().new_cache(256).unwrap();
+        let mut logits = s.model().prefill(&p.ids, &mut cache).unwrap();
+        for (i, (want, top)) in p.steps.iter().enumerate().take(steps) {
             let got = argmax(&logits) as u32;
             if got != *want {
                 let gap = top[0].1 - top[1].1;
                 assert!(
                     gap < 1e-3,
-                    "{:?} step {i}: ours {got}, reference {want} with a top-2 gap of {gap}",
+                    "{device}: {:?} step {i}: ours {got}, reference {want} with a top-2 gap of {gap}",
                     p.text
                 );
             }
@@ -87,13 +87,54 @@ fn greedy_tokens_and_logits_match_the_reference() {
                 worst = worst.max(rel);
                 assert!(
                     rel <= 1e-3,
-                    "{:?} step {i} token {id}: {ours} vs {v}",
+                    "{device}: {:?} step {i} token {id}: {ours} vs {v}",
                     p.text
                 );
             }
             // Teacher forcing: the reference's token, so every step is compared.
             logits = s.model().forward(*want, &mut cache).unwrap();
         }
+        eprintln!("{device}: decode steps {}", cache.step_mode());
     }
-    eprintln!("worst relative logit difference: {worst:.2e}");
+    eprintln!("{device}: worst relative logit difference: {worst:.2e}");
+    Some(worst)
+}
+
+#[test]
+fn greedy_tokens_and_logits_match_the_reference() {
+    check_on(
+        "greedy_tokens_and_logits_match_the_reference",
+        &Device::cpu(),
+        3,
+        32,
+    );
+}
+
+/// WebGPU: every prompt on a GPU; on lavapipe (CI, a software renderer) one prompt and 8
+/// steps.
+#[test]
+fn greedy_tokens_and_logits_match_the_reference_on_wgpu() {
+    let test = "greedy_tokens_and_logits_match_the_reference_on_wgpu";
+    if common::model(test).is_none() {
+        return;
+    }
+    let dev = Device::wgpu().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
+    let (prompts, steps) = if dev.name().contains("llvmpipe") {
+        (1, 8)
+    } else {
+        (3, 32)
+    };
+    check_on(test, &dev, prompts, steps);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn greedy_tokens_and_logits_match_the_reference_on_cuda() {
+    let dev = Device::cuda(0).expect("CUDA device 0");
+    check_on(
+        "greedy_tokens_and_logits_match_the_reference_on_cuda",
+        &dev,
+        3,
+        32,
+    );
 }
