@@ -203,6 +203,12 @@ impl Session {
         &self.cache
     }
 
+    /// The model and the session's cache, for running steps directly ([`crate::bench`]);
+    /// call [`Session::reset`] afterwards so the session forgets what they put there.
+    pub fn model_and_cache(&mut self) -> (&Model, &mut KvCache) {
+        (&self.model, &mut self.cache)
+    }
+
     /// Forgets the conversation.
     pub fn reset(&mut self) {
         self.cache.clear();

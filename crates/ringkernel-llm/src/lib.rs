@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod gguf;

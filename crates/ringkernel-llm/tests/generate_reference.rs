@@ -18,9 +18,43 @@ struct Prompt {
     steps: Vec<(u32, Vec<(u32, f64)>)>,
 }
 
-fn fixture() -> Vec<Prompt> {
+/// Every reference: `fixtures/generate_reference.txt` (f64 NumPy, always there) and any
+/// other `generate_reference*.txt` beside it (Hugging Face transformers', written on the
+/// GPU machine by `scripts/llm_hf_peer.py reference`), with the file name.
+fn fixtures() -> Vec<(String, Vec<Prompt>)> {
+    let mut out = vec![(
+        "generate_reference.txt".to_string(),
+        parse(include_str!("fixtures/generate_reference.txt")),
+    )];
+    let dirs = [
+        std::env::var("CARGO_MANIFEST_DIR").map_or_else(|_| ".".into(), |d| d + "/tests/fixtures"),
+        "crates/ringkernel-llm/tests/fixtures".to_string(),
+    ];
+    let Some(dir) = dirs.iter().find_map(|d| std::fs::read_dir(d).ok()) else {
+        return out;
+    };
+    let mut names: Vec<_> = dir
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("generate_reference")
+                    && n.ends_with(".txt")
+                    && n != "generate_reference.txt"
+            })
+        })
+        .collect();
+    names.sort();
+    for p in names {
+        let text = std::fs::read_to_string(&p).expect("fixture readable");
+        out.push((p.display().to_string(), parse(&text)));
+    }
+    out
+}
+
+fn parse(text: &str) -> Vec<Prompt> {
     let mut out: Vec<Prompt> = Vec::new();
-    for line in include_str!("fixtures/generate_reference.txt").lines() {
+    for line in text.lines() {
         let mut it = line.split(' ');
         match it.next() {
             Some("prompt") => out.push(Prompt {
@@ -55,46 +89,48 @@ fn fixture() -> Vec<Prompt> {
 /// the worst relative logit difference.
 fn check_on(test: &str, device: &Device, prompts: usize, steps: usize) -> Option<f64> {
     let f = common::model(test)?;
-    let fixture = fixture();
-    assert_eq!(fixture.len(), 3);
     let s = Session::from_file_on(Arc::new(f), 256, device).unwrap();
     let template = ChatTemplate::from_gguf(s.model().file()).unwrap();
     let mut worst = 0f64;
-    for p in &fixture[..prompts] {
-        let text = template.render(&[Message::user(p.text.clone())], true);
-        assert_eq!(
-            s.tokenizer().encode(&text, true),
-            p.ids,
-            "prompt tokens of {:?}",
-            p.text
-        );
-        assert_eq!(p.steps.len(), 32);
-        let mut cache: KvCache = s.model().new_cache(256).unwrap();
-        let mut logits = s.model().prefill(&p.ids, &mut cache).unwrap();
-        for (i, (want, top)) in p.steps.iter().enumerate().take(steps) {
-            let got = argmax(&logits) as u32;
-            if got != *want {
-                let gap = top[0].1 - top[1].1;
-                assert!(
+    for (name, fixture) in fixtures() {
+        eprintln!("{device}: against {name}");
+        assert_eq!(fixture.len(), 3, "{name}");
+        for p in &fixture[..prompts] {
+            let text = template.render(&[Message::user(p.text.clone())], true);
+            assert_eq!(
+                s.tokenizer().encode(&text, true),
+                p.ids,
+                "prompt tokens of {:?}",
+                p.text
+            );
+            assert_eq!(p.steps.len(), 32);
+            let mut cache: KvCache = s.model().new_cache(256).unwrap();
+            let mut logits = s.model().prefill(&p.ids, &mut cache).unwrap();
+            for (i, (want, top)) in p.steps.iter().enumerate().take(steps) {
+                let got = argmax(&logits) as u32;
+                if got != *want {
+                    let gap = top[0].1 - top[1].1;
+                    assert!(
                     gap < 1e-3,
                     "{device}: {:?} step {i}: ours {got}, reference {want} with a top-2 gap of {gap}",
                     p.text
                 );
+                }
+                for &(id, v) in top {
+                    let ours = logits[id as usize] as f64;
+                    let rel = (ours - v).abs() / v.abs().max(1.0);
+                    worst = worst.max(rel);
+                    assert!(
+                        rel <= 1e-3,
+                        "{device}: {:?} step {i} token {id}: {ours} vs {v}",
+                        p.text
+                    );
+                }
+                // Teacher forcing: the reference's token, so every step is compared.
+                logits = s.model().forward(*want, &mut cache).unwrap();
             }
-            for &(id, v) in top {
-                let ours = logits[id as usize] as f64;
-                let rel = (ours - v).abs() / v.abs().max(1.0);
-                worst = worst.max(rel);
-                assert!(
-                    rel <= 1e-3,
-                    "{device}: {:?} step {i} token {id}: {ours} vs {v}",
-                    p.text
-                );
-            }
-            // Teacher forcing: the reference's token, so every step is compared.
-            logits = s.model().forward(*want, &mut cache).unwrap();
+            eprintln!("{device}: decode steps {}", cache.step_mode());
         }
-        eprintln!("{device}: decode steps {}", cache.step_mode());
     }
     eprintln!("{device}: worst relative logit difference: {worst:.2e}");
     Some(worst)

@@ -11,6 +11,11 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::Result;
 
+thread_local! {
+    /// Per-thread decoded weight rows of a batched `qmatmul`.
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn binary_op(op: BinaryOp, a: f32, b: f32) -> f32 {
     match op {
         BinaryOp::Add => a + b,
@@ -214,19 +219,38 @@ impl CpuCompute {
             .chunks_exact(cols.max(1))
             .map(|xt| qdot::block_sums(format, xt))
             .collect();
-        // One row of W against every token: the row's bytes stay in L1.
+        // One row of W against every token. A single token takes the fused dot on the
+        // blocks; several share one decoding of the row (into a per-thread f32 row).
         let row_values = |r: usize, vals: &mut [f32]| {
-            let gate = &mats[0][r * rb..(r + 1) * rb];
-            for (t, v) in vals.iter_mut().enumerate() {
-                let xt = &x[t * cols..(t + 1) * cols];
-                let g = qdot::dot(format, gate, xt, &sums[t]);
-                *v = if nw == 1 {
+            let rows_of = |k: usize| &mats[k][r * rb..(r + 1) * rb];
+            if vals.len() == 1 {
+                let g = qdot::dot(format, rows_of(0), x, &sums[0]);
+                vals[0] = if nw == 1 {
                     g
                 } else {
-                    let u = qdot::dot(format, &mats[1][r * rb..(r + 1) * rb], xt, &sums[t]);
+                    let u = qdot::dot(format, rows_of(1), x, &sums[0]);
                     g / (1.0 + (-g).exp()) * u
                 };
+                return;
             }
+            DECODED.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                buf.resize(2 * cols, 0.0);
+                let (wg, wu) = buf.split_at_mut(cols);
+                qdot::decode_row(format, rows_of(0), wg);
+                if nw == 2 {
+                    qdot::decode_row(format, rows_of(1), wu);
+                }
+                for (t, v) in vals.iter_mut().enumerate() {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let g = kernels::dot(wg, xt);
+                    *v = if nw == 1 {
+                        g
+                    } else {
+                        g / (1.0 + (-g).exp()) * kernels::dot(wu, xt)
+                    };
+                }
+            })
         };
         let work = batch * rows * cols * nw;
         let rows_per_task = (CHUNK * 8 / (batch * cols * nw).max(1)).clamp(1, 64);

@@ -79,6 +79,36 @@ pub(crate) fn dot_plain(format: WeightFormat, row: &[u8], x: &[f32], xsum: &[f32
     }
 }
 
+/// Decodes one stored row into `out` (`cols` values, each `nib·d + m` or `q·d` rounded
+/// once to f32): for products with several input rows, which then share the decoding.
+pub(crate) fn decode_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
+    match format {
+        WeightFormat::F32 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for (o, b) in out.chunks_exact_mut(BLOCK).zip(row.chunks_exact(20)) {
+                let (d, m) = (half_at(b, 0), half_at(b, 2));
+                let (lo, hi) = o.split_at_mut(16);
+                for j in 0..16 {
+                    lo[j] = f32::from(b[4 + j] & 0xF) * d + m;
+                    hi[j] = f32::from(b[4 + j] >> 4) * d + m;
+                }
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for (o, b) in out.chunks_exact_mut(BLOCK).zip(row.chunks_exact(36)) {
+                let d = half_at(b, 0);
+                for (v, &q) in o.iter_mut().zip(&b[4..36]) {
+                    *v = f32::from(q as i8) * d;
+                }
+            }
+        }
+    }
+}
+
 /// AVX2/FMA/F16C versions of the Q4_1 and Q8_0 dots (8 lanes, same arithmetic).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
