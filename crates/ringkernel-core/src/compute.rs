@@ -10,6 +10,12 @@
 //!
 //! The f64 reference implementations every backend is tested against are in
 //! [`reference`].
+//!
+//! Buffers hold 32-bit words: one f32 each for the float ops; [`dtype`] says how `f16`,
+//! `bf16` and `u32` elements are packed into them and [`quant`] how the block formats of
+//! weight matrices are. Such buffers are uploaded and read through the same `upload` /
+//! `read` (their words carried as f32 bit patterns, see
+//! [`dtype::words_as_f32`]).
 
 use crate::backend::BackendKind;
 use crate::error::{Error, Result};
@@ -17,7 +23,12 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+pub use dtype::DType;
+pub use quant::WeightFormat;
+
 pub mod checks;
+pub mod dtype;
+pub mod quant;
 pub mod reference;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -300,6 +311,94 @@ pub struct AttentionDims {
     pub q_offset: usize,
 }
 
+/// Most dimensions a [`BroadcastDims`] describes (after merging neighbours that
+/// broadcast alike, see [`checks::broadcast`]).
+pub const MAX_BROADCAST_RANK: usize = 8;
+
+/// A binary op between two row-major operands under numpy's broadcasting rules,
+/// described by strides: output element `i`, written as the multi-index `(i_0, …,
+/// i_{rank-1})` over `shape` (last index fastest), reads `a[Σ i_d·a_strides[d]]` and
+/// `b[Σ i_d·b_strides[d]]`. A broadcast dimension has stride 0. Build it with
+/// [`checks::broadcast`] from the two shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BroadcastDims {
+    /// Dimensions used (1 to [`MAX_BROADCAST_RANK`]).
+    pub rank: usize,
+    /// The output shape; entries past `rank` are 1.
+    pub shape: [usize; MAX_BROADCAST_RANK],
+    /// Element strides into `a` (0 where `a` is broadcast).
+    pub a_strides: [usize; MAX_BROADCAST_RANK],
+    /// Element strides into `b` (0 where `b` is broadcast).
+    pub b_strides: [usize; MAX_BROADCAST_RANK],
+}
+
+/// `out[t, :] = table[ids[t], :]` for `t < count`, the table a `rows × cols` weight
+/// matrix ([`WeightFormat`]) decoded to f32, `ids` `u32` words. An id `≥ rows` gives a
+/// row of zeros (callers check ids they take from users; the kernels never read out of
+/// bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingDims {
+    /// Rows of the table (the vocabulary).
+    pub rows: usize,
+    /// Columns (a multiple of 32).
+    pub cols: usize,
+    /// Ids to look up.
+    pub count: usize,
+}
+
+/// `out[t, r] (+)= Σ_c W[r, c] · x[t, c]`: `batch` input rows `x: [batch, cols]` times
+/// the transpose of a weight matrix `W: [rows, cols]` stored in a [`WeightFormat`]
+/// (a linear layer; `batch = 1` is a matrix-vector product), into `out: [batch, rows]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QMatmulDims {
+    /// Input rows (tokens).
+    pub batch: usize,
+    /// Rows of W (outputs per input row).
+    pub rows: usize,
+    /// Columns of W and of x (a multiple of 32).
+    pub cols: usize,
+    /// Add to `out` instead of overwriting it (a residual connection).
+    pub accumulate: bool,
+}
+
+/// A decoder's attention over a KV cache kept on the device, for
+/// [`ComputeBackend::rope_kv`] and [`ComputeBackend::attention_kv`].
+///
+/// * `qkv: [tokens, (heads + 2·kv_heads)·head_dim]`: per token the query heads, then the
+///   key heads, then the value heads (one projection's output);
+/// * `positions: [tokens]` (`u32` words): each token's absolute position, below
+///   `capacity`;
+/// * `q: [tokens, heads, head_dim]`, rotated queries; the attention output has the same
+///   shape;
+/// * `k_cache, v_cache: [kv_heads, capacity, head_dim]`.
+///
+/// RoPE is the half-split layout of [`RopeDims`] with frequency base `rope_base`. Query
+/// head `h` attends key/value head `h / (heads / kv_heads)` (grouped-query attention),
+/// at the cache rows `0..=positions[t]`, with scores scaled by `scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvDims {
+    /// New tokens (rows of `qkv`).
+    pub tokens: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Head width (even).
+    pub head_dim: usize,
+    /// Positions the cache holds.
+    pub capacity: usize,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+    /// Score scale (usually `1/√head_dim`).
+    pub scale: f32,
+}
+
+/// Ops recorded by [`ComputeBackend::record`], replayed as one unit.
+pub trait Replay: Send + Sync {
+    /// Queues the recorded ops again, in order, like any op (asynchronously).
+    fn replay(&self) -> Result<()>;
+}
+
 /// Tensor operations on one device. Object-safe; held as `Arc<dyn ComputeBackend>`.
 ///
 /// Buffers passed to an op must belong to this backend (else [`Error::Device`]) and be
@@ -461,4 +560,99 @@ pub trait ComputeBackend: Send + Sync + 'static {
         out: &dyn DeviceBuffer,
         len: usize,
     ) -> Result<()>;
+
+    /// `len` elements of `x` stored as `from` written to `out` as `to` (see [`dtype`]:
+    /// round to nearest even, the padding half of an odd half-precision output zeroed).
+    /// Float types convert among themselves; `U32` only to `U32`
+    /// ([`Error::InvalidArgument`] otherwise).
+    fn convert(
+        &self,
+        x: &dyn DeviceBuffer,
+        from: DType,
+        out: &dyn DeviceBuffer,
+        to: DType,
+        len: usize,
+    ) -> Result<()>;
+    /// `out[i] = op(a[·], b[·])` under numpy broadcasting, see [`BroadcastDims`].
+    fn broadcast_binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: &BroadcastDims,
+    ) -> Result<()>;
+    /// Embedding lookup, see [`EmbeddingDims`].
+    fn embedding(
+        &self,
+        table: &dyn DeviceBuffer,
+        format: WeightFormat,
+        ids: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: EmbeddingDims,
+    ) -> Result<()>;
+    /// `x · Wᵀ` on the stored blocks of `W`, see [`QMatmulDims`].
+    fn qmatmul(
+        &self,
+        w: &dyn DeviceBuffer,
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: QMatmulDims,
+    ) -> Result<()>;
+    /// A feed-forward gate: `out[t, r] (+)= silu((x·W_gateᵀ)[t, r]) · (x·W_upᵀ)[t, r]`,
+    /// both matrices `rows × cols` in `format` (see [`QMatmulDims`]).
+    #[allow(clippy::too_many_arguments)]
+    fn qmatmul_swiglu(
+        &self,
+        w_gate: &dyn DeviceBuffer,
+        w_up: &dyn DeviceBuffer,
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: QMatmulDims,
+    ) -> Result<()>;
+    /// Rotates the query and key heads of `qkv` (RoPE at each token's position), writes
+    /// the queries to `q` and the keys and values into row `positions[t]` of each head of
+    /// the caches; see [`KvDims`]. A position `≥ capacity` writes nothing to the caches.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        dims: KvDims,
+    ) -> Result<()>;
+    /// Causal grouped-query attention of `q` over the cache rows `0..=positions[t]`
+    /// (numerically stable softmax), see [`KvDims`]; positions past the cache are
+    /// clamped to its last row. The lengths come from the device buffer `positions`,
+    /// so a recorded decode step ([`ComputeBackend::record`]) replays at any position.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kv(
+        &self,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: KvDims,
+    ) -> Result<()>;
+
+    /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA
+    /// graph), or returns `Ok(None)` when the backend has no such thing; the ops are then
+    /// not run (call them directly instead). Recorded ops keep their buffers and scalar
+    /// arguments: what changes between replays must live in device buffers (written
+    /// with [`ComputeBackend::write`] before [`Replay::replay`]). Ops that allocate
+    /// temporaries or read back cannot be recorded ([`Error::InvalidArgument`]).
+    fn record(&self, ops: &mut dyn FnMut() -> Result<()>) -> Result<Option<Box<dyn Replay>>> {
+        let _ = ops;
+        Ok(None)
+    }
+
+    /// Device memory free for new buffers, in bytes, where the backend can tell.
+    fn memory_available(&self) -> Option<u64> {
+        None
+    }
 }

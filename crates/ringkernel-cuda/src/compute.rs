@@ -14,8 +14,9 @@ use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, Module, Stream
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::compute::{
-    checks, downcast, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
-    ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, downcast, AttentionDims, BinaryOp, BroadcastDims, BufferRef, ComputeBackend, DType,
+    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, RopeDims,
+    UnaryOp, WeightFormat,
 };
 use ringkernel_core::{BackendKind, Error, Result};
 use std::collections::HashMap;
@@ -23,8 +24,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Source of the op kernels.
-pub(crate) const OPS_SRC: &str = include_str!("../kernels/ops.cu");
+mod model;
+
+/// Source of the op kernels (`ops.cu`, then the model ops of `model.cu`, which use its
+/// helpers).
+pub(crate) const OPS_SRC: &str = concat!(
+    include_str!("../kernels/ops.cu"),
+    include_str!("../kernels/model.cu")
+);
 
 /// Largest `head_dim` the fused attention kernel handles (32 lanes × 8).
 const FUSED_MAX_HEAD_DIM: usize = 256;
@@ -1165,6 +1172,8 @@ impl ComputeBackend for CudaCompute {
             &mut [arg(&mut pg), arg(&mut pu), arg(&mut po), arg(&mut n)],
         )
     }
+
+    model::model_ops!();
 }
 
 /// A kernel compiled at run time from CUDA C (a generated kernel), for

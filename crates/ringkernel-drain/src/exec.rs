@@ -324,5 +324,84 @@ macro_rules! planned_ops {
         ) -> ::ringkernel_core::Result<()> {
             $crate::exec::run(self, &$crate::plan::swiglu(len)?, &[gate, up, out])
         }
+        fn convert(
+            &self,
+            x: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            from: ::ringkernel_core::compute::DType,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            to: ::ringkernel_core::compute::DType,
+            len: usize,
+        ) -> ::ringkernel_core::Result<()> {
+            $crate::exec::run(self, &$crate::plan::convert(from, to, len)?, &[x, out])
+        }
+        fn broadcast_binary(
+            &self,
+            op: ::ringkernel_core::compute::BinaryOp,
+            a: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            b: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: &::ringkernel_core::compute::BroadcastDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::broadcast_binary(op, dims)?;
+            $crate::exec::run(self, &plan, &[a, b, out])
+        }
+        fn embedding(
+            &self,
+            table: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            format: ::ringkernel_core::compute::WeightFormat,
+            ids: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: ::ringkernel_core::compute::EmbeddingDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::embedding(format, dims)?;
+            $crate::exec::run(self, &plan, &[table, ids, out])
+        }
+        fn qmatmul(
+            &self,
+            w: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            format: ::ringkernel_core::compute::WeightFormat,
+            x: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: ::ringkernel_core::compute::QMatmulDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::qmatmul(format, dims, false)?;
+            $crate::exec::run(self, &plan, &[w, x, out])
+        }
+        fn qmatmul_swiglu(
+            &self,
+            w_gate: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            w_up: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            format: ::ringkernel_core::compute::WeightFormat,
+            x: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: ::ringkernel_core::compute::QMatmulDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::qmatmul(format, dims, true)?;
+            $crate::exec::run(self, &plan, &[w_gate, w_up, x, out])
+        }
+        fn rope_kv(
+            &self,
+            qkv: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            positions: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            q: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            k_cache: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            v_cache: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: ::ringkernel_core::compute::KvDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::rope_kv(dims)?;
+            $crate::exec::run(self, &plan, &[qkv, positions, q, k_cache, v_cache])
+        }
+        fn attention_kv(
+            &self,
+            q: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            k_cache: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            v_cache: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            positions: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            dims: ::ringkernel_core::compute::KvDims,
+        ) -> ::ringkernel_core::Result<()> {
+            let plan = $crate::plan::attention_kv(dims)?;
+            $crate::exec::run(self, &plan, &[q, k_cache, v_cache, positions, out])
+        }
     };
 }

@@ -29,6 +29,12 @@ use ringkernel_shaders::{
 };
 use ringkernel_shaders::{ATTENTION_MAX_HEAD_DIM, MAX_WORKGROUPS_PER_DIM, WORKGROUP_SIZE};
 
+mod model;
+pub use model::{
+    attention_kv, broadcast_binary, convert, embedding, qmatmul, rope_kv, KV_MAX_HEAD_DIM,
+    QMATMUL_ROWS, QMATMUL_TOKENS,
+};
+
 /// What a kernel buffer is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operand {

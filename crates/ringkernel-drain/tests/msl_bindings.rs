@@ -4,7 +4,8 @@
 //! passes of the built-in actor kernels.
 
 use ringkernel_core::compute::{
-    AttentionDims, BinaryOp, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, AttentionDims, BinaryOp, DType, EmbeddingDims, KvDims, MatmulDims, QMatmulDims,
+    ReduceDims, ReduceOp, RopeDims, UnaryOp, WeightFormat,
 };
 use ringkernel_drain::engine::DRAIN_SLOTS;
 use ringkernel_drain::msl::{check_host_bindings, parse_entry_points, HostSlot, MslEntryPoint};
@@ -139,6 +140,51 @@ fn every_plan() -> Vec<(String, Plan)> {
         "attention wide".into(),
         plan::attention(AttentionDims { head_dim: 600, ..d }).unwrap(),
     ));
+    for (from, to) in [(DType::F32, DType::F16), (DType::Bf16, DType::F32)] {
+        v.push((
+            format!("convert {from}->{to}"),
+            plan::convert(from, to, 37).unwrap(),
+        ));
+    }
+    let (_, bd) = checks::broadcast(&[4, 1, 5], &[3, 1]).unwrap();
+    v.push((
+        "broadcast".into(),
+        plan::broadcast_binary(BinaryOp::Div, &bd).unwrap(),
+    ));
+    for format in WeightFormat::ALL {
+        let qd = QMatmulDims {
+            batch: 5,
+            rows: 70,
+            cols: 64,
+            accumulate: true,
+        };
+        for gated in [false, true] {
+            v.push((
+                format!("qmatmul {format} gated={gated}"),
+                plan::qmatmul(format, qd, gated).unwrap(),
+            ));
+        }
+        let ed = EmbeddingDims {
+            rows: 9,
+            cols: 64,
+            count: 3,
+        };
+        v.push((
+            format!("embedding {format}"),
+            plan::embedding(format, ed).unwrap(),
+        ));
+    }
+    let kd = KvDims {
+        tokens: 3,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        capacity: 10,
+        rope_base: 10000.0,
+        scale: 0.25,
+    };
+    v.push(("rope_kv".into(), plan::rope_kv(kd).unwrap()));
+    v.push(("attention_kv".into(), plan::attention_kv(kd).unwrap()));
     v
 }
 

@@ -3,7 +3,7 @@
 //! ```no_run
 //! use ringkernel_llm::generate::{ChatTemplate, Message, Session};
 //! use ringkernel_llm::sample::SamplerConfig;
-//! let mut s = Session::open("model.gguf", 2048)?;
+//! let mut s = Session::open("model.gguf", 2048)?; // or Session::open_on(.., &device)
 //! let prompt = s.template().render(&[Message::user("Hi!")], true);
 //! let stats = s.generate(&prompt, 64, SamplerConfig::greedy(), |text| print!("{text}"))?;
 //! println!("\n{:.1} tokens/s", stats.decode_tokens_per_s());
@@ -12,9 +12,10 @@
 
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
-use crate::model::{available_memory, estimate_memory, KvCache, LlamaConfig, Model};
+use crate::model::{estimate_memory, KvCache, LlamaConfig, Model};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use ringkernel::compute::Device;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,25 +139,36 @@ pub struct Session {
 }
 
 impl Session {
-    /// Opens `path`, estimates weights + KV cache for `context` positions against the
-    /// available memory (refusing with [`LlmError::OutOfMemory`]), and loads the model.
+    /// Opens `path` on the CPU; see [`Session::open_on`].
     pub fn open(path: impl AsRef<Path>, context: usize) -> Result<Self> {
+        Self::open_on(path, context, &Device::cpu())
+    }
+
+    /// Opens `path`, estimates weights + KV cache for `context` positions against the
+    /// memory the device says is free (refusing with [`LlmError::OutOfMemory`] before
+    /// anything is uploaded), and loads the model onto `device`.
+    pub fn open_on(path: impl AsRef<Path>, context: usize, device: &Device) -> Result<Self> {
         let file = Arc::new(GgufFile::open(path)?);
         let cfg = LlamaConfig::from_gguf(&file)?;
         let est = estimate_memory(&file, &cfg, context.min(cfg.context_length));
-        if let Some(avail) = available_memory() {
+        if let Some(avail) = device.backend().memory_available() {
             est.check_fits(avail)?;
         }
-        Self::from_file(file, context)
+        Self::from_file_on(file, context, device)
     }
 
-    /// Builds a session on a parsed file (no memory check).
+    /// Builds a session on a parsed file, on the CPU (no memory check).
     pub fn from_file(file: Arc<GgufFile>, context: usize) -> Result<Self> {
+        Self::from_file_on(file, context, &Device::cpu())
+    }
+
+    /// Builds a session on a parsed file, on `device` (no memory check).
+    pub fn from_file_on(file: Arc<GgufFile>, context: usize, device: &Device) -> Result<Self> {
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template = ChatTemplate::from_gguf(&file)?;
         let ctx = context.min(LlamaConfig::from_gguf(&file)?.context_length);
-        let model = Model::load(file, ctx)?;
-        let cache = model.new_cache(ctx);
+        let model = Model::load_on(device, file, ctx)?;
+        let cache = model.new_cache(ctx)?;
         let mut stop = vec![tokenizer.eos()];
         for t in ["<|im_end|>", "<|endoftext|>"] {
             if let Some(id) = tokenizer.token_id(t) {
@@ -184,6 +196,17 @@ impl Session {
     /// The chat template.
     pub fn template(&self) -> &ChatTemplate {
         &self.template
+    }
+
+    /// The KV cache (its [`KvCache::step_mode`] says whether steps are recorded).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The model and the session's cache, for running steps directly ([`crate::bench`]);
+    /// call [`Session::reset`] afterwards so the session forgets what they put there.
+    pub fn model_and_cache(&mut self) -> (&Model, &mut KvCache) {
+        (&self.model, &mut self.cache)
     }
 
     /// Forgets the conversation.
@@ -245,11 +268,8 @@ impl Session {
         self.cache_truncate(common);
         let mut sampler = Sampler::new(sampling);
         let t0 = Instant::now();
-        let mut logits = Vec::new();
-        for &id in &ids[common..] {
-            logits = self.model.forward(id, &mut self.cache)?;
-            self.history.push(id);
-        }
+        let mut logits = self.model.prefill(&ids[common..], &mut self.cache)?;
+        self.history.extend_from_slice(&ids[common..]);
         let mut stats = GenerationStats {
             prompt_tokens: ids.len(),
             ..Default::default()

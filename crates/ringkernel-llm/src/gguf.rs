@@ -522,11 +522,6 @@ impl GgufFile {
         &self.bytes.as_slice()[t.offset as usize..(t.offset + t.size) as usize]
     }
 
-    /// Bytes `offset..offset + size` of a tensor whose bounds the parser checked.
-    pub(crate) fn raw(&self, offset: usize, size: usize) -> &[u8] {
-        &self.bytes.as_slice()[offset..offset + size]
-    }
-
     /// Total bytes of tensor data.
     pub fn tensor_data_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.size).sum()

@@ -1,10 +1,13 @@
-//! RingKernel's language-model runtime: a GGUF reader, ggml's quantized block formats
-//! with matrix-vector products on the quantized weights, a byte-level BPE tokenizer read
-//! from the GGUF vocabulary, and a llama-architecture decoder (SmolLM2) with a KV cache
-//! and sampling.
+//! RingKernel's language-model runtime: a GGUF reader, a byte-level BPE tokenizer read
+//! from the GGUF vocabulary, and a llama-architecture decoder (SmolLM2) on any RingKernel
+//! [`Device`](ringkernel::compute::Device) (CPU, CUDA, WebGPU, Metal): weights uploaded
+//! once in their quantized block formats and multiplied there, a KV cache on the device,
+//! batched prompts, decode steps recorded once where the backend can (a CUDA graph),
+//! sampling and a chat session.
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -13,6 +16,7 @@ pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod tokenizer;
+pub mod weights;
 
 pub use error::{LlmError, Result};
 pub use generate::{ChatTemplate, GenerationStats, Message, Session};

@@ -1,22 +1,43 @@
-//! The llama architecture (SmolLM2, Llama 2/3 style) decoding one token at a time on the
-//! CPU: RMSNorm, rotary embeddings, grouped-query attention over a KV cache, SwiGLU; the
-//! matrix-vector products run on the quantized weights ([`QMatrix::matvec`]) straight from
-//! the memory-mapped file.
+//! The llama architecture (SmolLM2, Llama 2/3 style) on a RingKernel [`Device`] (CPU,
+//! CUDA, WebGPU or Metal): RMSNorm, rotary embeddings, grouped-query attention over a KV
+//! cache kept on the device, SwiGLU; every matrix product runs on the stored weight
+//! blocks ([`ComputeBackend::qmatmul`]). The weights are uploaded once; a step writes the
+//! token ids and positions to the device, runs the ops there and reads back only the
+//! logits. A prompt runs as one batch per chunk of up to [`PREFILL_CHUNK`] tokens
+//! (matrix-matrix products); a decode step is recorded once where the backend can
+//! ([`ComputeBackend::record`]: a CUDA graph, so a token costs one graph launch) and
+//! replayed at every position.
+//!
+//! One step, per layer: `rms_norm` → `qmatmul` (q, k, v in one matrix) → `rope_kv` (into
+//! the cache) → `attention_kv` → `qmatmul` accumulating into the residual stream →
+//! `rms_norm` → `qmatmul_swiglu` (gate and up) → `qmatmul` accumulating; then the final
+//! norm and the output projection.
 //!
 //! ```no_run
+//! use ringkernel::compute::Device;
 //! use ringkernel_llm::{gguf::GgufFile, model::Model, sample::{Sampler, SamplerConfig}};
 //! use std::sync::Arc;
-//! let model = Model::load(Arc::new(GgufFile::open("model.gguf")?), 2048)?;
-//! let mut cache = model.new_cache(2048);
-//! let logits = model.forward(1, &mut cache)?;
+//! let model = Model::load_on(&Device::cpu(), Arc::new(GgufFile::open("model.gguf")?), 2048)?;
+//! let mut cache = model.new_cache(2048)?;
+//! let logits = model.prefill(&[1, 9690, 198], &mut cache)?;
 //! let next = Sampler::new(SamplerConfig::greedy()).sample(&logits);
+//! let logits = model.forward(next, &mut cache)?;
 //! # Ok::<(), ringkernel_llm::LlmError>(())
 //! ```
+//!
+//! [`ComputeBackend::qmatmul`]: ringkernel::compute::ComputeBackend::qmatmul
+//! [`ComputeBackend::record`]: ringkernel::compute::ComputeBackend::record
 
 use crate::error::{LlmError, Result};
-use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{dequantize, GgmlType, QMatrix};
-use rayon::prelude::*;
+use crate::gguf::GgufFile;
+use crate::quant::{dequantize, GgmlType};
+use crate::weights::{half_split_order, joined_format, HostMatrix};
+use ringkernel::compute::{
+    BufferRef, ComputeBackend, Device, EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay,
+    WeightFormat,
+};
+use ringkernel::BackendKind;
+use ringkernel_core::compute::dtype::words_as_f32;
 use std::sync::Arc;
 
 /// Hyper-parameters read from `llama.*` metadata.
@@ -96,14 +117,17 @@ impl LlamaConfig {
     }
 }
 
-/// Bytes a model needs, by part.
+/// Prompt tokens run as one batch (the activation buffers hold this many rows).
+pub const PREFILL_CHUNK: usize = 128;
+
+/// Bytes a model needs on its device, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryEstimate {
-    /// Weights as stored (quantized).
+    /// Weights in their device formats.
     pub weights: u64,
     /// Keys and values of `context` positions in f32.
     pub kv_cache: u64,
-    /// Per-step scratch (activations and logits).
+    /// Activations of one prompt chunk, and the logits.
     pub scratch: u64,
     /// The context the estimate is for.
     pub context: usize,
@@ -123,7 +147,7 @@ impl MemoryEstimate {
                 available,
                 detail: format!(
                     "weights {} MiB + KV cache {} MiB for {} positions + scratch {} MiB; \
-                     a shorter --max-context needs less cache",
+                     a shorter --context needs less cache",
                     self.weights >> 20,
                     self.kv_cache >> 20,
                     self.context,
@@ -135,57 +159,137 @@ impl MemoryEstimate {
     }
 }
 
-/// The memory a model needs for `context` positions, before anything is loaded.
+/// Device bytes of a `rows × cols` matrix in `format`.
+fn matrix_bytes(format: WeightFormat, rows: usize, cols: usize) -> u64 {
+    format.words(rows, cols).map_or(u64::MAX, |w| w as u64 * 4)
+}
+
+/// The memory a model needs on a device for `context` positions, before anything is
+/// loaded (from the tensor types: no weight is read).
 pub fn estimate_memory(f: &GgufFile, cfg: &LlamaConfig, context: usize) -> MemoryEstimate {
-    let kv = 2 * cfg.n_layers as u64 * context as u64 * cfg.kv_dim() as u64 * 4;
-    let scratch = 4 * (cfg.vocab + 6 * cfg.dim + 3 * cfg.hidden + cfg.n_heads * context) as u64;
+    let (d, kvd, h) = (cfg.dim, cfg.kv_dim(), cfg.hidden);
+    let ty = |name: &str| f.tensor(name).map(|t| t.dtype).unwrap_or(GgmlType::F32);
+    let embed = ty("token_embd.weight");
+    let mut weights = matrix_bytes(joined_format(&[embed]), cfg.vocab, d);
+    if f.tensor("output.weight").is_ok() {
+        weights += matrix_bytes(joined_format(&[ty("output.weight")]), cfg.vocab, d);
+    }
+    weights += 4 * d as u64 * (2 * cfg.n_layers as u64 + 1);
+    for i in 0..cfg.n_layers {
+        let t = |n: &str| ty(&format!("blk.{i}.{n}.weight"));
+        let qkv = joined_format(&[t("attn_q"), t("attn_k"), t("attn_v")]);
+        let gu = joined_format(&[t("ffn_gate"), t("ffn_up")]);
+        weights += matrix_bytes(qkv, d + 2 * kvd, d)
+            + matrix_bytes(joined_format(&[t("attn_output")]), d, d)
+            + 2 * matrix_bytes(gu, h, d)
+            + matrix_bytes(joined_format(&[t("ffn_down")]), d, h);
+    }
+    let kv = 2 * cfg.n_layers as u64 * context as u64 * kvd as u64 * 4;
+    let rows = context.clamp(1, PREFILL_CHUNK) as u64;
+    let scratch = 4 * (rows * (4 * d + 2 * kvd + h) as u64 + 2 * rows + (cfg.vocab + d) as u64);
     MemoryEstimate {
-        weights: f.tensor_data_bytes(),
+        weights,
         kv_cache: kv,
         scratch,
         context,
     }
 }
 
-/// Memory available to this process, if the system says (Linux: `MemAvailable`).
-pub fn available_memory() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// A weight matrix: where its bytes are in the file.
-#[derive(Debug, Clone)]
-struct Weight {
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    offset: usize,
-    size: usize,
-}
-
-#[derive(Debug, Clone)]
+/// One transformer block's weights on the device.
+#[derive(Debug)]
 struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Weight,
-    wk: Weight,
-    wv: Weight,
-    wo: Weight,
-    ffn_norm: Vec<f32>,
-    gate: Weight,
-    up: Weight,
-    down: Weight,
+    attn_norm: BufferRef,
+    /// `[q; k; v]` rows (q and k in the half-split RoPE order).
+    qkv: QuantMatrix,
+    wo: QuantMatrix,
+    ffn_norm: BufferRef,
+    gate: QuantMatrix,
+    up: QuantMatrix,
+    down: QuantMatrix,
 }
 
-/// Keys and values of the positions decoded so far, per layer, in f32.
-#[derive(Debug, Clone)]
+/// Everything uploaded once.
+#[derive(Debug)]
+struct Weights {
+    embed: QuantMatrix,
+    /// The output projection (the embedding matrix itself when tied, as in SmolLM2).
+    output: QuantMatrix,
+    out_norm: BufferRef,
+    layers: Vec<Layer>,
+    /// Device bytes of all of the above.
+    bytes: u64,
+}
+
+/// A llama model whose weights live on a [`Device`].
+#[derive(Debug)]
+pub struct Model {
+    device: Device,
+    file: Arc<GgufFile>,
+    cfg: LlamaConfig,
+    w: Arc<Weights>,
+    max_context: usize,
+}
+
+/// The activations of one batch of up to `rows` tokens, on the device.
+#[derive(Debug)]
+struct Scratch {
+    rows: usize,
+    ids: BufferRef,
+    pos: BufferRef,
+    /// Residual stream `[rows, dim]`.
+    x: BufferRef,
+    /// Normed `[rows, dim]`.
+    xb: BufferRef,
+    /// Projections `[rows, dim + 2·kv_dim]`.
+    qkv: BufferRef,
+    /// Rotated queries `[rows, dim]`.
+    q: BufferRef,
+    /// Attention output `[rows, dim]`.
+    att: BufferRef,
+    /// SwiGLU output `[rows, hidden]`.
+    hb: BufferRef,
+    /// The last row's normed state (a prompt's logits come from it).
+    last: BufferRef,
+    logits: BufferRef,
+}
+
+/// How decode steps run on a cache.
+enum Step {
+    /// Not tried yet.
+    Untried,
+    /// Recorded once (a CUDA graph), replayed each step; holds the weights the
+    /// recording uses, so they outlive it.
+    Recorded {
+        replay: Box<dyn Replay>,
+        _weights: Arc<Weights>,
+    },
+    /// Op by op: the backend records nothing (or recording failed, for the reason given).
+    Direct(Option<String>),
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Untried => f.write_str("Untried"),
+            Step::Recorded { .. } => f.write_str("Recorded"),
+            Step::Direct(why) => write!(f, "Direct({why:?})"),
+        }
+    }
+}
+
+/// Keys and values of the positions decoded so far, per layer, on the model's device
+/// (`[kv_heads, capacity, head_dim]` each), with the activation buffers of the steps
+/// that fill it.
+#[derive(Debug)]
 pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    device: Device,
+    k: Vec<BufferRef>,
+    v: Vec<BufferRef>,
     len: usize,
     capacity: usize,
     kv_dim: usize,
+    scratch: Scratch,
+    step: Step,
 }
 
 impl KvCache {
@@ -209,20 +313,17 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
     }
-}
-
-/// A llama model whose weights stay in the GGUF mapping.
-#[derive(Debug)]
-pub struct Model {
-    file: Arc<GgufFile>,
-    cfg: LlamaConfig,
-    embed: Weight,
-    output: Weight,
-    out_norm: Vec<f32>,
-    layers: Vec<Layer>,
-    /// `cos`/`sin` of each rotary frequency, per position up to the context.
-    rope: Vec<(f32, f32)>,
-    max_context: usize,
+    /// How decode steps run: `"recorded"` (replayed as one unit, a CUDA graph),
+    /// `"direct"` (op by op: the backend has nothing to record into) or `"direct: why"`
+    /// when recording failed; `"not run yet"` before the first step.
+    pub fn step_mode(&self) -> String {
+        match &self.step {
+            Step::Untried => "not run yet".into(),
+            Step::Recorded { .. } => "recorded".into(),
+            Step::Direct(None) => "direct".into(),
+            Step::Direct(Some(why)) => format!("direct: {why}"),
+        }
+    }
 }
 
 fn f32_vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -238,34 +339,16 @@ fn f32_vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-fn weight(t: &TensorInfo, rows: usize, cols: usize) -> Result<Weight> {
-    if t.dims.len() != 2 || t.row_len() != cols || t.rows() != rows {
-        return Err(LlmError::Shape(format!(
-            "tensor `{}` is {:?} (ggml order), the model needs [{cols}, {rows}]",
-            t.name, t.dims
-        )));
-    }
-    Ok(Weight {
-        ty: t.dtype,
-        rows,
-        cols,
-        offset: t.offset as usize,
-        size: t.size as usize,
-    })
-}
-
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let s = 1.0 / (ms + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * s * g;
-    }
-}
-
 impl Model {
-    /// Checks every tensor the architecture needs and prepares the rotary tables for
-    /// `max_context` positions (at most the model's trained context).
+    /// Loads the model on the CPU; see [`Model::load_on`].
     pub fn load(file: Arc<GgufFile>, max_context: usize) -> Result<Self> {
+        Self::load_on(&Device::cpu(), file, max_context)
+    }
+
+    /// Checks every tensor the architecture needs and uploads the weights to `device`
+    /// (their device formats: see [`crate::weights`]), for caches of up to
+    /// `max_context` positions (at most the model's trained context).
+    pub fn load_on(device: &Device, file: Arc<GgufFile>, max_context: usize) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(&file)?;
         if max_context == 0 || max_context > cfg.context_length {
             return Err(LlmError::InvalidArgument(format!(
@@ -274,46 +357,60 @@ impl Model {
             )));
         }
         let f = &*file;
-        let (d, kv, h) = (cfg.dim, cfg.kv_dim(), cfg.hidden);
-        let embed = weight(f.tensor("token_embd.weight")?, cfg.vocab, d)?;
+        let (d, kvd, h, hd) = (cfg.dim, cfg.kv_dim(), cfg.hidden, cfg.head_dim);
+        let read = |name: &str, rows, cols, order: Option<&[usize]>| {
+            HostMatrix::read(f, f.tensor(name)?, rows, cols, order)
+        };
+        let vector = |name: &str| -> Result<BufferRef> {
+            Ok(device.backend().upload(&f32_vector(f, name, d)?)?)
+        };
+        let mut bytes = 0u64;
+        let mut up = |m: HostMatrix| -> Result<QuantMatrix> {
+            bytes += m.bytes();
+            m.upload(device)
+        };
+        let embed = up(read("token_embd.weight", cfg.vocab, d, None)?)?;
         // Tied embeddings (SmolLM2): the output projection is the embedding matrix.
         let output = match f.tensor("output.weight") {
-            Ok(t) => weight(t, cfg.vocab, d)?,
+            Ok(_) => up(read("output.weight", cfg.vocab, d, None)?)?,
             Err(_) => embed.clone(),
         };
+        let q_order = half_split_order(cfg.n_heads, hd);
+        let k_order = half_split_order(cfg.n_kv_heads, hd);
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
-            let t = |n: &str| f.tensor(&format!("blk.{i}.{n}.weight"));
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let qkv = HostMatrix::stack(vec![
+                read(&n("attn_q"), d, d, Some(&q_order))?,
+                read(&n("attn_k"), kvd, d, Some(&k_order))?,
+                read(&n("attn_v"), kvd, d, None)?,
+            ])?;
+            let gate = read(&n("ffn_gate"), h, d, None)?;
+            let upm = read(&n("ffn_up"), h, d, None)?;
+            let gu = crate::weights::common_format(&[gate.clone(), upm.clone()]);
             layers.push(Layer {
-                attn_norm: f32_vector(f, &format!("blk.{i}.attn_norm.weight"), d)?,
-                wq: weight(t("attn_q")?, d, d)?,
-                wk: weight(t("attn_k")?, kv, d)?,
-                wv: weight(t("attn_v")?, kv, d)?,
-                wo: weight(t("attn_output")?, d, d)?,
-                ffn_norm: f32_vector(f, &format!("blk.{i}.ffn_norm.weight"), d)?,
-                gate: weight(t("ffn_gate")?, h, d)?,
-                up: weight(t("ffn_up")?, h, d)?,
-                down: weight(t("ffn_down")?, d, h)?,
+                attn_norm: vector(&n("attn_norm"))?,
+                qkv: up(qkv)?,
+                wo: up(read(&n("attn_output"), d, d, None)?)?,
+                ffn_norm: vector(&n("ffn_norm"))?,
+                gate: up(gate.into_format(gu)?)?,
+                up: up(upm.into_format(gu)?)?,
+                down: up(read(&n("ffn_down"), d, h, None)?)?,
             });
         }
-        let out_norm = f32_vector(f, "output_norm.weight", d)?;
-        let half = cfg.head_dim / 2;
-        let mut rope = Vec::with_capacity(max_context * half);
-        for pos in 0..max_context {
-            for i in 0..half {
-                let freq = (cfg.rope_base as f64).powf(-2.0 * i as f64 / cfg.head_dim as f64);
-                let a = pos as f64 * freq;
-                rope.push((a.cos() as f32, a.sin() as f32));
-            }
-        }
+        let out_norm = vector("output_norm.weight")?;
+        bytes += 4 * d as u64 * (2 * cfg.n_layers as u64 + 1);
         Ok(Self {
+            device: device.clone(),
             file,
             cfg,
-            embed,
-            output,
-            out_norm,
-            layers,
-            rope,
+            w: Arc::new(Weights {
+                embed,
+                output,
+                out_norm,
+                layers,
+                bytes,
+            }),
             max_context,
         })
     }
@@ -323,9 +420,19 @@ impl Model {
         &self.cfg
     }
 
-    /// The file the weights live in.
+    /// The file the weights came from.
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Device bytes of the uploaded weights.
+    pub fn weight_bytes(&self) -> u64 {
+        self.w.bytes
     }
 
     /// The longest context this instance was prepared for.
@@ -333,134 +440,216 @@ impl Model {
         self.max_context
     }
 
-    /// An empty cache for `capacity` positions (at most [`Self::max_context`]).
-    pub fn new_cache(&self, capacity: usize) -> KvCache {
+    /// An empty cache for `capacity` positions (at most [`Self::max_context`]) on the
+    /// model's device.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
         let capacity = capacity.min(self.max_context);
-        let n = capacity * self.cfg.kv_dim();
-        KvCache {
-            k: vec![vec![0.0; n]; self.cfg.n_layers],
-            v: vec![vec![0.0; n]; self.cfg.n_layers],
+        let c = &self.cfg;
+        let b = self.device.backend();
+        let n = capacity * c.kv_dim();
+        let rows = capacity.clamp(1, PREFILL_CHUNK);
+        let alloc = |len: usize| -> Result<BufferRef> { Ok(b.alloc(len.max(1))?) };
+        let scratch = Scratch {
+            rows,
+            ids: alloc(rows)?,
+            pos: alloc(rows)?,
+            x: alloc(rows * c.dim)?,
+            xb: alloc(rows * c.dim)?,
+            qkv: alloc(rows * (c.dim + 2 * c.kv_dim()))?,
+            q: alloc(rows * c.dim)?,
+            att: alloc(rows * c.dim)?,
+            hb: alloc(rows * c.hidden)?,
+            last: alloc(c.dim)?,
+            logits: alloc(c.vocab)?,
+        };
+        Ok(KvCache {
+            device: self.device.clone(),
+            k: (0..c.n_layers).map(|_| alloc(n)).collect::<Result<_>>()?,
+            v: (0..c.n_layers).map(|_| alloc(n)).collect::<Result<_>>()?,
             len: 0,
             capacity,
-            kv_dim: self.cfg.kv_dim(),
-        }
+            kv_dim: c.kv_dim(),
+            scratch,
+            step: Step::Untried,
+        })
     }
 
-    fn mat(&self, w: &Weight) -> QMatrix<'_> {
-        QMatrix {
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            data: self.file.raw(w.offset, w.size),
-        }
-    }
-
-    /// Rotates each adjacent pair `(x[2i], x[2i+1])` of every head by `pos · θ_i`
-    /// (GGUF stores llama's q/k rows permuted for this layout).
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let half = self.cfg.head_dim / 2;
-        let table = &self.rope[pos * half..(pos + 1) * half];
-        for head in x.chunks_exact_mut(self.cfg.head_dim) {
-            for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(table) {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * c - b * s;
-                pair[1] = a * s + b * c;
-            }
-        }
-    }
-
-    /// The embedding of `token` (one row of the embedding matrix, dequantized).
-    pub fn embed(&self, token: u32) -> Result<Vec<f32>> {
-        let t = token as usize;
-        if t >= self.cfg.vocab {
-            return Err(LlmError::InvalidArgument(format!(
-                "token {token} outside the vocabulary of {}",
-                self.cfg.vocab
-            )));
-        }
-        let mut x = vec![0f32; self.cfg.dim];
-        self.mat(&self.embed).dequantize_row(t, &mut x)?;
-        Ok(x)
-    }
-
-    /// Runs `token` at the next position of `cache` and returns the logits of the token
-    /// after it.
-    pub fn forward(&self, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
+    fn check_cache(&self, cache: &KvCache, tokens: &[u32]) -> Result<()> {
         let c = &self.cfg;
-        let pos = cache.len;
-        if pos >= cache.capacity {
+        if cache.kv_dim != c.kv_dim() || cache.k.len() != c.n_layers || cache.device != self.device
+        {
+            return Err(LlmError::Shape(
+                "KV cache made for another model or device".into(),
+            ));
+        }
+        if cache.len + tokens.len() > cache.capacity {
             return Err(LlmError::InvalidArgument(format!(
                 "the KV cache is full ({} positions): start a new conversation or raise \
                  the context",
                 cache.capacity
             )));
         }
-        if cache.kv_dim != c.kv_dim() || cache.k.len() != c.n_layers {
-            return Err(LlmError::Shape("KV cache made for another model".into()));
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(LlmError::InvalidArgument(format!(
+                "token {t} outside the vocabulary of {}",
+                c.vocab
+            )));
         }
-        let (d, kvd, hd) = (c.dim, c.kv_dim(), c.head_dim);
-        let mut x = self.embed(token)?;
-        let mut xb = vec![0f32; d];
-        let mut q = vec![0f32; d];
-        let mut att = vec![0f32; d];
-        let mut o = vec![0f32; d];
-        let mut g = vec![0f32; c.hidden];
-        let mut u = vec![0f32; c.hidden];
-        let group = c.n_heads / c.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for (li, l) in self.layers.iter().enumerate() {
-            rms_norm(&x, &l.attn_norm, c.eps, &mut xb);
-            self.mat(&l.wq).matvec(&xb, &mut q)?;
-            let kc = &mut cache.k[li][pos * kvd..(pos + 1) * kvd];
-            self.mat(&l.wk).matvec(&xb, kc)?;
-            self.rope(kc, pos);
-            let vc = &mut cache.v[li][pos * kvd..(pos + 1) * kvd];
-            self.mat(&l.wv).matvec(&xb, vc)?;
-            self.rope(&mut q, pos);
-            let (kl, vl) = (&cache.k[li], &cache.v[li]);
-            att.par_chunks_mut(hd).enumerate().for_each(|(h, out)| {
-                let qh = &q[h * hd..(h + 1) * hd];
-                let kvh = h / group;
-                let mut s: Vec<f32> = (0..=pos)
-                    .map(|t| {
-                        let k = &kl[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                        qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
-                    })
-                    .collect();
-                let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let mut sum = 0f32;
-                for v in &mut s {
-                    *v = (*v - m).exp();
-                    sum += *v;
-                }
-                out.fill(0.0);
-                for (t, p) in s.iter().enumerate() {
-                    let v = &vl[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-                    let w = p / sum;
-                    for (a, b) in out.iter_mut().zip(v) {
-                        *a += w * b;
-                    }
-                }
-            });
-            self.mat(&l.wo).matvec(&att, &mut o)?;
-            for (a, b) in x.iter_mut().zip(&o) {
-                *a += b;
-            }
-            rms_norm(&x, &l.ffn_norm, c.eps, &mut xb);
-            self.mat(&l.gate).matvec(&xb, &mut g)?;
-            self.mat(&l.up).matvec(&xb, &mut u)?;
-            for (a, b) in g.iter_mut().zip(&u) {
-                *a = *a / (1.0 + (-*a).exp()) * b;
-            }
-            self.mat(&l.down).matvec(&g, &mut o)?;
-            for (a, b) in x.iter_mut().zip(&o) {
-                *a += b;
-            }
+        Ok(())
+    }
+
+    /// The ops of one step over the first `n` rows of the scratch buffers (ids and
+    /// positions already written).
+    fn run(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
+        let b: &dyn ComputeBackend = &**self.device.backend();
+        let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
+        let (d, kvd, eps) = (c.dim, c.kv_dim(), c.eps);
+        let mm = |batch, rows, cols, accumulate| QMatmulDims {
+            batch,
+            rows,
+            cols,
+            accumulate,
+        };
+        b.embedding(
+            &**w.embed.buffer(),
+            w.embed.format(),
+            &*s.ids,
+            &*s.x,
+            EmbeddingDims {
+                rows: c.vocab,
+                cols: d,
+                count: n,
+            },
+        )?;
+        let kv = KvDims {
+            tokens: n,
+            heads: c.n_heads,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            capacity: cache.capacity,
+            rope_base: c.rope_base,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (kc, vc) = (&*cache.k[l], &*cache.v[l]);
+            b.rms_norm(&*s.x, &*lw.attn_norm, &*s.xb, n, d, eps)?;
+            b.qmatmul(
+                &**lw.qkv.buffer(),
+                lw.qkv.format(),
+                &*s.xb,
+                &*s.qkv,
+                mm(n, d + 2 * kvd, d, false),
+            )?;
+            b.rope_kv(&*s.qkv, &*s.pos, &*s.q, kc, vc, kv)?;
+            b.attention_kv(&*s.q, kc, vc, &*s.pos, &*s.att, kv)?;
+            b.qmatmul(
+                &**lw.wo.buffer(),
+                lw.wo.format(),
+                &*s.att,
+                &*s.x,
+                mm(n, d, d, true),
+            )?;
+            b.rms_norm(&*s.x, &*lw.ffn_norm, &*s.xb, n, d, eps)?;
+            b.qmatmul_swiglu(
+                &**lw.gate.buffer(),
+                &**lw.up.buffer(),
+                lw.gate.format(),
+                &*s.xb,
+                &*s.hb,
+                mm(n, c.hidden, d, false),
+            )?;
+            b.qmatmul(
+                &**lw.down.buffer(),
+                lw.down.format(),
+                &*s.hb,
+                &*s.x,
+                mm(n, d, c.hidden, true),
+            )?;
         }
-        cache.len = pos + 1;
-        rms_norm(&x.clone(), &self.out_norm, c.eps, &mut x);
-        let mut logits = vec![0f32; c.vocab];
-        self.mat(&self.output).matvec(&x, &mut logits)?;
-        Ok(logits)
+        b.rms_norm(&*s.x, &*w.out_norm, &*s.xb, n, d, eps)?;
+        let last: &BufferRef = if n == 1 {
+            &s.xb
+        } else {
+            b.copy(&*s.xb, (n - 1) * d, &*s.last, 0, d)?;
+            &s.last
+        };
+        b.qmatmul(
+            &**w.output.buffer(),
+            w.output.format(),
+            &**last,
+            &*s.logits,
+            mm(1, c.vocab, d, false),
+        )?;
+        Ok(())
+    }
+
+    /// Writes the ids and positions of the next `tokens.len()` positions.
+    fn stage(&self, cache: &KvCache, tokens: &[u32]) -> Result<()> {
+        let b = self.device.backend();
+        let pos: Vec<u32> = (cache.len..cache.len + tokens.len())
+            .map(|p| p as u32)
+            .collect();
+        b.write(&*cache.scratch.ids, 0, words_as_f32(tokens))?;
+        b.write(&*cache.scratch.pos, 0, words_as_f32(&pos))?;
+        Ok(())
+    }
+
+    fn logits(&self, cache: &KvCache) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.cfg.vocab];
+        self.device
+            .backend()
+            .read(&*cache.scratch.logits, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Runs the prompt `tokens` at the next positions of `cache`, in batches of up to
+    /// [`PREFILL_CHUNK`] tokens, and returns the logits of the token after the last one.
+    pub fn prefill(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(LlmError::InvalidArgument("empty prompt".into()));
+        }
+        self.check_cache(cache, tokens)?;
+        for chunk in tokens.chunks(cache.scratch.rows) {
+            self.stage(cache, chunk)?;
+            self.run(cache, chunk.len())?;
+            cache.len += chunk.len();
+        }
+        self.logits(cache)
+    }
+
+    /// Runs `token` at the next position of `cache` and returns the logits of the token
+    /// after it. The first call on a cache records the step where the backend can
+    /// ([`KvCache::step_mode`]); every later one replays it.
+    pub fn forward(&self, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.check_cache(cache, &[token])?;
+        self.stage(cache, &[token])?;
+        if matches!(cache.step, Step::Untried) {
+            let recorded = {
+                let c = &*cache;
+                self.device.backend().record(&mut || self.run(c, 1))
+            };
+            cache.step = match recorded {
+                Ok(Some(replay)) => Step::Recorded {
+                    replay,
+                    _weights: self.w.clone(),
+                },
+                Ok(None) => Step::Direct(None),
+                Err(e) => {
+                    tracing::warn!("decode step not recorded, running it op by op: {e}");
+                    Step::Direct(Some(e.to_string()))
+                }
+            };
+        }
+        match &cache.step {
+            Step::Recorded { replay, .. } => replay.replay()?,
+            _ => self.run(cache, 1)?,
+        }
+        cache.len += 1;
+        self.logits(cache)
+    }
+
+    /// Which kind of device the weights are on.
+    pub fn backend_kind(&self) -> BackendKind {
+        self.device.kind()
     }
 }

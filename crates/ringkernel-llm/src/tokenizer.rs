@@ -193,6 +193,12 @@ impl Tokenizer {
         self.eos
     }
 
+    /// The beginning-of-text token [`Tokenizer::encode`] puts first (when the file asks
+    /// for one).
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
     /// The id of a literal token (`<|im_end|>`), if in the vocabulary.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.ids.get(token).copied()

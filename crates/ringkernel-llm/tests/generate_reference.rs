@@ -1,9 +1,11 @@
 //! The real model against the reference in `fixtures/generate_reference.txt`
 //! (`scripts/llm_reference.py generate`): same prompt tokens, same greedy tokens (or a
-//! near-tie in the reference where they differ), logits within 1e-3 relative.
+//! near-tie in the reference where they differ), logits within 1e-3 relative, on the CPU,
+//! WebGPU (lavapipe in CI) and CUDA (ignored: needs a GPU).
 
 mod common;
 
+use ringkernel::compute::Device;
 use ringkernel_llm::model::KvCache;
 use ringkernel_llm::sample::argmax;
 use ringkernel_llm::{ChatTemplate, Message, Session};
@@ -16,9 +18,43 @@ struct Prompt {
     steps: Vec<(u32, Vec<(u32, f64)>)>,
 }
 
-fn fixture() -> Vec<Prompt> {
+/// Every reference: `fixtures/generate_reference.txt` (f64 NumPy, always there) and any
+/// other `generate_reference*.txt` beside it (Hugging Face transformers', written on the
+/// GPU machine by `scripts/llm_hf_peer.py reference`), with the file name.
+fn fixtures() -> Vec<(String, Vec<Prompt>)> {
+    let mut out = vec![(
+        "generate_reference.txt".to_string(),
+        parse(include_str!("fixtures/generate_reference.txt")),
+    )];
+    let dirs = [
+        std::env::var("CARGO_MANIFEST_DIR").map_or_else(|_| ".".into(), |d| d + "/tests/fixtures"),
+        "crates/ringkernel-llm/tests/fixtures".to_string(),
+    ];
+    let Some(dir) = dirs.iter().find_map(|d| std::fs::read_dir(d).ok()) else {
+        return out;
+    };
+    let mut names: Vec<_> = dir
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("generate_reference")
+                    && n.ends_with(".txt")
+                    && n != "generate_reference.txt"
+            })
+        })
+        .collect();
+    names.sort();
+    for p in names {
+        let text = std::fs::read_to_string(&p).expect("fixture readable");
+        out.push((p.display().to_string(), parse(&text)));
+    }
+    out
+}
+
+fn parse(text: &str) -> Vec<Prompt> {
     let mut out: Vec<Prompt> = Vec::new();
-    for line in include_str!("fixtures/generate_reference.txt").lines() {
+    for line in text.lines() {
         let mut it = line.split(' ');
         match it.next() {
             Some("prompt") => out.push(Prompt {
@@ -47,53 +83,94 @@ fn fixture() -> Vec<Prompt> {
     out
 }
 
-#[test]
-fn greedy_tokens_and_logits_match_the_reference() {
-    let Some(f) = common::model("greedy_tokens_and_logits_match_the_reference") else {
-        return;
-    };
-    let prompts = fixture();
-    assert_eq!(prompts.len(), 3);
-    let s = Session::from_file(Arc::new(f), 256).unwrap();
+/// Runs the first `prompts` fixture prompts on `device` (prompt as one batch, then the
+/// first `steps` of the 32 steps teacher-forced with the reference's tokens) and checks
+/// every step; returns
+/// the worst relative logit difference.
+fn check_on(test: &str, device: &Device, prompts: usize, steps: usize) -> Option<f64> {
+    let f = common::model(test)?;
+    let s = Session::from_file_on(Arc::new(f), 256, device).unwrap();
     let template = ChatTemplate::from_gguf(s.model().file()).unwrap();
     let mut worst = 0f64;
-    for p in &prompts {
-        let text = template.render(&[Message::user(p.text.clone())], true);
-        assert_eq!(
-            s.tokenizer().encode(&text, true),
-            p.ids,
-            "prompt tokens of {:?}",
-            p.text
-        );
-        assert_eq!(p.steps.len(), 32);
-        let mut cache: KvCache = s.model().new_cache(256);
-        let mut logits = Vec::new();
-        for &id in &p.ids {
-            logits = s.model().forward(id, &mut cache).unwrap();
-        }
-        for (i, (want, top)) in p.steps.iter().enumerate() {
-            let got = argmax(&logits) as u32;
-            if got != *want {
-                let gap = top[0].1 - top[1].1;
-                assert!(
+    for (name, fixture) in fixtures() {
+        eprintln!("{device}: against {name}");
+        assert_eq!(fixture.len(), 3, "{name}");
+        for p in &fixture[..prompts] {
+            let text = template.render(&[Message::user(p.text.clone())], true);
+            assert_eq!(
+                s.tokenizer().encode(&text, true),
+                p.ids,
+                "prompt tokens of {:?}",
+                p.text
+            );
+            assert_eq!(p.steps.len(), 32);
+            let mut cache: KvCache = s.model().new_cache(256).unwrap();
+            let mut logits = s.model().prefill(&p.ids, &mut cache).unwrap();
+            for (i, (want, top)) in p.steps.iter().enumerate().take(steps) {
+                let got = argmax(&logits) as u32;
+                if got != *want {
+                    let gap = top[0].1 - top[1].1;
+                    assert!(
                     gap < 1e-3,
-                    "{:?} step {i}: ours {got}, reference {want} with a top-2 gap of {gap}",
+                    "{device}: {:?} step {i}: ours {got}, reference {want} with a top-2 gap of {gap}",
                     p.text
                 );
+                }
+                for &(id, v) in top {
+                    let ours = logits[id as usize] as f64;
+                    let rel = (ours - v).abs() / v.abs().max(1.0);
+                    worst = worst.max(rel);
+                    assert!(
+                        rel <= 1e-3,
+                        "{device}: {:?} step {i} token {id}: {ours} vs {v}",
+                        p.text
+                    );
+                }
+                // Teacher forcing: the reference's token, so every step is compared.
+                logits = s.model().forward(*want, &mut cache).unwrap();
             }
-            for &(id, v) in top {
-                let ours = logits[id as usize] as f64;
-                let rel = (ours - v).abs() / v.abs().max(1.0);
-                worst = worst.max(rel);
-                assert!(
-                    rel <= 1e-3,
-                    "{:?} step {i} token {id}: {ours} vs {v}",
-                    p.text
-                );
-            }
-            // Teacher forcing: the reference's token, so every step is compared.
-            logits = s.model().forward(*want, &mut cache).unwrap();
+            eprintln!("{device}: decode steps {}", cache.step_mode());
         }
     }
-    eprintln!("worst relative logit difference: {worst:.2e}");
+    eprintln!("{device}: worst relative logit difference: {worst:.2e}");
+    Some(worst)
+}
+
+#[test]
+fn greedy_tokens_and_logits_match_the_reference() {
+    check_on(
+        "greedy_tokens_and_logits_match_the_reference",
+        &Device::cpu(),
+        3,
+        32,
+    );
+}
+
+/// WebGPU: every prompt on a GPU; on lavapipe (CI, a software renderer) one prompt and 8
+/// steps.
+#[test]
+fn greedy_tokens_and_logits_match_the_reference_on_wgpu() {
+    let test = "greedy_tokens_and_logits_match_the_reference_on_wgpu";
+    if common::model(test).is_none() {
+        return;
+    }
+    let dev = Device::wgpu().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
+    let (prompts, steps) = if dev.name().contains("llvmpipe") {
+        (1, 8)
+    } else {
+        (3, 32)
+    };
+    check_on(test, &dev, prompts, steps);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn greedy_tokens_and_logits_match_the_reference_on_cuda() {
+    let dev = Device::cuda(0).expect("CUDA device 0");
+    check_on(
+        "greedy_tokens_and_logits_match_the_reference_on_cuda",
+        &dev,
+        3,
+        32,
+    );
 }

@@ -2,11 +2,13 @@
 //! against their definitions on random data of awkward sizes.
 
 use half::{bf16, f16};
+use ringkernel::compute::{Device, Tensor, WeightFormat};
 use ringkernel_llm::gguf::{GgufFile, GgufWriter, Value};
 use ringkernel_llm::quant::{
     dequantize, quantize_q4_1, quantize_q8_0, to_bf16_bytes, to_f16_bytes, GgmlType, QMatrix,
 };
 use ringkernel_llm::sample::Rng;
+use ringkernel_llm::weights::HostMatrix;
 use ringkernel_llm::LlmError;
 
 fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -228,14 +230,21 @@ fn half_precision_conversions_round_trip() {
     }
 }
 
+/// Every ggml type the decoder reads, as the device weights it becomes
+/// (`weights::HostMatrix`), multiplied on the CPU device's blocks: within 1e-5 of the
+/// product with the dequantized f32 matrix, row by row. Q4_0 becomes Q4_1 exactly.
 #[test]
-fn quantized_matvec_matches_the_dequantized_f32_product() {
+fn device_products_match_the_dequantized_f32_product() {
+    let dev = Device::cpu();
     for (rows, cols, seed) in [(1, 32, 1u64), (37, 96, 2), (130, 576, 3), (17, 1536, 4)] {
         let w = random(rows * cols, seed, 1.0);
-        let x = random(cols, seed + 100, 1.0);
+        let x = random(3 * cols, seed + 100, 1.0);
+        let mut g = GgufWriter::new();
+        let dims = [cols as u64, rows as u64];
         for (ty, bytes) in [
             (GgmlType::Q4_1, quantize_q4_1(&w)),
             (GgmlType::Q8_0, quantize_q8_0(&w)),
+            (GgmlType::Q4_0, quantize_q4_0(&w)),
             (GgmlType::F16, to_f16_bytes(&w)),
             (GgmlType::Bf16, to_bf16_bytes(&w)),
             (
@@ -243,26 +252,69 @@ fn quantized_matvec_matches_the_dequantized_f32_product() {
                 w.iter().flat_map(|v| v.to_le_bytes()).collect(),
             ),
         ] {
-            let m = QMatrix::new(ty, rows, cols, &bytes).unwrap();
+            g.tensor(ty.name(), &dims, ty.id(), bytes);
+        }
+        let f = GgufFile::from_bytes(g.to_bytes()).unwrap();
+        let xt = Tensor::from_slice(&dev, &x, &[3, cols]).unwrap();
+        for t in f.tensors() {
+            let m = QMatrix::new(t.dtype, rows, cols, f.tensor_bytes(t)).unwrap();
             let wf = m.to_f32();
-            let mut y = vec![0f32; rows];
-            for simd in [false, true] {
-                m.matvec_with(&x, &mut y, simd).unwrap();
+            let host = HostMatrix::read(&f, t, rows, cols, None).unwrap();
+            let want_format = match t.dtype {
+                GgmlType::Q4_1 | GgmlType::Q4_0 => WeightFormat::Q4_1,
+                GgmlType::Q8_0 => WeightFormat::Q8_0,
+                _ => WeightFormat::F32,
+            };
+            assert_eq!(host.format, want_format, "{:?}", t.dtype);
+            let y = host
+                .upload(&dev)
+                .unwrap()
+                .matmul(&xt)
+                .unwrap()
+                .to_vec()
+                .unwrap();
+            for tk in 0..3 {
                 for r in 0..rows {
-                    let want: f64 = (0..cols)
-                        .map(|c| wf[r * cols + c] as f64 * x[c] as f64)
-                        .sum();
-                    let norm: f64 = (0..cols)
-                        .map(|c| (wf[r * cols + c] as f64 * x[c] as f64).abs())
-                        .sum();
+                    let prods =
+                        (0..cols).map(|c| wf[r * cols + c] as f64 * x[tk * cols + c] as f64);
+                    let want: f64 = prods.clone().sum();
+                    let norm: f64 = prods.map(f64::abs).sum();
+                    let got = y[tk * rows + r] as f64;
                     assert!(
-                        (y[r] as f64 - want).abs() <= 1e-5 * norm.max(1.0),
-                        "{ty:?} {rows}x{cols} simd {simd} row {r}: {} vs {want}",
-                        y[r]
+                        (got - want).abs() <= 1e-5 * norm.max(1.0),
+                        "{:?} {rows}x{cols} token {tk} row {r}: {got} vs {want}",
+                        t.dtype
                     );
                 }
             }
-            assert!(matches!(m.matvec(&x[1..], &mut y), Err(LlmError::Shape(_))));
         }
+        let bad = Tensor::zeros(&dev, &[cols + 1]).unwrap();
+        let t = f.tensor("Q4_1").unwrap();
+        let q = HostMatrix::read(&f, t, rows, cols, None)
+            .unwrap()
+            .upload(&dev)
+            .unwrap();
+        assert!(q.matmul(&bad).is_err());
+        assert!(matches!(
+            HostMatrix::read(&f, t, rows + 1, cols, None),
+            Err(LlmError::Shape(_))
+        ));
     }
+}
+
+/// Q4_0 the way ggml quantizes it: `d = max / −8` with `max` the value of largest
+/// magnitude, codes `round(x / d) + 8` clamped to 0..15.
+fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for blk in x.chunks_exact(32) {
+        let max = blk
+            .iter()
+            .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 8.5) as u8).min(15);
+        out.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+    }
+    out
 }

@@ -1,7 +1,9 @@
 //! A small random llama model written as GGUF: the decoder against a plain f64
-//! implementation, the session's streaming and limits, and the typed errors. Needs no
-//! model file.
+//! implementation on the CPU, on WebGPU (lavapipe in CI) and on CUDA (ignored: needs a
+//! GPU), prompts batched and decoded token by token; the session's streaming and limits,
+//! and the typed errors. Needs no model file.
 
+use ringkernel::compute::Device;
 use ringkernel_llm::gguf::{GgufFile, GgufWriter, Value};
 use ringkernel_llm::model::{estimate_memory, LlamaConfig, Model};
 use ringkernel_llm::quant::{quantize_q4_1, quantize_q8_0, GgmlType, QMatrix};
@@ -88,15 +90,22 @@ fn writer(skip: Option<&str>) -> GgufWriter {
     let kv = KV_HEADS * DIM / HEADS;
     for i in 0..LAYERS {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
+        // Layer 0 keeps q/k/v and gate/up in one format each (joined blocks); layer 1
+        // mixes them (joined as f32).
+        let mixed = if i == 0 {
+            GgmlType::Q4_1
+        } else {
+            GgmlType::Q8_0
+        };
         add(&mut g, &n("attn_norm"), 1, DIM, GgmlType::F32, 0.2);
         add(&mut g, &n("attn_q"), DIM, DIM, GgmlType::Q4_1, 0.3);
         add(&mut g, &n("attn_k"), kv, DIM, GgmlType::Q4_1, 0.3);
-        add(&mut g, &n("attn_v"), kv, DIM, GgmlType::Q8_0, 0.3);
+        add(&mut g, &n("attn_v"), kv, DIM, mixed, 0.3);
         add(&mut g, &n("attn_output"), DIM, DIM, GgmlType::Q4_1, 0.2);
         add(&mut g, &n("ffn_norm"), 1, DIM, GgmlType::F32, 0.2);
         add(&mut g, &n("ffn_gate"), HIDDEN, DIM, GgmlType::Q4_1, 0.3);
-        add(&mut g, &n("ffn_up"), HIDDEN, DIM, GgmlType::Q8_0, 0.3);
-        add(&mut g, &n("ffn_down"), DIM, HIDDEN, GgmlType::Q4_1, 0.2);
+        add(&mut g, &n("ffn_up"), HIDDEN, DIM, mixed, 0.3);
+        add(&mut g, &n("ffn_down"), DIM, HIDDEN, GgmlType::Q8_0, 0.2);
     }
     add(&mut g, "output_norm.weight", 1, DIM, GgmlType::F32, 0.2);
     g
@@ -208,25 +217,58 @@ fn reference(w: &HashMap<String, Vec<f64>>, tokens: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-#[test]
-fn decoder_matches_an_f64_reference() {
+/// The decoder on `device` against the f64 reference: the first 11 tokens as one
+/// prompt batch, the rest one at a time (recorded steps where the backend records), then
+/// the cache cut back and a second prompt batch over the same positions.
+fn decoder_matches_the_reference_on(device: &Device) {
     let f = Arc::new(file());
     let w = weights(&f);
-    let model = Model::load(f, CTX).unwrap();
+    let model = Model::load_on(device, f, CTX).unwrap();
     let tokens: Vec<u32> = (0..29).map(|i| (i * 37 % 258) as u32).collect();
     let want = reference(&w, &tokens);
-    let mut cache = model.new_cache(CTX);
-    for (p, &t) in tokens.iter().enumerate() {
-        let got = model.forward(t, &mut cache).unwrap();
+    let check = |p: usize, got: &[f32]| {
         let scale = want[p].iter().fold(1f64, |a, v| a.max(v.abs()));
         for (g, r) in got.iter().zip(&want[p]) {
             assert!(
                 (*g as f64 - r).abs() <= 1e-4 * scale,
-                "position {p}: {g} vs {r}"
+                "{device}: position {p}: {g} vs {r}"
             );
         }
+    };
+    let mut cache = model.new_cache(CTX).unwrap();
+    check(10, &model.prefill(&tokens[..11], &mut cache).unwrap());
+    for (p, &t) in tokens.iter().enumerate().skip(11) {
+        check(p, &model.forward(t, &mut cache).unwrap());
     }
     assert_eq!(cache.len(), tokens.len());
+    eprintln!("{device}: decode steps {}", cache.step_mode());
+    assert!(
+        !cache.step_mode().starts_with("direct:"),
+        "{}",
+        cache.step_mode()
+    );
+    cache.truncate(5);
+    check(20, &model.prefill(&tokens[5..21], &mut cache).unwrap());
+    check(21, &model.forward(tokens[21], &mut cache).unwrap());
+}
+
+#[test]
+fn decoder_matches_an_f64_reference_on_the_cpu() {
+    decoder_matches_the_reference_on(&Device::cpu());
+}
+
+/// WebGPU on whatever adapter there is (lavapipe in CI).
+#[test]
+fn decoder_matches_an_f64_reference_on_wgpu() {
+    let dev = Device::wgpu().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
+    decoder_matches_the_reference_on(&dev);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn decoder_matches_an_f64_reference_on_cuda() {
+    let dev = Device::cuda(0).expect("CUDA device 0");
+    decoder_matches_the_reference_on(&dev);
 }
 
 #[test]
@@ -282,7 +324,7 @@ fn load_errors_are_typed() {
         Err(LlmError::InvalidArgument(_))
     ));
     let model = Model::load(f.clone(), 4).unwrap();
-    let mut cache = model.new_cache(4);
+    let mut cache = model.new_cache(4).unwrap();
     for t in 0..4 {
         model.forward(t, &mut cache).unwrap();
     }
@@ -290,13 +332,26 @@ fn load_errors_are_typed() {
         matches!(model.forward(0, &mut cache), Err(LlmError::InvalidArgument(ref m)) if m.contains("full"))
     );
     assert!(matches!(
-        model.forward(999, &mut model.new_cache(4)),
+        model.forward(999, &mut model.new_cache(4).unwrap()),
         Err(LlmError::InvalidArgument(_))
     ));
-    // Memory estimate: weights as stored plus an f32 KV cache.
+    assert!(matches!(
+        model.prefill(&[1, 2, 3, 4, 5], &mut model.new_cache(4).unwrap()),
+        Err(LlmError::InvalidArgument(ref m)) if m.contains("full")
+    ));
+    // A cache of another model (another device here) is refused.
+    let other = Model::load_on(&Device::cpu(), f.clone(), 4).unwrap();
+    assert!(matches!(
+        model.forward(1, &mut other.new_cache(4).unwrap()),
+        Err(LlmError::Shape(_))
+    ));
+    // Memory estimate: the weights as uploaded plus an f32 KV cache.
     let cfg = LlamaConfig::from_gguf(&f).unwrap();
     let est = estimate_memory(&f, &cfg, CTX);
-    assert_eq!(est.weights, f.tensor_data_bytes());
+    assert_eq!(
+        est.weights,
+        Model::load(f.clone(), CTX).unwrap().weight_bytes()
+    );
     assert_eq!(est.kv_cache, (2 * LAYERS * CTX * cfg.kv_dim() * 4) as u64);
     assert!(est.check_fits(est.total()).is_ok());
     let e = est.check_fits(est.total() - 1).unwrap_err();

@@ -76,11 +76,21 @@ pub enum Family {
     /// The actor drain template (`kernels/drain.wgsl`), completed with a handler by
     /// [`drain::compose`]. On its own it only validates with a stub handler.
     Drain,
+    /// Element-type conversion f32/f16/bf16 on the buffers' words (`kernels/dtype.wgsl`,
+    /// after `kernels/half.wgsl`).
+    Dtype,
+    /// Binary ops under numpy broadcasting (`kernels/broadcast.wgsl`).
+    Broadcast,
+    /// Products with and lookups in block-format weight matrices (`kernels/quant.wgsl`,
+    /// after `kernels/half.wgsl`).
+    Quant,
+    /// RoPE into a KV cache and attention over it (`kernels/decode.wgsl`).
+    Decode,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 11] = [
         Family::Elementwise,
         Family::Matmul,
         Family::MatmulTiled,
@@ -88,6 +98,10 @@ impl Family {
         Family::Norm,
         Family::Attention,
         Family::Drain,
+        Family::Dtype,
+        Family::Broadcast,
+        Family::Quant,
+        Family::Decode,
     ];
 
     /// Lower-case name (the file stem under `kernels/`).
@@ -100,6 +114,10 @@ impl Family {
             Family::Norm => "norm",
             Family::Attention => "attention",
             Family::Drain => "drain",
+            Family::Dtype => "dtype",
+            Family::Broadcast => "broadcast",
+            Family::Quant => "quant",
+            Family::Decode => "decode",
         }
     }
 }
@@ -120,6 +138,16 @@ pub fn wgsl(family: Family) -> &'static str {
         Family::Norm => include_str!("../kernels/norm.wgsl"),
         Family::Attention => include_str!("../kernels/attention.wgsl"),
         Family::Drain => drain::TEMPLATE,
+        Family::Dtype => concat!(
+            include_str!("../kernels/half.wgsl"),
+            include_str!("../kernels/dtype.wgsl")
+        ),
+        Family::Broadcast => include_str!("../kernels/broadcast.wgsl"),
+        Family::Quant => concat!(
+            include_str!("../kernels/half.wgsl"),
+            include_str!("../kernels/quant.wgsl")
+        ),
+        Family::Decode => include_str!("../kernels/decode.wgsl"),
     }
 }
 
@@ -231,11 +259,29 @@ pub enum Kernel {
     Drain,
     /// Actor drain pass, one invocation processing the batch in order ([`drain`]).
     DrainSerial,
+    /// Element-type conversion, a thread per output word. Params: [`params::Convert`].
+    Convert,
+    /// `out[i] = OP(a[·], b[·])` under broadcasting, a thread per output element.
+    /// Params: [`params::Broadcast`].
+    BroadcastBinary,
+    /// `x · Wᵀ` on a block-format `W` (`FORMAT` = [`WeightFormat::code`](ringkernel_core::compute::WeightFormat::code)),
+    /// or with `GATED = 1` `silu(x·Wᵀ)·(x·W2ᵀ)`; 8 rows a workgroup, 4 tokens in
+    /// `wg.z`. Params: [`params::Quant`].
+    Qmatmul,
+    /// Rows of a block-format table by id, a thread per output element. Params:
+    /// [`params::Quant`] (`batch` = ids).
+    Embedding,
+    /// RoPE of queries and keys into a KV cache, a thread per pair or value. Params:
+    /// [`params::Kv`].
+    RopeKv,
+    /// Grouped-query attention over a KV cache, a workgroup per (token, head). Params:
+    /// [`params::Kv`].
+    AttentionKv,
 }
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 25] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::BinaryScalar,
@@ -261,6 +307,12 @@ impl Kernel {
         Kernel::Attention,
         Kernel::Drain,
         Kernel::DrainSerial,
+        Kernel::Convert,
+        Kernel::BroadcastBinary,
+        Kernel::Qmatmul,
+        Kernel::Embedding,
+        Kernel::RopeKv,
+        Kernel::AttentionKv,
     ];
 
     /// The file it lives in.
@@ -276,6 +328,10 @@ impl Kernel {
             Softmax | RmsNorm | LayerNorm | Softmax4 | RmsNorm4 => Family::Norm,
             Rope | AttentionScores | AttentionWeightedSum | Attention => Family::Attention,
             Drain | DrainSerial => Family::Drain,
+            Convert => Family::Dtype,
+            BroadcastBinary => Family::Broadcast,
+            Qmatmul | Embedding => Family::Quant,
+            RopeKv | AttentionKv => Family::Decode,
         }
     }
 
@@ -308,6 +364,12 @@ impl Kernel {
             Attention => "attention",
             Drain => "rk_drain",
             DrainSerial => "rk_drain_serial",
+            Convert => "convert",
+            BroadcastBinary => "broadcast_binary",
+            Qmatmul => "qmatmul",
+            Embedding => "embedding",
+            RopeKv => "rope_kv",
+            AttentionKv => "attention_kv",
         }
     }
 
@@ -325,7 +387,9 @@ impl Kernel {
         use Kernel::*;
         match self {
             Unary | Binary | BinaryScalar | Unary4 | Binary4 | BinaryScalar4 | ReduceRows
-            | ReduceStrided => &["OP"],
+            | ReduceStrided | BroadcastBinary => &["OP"],
+            Qmatmul => &["FORMAT", "GATED"],
+            Embedding => &["FORMAT"],
             _ => &[],
         }
     }
@@ -400,6 +464,51 @@ impl Kernel {
                 T
             }
             Drain | DrainSerial => drain::BINDINGS,
+            Convert => {
+                const T: &[Binding] = &[b(0, "p", U), b(1, "a", R), b(3, "out", RW)];
+                T
+            }
+            BroadcastBinary => {
+                const T: &[Binding] = &[b(0, "p", U), b(1, "a", R), b(2, "b", R), b(3, "out", RW)];
+                T
+            }
+            Qmatmul => {
+                const T: &[Binding] = &[
+                    b(0, "p", U),
+                    b(1, "w", R),
+                    b(2, "w2", R),
+                    b(3, "x", R),
+                    b(4, "out", RW),
+                ];
+                T
+            }
+            Embedding => {
+                const T: &[Binding] =
+                    &[b(0, "p", U), b(1, "w", R), b(4, "out", RW), b(5, "ids", R)];
+                T
+            }
+            RopeKv => {
+                const T: &[Binding] = &[
+                    b(0, "p", U),
+                    b(1, "x", R),
+                    b(2, "pos", R),
+                    b(3, "out", RW),
+                    b(4, "kc", RW),
+                    b(5, "vc", RW),
+                ];
+                T
+            }
+            AttentionKv => {
+                const T: &[Binding] = &[
+                    b(0, "p", U),
+                    b(1, "x", R),
+                    b(2, "pos", R),
+                    b(3, "out", RW),
+                    b(6, "kr", R),
+                    b(7, "vr", R),
+                ];
+                T
+            }
         }
     }
 }

@@ -223,6 +223,43 @@ pub const LAYOUTS: &[LayoutEntry] = &[
             ("_pad", 44),
         ],
     ),
+    (
+        "ConvertParams",
+        std::mem::size_of::<Convert>(),
+        &[("len", 0), ("words", 4), ("src_type", 8), ("dst_type", 12)],
+    ),
+    (
+        "BroadcastParams",
+        std::mem::size_of::<Broadcast>(),
+        &[
+            ("rank", 0),
+            ("len", 4),
+            ("_pad0", 8),
+            ("_pad1", 12),
+            ("shape", 16),
+            ("a_strides", 48),
+            ("b_strides", 80),
+        ],
+    ),
+    (
+        "QuantParams",
+        std::mem::size_of::<Quant>(),
+        &[("batch", 0), ("rows", 4), ("cols", 8), ("accumulate", 12)],
+    ),
+    (
+        "KvParams",
+        std::mem::size_of::<Kv>(),
+        &[
+            ("tokens", 0),
+            ("heads", 4),
+            ("kv_heads", 8),
+            ("head_dim", 12),
+            ("capacity", 16),
+            ("rope_base", 20),
+            ("scale", 24),
+            ("_pad", 28),
+        ],
+    ),
 ];
 
 const _: () = {
@@ -235,3 +272,71 @@ const _: () = {
     assert!(size_of::<Attention>() == 32);
     assert!(size_of::<Drain>() == 48);
 };
+
+/// `ConvertParams` in `dtype.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct Convert {
+    /// Elements converted.
+    pub len: u32,
+    /// Words of the output (one thread each).
+    pub words: u32,
+    /// Input [`DType`](ringkernel_core::compute::DType) code.
+    pub src_type: u32,
+    /// Output type code.
+    pub dst_type: u32,
+}
+
+/// `BroadcastParams` in `broadcast.wgsl` (the arrays are WGSL `array<vec4<u32>, 2>`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct Broadcast {
+    /// Dimensions used.
+    pub rank: u32,
+    /// Output elements.
+    pub len: u32,
+    /// Padding.
+    pub _pad: [u32; 2],
+    /// Output shape (1 past `rank`).
+    pub shape: [u32; 8],
+    /// Strides into `a`.
+    pub a_strides: [u32; 8],
+    /// Strides into `b`.
+    pub b_strides: [u32; 8],
+}
+
+/// `QuantParams` in `quant.wgsl` (Qmatmul, Embedding).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct Quant {
+    /// Input rows (tokens), or ids for Embedding.
+    pub batch: u32,
+    /// Rows of the weight matrix.
+    pub rows: u32,
+    /// Columns (a multiple of 32).
+    pub cols: u32,
+    /// 1: add to the output.
+    pub accumulate: u32,
+}
+
+/// `KvParams` in `decode.wgsl` (RopeKv, AttentionKv).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct Kv {
+    /// New tokens.
+    pub tokens: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads.
+    pub kv_heads: u32,
+    /// Head width.
+    pub head_dim: u32,
+    /// Positions the cache holds.
+    pub capacity: u32,
+    /// RoPE frequency base.
+    pub rope_base: f32,
+    /// Score scale.
+    pub scale: f32,
+    /// Padding.
+    pub _pad: u32,
+}

@@ -20,7 +20,10 @@
 //!
 //! [`ComputeBackend`]: super::ComputeBackend
 
-use super::{check_len, AttentionDims, DeviceBuffer, MatmulDims, ReduceDims, RopeDims};
+use super::{
+    check_len, AttentionDims, BroadcastDims, DType, DeviceBuffer, EmbeddingDims, KvDims,
+    MatmulDims, QMatmulDims, ReduceDims, RopeDims, WeightFormat, MAX_BROADCAST_RANK,
+};
 use crate::error::{Error, Result};
 
 /// The minimum length of one buffer argument.
@@ -289,6 +292,251 @@ pub fn attention(d: &AttentionDims) -> Result<Needs> {
     Ok(Needs::new(
         "attention",
         &[(s.q, "q"), (s.kv, "k"), (s.kv, "v"), (s.q, "output")],
+    ))
+}
+
+/// `convert(x, from, out, to, len)`: buffer lengths in words; `U32` to or from a float
+/// type is [`Error::InvalidArgument`].
+pub fn convert(from: DType, to: DType, len: usize) -> Result<Needs> {
+    if from.is_float() != to.is_float() {
+        return Err(Error::invalid(format!(
+            "convert: {from} to {to}: u32 converts only to u32"
+        )));
+    }
+    Ok(Needs::new(
+        "convert",
+        &[(from.words(len), "input"), (to.words(len), "output")],
+    ))
+}
+
+/// The shape of `op(a, b)` under numpy's broadcasting rules and the [`BroadcastDims`]
+/// that compute it: shapes are aligned at their last dimension; two dimensions agree
+/// when they are equal or one of them is 1 (or missing). Neighbouring dimensions that
+/// broadcast alike are merged, so `[2, 3, 4] + [4]` is one `[6, 4]` broadcast. Shapes
+/// that do not agree, or empty ones, are [`Error::ShapeMismatch`]; more than
+/// [`MAX_BROADCAST_RANK`] dimensions left after merging is [`Error::InvalidArgument`].
+///
+/// ```
+/// use ringkernel_core::compute::checks;
+/// let (shape, dims) = checks::broadcast(&[2, 3], &[3])?;
+/// assert_eq!(shape, vec![2, 3]);
+/// assert_eq!((dims.rank, dims.a_strides[..2].to_vec(), dims.b_strides[..2].to_vec()),
+///            (2, vec![3, 1], vec![0, 1]));
+/// assert!(checks::broadcast(&[2, 3], &[2]).is_err());
+/// # Ok::<(), ringkernel_core::Error>(())
+/// ```
+pub fn broadcast(a: &[usize], b: &[usize]) -> Result<(Vec<usize>, BroadcastDims)> {
+    let bad = || {
+        Error::shape(format!(
+            "broadcast: shapes {a:?} and {b:?} do not broadcast (each dimension, from the \
+             last, must be equal or 1)"
+        ))
+    };
+    let rank = a.len().max(b.len());
+    let dim = |s: &[usize], i: usize| -> usize {
+        // i counts from the front of the output; missing leading dims are 1
+        (i + s.len()).checked_sub(rank).map_or(1, |j| s[j])
+    };
+    let mut shape = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (x, y) = (dim(a, i), dim(b, i));
+        shape.push(match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(bad()),
+        });
+    }
+    product(&shape, "broadcast output")?;
+    if shape.contains(&0) {
+        return Err(Error::shape(format!(
+            "broadcast: shapes {a:?} and {b:?} have no elements"
+        )));
+    }
+    // Merge runs of dimensions (from the last) with the same (a broadcast, b broadcast)
+    // pattern; size-1 output dimensions drop out.
+    let mut merged: Vec<(usize, bool, bool)> = Vec::new(); // (extent, a real, b real), innermost first
+    for i in (0..rank).rev() {
+        let n = shape[i];
+        if n == 1 {
+            continue;
+        }
+        let key = (dim(a, i) == n, dim(b, i) == n);
+        match merged.last_mut() {
+            Some(last) if (last.1, last.2) == key => last.0 *= n,
+            _ => merged.push((n, key.0, key.1)),
+        }
+    }
+    if merged.is_empty() {
+        merged.push((1, true, true));
+    }
+    if merged.len() > MAX_BROADCAST_RANK {
+        return Err(Error::invalid(format!(
+            "broadcast: {a:?} and {b:?} need {} dimensions after merging, the kernels take \
+             at most {MAX_BROADCAST_RANK}",
+            merged.len()
+        )));
+    }
+    let mut d = BroadcastDims {
+        rank: merged.len(),
+        shape: [1; MAX_BROADCAST_RANK],
+        a_strides: [0; MAX_BROADCAST_RANK],
+        b_strides: [0; MAX_BROADCAST_RANK],
+    };
+    let (mut sa, mut sb) = (1usize, 1usize);
+    for (k, &(n, ra, rb)) in merged.iter().enumerate() {
+        let slot = merged.len() - 1 - k;
+        d.shape[slot] = n;
+        if ra {
+            d.a_strides[slot] = sa;
+            sa *= n;
+        }
+        if rb {
+            d.b_strides[slot] = sb;
+            sb *= n;
+        }
+    }
+    Ok((shape, d))
+}
+
+/// `broadcast_binary(op, a, b, out, dims)`: `a` and `b` must reach their largest
+/// strided index, `out` holds the product of the shape. A rank outside
+/// `1..=`[`MAX_BROADCAST_RANK`] is [`Error::InvalidArgument`].
+pub fn broadcast_binary(d: &BroadcastDims) -> Result<Needs> {
+    if d.rank == 0 || d.rank > MAX_BROADCAST_RANK {
+        return Err(Error::invalid(format!(
+            "broadcast_binary: rank {} outside 1..={MAX_BROADCAST_RANK}",
+            d.rank
+        )));
+    }
+    let shape = &d.shape[..d.rank];
+    let out = product(shape, "broadcast output")?;
+    let reach = |strides: &[usize]| -> Result<usize> {
+        if out == 0 {
+            return Ok(0);
+        }
+        shape.iter().zip(strides).try_fold(1usize, |acc, (&n, &s)| {
+            (n - 1)
+                .checked_mul(s)
+                .and_then(|v| acc.checked_add(v))
+                .ok_or_else(|| Error::shape("broadcast_binary: strides overflow"))
+        })
+    };
+    Ok(Needs::new(
+        "broadcast_binary",
+        &[
+            (reach(&d.a_strides[..d.rank])?, "lhs"),
+            (reach(&d.b_strides[..d.rank])?, "rhs"),
+            (out, "output"),
+        ],
+    ))
+}
+
+/// `embedding(table, format, ids, out, dims)`.
+pub fn embedding(format: WeightFormat, d: EmbeddingDims) -> Result<Needs> {
+    let table = format.words(d.rows, d.cols)?;
+    let out = product(&[d.count, d.cols], "embedding output")?;
+    Ok(Needs::new(
+        "embedding",
+        &[(table, "table"), (d.count, "ids"), (out, "output")],
+    ))
+}
+
+/// `qmatmul(w, format, x, out, dims)`.
+pub fn qmatmul(format: WeightFormat, d: QMatmulDims) -> Result<Needs> {
+    let w = format.words(d.rows, d.cols)?;
+    let x = product(&[d.batch, d.cols], "qmatmul input")?;
+    let out = product(&[d.batch, d.rows], "qmatmul output")?;
+    product(&[d.batch, d.rows, d.cols], "qmatmul work")?;
+    Ok(Needs::new(
+        "qmatmul",
+        &[(w, "weights"), (x, "input"), (out, "output")],
+    ))
+}
+
+/// `qmatmul_swiglu(w_gate, w_up, format, x, out, dims)`.
+pub fn qmatmul_swiglu(format: WeightFormat, d: QMatmulDims) -> Result<Needs> {
+    let q = qmatmul(format, d)?;
+    Ok(Needs::new(
+        "qmatmul_swiglu",
+        &[
+            (q.elems(0), "gate weights"),
+            (q.elems(0), "up weights"),
+            (q.elems(1), "input"),
+            (q.elems(2), "output"),
+        ],
+    ))
+}
+
+/// Element counts of a [`KvDims`] call's tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvSizes {
+    /// `qkv`: `tokens · (heads + 2·kv_heads) · head_dim`.
+    pub qkv: usize,
+    /// Queries and the attention output: `tokens · heads · head_dim`.
+    pub q: usize,
+    /// Each cache: `kv_heads · capacity · head_dim`.
+    pub cache: usize,
+}
+
+/// The sizes of a [`KvDims`] call; an odd `head_dim`, no heads, or `heads` not a multiple
+/// of `kv_heads` is [`Error::ShapeMismatch`].
+pub fn kv_sizes(d: &KvDims) -> Result<KvSizes> {
+    if d.kv_heads == 0 || d.heads == 0 || !d.heads.is_multiple_of(d.kv_heads) {
+        return Err(Error::shape(format!(
+            "kv attention: {} query heads must be a non-zero multiple of {} key/value heads",
+            d.heads, d.kv_heads
+        )));
+    }
+    if !d.head_dim.is_multiple_of(2) {
+        return Err(Error::shape(format!(
+            "kv attention: head_dim must be even, got {}",
+            d.head_dim
+        )));
+    }
+    let width = d
+        .kv_heads
+        .checked_mul(2)
+        .and_then(|k| k.checked_add(d.heads))
+        .ok_or_else(|| Error::shape("kv attention: head count overflows"))?;
+    Ok(KvSizes {
+        qkv: product(&[d.tokens, width, d.head_dim], "qkv")?,
+        q: product(&[d.tokens, d.heads, d.head_dim], "queries")?,
+        cache: product(&[d.kv_heads, d.capacity, d.head_dim], "kv cache")?,
+    })
+}
+
+/// `rope_kv(qkv, positions, q, k_cache, v_cache, dims)`.
+pub fn rope_kv(d: &KvDims) -> Result<Needs> {
+    let s = kv_sizes(d)?;
+    Ok(Needs::new(
+        "rope_kv",
+        &[
+            (s.qkv, "qkv"),
+            (d.tokens, "positions"),
+            (s.q, "queries"),
+            (s.cache, "k cache"),
+            (s.cache, "v cache"),
+        ],
+    ))
+}
+
+/// `attention_kv(q, k_cache, v_cache, positions, out, dims)`; an empty cache
+/// (`capacity = 0`) with tokens to attend is [`Error::ShapeMismatch`].
+pub fn attention_kv(d: &KvDims) -> Result<Needs> {
+    let s = kv_sizes(d)?;
+    if d.capacity == 0 && d.tokens > 0 {
+        return Err(Error::shape("attention_kv: the cache holds no positions"));
+    }
+    Ok(Needs::new(
+        "attention_kv",
+        &[
+            (s.q, "queries"),
+            (s.cache, "k cache"),
+            (s.cache, "v cache"),
+            (d.tokens, "positions"),
+            (s.q, "output"),
+        ],
     ))
 }
 

@@ -15,7 +15,10 @@
 //! assert_eq!(reference::matmul(&a, &b, dims), vec![19.0, 22.0, 43.0, 50.0]);
 //! ```
 
-use super::{AttentionDims, BinaryOp, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp};
+use super::{
+    dtype, quant, AttentionDims, BinaryOp, BroadcastDims, DType, EmbeddingDims, KvDims, MatmulDims,
+    QMatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp, WeightFormat,
+};
 
 /// An element type the references accept: `f32` or `f64`.
 pub trait Real: Copy + Into<f64> {}
@@ -320,6 +323,185 @@ pub fn swiglu<T: Real, U: Real>(gate: &[T], up: &[U]) -> Vec<f64> {
         .zip(up)
         .map(|(&g, &u)| unary_scalar(UnaryOp::Silu, f(g)) * f(u))
         .collect()
+}
+
+/// `convert`: the first `len` elements of `x` (stored as `from`) stored as `to`, as words
+/// (exact: conversions are correctly rounded).
+pub fn convert(x: &[u32], from: DType, to: DType, len: usize) -> Vec<u32> {
+    if from == DType::U32 || to == DType::U32 {
+        assert_eq!(from, to, "reference::convert: u32 converts only to u32");
+        return x[..len].to_vec();
+    }
+    dtype::pack(to, &dtype::unpack(from, x, len))
+}
+
+/// `op(a, b)` under broadcasting, see [`BroadcastDims`].
+pub fn broadcast_binary<T: Real, U: Real>(
+    op: BinaryOp,
+    a: &[T],
+    b: &[U],
+    dims: &BroadcastDims,
+) -> Vec<f64> {
+    let shape = &dims.shape[..dims.rank];
+    let n: usize = shape.iter().product();
+    (0..n)
+        .map(|i| {
+            let (mut rest, mut ia, mut ib) = (i, 0, 0);
+            for d in (0..dims.rank).rev() {
+                let c = rest % shape[d];
+                rest /= shape[d];
+                ia += c * dims.a_strides[d];
+                ib += c * dims.b_strides[d];
+            }
+            binary_scalar_op(op, f(a[ia]), f(b[ib]))
+        })
+        .collect()
+}
+
+/// The rows of a weight matrix (`format` words) decoded exactly, `rows × cols`.
+fn weights(format: WeightFormat, w: &[u32], rows: usize, cols: usize) -> Vec<f64> {
+    quant::dequantize_f64(format, w, rows * cols).expect("reference: weights too short")
+}
+
+/// Embedding lookup, see [`EmbeddingDims`] (ids past the table give zero rows).
+pub fn embedding(format: WeightFormat, table: &[u32], ids: &[u32], d: EmbeddingDims) -> Vec<f64> {
+    let t = weights(format, table, d.rows, d.cols);
+    let mut out = vec![0.0; d.count * d.cols];
+    for (row, &id) in out.chunks_mut(d.cols.max(1)).zip(&ids[..d.count]) {
+        if (id as usize) < d.rows {
+            row.copy_from_slice(&t[id as usize * d.cols..(id as usize + 1) * d.cols]);
+        }
+    }
+    out
+}
+
+/// `x · Wᵀ` on the exactly decoded weights, see [`QMatmulDims`]; with `accumulate` the
+/// products are added to `init` (the output's previous contents).
+pub fn qmatmul<T: Real>(
+    format: WeightFormat,
+    w: &[u32],
+    x: &[T],
+    init: &[f32],
+    d: QMatmulDims,
+) -> Vec<f64> {
+    let wd = weights(format, w, d.rows, d.cols);
+    let mut out = vec![0.0; d.batch * d.rows];
+    for t in 0..d.batch {
+        for r in 0..d.rows {
+            let s: f64 = (0..d.cols)
+                .map(|c| wd[r * d.cols + c] * f(x[t * d.cols + c]))
+                .sum();
+            let i = t * d.rows + r;
+            out[i] = s + if d.accumulate { f(init[i]) } else { 0.0 };
+        }
+    }
+    out
+}
+
+/// `silu(x·W_gateᵀ) · (x·W_upᵀ)` (plus `init` with `accumulate`).
+pub fn qmatmul_swiglu<T: Real>(
+    format: WeightFormat,
+    w_gate: &[u32],
+    w_up: &[u32],
+    x: &[T],
+    init: &[f32],
+    d: QMatmulDims,
+) -> Vec<f64> {
+    let plain = QMatmulDims {
+        accumulate: false,
+        ..d
+    };
+    let g = qmatmul(format, w_gate, x, &[], plain);
+    let u = qmatmul(format, w_up, x, &[], plain);
+    g.iter()
+        .zip(&u)
+        .enumerate()
+        .map(|(i, (&g, &u))| {
+            unary_scalar(UnaryOp::Silu, g) * u + if d.accumulate { f(init[i]) } else { 0.0 }
+        })
+        .collect()
+}
+
+/// `rope_kv`: the rotated queries, and the caches after the writes (starting from
+/// `k_cache`/`v_cache`), see [`KvDims`].
+pub fn rope_kv<T: Real>(
+    qkv: &[T],
+    positions: &[u32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    d: KvDims,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let hd = d.head_dim;
+    let width = (d.heads + 2 * d.kv_heads) * hd;
+    let rot = |x: &[T], pos: f64| -> Vec<f64> {
+        rope(
+            x,
+            &[pos],
+            RopeDims {
+                seq: 1,
+                heads: x.len() / hd,
+                head_dim: hd,
+                base: d.rope_base,
+            },
+        )
+    };
+    let mut q = Vec::with_capacity(d.tokens * d.heads * hd);
+    let mut kc: Vec<f64> = k_cache.iter().map(|&v| f(v)).collect();
+    let mut vc: Vec<f64> = v_cache.iter().map(|&v| f(v)).collect();
+    for t in 0..d.tokens {
+        let row = &qkv[t * width..(t + 1) * width];
+        let pos = positions[t] as usize;
+        q.extend(rot(&row[..d.heads * hd], pos as f64));
+        if pos >= d.capacity {
+            continue;
+        }
+        let k = rot(&row[d.heads * hd..(d.heads + d.kv_heads) * hd], pos as f64);
+        for h in 0..d.kv_heads {
+            let at = (h * d.capacity + pos) * hd;
+            kc[at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            for i in 0..hd {
+                vc[at + i] = f(row[(d.heads + d.kv_heads + h) * hd + i]);
+            }
+        }
+    }
+    (q, kc, vc)
+}
+
+/// `attention_kv`, see [`KvDims`].
+pub fn attention_kv<T: Real, U: Real>(
+    q: &[T],
+    k_cache: &[U],
+    v_cache: &[U],
+    positions: &[u32],
+    d: KvDims,
+) -> Vec<f64> {
+    let hd = d.head_dim;
+    let group = d.heads / d.kv_heads;
+    let mut out = vec![0.0; d.tokens * d.heads * hd];
+    for t in 0..d.tokens {
+        let last = (positions[t] as usize).min(d.capacity - 1);
+        for h in 0..d.heads {
+            let qr = &q[(t * d.heads + h) * hd..][..hd];
+            let kvh = h / group;
+            let s: Vec<f64> = (0..=last)
+                .map(|j| {
+                    let kr = &k_cache[(kvh * d.capacity + j) * hd..][..hd];
+                    qr.iter().zip(kr).map(|(&a, &b)| f(a) * f(b)).sum::<f64>() * f64::from(d.scale)
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+            let o = &mut out[(t * d.heads + h) * hd..][..hd];
+            for (j, sv) in s.iter().enumerate() {
+                let p = (sv - m).exp() / z;
+                let vr = &v_cache[(kvh * d.capacity + j) * hd..][..hd];
+                for (a, &b) in o.iter_mut().zip(vr) {
+                    *a += p * f(b);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@
 //!
 //! The family functions ([`check_memory`], [`check_elementwise`], [`check_linear`],
 //! [`check_reductions`], [`check_normalization`], [`check_rope`], [`check_attention`],
-//! [`check_errors`]) run one part each, with explicit [`Tolerances`].
+//! [`check_errors`], and for the model ops [`check_convert`], [`check_broadcast`],
+//! [`check_quantized`], [`check_kv_attention`], [`check_model_op_errors`]) run one part
+//! each, with explicit [`Tolerances`].
 
 use super::reference;
 use super::{
@@ -35,6 +37,8 @@ use crate::error::{Error, Result};
 use crate::util::{rel_error, SplitMix64};
 use std::any::Any;
 use std::fmt;
+
+mod model_ops;
 
 /// Relative-error thresholds per op family.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -251,6 +255,11 @@ pub fn check_all_with(backend: &dyn ComputeBackend, tol: &Tolerances) -> Result<
     k.rope();
     k.attention();
     k.errors();
+    k.convert();
+    k.broadcast();
+    k.quantized();
+    k.kv_attention();
+    k.model_op_errors();
     k.finish()
 }
 
@@ -299,6 +308,30 @@ family!(
     /// Short buffers give `ShapeMismatch`, foreign buffers give `Device`, an empty
     /// reduction axis is an error.
     check_errors => errors
+);
+family!(
+    /// `convert` between f32, f16 and bf16 (exact, with infinities, NaN, subnormals and
+    /// ties), and u32 to u32.
+    check_convert => convert
+);
+family!(
+    /// `broadcast_binary` on shapes that broadcast in front, behind and in the middle.
+    check_broadcast => broadcast
+);
+family!(
+    /// `qmatmul`, `qmatmul_swiglu` and `embedding` in every weight format, against the
+    /// exactly decoded weights (batches 1 to 17, with and without accumulation).
+    check_quantized => quantized
+);
+family!(
+    /// `rope_kv` and `attention_kv`: grouped-query heads, several tokens at once,
+    /// positions out of order, a position past the cache.
+    check_kv_attention => kv_attention
+);
+family!(
+    /// The error contract of the model ops (short buffers, foreign buffers, bad
+    /// shapes).
+    check_model_op_errors => model_op_errors
 );
 
 /// Relative error allowed for a sum of 10,000,000 × 0.1f32 (0.2 on 1,000,000: three f32

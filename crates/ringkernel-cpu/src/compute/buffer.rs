@@ -173,3 +173,78 @@ impl Locked<'_> {
         (ins, self.write.as_mut_slice())
     }
 }
+
+/// The locks of an op with several outputs: inputs read-locked, outputs write-locked,
+/// all taken in address order.
+pub(crate) struct LockedMany<'a> {
+    reads: Vec<(usize, RwLockReadGuard<'a, Vec<f32>>)>,
+    writes: Vec<(usize, RwLockWriteGuard<'a, Vec<f32>>)>,
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+}
+
+/// Locks `inputs` for reading and `outputs` for writing, in address order. Outputs must
+/// be distinct from each other and from every input ([`Error::InvalidArgument`]).
+pub(crate) fn lock_many<'a>(
+    inputs: &[&'a CpuBuffer],
+    outputs: &[&'a CpuBuffer],
+) -> Result<LockedMany<'a>> {
+    for (i, o) in outputs.iter().enumerate() {
+        if inputs
+            .iter()
+            .chain(&outputs[..i])
+            .any(|b| b.addr() == o.addr())
+        {
+            return Err(Error::invalid(
+                "an output buffer of the op is also one of its inputs or outputs; use \
+                 separate buffers",
+            ));
+        }
+    }
+    let mut all: Vec<(&CpuBuffer, bool)> = inputs.iter().map(|b| (*b, false)).collect();
+    all.extend(outputs.iter().map(|b| (*b, true)));
+    all.sort_by_key(|(b, _)| b.addr());
+    all.dedup_by_key(|(b, _)| b.addr());
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    for (b, w) in all {
+        if w {
+            writes.push((b.addr(), b.write()));
+        } else {
+            reads.push((b.addr(), b.read()));
+        }
+    }
+    let pos = |v: &[usize], a: usize| v.iter().position(|&x| x == a).unwrap_or(0);
+    let read_addrs: Vec<usize> = reads.iter().map(|(a, _)| *a).collect();
+    let write_addrs: Vec<usize> = writes.iter().map(|(a, _)| *a).collect();
+    Ok(LockedMany {
+        inputs: inputs.iter().map(|b| pos(&read_addrs, b.addr())).collect(),
+        outputs: outputs
+            .iter()
+            .map(|b| pos(&write_addrs, b.addr()))
+            .collect(),
+        reads,
+        writes,
+    })
+}
+
+impl LockedMany<'_> {
+    /// The inputs and the outputs, each in the order given to [`lock_many`].
+    pub(crate) fn parts(&mut self) -> (Vec<&[f32]>, Vec<&mut [f32]>) {
+        let ins = self
+            .inputs
+            .iter()
+            .map(|&i| self.reads[i].1.as_slice())
+            .collect();
+        let mut slots: Vec<Option<&mut [f32]>> = self
+            .writes
+            .iter_mut()
+            .map(|(_, g)| Some(g.as_mut_slice()))
+            .collect();
+        let outs = self
+            .outputs
+            .iter()
+            .map(|&i| slots[i].take().unwrap_or_default())
+            .collect();
+        (ins, outs)
+    }
+}

@@ -22,14 +22,17 @@
 
 mod buffer;
 mod kernels;
+mod model;
+mod qdot;
 
 pub use buffer::CpuBuffer;
 
 use buffer::{cpu, lock_buffers};
 use rayon::prelude::*;
 use ringkernel_core::compute::{
-    checks, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
-    ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, AttentionDims, BinaryOp, BroadcastDims, BufferRef, ComputeBackend, DType, DeviceBuffer,
+    EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    WeightFormat,
 };
 use ringkernel_core::{BackendKind, Error, Result};
 use std::sync::Arc;
@@ -789,6 +792,93 @@ impl ComputeBackend for CpuCompute {
         let (g, u, o) = (&ins[0][..len], &ins[1][..len], &mut o[..len]);
         self.run(|| par_map2(g, u, o, kernels::swiglu));
         Ok(())
+    }
+
+    fn convert(
+        &self,
+        x: &dyn DeviceBuffer,
+        from: DType,
+        out: &dyn DeviceBuffer,
+        to: DType,
+        len: usize,
+    ) -> Result<()> {
+        self.convert_impl(x, from, out, to, len)
+    }
+
+    fn broadcast_binary(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: &BroadcastDims,
+    ) -> Result<()> {
+        self.broadcast_impl(op, a, b, out, dims)
+    }
+
+    fn embedding(
+        &self,
+        table: &dyn DeviceBuffer,
+        format: WeightFormat,
+        ids: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: EmbeddingDims,
+    ) -> Result<()> {
+        self.embedding_impl(table, format, ids, out, dims)
+    }
+
+    fn qmatmul(
+        &self,
+        w: &dyn DeviceBuffer,
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: QMatmulDims,
+    ) -> Result<()> {
+        self.qmatmul_impl(&[w], format, x, out, dims)
+    }
+
+    fn qmatmul_swiglu(
+        &self,
+        w_gate: &dyn DeviceBuffer,
+        w_up: &dyn DeviceBuffer,
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: QMatmulDims,
+    ) -> Result<()> {
+        self.qmatmul_impl(&[w_gate, w_up], format, x, out, dims)
+    }
+
+    fn rope_kv(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        dims: KvDims,
+    ) -> Result<()> {
+        self.rope_kv_impl(qkv, positions, q, k_cache, v_cache, dims)
+    }
+
+    fn attention_kv(
+        &self,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: KvDims,
+    ) -> Result<()> {
+        self.attention_kv_impl(q, k_cache, v_cache, positions, out, dims)
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
     }
 }
 

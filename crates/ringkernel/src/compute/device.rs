@@ -379,7 +379,10 @@ pub(crate) fn self_test(b: &dyn ComputeBackend) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::compute::{AttentionDims, RopeDims};
+    use crate::core::compute::{
+        AttentionDims, BroadcastDims, DType, EmbeddingDims, KvDims, QMatmulDims, RopeDims,
+        WeightFormat,
+    };
     use ringkernel_cpu::CpuCompute;
 
     #[test]
@@ -593,6 +596,79 @@ mod tests {
             len: usize,
         ) -> Result<()> {
             self.0.swiglu(g, u, out, len)
+        }
+        fn convert(
+            &self,
+            x: &dyn DeviceBuffer,
+            from: DType,
+            out: &dyn DeviceBuffer,
+            to: DType,
+            len: usize,
+        ) -> Result<()> {
+            self.0.convert(x, from, out, to, len)
+        }
+        fn broadcast_binary(
+            &self,
+            op: BinaryOp,
+            a: &dyn DeviceBuffer,
+            b: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: &BroadcastDims,
+        ) -> Result<()> {
+            self.0.broadcast_binary(op, a, b, out, dims)
+        }
+        fn embedding(
+            &self,
+            t: &dyn DeviceBuffer,
+            f: WeightFormat,
+            ids: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            d: EmbeddingDims,
+        ) -> Result<()> {
+            self.0.embedding(t, f, ids, out, d)
+        }
+        fn qmatmul(
+            &self,
+            w: &dyn DeviceBuffer,
+            f: WeightFormat,
+            x: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            d: QMatmulDims,
+        ) -> Result<()> {
+            self.0.qmatmul(w, f, x, out, d)
+        }
+        fn qmatmul_swiglu(
+            &self,
+            g: &dyn DeviceBuffer,
+            u: &dyn DeviceBuffer,
+            f: WeightFormat,
+            x: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            d: QMatmulDims,
+        ) -> Result<()> {
+            self.0.qmatmul_swiglu(g, u, f, x, out, d)
+        }
+        fn rope_kv(
+            &self,
+            qkv: &dyn DeviceBuffer,
+            p: &dyn DeviceBuffer,
+            q: &dyn DeviceBuffer,
+            k: &dyn DeviceBuffer,
+            v: &dyn DeviceBuffer,
+            d: KvDims,
+        ) -> Result<()> {
+            self.0.rope_kv(qkv, p, q, k, v, d)
+        }
+        fn attention_kv(
+            &self,
+            q: &dyn DeviceBuffer,
+            k: &dyn DeviceBuffer,
+            v: &dyn DeviceBuffer,
+            p: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            d: KvDims,
+        ) -> Result<()> {
+            self.0.attention_kv(q, k, v, p, out, d)
         }
     }
 

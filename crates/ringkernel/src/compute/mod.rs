@@ -1,6 +1,7 @@
 //! Portable tensor ops: a [`Device`] (CPU, CUDA, WebGPU or Metal, chosen by
-//! [`Device::auto`] or explicitly), f32 [`Tensor`]s that stay on it between ops, and a
-//! [`KvCache`] for decoding.
+//! [`Device::auto`] or explicitly), [`Tensor`]s (f32, with f16/bf16 storage and u32 ids)
+//! that stay on it between ops, weight matrices in block formats ([`QuantMatrix`]: f32,
+//! Q4_1, Q8_0) and a [`KvCache`] for decoding.
 //!
 //! ```
 //! use ringkernel::compute::{Device, Tensor};
@@ -26,15 +27,18 @@
 mod device;
 mod kv_cache;
 mod launch;
+mod quant;
 mod tensor;
 
 pub use device::Device;
 pub use kv_cache::{KvCache, KvView};
 pub use launch::LaunchInfo;
+pub use quant::QuantMatrix;
 pub use ringkernel_codegen::launch::{GpuKernel, KernelArg};
 pub use tensor::Tensor;
 
 pub use ringkernel_core::compute::{
-    reference, AttentionDims, BinaryOp, BufferRef, ComputeBackend, DeviceBuffer, MatmulDims,
-    ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    reference, AttentionDims, BinaryOp, BroadcastDims, BufferRef, ComputeBackend, DType,
+    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, Replay,
+    RopeDims, UnaryOp, WeightFormat,
 };

@@ -1,18 +1,26 @@
-//! [`Tensor`]: an f32 array on a [`Device`], with a method per op.
+//! [`Tensor`]: an array of f32 (or f16, bf16, u32) on a [`Device`], with a method per op.
 
 use super::Device;
+use crate::core::compute::dtype;
 use crate::core::compute::{
-    AttentionDims, BinaryOp, BufferRef, MatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp,
+    checks, AttentionDims, BinaryOp, BufferRef, DType, MatmulDims, ReduceDims, ReduceOp, RopeDims,
+    UnaryOp,
 };
 use crate::{Error, Result};
 use std::fmt;
 
-/// An immutable, row-major f32 tensor on a [`Device`]: an `Arc`'d device buffer plus a
-/// shape. Ops return new tensors; the data stays on the device between ops (only
-/// [`Tensor::to_vec`] reads it back). Cloning shares the buffer.
+/// An immutable, row-major tensor on a [`Device`]: an `Arc`'d device buffer plus a shape
+/// and an element type ([`DType`]). Ops return new tensors; the data stays on the device
+/// between ops (only [`Tensor::to_vec`] reads it back). Cloning shares the buffer.
 ///
 /// A shape of `[]` is a scalar (one element). Tensors with no elements are refused
 /// ([`Error::ShapeMismatch`]), as are shapes whose element count overflows.
+///
+/// The ops compute in f32: `f16` and `bf16` tensors are storage (half the memory), made
+/// with [`Tensor::from_f16_bits`] / [`Tensor::to_dtype`] and converted back with
+/// [`Tensor::to_dtype`] on the device; an op given one is [`Error::InvalidArgument`]
+/// naming the conversion. `u32` tensors hold ids and positions
+/// ([`QuantMatrix::embedding`](super::QuantMatrix::embedding)).
 ///
 /// ```
 /// use ringkernel::compute::{Device, Tensor};
@@ -28,12 +36,14 @@ pub struct Tensor {
     buf: BufferRef,
     device: Device,
     shape: Vec<usize>,
+    dtype: DType,
 }
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
             .field("device", &self.device.kind())
             .finish()
     }
@@ -53,6 +63,13 @@ pub(crate) fn numel(shape: &[usize]) -> Result<usize> {
         )));
     }
     Ok(n)
+}
+
+/// Half-precision bit patterns packed two to a word, the first in the low half.
+fn pack_halves(bits: &[u16]) -> Vec<u32> {
+    bits.chunks(2)
+        .map(|p| u32::from(p[0]) | p.get(1).map_or(0, |&h| u32::from(h) << 16))
+        .collect()
 }
 
 macro_rules! unary_methods {
@@ -122,7 +139,121 @@ impl Tensor {
             buf,
             device: device.clone(),
             shape: shape.to_vec(),
+            dtype: DType::F32,
         })
+    }
+
+    /// Uploads raw words holding `numel(shape)` elements of `dtype` (see
+    /// [`dtype`](crate::core::compute::dtype) for the packing).
+    fn from_words(device: &Device, words: &[u32], shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = numel(shape)?;
+        if words.len() != dtype.words(n) {
+            return Err(Error::shape(format!(
+                "shape {shape:?} of {dtype} takes {} words, got {}",
+                dtype.words(n),
+                words.len()
+            )));
+        }
+        let buf = device.backend().upload(dtype::words_as_f32(words))?;
+        Ok(Tensor {
+            buf,
+            device: device.clone(),
+            shape: shape.to_vec(),
+            dtype,
+        })
+    }
+
+    /// A `u32` tensor (token ids, positions).
+    ///
+    /// ```
+    /// use ringkernel::compute::{DType, Device, Tensor};
+    /// let ids = Tensor::from_u32(&Device::cpu(), &[3, 1, 4], &[3])?;
+    /// assert_eq!(ids.dtype(), DType::U32);
+    /// assert_eq!(ids.to_u32_vec()?, vec![3, 1, 4]);
+    /// # Ok::<(), ringkernel::Error>(())
+    /// ```
+    pub fn from_u32(device: &Device, data: &[u32], shape: &[usize]) -> Result<Tensor> {
+        Self::from_words(device, data, shape, DType::U32)
+    }
+
+    /// An `f16` tensor from the elements' bits (`half::f16::to_bits`).
+    ///
+    /// ```
+    /// use ringkernel::compute::{DType, Device, Tensor};
+    /// let t = Tensor::from_f16_bits(&Device::cpu(), &[0x3C00, 0xC000, 0x3800], &[3])?;
+    /// assert_eq!(t.to_vec()?, vec![1.0, -2.0, 0.5]);
+    /// assert_eq!(t.to_dtype(DType::F32)?.dtype(), DType::F32);
+    /// # Ok::<(), ringkernel::Error>(())
+    /// ```
+    pub fn from_f16_bits(device: &Device, bits: &[u16], shape: &[usize]) -> Result<Tensor> {
+        Self::from_words(device, &pack_halves(bits), shape, DType::F16)
+    }
+
+    /// A `bf16` tensor from the elements' bits (`half::bf16::to_bits`).
+    pub fn from_bf16_bits(device: &Device, bits: &[u16], shape: &[usize]) -> Result<Tensor> {
+        Self::from_words(device, &pack_halves(bits), shape, DType::Bf16)
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The tensor stored as `dtype`, converted on the device (round to nearest even for
+    /// the half types; the same tensor when it already is). Floats convert among
+    /// themselves; `u32` only to `u32` ([`Error::InvalidArgument`]).
+    ///
+    /// ```
+    /// use ringkernel::compute::{DType, Device, Tensor};
+    /// let x = Tensor::from_slice(&Device::cpu(), &[1.0, 1.0 + 1.0 / 1024.0, 65520.0], &[3])?;
+    /// let h = x.to_dtype(DType::F16)?;
+    /// assert_eq!(h.to_vec()?, vec![1.0, 1.0 + 1.0 / 1024.0, f32::INFINITY]);
+    /// let b = x.to_dtype(DType::Bf16)?;
+    /// assert_eq!(b.to_vec()?, vec![1.0, 1.0, 65536.0]);
+    /// assert!(Tensor::from_u32(&Device::cpu(), &[1], &[1])?.to_dtype(DType::F32).is_err());
+    /// # Ok::<(), ringkernel::Error>(())
+    /// ```
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        checks::convert(self.dtype, dtype, 0)?;
+        let n = self.len();
+        let out = Tensor::alloc_typed(&self.device, self.shape.clone(), dtype)?;
+        self.device
+            .backend()
+            .convert(&*self.buf, self.dtype, &*out.buf, dtype, n)?;
+        Ok(out)
+    }
+
+    /// The elements of a `u32` tensor ([`Error::InvalidArgument`] for another type).
+    pub fn to_u32_vec(&self) -> Result<Vec<u32>> {
+        if self.dtype != DType::U32 {
+            return Err(Error::invalid(format!(
+                "to_u32_vec on a tensor of {}",
+                self.dtype
+            )));
+        }
+        self.words()
+    }
+
+    /// The raw words of the buffer (the tensor's elements as stored).
+    fn words(&self) -> Result<Vec<u32>> {
+        let mut v = vec![0.0f32; self.dtype.words(self.len())];
+        self.device.backend().read(&*self.buf, 0, &mut v)?;
+        Ok(dtype::f32_as_words(&v).to_vec())
+    }
+
+    /// [`Error::InvalidArgument`] unless this is an f32 tensor (what the ops compute on).
+    fn need_f32(&self, op: &str) -> Result<()> {
+        if self.dtype == DType::F32 {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "{op} computes on f32 tensors, this one is {}: convert it with to_dtype(DType::F32)",
+                self.dtype
+            )))
+        }
     }
 
     /// A tensor of zeros.
@@ -163,17 +294,24 @@ impl Tensor {
             buf,
             device: device.clone(),
             shape: shape.to_vec(),
+            dtype: DType::F32,
         })
     }
 
     /// An output of `shape` on `device` whose contents the next op overwrites.
     pub(crate) fn alloc(device: &Device, shape: Vec<usize>) -> Result<Tensor> {
+        Self::alloc_typed(device, shape, DType::F32)
+    }
+
+    /// [`Tensor::alloc`] of another element type.
+    pub(crate) fn alloc_typed(device: &Device, shape: Vec<usize>, dtype: DType) -> Result<Tensor> {
         let n = numel(&shape)?;
-        let buf = device.backend().alloc(n)?;
+        let buf = device.backend().alloc(dtype.words(n))?;
         Ok(Tensor {
             buf,
             device: device.clone(),
             shape,
+            dtype,
         })
     }
 
@@ -181,11 +319,15 @@ impl Tensor {
         Self::alloc(&self.device, shape)
     }
 
-    /// Reads the data back to the host (waiting for queued work).
+    /// Reads the data back to the host (waiting for queued work), as f32 (half-precision
+    /// elements widened exactly, `u32` ones converted).
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        let mut v = vec![0.0; self.len()];
-        self.device.backend().read(&*self.buf, 0, &mut v)?;
-        Ok(v)
+        if self.dtype == DType::F32 {
+            let mut v = vec![0.0; self.len()];
+            self.device.backend().read(&*self.buf, 0, &mut v)?;
+            return Ok(v);
+        }
+        Ok(dtype::unpack(self.dtype, &self.words()?, self.len()))
     }
 
     /// The single value of a one-element tensor.
@@ -251,6 +393,7 @@ impl Tensor {
             buf: self.buf.clone(),
             device: self.device.clone(),
             shape: shape.to_vec(),
+            dtype: self.dtype,
         })
     }
 
@@ -269,10 +412,13 @@ impl Tensor {
         if &self.device == device {
             return Ok(self.clone());
         }
-        Tensor::from_slice(device, &self.to_vec()?, &self.shape)
+        Tensor::from_words(device, &self.words()?, &self.shape, self.dtype)
     }
 
+    /// Both on one device and both f32.
     fn same_device(&self, other: &Tensor, op: &str) -> Result<()> {
+        self.need_f32(op)?;
+        other.need_f32(op)?;
         if self.device == other.device {
             Ok(())
         } else {
@@ -297,6 +443,7 @@ impl Tensor {
 
     /// `op` applied to every element.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.need_f32(op.name())?;
         let out = self.empty_like(self.shape.clone())?;
         self.device
             .backend()
@@ -331,7 +478,10 @@ impl Tensor {
         gelu => Gelu,
     }
 
-    /// `op(self[i], other[i])`; the shapes must be equal.
+    /// `op(self, other)` elementwise under numpy's broadcasting rules: the shapes are
+    /// aligned at their last dimension, and each dimension must be equal or 1 in one of
+    /// them (missing leading dimensions count as 1); the result has the larger extent
+    /// of each. Shapes that do not broadcast are [`Error::ShapeMismatch`].
     ///
     /// ```
     /// use ringkernel::compute::{Device, Tensor};
@@ -340,20 +490,37 @@ impl Tensor {
     /// let b = Tensor::from_slice(&dev, &[10.0, 20.0, 30.0, 40.0], &[4])?;
     /// assert_eq!(a.add(&b)?.to_vec()?, vec![11.0, 22.0, 33.0, 44.0]);
     /// assert_eq!(a.maximum_scalar(2.5)?.to_vec()?, vec![2.5, 2.5, 3.0, 4.0]);
-    /// assert!(a.add(&b.reshape(&[2, 2])?).is_err());
+    /// // [2, 3] + [3]: the row is added to each row
+    /// let m = Tensor::from_slice(&dev, &[0.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[2, 3])?;
+    /// let r = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0], &[3])?;
+    /// assert_eq!(m.add(&r)?.to_vec()?, vec![1.0, 2.0, 3.0, 2.0, 3.0, 4.0]);
+    /// // [2, 1] * [1, 3] is an outer product of shape [2, 3]
+    /// let c = Tensor::from_slice(&dev, &[1.0, 2.0], &[2, 1])?;
+    /// assert_eq!(c.mul(&r.reshape(&[1, 3])?)?.to_vec()?, vec![1.0, 2.0, 3.0, 2.0, 4.0, 6.0]);
+    /// assert!(a.add(&b.reshape(&[2, 2])?).is_err()); // [4] and [2, 2] do not broadcast
     /// # Ok::<(), ringkernel::Error>(())
     /// ```
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
-        self.same_shape(other, op.name())?;
-        let out = self.empty_like(self.shape.clone())?;
+        self.same_device(other, op.name())?;
+        if self.shape == other.shape {
+            let out = self.empty_like(self.shape.clone())?;
+            self.device
+                .backend()
+                .binary(op, &*self.buf, &*other.buf, &*out.buf, self.len())?;
+            return Ok(out);
+        }
+        let (shape, dims) = checks::broadcast(&self.shape, &other.shape)
+            .map_err(|e| Error::shape(format!("{}: {e}", op.name())))?;
+        let out = self.empty_like(shape)?;
         self.device
             .backend()
-            .binary(op, &*self.buf, &*other.buf, &*out.buf, self.len())?;
+            .broadcast_binary(op, &*self.buf, &*other.buf, &*out.buf, &dims)?;
         Ok(out)
     }
 
     /// `op(self[i], s)`.
     pub fn binary_scalar(&self, op: BinaryOp, s: f32) -> Result<Tensor> {
+        self.need_f32(op.name())?;
         let out = self.empty_like(self.shape.clone())?;
         self.device
             .backend()
@@ -485,6 +652,7 @@ impl Tensor {
     /// # Ok::<(), ringkernel::Error>(())
     /// ```
     pub fn reduce(&self, op: ReduceOp, axis: Option<usize>) -> Result<Tensor> {
+        self.need_f32(op.name())?;
         let (dims, out_shape) = match axis {
             None => (
                 ReduceDims {
@@ -536,6 +704,7 @@ impl Tensor {
 
     /// `(rows, cols)` seeing the tensor as rows of its last dimension.
     fn rows_cols(&self, op: &str) -> Result<(usize, usize)> {
+        self.need_f32(op)?;
         match self.shape.last() {
             Some(&c) => Ok((self.len() / c, c)),
             None => Err(Error::shape(format!(
@@ -627,6 +796,7 @@ impl Tensor {
     /// # Ok::<(), ringkernel::Error>(())
     /// ```
     pub fn rope(&self, positions: &Tensor, base: f32) -> Result<Tensor> {
+        self.need_f32("rope")?;
         let (seq, heads, head_dim) = match self.shape.as_slice() {
             &[s, h, d] if d % 2 == 0 => (s, h, d),
             _ => {
@@ -793,6 +963,69 @@ mod tests {
         assert!(shape_err(Tensor::zeros(&d, &[]).unwrap().softmax()));
         assert!(shape_err(a.reshape(&[7])));
         assert!(shape_err(a.to_scalar().map(|_| a.clone())));
+    }
+
+    #[test]
+    fn half_tensors_are_storage_and_convert_on_the_device() {
+        let d = dev();
+        let x = Tensor::from_slice(&d, &[0.1, -2.5, 3.0e5, 1e-6, 7.0], &[5]).unwrap();
+        let h = x.to_dtype(DType::F16).unwrap();
+        assert_eq!((h.dtype(), h.shape()), (DType::F16, &[5][..]));
+        assert_eq!(h.buffer().len(), 3, "two f16 per word");
+        let back = h.to_dtype(DType::F32).unwrap().to_vec().unwrap();
+        assert_eq!(back, h.to_vec().unwrap());
+        assert_eq!(back[4], 7.0);
+        assert_eq!(back[2], f32::INFINITY);
+        assert!((back[0] - 0.1).abs() < 1e-4);
+        // ops refuse half tensors with the conversion to use
+        let e = h.exp().unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(ref m) if m.contains("to_dtype")),
+            "{e}"
+        );
+        assert!(h.add(&x).is_err());
+        // a copy keeps the type
+        let moved = h.to_device(&Device::cpu()).unwrap();
+        assert_eq!(moved.dtype(), DType::F16);
+        assert_eq!(moved.to_vec().unwrap(), h.to_vec().unwrap());
+        let ids = Tensor::from_u32(&d, &[7, 8], &[2]).unwrap();
+        assert!(ids.to_dtype(DType::F16).is_err());
+        assert!(matches!(
+            Tensor::from_u32(&d, &[1, 2, 3], &[2]),
+            Err(Error::ShapeMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn binary_ops_broadcast_like_numpy() {
+        let d = dev();
+        let mut rng = SplitMix64::from_entropy();
+        for (sa, sb, want) in [
+            (&[2, 3][..], &[3][..], &[2, 3][..]),
+            (&[4, 1, 5], &[3, 1], &[4, 3, 5]),
+            (&[1], &[2, 2], &[2, 2]),
+            (&[], &[3], &[3]),
+        ] {
+            let a = rng.vec(sa.iter().product(), -1.0, 1.0);
+            let b = rng.vec(sb.iter().product(), 0.5, 1.0);
+            let (ta, tb) = (
+                Tensor::from_slice(&d, &a, sa).unwrap(),
+                Tensor::from_slice(&d, &b, sb).unwrap(),
+            );
+            let got = ta.div(&tb).unwrap();
+            assert_eq!(got.shape(), want);
+            let (_, dims) = checks::broadcast(sa, sb).unwrap();
+            let r = reference::broadcast_binary(BinaryOp::Div, &a, &b, &dims);
+            assert!(
+                rel_error(&got.to_vec().unwrap(), &r) < 1e-6,
+                "{sa:?} {sb:?}"
+            );
+        }
+        let a = Tensor::zeros(&d, &[2, 3]).unwrap();
+        for bad in [&[2][..], &[3, 3], &[4, 2, 2]] {
+            let b = Tensor::zeros(&d, bad).unwrap();
+            assert!(matches!(a.add(&b), Err(Error::ShapeMismatch(_))), "{bad:?}");
+        }
     }
 
     #[test]

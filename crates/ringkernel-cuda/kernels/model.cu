@@ -1,0 +1,400 @@
+// model.cu: the ops a language model needs, appended to ops.cu (whose helpers it uses:
+// u64, WARP, FULL_MASK, NEG_INF, warp_reduce) and compiled with it by NVRTC.
+//
+// * rk_convert: f32/f16/bf16 (and u32) conversions on the buffers' 32-bit words (two
+//   half-precision elements per word, element 2w in the low half), integer arithmetic on
+//   the bits so every backend gets the same results (round to nearest even).
+// * rk_broadcast_<op>: binary ops under numpy broadcasting, by strides.
+// * rk_qmatmul_<format>[_swiglu], rk_embedding_<format>: weight matrices stored in blocks
+//   of 32 values (f32: 32 words; q4_1: 5 words = d, m halves + 16 bytes of nibbles; q8_0:
+//   9 words = d + 32 signed bytes), used without dequantizing them first.
+// * rk_rope_kv, rk_attention_kv: RoPE into a KV cache and grouped-query attention over
+//   it; the positions are read from device memory, so a captured decode step replays at
+//   any position.
+
+typedef unsigned int u32;
+
+// ------------------------------------------------------------------ half precision
+
+__device__ __forceinline__ float half_value(u32 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(h & 0xFFFFu)));
+    return f;
+}
+
+// The same bit algorithms as kernels/half.wgsl of the WGSL kernels (and the `half` crate
+// on the CPU), so NaN payloads agree too.
+__device__ __forceinline__ u32 f16_to_f32_bits(u32 h) {
+    const u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1Fu) return m == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (m << 13));
+    if (e == 0) {
+        if (m == 0) return sign;
+        const u32 k = __clz(m) - 22;
+        const u32 mm = (m << (k + 1)) & 0x3FFu;
+        return sign | ((112u - k) << 23) | (mm << 13);
+    }
+    return sign | ((e + 112u) << 23) | (m << 13);
+}
+
+__device__ __forceinline__ u32 f32_to_f16_bits(u32 x) {
+    const u32 sign = (x >> 16) & 0x8000u, e = (x >> 23) & 0xFFu, m = x & 0x7FFFFFu;
+    if (e == 0xFFu) return sign | 0x7C00u | (m != 0 ? (0x200u | (m >> 13)) : 0u);
+    const int he = (int)e - 127 + 15;
+    if (he >= 31) return sign | 0x7C00u;
+    if (he <= 0) {
+        if (14 - he > 24) return sign;
+        const u32 mf = m | 0x800000u, shift = (u32)(14 - he);
+        u32 hm = mf >> shift;
+        const u32 round_bit = 1u << (shift - 1);
+        if ((mf & round_bit) != 0 && (mf & (3u * round_bit - 1u)) != 0) hm += 1;
+        return sign | hm;
+    }
+    const u32 v = sign | ((u32)he << 10) | (m >> 13);
+    return ((m & 0x1000u) != 0 && (m & 0x2FFFu) != 0) ? v + 1 : v;
+}
+
+__device__ __forceinline__ u32 f32_to_bf16_bits(u32 x) {
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (x >> 16) | 0x40u;
+    const u32 v = x >> 16;
+    return ((x & 0x8000u) != 0 && (x & 0x17FFFu) != 0) ? v + 1 : v;
+}
+
+// Element i of `a` (type code 0 f32, 1 f16, 2 bf16, 3 u32) as f32 bits.
+__device__ __forceinline__ u32 load_bits(const u32* a, int from, u64 i) {
+    if (from == 1) return f16_to_f32_bits((a[i / 2] >> (16 * (i % 2))) & 0xFFFFu);
+    if (from == 2) return ((a[i / 2] >> (16 * (i % 2))) & 0xFFFFu) << 16;
+    return a[i];
+}
+
+// One thread per output word.
+extern "C" __global__ void rk_convert(const u32* __restrict__ a, u32* __restrict__ out, u64 len, u64 words,
+                                      int from, int to) {
+    for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += (u64)gridDim.x * blockDim.x) {
+        if (to == 0 || to == 3) {
+            out[w] = load_bits(a, from, w);
+            continue;
+        }
+        const u64 e0 = 2 * w;
+        u32 lo, hi = 0;
+        if (from == to) {
+            lo = a[w] & 0xFFFFu;
+            hi = a[w] >> 16;
+        } else {
+            const u32 b0 = load_bits(a, from, e0);
+            lo = to == 1 ? f32_to_f16_bits(b0) : f32_to_bf16_bits(b0);
+            if (e0 + 1 < len) {
+                const u32 b1 = load_bits(a, from, e0 + 1);
+                hi = to == 1 ? f32_to_f16_bits(b1) : f32_to_bf16_bits(b1);
+            }
+        }
+        if (e0 + 1 >= len) hi = 0;
+        out[w] = lo | (hi << 16);
+    }
+}
+
+// ------------------------------------------------------------------ broadcasting
+
+#define BCAST_RANK 8
+struct BroadcastDims {
+    u64 rank, len;
+    u64 shape[BCAST_RANK], a_strides[BCAST_RANK], b_strides[BCAST_RANK];
+};
+
+template <class Op>
+__device__ __forceinline__ void broadcast_body(const float* __restrict__ a, const float* __restrict__ b,
+                                               float* __restrict__ out, const BroadcastDims& d) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < d.len; i += (u64)gridDim.x * blockDim.x) {
+        u64 rest = i, ia = 0, ib = 0;
+        for (int k = (int)d.rank - 1; k >= 0; k--) {
+            const u64 c = rest % d.shape[k];
+            rest /= d.shape[k];
+            ia += c * d.a_strides[k];
+            ib += c * d.b_strides[k];
+        }
+        out[i] = Op::f(a[ia], b[ib]);
+    }
+}
+
+#define BROADCAST(name, Op)                                                                                     \
+    extern "C" __global__ void rk_broadcast_##name(const float* __restrict__ a, const float* __restrict__ b,    \
+                                                   float* __restrict__ out, BroadcastDims d) {                   \
+        broadcast_body<Op>(a, b, out, d);                                                                       \
+    }
+BROADCAST(add, OpAdd)
+BROADCAST(sub, OpSub)
+BROADCAST(mul, OpMul)
+BROADCAST(div, OpDiv)
+BROADCAST(max, OpMax)
+BROADCAST(min, OpMin)
+
+// ------------------------------------------------------------------ block-format weights
+
+// Words per block of 32 values.
+template <int F> struct Fmt;
+template <> struct Fmt<0> { static const int WORDS = 32; };
+template <> struct Fmt<1> { static const int WORDS = 5; };
+template <> struct Fmt<2> { static const int WORDS = 9; };
+
+// Σ_j W[octet o of the block at blk][j] · x[j] for the 8 values x (octet o holds the
+// block's values 8o..8o+7).
+template <int F>
+__device__ __forceinline__ float octet_dot(const u32* __restrict__ blk, int o, const float* __restrict__ x);
+
+template <>
+__device__ __forceinline__ float octet_dot<0>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+    const float4 w0 = *(const float4*)(blk + 8 * o), w1 = *(const float4*)(blk + 8 * o + 4);
+    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
+    float s = w0.x * x0.x;
+    s = fmaf(w0.y, x0.y, s); s = fmaf(w0.z, x0.z, s); s = fmaf(w0.w, x0.w, s);
+    s = fmaf(w1.x, x1.x, s); s = fmaf(w1.y, x1.y, s); s = fmaf(w1.z, x1.z, s); s = fmaf(w1.w, x1.w, s);
+    return s;
+}
+
+// q4_1: d·Σ nib·x + m·Σ x. Octets 0/1 are the low nibbles of bytes 0-7 / 8-15, octets 2/3
+// the high nibbles of the same bytes.
+template <>
+__device__ __forceinline__ float octet_dot<1>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+    const u32 dm = blk[0];
+    const u32 wa = blk[1 + 2 * (o & 1)], wb = blk[2 + 2 * (o & 1)];
+    const int sh = o >= 2 ? 4 : 0;
+    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
+    float q = 0.0f;
+    q = fmaf((float)((wa >> sh) & 0xFu), x0.x, q);
+    q = fmaf((float)((wa >> (8 + sh)) & 0xFu), x0.y, q);
+    q = fmaf((float)((wa >> (16 + sh)) & 0xFu), x0.z, q);
+    q = fmaf((float)((wa >> (24 + sh)) & 0xFu), x0.w, q);
+    q = fmaf((float)((wb >> sh) & 0xFu), x1.x, q);
+    q = fmaf((float)((wb >> (8 + sh)) & 0xFu), x1.y, q);
+    q = fmaf((float)((wb >> (16 + sh)) & 0xFu), x1.z, q);
+    q = fmaf((float)((wb >> (24 + sh)) & 0xFu), x1.w, q);
+    const float xs = ((x0.x + x0.y) + (x0.z + x0.w)) + ((x1.x + x1.y) + (x1.z + x1.w));
+    return fmaf(half_value(dm), q, half_value(dm >> 16) * xs);
+}
+
+// Signed byte k (0..3) of w.
+__device__ __forceinline__ float sbyte(u32 w, int k) { return (float)(((int)(w << (24 - 8 * k))) >> 24); }
+
+// q8_0: d·Σ q·x, the bytes of octet o in words 1 + 2o and 2 + 2o.
+template <>
+__device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+    const u32 wa = blk[1 + 2 * o], wb = blk[2 + 2 * o];
+    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
+    float q = 0.0f;
+    q = fmaf(sbyte(wa, 0), x0.x, q);
+    q = fmaf(sbyte(wa, 1), x0.y, q);
+    q = fmaf(sbyte(wa, 2), x0.z, q);
+    q = fmaf(sbyte(wa, 3), x0.w, q);
+    q = fmaf(sbyte(wb, 0), x1.x, q);
+    q = fmaf(sbyte(wb, 1), x1.y, q);
+    q = fmaf(sbyte(wb, 2), x1.z, q);
+    q = fmaf(sbyte(wb, 3), x1.w, q);
+    return half_value(blk[0]) * q;
+}
+
+#define QM_WARPS 4
+#define QM_TOKENS 4
+
+// out[t, r] (+)= Σ_c W[r, c]·x[t, c] (GATED: silu(W·x)·(W2·x)). A warp per row of W, the
+// lanes taking the row's octets in turn; QM_TOKENS tokens per block (grid y), so a
+// token tile reads each weight once. x rows are 16-byte aligned: cols is a multiple of
+// 32 and buffers are 256-byte aligned.
+template <int F, bool GATED>
+__device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
+                                             const float* __restrict__ x, float* __restrict__ out, u64 batch,
+                                             u64 rows, u64 cols, int accumulate) {
+    const int lane = threadIdx.x % WARP;
+    const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
+    const u64 t0 = (u64)blockIdx.y * QM_TOKENS;
+    if (row >= rows) return;
+    const int nt = (int)(batch - t0 < QM_TOKENS ? batch - t0 : QM_TOKENS);
+    const u64 nb = cols / 32;
+    const u32* wr = w + row * nb * Fmt<F>::WORDS;
+    const u32* ur = GATED ? w2 + row * nb * Fmt<F>::WORDS : wr;
+    float acc[QM_TOKENS], acc2[QM_TOKENS];
+#pragma unroll
+    for (int t = 0; t < QM_TOKENS; t++) acc[t] = acc2[t] = 0.0f;
+    for (u64 oc = lane; oc < nb * 4; oc += WARP) {
+        const u64 blk = oc / 4;
+        const int o = (int)(oc % 4);
+#pragma unroll
+        for (int t = 0; t < QM_TOKENS; t++) {
+            if (t < nt) {
+                const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
+                acc[t] += octet_dot<F>(wr + blk * Fmt<F>::WORDS, o, xt);
+                if (GATED) acc2[t] += octet_dot<F>(ur + blk * Fmt<F>::WORDS, o, xt);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < QM_TOKENS; t++) {
+        acc[t] = warp_reduce<RSum>(acc[t]);
+        if (GATED) acc2[t] = warp_reduce<RSum>(acc2[t]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < QM_TOKENS; t++) {
+            if (t < nt) {
+                float v = acc[t];
+                if (GATED) v = v / (1.0f + expf(-v)) * acc2[t];
+                float* o = out + (t0 + t) * rows + row;
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
+#define QMATMUL(name, F)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name(                                \
+        const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 batch, u64 rows,     \
+        u64 cols, int accumulate) {                                                                               \
+        qmatmul_body<F, false>(w, w, x, out, batch, rows, cols, accumulate);                                      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name##_swiglu(                       \
+        const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x, float* __restrict__ out, \
+        u64 batch, u64 rows, u64 cols, int accumulate) {                                                          \
+        qmatmul_body<F, true>(w, w2, x, out, batch, rows, cols, accumulate);                                      \
+    }
+QMATMUL(f32, 0)
+QMATMUL(q4_1, 1)
+QMATMUL(q8_0, 2)
+
+// Value j (0..31) of the block at blk.
+template <int F>
+__device__ __forceinline__ float block_value(const u32* __restrict__ blk, int j) {
+    if (F == 0) return __int_as_float((int)blk[j]);
+    if (F == 1) {
+        const u32 q = (blk[1 + (j % 16) / 4] >> (8 * (j % 4))) & 0xFFu;
+        const u32 nib = j >= 16 ? q >> 4 : q & 0xFu;
+        return fmaf((float)nib, half_value(blk[0]), half_value(blk[0] >> 16));
+    }
+    return sbyte(blk[1 + j / 4], j % 4) * half_value(blk[0]);
+}
+
+// out[t, c] = W[ids[t], c], zeros for an id past the table; a thread per output element.
+template <int F>
+__device__ __forceinline__ void embedding_body(const u32* __restrict__ w, const u32* __restrict__ ids,
+                                               float* __restrict__ out, u64 rows, u64 cols, u64 count) {
+    const u64 n = count * cols;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 t = i / cols, c = i % cols, id = ids[t];
+        out[i] = id < rows ? block_value<F>(w + (id * (cols / 32) + c / 32) * Fmt<F>::WORDS, (int)(c % 32)) : 0.0f;
+    }
+}
+
+#define EMBEDDING(name, F)                                                                                 \
+    extern "C" __global__ void rk_embedding_##name(const u32* __restrict__ w, const u32* __restrict__ ids,  \
+                                                   float* __restrict__ out, u64 rows, u64 cols, u64 count) { \
+        embedding_body<F>(w, ids, out, rows, cols, count);                                                 \
+    }
+EMBEDDING(f32, 0)
+EMBEDDING(q4_1, 1)
+EMBEDDING(q8_0, 2)
+
+// ------------------------------------------------------------------ KV cache
+
+// qkv: [tokens, (heads + 2·kv_heads)·hd]. A thread per rotated pair of a query or key head
+// (queries to q: [tokens, heads, hd]; keys to row pos[t] of k_cache: [kv_heads, cap, hd])
+// or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
+extern "C" __global__ void rk_rope_kv(const float* __restrict__ qkv, const u32* __restrict__ pos,
+                                      float* __restrict__ q, float* __restrict__ kc, float* __restrict__ vc,
+                                      u64 tokens, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base) {
+    const u64 half = hd / 2, rot = (heads + kv_heads) * half, per_token = rot + kv_heads * hd;
+    const u64 total = tokens * per_token;
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
+        const u64 t = idx / per_token, r = idx % per_token, at = pos[t];
+        const float* row = qkv + t * (heads + 2 * kv_heads) * hd;
+        if (r < rot) {
+            const u64 h = r / half, i = r % half;
+            const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
+            double sn, cs;
+            sincos((double)at * inv_freq, &sn, &cs);
+            const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
+            const float y0 = (float)((double)x0 * cs - (double)x1 * sn);
+            const float y1 = (float)((double)x0 * sn + (double)x1 * cs);
+            if (h < heads) {
+                float* o = q + (t * heads + h) * hd;
+                o[i] = y0;
+                o[i + half] = y1;
+            } else if (at < cap) {
+                float* o = kc + ((h - heads) * cap + at) * hd;
+                o[i] = y0;
+                o[i + half] = y1;
+            }
+        } else if (at < cap) {
+            const u64 r2 = r - rot, kh = r2 / hd, i = r2 % hd;
+            vc[(kh * cap + at) * hd + i] = row[(heads + kv_heads + kh) * hd + i];
+        }
+    }
+}
+
+// out[t, h] = softmax_j(scale·q[t, h]·k[h/g, j]) · v[h/g, j] over j ≤ pos[t] (clamped to
+// the cache). A block of KV_WARPS warps per (token, query head) as rk_attention: each
+// warp takes every KV_WARPS-th key with an online softmax, lanes split head_dim
+// (≤ 32·ATT_MAXD), the warps' partials merged at the end.
+#define KV_WARPS 8
+extern "C" __global__ void __launch_bounds__(KV_WARPS * WARP) rk_attention_kv(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    const u32* __restrict__ pos, float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float scale) {
+    __shared__ float sh_m[KV_WARPS], sh_l[KV_WARPS];
+    __shared__ float sh_acc[KV_WARPS][WARP * ATT_MAXD];
+    const u64 rowi = blockIdx.x, t = rowi / heads, h = rowi % heads;
+    const u64 kvh = h / (heads / kv_heads);
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const float* qr = q + rowi * hd;
+    const float* kb = kc + kvh * cap * hd;
+    const float* vb = vc + kvh * cap * hd;
+    float qv[ATT_MAXD], acc[ATT_MAXD];
+#pragma unroll
+    for (int c = 0; c < ATT_MAXD; c++) {
+        const u64 d = (u64)c * WARP + lane;
+        qv[c] = d < hd ? qr[d] : 0.0f;
+        acc[c] = 0.0f;
+    }
+    const u64 last = pos[t] < cap ? pos[t] : cap - 1;
+    float m = NEG_INF, l = 0.0f;
+    for (u64 j = warp; j <= last; j += KV_WARPS) {
+        const float* kr = kb + j * hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < ATT_MAXD; c++) {
+            const u64 d = (u64)c * WARP + lane;
+            if (d < hd) s += qv[c] * kr[d];
+        }
+        s = warp_reduce<RSum>(s) * scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn);
+        const float pj = expf(s - mn);
+        l = l * corr + pj;
+        const float* vr = vb + j * hd;
+#pragma unroll
+        for (int c = 0; c < ATT_MAXD; c++) {
+            const u64 d = (u64)c * WARP + lane;
+            acc[c] = acc[c] * corr + (d < hd ? pj * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) { sh_m[warp] = m; sh_l[warp] = l; }
+#pragma unroll
+    for (int c = 0; c < ATT_MAXD; c++) sh_acc[warp][c * WARP + lane] = acc[c];
+    __syncthreads();
+    if (warp == 0) {
+        float gm = NEG_INF;
+        for (int w = 0; w < KV_WARPS; w++) gm = fmaxf(gm, sh_m[w]);
+        float gl = 0.0f, f[KV_WARPS];
+        for (int w = 0; w < KV_WARPS; w++) {
+            f[w] = sh_m[w] == NEG_INF ? 0.0f : expf(sh_m[w] - gm);
+            gl += sh_l[w] * f[w];
+        }
+        const float inv = gl > 0.0f ? 1.0f / gl : 0.0f;
+        float* o = out + rowi * hd;
+#pragma unroll
+        for (int c = 0; c < ATT_MAXD; c++) {
+            const u64 d = (u64)c * WARP + lane;
+            if (d < hd) {
+                float a = 0.0f;
+                for (int w = 0; w < KV_WARPS; w++) a += sh_acc[w][c * WARP + lane] * f[w];
+                o[d] = a * inv;
+            }
+        }
+    }
+}

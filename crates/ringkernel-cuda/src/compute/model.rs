@@ -1,0 +1,449 @@
+//! The model ops of [`CudaCompute`] (kernels in `kernels/model.cu`): dtype conversion,
+//! broadcasting, the block-format weight ops and attention over a KV cache. None of them
+//! allocates or synchronises, so a decode step made of them can be captured in a CUDA
+//! graph ([`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record)).
+
+use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
+use ringkernel_core::compute::{
+    checks, BinaryOp, BroadcastDims, DType, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
+    Replay, WeightFormat, MAX_BROADCAST_RANK,
+};
+use ringkernel_core::{Error, Result};
+
+/// Warps (rows of W) per `rk_qmatmul_*` block and tokens per block (grid y); as
+/// `QM_WARPS` and `QM_TOKENS` in `model.cu`.
+const QM_WARPS: usize = 4;
+const QM_TOKENS: usize = 4;
+/// Warps per `rk_attention_kv` block (`KV_WARPS`), and the largest head it takes
+/// (32 lanes × `ATT_MAXD`).
+const KV_WARPS: u32 = 8;
+const KV_MAX_HEAD_DIM: usize = 256;
+
+/// `BroadcastDims` of `model.cu`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DeviceBroadcast {
+    rank: u64,
+    len: u64,
+    shape: [u64; MAX_BROADCAST_RANK],
+    a_strides: [u64; MAX_BROADCAST_RANK],
+    b_strides: [u64; MAX_BROADCAST_RANK],
+}
+
+impl Replay for CudaGraph {
+    fn replay(&self) -> Result<()> {
+        self.launch()
+    }
+}
+
+impl CudaCompute {
+    pub(super) fn convert_impl(
+        &self,
+        x: &dyn DeviceBuffer,
+        from: DType,
+        out: &dyn DeviceBuffer,
+        to: DType,
+        len: usize,
+    ) -> Result<()> {
+        let (xb, ob) = (self.buf(x)?, self.buf(out)?);
+        let needs = checks::convert(from, to, len)?;
+        needs.check(&[x, out])?;
+        checks::distinct("convert", out, &[x])?;
+        let words = needs.elems(1);
+        if words == 0 {
+            return Ok(());
+        }
+        let (mut px, mut po) = (xb.ptr, ob.ptr);
+        let (mut n, mut w, mut f, mut t) = (
+            len as u64,
+            words as u64,
+            from.code() as i32,
+            to.code() as i32,
+        );
+        self.launch(
+            "rk_convert",
+            (grid_1d(words, 256, self.sms()), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut px),
+                arg(&mut po),
+                arg(&mut n),
+                arg(&mut w),
+                arg(&mut f),
+                arg(&mut t),
+            ],
+        )
+    }
+
+    pub(super) fn broadcast_impl(
+        &self,
+        op: BinaryOp,
+        a: &dyn DeviceBuffer,
+        b: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: &BroadcastDims,
+    ) -> Result<()> {
+        let (ab, bb, ob) = (self.buf(a)?, self.buf(b)?, self.buf(out)?);
+        let needs = checks::broadcast_binary(d)?;
+        needs.check(&[a, b, out])?;
+        checks::distinct("broadcast_binary", out, &[a, b])?;
+        let len = needs.elems(2);
+        if len == 0 {
+            return Ok(());
+        }
+        let mut dims = DeviceBroadcast {
+            rank: d.rank as u64,
+            len: len as u64,
+            shape: d.shape.map(|v| v as u64),
+            a_strides: d.a_strides.map(|v| v as u64),
+            b_strides: d.b_strides.map(|v| v as u64),
+        };
+        let (mut pa, mut pb, mut po) = (ab.ptr, bb.ptr, ob.ptr);
+        self.launch(
+            &format!("rk_broadcast_{}", op.name()),
+            (grid_1d(len, 256, self.sms()), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [arg(&mut pa), arg(&mut pb), arg(&mut po), arg(&mut dims)],
+        )
+    }
+
+    pub(super) fn embedding_impl(
+        &self,
+        table: &dyn DeviceBuffer,
+        format: WeightFormat,
+        ids: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: EmbeddingDims,
+    ) -> Result<()> {
+        let (tb, ib, ob) = (self.buf(table)?, self.buf(ids)?, self.buf(out)?);
+        let needs = checks::embedding(format, d)?;
+        needs.check(&[table, ids, out])?;
+        checks::distinct("embedding", out, &[table, ids])?;
+        let n = needs.elems(2);
+        if n == 0 {
+            return Ok(());
+        }
+        let (mut pt, mut pi, mut po) = (tb.ptr, ib.ptr, ob.ptr);
+        let (mut r, mut c, mut k) = (d.rows as u64, d.cols as u64, d.count as u64);
+        self.launch(
+            &format!("rk_embedding_{}", format.name()),
+            (grid_1d(n, 256, self.sms()), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut pt),
+                arg(&mut pi),
+                arg(&mut po),
+                arg(&mut r),
+                arg(&mut c),
+                arg(&mut k),
+            ],
+        )
+    }
+
+    /// `qmatmul` (`w` one matrix) or `qmatmul_swiglu` (`w` = gate, up).
+    pub(super) fn qmatmul_impl(
+        &self,
+        w: &[&dyn DeviceBuffer],
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: QMatmulDims,
+    ) -> Result<()> {
+        let gated = w.len() == 2;
+        let needs = if gated {
+            checks::qmatmul_swiglu(format, d)?
+        } else {
+            checks::qmatmul(format, d)?
+        };
+        let mut args: Vec<&dyn DeviceBuffer> = w.to_vec();
+        args.extend([x, out]);
+        needs.check(&args)?;
+        checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
+        let ptrs = args
+            .iter()
+            .map(|b| self.buf(*b).map(|b| b.ptr))
+            .collect::<Result<Vec<_>>>()?;
+        if d.batch == 0 || d.rows == 0 {
+            return Ok(());
+        }
+        let gx = d.rows.div_ceil(QM_WARPS);
+        let gy = d.batch.div_ceil(QM_TOKENS);
+        if gx > i32::MAX as usize || gy > MAX_GRID_YZ {
+            return Err(Error::invalid(format!(
+                "qmatmul: {} rows x {} inputs exceed one launch's grid",
+                d.rows, d.batch
+            )));
+        }
+        let (mut b, mut r, mut c, mut acc) = (
+            d.batch as u64,
+            d.rows as u64,
+            d.cols as u64,
+            d.accumulate as i32,
+        );
+        let grid = (gx as u32, gy as u32, 1);
+        let block = ((QM_WARPS * 32) as u32, 1, 1);
+        if gated {
+            let (mut pg, mut pu, mut px, mut po) = (ptrs[0], ptrs[1], ptrs[2], ptrs[3]);
+            self.launch(
+                &format!("rk_qmatmul_{}_swiglu", format.name()),
+                grid,
+                block,
+                0,
+                &mut [
+                    arg(&mut pg),
+                    arg(&mut pu),
+                    arg(&mut px),
+                    arg(&mut po),
+                    arg(&mut b),
+                    arg(&mut r),
+                    arg(&mut c),
+                    arg(&mut acc),
+                ],
+            )
+        } else {
+            let (mut pw, mut px, mut po) = (ptrs[0], ptrs[1], ptrs[2]);
+            self.launch(
+                &format!("rk_qmatmul_{}", format.name()),
+                grid,
+                block,
+                0,
+                &mut [
+                    arg(&mut pw),
+                    arg(&mut px),
+                    arg(&mut po),
+                    arg(&mut b),
+                    arg(&mut r),
+                    arg(&mut c),
+                    arg(&mut acc),
+                ],
+            )
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_kv_impl(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        d: KvDims,
+    ) -> Result<()> {
+        let all = [qkv, positions, q, k_cache, v_cache];
+        checks::rope_kv(&d)?.check(&all)?;
+        for (i, o) in all.iter().enumerate().skip(2) {
+            let others: Vec<&dyn DeviceBuffer> = all
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, b)| *b)
+                .collect();
+            checks::distinct("rope_kv", *o, &others)?;
+        }
+        let p = all
+            .iter()
+            .map(|b| self.buf(*b).map(|b| b.ptr))
+            .collect::<Result<Vec<_>>>()?;
+        let threads =
+            d.tokens * ((d.heads + d.kv_heads) * d.head_dim / 2 + d.kv_heads * d.head_dim);
+        if threads == 0 {
+            return Ok(());
+        }
+        let (mut px, mut pp, mut pq, mut pk, mut pv) = (p[0], p[1], p[2], p[3], p[4]);
+        let (mut t, mut h, mut kh, mut hd, mut cap, mut base) = (
+            d.tokens as u64,
+            d.heads as u64,
+            d.kv_heads as u64,
+            d.head_dim as u64,
+            d.capacity as u64,
+            d.rope_base,
+        );
+        self.launch(
+            "rk_rope_kv",
+            (grid_1d(threads, 256, self.sms()), 1, 1),
+            (256, 1, 1),
+            0,
+            &mut [
+                arg(&mut px),
+                arg(&mut pp),
+                arg(&mut pq),
+                arg(&mut pk),
+                arg(&mut pv),
+                arg(&mut t),
+                arg(&mut h),
+                arg(&mut kh),
+                arg(&mut hd),
+                arg(&mut cap),
+                arg(&mut base),
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_kv_impl(
+        &self,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: KvDims,
+    ) -> Result<()> {
+        let all = [q, k_cache, v_cache, positions, out];
+        checks::attention_kv(&d)?.check(&all)?;
+        checks::distinct("attention_kv", out, &all[..4])?;
+        if d.head_dim > KV_MAX_HEAD_DIM {
+            return Err(Error::invalid(format!(
+                "attention_kv: head_dim {} over the kernel's {KV_MAX_HEAD_DIM}",
+                d.head_dim
+            )));
+        }
+        let p = all
+            .iter()
+            .map(|b| self.buf(*b).map(|b| b.ptr))
+            .collect::<Result<Vec<_>>>()?;
+        let rows = d.tokens * d.heads;
+        if rows == 0 {
+            return Ok(());
+        }
+        if rows > i32::MAX as usize {
+            return Err(Error::invalid("attention_kv: too many (token, head) rows"));
+        }
+        let (mut pq, mut pk, mut pv, mut pp, mut po) = (p[0], p[1], p[2], p[3], p[4]);
+        let (mut h, mut kh, mut hd, mut cap, mut sc) = (
+            d.heads as u64,
+            d.kv_heads as u64,
+            d.head_dim as u64,
+            d.capacity as u64,
+            d.scale,
+        );
+        self.launch(
+            "rk_attention_kv",
+            (rows as u32, 1, 1),
+            (KV_WARPS * 32, 1, 1),
+            0,
+            &mut [
+                arg(&mut pq),
+                arg(&mut pk),
+                arg(&mut pv),
+                arg(&mut pp),
+                arg(&mut po),
+                arg(&mut h),
+                arg(&mut kh),
+                arg(&mut hd),
+                arg(&mut cap),
+                arg(&mut sc),
+            ],
+        )
+    }
+
+    /// `ComputeBackend::record`: the ops captured into a [`CudaGraph`].
+    pub(super) fn record_impl(
+        &self,
+        ops: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<Option<Box<dyn Replay>>> {
+        let graph = self.capture(|_| ops())?;
+        Ok(Some(Box::new(graph)))
+    }
+
+    /// Free device memory (`cuMemGetInfo`).
+    pub(super) fn memory_available_impl(&self) -> Option<u64> {
+        self.inner.dev.bind().ok()?;
+        cudarc::driver::result::mem_get_info()
+            .ok()
+            .map(|(free, _)| free as u64)
+    }
+}
+
+/// The op methods for `impl ComputeBackend for CudaCompute`.
+macro_rules! model_ops {
+    () => {
+        fn convert(
+            &self,
+            x: &dyn DeviceBuffer,
+            from: DType,
+            out: &dyn DeviceBuffer,
+            to: DType,
+            len: usize,
+        ) -> Result<()> {
+            self.convert_impl(x, from, out, to, len)
+        }
+        fn broadcast_binary(
+            &self,
+            op: BinaryOp,
+            a: &dyn DeviceBuffer,
+            b: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: &BroadcastDims,
+        ) -> Result<()> {
+            self.broadcast_impl(op, a, b, out, dims)
+        }
+        fn embedding(
+            &self,
+            table: &dyn DeviceBuffer,
+            format: WeightFormat,
+            ids: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: EmbeddingDims,
+        ) -> Result<()> {
+            self.embedding_impl(table, format, ids, out, dims)
+        }
+        fn qmatmul(
+            &self,
+            w: &dyn DeviceBuffer,
+            format: WeightFormat,
+            x: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: QMatmulDims,
+        ) -> Result<()> {
+            self.qmatmul_impl(&[w], format, x, out, dims)
+        }
+        fn qmatmul_swiglu(
+            &self,
+            w_gate: &dyn DeviceBuffer,
+            w_up: &dyn DeviceBuffer,
+            format: WeightFormat,
+            x: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: QMatmulDims,
+        ) -> Result<()> {
+            self.qmatmul_impl(&[w_gate, w_up], format, x, out, dims)
+        }
+        fn rope_kv(
+            &self,
+            qkv: &dyn DeviceBuffer,
+            positions: &dyn DeviceBuffer,
+            q: &dyn DeviceBuffer,
+            k_cache: &dyn DeviceBuffer,
+            v_cache: &dyn DeviceBuffer,
+            dims: KvDims,
+        ) -> Result<()> {
+            self.rope_kv_impl(qkv, positions, q, k_cache, v_cache, dims)
+        }
+        fn attention_kv(
+            &self,
+            q: &dyn DeviceBuffer,
+            k_cache: &dyn DeviceBuffer,
+            v_cache: &dyn DeviceBuffer,
+            positions: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: KvDims,
+        ) -> Result<()> {
+            self.attention_kv_impl(q, k_cache, v_cache, positions, out, dims)
+        }
+        fn record(
+            &self,
+            ops: &mut dyn FnMut() -> Result<()>,
+        ) -> Result<Option<Box<dyn ringkernel_core::compute::Replay>>> {
+            self.record_impl(ops)
+        }
+        fn memory_available(&self) -> Option<u64> {
+            self.memory_available_impl()
+        }
+    };
+}
+pub(super) use model_ops;
