@@ -191,20 +191,17 @@ impl CudaRuntimeGroup {
         // Peer access (and access to each other's memory pools) before any runtime
         // allocates the memory its peers will write.
         let devs = connect(ordinals)?;
-        let core = RuntimeCore::new(BackendKind::Cuda, registry.clone());
+        // One GPU: a plain runtime (GPU-scope K2K); several: one shared core.
         let multi = ordinals.len() > 1;
+        let shared = multi.then(|| RuntimeCore::new(BackendKind::Cuda, registry.clone()));
         let mut runtimes = Vec::with_capacity(ordinals.len());
         for &o in ordinals {
-            let shared = multi.then(|| core.clone());
-            let rt = CudaRuntime::open(registry.clone(), o, shared).await?;
+            let rt = CudaRuntime::open(registry.clone(), o, shared.clone()).await?;
             runtimes.push(rt);
         }
+        // Each runtime retains its device's context (with its peer access) itself now.
         drop(devs);
-        let core = if multi {
-            core
-        } else {
-            runtimes[0].core().clone()
-        };
+        let core = runtimes[0].core().clone();
         if multi {
             let tables: Vec<u64> = runtimes.iter().map(CudaRuntime::routes_ptr).collect();
             for (i, rt) in runtimes.iter().enumerate() {
