@@ -93,7 +93,7 @@ step() {
   summary+=("$(printf '%-34s %-22s %4ds' "$name" "$what" $((SECONDS - t0)))")
 }
 
-step multi_gpu_tests 300 .gpu/tests/ringkernel-cuda-multi_gpu --include-ignored --test-threads=1
+step several_gpus_tests 300 .gpu/tests/ringkernel-cuda-several_gpus --include-ignored --test-threads=1
 step multi_gpu_example 180 .gpu/bin/ringkernel-cuda-multi_gpu
 step multi_gpu_tensors_example 180 .gpu/bin/ringkernel-multi_gpu_tensors
 step multi_gpu_bench 400 .gpu/bin/ringkernel-cuda-multi_gpu_bench $quick --json "$work/rk_allreduce.json"

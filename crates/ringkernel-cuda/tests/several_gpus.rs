@@ -16,7 +16,9 @@ use ringkernel_core::util::{rel_error, SplitMix64};
 use ringkernel_core::{BackendKind, Error};
 use ringkernel_cuda::{CudaRuntime, CudaRuntimeGroup, NcclGroup, Transfer};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -367,22 +369,7 @@ fn k2k_to_a_terminated_kernel_on_another_gpu_is_dropped() {
             .runtime(1)?
             .launch(STAGE, LaunchOptions::default().with_name("s2"))
             .await?;
-        let route = [s1.id(), s2.id()];
-        s1.send(Token::routed(1, 1.0, &route)?).await?;
-        let t: Token = s2.receive_timeout_as(Duration::from_secs(10)).await?;
-        assert_eq!((t.hops, t.value), (2, 3.0));
-        s2.terminate().await?;
-        s1.send(Token::routed(2, 1.0, &route)?).await?;
-        let start = Instant::now();
-        while s1.metrics().dropped == 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the send to a terminated kernel on GPU 1 was not counted"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert!(s1.try_receive::<Token>()?.is_none());
-        Ok(())
+        common::k2k_to_a_terminated_kernel_is_dropped(&s1, &s2).await
     });
 }
 
