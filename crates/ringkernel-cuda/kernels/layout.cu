@@ -97,6 +97,8 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkLaunchParams, stage_stride);
     out[i++] = RK_OFF(RkLaunchParams, profile);
     out[i++] = RK_OFF(RkLaunchParams, profile_capacity);
+    out[i++] = RK_OFF(RkLaunchParams, peer_routes);
+    out[i++] = RK_OFF(RkLaunchParams, peer_route_count);
     out[i++] = sizeof(RkToken);
     out[i++] = RK_OFF(RkToken, id);
     out[i++] = RK_OFF(RkToken, value);

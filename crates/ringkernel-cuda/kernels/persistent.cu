@@ -219,6 +219,31 @@ __device__ __forceinline__ void rk_store_latency(const RkLaunchParams& p, rk_u64
     if (p.latency) ((volatile rk_u64*)p.latency)[msg_index & (p.latency_capacity - 1)] = ((msg_index + 1ull) << 32) | lat;
 }
 
+/* Publishes (valid = 1) or withdraws (valid = 0) this kernel's route entry: in its
+ * runtime's routing table and, in a multi-GPU group, in every other GPU's table (stores
+ * through peer access). The entry's fields are in place before `valid` says so; a fence
+ * of system scope orders them for the kernels on other GPUs. */
+__device__ void rk_publish_route(const RkLaunchParams& p, rk_u32 valid) {
+    if (p.kernel_id >= p.route_count) return;
+    const rk_u64 tables = 1ull + p.peer_route_count;
+    for (rk_u64 t = 0; valid && t < tables; t++) {
+        RkRoute* r = (RkRoute*)(t == 0 ? p.routes : ((const rk_u64*)p.peer_routes)[t - 1]) + p.kernel_id;
+        r->inbox = p.inbox;
+        r->slots = p.inbox_slots;
+        r->kernel_id = (rk_u32)p.kernel_id;
+    }
+    if (valid) {
+        if (p.peer_route_count) __threadfence_system();
+        else __threadfence();
+    }
+    for (rk_u64 t = 0; t < tables; t++) {
+        RkRoute* r = (RkRoute*)(t == 0 ? p.routes : ((const rk_u64*)p.peer_routes)[t - 1]) + p.kernel_id;
+        *(volatile rk_u32*)&r->valid = valid;
+    }
+    if (p.peer_route_count) __threadfence_system();
+    else __threadfence();
+}
+
 /* The counters, for the host's metrics (posted stores: an acknowledged command orders
  * them before the ack). */
 __device__ void rk_mirror_counters(RkControlBlock* cb, RkShared* S) {
@@ -283,18 +308,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     }
     for (rk_u32 i = tid; i < 2 * RK_GROUP_BYTES / 4; i += nthreads) ((rk_u32*)groups)[i] = 0u;
     for (rk_u32 i = tid; i < W0 + W1; i += nthreads) bad_all[i] = RK_NO_UNIT;
-    RkRoute* my_route = p.kernel_id < p.route_count ? (RkRoute*)p.routes + p.kernel_id : (RkRoute*)0;
     __syncthreads();
     if (block0 && tid == 0) {
-        // Publish this kernel's inbox in the device routing table (the table belongs to
-        // the device: the host never copies into it while kernels run).
-        if (my_route) {
-            my_route->inbox = p.inbox;
-            my_route->slots = p.inbox_slots;
-            my_route->kernel_id = (rk_u32)p.kernel_id;
-            __threadfence();
-            *(volatile rk_u32*)&my_route->valid = 1u;
-        }
+        // Publish this kernel's inbox in the device routing table(s) (the tables belong
+        // to the devices: the host never copies into them while kernels run).
+        rk_publish_route(p, 1u);
         atomicMax((unsigned long long*)&S->hlc, rk_hlc_tick(0, rk_now_ms(clock_off)));
         cb->hlc = *(volatile rk_u64*)&S->hlc;
         cb->input_head = 0;
@@ -610,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             RkQueueHeader* laneq = (RkQueueHeader*)(p.in_queue + (rk_u64)L * p.lane_stride);
                             *(volatile rk_u64*)&laneq->head = claimed;
                         } else {
-                            rk_st_release_gpu(&inbox->head, claimed);
+                            rk_k2k_st_release(&inbox->head, claimed);
                         }
                         if (r == 1) *(volatile rk_u64*)&outq->tail = out_idx + 1;  // a hint for the host
                         if (host_src) cur_lane = L;
@@ -819,10 +837,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     *(volatile rk_u32*)&S->terminating = 1u;
                     // From now on K2K senders get NOT_FOUND; what is already in the inbox
                     // is still drained (when active).
-                    if (my_route) {
-                        *(volatile rk_u32*)&my_route->valid = 0u;
-                        __threadfence();
-                    }
+                    rk_publish_route(p, 0u);
                 }
                 ack = cmd.y;
                 cmd_seen = false;
@@ -911,7 +926,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         RkQueueHeader* laneq = (RkQueueHeader*)(p.in_queue + (rk_u64)g->lane * p.lane_stride);
                         *(volatile rk_u64*)&laneq->head = first + k;
                     } else {
-                        rk_st_release_gpu(&inbox->head, first + k);
+                        rk_k2k_st_release(&inbox->head, first + k);
                     }
                     *(volatile rk_u64*)&outq->tail = g->out_base + replies;  // a hint for the host
                     if (multi) {
@@ -1017,10 +1032,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         } else {
             while (*(volatile rk_u32*)&S->exited_blocks + 1u < gridDim.x) __nanosleep(1000);
             __threadfence();
-            if (my_route) {
-                *(volatile rk_u32*)&my_route->valid = 0u;
-                __threadfence();
-            }
+            rk_publish_route(p, 0u);
             rk_u64 in_head = 0;
             for (int l = 0; l < (int)RK_LANES; l++) in_head += *(volatile rk_u64*)&S->lane_claimed[l];
             cb->input_head = in_head;

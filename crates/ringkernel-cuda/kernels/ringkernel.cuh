@@ -47,7 +47,9 @@
 //   then handled one at a time, in order, under a lock shared by every warp.
 // * `rk_send_to(ctx, dest_kernel_id, type_id, payload, len)` sends a message to another
 //   CUDA kernel of the same runtime on the same GPU, through its device-memory inbox
-//   (no host hop). It returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
+//   (no host hop), or, in a multi-GPU group (CudaRuntimeGroup), to a kernel on any GPU
+//   of the group, writing into that GPU's memory through peer access (NVLink). It
+//   returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
 // * `ctx->now` is this kernel's HLC timestamp after merging the request's timestamp
 //   (what the CPU backend's `ctx.clock().peek()` returns); its node id is
 //   `ctx->node_id`.
@@ -251,6 +253,8 @@ struct __align__(8) RkLaunchParams {
     rk_u64 stage_stride;   /* bytes between staged slots (units * 12, rounded up to 16) */
     rk_u64 profile;        /* rk_u64[profile_capacity * 16 + 1] round profile, mapped host memory (0: off) */
     rk_u64 profile_capacity;
+    rk_u64 peer_routes;    /* rk_u64[peer_route_count]: other GPUs' routing tables (multi-GPU group); 0: none */
+    rk_u64 peer_route_count;
 };
 
 /* What a handler sees (device-only; not shared with the host). */
@@ -305,6 +309,35 @@ __device__ __forceinline__ rk_u64 rk_ld_acquire_gpu(const rk_u64* p) {
 }
 __device__ __forceinline__ void rk_st_release_gpu(rk_u64* p, rk_u64 v) {
     asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+/* K2K memory scope. Kernels of a multi-GPU runtime group (ringkernel-cuda's
+ * CudaRuntimeGroup) are compiled with RK_K2K_SYSTEM 1: their inboxes are also written by
+ * kernels on other GPUs (peer access), so the inbox's reservation (CAS), its head and the
+ * loads of both use system scope there. A runtime on one GPU keeps GPU scope. The stamped
+ * units themselves are st.volatile / ld.volatile (relaxed, system scope) either way. */
+#ifndef RK_K2K_SYSTEM
+#define RK_K2K_SYSTEM 0
+#endif
+__device__ __forceinline__ rk_u64 rk_k2k_ld_acquire(const rk_u64* p) {
+#if RK_K2K_SYSTEM
+    return rk_ld_acquire_sys(p);
+#else
+    return rk_ld_acquire_gpu(p);
+#endif
+}
+__device__ __forceinline__ void rk_k2k_st_release(rk_u64* p, rk_u64 v) {
+#if RK_K2K_SYSTEM
+    rk_st_release_sys(p, v);
+#else
+    rk_st_release_gpu(p, v);
+#endif
+}
+__device__ __forceinline__ rk_u64 rk_k2k_cas(rk_u64* p, rk_u64 expected, rk_u64 desired) {
+#if RK_K2K_SYSTEM
+    return atomicCAS_system((unsigned long long*)p, expected, desired);
+#else
+    return atomicCAS((unsigned long long*)p, expected, desired);
+#endif
 }
 __device__ __forceinline__ rk_u64 rk_globaltimer_ns() {
     rk_u64 t;
@@ -437,11 +470,11 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     if (lane == leader) {
         rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
         for (;;) {
-            const rk_u64 head = rk_ld_acquire_gpu(&ib->head);
+            const rk_u64 head = rk_k2k_ld_acquire(&ib->head);
             const rk_u64 room = cap - (idx - head);
             got = room < (rk_u64)want ? (rk_u32)room : want;
             if (got == 0) break;
-            const rk_u64 seen = atomicCAS(&ib->reserve, idx, idx + got);
+            const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
             if (seen == idx) break;
             idx = seen;
         }

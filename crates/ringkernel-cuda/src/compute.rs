@@ -259,6 +259,17 @@ impl CudaCompute {
             .map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
     }
 
+    /// The device address of `b`, checked to be a buffer of this backend (for the NCCL
+    /// glue, which queues on this backend's stream).
+    pub(crate) fn device_ptr_of(&self, b: &dyn DeviceBuffer) -> Result<u64> {
+        Ok(self.buf(b)?.ptr)
+    }
+
+    /// Whether two handles share one backend (one device, context and stream).
+    pub(crate) fn same_backend(&self, other: &CudaCompute) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     fn buf<'a>(&self, b: &'a dyn DeviceBuffer) -> Result<&'a CudaBuffer> {
         let cb = downcast::<CudaBuffer>(b, BackendKind::Cuda)?;
         if !Arc::ptr_eq(&cb.owner, &self.inner) {

@@ -230,6 +230,68 @@ impl Device {
         }))
     }
 
+    /// Whether this device can read and write `peer`'s memory directly, whether its
+    /// atomics on that memory are native (an NVLink-class link; PCIe peer links
+    /// usually have none) and the link's relative performance rank:
+    /// `(access, native_atomics, rank)`. `(false, false, 0)` for `peer` itself.
+    pub(crate) fn peer_attributes(&self, peer: &Device) -> Result<(bool, bool, i32)> {
+        if self.cu_device == peer.cu_device {
+            return Ok((false, false, 0));
+        }
+        let mut can = 0i32;
+        // SAFETY: writes one int; both handles come from cuDeviceGet.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.cu_device, peer.cu_device) }
+            .result()
+            .map_err(dev_err("cuDeviceCanAccessPeer"))?;
+        let attr = |a: sys::CUdevice_P2PAttribute| -> Result<i32> {
+            let mut v = 0i32;
+            // SAFETY: writes one int; valid attribute and device handles.
+            unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.cu_device, peer.cu_device) }
+                .result()
+                .map_err(dev_err("cuDeviceGetP2PAttribute"))?;
+            Ok(v)
+        };
+        let atomics =
+            attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)?;
+        let rank = attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?;
+        Ok((can != 0, atomics != 0, rank))
+    }
+
+    /// Lets kernels on this device read and write `peer`'s memory: peer access of this
+    /// context to `peer`'s (plain allocations) and access to `peer`'s default memory
+    /// pool (what stream-ordered allocations come from; pools ignore context peer
+    /// access). One direction only; call it the other way round for the other.
+    pub(crate) fn enable_peer_access(&self, peer: &Device) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both contexts are retained primary contexts; the flags must be 0.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+            }
+            e => {
+                return Err(Error::Device(format!(
+                    "CUDA cuCtxEnablePeerAccess (device {} -> {}): {e:?}",
+                    self.info.ordinal, peer.info.ordinal
+                )))
+            }
+        }
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: writes one handle; valid device handle.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, peer.cu_device) }
+            .result()
+            .map_err(dev_err("cuDeviceGetDefaultMemPool"))?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.cu_device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one valid access descriptor for a pool of a peer-capable device.
+        unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }
+            .result()
+            .map_err(dev_err("cuMemPoolSetAccess"))
+    }
+
     /// Makes the context current on the calling thread.
     pub(crate) fn bind(&self) -> Result<()> {
         // SAFETY: self.ctx is a retained primary context (valid until Drop).

@@ -150,13 +150,20 @@ pub struct LaunchParams {
     pub profile: u64,
     /// Entries of the round profile (a power of two).
     pub profile_capacity: u64,
+    /// Device address of an array of `peer_route_count` device addresses: the routing
+    /// tables of the other GPUs of a multi-GPU group
+    /// ([`CudaRuntimeGroup`](crate::CudaRuntimeGroup)), where the kernel publishes its
+    /// route entry too (through peer access); 0 for a runtime on one GPU.
+    pub peer_routes: u64,
+    /// Entries of `peer_routes`.
+    pub peer_route_count: u64,
 }
 
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
     assert!(size_of::<DeviceRoute>() == 24);
-    assert!(size_of::<LaunchParams>() == 29 * 8);
+    assert!(size_of::<LaunchParams>() == 31 * 8);
     assert!(size_of::<LaneTails>() == 128);
     assert!(ringkernel_core::priority::LANES == 4);
 };
@@ -222,6 +229,11 @@ pub const LAUNCH_PARAMS_FIELDS: &[(&str, usize)] = &[
     (
         "profile_capacity",
         offset_of!(LaunchParams, profile_capacity),
+    ),
+    ("peer_routes", offset_of!(LaunchParams, peer_routes)),
+    (
+        "peer_route_count",
+        offset_of!(LaunchParams, peer_route_count),
     ),
 ];
 

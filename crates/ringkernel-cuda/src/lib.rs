@@ -16,6 +16,13 @@
 //!   `rk.counter` itself ([`register_cuda_builtins`] does the same for a registry
 //!   alone), and records handler latency on the device clock ([`metrics`]).
 //!
+//! * Several GPUs of one host: a runtime or a compute backend on any device
+//!   ([`CudaRuntime::on_device`], [`CudaCompute::new`], [`device_count`]);
+//!   [`CudaRuntimeGroup`] for kernels on different GPUs that message each other on the
+//!   GPU over peer access ([`multi_gpu`]); [`NcclGroup`] for NCCL collectives
+//!   (`all_reduce`, `all_gather`, `broadcast`, `send`) on the buffers of several
+//!   [`CudaCompute`]s ([`nccl`]; libnccl is loaded at run time).
+//!
 //! ```no_run
 //! match ringkernel_cuda::probe() {
 //!     Ok(desc) => println!("CUDA: {desc}"),
@@ -30,6 +37,8 @@ pub mod compute;
 mod driver;
 pub mod layout;
 pub mod metrics;
+pub mod multi_gpu;
+pub mod nccl;
 pub mod nvrtc;
 pub mod runtime;
 
@@ -37,6 +46,8 @@ pub use compute::{CudaArg, CudaBuffer, CudaCompute, CudaFunction, CudaGraph};
 pub use driver::{
     driver_library_candidates, driver_library_present, DeviceInfo, DRIVER_LIBRARY_ENV,
 };
+pub use multi_gpu::{peer_link, CudaRuntimeGroup, PeerLink};
+pub use nccl::{ensure_nccl, NcclGroup, Transfer};
 pub use runtime::{
     check_launch_options, register_cuda_builtins, CudaRuntime, CudaStreamer, RoundProfile,
 };

@@ -39,7 +39,10 @@
 //!   ([`DeviceRoute`] per kernel id, up to [`MAX_DEVICE_ROUTES`]), through which
 //!   `rk_send_to` on the device writes straight into another kernel's inbox (no host
 //!   hop). Each kernel writes its own entry when it starts and clears it when told to
-//!   terminate, so the host never copies into device memory while kernels run.
+//!   terminate, so the host never copies into device memory while kernels run. In a
+//!   [`CudaRuntimeGroup`](crate::CudaRuntimeGroup) (several GPUs) a kernel writes its
+//!   entry into every GPU's table, so kernels message each other across GPUs
+//!   ([`multi_gpu`](crate::multi_gpu)).
 //!
 //! Kernel memory is kept until the runtime is dropped (a K2K sender on the GPU may
 //! still hold a terminated kernel's inbox address), and freed only after every kernel
@@ -155,6 +158,21 @@ pub(crate) const TEMPLATE_SRC: &str = include_str!("../kernels/persistent.cu");
 /// The full source of a persistent kernel for a handler.
 pub fn persistent_source(handler_cuda: &str) -> String {
     format!("{HEADER_SRC}\n#line 1 \"handler.cu\"\n{handler_cuda}\n#line 1 \"persistent.cu\"\n{TEMPLATE_SRC}")
+}
+
+/// As [`persistent_source`], for a kernel of a multi-GPU group
+/// ([`CudaRuntimeGroup`](crate::CudaRuntimeGroup)) when `k2k_system`: K2K inboxes then
+/// use system-scope atomics (`RK_K2K_SYSTEM` in kernels/ringkernel.cuh), since kernels
+/// on other GPUs write them.
+pub fn persistent_source_for(handler_cuda: &str, k2k_system: bool) -> String {
+    if k2k_system {
+        format!(
+            "#define RK_K2K_SYSTEM 1\n{}",
+            persistent_source(handler_cuda)
+        )
+    } else {
+        persistent_source(handler_cuda)
+    }
 }
 
 /// The CUDA built-ins: (name, CUDA source, state bytes).
@@ -389,6 +407,13 @@ struct RtInner {
     waker: Arc<PumpWaker>,
     stop: AtomicBool,
     desc: String,
+    /// Whether this runtime belongs to a multi-GPU group whose kernels write each
+    /// other's inboxes (its kernels are compiled with system-scope K2K atomics).
+    k2k_system: bool,
+    /// The other GPUs' routing tables (device addresses, in device memory of this GPU)
+    /// and their count, set by [`CudaRuntimeGroup`](crate::CudaRuntimeGroup) before any
+    /// kernel of the group runs.
+    peer_tables: std::sync::OnceLock<(DeviceMemory, usize)>,
 }
 
 impl RtInner {
@@ -402,7 +427,7 @@ impl RtInner {
         if let Some(m) = lock(&self.modules).get(&key) {
             return Ok(m.clone());
         }
-        let full = persistent_source(src);
+        let full = persistent_source_for(src, self.k2k_system);
         let cubin = crate::nvrtc::compile_cubin(
             &full,
             &format!("persistent-{}", handler.name),
@@ -476,8 +501,23 @@ impl CudaRuntime {
         Self::on_device(registry, 0).await
     }
 
-    /// A runtime on device `ordinal`.
+    /// A runtime on device `ordinal` (any GPU of the machine: see
+    /// [`device_count`](crate::device_count)). A missing device is
+    /// [`Error::InvalidArgument`] naming how many there are; without a driver or a GPU,
+    /// [`Error::BackendUnavailable`]. Kernels of runtimes on different GPUs exchange
+    /// K2K messages on the GPU only inside a [`CudaRuntimeGroup`](crate::CudaRuntimeGroup).
     pub async fn on_device(registry: KernelRegistry, ordinal: usize) -> Result<Self> {
+        Self::open(registry, ordinal, None).await
+    }
+
+    /// A runtime on device `ordinal`; with `group_core`, a member of a multi-GPU group
+    /// sharing that core (kernel ids, names, clock, broker) with the group's other
+    /// runtimes, its kernels compiled for cross-GPU K2K.
+    pub(crate) async fn open(
+        registry: KernelRegistry,
+        ordinal: usize,
+        group_core: Option<Arc<RuntimeCore>>,
+    ) -> Result<Self> {
         let dev = Device::open(ordinal)?;
         ensure_nvrtc()?;
         register_missing_cuda_builtins(&registry);
@@ -498,8 +538,10 @@ impl CudaRuntime {
             "CUDA {} (device {}, sm_{}{}, {} SMs)",
             i.name, i.ordinal, i.cc.0, i.cc.1, i.sm_count
         );
+        let k2k_system = group_core.is_some();
+        let core = group_core.unwrap_or_else(|| RuntimeCore::new(BackendKind::Cuda, registry));
         let inner = Arc::new(RtInner {
-            core: RuntimeCore::new(BackendKind::Cuda, registry),
+            core,
             dev,
             routes,
             modules: Mutex::new(HashMap::new()),
@@ -509,6 +551,8 @@ impl CudaRuntime {
             waker: Arc::new(PumpWaker::default()),
             stop: AtomicBool::new(false),
             desc,
+            k2k_system,
+            peer_tables: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&inner);
         let waker = inner.waker.clone();
@@ -744,6 +788,8 @@ impl CudaRuntime {
                 0
             },
             profile_capacity: prof_cap as u64,
+            peer_routes: rt.peer_tables.get().map_or(0, |(m, _)| m.ptr()),
+            peer_route_count: rt.peer_tables.get().map_or(0, |&(_, n)| n as u64),
         };
         let kernel = Arc::new(CudaEngine {
             id,
@@ -855,6 +901,39 @@ impl CudaRuntime {
 }
 
 impl CudaRuntime {
+    /// The device address of this runtime's routing table (for a multi-GPU group).
+    pub(crate) fn routes_ptr(&self) -> u64 {
+        self.inner.routes.ptr()
+    }
+
+    /// Gives this runtime's kernels the routing tables of the other GPUs of its group
+    /// (device addresses), where each kernel publishes its route entry too. Once, before
+    /// any kernel of the runtime runs.
+    pub(crate) fn set_peer_tables(&self, tables: &[u64]) -> Result<()> {
+        if !lock(&self.inner.kernels).is_empty() || self.inner.peer_tables.get().is_some() {
+            return Err(Error::invalid(
+                "peer routing tables are set once, before any kernel runs",
+            ));
+        }
+        let stream = Arc::new(self.inner.dev.new_stream()?);
+        let mem = DeviceMemory::zeroed(&stream, tables.len().max(1) * 8)?;
+        mem.write_bytes(0, bytemuck::cast_slice(tables))?;
+        self.inner
+            .peer_tables
+            .set((mem, tables.len()))
+            .map_err(|_| Error::invalid("peer routing tables are set once"))
+    }
+
+    /// Makes every kernel of this runtime exit (blocking), so no kernel of it touches
+    /// memory any more (a multi-GPU group calls this on every member before any member's
+    /// memory is freed: kernels write into each other's GPUs).
+    pub(crate) fn stop_kernels(&self) {
+        let kernels: Vec<Arc<CudaEngine>> = lock(&self.inner.kernels).clone();
+        for k in kernels {
+            k.force_exit();
+        }
+    }
+
     /// Compiles (or loads from the cache) and loads the persistent-kernel module of
     /// `handler` now, so a later `launch` does not load a module while other persistent
     /// kernels run (a module load may have to wait for running kernels on some drivers).
@@ -1870,9 +1949,17 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC"]
     fn kernel_sources_compile_with_nvrtc() {
+        // Each built-in as on one GPU and as in a multi-GPU group (system-scope K2K).
         let mut srcs: Vec<(String, String)> = builtin_handlers()
             .into_iter()
-            .map(|(name, src, _)| (name.to_string(), persistent_source(&src)))
+            .flat_map(|(name, src, _)| {
+                [false, true].map(|group| {
+                    (
+                        format!("{name}{}", if group { "-group" } else { "" }),
+                        persistent_source_for(&src, group),
+                    )
+                })
+            })
             .collect();
         srcs.push(("layout".into(), crate::layout::layout_source()));
         // Turing (the oldest architecture CUDA 13 compiles for) and Hopper.

@@ -16,6 +16,8 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod common;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn with_runtime<F, Fut>(f: F)
@@ -112,24 +114,7 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
         let s2 = rt
             .launch(STAGE, LaunchOptions::default().with_name("s2"))
             .await?;
-        let route = [s1.id(), s2.id()];
-        let t: Token = {
-            s1.send(Token::routed(1, 1.0, &route)?).await?;
-            s2.receive_timeout_as(Duration::from_secs(10)).await?
-        };
-        assert_eq!((t.hops, t.value), (2, 3.0));
-        s2.terminate().await?;
-        s1.send(Token::routed(2, 1.0, &route)?).await?;
-        let start = std::time::Instant::now();
-        while s1.metrics().dropped == 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the send to a terminated kernel was not counted"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert!(s1.try_receive::<Token>()?.is_none());
-        Ok(())
+        common::k2k_to_a_terminated_kernel_is_dropped(&s1, &s2).await
     });
 }
 

@@ -81,20 +81,21 @@ fn not_compiled(backend: BackendKind) -> Error {
     Error::unavailable(backend, not_compiled_reason(backend))
 }
 
-/// Starts the runtime of `backend` on `reg`.
+/// Starts the runtime of `backend` on `reg` (CUDA on GPU `cuda_device`).
 pub(crate) async fn start(
     backend: BackendKind,
     reg: KernelRegistry,
     adapter: WgpuAdapter,
+    cuda_device: usize,
 ) -> Result<DynRuntime> {
-    let _ = adapter; // only the wgpu backend reads it
+    let _ = (adapter, cuda_device); // only the wgpu and CUDA backends read them
     match backend {
         BackendKind::Cpu => Ok(Arc::new(
             ringkernel_cpu::CpuRuntime::with_registry(reg).await?,
         )),
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => Ok(Arc::new(
-            ringkernel_cuda::CudaRuntime::with_registry(reg).await?,
+            ringkernel_cuda::CudaRuntime::on_device(reg, cuda_device).await?,
         )),
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => {

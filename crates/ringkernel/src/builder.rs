@@ -50,6 +50,7 @@ pub struct RingKernelBuilder {
     backend: Backend,
     use_env: bool,
     k2k: bool,
+    cuda_device: usize,
     registry: KernelRegistry,
     pending: Vec<Registration>,
 }
@@ -60,6 +61,7 @@ impl Default for RingKernelBuilder {
             backend: Backend::Auto,
             use_env: true,
             k2k: true,
+            cuda_device: 0,
             registry: KernelRegistry::new(),
             pending: Vec::new(),
         }
@@ -72,6 +74,7 @@ impl fmt::Debug for RingKernelBuilder {
             .field("backend", &self.backend)
             .field("use_env", &self.use_env)
             .field("k2k", &self.k2k)
+            .field("cuda_device", &self.cuda_device)
             .field("registry", &self.registry)
             .field("pending_registrations", &self.pending.len())
             .finish()
@@ -102,6 +105,16 @@ impl RingKernelBuilder {
     /// [`Error::InvalidArgument`] and has no [`RingKernel::k2k_broker`].
     pub fn k2k(mut self, enabled: bool) -> Self {
         self.k2k = enabled;
+        self
+    }
+
+    /// The GPU a CUDA runtime runs on, by ordinal (default 0; [`Backend::Auto`] tries
+    /// this one too). A GPU that does not exist makes an explicit [`Backend::Cuda`]
+    /// fail with [`Error::InvalidArgument`] naming how many there are. For kernels on
+    /// several GPUs that message each other, see `ringkernel_cuda::CudaRuntimeGroup`
+    /// (re-exported as `ringkernel::CudaRuntimeGroup` with the `cuda` feature).
+    pub fn cuda_device(mut self, ordinal: usize) -> Self {
+        self.cuda_device = ordinal;
         self
     }
 
@@ -160,6 +173,7 @@ impl RingKernelBuilder {
             backend,
             use_env,
             k2k,
+            cuda_device,
             registry,
             pending,
         } = self;
@@ -200,13 +214,21 @@ impl RingKernelBuilder {
         let mut skipped = Vec::new();
         let (runtime, chosen) = match effective.kind() {
             Some(kind) => {
-                let rt = backends::start(kind, registry.clone(), WgpuAdapter::Any).await?;
+                let rt =
+                    backends::start(kind, registry.clone(), WgpuAdapter::Any, cuda_device).await?;
                 (rt, kind)
             }
             None => {
                 let mut found = None;
                 for kind in [BackendKind::Metal, BackendKind::Cuda, BackendKind::Wgpu] {
-                    match backends::start(kind, registry.clone(), WgpuAdapter::HardwareOnly).await {
+                    match backends::start(
+                        kind,
+                        registry.clone(),
+                        WgpuAdapter::HardwareOnly,
+                        cuda_device,
+                    )
+                    .await
+                    {
                         Ok(rt) => {
                             found = Some((rt, kind));
                             break;
@@ -224,7 +246,7 @@ impl RingKernelBuilder {
                 match found {
                     Some(f) => f,
                     None => (
-                        backends::start(BackendKind::Cpu, registry.clone(), WgpuAdapter::Any)
+                        backends::start(BackendKind::Cpu, registry.clone(), WgpuAdapter::Any, 0)
                             .await?,
                         BackendKind::Cpu,
                     ),

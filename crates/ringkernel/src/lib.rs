@@ -125,6 +125,10 @@ pub use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
 pub use ringkernel_cpu::CpuRuntime;
 #[cfg(feature = "cuda")]
 pub use ringkernel_cuda::CudaRuntime;
+/// Persistent-kernel runtimes on several GPUs whose kernels message each other on the
+/// GPU (feature `cuda`; see `ringkernel_cuda::multi_gpu`).
+#[cfg(feature = "cuda")]
+pub use ringkernel_cuda::CudaRuntimeGroup;
 #[cfg(feature = "metal")]
 pub use ringkernel_metal::MetalRuntime;
 #[cfg(feature = "wgpu")]

@@ -117,6 +117,23 @@ fn compute_devices_left_out_are_refused() {
     }
     if !backend_compiled_in(BackendKind::Cuda) {
         assert_not_compiled(BackendKind::Cuda, Device::cuda(1).unwrap_err());
+        assert_not_compiled(BackendKind::Cuda, Device::from_name("cuda:1").unwrap_err());
+    }
+}
+
+/// NCCL collectives on tensors: not compiled in without `cuda`; with it, only CUDA
+/// devices are accepted.
+#[test]
+fn collectives_need_cuda_devices() {
+    use ringkernel::compute::Collectives;
+    let r = Collectives::new(&[Device::cpu(), Device::cpu()]);
+    if backend_compiled_in(BackendKind::Cuda) {
+        match r {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("not a CUDA GPU"), "{m}"),
+            other => panic!("collectives over CPU devices: {other:?}"),
+        }
+    } else {
+        assert_not_compiled(BackendKind::Cuda, r.unwrap_err());
     }
 }
 

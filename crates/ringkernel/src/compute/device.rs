@@ -96,8 +96,10 @@ impl Device {
         Self::from_native(backends::wgpu_compute(false)?)
     }
 
-    /// The CUDA GPU `ordinal`, validated. Needs the `cuda` feature: without it,
-    /// [`Error::BackendUnavailable`] saying "not compiled in: enable feature `cuda`".
+    /// The CUDA GPU `ordinal` (any GPU of the machine), validated. A GPU that does not
+    /// exist is [`Error::InvalidArgument`] naming how many there are. Needs the `cuda`
+    /// feature: without it, [`Error::BackendUnavailable`] saying "not compiled in:
+    /// enable feature `cuda`".
     pub fn cuda(ordinal: usize) -> Result<Device> {
         Self::from_native(backends::cuda_compute(ordinal)?)
     }
@@ -118,18 +120,28 @@ impl Device {
         }
     }
 
-    /// Parses `auto`, `cpu`, `cuda`, `wgpu` or `metal` (as a `--device` flag takes) and
-    /// opens that device.
+    /// Parses `auto`, `cpu`, `cuda`, `cuda:N` (CUDA GPU `N`), `wgpu` or `metal` (as a
+    /// `--device` flag takes) and opens that device.
     ///
     /// ```
     /// let dev = ringkernel::compute::Device::from_name("cpu")?;
     /// assert_eq!(dev.kind(), ringkernel::BackendKind::Cpu);
     /// assert!(ringkernel::compute::Device::from_name("tpu").is_err());
+    /// assert!(ringkernel::compute::Device::from_name("cuda:x").is_err());
     /// # Ok::<(), ringkernel::Error>(())
     /// ```
     pub fn from_name(name: &str) -> Result<Device> {
         if name.trim().eq_ignore_ascii_case("auto") {
             return Self::auto();
+        }
+        let lower = name.trim().to_ascii_lowercase();
+        if let Some(n) = lower.strip_prefix("cuda:") {
+            let ordinal = n.parse::<usize>().map_err(|_| {
+                Error::invalid(format!(
+                    "device {name:?}: expected cuda:N with N a GPU ordinal"
+                ))
+            })?;
+            return Self::cuda(ordinal);
         }
         let kind = BackendKind::parse(name).ok_or_else(|| {
             Error::invalid(format!(

@@ -23,13 +23,18 @@
 //!
 //! Kernels of your own, written once in Rust with [`gpu_kernel`](crate::gpu_kernel),
 //! run on every device through [`Device::launch`] (see its example).
+//!
+//! Several GPUs: [`Device::cuda`] opens any CUDA GPU by ordinal (`Device::from_name("cuda:1")`
+//! too), and [`Collectives`] runs NCCL collectives on tensors of several of them.
 
+mod collective;
 mod device;
 mod kv_cache;
 mod launch;
 mod quant;
 mod tensor;
 
+pub use collective::Collectives;
 pub use device::Device;
 pub use kv_cache::{KvCache, KvView};
 pub use launch::LaunchInfo;
