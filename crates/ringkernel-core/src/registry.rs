@@ -309,6 +309,23 @@ impl KernelRegistry {
         )))
     }
 
+    /// Names of all GPU handlers (registered here and `#[ring_kernel(gpu)]` ones), sorted.
+    pub fn gpu_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .gpu
+            .read()
+            .map(|g| g.keys().cloned().collect())
+            .unwrap_or_default();
+        v.extend(
+            inventory::iter::<StaticGpuHandler>
+                .into_iter()
+                .map(|s| s.name.to_string()),
+        );
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// Names of all CPU handlers (registry and global), sorted.
     pub fn cpu_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self

@@ -91,9 +91,11 @@
 //!   context (measured on an H200, driver 580): with persistent kernels, forever. So
 //!   the backend loads modules eagerly (`CUDA_MODULE_LOADING=EAGER` unless set),
 //!   refuses to load one while persistent kernels run (an error, never a hang), and
-//!   [`CudaRuntime::preload`] loads a handler's module up front. Launch a handler that
-//!   was not preloaded only while no kernel runs; create [`CudaCompute`](crate::CudaCompute)
-//!   before launching kernels.
+//!   [`CudaRuntime::preload`] loads a handler's module up front. The first launch of a
+//!   runtime (while no persistent kernel runs) loads every GPU handler the registry
+//!   knows, `#[ring_kernel(gpu)]` ones included, so they can then be launched in any
+//!   order; launch a handler registered later, and not preloaded, only while no kernel
+//!   runs. Create [`CudaCompute`](crate::CudaCompute) before launching kernels.
 
 use crate::driver::{dev_err, ensure_nvrtc, Device, DeviceMemory, MappedMemory, Module, Stream};
 use crate::layout::{DeviceInbox, DeviceRoute, LaneTails, LaunchParams};
@@ -410,6 +412,8 @@ struct RtInner {
     /// Whether this runtime belongs to a multi-GPU group whose kernels write each
     /// other's inboxes (its kernels are compiled with system-scope K2K atomics).
     k2k_system: bool,
+    /// Whether every known handler's module was loaded before the first launch.
+    preloaded_all: AtomicBool,
     /// The other GPUs' routing tables (device addresses, in device memory of this GPU)
     /// and their count, set by [`CudaRuntimeGroup`](crate::CudaRuntimeGroup) before any
     /// kernel of the group runs.
@@ -545,6 +549,7 @@ impl CudaRuntime {
             dev,
             routes,
             modules: Mutex::new(HashMap::new()),
+            preloaded_all: AtomicBool::new(false),
             kernels: Mutex::new(Vec::new()),
             memory: Mutex::new(Vec::new()),
             pump: Mutex::new(None),
@@ -588,6 +593,7 @@ impl CudaRuntime {
         let src = h.cuda.clone().ok_or_else(|| {
             Error::KernelNotFound(format!("handler {handler:?} has no CUDA source"))
         })?;
+        self.preload_all_while_idle();
         let name = opts.name.clone().unwrap_or_else(|| handler.to_string());
         let id = rt.core.reserve(&name)?;
         match self.start_kernel(&h, &src, id, &name, &opts).await {
@@ -603,6 +609,32 @@ impl CudaRuntime {
             Err(e) => {
                 rt.core.release(&name);
                 Err(e)
+            }
+        }
+    }
+
+    /// Before the first kernel of this runtime starts (and while no persistent kernel
+    /// runs in the process, so a module load cannot wait for one), loads the module of
+    /// every GPU handler with CUDA source that the registry knows, `#[ring_kernel(gpu)]`
+    /// handlers included: kernels can then be launched in any order, a pipeline's second
+    /// stage while its first runs. A handler that fails to compile is logged and left
+    /// for its own launch to report.
+    fn preload_all_while_idle(&self) {
+        let rt = &self.inner;
+        if rt.preloaded_all.load(Ordering::Acquire)
+            || crate::driver::RUNNING_PERSISTENT_KERNELS.load(Ordering::Acquire) > 0
+        {
+            return;
+        }
+        rt.preloaded_all.store(true, Ordering::Release);
+        let registry = rt.core.registry();
+        for name in registry.gpu_names() {
+            let Ok(h) = registry.gpu(&name) else { continue };
+            let Some(src) = h.cuda.as_deref() else {
+                continue;
+            };
+            if let Err(e) = rt.module_for(&h, src) {
+                tracing::warn!(handler = %name, error = %e, "preloading a CUDA handler failed");
             }
         }
     }

@@ -622,6 +622,25 @@ fn to_word(s: ScalarType, v: &str) -> String {
     }
 }
 
+/// Word `word` of the drain template's buffer `buf`: the rings are bound as 16-byte
+/// units (`array<vec4<u32>>`) and read through the template's accessors, the state as
+/// words.
+fn ring_word(buf: &str, word: &str) -> String {
+    match buf {
+        "rk_input" => format!("rk_in({word})"),
+        "rk_output" => format!("rk_out({word})"),
+        _ => format!("{buf}[{word}]"),
+    }
+}
+
+/// The statement that stores `val` in word `word` of `buf` (see [`ring_word`]).
+fn set_ring_word(buf: &str, word: &str, val: &str) -> String {
+    match buf {
+        "rk_output" => format!("rk_out_set({word}, {val});"),
+        _ => format!("{buf}[{word}] = {val};"),
+    }
+}
+
 /// `fn rk_ld_<what>_<S>(w: u32) -> S`: the struct from the words of `buf` at word `w`.
 fn wgsl_load(what: &str, buf: &str, d: &StructDef) -> String {
     let mut s = format!(
@@ -631,12 +650,14 @@ fn wgsl_load(what: &str, buf: &str, d: &StructDef) -> String {
     for f in &d.fields {
         let at = f.offset / 4;
         let one = |elem: ScalarType, word: &str| -> String {
+            let (lo, hi) = (
+                ring_word(buf, word),
+                ring_word(buf, &format!("{word} + 1u")),
+            );
             match elem {
-                ScalarType::U64 => format!("vec2<u32>({buf}[{word}], {buf}[{word} + 1u])"),
-                ScalarType::I64 => {
-                    format!("bitcast<vec2<i32>>(vec2<u32>({buf}[{word}], {buf}[{word} + 1u]))")
-                }
-                e => word_to(e, &format!("{buf}[{word}]")),
+                ScalarType::U64 => format!("vec2<u32>({lo}, {hi})"),
+                ScalarType::I64 => format!("bitcast<vec2<i32>>(vec2<u32>({lo}, {hi}))"),
+                e => word_to(e, &lo),
             }
         };
         match f.ty {
@@ -674,14 +695,19 @@ fn wgsl_store(what: &str, buf: &str, d: &StructDef) -> String {
     for f in &d.fields {
         let at = f.offset / 4;
         let one = |elem: ScalarType, word: &str, val: &str| -> String {
+            let hi = format!("{word} + 1u");
             match elem {
-                ScalarType::U64 => {
-                    format!("{buf}[{word}] = {val}.x; {buf}[{word} + 1u] = {val}.y;")
-                }
-                ScalarType::I64 => format!(
-                    "{buf}[{word}] = bitcast<u32>({val}.x); {buf}[{word} + 1u] = bitcast<u32>({val}.y);"
+                ScalarType::U64 => format!(
+                    "{} {}",
+                    set_ring_word(buf, word, &format!("{val}.x")),
+                    set_ring_word(buf, &hi, &format!("{val}.y"))
                 ),
-                e => format!("{buf}[{word}] = {};", to_word(e, val)),
+                ScalarType::I64 => format!(
+                    "{} {}",
+                    set_ring_word(buf, word, &format!("bitcast<u32>({val}.x)")),
+                    set_ring_word(buf, &hi, &format!("bitcast<u32>({val}.y)"))
+                ),
+                e => set_ring_word(buf, word, &to_word(e, val)),
             }
         };
         match f.ty {

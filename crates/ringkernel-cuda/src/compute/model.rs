@@ -161,11 +161,12 @@ impl CudaCompute {
         let mut args: Vec<&dyn DeviceBuffer> = w.to_vec();
         args.extend([x, out]);
         needs.check(&args)?;
-        checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
+        // Buffers of another device first: the aliasing check compares identities only.
         let ptrs = args
             .iter()
             .map(|b| self.buf(*b).map(|b| b.ptr))
             .collect::<Result<Vec<_>>>()?;
+        checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
         if d.batch == 0 || d.rows == 0 {
             return Ok(());
         }
@@ -235,6 +236,10 @@ impl CudaCompute {
     ) -> Result<()> {
         let all = [qkv, positions, q, k_cache, v_cache];
         checks::rope_kv(&d)?.check(&all)?;
+        let p = all
+            .iter()
+            .map(|b| self.buf(*b).map(|b| b.ptr))
+            .collect::<Result<Vec<_>>>()?;
         for (i, o) in all.iter().enumerate().skip(2) {
             let others: Vec<&dyn DeviceBuffer> = all
                 .iter()
@@ -244,10 +249,6 @@ impl CudaCompute {
                 .collect();
             checks::distinct("rope_kv", *o, &others)?;
         }
-        let p = all
-            .iter()
-            .map(|b| self.buf(*b).map(|b| b.ptr))
-            .collect::<Result<Vec<_>>>()?;
         let threads =
             d.tokens * ((d.heads + d.kv_heads) * d.head_dim / 2 + d.kv_heads * d.head_dim);
         if threads == 0 {
@@ -295,6 +296,10 @@ impl CudaCompute {
     ) -> Result<()> {
         let all = [q, k_cache, v_cache, positions, out];
         checks::attention_kv(&d)?.check(&all)?;
+        let p = all
+            .iter()
+            .map(|b| self.buf(*b).map(|b| b.ptr))
+            .collect::<Result<Vec<_>>>()?;
         checks::distinct("attention_kv", out, &all[..4])?;
         if d.head_dim > KV_MAX_HEAD_DIM {
             return Err(Error::invalid(format!(
@@ -302,10 +307,6 @@ impl CudaCompute {
                 d.head_dim
             )));
         }
-        let p = all
-            .iter()
-            .map(|b| self.buf(*b).map(|b| b.ptr))
-            .collect::<Result<Vec<_>>>()?;
         let rows = d.tokens * d.heads;
         if rows == 0 {
             return Ok(());
