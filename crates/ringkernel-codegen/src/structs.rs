@@ -4,7 +4,7 @@
 //! CUDA C and WGSL declarations.
 
 use crate::names::Names;
-use crate::types::{parse_type, Ty};
+use crate::types::{parse_type, StructSizes, Ty};
 use crate::{ScalarType, Target};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -234,6 +234,12 @@ pub(crate) fn wgsl_storage_name(s: ScalarType) -> &'static str {
         ScalarType::U64 => "vec2<u32>",
         ScalarType::I64 => "vec2<i32>",
         other => other.wgsl_name().expect("fields have WGSL forms"),
+    }
+}
+
+impl StructSizes for Structs {
+    fn struct_size(&self, name: &str) -> Option<u32> {
+        self.get(name).map(|d| d.size)
     }
 }
 

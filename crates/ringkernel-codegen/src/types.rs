@@ -1,8 +1,15 @@
 //! The types of the subset and how they map to CUDA C and WGSL.
 
-use crate::structs::Structs;
 use crate::{ParamKind, Target};
 use syn::spanned::Spanned;
+
+/// The `GpuType` structs a translation knows, by name: their sizes in bytes (the
+/// translation's struct table implements it; types only need to know which names are
+/// structs and how large they are).
+pub(crate) trait StructSizes {
+    /// The size of struct `name`, `None` when no such struct is known.
+    fn struct_size(&self, name: &str) -> Option<u32>;
+}
 
 /// A scalar type of the subset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -211,7 +218,11 @@ pub(crate) fn f64_error(span_of: &dyn quote::ToTokens) -> syn::Error {
 
 /// Parses a type of the subset; `f64` (and anything containing it) is an error on WGSL.
 /// Struct names resolve through `structs`.
-pub(crate) fn parse_type(ty: &syn::Type, target: Target, structs: &Structs) -> syn::Result<Ty> {
+pub(crate) fn parse_type(
+    ty: &syn::Type,
+    target: Target,
+    structs: &dyn StructSizes,
+) -> syn::Result<Ty> {
     let unsupported = || {
         syn::Error::new(
             ty.span(),
@@ -242,7 +253,7 @@ pub(crate) fn parse_type(ty: &syn::Type, target: Target, structs: &Structs) -> s
             match name.as_str() {
                 "GridPos" => Ok(Ty::GridPos { dims: 2 }),
                 "GridPos3" => Ok(Ty::GridPos { dims: 3 }),
-                _ if structs.get(&name).is_some() && p.path.segments.len() == 1 => {
+                _ if structs.struct_size(&name).is_some() && p.path.segments.len() == 1 => {
                     Ok(Ty::Struct(name))
                 }
                 _ if name.starts_with(|c: char| c.is_ascii_uppercase()) => Err(syn::Error::new(
@@ -321,7 +332,11 @@ pub(crate) fn check_array_len(len: usize, span_of: &dyn quote::ToTokens) -> syn:
 }
 
 /// Element type of a slice or array: a scalar that the target can store in a buffer.
-fn element_type(ty: &syn::Type, target: Target, structs: &Structs) -> syn::Result<ScalarType> {
+fn element_type(
+    ty: &syn::Type,
+    target: Target,
+    structs: &dyn StructSizes,
+) -> syn::Result<ScalarType> {
     match parse_type(ty, target, structs)? {
         Ty::Scalar(ScalarType::Usize) => Err(syn::Error::new_spanned(
             ty,
@@ -345,7 +360,7 @@ fn element_type(ty: &syn::Type, target: Target, structs: &Structs) -> syn::Resul
 pub(crate) fn parse_param<'a>(
     arg: &'a syn::FnArg,
     target: Target,
-    structs: &Structs,
+    structs: &dyn StructSizes,
 ) -> syn::Result<(&'a syn::PatIdent, ParamKind)> {
     let syn::FnArg::Typed(pt) = arg else {
         return Err(syn::Error::new_spanned(
@@ -375,7 +390,7 @@ pub(crate) fn parse_param<'a>(
         Ty::Scalar(s) => Ok((pi, ParamKind::Scalar(s))),
         Ty::Slice { elem, mutable } => Ok((pi, ParamKind::Slice { elem, mutable })),
         Ty::Struct(name) => {
-            let size = structs.get(&name).expect("parsed").size;
+            let size = structs.struct_size(&name).expect("parsed");
             Ok((
                 pi,
                 ParamKind::Struct {
@@ -385,7 +400,7 @@ pub(crate) fn parse_param<'a>(
             ))
         }
         Ty::StructSlice { name, mutable } => {
-            let size = structs.get(&name).expect("parsed").size;
+            let size = structs.struct_size(&name).expect("parsed");
             Ok((
                 pi,
                 ParamKind::StructSlice {

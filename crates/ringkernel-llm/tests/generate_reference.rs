@@ -26,11 +26,22 @@ fn fixtures() -> Vec<(String, Vec<Prompt>)> {
         "generate_reference.txt".to_string(),
         parse(include_str!("fixtures/generate_reference.txt")),
     )];
+    // Under cargo the crate's fixtures; a test binary run by itself (the GPU bundle)
+    // looks in the checkout it runs from.
     let dirs = [
-        std::env::var("CARGO_MANIFEST_DIR").map_or_else(|_| ".".into(), |d| d + "/tests/fixtures"),
+        std::env::var("CARGO_MANIFEST_DIR")
+            .map_or_else(|_| String::new(), |d| d + "/tests/fixtures"),
         "crates/ringkernel-llm/tests/fixtures".to_string(),
     ];
-    let Some(dir) = dirs.iter().find_map(|d| std::fs::read_dir(d).ok()) else {
+    let Some(dir) = dirs
+        .iter()
+        .filter(|d| {
+            std::path::Path::new(d)
+                .join("generate_reference.txt")
+                .is_file()
+        })
+        .find_map(|d| std::fs::read_dir(d).ok())
+    else {
         return out;
     };
     let mut names: Vec<_> = dir

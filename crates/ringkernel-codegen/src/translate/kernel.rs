@@ -77,7 +77,7 @@ impl Tx {
         // Parameters.
         let mut params = Vec::new();
         for arg in &sig.inputs {
-            let (pi, kind_of) = parse_param(arg, self.target, &self.structs)?;
+            let (pi, kind_of) = parse_param(arg, self.target, &*self.structs)?;
             let ty = Ty::from(kind_of);
             let ty_span = match arg {
                 syn::FnArg::Typed(pt) => pt.ty.to_token_stream(),

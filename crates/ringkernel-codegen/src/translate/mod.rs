@@ -251,7 +251,7 @@ impl Tx {
 
     /// A type of the subset (struct names resolve through the kernel's structs).
     fn parse_ty(&self, t: &syn::Type) -> Res<Ty> {
-        parse_type(t, self.target, &self.structs)
+        parse_type(t, self.target, &*self.structs)
     }
 
     /// The definition of struct `name` (known: its type was parsed).

@@ -636,7 +636,7 @@ mod tests {
             compare_elements(&got, &want, DType::F16, 3),
             Outcome::Passed { .. }
         ));
-        got[0] ^= 0x0200_0000; // another NaN payload
+        got[0] ^= 0x0001_0000; // another NaN payload (the quiet bit stays set)
         assert!(matches!(
             compare_elements(&got, &want, DType::F16, 3),
             Outcome::Passed { .. }
