@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from a bundle staged by scripts/gpu-stage.sh (see its header):
+#   bash .gpu/env.sh bash scripts/gpu-run.sh 1    # CUDA runtime/ops, codegen, portable_handler
+#   bash .gpu/env.sh bash scripts/gpu-run.sh 2    # LLM, WaveSim, wgpu (after part 1 unpacked)
+# Every command has a time limit; its log goes to $OUT/<name>.txt and a summary to stdout.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+O=${OUT:-/tmp/gpu-run}
+mkdir -p "$O"
+T0=$(date +%s)
+r() { # r LIMIT NAME CMD...: runs CMD with a time limit, prints its summary lines
+  local lim=$1 name=$2 s rc
+  shift 2
+  s=$(date +%s)
+  timeout "$lim" "$@" >"$O/$name.txt" 2>&1
+  rc=$?
+  echo "=== $name rc=$rc $(($(date +%s) - s))s"
+  grep -E "test result|FAILED|panicked|^error" "$O/$name.txt" | head -12
+}
+for f in .gpu/tests/*.gz .gpu/bin/*.gz; do
+  [ -e "$f" ] && gunzip -f "$f" && chmod +x "${f%.gz}"
+done
+CLI=.gpu/bin/ringkernel-cli-ringkernel
+
+case "${1:-}" in
+1)
+  nvcc -O3 -arch=native -o /tmp/pingpong .gpu/pingpong.cu >/dev/null 2>&1 &
+  nvcc -O3 -arch=native -o /tmp/wave_floor .gpu/wave_floor.cu >/dev/null 2>&1 &
+  r 150 cuda-runtime .gpu/tests/ringkernel-cuda-runtime --include-ignored --test-threads 1
+  r 60 cuda-lib .gpu/tests/ringkernel_cuda --include-ignored --test-threads 1
+  r 60 cuda-smoke .gpu/tests/ringkernel-cuda-gpu_smoke --include-ignored --test-threads 1
+  r 60 cuda-ops .gpu/tests/ringkernel-cuda-ops --include-ignored
+  r 60 codegen-cuda .gpu/tests/ringkernel-codegen-cuda --include-ignored
+  for t in portable_handler gpu_struct_kernels gpu_kernel_grids; do
+    r 60 "facade-$t" ".gpu/tests/ringkernel-$t" --include-ignored --test-threads 1
+  done
+  wait
+  RINGKERNEL_CUDA_PROFILE=65536 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors
+  grep -v '^\[bench\]' "$O/cuda-bench.txt" | tail -40
+  timeout 30 /tmp/pingpong 30000 >"$O/pingpong.txt" 2>&1
+  cat "$O/pingpong.txt"
+  for b in cpu cuda wgpu; do
+    timeout 30 .gpu/bin/ringkernel-portable_handler --backend $b >"$O/ph-$b.txt" 2>"$O/ph-$b.err"
+    echo "=== portable_handler --backend $b rc=$?"
+    grep -i error "$O/ph-$b.err" | head -3
+  done
+  for b in cuda wgpu; do
+    if diff "$O/ph-cpu.txt" "$O/ph-$b.txt" >/dev/null; then
+      echo "portable_handler: $b output == cpu output ($(wc -l <"$O/ph-$b.txt") lines)"
+    else
+      echo "portable_handler: $b output DIFFERS from cpu"
+    fi
+  done
+  r 120 codegen-bench .gpu/bin/ringkernel-codegen_bench --backends cuda,wgpu --scale large --iters 200
+  tail -14 "$O/codegen-bench.txt"
+  ;;
+2)
+  dir=/tmp/ringkernel-llm
+  m=$dir/model.gguf
+  [ -f "$m" ] || { [ -f $dir/part-1 ] && [ -f $dir/part-2 ] && cat $dir/part-1 $dir/part-2 >"$m"; }
+  r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
+  if [ -f "$m" ]; then
+    export RINGKERNEL_LLM_MODEL=$m
+    r 90 hf-reference python3 scripts/llm_hf_peer.py reference --model "$m" --device cuda --out "$O/generate_reference_transformers.txt"
+    [ -s "$O/generate_reference_transformers.txt" ] && cp "$O/generate_reference_transformers.txt" crates/ringkernel-llm/tests/fixtures/
+    r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
+    r 60 llm-bench-cuda $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 5
+    tail -1 "$O/llm-bench-cuda.txt"
+    r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
+    tail -2 "$O/hf-bench.txt"
+    r 60 llm-bench-wgpu $CLI bench llm --device wgpu --model "$m" --prompt-tokens 128 --new-tokens 128 --runs 2
+    tail -1 "$O/llm-bench-wgpu.txt"
+  else
+    echo "no model in $dir: the LLM runs are skipped (calls 1 and 2 of gpu-stage.sh keep it there)"
+  fi
+  r 60 wavesim-cuda .gpu/tests/ringkernel-wavesim-cuda --include-ignored
+  r 60 wavesim-backends .gpu/tests/ringkernel-wavesim-backends --include-ignored
+  r 150 wavesim-bench $CLI wavesim bench --torch --gpu cuda,wgpu --sizes 256 512 1024 4096 --no-numpy
+  tail -34 "$O/wavesim-bench.txt"
+  [ -x /tmp/wave_floor ] && timeout 40 /tmp/wave_floor >"$O/wave-floor.txt" 2>&1 && cat "$O/wave-floor.txt"
+  r 60 wgpu-bench .gpu/bin/ringkernel-wgpu-wgpu_bench --msgs 2000000
+  tail -24 "$O/wgpu-bench.txt"
+  ;;
+*)
+  echo "usage: scripts/gpu-run.sh 1|2" >&2
+  exit 2
+  ;;
+esac
+echo "part ${1} took $(($(date +%s) - T0)) s"
