@@ -12,9 +12,9 @@ use ringkernel_llm::{bench, locate, LlmError, Message, SamplerConfig, Session};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
-/// Options shared by `generate` and `chat`.
+/// Which model file, on which device: shared by `generate`, `chat` and `bench llm`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ModelArgs {
+pub struct ModelOn {
     /// The GGUF model file (default: see `ringkernel generate --help`).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -25,6 +25,13 @@ pub struct ModelArgs {
     /// Threads of the CPU device (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// Options shared by `generate` and `chat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    pub on: ModelOn,
     /// Most tokens to generate per reply.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -87,7 +94,7 @@ impl ModelArgs {
     /// Checks the sampling options, opens the device, finds the model and loads it.
     fn open(&self) -> Result<Session, String> {
         self.sampling().validate().map_err(|e| e.to_string())?;
-        let device = open_device(self.device, self.threads)?;
+        let device = open_device(self.on.device, self.on.threads)?;
         let path = self.model_path()?;
         eprintln!("[loading {} on {device}]", path.display());
         Session::open_on(&path, self.context, &device).map_err(|e| match e {
@@ -98,7 +105,7 @@ impl ModelArgs {
 
     /// The model file: `--model`, else the documented places.
     fn model_path(&self) -> Result<PathBuf, String> {
-        Ok(match &self.model {
+        Ok(match &self.on.model {
             Some(p) if p.is_file() => p.clone(),
             Some(p) => {
                 return Err(format!(
@@ -226,15 +233,8 @@ pub fn chat(a: &ChatArgs) -> Result<(), String> {
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = MODEL_HELP)]
 pub struct LlmBenchArgs {
-    /// The GGUF model file (default: see below).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Device: cpu, cuda, wgpu, metal or auto.
-    #[arg(long, default_value = "auto", value_parser = crate::parse_backend)]
-    pub device: Backend,
-    /// Threads of the CPU device (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub on: ModelOn,
     /// Prompt length in tokens (time to first token).
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
@@ -249,9 +249,7 @@ pub struct LlmBenchArgs {
 /// Runs `ringkernel bench llm`: one line per run, then the medians.
 pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
     let margs = ModelArgs {
-        model: a.model.clone(),
-        device: a.device,
-        threads: a.threads,
+        on: a.on.clone(),
         max_tokens: a.new_tokens,
         temperature: 0.0,
         top_k: 0,

@@ -165,7 +165,7 @@ mod tests {
             panic!("not generate")
         };
         assert_eq!(g.prompt, "hi");
-        assert_eq!(g.model.device, Backend::Auto);
+        assert_eq!(g.model.on.device, Backend::Auto);
         assert_eq!(g.model.temperature, 0.0);
         assert!(Cli::try_parse_from(["ringkernel", "generate"]).is_err());
         let cli = Cli::try_parse_from([
@@ -189,7 +189,7 @@ mod tests {
             panic!("not chat")
         };
         assert_eq!((c.model.top_k, c.model.seed), (40, 3));
-        assert_eq!(c.model.device, Backend::Cpu);
+        assert_eq!(c.model.on.device, Backend::Cpu);
         assert!(Cli::try_parse_from(["ringkernel", "chat", "--device", "tpu"]).is_err());
     }
 
@@ -221,6 +221,9 @@ mod tests {
         else {
             panic!("not bench llm")
         };
-        assert_eq!((a.runs, a.prompt_tokens, a.device), (2, 128, Backend::Cpu));
+        assert_eq!(
+            (a.runs, a.prompt_tokens, a.on.device),
+            (2, 128, Backend::Cpu)
+        );
     }
 }
