@@ -611,6 +611,8 @@ impl Model {
         self.check_cache(cache, tokens)?;
         for chunk in tokens.chunks(cache.scratch.rows) {
             self.stage(cache, chunk)?;
+            // Op by op, not in one `batch`: measured on the 2-core CPU, a batched
+            // prefill of 128 tokens took ~10% longer, a decode step ~45% less.
             self.run(cache, chunk.len())?;
             cache.len += chunk.len();
         }
@@ -642,7 +644,10 @@ impl Model {
         }
         match &cache.step {
             Step::Recorded { replay, .. } => replay.replay()?,
-            _ => self.run(cache, 1)?,
+            _ => {
+                let c = &*cache;
+                self.device.backend().batch(&mut || self.run(c, 1))?
+            }
         }
         cache.len += 1;
         self.logits(cache)
