@@ -133,6 +133,9 @@ mod x86 {
             && is_x86_feature_detected!("f16c")
     }
 
+    /// How far ahead of the current block the `_512` kernels prefetch, in bytes.
+    const PREFETCH: usize = 1024;
+
     /// Whether this CPU has what the `_512` functions below need (cached by std).
     #[inline]
     pub fn available_512() -> bool {
@@ -178,6 +181,9 @@ mod x86 {
         let [a0, a1] = &mut acc;
         let [m0, m1] = &mut macc;
         for i in (0..nb / 2 * 2).step_by(2) {
+            // Rows follow each other in memory: fetch ahead into the next rows (a hint;
+            // an address past the buffer is never dereferenced).
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 20 + PREFETCH) as *const i8);
             block(i, a0, m0);
             block(i + 1, a1, m1);
         }
@@ -213,6 +219,11 @@ mod x86 {
         };
         let [a0, a1] = &mut acc;
         for i in (0..nb / 2 * 2).step_by(2) {
+            // as in `dot_q4_1_512`
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 36 + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(
+                row.as_ptr().wrapping_add(i * 36 + PREFETCH + 64) as *const i8
+            );
             block(i, a0);
             block(i + 1, a1);
         }
