@@ -651,6 +651,13 @@ pub trait ComputeBackend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Runs `ops` (several of this backend's ops, e.g. one decode step) as one batch.
+    /// The default just calls it; the CPU backend runs it on its worker pool, so the ops
+    /// inside do not each hand their work over to the pool and wait for it.
+    fn batch(&self, ops: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
+        ops()
+    }
+
     /// Device memory free for new buffers, in bytes, where the backend can tell.
     fn memory_available(&self) -> Option<u64> {
         None

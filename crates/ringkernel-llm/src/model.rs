@@ -611,6 +611,8 @@ impl Model {
         self.check_cache(cache, tokens)?;
         for chunk in tokens.chunks(cache.scratch.rows) {
             self.stage(cache, chunk)?;
+            // Op by op, not in one `batch`: measured on the 2-core CPU, a batch cut a
+            // decode step's time by ~45% but did not speed up a 128-token prefill.
             self.run(cache, chunk.len())?;
             cache.len += chunk.len();
         }
@@ -642,7 +644,10 @@ impl Model {
         }
         match &cache.step {
             Step::Recorded { replay, .. } => replay.replay()?,
-            _ => self.run(cache, 1)?,
+            _ => {
+                let c = &*cache;
+                self.device.backend().batch(&mut || self.run(c, 1))?
+            }
         }
         cache.len += 1;
         self.logits(cache)

@@ -307,6 +307,37 @@ multiversion! {
 }
 
 multiversion! {
+    /// `[w₀·x, w₁·x, w₂·x, w₃·x]` for the four rows `wⱼ = w[j·n..(j+1)·n]`, `n = x.len()`:
+    /// each the same sum, in the same order, as [`dot`], with each chunk of `x` loaded
+    /// once for the four rows.
+    fn dot4(w: &[f32], x: &[f32]) -> [f32; 4] {
+        let n = x.len();
+        let (w0, w1, w2, w3) = (&w[..n], &w[n..2 * n], &w[2 * n..3 * n], &w[3 * n..4 * n]);
+        let (mut a0, mut a1, mut a2, mut a3) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
+        fn c(r: &[f32]) -> std::slice::ChunksExact<'_, f32> {
+            r.chunks_exact(LANES)
+        }
+        for ((((xs, r0), r1), r2), r3) in c(x).zip(c(w0)).zip(c(w1)).zip(c(w2)).zip(c(w3)) {
+            for i in 0..LANES {
+                a0[i] = fmadd::<FMA>(r0[i], xs[i], a0[i]);
+                a1[i] = fmadd::<FMA>(r1[i], xs[i], a1[i]);
+                a2[i] = fmadd::<FMA>(r2[i], xs[i], a2[i]);
+                a3[i] = fmadd::<FMA>(r3[i], xs[i], a3[i]);
+            }
+        }
+        let tail = n - n % LANES;
+        let fin = |a: [f32; LANES], r: &[f32]| {
+            let mut s: f32 = a.iter().sum();
+            for (w, x) in r[tail..].iter().zip(&x[tail..]) {
+                s += w * x;
+            }
+            s
+        };
+        [fin(a0, w0), fin(a1, w1), fin(a2, w2), fin(a3, w3)]
+    }
+}
+
+multiversion! {
     /// `scores[j] = scale · q·K[j]` for the rows of `k` (row length `q.len()`).
     fn dot_rows(q: &[f32], k: &[f32], scale: f32, scores: &mut [f32]) {
         let d = q.len().max(1);
@@ -423,6 +454,23 @@ pub(crate) fn stream_copy(src: &[f32], dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot4_is_four_dots() {
+        let mut rng = ringkernel_core::util::SplitMix64::new(3);
+        for n in [1, 15, 16, 37, 576] {
+            let w = rng.vec(4 * n, -1.0, 1.0);
+            let x = rng.vec(n, -1.0, 1.0);
+            let got = dot4(&w, &x);
+            for (j, g) in got.iter().enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    dot(&w[j * n..(j + 1) * n], &x).to_bits(),
+                    "n={n}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn fast_exp_matches_f64_over_the_whole_range() {

@@ -11,6 +11,9 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::Result;
 
+/// Weight rows a batched `qmatmul` decodes and multiplies together.
+const GROUP: usize = 4;
+
 thread_local! {
     /// Per-thread decoded weight rows of a batched `qmatmul`.
     static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -219,36 +222,56 @@ impl CpuCompute {
             .chunks_exact(cols.max(1))
             .map(|xt| qdot::block_sums(format, xt))
             .collect();
-        // One row of W against every token. A single token takes the fused dot on the
-        // blocks; several share one decoding of the row (into a per-thread f32 row).
-        let row_values = |r: usize, vals: &mut [f32]| {
+        // One row of W against one token: the fused dot on the blocks.
+        let row_value = |r: usize| {
             let rows_of = |k: usize| &mats[k][r * rb..(r + 1) * rb];
-            if vals.len() == 1 {
-                let g = qdot::dot(format, rows_of(0), x, &sums[0]);
-                vals[0] = if nw == 1 {
-                    g
-                } else {
-                    let u = qdot::dot(format, rows_of(1), x, &sums[0]);
-                    g / (1.0 + (-g).exp()) * u
-                };
-                return;
+            let g = qdot::dot(format, rows_of(0), x, &sums[0]);
+            if nw == 1 {
+                g
+            } else {
+                let u = qdot::dot(format, rows_of(1), x, &sums[0]);
+                g / (1.0 + (-g).exp()) * u
             }
+        };
+        // Up to `GROUP` rows of W (from `r0`) against every token: the rows are decoded
+        // once (into a per-thread f32 buffer), and each token's slice of `x` is read once
+        // for all of them. `vals` is `[rows, batch]`.
+        let group_values = |r0: usize, vals: &mut [f32]| {
+            let g = vals.len() / batch;
             DECODED.with(|cell| {
                 let mut buf = cell.borrow_mut();
-                buf.resize(2 * cols, 0.0);
-                let (wg, wu) = buf.split_at_mut(cols);
-                qdot::decode_row(format, rows_of(0), wg);
-                if nw == 2 {
-                    qdot::decode_row(format, rows_of(1), wu);
+                buf.resize(2 * GROUP * cols, 0.0);
+                let (wg, wu) = buf.split_at_mut(GROUP * cols);
+                for j in 0..g {
+                    let (r, at) = (r0 + j, j * cols..(j + 1) * cols);
+                    qdot::decode_row(format, &mats[0][r * rb..(r + 1) * rb], &mut wg[at.clone()]);
+                    if nw == 2 {
+                        qdot::decode_row(format, &mats[1][r * rb..(r + 1) * rb], &mut wu[at]);
+                    }
                 }
-                for (t, v) in vals.iter_mut().enumerate() {
-                    let xt = &x[t * cols..(t + 1) * cols];
-                    let g = kernels::dot(wg, xt);
-                    *v = if nw == 1 {
-                        g
+                let dots = |w: &[f32], xt: &[f32]| -> [f32; GROUP] {
+                    if g == GROUP {
+                        kernels::dot4(w, xt)
                     } else {
-                        g / (1.0 + (-g).exp()) * kernels::dot(wu, xt)
-                    };
+                        let mut d = [0f32; GROUP];
+                        for (j, d) in d.iter_mut().enumerate().take(g) {
+                            *d = kernels::dot(&w[j * cols..(j + 1) * cols], xt);
+                        }
+                        d
+                    }
+                };
+                for t in 0..batch {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let gv = dots(wg, xt);
+                    let uv = if nw == 2 { dots(wu, xt) } else { [0f32; GROUP] };
+                    for j in 0..g {
+                        let a = gv[j];
+                        vals[j * batch + t] = if nw == 1 {
+                            a
+                        } else {
+                            a / (1.0 + (-a).exp()) * uv[j]
+                        };
+                    }
                 }
             })
         };
@@ -258,9 +281,8 @@ impl CpuCompute {
             if batch == 1 {
                 let each = |(i, chunk): (usize, &mut [f32])| {
                     for (k, v) in chunk.iter_mut().enumerate() {
-                        let mut val = [0f32];
-                        row_values(i * rows_per_task + k, &mut val);
-                        *v = if d.accumulate { *v + val[0] } else { val[0] };
+                        let val = row_value(i * rows_per_task + k);
+                        *v = if d.accumulate { *v + val } else { val };
                     }
                 };
                 if work < PAR_MIN {
@@ -271,9 +293,10 @@ impl CpuCompute {
             } else {
                 // [rows, batch] first, then into [batch, rows].
                 let mut tmp = vec![0f32; rows * batch];
+                let rows_per_task = rows_per_task.next_multiple_of(GROUP);
                 let each = |(i, chunk): (usize, &mut [f32])| {
-                    for (k, vals) in chunk.chunks_exact_mut(batch).enumerate() {
-                        row_values(i * rows_per_task + k, vals);
+                    for (k, vals) in chunk.chunks_mut(GROUP * batch).enumerate() {
+                        group_values(i * rows_per_task + k * GROUP, vals);
                     }
                 };
                 if work < PAR_MIN {

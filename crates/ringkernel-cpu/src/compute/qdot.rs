@@ -1,6 +1,6 @@
 //! Dot products of one stored weight row (a [`WeightFormat`] row, as bytes) with f32
-//! vectors, straight on the blocks: AVX2/FMA/F16C kernels where the CPU has them, plain
-//! loops otherwise. The same f32 arithmetic in both: `d·Σ nib·x + m·Σx` per Q4_1
+//! vectors, straight on the blocks: AVX-512 or AVX2/FMA/F16C kernels where the CPU has
+//! them, plain loops otherwise. The same f32 arithmetic in both: `d·Σ nib·x + m·Σx` per Q4_1
 //! block, `d·Σ q·x` per Q8_0 block.
 
 use ringkernel_core::compute::dtype::f16_bits_to_f32;
@@ -28,6 +28,16 @@ fn half_at(b: &[u8], i: usize) -> f32 {
 /// `row · x` with `xsum` from [`block_sums`], on the fastest kernel the CPU has.
 #[inline]
 pub(crate) fn dot(format: WeightFormat, row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available_512() {
+        match format {
+            // SAFETY: `x86::available_512()` said the CPU has AVX-512F, FMA and F16C.
+            WeightFormat::Q4_1 => return unsafe { x86::dot_q4_1_512(row, x, xsum) },
+            // SAFETY: as above.
+            WeightFormat::Q8_0 => return unsafe { x86::dot_q8_0_512(row, x) },
+            WeightFormat::F32 => {}
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if x86::available() {
         match format {
@@ -123,6 +133,106 @@ mod x86 {
             && is_x86_feature_detected!("f16c")
     }
 
+    /// How far ahead of the current block the `_512` kernels prefetch, in bytes.
+    const PREFETCH: usize = 1024;
+
+    /// Whether this CPU has what the `_512` functions below need (cached by std).
+    #[inline]
+    pub fn available_512() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// The two halves `(d, m)` at the start of block `b` (its first 4 bytes).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn halves(b: &[u8]) -> __m128 {
+        let w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        _mm_cvtph_ps(_mm_cvtsi32_si128(w as i32))
+    }
+
+    /// Q4_1 row · x with 16-lane registers, two blocks per round on independent
+    /// accumulators; the same per-block arithmetic as `dot_q4_1` (`d·Σ nib·x + m·Σx`).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub fn dot_q4_1_512(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+        let nb = x.len() / BLOCK;
+        assert!(row.len() == nb * 20 && xsum.len() == nb);
+        let mask = _mm512_set1_epi32(0x0F);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let mut macc = [_mm_setzero_ps(); 2];
+        let block = |i: usize, acc: &mut __m512, macc: &mut __m128| {
+            let b = &row[i * 20..i * 20 + 20];
+            let dm = halves(b);
+            // SAFETY: `b` has 20 bytes, 16 of them from offset 4 are read; `x` has 32
+            // floats from `i * 32` (lengths asserted above); unaligned loads.
+            let v = unsafe {
+                let q = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.as_ptr().add(4) as *const __m128i));
+                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, mask));
+                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+                let xp = x.as_ptr().add(i * BLOCK);
+                let v = _mm512_mul_ps(lo, _mm512_loadu_ps(xp));
+                _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp.add(16)), v)
+            };
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(dm)), v, *acc);
+            // m · Σx in lane 1
+            *macc = _mm_fmadd_ps(dm, _mm_set1_ps(xsum[i]), *macc);
+        };
+        let [a0, a1] = &mut acc;
+        let [m0, m1] = &mut macc;
+        for i in (0..nb / 2 * 2).step_by(2) {
+            // Rows follow each other in memory: fetch ahead into the next rows (a hint;
+            // an address past the buffer is never dereferenced).
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 20 + PREFETCH) as *const i8);
+            block(i, a0, m0);
+            block(i + 1, a1, m1);
+        }
+        if nb % 2 == 1 {
+            block(nb - 1, a0, m0);
+        }
+        let m = _mm_add_ps(*m0, *m1);
+        _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1)) + _mm_cvtss_f32(_mm_movehdup_ps(m))
+    }
+
+    /// Q8_0 row · x with 16-lane registers, two blocks per round on independent
+    /// accumulators; the same per-block arithmetic as `dot_q8_0`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub fn dot_q8_0_512(row: &[u8], x: &[f32]) -> f32 {
+        let nb = x.len() / BLOCK;
+        assert!(row.len() == nb * 36);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let block = |i: usize, acc: &mut __m512| {
+            let b = &row[i * 36..i * 36 + 36];
+            let d = half(b, 0);
+            // SAFETY: `b` has 36 bytes, 32 of them from offset 4 are read; `x` has 32
+            // floats from `i * 32` (length asserted above); unaligned loads.
+            let v = unsafe {
+                let p = b.as_ptr().add(4);
+                let f = |p: *const u8| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+                };
+                let xp = x.as_ptr().add(i * BLOCK);
+                let v = _mm512_mul_ps(f(p), _mm512_loadu_ps(xp));
+                _mm512_fmadd_ps(f(p.add(16)), _mm512_loadu_ps(xp.add(16)), v)
+            };
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), v, *acc);
+        };
+        let [a0, a1] = &mut acc;
+        for i in (0..nb / 2 * 2).step_by(2) {
+            // as in `dot_q4_1_512`
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 36 + PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(
+                row.as_ptr().wrapping_add(i * 36 + PREFETCH + 64) as *const i8
+            );
+            block(i, a0);
+            block(i + 1, a1);
+        }
+        if nb % 2 == 1 {
+            block(nb - 1, a0);
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(*a0, *a1))
+    }
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
@@ -204,13 +314,16 @@ mod tests {
     #[test]
     fn simd_and_plain_dots_agree() {
         let mut rng = SplitMix64::new(7);
-        for format in WeightFormat::ALL {
-            let x = rng.vec(576, -1.0, 1.0);
-            let w = quant::quantize(format, &rng.vec(576, -1.0, 1.0)).unwrap();
+        for (format, n) in WeightFormat::ALL
+            .into_iter()
+            .flat_map(|f| [32, 544, 576].map(|n| (f, n)))
+        {
+            let x = rng.vec(n, -1.0, 1.0);
+            let w = quant::quantize(format, &rng.vec(n, -1.0, 1.0)).unwrap();
             let bytes: &[u8] = bytemuck::cast_slice(&w);
             let s = block_sums(format, &x);
             let (a, b) = (dot(format, bytes, &x, &s), dot_plain(format, bytes, &x, &s));
-            let exact: f64 = quant::dequantize_f64(format, &w, 576)
+            let exact: f64 = quant::dequantize_f64(format, &w, n)
                 .unwrap()
                 .iter()
                 .zip(&x)
@@ -224,6 +337,18 @@ mod tests {
                 (f64::from(b) - exact).abs() < 1e-4,
                 "{format} plain {b} vs {exact}"
             );
+            #[cfg(target_arch = "x86_64")]
+            if x86::available() {
+                // SAFETY: the CPU has what the kernels need (just checked).
+                let c = unsafe {
+                    match format {
+                        WeightFormat::Q4_1 => x86::dot_q4_1(bytes, &x, &s),
+                        WeightFormat::Q8_0 => x86::dot_q8_0(bytes, &x),
+                        WeightFormat::F32 => b,
+                    }
+                };
+                assert!((f64::from(c) - exact).abs() < 1e-4, "{format} avx2 {c}");
+            }
         }
     }
 }
