@@ -290,19 +290,19 @@ fn bench_slots(c: &mut Criterion) {
     g.finish();
 }
 
-fn batches_stamped(iters: u64) -> Duration {
-    let (mut tx, mut rx) = ringkernel_core::queue::stamped::stamped_channel(SLOT_CAP, 128).unwrap();
-    let payload = [0x5Au8; 64];
+/// `iters` 64-byte messages through a ring, pushed in batches of up to 256 by `push(n)`
+/// (returns how many it took) and popped in batches by `pop(&mut sum)` (returns how
+/// many it took, folding each into `sum`), on two threads.
+fn batches(
+    iters: u64,
+    mut push: impl FnMut(usize) -> usize,
+    mut pop: impl FnMut(&mut u64) -> usize + Send + 'static,
+) -> Duration {
     two_threads(
         move || {
-            let mut b = Backoff::new();
-            let h = MessageHeader::new(1, 64);
-            let mut sent = 0u64;
+            let (mut sent, mut b) = (0u64, Backoff::new());
             while sent < iters {
-                let want = (iters - sent).min(256) as usize;
-                let n = tx
-                    .try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
-                    .unwrap();
+                let n = push((iters - sent).min(256) as usize);
                 sent += n as u64;
                 if n == 0 {
                     b.wait();
@@ -314,11 +314,7 @@ fn batches_stamped(iters: u64) -> Duration {
         move || {
             let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
             while n < iters {
-                let got = rx
-                    .try_pop_batch_with(256, |h, p| {
-                        sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
-                    })
-                    .unwrap();
+                let got = pop(&mut sum);
                 n += got as u64;
                 if got == 0 {
                     b.wait();
@@ -331,43 +327,38 @@ fn batches_stamped(iters: u64) -> Duration {
     )
 }
 
+fn batches_stamped(iters: u64) -> Duration {
+    let (mut tx, mut rx) = ringkernel_core::queue::stamped::stamped_channel(SLOT_CAP, 128).unwrap();
+    let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
+    batches(
+        iters,
+        move |want| {
+            tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
+                .unwrap()
+        },
+        move |sum| {
+            rx.try_pop_batch_with(256, |h, p| {
+                *sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+            })
+            .unwrap()
+        },
+    )
+}
+
 fn batches_plain(iters: u64) -> Duration {
     let (mut tx, mut rx) = slot::slot_channel(SLOT_CAP, 128).unwrap();
-    let payload = [0x5Au8; 64];
-    two_threads(
-        move || {
-            let mut b = Backoff::new();
-            let h = MessageHeader::new(1, 64);
-            let mut sent = 0u64;
-            while sent < iters {
-                let want = (iters - sent).min(256) as usize;
-                let n = tx
-                    .try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
-                    .unwrap();
-                sent += n as u64;
-                if n == 0 {
-                    b.wait();
-                } else {
-                    b.reset();
-                }
-            }
+    let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
+    batches(
+        iters,
+        move |want| {
+            tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
+                .unwrap()
         },
-        move || {
-            let (mut n, mut sum, mut b) = (0u64, 0u64, Backoff::new());
-            while n < iters {
-                let got = rx
-                    .try_pop_batch_with(256, |h, p| {
-                        sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
-                    })
-                    .unwrap();
-                n += got as u64;
-                if got == 0 {
-                    b.wait();
-                } else {
-                    b.reset();
-                }
-            }
-            sum
+        move |sum| {
+            rx.try_pop_batch_with(256, |h, p| {
+                *sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+            })
+            .unwrap()
         },
     )
 }

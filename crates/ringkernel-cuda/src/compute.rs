@@ -265,6 +265,13 @@ impl CudaCompute {
         Ok(self.buf(b)?.ptr)
     }
 
+    /// The device addresses of `bufs`, in order, each checked as by
+    /// [`device_ptr_of`](Self::device_ptr_of) (a foreign buffer is an error before any
+    /// other check of an op looks at the buffers' identities).
+    pub(crate) fn device_ptrs(&self, bufs: &[&dyn DeviceBuffer]) -> Result<Vec<u64>> {
+        bufs.iter().map(|b| self.device_ptr_of(*b)).collect()
+    }
+
     /// Whether two handles share one backend (one device, context and stream).
     pub(crate) fn same_backend(&self, other: &CudaCompute) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -162,10 +162,7 @@ impl CudaCompute {
         args.extend([x, out]);
         needs.check(&args)?;
         // Buffers of another device first: the aliasing check compares identities only.
-        let ptrs = args
-            .iter()
-            .map(|b| self.buf(*b).map(|b| b.ptr))
-            .collect::<Result<Vec<_>>>()?;
+        let ptrs = self.device_ptrs(&args)?;
         checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
         if d.batch == 0 || d.rows == 0 {
             return Ok(());
@@ -236,10 +233,7 @@ impl CudaCompute {
     ) -> Result<()> {
         let all = [qkv, positions, q, k_cache, v_cache];
         checks::rope_kv(&d)?.check(&all)?;
-        let p = all
-            .iter()
-            .map(|b| self.buf(*b).map(|b| b.ptr))
-            .collect::<Result<Vec<_>>>()?;
+        let p = self.device_ptrs(&all)?;
         for (i, o) in all.iter().enumerate().skip(2) {
             let others: Vec<&dyn DeviceBuffer> = all
                 .iter()
@@ -296,10 +290,7 @@ impl CudaCompute {
     ) -> Result<()> {
         let all = [q, k_cache, v_cache, positions, out];
         checks::attention_kv(&d)?.check(&all)?;
-        let p = all
-            .iter()
-            .map(|b| self.buf(*b).map(|b| b.ptr))
-            .collect::<Result<Vec<_>>>()?;
+        let p = self.device_ptrs(&all)?;
         checks::distinct("attention_kv", out, &all[..4])?;
         if d.head_dim > KV_MAX_HEAD_DIM {
             return Err(Error::invalid(format!(
