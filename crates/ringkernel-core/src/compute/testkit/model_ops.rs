@@ -171,11 +171,16 @@ impl Kit<'_> {
                 };
                 let x = self.rng.vec(batch * cols, -1.0, 1.0);
                 let init = self.rng.vec(batch * rows, -1.0, 1.0);
+                // A kernel sums in f32: its error is bounded relative to the sums of the
+                // terms' magnitudes, not to the results (a 32-term row can cancel to a
+                // result far smaller than its terms).
+                let kappa = cancellation(format, &w, &x, &init, d)
+                    .max(cancellation(format, &w2, &x, &init, d));
                 let r = reference::qmatmul(format, &w, &x, &init, d);
                 self.numeric(
                     &format!("qmatmul {format}"),
                     &size,
-                    self.tol.linear,
+                    self.tol.linear * kappa,
                     &r,
                     |k| k.run_qmatmul(format, &[&w], &x, &init, d),
                 );
@@ -183,7 +188,7 @@ impl Kit<'_> {
                 self.numeric(
                     &format!("qmatmul_swiglu {format}"),
                     &size,
-                    self.tol.linear.max(self.tol.transcendental),
+                    self.tol.linear.max(self.tol.transcendental) * kappa,
                     &r,
                     |k| k.run_qmatmul(format, &[&w, &w2], &x, &init, d),
                 );
@@ -592,6 +597,37 @@ impl Kit<'_> {
             b.attention_kv(g, g, f, g, g, kd),
         );
     }
+}
+
+/// How much smaller the results of `x · Wᵀ (+ init)` are than the sums of their terms'
+/// magnitudes (norm over norm, at least 1): the factor by which a correctly rounded f32
+/// summation's relative error can exceed that of one rounding.
+fn cancellation(format: WeightFormat, w: &[u32], x: &[f32], init: &[f32], d: QMatmulDims) -> f64 {
+    let Ok(wd) = quant::dequantize_f64(format, w, d.rows * d.cols) else {
+        return 1.0;
+    };
+    let (mut signed, mut magnitude) = (0.0f64, 0.0f64);
+    for t in 0..d.batch {
+        for r in 0..d.rows {
+            let (mut s, mut a) = (0.0f64, 0.0f64);
+            for c in 0..d.cols {
+                let p = wd[r * d.cols + c] * f64::from(x[t * d.cols + c]);
+                s += p;
+                a += p.abs();
+            }
+            if d.accumulate {
+                let i = f64::from(init[t * d.rows + r]);
+                s += i;
+                a += i.abs();
+            }
+            signed += s * s;
+            magnitude += a * a;
+        }
+    }
+    if signed == 0.0 {
+        return 1.0;
+    }
+    (magnitude / signed).sqrt().max(1.0)
 }
 
 /// Exact comparison of `n` elements stored as `ty`, NaN matching any NaN.
