@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from a bundle staged by scripts/gpu-stage.sh (see its header):
-#   bash .gpu/env.sh bash scripts/gpu-run.sh 1    # CUDA runtime/ops, codegen, portable_handler
+#   bash .gpu/env.sh bash scripts/gpu-run.sh 1    # CUDA runtime/ops, codegen, portable_handler, wgpu suites
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 2    # LLM, WaveSim, wgpu (after part 1 unpacked)
 # Every command has a time limit; its log goes to $OUT/<name>.txt and a summary to stdout.
 set -u
@@ -33,6 +33,11 @@ case "${1:-}" in
   r 60 codegen-cuda .gpu/tests/ringkernel-codegen-cuda --include-ignored
   for t in portable_handler gpu_struct_kernels gpu_kernel_grids; do
     r 60 "facade-$t" ".gpu/tests/ringkernel-$t" --include-ignored --test-threads 1
+  done
+  for n in 16 4 2; do
+    for t in compute concurrent halo_exchange runtime; do
+      r 120 "wgpu-$t-$n" ".gpu/tests/ringkernel-wgpu-$t" --include-ignored --test-threads $n
+    done
   done
   wait
   RINGKERNEL_CUDA_PROFILE=65536 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors

@@ -13,7 +13,8 @@
 #   3. carry [".gpu"],       command: bash .gpu/env.sh bash scripts/gpu-run.sh 1
 #   4. carry [],             command: bash .gpu/env.sh bash scripts/gpu-run.sh 2
 # Part 1 (about 2 minutes on an H100): CUDA tests, cuda_bench + pingpong.cu, codegen
-# tests and bench, portable_handler on every backend. Part 2 (about 3 minutes): LLM tests
+# tests and bench, portable_handler on every backend, the wgpu suites at 16, 4 and 2
+# test threads. Part 2 (about 3 minutes): LLM tests
 # and benchmarks with the transformers peer, WaveSim tests and bench with the PyTorch peer
 # and wave_floor.cu, wgpu_bench. Each writes its logs under $OUT.
 set -euo pipefail
@@ -44,6 +45,8 @@ for line in sys.stdin:
     done
 }
 cargo test --release --no-run --message-format=json -p ringkernel-codegen --test cuda | stage_json .gpu/tests
+cargo test --release --no-run --message-format=json -p ringkernel-wgpu \
+  --test compute --test concurrent --test halo_exchange --test runtime | stage_json .gpu/tests
 cargo test --release --no-run --message-format=json -p ringkernel-llm --test generate_reference --test model_synthetic | stage_json .gpu/tests
 cargo test --release --no-run --message-format=json -p ringkernel-wavesim --test cuda --test backends | stage_json .gpu/tests
 cargo test --release --no-run --message-format=json -p ringkernel --features cuda,wgpu \
