@@ -23,10 +23,10 @@
 //!
 //! ## NVLink multicast
 //!
-//! Unless `NCCL_NVLS_ENABLE` is already set, [`ensure_nccl`] sets it to `0` before
-//! NCCL starts: NVLink SHARP (multicast) stays off, as on shared machines it must (a
-//! process using it can take the host's GPUs out of service). Set
-//! `NCCL_NVLS_ENABLE=1` yourself to allow it.
+//! [`ensure_nccl`] sets `NCCL_NVLS_ENABLE=0` before NCCL starts, whatever the
+//! environment said: NVLink SHARP (multicast) stays off, as on shared machines it must (a
+//! process using it can take the host's GPUs out of service). RingKernel never calls
+//! `cuMulticastCreate` either.
 //!
 //! ## Limits
 //!
@@ -80,16 +80,17 @@ fn missing_reason(soname_loads: bool) -> String {
 }
 
 /// Checks once per process that the CUDA driver and libnccl load (and turns NVLink
-/// multicast off unless `NCCL_NVLS_ENABLE` is set, see the [module docs](self)).
+/// multicast off, see the [module docs](self)).
 /// [`Error::BackendUnavailable`] with the reason otherwise.
 pub fn ensure_nccl() -> Result<()> {
     crate::driver::ensure_driver()?;
     static STATE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     STATE
         .get_or_init(|| {
-            if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-                std::env::set_var("NCCL_NVLS_ENABLE", "0");
+            if std::env::var_os("NCCL_NVLS_ENABLE").is_some_and(|v| v != "0") {
+                tracing::warn!("NCCL_NVLS_ENABLE overridden to 0: RingKernel keeps NVLink multicast off");
             }
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
             // SAFETY: is_culib_present only tries to dlopen cudarc's candidate names.
             if unsafe { sys::is_culib_present() } {
                 return nccl::get_nccl_version()
