@@ -9,6 +9,7 @@ use ringkernel_wavesim::scene::{
     device_steps_per_sec, run_headless, CudaPath,
 };
 use ringkernel_wavesim::window::{run_window, WindowOptions};
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -103,9 +104,9 @@ pub struct BenchArgs {
     /// The peer's modes (eager: PyTorch's kernels; compile: torch.compile's fused kernel).
     #[arg(long, value_delimiter = ',', default_values_t = ["eager".to_string(), "compile".to_string()])]
     pub torch_modes: Vec<String>,
-    /// GPU backends to measure besides the CPU engine (the codegen stencil, a launch
-    /// per step): any of wgpu, cuda, metal, or `none`; unavailable ones are reported as
-    /// skipped.
+    /// GPU backends to measure besides the CPU engine (the codegen kernels: 4 and 8
+    /// steps a launch, and a launch per step): any of wgpu, cuda, metal, or `none`;
+    /// unavailable ones are reported as skipped.
     #[arg(long, value_delimiter = ',', default_values_t = ["wgpu".to_string(), "cuda".to_string()])]
     pub gpu: Vec<String>,
 }
@@ -417,9 +418,25 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
                 .print(),
                 Err(e) => println!("{:>6}  {label:>10}  failed: {e}", ""),
             };
+            for k in [4, 8, 12] {
+                let label = if k == 4 {
+                    name.clone()
+                } else {
+                    format!("{name}-k{k}")
+                };
+                gpu_row(
+                    &label,
+                    device_steps_per_sec(dev, n, secs, Some(k)),
+                    &format!(
+                        "codegen, {k} steps a launch ({}x{} tiles)",
+                        64 - 2 * k,
+                        32 - 2 * k
+                    ),
+                );
+            }
             gpu_row(
-                name,
-                device_steps_per_sec(dev, n, secs),
+                &format!("{name}-1"),
+                device_steps_per_sec(dev, n, secs, None),
                 "codegen stencil, a launch a step",
             );
             if name == "cuda" {

@@ -331,6 +331,21 @@ pub(crate) fn check_array_len(len: usize, span_of: &dyn quote::ToTokens) -> syn:
     Ok(())
 }
 
+/// Largest shared array the subset accepts (elements): 16 KiB of 4-byte elements,
+/// WebGPU's default workgroup memory (the total over a kernel's shared arrays is the
+/// device's limit, checked when the kernel compiles).
+pub(crate) const MAX_SHARED_LEN: usize = 4096;
+
+pub(crate) fn check_shared_len(len: usize, span_of: &dyn quote::ToTokens) -> syn::Result<()> {
+    if len == 0 || len > MAX_SHARED_LEN {
+        return Err(syn::Error::new_spanned(
+            span_of,
+            format!("shared arrays need 1 to {MAX_SHARED_LEN} elements"),
+        ));
+    }
+    Ok(())
+}
+
 /// Element type of a slice or array: a scalar that the target can store in a buffer.
 fn element_type(
     ty: &syn::Type,

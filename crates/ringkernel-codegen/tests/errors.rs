@@ -314,7 +314,11 @@ fn shared_memory_and_barriers() {
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32, 0>(); } },
-        "local arrays need 1 to 1024 elements",
+        "shared arrays need 1 to 4096 elements",
+    );
+    fails(
+        parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<f32, 4097>(); } },
+        "shared arrays need 1 to 4096 elements",
     );
     fails(
         parse_quote! { fn k(x: &mut [f32]) { let mut s = shared_array::<usize, 4>(); } },

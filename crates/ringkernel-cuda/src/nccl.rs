@@ -88,7 +88,9 @@ pub fn ensure_nccl() -> Result<()> {
     STATE
         .get_or_init(|| {
             if std::env::var_os("NCCL_NVLS_ENABLE").is_some_and(|v| v != "0") {
-                tracing::warn!("NCCL_NVLS_ENABLE overridden to 0: RingKernel keeps NVLink multicast off");
+                tracing::warn!(
+                    "NCCL_NVLS_ENABLE overridden to 0: RingKernel keeps NVLink multicast off"
+                );
             }
             std::env::set_var("NCCL_NVLS_ENABLE", "0");
             // SAFETY: is_culib_present only tries to dlopen cudarc's candidate names.

@@ -1,14 +1,21 @@
-//! The update written once with the codegen crate (`#[gpu_kernel(halo = 1)]`), run on
-//! any [`Device`]: CUDA (NVRTC), WebGPU (WGSL), Metal (MSL from the WGSL) and the CPU
-//! (the Rust function itself). The fields and coefficients stay on the device as
-//! [`Tensor`]s, so a run of steps copies nothing to or from the host but the sources'
-//! values (a few floats a step, and only when the grid has sources).
+//! The update written once with the codegen crate, run on any [`Device`]: CUDA (NVRTC),
+//! WebGPU (WGSL), Metal (MSL from the WGSL) and the CPU (the Rust function itself). The
+//! fields and coefficients stay on the device as [`Tensor`]s, so a run of steps copies
+//! nothing to or from the host but the sources' values (a few floats a step, and only
+//! when the grid has sources).
+//!
+//! Two kernels: [`wave_step`] (`#[gpu_kernel(halo = 1)]`, one launch a step) and
+//! [`wave_steps`], which takes up to `k` steps in one launch by temporal blocking: each
+//! block loads its tile with a halo of `k` cells into workgroup memory and steps it there,
+//! the valid region shrinking by one cell a step, so a launch reads and writes the fields
+//! once for `k` steps (less memory traffic on large grids, fewer launches on small ones).
+//! [`DeviceWave2D::run`] uses it for grids without sources.
 
 use crate::{Source, WaveGrid2D};
 use ringkernel::codegen::dsl::*;
 use ringkernel::compute::{Device, Tensor};
 use ringkernel::{args, gpu_kernel};
-use ringkernel_core::{Error, Result};
+use ringkernel_core::{BackendKind, Error, Result};
 
 /// One step of the wave update on a grid with a one-cell halo:
 /// `p ← a·(2u + c²·lap(u)) − b·p` (the older field `p` becomes the newer one).
@@ -17,6 +24,131 @@ pub fn wave_step(pos: GridPos, u: &[f32], p: &mut [f32], c2: &[f32], a: &[f32], 
     let i = pos.idx();
     let lap = pos.west(u) + pos.east(u) + pos.north(u) + pos.south(u) - 4.0 * u[i];
     p[i] = a[i] * (2.0 * u[i] + c2[i] * lap) - b[i] * p[i];
+}
+
+/// The region a block of [`wave_steps`] holds in workgroup memory: 64 × 32 cells (two
+/// fields of 2,048 floats: 16 KiB, WebGPU's default limit), a tile of
+/// `(64 − 2k) × (32 − 2k)` cells and its halo of `k`.
+pub const BLOCK_REGION: [u32; 2] = [64, 32];
+
+/// The most steps one launch of [`wave_steps`] takes (a tile of 40 × 8 cells).
+pub const MAX_STEPS_PER_LAUNCH: u32 = 12;
+
+/// `steps` (at most `k`) steps of the update for one tile, in workgroup memory: a block
+/// of 32 × 8 threads loads the 64 × 32 region around its tile of `(64 − 2k) × (32 − 2k)`
+/// cells (the current field `u` and the older `p`; outside the padded grid, zeros), step
+/// `j` updates the interior cells at least `j` cells inside the region (those whose
+/// inputs are still exact), and the tile's cells of the two newest levels go to `u_out`
+/// and `p_out`. Each thread owns the same 8 cells of the region throughout, so their
+/// coefficients stay in registers; with `uniform` non-zero the medium is the default one
+/// (`c²` = `c2u`, no damping) and the coefficient arrays are not read. The arithmetic is
+/// [`wave_step`]'s, in the same order.
+#[gpu_kernel]
+#[allow(clippy::too_many_arguments)]
+pub fn wave_steps(
+    u: &[f32],
+    p: &[f32],
+    c2: &[f32],
+    a: &[f32],
+    b: &[f32],
+    u_out: &mut [f32],
+    p_out: &mut [f32],
+    nx: i32,
+    ny: i32,
+    k: i32,
+    steps: i32,
+    uniform: i32,
+    c2u: f32,
+) {
+    // Two fields of 64 x 32 cells: [0, 2048) and [2048, 4096); `cur` is the current one's.
+    let mut s = shared_array::<f32, 4096>();
+    let tx = thread_idx_x();
+    let ty = thread_idx_y();
+    let stride = nx + 2;
+    // Padded coordinates of the region's first cell.
+    let x0 = block_idx_x() * (64 - 2 * k) + 1 - k;
+    let y0 = block_idx_y() * (32 - 2 * k) + 1 - k;
+    // Per owned cell (ex = tx + 32i, ey = ty + 8j, q = 2j + i): its distance from the
+    // region's edge (-1 outside the grid's interior: never updated) and coefficients.
+    let mut ring = [0i32; 8];
+    let mut ca = [1.0f32; 8];
+    let mut cb = [1.0f32; 8];
+    let mut cc = [0.0f32; 8];
+    for q in 0..8 {
+        let ex = tx + 32 * (q % 2);
+        let ey = ty + 8 * (q / 2);
+        let e = ey * 64 + ex;
+        let gx = x0 + ex;
+        let gy = y0 + ey;
+        let g = (gy * stride + gx) as usize;
+        if gx >= 0 && gx <= nx + 1 && gy >= 0 && gy <= ny + 1 {
+            s[e as usize] = u[g];
+            s[(2048 + e) as usize] = p[g];
+        } else {
+            s[e as usize] = 0.0;
+            s[(2048 + e) as usize] = 0.0;
+        }
+        ring[q as usize] = -1;
+        if gx >= 1 && gx <= nx && gy >= 1 && gy <= ny {
+            ring[q as usize] = ex.min(ey).min((63 - ex).min(31 - ey));
+            if uniform != 0 {
+                cc[q as usize] = c2u;
+            } else {
+                ca[q as usize] = a[g];
+                cb[q as usize] = b[g];
+                cc[q as usize] = c2[g];
+            }
+        }
+    }
+    sync_threads();
+    let mut cur = 0;
+    let mut j = 1;
+    while j <= steps {
+        let old = 2048 - cur;
+        for q in 0..8 {
+            if ring[q as usize] >= j {
+                let e = (ty + 8 * (q / 2)) * 64 + tx + 32 * (q % 2);
+                let c = s[(cur + e) as usize];
+                let lap = s[(cur + e - 1) as usize]
+                    + s[(cur + e + 1) as usize]
+                    + s[(cur + e - 64) as usize]
+                    + s[(cur + e + 64) as usize]
+                    - 4.0 * c;
+                s[(old + e) as usize] = ca[q as usize] * (2.0 * c + cc[q as usize] * lap)
+                    - cb[q as usize] * s[(old + e) as usize];
+            }
+        }
+        sync_threads();
+        cur = old;
+        j += 1;
+    }
+    // The tile: the owned cells at least k inside the region.
+    for q in 0..8 {
+        if ring[q as usize] >= k {
+            let ex = tx + 32 * (q % 2);
+            let ey = ty + 8 * (q / 2);
+            let e = ey * 64 + ex;
+            let g = ((y0 + ey) * stride + x0 + ex) as usize;
+            u_out[g] = s[(cur + e) as usize];
+            p_out[g] = s[(2048 - cur + e) as usize];
+        }
+    }
+}
+
+/// Steps per launch of [`DeviceWave2D::run_blocked`] unless set.
+pub const DEFAULT_STEPS_PER_LAUNCH: u32 = 4;
+
+/// `Some(c²)` when every interior cell of `grid` is the default medium (its speed, no
+/// damping): the blocked kernel then reads no coefficient arrays.
+fn uniform_c2(grid: &WaveGrid2D) -> Option<f32> {
+    let p = grid.params();
+    let c2 = p.c2_of(p.speed);
+    let (cc2, a, b) = grid.coefficients();
+    let s = grid.nx() + 2;
+    let all = (1..=grid.ny()).all(|y| {
+        (1..=grid.nx()).all(|x| cc2[y * s + x] == c2 && a[y * s + x] == 1.0 && b[y * s + x] == 1.0)
+    });
+    all.then_some(c2)
 }
 
 /// Adds `vals[i]` to `u[cells[i]]` for every `i < n`, a thread a cell (the cells are
@@ -113,6 +245,12 @@ pub struct DeviceWave2D {
     sources: DeviceSources,
     dt: f32,
     steps: u64,
+    /// Steps per launch of [`wave_steps`] (`k`).
+    k: u32,
+    /// `Some(c²)` when every interior cell is the default medium.
+    uniform: Option<f32>,
+    /// The blocked kernel's output fields (allocated on its first launch).
+    spare: Option<(Tensor, Tensor)>,
 }
 
 impl std::fmt::Debug for DeviceWave2D {
@@ -148,6 +286,9 @@ impl DeviceWave2D {
             sources: DeviceSources::new(grid)?,
             dt: grid.params().dt,
             steps: grid.steps(),
+            k: DEFAULT_STEPS_PER_LAUNCH,
+            uniform: uniform_c2(grid),
+            spare: None,
         })
     }
 
@@ -186,11 +327,122 @@ impl DeviceWave2D {
         Ok(())
     }
 
-    /// Advances `steps` steps.
+    /// Advances `steps` steps: on a GPU, `k` at a time with [`wave_steps`]
+    /// ([`run_blocked`](Self::run_blocked)) when the grid has no sources; otherwise a
+    /// launch a step ([`run_per_step`](Self::run_per_step); the CPU device emulates
+    /// workgroup barriers slowly, and sources are added after every step).
     pub fn run(&mut self, steps: u64) -> Result<()> {
+        if !self.sources.cells.is_empty() || self.device.kind() == BackendKind::Cpu {
+            return self.run_per_step(steps);
+        }
+        self.run_blocked(steps)
+    }
+
+    /// Advances `steps` steps, `k` at a time with [`wave_steps`].
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a grid with sources (they act after every
+    /// step); the device's errors.
+    pub fn run_blocked(&mut self, steps: u64) -> Result<()> {
+        if !self.sources.cells.is_empty() {
+            return Err(Error::invalid(
+                "run_blocked: the grid has sources, which act after every step: use run or run_per_step",
+            ));
+        }
+        let mut left = steps;
+        while left > 0 {
+            let n = left.min(self.k as u64);
+            self.launch_blocked(n as u32)?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Advances `steps` steps, one launch of [`wave_step`] each.
+    pub fn run_per_step(&mut self, steps: u64) -> Result<()> {
         for _ in 0..steps {
             self.step()?;
         }
+        Ok(())
+    }
+
+    /// Steps per launch of [`run_blocked`](Self::run_blocked).
+    pub fn steps_per_launch(&self) -> u32 {
+        self.k
+    }
+
+    /// Sets the steps per launch `k` of [`run_blocked`](Self::run_blocked): tiles of
+    /// `(64 − 2k) × (32 − 2k)` cells (the results are the same for every `k`).
+    ///
+    /// Errors: [`Error::InvalidArgument`] unless `1 <= k <=`
+    /// [`MAX_STEPS_PER_LAUNCH`].
+    pub fn set_steps_per_launch(&mut self, k: u32) -> Result<()> {
+        if !(1..=MAX_STEPS_PER_LAUNCH).contains(&k) {
+            return Err(Error::invalid(format!(
+                "steps per launch must be 1..={MAX_STEPS_PER_LAUNCH}, got {k}"
+            )));
+        }
+        self.k = k;
+        Ok(())
+    }
+
+    /// One launch of [`wave_steps`] for `n` (1..=k) steps.
+    fn launch_blocked(&mut self, n: u32) -> Result<()> {
+        let k = self.k;
+        let [rw, rh] = BLOCK_REGION;
+        let (tw, th) = (rw - 2 * k, rh - 2 * k);
+        if self.spare.is_none() {
+            // The padding ring zero (the kernel never writes it), the interior NaN: the
+            // kernel writes every interior cell, and a cell it missed would show.
+            let (nx, ny) = (self.nx, self.ny);
+            let poisoned: Vec<f32> = (0..(nx + 2) * (ny + 2))
+                .map(|k| {
+                    let (x, y) = (k % (nx + 2), k / (nx + 2));
+                    if (1..=nx).contains(&x) && (1..=ny).contains(&y) {
+                        f32::NAN
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let len = poisoned.len();
+            self.spare = Some((
+                Tensor::from_slice(&self.device, &poisoned, &[len])?,
+                Tensor::from_slice(&self.device, &poisoned, &[len])?,
+            ));
+        }
+        let (u_out, p_out) = self.spare.as_mut().expect("allocated above");
+        let grid = [
+            (self.nx as u32).div_ceil(tw),
+            (self.ny as u32).div_ceil(th),
+            1,
+        ];
+        self.device.launch(
+            &WAVE_STEPS,
+            grid,
+            [32, 8, 1],
+            &mut args![
+                &self.u,
+                &self.p,
+                &self.c2,
+                &self.a,
+                &self.b,
+                u_out,
+                p_out,
+                self.nx as i32,
+                self.ny as i32,
+                k as i32,
+                n as i32,
+                self.uniform.is_some() as i32,
+                self.uniform.unwrap_or(0.0)
+            ],
+        )?;
+        let (u_out, p_out) = self.spare.take().expect("allocated above");
+        let (u, p) = (
+            std::mem::replace(&mut self.u, u_out),
+            std::mem::replace(&mut self.p, p_out),
+        );
+        self.spare = Some((u, p));
+        self.steps += n as u64;
         Ok(())
     }
 

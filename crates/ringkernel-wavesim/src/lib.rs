@@ -39,7 +39,10 @@ mod source;
 mod tiled;
 
 pub use actors::run_tile_actors;
-pub use device::{add_sources, wave_step, DeviceWave2D, ADD_SOURCES, WAVE_STEP};
+pub use device::{
+    add_sources, wave_step, wave_steps, DeviceWave2D, ADD_SOURCES, BLOCK_REGION,
+    DEFAULT_STEPS_PER_LAUNCH, MAX_STEPS_PER_LAUNCH, WAVE_STEP, WAVE_STEPS,
+};
 pub use grid2d::{Material, WaveGrid2D};
 pub use grid3d::WaveGrid3D;
 pub use params::{cfl_limit, CflError, WaveParams};

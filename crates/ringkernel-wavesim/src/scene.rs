@@ -168,27 +168,36 @@ pub fn device_copy_bandwidth(device: &ringkernel::compute::Device, bytes: usize)
     Ok((2 * n * 4) as f64 / best)
 }
 
-/// Steps per second of [`DeviceWave2D`](crate::DeviceWave2D) (the codegen stencil, one
-/// launch per step) on `device` for an `n × n` grid of the default medium: 10 warm-up
-/// steps (compiling the kernel), then batches until `min_time` has passed, the device
-/// synchronised before the clock stops.
+/// Steps per second of [`DeviceWave2D`](crate::DeviceWave2D) (the codegen stencils) on
+/// `device` for an `n × n` grid of the default medium: a launch a step
+/// ([`run_per_step`](crate::DeviceWave2D::run_per_step)) with `k` `None`, else
+/// [`run_blocked`](crate::DeviceWave2D::run_blocked) with `k` steps a launch. 16 warm-up steps
+/// (compiling the kernel), then batches of at least 64 steps until `min_time` has
+/// passed, the device synchronised after each batch and before the clock stops.
 pub fn device_steps_per_sec(
     device: &ringkernel::compute::Device,
     n: usize,
     min_time: Duration,
+    k: Option<u32>,
 ) -> Result<f64> {
     let mut g = WaveGrid2D::new(n, n, WaveParams::default())?;
     g.add_gaussian(n as f32 / 2.0, n as f32 / 2.0, 3.0, 1.0);
     let mut d = crate::DeviceWave2D::from_grid(device, &g)?;
-    d.run(10)?;
+    if let Some(k) = k {
+        d.set_steps_per_launch(k)?;
+    }
+    let run = |d: &mut crate::DeviceWave2D, n: u64| match k {
+        Some(_) => d.run_blocked(n),
+        None => d.run_per_step(n),
+    };
+    run(&mut d, 16)?;
     device.synchronize()?;
-    let batch = ((1u64 << 24) / (n * n) as u64).clamp(1, 1000);
+    let batch = ((1u64 << 24) / (n * n) as u64).clamp(64, 1024);
     let t0 = Instant::now();
     let mut steps = 0u64;
-    while t0.elapsed() < min_time || steps < 3 {
-        let k = if steps == 0 { 1 } else { batch };
-        d.run(k)?;
-        steps += k;
+    while t0.elapsed() < min_time || steps < 3 * batch {
+        run(&mut d, batch)?;
+        steps += batch;
         device.synchronize()?;
     }
     Ok(steps as f64 / t0.elapsed().as_secs_f64())

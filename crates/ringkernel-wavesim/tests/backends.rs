@@ -4,7 +4,7 @@
 
 use ringkernel::compute::Device;
 use ringkernel_core::Error;
-use ringkernel_wavesim::{DeviceWave2D, WaveGrid2D, WaveParams};
+use ringkernel_wavesim::{DeviceWave2D, WaveGrid2D, WaveParams, MAX_STEPS_PER_LAUNCH};
 
 /// A grid of awkward size with random pulses and materials.
 fn scene() -> WaveGrid2D {
@@ -33,6 +33,15 @@ fn scene() -> WaveGrid2D {
             _ => g.set_reflector(x, y).unwrap(),
         }
     }
+    g
+}
+
+/// The scene's pulses in the default medium (the blocked kernel's uniform path).
+fn pulses() -> WaveGrid2D {
+    let s = scene();
+    let mut g = WaveGrid2D::new(s.nx(), s.ny(), s.params()).unwrap();
+    g.add_gaussian(20.0, 11.0, 2.5, 1.0);
+    g.add_gaussian(41.0, 29.0, 1.5, -0.7);
     g
 }
 
@@ -157,4 +166,109 @@ fn a_state_of_another_size_is_refused() {
         d.store_into(&mut other),
         Err(Error::ShapeMismatch(_))
     ));
+}
+
+/// Tilings of the blocked kernel give the launch-a-step result, with step counts that
+/// are not multiples of `k`, and leave both time levels right (the state continues on
+/// the CPU engine).
+fn blockings_agree(dev: &Device, ks: &[u32], runs: &[u64]) {
+    for uniform in [false, true] {
+        // The scene has materials; the uniform one only its pulses (no coefficient arrays).
+        let start = if uniform { pulses() } else { scene() };
+        blockings_agree_on(dev, &start, ks, runs);
+    }
+}
+
+fn blockings_agree_on(dev: &Device, start: &WaveGrid2D, ks: &[u32], runs: &[u64]) {
+    let start = start.clone();
+    let total: u64 = runs.iter().sum();
+    let mut reference = DeviceWave2D::from_grid(dev, &start).unwrap();
+    reference.run_per_step(total).unwrap();
+    let want_u = reference.field().unwrap();
+    let mut want = start.clone();
+    reference.store_into(&mut want).unwrap();
+    want.run(5);
+    let scale = want_u.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(scale > 1e-3, "the field must not have died out ({scale})");
+    for &b in ks {
+        let mut d = DeviceWave2D::from_grid(dev, &start).unwrap();
+        d.set_steps_per_launch(b).unwrap();
+        for &n in runs {
+            d.run_blocked(n).unwrap();
+        }
+        assert_eq!(d.steps(), start.steps() + total);
+        let got = d.field().unwrap();
+        // The kernel's output fields start NaN inside: a cell it missed stays NaN.
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{}, {b}: a cell was not written",
+            dev.kind()
+        );
+        let err = got
+            .iter()
+            .zip(&want_u)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-6 * scale,
+            "{}, {b}: max error {err} of {scale}",
+            dev.kind()
+        );
+        let mut back = start.clone();
+        d.store_into(&mut back).unwrap();
+        back.run(5);
+        let err = back
+            .field()
+            .iter()
+            .zip(want.field())
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            err <= 1e-6 * scale,
+            "{}, {b}: after store_into: {err}",
+            dev.kind()
+        );
+    }
+}
+
+/// Steps per launch (tiles of (64 - 2k) x (32 - 2k) cells), runs below and at `k`.
+const KS: [u32; 5] = [4, 1, 3, 8, MAX_STEPS_PER_LAUNCH];
+
+#[test]
+fn blocked_steps_match_single_steps_on_the_cpu_device() {
+    // The CPU device runs workgroups with emulated barriers: fewer steps here.
+    blockings_agree(&Device::cpu(), &KS[2..4], &[1, 9, 2]);
+}
+
+#[test]
+fn blocked_steps_match_single_steps_on_wgpu() {
+    on_wgpu(|d| blockings_agree(d, &KS, &[1, 50, 2, 70]));
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn blocked_steps_match_single_steps_on_cuda() {
+    blockings_agree(&Device::cuda(0).unwrap(), &KS, &[1, 50, 2, 70]);
+}
+
+#[test]
+fn blocked_runs_refuse_sources() {
+    use ringkernel_wavesim::{Signal, Source};
+    let mut g = scene();
+    g.add_source(Source::point(3, 4, Signal::Impulse { at: 1.0 }, 1.0))
+        .unwrap();
+    let mut d = DeviceWave2D::from_grid(&Device::cpu(), &g).unwrap();
+    assert!(matches!(d.run_blocked(3), Err(Error::InvalidArgument(_))));
+    assert_eq!(d.steps(), g.steps());
+}
+
+#[test]
+fn bad_steps_per_launch_are_refused() {
+    let mut d = DeviceWave2D::from_grid(&Device::cpu(), &scene()).unwrap();
+    let k = d.steps_per_launch();
+    for bad in [0, MAX_STEPS_PER_LAUNCH + 1] {
+        assert!(
+            matches!(d.set_steps_per_launch(bad), Err(Error::InvalidArgument(_))),
+            "{bad}"
+        );
+    }
+    assert_eq!(d.steps_per_launch(), k);
 }

@@ -2,7 +2,7 @@
 //! `sync_threads();`.
 
 use super::*;
-use crate::types::check_array_len;
+use crate::types::check_shared_len;
 
 /// The last path segment of a call of a dsl function named `name` (`name(..)` or
 /// `dsl::name(..)`, any prefix ending in `dsl`).
@@ -86,7 +86,7 @@ impl Tx {
             },
             _ => return err(len_expr, usage),
         };
-        check_array_len(len, len_arg)?;
+        check_shared_len(len, len_arg)?;
         let elem = match self.parse_ty(t)? {
             Ty::Scalar(ScalarType::Usize) => {
                 return err(
