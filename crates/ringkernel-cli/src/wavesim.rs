@@ -455,6 +455,11 @@ fn bench(b: &BenchArgs) -> Result<(), Error> {
                     cuda_steps_per_sec(n, secs, CudaPath::Resident),
                     "tile actors in registers, one launch",
                 );
+                gpu_row(
+                    "cuda-reg2",
+                    cuda_steps_per_sec(n, secs, CudaPath::ResidentH2),
+                    "the same, two-cell halos every two steps",
+                );
             }
         }
         if let Ok(t) = &torch {

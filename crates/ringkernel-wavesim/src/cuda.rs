@@ -35,6 +35,8 @@ pub struct CudaWave2D {
     /// across, and the halo words (2 parities × `64 + 32R` per tile); `None` when the
     /// grid needs more tiles than the device has SMs.
     resident: Option<(CudaFunction, usize, usize, BufferRef)>,
+    /// The same for the kernel exchanging two-cell halos every two steps (`R` <= 4).
+    resident_h2: Option<(CudaFunction, usize, usize, BufferRef)>,
     /// `bufs[0]` holds the older field, `bufs[1]` the current one.
     bufs: [BufferRef; 2],
     flags: BufferRef,
@@ -105,11 +107,22 @@ impl CudaWave2D {
             }
             None => None,
         };
+        let resident_h2 = match resident.as_ref().map(|r| r.1) {
+            Some(r) if r <= 4 => {
+                let f = cuda.compile_function("wavesim", SRC, &format!("wave_resident_h2_{r}"))?;
+                let (tx, ty) = (nx.div_ceil(32), ny.div_ceil(16 * r));
+                // Zeroed: no stamp matches (stamps start at 1).
+                let halo = cuda.upload(&vec![0.0f32; tx * ty * 2 * (6 * 32 + 6 * 16 * r) * 2])?;
+                Some((f, r, tx, halo))
+            }
+            _ => None,
+        };
         Ok(CudaWave2D {
             cuda,
             step_fn,
             tiles_fn,
             resident,
+            resident_h2,
             bufs,
             flags,
             nx,
@@ -242,6 +255,48 @@ impl CudaWave2D {
             ],
         )?;
         // The kernel writes the newest field back into b1, the one before into b0.
+        self.steps += steps;
+        Ok(())
+    }
+
+    /// Advances `steps` steps in one launch of the register-resident tile actors that
+    /// exchange halos of two cells once every two steps (queued): half the waits for the
+    /// neighbours of [`run_resident`](Self::run_resident), the ring of cells around each
+    /// tile computed twice. For the grids whose tiles have `R` <= 4 (32 × 64 cells).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a grid without such tiles or more than
+    /// `i32::MAX` steps.
+    pub fn run_resident_h2(&mut self, steps: u64) -> Result<()> {
+        let Some((f, r, tiles_x, halo)) = &self.resident_h2 else {
+            return Err(Error::invalid(format!(
+                "a {} x {} grid does not fit the two-cell-halo resident kernel: it needs at \
+                 most one tile of 32 x 64 cells per SM",
+                self.nx, self.ny
+            )));
+        };
+        if steps == 0 {
+            return Ok(());
+        }
+        let steps32 =
+            i32::try_from(steps).map_err(|_| Error::invalid("at most i32::MAX steps a launch"))?;
+        let tiles = tiles_x * self.ny.div_ceil(16 * r);
+        self.cuda.launch_function(
+            f,
+            [tiles as u32, 1, 1],
+            [32, 16, 1],
+            &[
+                CudaArg::Buffer(self.bufs[0].as_ref()),
+                CudaArg::Buffer(self.bufs[1].as_ref()),
+                CudaArg::Buffer(halo.as_ref()),
+                CudaArg::I32(self.nx as i32),
+                CudaArg::I32(self.ny as i32),
+                CudaArg::F32(self.c2),
+                // Stamps base + 1, base + 3, ...: above every earlier launch's.
+                CudaArg::U32(self.steps as u32),
+                CudaArg::I32(steps32),
+                CudaArg::I32(*tiles_x as i32),
+            ],
+        )?;
         self.steps += steps;
         Ok(())
     }

@@ -235,3 +235,212 @@ WAVE_RESIDENT(2)
 WAVE_RESIDENT(4)
 WAVE_RESIDENT(8)
 WAVE_RESIDENT(16)
+
+// wave_resident_h2_R: the register-resident tile actors exchanging halos of two cells,
+// once every two steps. A period of two steps: each tile publishes its outer two rows and
+// columns of u (level s) and its outer row and column of p (level s - 1), as stamped words
+// (stamp: the period's), then reads its eight neighbours' (the diagonal ones give the
+// corners); step one computes level s + 1 on the tile and on the ring of cells around it
+// (the ring needs u two cells out and p one cell out), into shared memory; step two
+// computes level s + 2 on the tile from that. One wait for the neighbours per two steps,
+// at the price of the ring's cells computed twice (by the tile and by its neighbour).
+// Two slots per tile (by the period's parity), as for wave_resident_R: a tile overwrites
+// slot q & 1 with period q + 2 only after reading its neighbours' period q + 1 words,
+// which they published after reading its period q words. A period of one step ends a run
+// of odd length.
+//
+// Slot layout per tile and parity (HALO2 words): [0, 2TW) u rows 0, 1; [2TW, 4TW) u rows
+// TH - 2, TH - 1; [4TW, 4TW + 2TH) u columns 0, 1 (row-major: y * 2 + c); then columns
+// TW - 2, TW - 1 the same way; then p: row 0 (TW), row TH - 1 (TW), column 0 (TH), column
+// TW - 1 (TH).
+
+template <int R>
+__device__ __forceinline__ void resident_h2(float* prev, float* cur, unsigned long long* halo, int nx, int ny,
+                                            float c2, unsigned base, int steps, int tiles_x) {
+  constexpr int TW = 32;
+  constexpr int TH = 16 * R;
+  constexpr int TOPU = 0, BOTU = 2 * TW, LEFTU = 4 * TW, RIGHTU = 4 * TW + 2 * TH;
+  constexpr int TOPP = 4 * TW + 4 * TH, BOTP = TOPP + TW, LEFTP = TOPP + 2 * TW, RIGHTP = LEFTP + TH;
+  constexpr int HALO2 = 6 * TW + 6 * TH;
+  constexpr int NU = 4 * TW + 4 * TH + 16;  // u words a tile reads (corners: 2 x 2 each)
+  constexpr int NP = 2 * TW + 2 * TH + 4;   // p words
+  __shared__ float su[TH + 4][TW + 4];  // level s, halo 2 (offset 2)
+  __shared__ float sp[TH + 2][TW + 2];  // level s - 1, on the ring only (offset 1)
+  __shared__ float sv[TH + 2][TW + 2];  // level s + 1, tile and ring (offset 1)
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
+  const int tile = blockIdx.x;
+  const int tiles_y = gridDim.x / tiles_x;
+  const int bx = tile % tiles_x, by = tile / tiles_x;
+  const int gx0 = bx * TW, gy0 = by * TH;  // the tile's first interior cell
+  const int x = gx0 + tx;
+  const int stride = nx + 2;
+  const bool has_l = bx > 0, has_r = bx < tiles_x - 1, has_u = by > 0, has_d = by < tiles_y - 1;
+  auto slot = [&](int dx, int dy) -> const unsigned long long* {
+    return halo + (long long)(tile + dy * tiles_x + dx) * 2 * HALO2;
+  };
+  unsigned long long* mine = halo + (long long)tile * 2 * HALO2;
+  float u[R], p[R], v[R];
+  bool in[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    int y = gy0 + ty * R + r;
+    in[r] = x < nx && y < ny;
+    int k = (y + 1) * stride + x + 1;
+    u[r] = in[r] ? cur[k] : 0.0f;
+    p[r] = in[r] ? prev[k] : 0.0f;
+  }
+  for (int i = 0; 2 * i < steps; i++) {
+    const unsigned stamp = base + 2u * (unsigned)i + 1u;
+    const int par = (i & 1) * HALO2;
+    const bool two = 2 * i + 1 < steps;
+    // Publish: u two cells deep, p one deep (only what a neighbour will read).
+    unsigned long long* out = mine + par;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int ly = ty * R + r;
+      if (ly < 2) put_ll(out + TOPU + ly * TW + tx, u[r], stamp);
+      if (ly >= TH - 2) put_ll(out + BOTU + (ly - (TH - 2)) * TW + tx, u[r], stamp);
+      if (tx < 2) put_ll(out + LEFTU + ly * 2 + tx, u[r], stamp);
+      if (tx >= TW - 2) put_ll(out + RIGHTU + ly * 2 + (tx - (TW - 2)), u[r], stamp);
+      if (ly == 0) put_ll(out + TOPP + tx, p[r], stamp);
+      if (ly == TH - 1) put_ll(out + BOTP + tx, p[r], stamp);
+      if (tx == 0) put_ll(out + LEFTP + ly, p[r], stamp);
+      if (tx == TW - 1) put_ll(out + RIGHTP + ly, p[r], stamp);
+      su[ly + 2][tx + 2] = u[r];
+    }
+    // Read: task q < NU is a u word, then NP p words; two in flight per thread.
+    for (int q0 = tid; q0 < NU + NP; q0 += 2 * 512) {
+      const unsigned long long* src[2] = {nullptr, nullptr};
+      float* dst[2] = {nullptr, nullptr};
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int q = q0 + h * 512;
+        if (q >= NU + NP) break;
+        const unsigned long long* s = nullptr;
+        float* d = nullptr;
+        if (q < 2 * TW) {  // rows -2, -1 from the tile above
+          int j = q / TW, c = q % TW;
+          d = &su[j][c + 2];
+          if (has_u) s = slot(0, -1) + par + BOTU + j * TW + c;
+        } else if ((q -= 2 * TW) < 2 * TW) {  // rows TH, TH + 1 from the tile below
+          int j = q / TW, c = q % TW;
+          d = &su[TH + 2 + j][c + 2];
+          if (has_d) s = slot(0, 1) + par + TOPU + j * TW + c;
+        } else if ((q -= 2 * TW) < 2 * TH) {  // columns -2, -1 from the left
+          int y = q / 2, c = q % 2;
+          d = &su[y + 2][c];
+          if (has_l) s = slot(-1, 0) + par + RIGHTU + y * 2 + c;
+        } else if ((q -= 2 * TH) < 2 * TH) {  // columns TW, TW + 1 from the right
+          int y = q / 2, c = q % 2;
+          d = &su[y + 2][TW + 2 + c];
+          if (has_r) s = slot(1, 0) + par + LEFTU + y * 2 + c;
+        } else if ((q -= 2 * TH) < 16) {  // the four 2 x 2 corners
+          int k = q / 4, cy = (q % 4) / 2, cx = q % 2;
+          int dx = (k & 1) ? 1 : -1, dy = (k & 2) ? 1 : -1;
+          d = &su[dy < 0 ? cy : TH + 2 + cy][dx < 0 ? cx : TW + 2 + cx];
+          if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
+            s = slot(dx, dy) + par + (dy < 0 ? BOTU : TOPU) + cy * TW + (dx < 0 ? TW - 2 + cx : cx);
+        } else if ((q -= 16) < TW) {  // p: row -1
+          d = &sp[0][q + 1];
+          if (has_u) s = slot(0, -1) + par + BOTP + q;
+        } else if ((q -= TW) < TW) {  // row TH
+          d = &sp[TH + 1][q + 1];
+          if (has_d) s = slot(0, 1) + par + TOPP + q;
+        } else if ((q -= TW) < TH) {  // column -1
+          d = &sp[q + 1][0];
+          if (has_l) s = slot(-1, 0) + par + RIGHTP + q;
+        } else if ((q -= TH) < TH) {  // column TW
+          d = &sp[q + 1][TW + 1];
+          if (has_r) s = slot(1, 0) + par + LEFTP + q;
+        } else {  // the four corner cells
+          q -= TH;
+          int dx = (q & 1) ? 1 : -1, dy = (q & 2) ? 1 : -1;
+          d = &sp[dy < 0 ? 0 : TH + 1][dx < 0 ? 0 : TW + 1];
+          if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
+            s = slot(dx, dy) + par + (dy < 0 ? BOTP : TOPP) + (dx < 0 ? TW - 1 : 0);
+        }
+        src[h] = s;
+        dst[h] = d;
+      }
+      float a = 0.0f, b = 0.0f;
+      get2_ll(src[0], src[1], stamp, a, b);
+      if (dst[0]) *dst[0] = a;
+      if (dst[1]) *dst[1] = b;
+    }
+    __syncthreads();
+    // Step one: level s + 1 on the tile (registers) and on the ring (shared memory).
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int ly = ty * R + r;
+      const float c = u[r];
+      const float lap = su[ly + 2][tx + 1] + su[ly + 2][tx + 3] + su[ly + 1][tx + 2] + su[ly + 3][tx + 2] - 4.0f * c;
+      v[r] = in[r] ? (2.0f * c + c2 * lap) - p[r] : 0.0f;
+      sv[ly + 1][tx + 1] = v[r];
+    }
+    if (two) {
+      for (int q = tid; q < 2 * TW + 2 * TH + 4; q += 512) {
+        int lx, ly;  // the ring cell, tile coordinates (-1 .. TW, -1 .. TH)
+        if (q < TW + 2) {
+          lx = q - 1;
+          ly = -1;
+        } else if (q < 2 * TW + 4) {
+          lx = q - (TW + 2) - 1;
+          ly = TH;
+        } else if (q < 2 * TW + 4 + TH) {
+          lx = -1;
+          ly = q - (2 * TW + 4);
+        } else {
+          lx = TW;
+          ly = q - (2 * TW + 4 + TH);
+        }
+        const int gx = gx0 + lx, gy = gy0 + ly;
+        float nv = 0.0f;
+        if (gx >= 0 && gx < nx && gy >= 0 && gy < ny) {
+          const float c = su[ly + 2][lx + 2];
+          const float lap = su[ly + 2][lx + 1] + su[ly + 2][lx + 3] + su[ly + 1][lx + 2] + su[ly + 3][lx + 2] - 4.0f * c;
+          nv = (2.0f * c + c2 * lap) - sp[ly + 1][lx + 1];
+        }
+        sv[ly + 1][lx + 1] = nv;
+      }
+    }
+    __syncthreads();
+    if (!two) {
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        p[r] = u[r];
+        u[r] = v[r];
+      }
+      break;
+    }
+    // Step two: level s + 2 on the tile.
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int ly = ty * R + r;
+      const float c = v[r];
+      const float lap = sv[ly + 1][tx] + sv[ly + 1][tx + 2] + sv[ly][tx + 1] + sv[ly + 2][tx + 1] - 4.0f * c;
+      const float next = in[r] ? (2.0f * c + c2 * lap) - u[r] : 0.0f;
+      p[r] = c;
+      u[r] = next;
+    }
+    // The next period writes su (read only before the barrier above) and, after its
+    // first barrier, sv (read here): no further barrier needed.
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    if (in[r]) {
+      int k = (gy0 + ty * R + r + 1) * stride + x + 1;
+      cur[k] = u[r];
+      prev[k] = p[r];
+    }
+  }
+}
+
+#define WAVE_RESIDENT_H2(R)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
+      wave_resident_h2_##R(float* prev, float* cur, unsigned long long* halo, int nx, int ny, float c2,        \
+                           unsigned base, int steps, int tiles_x) {                                            \
+    resident_h2<R>(prev, cur, halo, nx, ny, c2, base, steps, tiles_x);                                         \
+  }
+WAVE_RESIDENT_H2(1)
+WAVE_RESIDENT_H2(2)
+WAVE_RESIDENT_H2(4)

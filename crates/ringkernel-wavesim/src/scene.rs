@@ -214,6 +214,9 @@ pub enum CudaPath {
     /// [`run_resident`](crate::cuda::CudaWave2D::run_resident): tile actors with the
     /// fields in registers in one launch.
     Resident,
+    /// [`run_resident_h2`](crate::cuda::CudaWave2D::run_resident_h2): the same,
+    /// exchanging two-cell halos every two steps.
+    ResidentH2,
 }
 
 /// Steps per second of [`CudaWave2D`](crate::cuda::CudaWave2D) on device 0 for an
@@ -227,6 +230,7 @@ pub fn cuda_steps_per_sec(n: usize, min_time: Duration, path: CudaPath) -> Resul
         CudaPath::PerStep => d.run_per_step(k),
         CudaPath::Tiles => d.run_persistent(k),
         CudaPath::Resident => d.run_resident(k),
+        CudaPath::ResidentH2 => d.run_resident_h2(k),
     };
     run(&mut d, 10)?;
     d.synchronize()?;

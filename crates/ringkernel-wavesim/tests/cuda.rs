@@ -26,6 +26,18 @@ fn check(nx: usize, ny: usize, path: CudaPath) {
             d.run_resident(333).unwrap();
             d.run_resident(667).unwrap();
         }
+        CudaPath::ResidentH2 => {
+            if !matches!(d.resident_rows(), Some(r) if r <= 4) {
+                assert!(d.run_resident_h2(2).is_err());
+                eprintln!("SKIPPED: {nx}x{ny} has no two-cell-halo resident kernel");
+                return;
+            }
+            // Odd counts: a period of one step ends the first launch; the second goes on
+            // from an odd step count (its stamps from there), then a one-step launch.
+            d.run_resident_h2(333).unwrap();
+            d.run_resident_h2(666).unwrap();
+            d.run_resident_h2(1).unwrap();
+        }
     }
     d.synchronize().unwrap();
     g.run(1000);
@@ -47,8 +59,20 @@ fn check(nx: usize, ny: usize, path: CudaPath) {
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn cuda_tile_actors_and_per_step_agree_with_the_cpu() {
-    for (nx, ny) in [(256, 256), (517, 300), (1024, 1024), (40, 20)] {
-        for path in [CudaPath::Tiles, CudaPath::PerStep, CudaPath::Resident] {
+    for (nx, ny) in [
+        (256, 256),
+        (517, 300),
+        (1024, 1024),
+        (40, 20),
+        (512, 512),
+        (100, 37),
+    ] {
+        for path in [
+            CudaPath::Tiles,
+            CudaPath::PerStep,
+            CudaPath::Resident,
+            CudaPath::ResidentH2,
+        ] {
             check(nx, ny, path);
         }
     }
