@@ -289,6 +289,85 @@ __device__ __forceinline__ void resident_h2(float* prev, float* cur, unsigned lo
     u[r] = in[r] ? cur[k] : 0.0f;
     p[r] = in[r] ? prev[k] : 0.0f;
   }
+  // This thread's (at most two) words to read each period: task q < NU is a u word, then
+  // NP p words. The source is the neighbour's slot of parity 0 (null: no neighbour, the
+  // cell stays 0); the destination a shared-memory cell.
+  static_assert(NU + NP <= 2 * 512, "two read tasks per thread");
+  const unsigned long long* task_src[2] = {nullptr, nullptr};
+  float* task_dst[2] = {nullptr, nullptr};
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int q = tid + h * 512;
+    if (q >= NU + NP) break;
+    const unsigned long long* s = nullptr;
+    float* d = nullptr;
+    if (q < 2 * TW) {  // rows -2, -1 from the tile above
+      int j = q / TW, c = q % TW;
+      d = &su[j][c + 2];
+      if (has_u) s = slot(0, -1) + BOTU + j * TW + c;
+    } else if ((q -= 2 * TW) < 2 * TW) {  // rows TH, TH + 1 from the tile below
+      int j = q / TW, c = q % TW;
+      d = &su[TH + 2 + j][c + 2];
+      if (has_d) s = slot(0, 1) + TOPU + j * TW + c;
+    } else if ((q -= 2 * TW) < 2 * TH) {  // columns -2, -1 from the left
+      int y = q / 2, c = q % 2;
+      d = &su[y + 2][c];
+      if (has_l) s = slot(-1, 0) + RIGHTU + y * 2 + c;
+    } else if ((q -= 2 * TH) < 2 * TH) {  // columns TW, TW + 1 from the right
+      int y = q / 2, c = q % 2;
+      d = &su[y + 2][TW + 2 + c];
+      if (has_r) s = slot(1, 0) + LEFTU + y * 2 + c;
+    } else if ((q -= 2 * TH) < 16) {  // the four 2 x 2 corners
+      int k = q / 4, cy = (q % 4) / 2, cx = q % 2;
+      int dx = (k & 1) ? 1 : -1, dy = (k & 2) ? 1 : -1;
+      d = &su[dy < 0 ? cy : TH + 2 + cy][dx < 0 ? cx : TW + 2 + cx];
+      if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
+        s = slot(dx, dy) + (dy < 0 ? BOTU : TOPU) + cy * TW + (dx < 0 ? TW - 2 + cx : cx);
+    } else if ((q -= 16) < TW) {  // p: row -1
+      d = &sp[0][q + 1];
+      if (has_u) s = slot(0, -1) + BOTP + q;
+    } else if ((q -= TW) < TW) {  // row TH
+      d = &sp[TH + 1][q + 1];
+      if (has_d) s = slot(0, 1) + TOPP + q;
+    } else if ((q -= TW) < TH) {  // column -1
+      d = &sp[q + 1][0];
+      if (has_l) s = slot(-1, 0) + RIGHTP + q;
+    } else if ((q -= TH) < TH) {  // column TW
+      d = &sp[q + 1][TW + 1];
+      if (has_r) s = slot(1, 0) + LEFTP + q;
+    } else {  // the four corner cells
+      q -= TH;
+      int dx = (q & 1) ? 1 : -1, dy = (q & 2) ? 1 : -1;
+      d = &sp[dy < 0 ? 0 : TH + 1][dx < 0 ? 0 : TW + 1];
+      if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
+        s = slot(dx, dy) + (dy < 0 ? BOTP : TOPP) + (dx < 0 ? TW - 1 : 0);
+    }
+    task_src[h] = s;
+    task_dst[h] = d;
+  }
+  // This thread's ring cell (at most one: 2TW + 2TH + 4 <= 512), tile coordinates.
+  const int nring = 2 * TW + 2 * TH + 4;
+  static_assert(2 * TW + 2 * TH + 4 <= 512, "one ring cell per thread");
+  int rlx = 0, rly = 0;
+  bool ring_in = false;
+  if (tid < nring) {
+    const int q = tid;
+    if (q < TW + 2) {
+      rlx = q - 1;
+      rly = -1;
+    } else if (q < 2 * TW + 4) {
+      rlx = q - (TW + 2) - 1;
+      rly = TH;
+    } else if (q < 2 * TW + 4 + TH) {
+      rlx = -1;
+      rly = q - (2 * TW + 4);
+    } else {
+      rlx = TW;
+      rly = q - (2 * TW + 4 + TH);
+    }
+    const int gx = gx0 + rlx, gy = gy0 + rly;
+    ring_in = gx >= 0 && gx < nx && gy >= 0 && gy < ny;
+  }
   for (int i = 0; 2 * i < steps; i++) {
     const unsigned stamp = base + 2u * (unsigned)i + 1u;
     const int par = (i & 1) * HALO2;
@@ -308,64 +387,13 @@ __device__ __forceinline__ void resident_h2(float* prev, float* cur, unsigned lo
       if (tx == TW - 1) put_ll(out + RIGHTP + ly, p[r], stamp);
       su[ly + 2][tx + 2] = u[r];
     }
-    // Read: task q < NU is a u word, then NP p words; two in flight per thread.
-    for (int q0 = tid; q0 < NU + NP; q0 += 2 * 512) {
-      const unsigned long long* src[2] = {nullptr, nullptr};
-      float* dst[2] = {nullptr, nullptr};
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        int q = q0 + h * 512;
-        if (q >= NU + NP) break;
-        const unsigned long long* s = nullptr;
-        float* d = nullptr;
-        if (q < 2 * TW) {  // rows -2, -1 from the tile above
-          int j = q / TW, c = q % TW;
-          d = &su[j][c + 2];
-          if (has_u) s = slot(0, -1) + par + BOTU + j * TW + c;
-        } else if ((q -= 2 * TW) < 2 * TW) {  // rows TH, TH + 1 from the tile below
-          int j = q / TW, c = q % TW;
-          d = &su[TH + 2 + j][c + 2];
-          if (has_d) s = slot(0, 1) + par + TOPU + j * TW + c;
-        } else if ((q -= 2 * TW) < 2 * TH) {  // columns -2, -1 from the left
-          int y = q / 2, c = q % 2;
-          d = &su[y + 2][c];
-          if (has_l) s = slot(-1, 0) + par + RIGHTU + y * 2 + c;
-        } else if ((q -= 2 * TH) < 2 * TH) {  // columns TW, TW + 1 from the right
-          int y = q / 2, c = q % 2;
-          d = &su[y + 2][TW + 2 + c];
-          if (has_r) s = slot(1, 0) + par + LEFTU + y * 2 + c;
-        } else if ((q -= 2 * TH) < 16) {  // the four 2 x 2 corners
-          int k = q / 4, cy = (q % 4) / 2, cx = q % 2;
-          int dx = (k & 1) ? 1 : -1, dy = (k & 2) ? 1 : -1;
-          d = &su[dy < 0 ? cy : TH + 2 + cy][dx < 0 ? cx : TW + 2 + cx];
-          if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
-            s = slot(dx, dy) + par + (dy < 0 ? BOTU : TOPU) + cy * TW + (dx < 0 ? TW - 2 + cx : cx);
-        } else if ((q -= 16) < TW) {  // p: row -1
-          d = &sp[0][q + 1];
-          if (has_u) s = slot(0, -1) + par + BOTP + q;
-        } else if ((q -= TW) < TW) {  // row TH
-          d = &sp[TH + 1][q + 1];
-          if (has_d) s = slot(0, 1) + par + TOPP + q;
-        } else if ((q -= TW) < TH) {  // column -1
-          d = &sp[q + 1][0];
-          if (has_l) s = slot(-1, 0) + par + RIGHTP + q;
-        } else if ((q -= TH) < TH) {  // column TW
-          d = &sp[q + 1][TW + 1];
-          if (has_r) s = slot(1, 0) + par + LEFTP + q;
-        } else {  // the four corner cells
-          q -= TH;
-          int dx = (q & 1) ? 1 : -1, dy = (q & 2) ? 1 : -1;
-          d = &sp[dy < 0 ? 0 : TH + 1][dx < 0 ? 0 : TW + 1];
-          if ((dx < 0 ? has_l : has_r) && (dy < 0 ? has_u : has_d))
-            s = slot(dx, dy) + par + (dy < 0 ? BOTP : TOPP) + (dx < 0 ? TW - 1 : 0);
-        }
-        src[h] = s;
-        dst[h] = d;
-      }
+    // Read the neighbours' words (the tasks worked out before the loop), both in flight.
+    {
       float a = 0.0f, b = 0.0f;
-      get2_ll(src[0], src[1], stamp, a, b);
-      if (dst[0]) *dst[0] = a;
-      if (dst[1]) *dst[1] = b;
+      get2_ll(task_src[0] ? task_src[0] + par : nullptr, task_src[1] ? task_src[1] + par : nullptr, stamp, a,
+              b);
+      if (task_dst[0]) *task_dst[0] = a;
+      if (task_dst[1]) *task_dst[1] = b;
     }
     __syncthreads();
     // Step one: level s + 1 on the tile (registers) and on the ring (shared memory).
@@ -377,31 +405,15 @@ __device__ __forceinline__ void resident_h2(float* prev, float* cur, unsigned lo
       v[r] = in[r] ? (2.0f * c + c2 * lap) - p[r] : 0.0f;
       sv[ly + 1][tx + 1] = v[r];
     }
-    if (two) {
-      for (int q = tid; q < 2 * TW + 2 * TH + 4; q += 512) {
-        int lx, ly;  // the ring cell, tile coordinates (-1 .. TW, -1 .. TH)
-        if (q < TW + 2) {
-          lx = q - 1;
-          ly = -1;
-        } else if (q < 2 * TW + 4) {
-          lx = q - (TW + 2) - 1;
-          ly = TH;
-        } else if (q < 2 * TW + 4 + TH) {
-          lx = -1;
-          ly = q - (2 * TW + 4);
-        } else {
-          lx = TW;
-          ly = q - (2 * TW + 4 + TH);
-        }
-        const int gx = gx0 + lx, gy = gy0 + ly;
-        float nv = 0.0f;
-        if (gx >= 0 && gx < nx && gy >= 0 && gy < ny) {
-          const float c = su[ly + 2][lx + 2];
-          const float lap = su[ly + 2][lx + 1] + su[ly + 2][lx + 3] + su[ly + 1][lx + 2] + su[ly + 3][lx + 2] - 4.0f * c;
-          nv = (2.0f * c + c2 * lap) - sp[ly + 1][lx + 1];
-        }
-        sv[ly + 1][lx + 1] = nv;
+    if (two && tid < nring) {
+      float nv = 0.0f;
+      if (ring_in) {
+        const float c = su[rly + 2][rlx + 2];
+        const float lap =
+            su[rly + 2][rlx + 1] + su[rly + 2][rlx + 3] + su[rly + 1][rlx + 2] + su[rly + 3][rlx + 2] - 4.0f * c;
+        nv = (2.0f * c + c2 * lap) - sp[rly + 1][rlx + 1];
       }
+      sv[rly + 1][rlx + 1] = nv;
     }
     __syncthreads();
     if (!two) {
