@@ -36,6 +36,11 @@ pub const SEARCH_MAX: Duration = Duration::from_millis(2);
 /// A gap this long between two looks of a searching worker (a look takes well under a
 /// microsecond) means the OS preempted it: it stops searching and parks.
 const PREEMPTED: Duration = Duration::from_micros(30);
+/// A searching worker parks after this long while another worker is running a turn:
+/// that worker keeps what it produces on its own deque and calls for help when more
+/// than one task waits there, so spinning beside it only takes a core from the threads
+/// that feed the pool (on a 2-core machine, the host's).
+const BUSY_SEARCH: Duration = Duration::from_micros(2);
 /// A parked worker woken for work within this many search windows of parking had
 /// parked too early: the window doubles.
 const PREMATURE: u64 = 4;
@@ -545,6 +550,7 @@ impl Pool {
         let start = std::time::Instant::now();
         let mut last = Duration::ZERO;
         let mut preempted = false;
+        let mut beside_busy = false;
         let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
@@ -559,6 +565,10 @@ impl Pool {
             if spent >= window {
                 break false;
             }
+            if spent >= BUSY_SEARCH && self.another_in_turn(idx) {
+                beside_busy = true;
+                break false;
+            }
             if spent - last >= PREEMPTED {
                 // The OS took the core away in the middle of the search: the machine
                 // has more runnable threads than cores, and spinning only delays the
@@ -571,7 +581,7 @@ impl Pool {
         let spent = start.elapsed();
         self.search_ns
             .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-        if !found {
+        if !found && !beside_busy {
             let w = window.as_nanos() as u64;
             let min = SEARCH_MIN.as_nanos() as u64;
             let w = if preempted { min } else { w - w / 8 };
@@ -583,6 +593,14 @@ impl Pool {
             );
         }
         found
+    }
+
+    /// Whether a worker other than `idx` is in the middle of a turn.
+    fn another_in_turn(&self, idx: usize) -> bool {
+        self.slots[..self.high.load(Ordering::Acquire)]
+            .iter()
+            .enumerate()
+            .any(|(i, s)| i != idx && !s.turns.load(Ordering::Relaxed).is_multiple_of(2))
     }
 
     /// Whether this idle worker should exit because the pool runs more threads than it
