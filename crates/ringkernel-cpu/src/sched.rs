@@ -36,11 +36,13 @@ pub const SEARCH_MAX: Duration = Duration::from_millis(2);
 /// A gap this long between two looks of a searching worker (a look takes well under a
 /// microsecond) means the OS preempted it: it stops searching and parks.
 const PREEMPTED: Duration = Duration::from_micros(30);
-/// A searching worker parks after this long while another worker is running a turn:
-/// that worker keeps what it produces on its own deque and calls for help when more
-/// than one task waits there, so spinning beside it only takes a core from the threads
-/// that feed the pool (on a 2-core machine, the host's).
-const BUSY_SEARCH: Duration = Duration::from_micros(2);
+/// A searching worker parks once other workers have been running turns without a
+/// pause for this long: such a worker keeps what it produces on its own deque and
+/// calls for help when more than one task waits there, so spinning beside it only
+/// takes a core from the threads that feed the pool (on a 2-core machine, the host's).
+/// Workers that run short turns between pauses (a `call` round trip) do not count, so
+/// the searcher stays ready for the host's next request.
+const BUSY_SEARCH: Duration = Duration::from_micros(10);
 /// A parked worker woken for work within this many search windows of parking had
 /// parked too early: the window doubles.
 const PREMATURE: u64 = 4;
@@ -551,6 +553,8 @@ impl Pool {
         let mut last = Duration::ZERO;
         let mut preempted = false;
         let mut beside_busy = false;
+        // Since when another worker has been in a turn at every look.
+        let mut busy_since = None;
         let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
@@ -565,9 +569,14 @@ impl Pool {
             if spent >= window {
                 break false;
             }
-            if spent >= BUSY_SEARCH && self.another_in_turn(idx) {
-                beside_busy = true;
-                break false;
+            if self.another_in_turn(idx) {
+                let since = *busy_since.get_or_insert(spent);
+                if spent - since >= BUSY_SEARCH {
+                    beside_busy = true;
+                    break false;
+                }
+            } else {
+                busy_since = None;
             }
             if spent - last >= PREEMPTED {
                 // The OS took the core away in the middle of the search: the machine
