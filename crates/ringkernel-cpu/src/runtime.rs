@@ -660,6 +660,7 @@ fn spawn_kernel(
         output_capacity: opts.output_capacity,
         output_stalled: false,
         popped: false,
+        space_turns: 0,
         emitted: false,
         pooled: pool.is_some(),
         taken: 1 << priority::lane(priority::NORMAL),
@@ -1078,6 +1079,8 @@ struct Worker {
     /// Inputs were taken since the last `input_space` notification (senders waiting for
     /// room are told once per turn, not once per message: each notification is a fence).
     popped: bool,
+    /// Turns that took inputs since the last `input_space` notification.
+    space_turns: u32,
     /// Outputs were written since the last `output` notification (likewise).
     emitted: bool,
     /// Run in turns by the pool (a full output queue then ends the turn instead of
@@ -1120,6 +1123,10 @@ struct IdBlock {
 
 /// Message ids reserved at a time.
 const ID_BLOCK: u64 = 256;
+
+/// Senders waiting for input room are told at the latest after this many turns that
+/// took inputs, however full the lanes still are (see [`Worker::notify_events`]).
+const SPACE_EVERY: u32 = 8;
 
 /// How many times a turn looks again for a message whose slot a producer has claimed
 /// but not written yet, before it ends.
@@ -1594,6 +1601,14 @@ impl Worker {
             })
     }
 
+    /// Whether no lane this worker reads holds more than half its capacity.
+    fn lanes_at_most_half(&self) -> bool {
+        self.rx
+            .iter()
+            .flatten()
+            .all(|rx| rx.len() <= rx.capacity() / 2)
+    }
+
     /// The lanes looked empty: whether a producer claimed a slot meanwhile (its
     /// message may not be written yet). Pairs with the claim and the look at the
     /// previous slot in [`SlotSender::try_push_wake`]: either the producer saw the
@@ -1653,9 +1668,20 @@ impl Worker {
     }
 
     /// Tells waiting senders and receivers about the room and the outputs of this turn.
+    /// Senders waiting for input room are told once no lane is more than half full (a
+    /// sender that filled a lane then refills half of it per wake-up, not one turn's
+    /// worth: on the 2-core machine the host's sender was woken, an OS wake-up each,
+    /// after every 64-message turn of a pipeline's first stage), or at the latest after
+    /// [`SPACE_EVERY`] turns that took inputs (other producers may keep a lane above
+    /// half).
     fn notify_events(&mut self) {
-        if std::mem::take(&mut self.popped) {
-            self.shared.events.input_space.notify(usize::MAX);
+        if self.popped {
+            self.space_turns += 1;
+            if self.space_turns >= SPACE_EVERY || self.lanes_at_most_half() {
+                self.popped = false;
+                self.space_turns = 0;
+                self.shared.events.input_space.notify(usize::MAX);
+            }
         }
         if std::mem::take(&mut self.emitted) {
             self.shared.events.output.notify(usize::MAX);
