@@ -185,6 +185,18 @@ pub fn system_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The packed timestamp after `top` (the latest issued or seen) at physical time `pt`:
+/// `(pt, 0)` once `pt` passed `top`'s physical part, else `top` with its counter
+/// bumped.
+#[inline(always)]
+fn next_after(top: u64, pt: u64) -> u64 {
+    if pt > top >> LOGICAL_BITS {
+        HlcTimestamp::new(pt, 0).time
+    } else {
+        top.wrapping_add(1)
+    }
+}
+
 /// A hybrid logical clock with a node id.
 pub struct HlcClock {
     state: AtomicU64,
@@ -329,13 +341,10 @@ impl HlcClock {
     /// ```
     #[inline]
     pub fn tick_at_exclusive(&self, physical_ms: u64) -> HlcTimestamp {
-        let pt = physical_ms & MAX_PHYSICAL_MS;
-        let old = self.state.load(Ordering::Acquire);
-        let new = if pt <= old >> LOGICAL_BITS {
-            old.wrapping_add(1)
-        } else {
-            HlcTimestamp::new(pt, 0).time
-        };
+        let new = next_after(
+            self.state.load(Ordering::Acquire),
+            physical_ms & MAX_PHYSICAL_MS,
+        );
         self.state.store(new, Ordering::Release);
         self.stamp(new)
     }
@@ -357,6 +366,16 @@ impl HlcClock {
         remote: &HlcTimestamp,
         physical_ms: u64,
     ) -> Result<HlcTimestamp> {
+        let pt = self.check_drift(remote, physical_ms)?;
+        let new = next_after(self.state.load(Ordering::Acquire).max(remote.time), pt);
+        self.state.store(new, Ordering::Release);
+        Ok(self.stamp(new))
+    }
+
+    /// `physical_ms` masked to the clock's range, or [`Error::ClockDrift`] if `remote`
+    /// is more than the maximum drift ahead of it.
+    #[inline(always)]
+    fn check_drift(&self, remote: &HlcTimestamp, physical_ms: u64) -> Result<u64> {
         let pt = physical_ms & MAX_PHYSICAL_MS;
         let lm = remote.physical_ms();
         if lm > pt.saturating_add(self.max_drift_ms) {
@@ -365,14 +384,7 @@ impl HlcClock {
                 max_drift_ms: self.max_drift_ms,
             });
         }
-        let top = self.state.load(Ordering::Acquire).max(remote.time);
-        let new = if pt > top >> LOGICAL_BITS {
-            HlcTimestamp::new(pt, 0).time
-        } else {
-            top.wrapping_add(1)
-        };
-        self.state.store(new, Ordering::Release);
-        Ok(self.stamp(new))
+        Ok(pt)
     }
 
     /// Reserves `n` consecutive timestamps (`n ≥ 1`) and returns the first: the batch is
@@ -424,22 +436,10 @@ impl HlcClock {
     /// ```
     #[inline]
     pub fn update_at(&self, remote: &HlcTimestamp, physical_ms: u64) -> Result<HlcTimestamp> {
-        let pt = physical_ms & MAX_PHYSICAL_MS;
-        let lm = remote.physical_ms();
-        if lm > pt.saturating_add(self.max_drift_ms) {
-            return Err(Error::ClockDrift {
-                drift_ms: lm - pt,
-                max_drift_ms: self.max_drift_ms,
-            });
-        }
+        let pt = self.check_drift(remote, physical_ms)?;
         let mut old = self.state.load(Ordering::Relaxed);
         loop {
-            let top = old.max(remote.time);
-            let new = if pt > top >> LOGICAL_BITS {
-                HlcTimestamp::new(pt, 0).time
-            } else {
-                top.wrapping_add(1)
-            };
+            let new = next_after(old.max(remote.time), pt);
             match self
                 .state
                 .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed)
