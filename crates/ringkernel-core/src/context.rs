@@ -51,6 +51,14 @@ pub trait TurnRouter {
     /// A physical time for this kernel's clock ([`HlcClock::tick_at`]): a reading of
     /// the clock's physical source taken at most one turn ago.
     fn physical_ms(&mut self) -> u64;
+    /// A send event on the kernel's clock `hlc` (the timestamp of an outgoing
+    /// message). By default [`HlcClock::tick_at`] with [`physical_ms`](Self::physical_ms);
+    /// a router whose worker is the only thread advancing the clock during the turn may
+    /// use [`HlcClock::tick_at_exclusive`] instead.
+    #[inline]
+    fn tick(&mut self, hlc: &HlcClock) -> HlcTimestamp {
+        hlc.tick_at(self.physical_ms())
+    }
     /// As [`MessageRouter::deliver`].
     fn deliver(
         &mut self,
@@ -168,7 +176,7 @@ impl<'a> KernelContext<'a> {
         let mut h = MessageHeader::new(M::TYPE_ID, size);
         let (id, ts) = match &mut self.core {
             Route::Shared(r) => (r.next_message_id(), self.hlc.tick()),
-            Route::Turn(r) => (r.next_message_id(), self.hlc.tick_at(r.physical_ms())),
+            Route::Turn(r) => (r.next_message_id(), r.tick(self.hlc)),
         };
         h.message_id = id;
         h.correlation_id = self.request.correlation_id;

@@ -185,6 +185,18 @@ pub fn system_clock_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The packed timestamp after `top` (the latest issued or seen) at physical time `pt`:
+/// `(pt, 0)` once `pt` passed `top`'s physical part, else `top` with its counter
+/// bumped.
+#[inline(always)]
+fn next_after(top: u64, pt: u64) -> u64 {
+    if pt > top >> LOGICAL_BITS {
+        HlcTimestamp::new(pt, 0).time
+    } else {
+        top.wrapping_add(1)
+    }
+}
+
 /// A hybrid logical clock with a node id.
 pub struct HlcClock {
     state: AtomicU64,
@@ -310,6 +322,71 @@ impl HlcClock {
         }
     }
 
+    /// [`tick_at`](Self::tick_at) for a clock that one thread at a time advances (a
+    /// kernel's clock, ticked and updated only by the worker running the kernel's
+    /// turn): a load and a store instead of a read-modify-write, which on x86 is a
+    /// locked instruction that also waits for the thread's earlier stores (a message
+    /// just copied into a queue) to leave its store buffer. Same result as `tick_at`.
+    /// Readers ([`peek`](Self::peek)) may run at any time. If another thread ticks or
+    /// updates the clock at the same moment, two events may get the same timestamp:
+    /// use [`tick_at`](Self::tick_at) wherever that can happen.
+    ///
+    /// ```
+    /// use ringkernel_core::hlc::HlcClock;
+    /// let c = HlcClock::new(1);
+    /// let pt = c.physical_ms();
+    /// let a = c.tick_at_exclusive(pt);
+    /// let b = c.tick_at(pt);
+    /// assert!(b > a && c.tick_at_exclusive(pt) > b);
+    /// ```
+    #[inline]
+    pub fn tick_at_exclusive(&self, physical_ms: u64) -> HlcTimestamp {
+        let new = next_after(
+            self.state.load(Ordering::Acquire),
+            physical_ms & MAX_PHYSICAL_MS,
+        );
+        self.state.store(new, Ordering::Release);
+        self.stamp(new)
+    }
+
+    /// [`update_at`](Self::update_at) for a clock that one thread at a time advances;
+    /// see [`tick_at_exclusive`](Self::tick_at_exclusive). Same result and the same
+    /// drift check as `update_at`.
+    ///
+    /// ```
+    /// use ringkernel_core::hlc::HlcClock;
+    /// let (a, b) = (HlcClock::new(1), HlcClock::new(2));
+    /// let sent = a.tick();
+    /// let got = b.update_at_exclusive(&sent, b.physical_ms()).unwrap();
+    /// assert!(got > sent && b.tick() > got);
+    /// ```
+    #[inline]
+    pub fn update_at_exclusive(
+        &self,
+        remote: &HlcTimestamp,
+        physical_ms: u64,
+    ) -> Result<HlcTimestamp> {
+        let pt = self.check_drift(remote, physical_ms)?;
+        let new = next_after(self.state.load(Ordering::Acquire).max(remote.time), pt);
+        self.state.store(new, Ordering::Release);
+        Ok(self.stamp(new))
+    }
+
+    /// `physical_ms` masked to the clock's range, or [`Error::ClockDrift`] if `remote`
+    /// is more than the maximum drift ahead of it.
+    #[inline(always)]
+    fn check_drift(&self, remote: &HlcTimestamp, physical_ms: u64) -> Result<u64> {
+        let pt = physical_ms & MAX_PHYSICAL_MS;
+        let lm = remote.physical_ms();
+        if lm > pt.saturating_add(self.max_drift_ms) {
+            return Err(Error::ClockDrift {
+                drift_ms: lm - pt,
+                max_drift_ms: self.max_drift_ms,
+            });
+        }
+        Ok(pt)
+    }
+
     /// Reserves `n` consecutive timestamps (`n ≥ 1`) and returns the first: the batch is
     /// `first, first + 1, …, first + n − 1` (as packed values, so a counter overflow
     /// carries into the physical part), all greater than every timestamp issued before,
@@ -359,22 +436,10 @@ impl HlcClock {
     /// ```
     #[inline]
     pub fn update_at(&self, remote: &HlcTimestamp, physical_ms: u64) -> Result<HlcTimestamp> {
-        let pt = physical_ms & MAX_PHYSICAL_MS;
-        let lm = remote.physical_ms();
-        if lm > pt.saturating_add(self.max_drift_ms) {
-            return Err(Error::ClockDrift {
-                drift_ms: lm - pt,
-                max_drift_ms: self.max_drift_ms,
-            });
-        }
+        let pt = self.check_drift(remote, physical_ms)?;
         let mut old = self.state.load(Ordering::Relaxed);
         loop {
-            let top = old.max(remote.time);
-            let new = if pt > top >> LOGICAL_BITS {
-                HlcTimestamp::new(pt, 0).time
-            } else {
-                top.wrapping_add(1)
-            };
+            let new = next_after(old.max(remote.time), pt);
             match self
                 .state
                 .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed)
@@ -435,6 +500,33 @@ mod tests {
             ours <= std_ms + 1 && std_ms - ours < 50,
             "{ours} vs {std_ms}"
         );
+    }
+
+    /// The single-writer versions give exactly what the read-modify-write ones give,
+    /// for any mix of sends and receives, physical times that stall or jump, and
+    /// remote stamps ahead of or behind the clock.
+    #[test]
+    fn exclusive_ticks_and_updates_match_the_atomic_ones() {
+        let (a, b) = (HlcClock::new(5), HlcClock::new(5));
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut pt = 1_000u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pt += x % 3; // stalls most of the time, sometimes moves on
+            if x.is_multiple_of(5) {
+                let remote = HlcTimestamp::new(pt + (x >> 8) % 4 - 1, (x >> 16) as u32 % 8); // pt - 1 ..= pt + 2
+                let (ra, rb) = (a.update_at(&remote, pt), b.update_at_exclusive(&remote, pt));
+                assert_eq!(ra.ok(), rb.ok());
+            } else {
+                assert_eq!(a.tick_at(pt), b.tick_at_exclusive(pt));
+            }
+        }
+        // A remote stamp beyond the drift is refused the same way, the clock unchanged.
+        let far = HlcTimestamp::new(pt + 10 * DEFAULT_MAX_DRIFT_MS, 0);
+        assert!(b.update_at_exclusive(&far, pt).is_err());
+        assert_eq!(a.peek(), b.peek());
     }
 
     #[test]

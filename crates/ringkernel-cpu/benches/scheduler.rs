@@ -769,11 +769,14 @@ fn main() {
             let r = pipeline_ours_batched(&ks, n).await;
             let (s1, c1) = (rt.scheduler_stats(), cpu_ns());
             println!(
-                "pooled pipeline, batching host: {:.3} M tokens/s; CPU per token: pool workers {:.0} ns, host threads {:.0} ns; {:.1} messages per turn",
+                "pooled pipeline, batching host: {:.3} M tokens/s; CPU per token: pool workers {:.0} ns (idle workers spinning for work {:.0} ns, wall time), host threads {:.0} ns; {:.1} messages per turn; {:.1} wake-ups per 1,000 tokens; {} extra workers started",
                 r / 1e6,
                 (c1.0 - c0.0) as f64 / n as f64,
+                (s1.search_time - s0.search_time).as_nanos() as f64 / n as f64,
                 (c1.1 - c0.1) as f64 / n as f64,
-                3.0 * n as f64 / (s1.turns - s0.turns).max(1) as f64
+                3.0 * n as f64 / (s1.turns - s0.turns).max(1) as f64,
+                1e3 * (s1.wakeups - s0.wakeups) as f64 / n as f64,
+                s1.extra_started - s0.extra_started
             );
         }
         if want("pipeline") {

@@ -86,7 +86,7 @@ use ringkernel_core::backend::BackendKind;
 use ringkernel_core::builtin;
 use ringkernel_core::context::{KernelContext, OutputSink, TurnRouter};
 use ringkernel_core::error::{Error, Result};
-use ringkernel_core::hlc::HlcClock;
+use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
 use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
@@ -660,6 +660,7 @@ fn spawn_kernel(
         output_capacity: opts.output_capacity,
         output_stalled: false,
         popped: false,
+        space_turns: 0,
         emitted: false,
         pooled: pool.is_some(),
         taken: 1 << priority::lane(priority::NORMAL),
@@ -841,11 +842,22 @@ impl KernelEngine for CpuEngine {
         let lane = priority::lane(header.priority());
         let pushed = check_payload_fits(payload.len(), self.slot_size)
             .and_then(|()| s.lanes.sender(lane))
-            .and_then(|tx| tx.try_push(header, payload));
+            .and_then(|tx| tx.try_push_wake(header, payload));
         match pushed {
-            Ok(()) => {
-                // `received` is read off the lanes (`Lanes::accepted`).
-                self.kick();
+            // `received` is read off the lanes (`Lanes::accepted`).
+            Ok(wake) => {
+                match &self.kick {
+                    // Behind an unread message a pooled kernel needs no new turn: the
+                    // turn that reads that one reads this one too, or sees it claimed
+                    // before it goes idle (`Worker::turn`'s last look). A dedicated
+                    // thread is woken as before.
+                    Kick::Task(t) => {
+                        if wake {
+                            t.schedule();
+                        }
+                    }
+                    Kick::Thread => self.wake_if_sleeping(),
+                }
                 Ok(())
             }
             Err(e) => Err(self.push_error(e)),
@@ -1067,6 +1079,8 @@ struct Worker {
     /// Inputs were taken since the last `input_space` notification (senders waiting for
     /// room are told once per turn, not once per message: each notification is a fence).
     popped: bool,
+    /// Turns that took inputs since the last `input_space` notification.
+    space_turns: u32,
     /// Outputs were written since the last `output` notification (likewise).
     emitted: bool,
     /// Run in turns by the pool (a full output queue then ends the turn instead of
@@ -1109,6 +1123,14 @@ struct IdBlock {
 
 /// Message ids reserved at a time.
 const ID_BLOCK: u64 = 256;
+
+/// Senders waiting for input room are told at the latest after this many turns that
+/// took inputs, however full the lanes still are (see [`Worker::notify_events`]).
+const SPACE_EVERY: u32 = 8;
+
+/// How many times a turn looks again for a message whose slot a producer has claimed
+/// but not written yet, before it ends.
+const IN_FLIGHT_WAITS: u32 = 64;
 
 /// Destination kernels a turn keeps after looking them up.
 const ROUTES: usize = 4;
@@ -1186,6 +1208,14 @@ impl TurnRouter for Router<'_> {
             Some(pt) => pt,
             None => self.refresh_physical_ms(),
         }
+    }
+
+    /// The kernel's clock is only advanced by the thread running the kernel's turn
+    /// (its handler's context hands out `&` to it for the call only, and a turn runs
+    /// on one thread at a time): no read-modify-write needed.
+    #[inline]
+    fn tick(&mut self, hlc: &HlcClock) -> HlcTimestamp {
+        hlc.tick_at_exclusive(self.physical_ms())
     }
 
     fn deliver(
@@ -1414,11 +1444,24 @@ impl Worker {
                     },
                 );
                 let mut n = 0;
+                let mut drained = false;
+                let mut waits = 0;
                 while n < budget
                     && shared.state.get() == LifecycleState::Active
                     && !(self.pooled && !self.tx.has_room() && self.wait_for_output())
-                    && self.pop_into(&mut env)
                 {
+                    if !self.pop_into(&mut env) {
+                        // A producer that claimed the next slot is writing it right now
+                        // (a stream from another core): wait a moment for it instead of
+                        // ending the turn.
+                        if waits < IN_FLIGHT_WAITS && self.has_input() {
+                            waits += 1;
+                            std::hint::spin_loop();
+                            continue;
+                        }
+                        drained = true;
+                        break;
+                    }
                     self.handle_one(&mut router, &env);
                     n += 1;
                 }
@@ -1427,6 +1470,10 @@ impl Worker {
                 self.flush_counts();
                 self.notify_events();
                 if n == budget {
+                    Turn::More
+                } else if drained && self.claimed_meanwhile() {
+                    // A message is being written behind the last one read, and its
+                    // producer skipped the wake-up (`CpuEngine::try_enqueue`): run again.
                     Turn::More
                 } else {
                     Turn::Idle
@@ -1554,6 +1601,24 @@ impl Worker {
             })
     }
 
+    /// Whether no lane this worker reads holds more than half its capacity.
+    fn lanes_at_most_half(&self) -> bool {
+        self.rx
+            .iter()
+            .flatten()
+            .all(|rx| rx.len() <= rx.capacity() / 2)
+    }
+
+    /// The lanes looked empty: whether a producer claimed a slot meanwhile (its
+    /// message may not be written yet). Pairs with the claim and the look at the
+    /// previous slot in [`SlotSender::try_push_wake`]: either the producer saw the
+    /// message before its own still unread and skipped the wake-up, and then this sees
+    /// its claim, or it saw everything read and wakes the kernel itself.
+    fn claimed_meanwhile(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.has_input()
+    }
+
     /// Whether there is something to react to, having last seen `observed`.
     fn has_work(&self, observed: LifecycleState) -> bool {
         self.shared.detached.load(Ordering::Relaxed)
@@ -1603,9 +1668,20 @@ impl Worker {
     }
 
     /// Tells waiting senders and receivers about the room and the outputs of this turn.
+    /// Senders waiting for input room are told once no lane is more than half full (a
+    /// sender that filled a lane then refills half of it per wake-up, not one turn's
+    /// worth: on the 2-core machine the host's sender was woken, an OS wake-up each,
+    /// after every 64-message turn of a pipeline's first stage), or at the latest after
+    /// [`SPACE_EVERY`] turns that took inputs (other producers may keep a lane above
+    /// half).
     fn notify_events(&mut self) {
-        if std::mem::take(&mut self.popped) {
-            self.shared.events.input_space.notify(usize::MAX);
+        if self.popped {
+            self.space_turns += 1;
+            if self.space_turns >= SPACE_EVERY || self.lanes_at_most_half() {
+                self.popped = false;
+                self.space_turns = 0;
+                self.shared.events.input_space.notify(usize::MAX);
+            }
         }
         if std::mem::take(&mut self.emitted) {
             self.shared.events.output.notify(usize::MAX);
@@ -1622,10 +1698,15 @@ impl Worker {
         let remote = request.hlc();
         // The turn's clock reading; an old reading only makes the drift check
         // stricter, so a refusal is checked again against a fresh one.
+        // Only this thread advances the kernel's clock during the turn (see
+        // `Router::tick`).
         let merged = s
             .hlc
-            .update_at(&remote, router.physical_ms())
-            .or_else(|_| s.hlc.update_at(&remote, router.refresh_physical_ms()));
+            .update_at_exclusive(&remote, router.physical_ms())
+            .or_else(|_| {
+                s.hlc
+                    .update_at_exclusive(&remote, router.refresh_physical_ms())
+            });
         match merged {
             Ok(ts) => request.set_hlc(ts),
             Err(e) => {

@@ -36,6 +36,13 @@ pub const SEARCH_MAX: Duration = Duration::from_millis(2);
 /// A gap this long between two looks of a searching worker (a look takes well under a
 /// microsecond) means the OS preempted it: it stops searching and parks.
 const PREEMPTED: Duration = Duration::from_micros(30);
+/// A searching worker parks once other workers have been running turns without a
+/// pause for this long: such a worker keeps what it produces on its own deque and
+/// calls for help when more than one task waits there, so spinning beside it only
+/// takes a core from the threads that feed the pool (on a 2-core machine, the host's).
+/// Workers that run short turns between pauses (a `call` round trip) do not count, so
+/// the searcher stays ready for the host's next request.
+const BUSY_SEARCH: Duration = Duration::from_micros(10);
 /// A parked worker woken for work within this many search windows of parking had
 /// parked too early: the window doubles.
 const PREMATURE: u64 = 4;
@@ -545,6 +552,9 @@ impl Pool {
         let start = std::time::Instant::now();
         let mut last = Duration::ZERO;
         let mut preempted = false;
+        let mut beside_busy = false;
+        // Since when another worker has been in a turn at every look.
+        let mut busy_since = None;
         let found = loop {
             for _ in 0..32 {
                 if self.has_queued() || self.shutdown.load(Ordering::Relaxed) {
@@ -559,6 +569,15 @@ impl Pool {
             if spent >= window {
                 break false;
             }
+            if self.another_in_turn(idx) {
+                let since = *busy_since.get_or_insert(spent);
+                if spent - since >= BUSY_SEARCH {
+                    beside_busy = true;
+                    break false;
+                }
+            } else {
+                busy_since = None;
+            }
             if spent - last >= PREEMPTED {
                 // The OS took the core away in the middle of the search: the machine
                 // has more runnable threads than cores, and spinning only delays the
@@ -571,7 +590,7 @@ impl Pool {
         let spent = start.elapsed();
         self.search_ns
             .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-        if !found {
+        if !found && !beside_busy {
             let w = window.as_nanos() as u64;
             let min = SEARCH_MIN.as_nanos() as u64;
             let w = if preempted { min } else { w - w / 8 };
@@ -583,6 +602,14 @@ impl Pool {
             );
         }
         found
+    }
+
+    /// Whether a worker other than `idx` is in the middle of a turn.
+    fn another_in_turn(&self, idx: usize) -> bool {
+        self.slots[..self.high.load(Ordering::Acquire)]
+            .iter()
+            .enumerate()
+            .any(|(i, s)| i != idx && !s.turns.load(Ordering::Relaxed).is_multiple_of(2))
     }
 
     /// Whether this idle worker should exit because the pool runs more threads than it

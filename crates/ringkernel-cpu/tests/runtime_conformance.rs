@@ -631,7 +631,16 @@ async fn sends_racing_terminate_are_answered_or_refused() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Terminate mid-stream: once the kernel is under way (a fixed sleep was too long
+    // once the kernel handled 40,000 echoes in under 5 ms).
+    let start = std::time::Instant::now();
+    while k.metrics().processed < 1_000 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the senders made no progress"
+        );
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
     let report = k.terminate().await.unwrap();
     let accepted: u64 = senders.into_iter().map(|s| s.join().unwrap()).sum();
     assert!(

@@ -826,6 +826,31 @@ impl SlotSender {
     /// As [`SlotProducer::try_push`], callable from any number of threads. Once the
     /// receiver has [closed](SlotReceiver::close) the ring: [`Error::KernelTerminated`].
     pub fn try_push(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        self.try_push_wake(header, payload).map(|_| ())
+    }
+
+    /// As [`try_push`](Self::try_push), and tells whether the receiver needs a wake-up
+    /// for this message: `Ok(false)` only when the message before it (position − 1)
+    /// was still waiting, unread, when this one was claimed. The receiver then reads
+    /// that one first and, after it, either this one, or (if it looks again before this
+    /// one is written) sees this claim: a receiver that checks
+    /// [`is_empty`](SlotReceiver::is_empty) after a `SeqCst` fence before it goes idle
+    /// cannot miss it. A producer that skips the wake-up on `false` saves a
+    /// read-modify-write per message while a batch flows into a busy receiver.
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::slot::mpsc_slot_channel;
+    ///
+    /// let (tx, mut rx) = mpsc_slot_channel(4, 128).unwrap();
+    /// let h = MessageHeader::new(1, 0);
+    /// assert!(tx.try_push_wake(&h, b"").unwrap()); // into an empty ring: wake
+    /// assert!(!tx.try_push_wake(&h, b"").unwrap()); // behind an unread one: no need
+    /// rx.try_pop().unwrap();
+    /// rx.try_pop().unwrap();
+    /// assert!(tx.try_push_wake(&h, b"").unwrap()); // everything read again: wake
+    /// ```
+    pub fn try_push_wake(&self, header: &MessageHeader, payload: &[u8]) -> Result<bool> {
         let s = &*self.shared;
         check_payload_fits(payload.len(), s.slot_size)?;
         let mut pos = s.tail.0.load(Ordering::Relaxed);
@@ -838,10 +863,12 @@ impl SlotSender {
             if diff == 0 {
                 // Fails (and retries) if the receiver closed the ring meanwhile: the
                 // close bit changes the tail.
+                // SeqCst: the claim and the look at the previous slot below pair with
+                // the receiver's fence before it goes idle (see `try_push_wake`).
                 match s.tail.0.compare_exchange_weak(
                     pos,
                     pos.wrapping_add(1),
-                    Ordering::Relaxed,
+                    Ordering::SeqCst,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => break,
@@ -858,10 +885,16 @@ impl SlotSender {
                 pos = s.tail.0.load(Ordering::Relaxed);
             }
         }
+        // Whether the message before this one was still unread after our claim: then the
+        // receiver reads it, and after it this one or our claim (its fence), so it needs
+        // no wake-up for this one. Position 0 has no predecessor.
+        let prev = pos.wrapping_sub(1);
+        let wake =
+            pos == 0 || s.seq[(prev & s.mask) as usize].load(Ordering::SeqCst) != seq_written(prev);
         // SAFETY: the CAS made us the only owner of position `pos`; its slot was
         // released by the consumer (seq == 2 pos, acquire) and nobody reads it until we
         // publish seq = 2 pos + 1.
-        unsafe { self.write_claimed(pos, header, payload) }
+        unsafe { self.write_claimed(pos, header, payload) }.map(|()| wake)
     }
 
     /// Writes one message into the slot of position `pos` and publishes it. Publishes
