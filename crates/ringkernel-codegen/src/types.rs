@@ -322,10 +322,15 @@ pub(crate) fn parse_type(
 pub(crate) const MAX_ARRAY_LEN: usize = 1024;
 
 pub(crate) fn check_array_len(len: usize, span_of: &dyn quote::ToTokens) -> syn::Result<()> {
-    if len == 0 || len > MAX_ARRAY_LEN {
+    check_len(len, MAX_ARRAY_LEN, "local arrays", span_of)
+}
+
+/// `len` within `1..=max`, else an error at `span_of` naming `what`.
+fn check_len(len: usize, max: usize, what: &str, span_of: &dyn quote::ToTokens) -> syn::Result<()> {
+    if len == 0 || len > max {
         return Err(syn::Error::new_spanned(
             span_of,
-            format!("local arrays need 1 to {MAX_ARRAY_LEN} elements"),
+            format!("{what} need 1 to {max} elements"),
         ));
     }
     Ok(())
@@ -337,13 +342,7 @@ pub(crate) fn check_array_len(len: usize, span_of: &dyn quote::ToTokens) -> syn:
 pub(crate) const MAX_SHARED_LEN: usize = 4096;
 
 pub(crate) fn check_shared_len(len: usize, span_of: &dyn quote::ToTokens) -> syn::Result<()> {
-    if len == 0 || len > MAX_SHARED_LEN {
-        return Err(syn::Error::new_spanned(
-            span_of,
-            format!("shared arrays need 1 to {MAX_SHARED_LEN} elements"),
-        ));
-    }
-    Ok(())
+    check_len(len, MAX_SHARED_LEN, "shared arrays", span_of)
 }
 
 /// Element type of a slice or array: a scalar that the target can store in a buffer.

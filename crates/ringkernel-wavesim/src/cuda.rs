@@ -31,12 +31,11 @@ pub struct CudaWave2D {
     cuda: CudaCompute,
     step_fn: CudaFunction,
     tiles_fn: CudaFunction,
-    /// The register-resident kernel for this grid, its rows per thread `R`, its tiles
-    /// across, and the halo words (2 parities × `64 + 32R` per tile); `None` when the
-    /// grid needs more tiles than the device has SMs.
-    resident: Option<(CudaFunction, usize, usize, BufferRef)>,
-    /// The same for the kernel exchanging two-cell halos every two steps (`R` <= 4).
-    resident_h2: Option<(CudaFunction, usize, usize, BufferRef)>,
+    /// The register-resident kernel for this grid; `None` when the grid needs more
+    /// tiles than the device has SMs.
+    resident: Option<Resident>,
+    /// The same exchanging two-cell halos every two steps (`R` <= 4).
+    resident_h2: Option<Resident>,
     /// `bufs[0]` holds the older field, `bufs[1]` the current one.
     bufs: [BufferRef; 2],
     flags: BufferRef,
@@ -98,23 +97,25 @@ impl CudaWave2D {
         ];
         let flags = cuda.upload(&vec![0.0f32; tiles])?; // 0.0 has the bits of 0u32
         let resident = match resident_rows(nx, ny, sms) {
-            Some(r) => {
-                let f = cuda.compile_function("wavesim", SRC, &format!("wave_resident_{r}"))?;
-                let (tx, ty) = (nx.div_ceil(32), ny.div_ceil(16 * r));
-                // Zeroed: no stamp matches (stamps start at 1).
-                let halo = cuda.upload(&vec![0.0f32; tx * ty * 2 * (64 + 32 * r) * 2])?;
-                Some((f, r, tx, halo))
-            }
+            Some(r) => Some(Resident::new(
+                &cuda,
+                "wave_resident",
+                r,
+                nx,
+                ny,
+                64 + 32 * r,
+            )?),
             None => None,
         };
-        let resident_h2 = match resident.as_ref().map(|r| r.1) {
-            Some(r) if r <= 4 => {
-                let f = cuda.compile_function("wavesim", SRC, &format!("wave_resident_h2_{r}"))?;
-                let (tx, ty) = (nx.div_ceil(32), ny.div_ceil(16 * r));
-                // Zeroed: no stamp matches (stamps start at 1).
-                let halo = cuda.upload(&vec![0.0f32; tx * ty * 2 * (6 * 32 + 6 * 16 * r) * 2])?;
-                Some((f, r, tx, halo))
-            }
+        let resident_h2 = match resident_rows(nx, ny, sms) {
+            Some(r) if r <= 4 => Some(Resident::new(
+                &cuda,
+                "wave_resident_h2",
+                r,
+                nx,
+                ny,
+                6 * 32 + 6 * 16 * r,
+            )?),
             _ => None,
         };
         Ok(CudaWave2D {
@@ -214,7 +215,7 @@ impl CudaWave2D {
     /// Rows a thread of [`run_resident`](Self::run_resident) keeps (`R`: a tile is
     /// 32 × 16R cells), or `None` when this grid does not fit on chip.
     pub fn resident_rows(&self) -> Option<usize> {
-        self.resident.as_ref().map(|r| r.1)
+        self.resident.as_ref().map(|r| r.rows)
     }
 
     /// Advances `steps` steps in one launch of the register-resident tile actors
@@ -223,39 +224,14 @@ impl CudaWave2D {
     /// Errors: [`Error::InvalidArgument`] for a grid that needs more tiles than the
     /// device has SMs (every tile must be resident at once) or more than `i32::MAX` steps.
     pub fn run_resident(&mut self, steps: u64) -> Result<()> {
-        let Some((f, r, tiles_x, halo)) = &self.resident else {
+        let Some(k) = &self.resident else {
             return Err(Error::invalid(format!(
                 "a {} x {} grid does not fit the register-resident kernel: it needs at most \
                  one tile of 32 x 256 cells per SM",
                 self.nx, self.ny
             )));
         };
-        if steps == 0 {
-            return Ok(());
-        }
-        let steps32 =
-            i32::try_from(steps).map_err(|_| Error::invalid("at most i32::MAX steps a launch"))?;
-        let tiles = tiles_x * self.ny.div_ceil(16 * r);
-        self.cuda.launch_function(
-            f,
-            [tiles as u32, 1, 1],
-            [32, 16, 1],
-            &[
-                CudaArg::Buffer(self.bufs[0].as_ref()),
-                CudaArg::Buffer(self.bufs[1].as_ref()),
-                CudaArg::Buffer(halo.as_ref()),
-                CudaArg::I32(self.nx as i32),
-                CudaArg::I32(self.ny as i32),
-                CudaArg::F32(self.c2),
-                // The stamps go on from the step count (wrapping is fine: only equality
-                // matters, and stamps two steps apart differ).
-                CudaArg::U32(self.steps as u32),
-                CudaArg::I32(steps32),
-                CudaArg::I32(*tiles_x as i32),
-            ],
-        )?;
-        // The kernel writes the newest field back into b1, the one before into b0.
-        self.steps += steps;
+        self.steps += self.launch_resident(k, steps)?;
         Ok(())
     }
 
@@ -267,38 +243,46 @@ impl CudaWave2D {
     /// Errors: [`Error::InvalidArgument`] for a grid without such tiles or more than
     /// `i32::MAX` steps.
     pub fn run_resident_h2(&mut self, steps: u64) -> Result<()> {
-        let Some((f, r, tiles_x, halo)) = &self.resident_h2 else {
+        let Some(k) = &self.resident_h2 else {
             return Err(Error::invalid(format!(
                 "a {} x {} grid does not fit the two-cell-halo resident kernel: it needs at \
                  most one tile of 32 x 64 cells per SM",
                 self.nx, self.ny
             )));
         };
+        self.steps += self.launch_resident(k, steps)?;
+        Ok(())
+    }
+
+    /// One launch of a register-resident kernel for `steps` steps (queued). The kernel
+    /// writes the newest field back into b1, the one before into b0.
+    fn launch_resident(&self, k: &Resident, steps: u64) -> Result<u64> {
         if steps == 0 {
-            return Ok(());
+            return Ok(0);
         }
         let steps32 =
             i32::try_from(steps).map_err(|_| Error::invalid("at most i32::MAX steps a launch"))?;
-        let tiles = tiles_x * self.ny.div_ceil(16 * r);
+        let tiles = k.tiles_x * self.ny.div_ceil(16 * k.rows);
         self.cuda.launch_function(
-            f,
+            &k.function,
             [tiles as u32, 1, 1],
             [32, 16, 1],
             &[
                 CudaArg::Buffer(self.bufs[0].as_ref()),
                 CudaArg::Buffer(self.bufs[1].as_ref()),
-                CudaArg::Buffer(halo.as_ref()),
+                CudaArg::Buffer(k.halo.as_ref()),
                 CudaArg::I32(self.nx as i32),
                 CudaArg::I32(self.ny as i32),
                 CudaArg::F32(self.c2),
-                // Stamps base + 1, base + 3, ...: above every earlier launch's.
+                // The stamps go on from the step count, above every earlier launch's
+                // (wrapping is fine: only equality matters, and the stamps a tile can
+                // see in one slot differ).
                 CudaArg::U32(self.steps as u32),
                 CudaArg::I32(steps32),
-                CudaArg::I32(*tiles_x as i32),
+                CudaArg::I32(k.tiles_x as i32),
             ],
         )?;
-        self.steps += steps;
-        Ok(())
+        Ok(steps)
     }
 
     /// Waits for the queued work.
@@ -311,6 +295,39 @@ impl CudaWave2D {
         let mut out = vec![0.0f32; (self.nx + 2) * (self.ny + 2)];
         self.cuda.read(self.bufs[1].as_ref(), 0, &mut out)?;
         Ok(crate::grid2d::interior(&out, self.nx, self.ny))
+    }
+}
+
+/// A register-resident kernel compiled for one grid: the function, its rows per thread
+/// `R`, its tiles across, and its halo words (two parities per tile), zeroed so that no
+/// stamp matches before its first write (stamps start at 1).
+struct Resident {
+    function: CudaFunction,
+    rows: usize,
+    tiles_x: usize,
+    halo: BufferRef,
+}
+
+impl Resident {
+    /// `{prefix}_{r}` from the kernels' source, with `words` halo words a tile and parity.
+    fn new(
+        cuda: &CudaCompute,
+        prefix: &str,
+        r: usize,
+        nx: usize,
+        ny: usize,
+        words: usize,
+    ) -> Result<Self> {
+        let function = cuda.compile_function("wavesim", SRC, &format!("{prefix}_{r}"))?;
+        let (tx, ty) = (nx.div_ceil(32), ny.div_ceil(16 * r));
+        // 64-bit words as pairs of zero f32s (0.0 has the bits of 0u32).
+        let halo = cuda.upload(&vec![0.0f32; tx * ty * 2 * words * 2])?;
+        Ok(Resident {
+            function,
+            rows: r,
+            tiles_x: tx,
+            halo,
+        })
     }
 }
 

@@ -224,17 +224,18 @@ __device__ __forceinline__ void resident(float* prev, float* cur, unsigned long 
   }
 }
 
-#define WAVE_RESIDENT(R)                                                                                       \
+// NAME_R: the entry point of template BODY<R>, one block of 512 threads per SM.
+#define WAVE_RESIDENT(NAME, BODY, R)                                                                           \
   extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
-      wave_resident_##R(float* prev, float* cur, unsigned long long* halo, int nx, int ny, float c2,           \
-                        unsigned base, int steps, int tiles_x) {                                               \
-    resident<R>(prev, cur, halo, nx, ny, c2, base, steps, tiles_x);                                            \
+      NAME##_##R(float* prev, float* cur, unsigned long long* halo, int nx, int ny, float c2, unsigned base,    \
+                 int steps, int tiles_x) {                                                                     \
+    BODY<R>(prev, cur, halo, nx, ny, c2, base, steps, tiles_x);                                                \
   }
-WAVE_RESIDENT(1)
-WAVE_RESIDENT(2)
-WAVE_RESIDENT(4)
-WAVE_RESIDENT(8)
-WAVE_RESIDENT(16)
+WAVE_RESIDENT(wave_resident, resident, 1)
+WAVE_RESIDENT(wave_resident, resident, 2)
+WAVE_RESIDENT(wave_resident, resident, 4)
+WAVE_RESIDENT(wave_resident, resident, 8)
+WAVE_RESIDENT(wave_resident, resident, 16)
 
 // wave_resident_h2_R: the register-resident tile actors exchanging halos of two cells,
 // once every two steps. A period of two steps: each tile publishes its outer two rows and
@@ -447,12 +448,6 @@ __device__ __forceinline__ void resident_h2(float* prev, float* cur, unsigned lo
   }
 }
 
-#define WAVE_RESIDENT_H2(R)                                                                                    \
-  extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
-      wave_resident_h2_##R(float* prev, float* cur, unsigned long long* halo, int nx, int ny, float c2,        \
-                           unsigned base, int steps, int tiles_x) {                                            \
-    resident_h2<R>(prev, cur, halo, nx, ny, c2, base, steps, tiles_x);                                         \
-  }
-WAVE_RESIDENT_H2(1)
-WAVE_RESIDENT_H2(2)
-WAVE_RESIDENT_H2(4)
+WAVE_RESIDENT(wave_resident_h2, resident_h2, 1)
+WAVE_RESIDENT(wave_resident_h2, resident_h2, 2)
+WAVE_RESIDENT(wave_resident_h2, resident_h2, 4)
