@@ -1,4 +1,5 @@
-//! The register-resident CUDA kernel (`wave_resident_R` in `src/cuda_wave.cu`) run on
+//! The register-resident CUDA kernels (`wave_resident_R` and `wave_resident_h2_R`, the
+//! two-cell-halo one, in `src/cuda_wave.cu`) run on
 //! the CPU: `cuda_emu/emu.cpp` compiles the kernel source as C++ (every CUDA thread an
 //! OS thread, a barrier per block, the PTX volatile 64-bit loads and stores as relaxed
 //! atomics) and checks two launches against a plain reference, bit for bit. This tests
@@ -8,13 +9,27 @@
 
 use std::process::Command;
 
-/// The kernel source with the three CUDA-only constructs replaced for the emulator.
+/// The kernel source with the CUDA-only constructs replaced for the emulator.
 fn emulated_source() -> String {
     let src = include_str!("../src/cuda_wave.cu");
     let subs = [
         (
             "__shared__ float s[TH + 2][TW + 2];",
             "float (*s)[TW + 2] = (float (*)[TW + 2])shared_for_block(blockIdx.x);",
+        ),
+        // wave_resident_h2_R's three arrays, one after another in the block's memory.
+        (
+            "__shared__ float su[TH + 4][TW + 4];",
+            "float (*su)[TW + 4] = (float (*)[TW + 4])shared_for_block(blockIdx.x);",
+        ),
+        (
+            "__shared__ float sp[TH + 2][TW + 2];",
+            "float (*sp)[TW + 2] = (float (*)[TW + 2])(shared_for_block(blockIdx.x) + (TH + 4) * (TW + 4));",
+        ),
+        (
+            "__shared__ float sv[TH + 2][TW + 2];",
+            "float (*sv)[TW + 2] = (float (*)[TW + 2])(shared_for_block(blockIdx.x) + (TH + 4) * (TW + 4) \
+             + (TH + 2) * (TW + 2));",
         ),
         (
             r#"asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(slot), "l"(w) : "memory");"#,
@@ -63,11 +78,17 @@ fn resident_kernel_matches_the_reference_on_a_cpu_emulation() {
     // (R, nx, ny, steps of the first launch, of the second): partial tiles, 2 x 2 and
     // 3 x 2 tile grids, odd and even step counts; R = 1, 4, 16 are the kernels of 256²,
     // 512² and 1024² on 132 SMs.
+    // The last value: 1 for the two-cell-halo kernel (R <= 4), whose periods are two
+    // steps (odd counts end a launch with a one-step period).
     for args in [
-        [1, 40, 20, 7, 6],
-        [2, 50, 40, 5, 8],
-        [4, 70, 100, 9, 4],
-        [16, 40, 300, 3, 2],
+        [1, 40, 20, 7, 6, 0],
+        [2, 50, 40, 5, 8, 0],
+        [4, 70, 100, 9, 4, 0],
+        [16, 40, 300, 3, 2, 0],
+        [1, 40, 20, 7, 6, 1],
+        [2, 50, 40, 5, 8, 1],
+        [4, 70, 100, 9, 4, 1],
+        [1, 100, 37, 1, 3, 1],
     ] {
         // A broken exchange can leave a tile waiting forever: 120 s at most.
         let mut child = Command::new(&exe)

@@ -1,7 +1,8 @@
-// A CPU emulation of cuda_wave.cu's wave_resident_R kernels, for tests/cuda_emu.rs: every
+// A CPU emulation of cuda_wave.cu's wave_resident_R and wave_resident_h2_R kernels, for tests/cuda_emu.rs: every
 // CUDA thread an OS thread, a barrier per block, the PTX volatile 64-bit loads and stores
 // as relaxed atomics. kernel_emu.inc is the kernel source with those three substitutions,
-// written by the test. Usage: emu R nx ny steps1 steps2 (two launches, the stamps going on);
+// written by the test. Usage: emu R nx ny steps1 steps2 h2 (two launches, the stamps going
+// on; h2 = 1: the two-cell-halo kernel);
 // exit status 0 when both fields equal a plain C++ reference bit for bit.
 #include <atomic>
 #include <barrier>
@@ -47,8 +48,8 @@ void launch(int blocks, F f) {
 
 int main(int argc, char** argv) {
   int R = atoi(argv[1]), nx = atoi(argv[2]), ny = atoi(argv[3]);
-  int s1 = atoi(argv[4]), s2 = atoi(argv[5]);
-  int TH = 16 * R, HALO = 64 + 2 * TH;
+  int s1 = atoi(argv[4]), s2 = atoi(argv[5]), h2 = argc > 6 ? atoi(argv[6]) : 0;
+  int TH = 16 * R, HALO = h2 ? 6 * 32 + 6 * TH : 64 + 2 * TH;
   int tx_ = (nx + 31) / 32, ty_ = (ny + TH - 1) / TH, tiles = tx_ * ty_;
   int st = nx + 2;
   std::vector<float> prev((ny + 2) * st, 0.f), cur((ny + 2) * st, 0.f);
@@ -62,6 +63,15 @@ int main(int argc, char** argv) {
   for (int steps : {s1, s2}) {
     auto run = [&] {
       float* P = prev.data(); float* C = cur.data(); unsigned long long* H = halo.data();
+      if (h2) {
+        switch (R) {
+          case 1: wave_resident_h2_1(P, C, H, nx, ny, c2, base, steps, tx_); break;
+          case 2: wave_resident_h2_2(P, C, H, nx, ny, c2, base, steps, tx_); break;
+          case 4: wave_resident_h2_4(P, C, H, nx, ny, c2, base, steps, tx_); break;
+          default: printf("R must be 1, 2 or 4 with h2\n"); exit(2);
+        }
+        return;
+      }
       switch (R) {
         case 1: wave_resident_1(P, C, H, nx, ny, c2, base, steps, tx_); break;
         case 2: wave_resident_2(P, C, H, nx, ny, c2, base, steps, tx_); break;
@@ -85,6 +95,7 @@ int main(int argc, char** argv) {
   }
   double err = 0, mx = 0;
   for (size_t i = 0; i < cur.size(); i++) { err = fmax(err, fabs(cur[i] - rc[i])); err = fmax(err, fabs(prev[i] - rp[i])); mx = fmax(mx, fabs(rc[i])); }
-  printf("R=%d %dx%d tiles %d steps %d+%d: max err %g of %g\n", R, nx, ny, tiles, s1, s2, err, mx);
+  printf("R=%d%s %dx%d tiles %d steps %d+%d: max err %g of %g\n", R, h2 ? " h2" : "", nx, ny, tiles, s1, s2, err,
+         mx);
   return err == 0 ? 0 : 1;
 }
