@@ -9,7 +9,6 @@ use ringkernel_wavesim::scene::{
     device_steps_per_sec, run_headless, CudaPath,
 };
 use ringkernel_wavesim::window::{run_window, WindowOptions};
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -104,7 +103,7 @@ pub struct BenchArgs {
     /// The peer's modes (eager: PyTorch's kernels; compile: torch.compile's fused kernel).
     #[arg(long, value_delimiter = ',', default_values_t = ["eager".to_string(), "compile".to_string()])]
     pub torch_modes: Vec<String>,
-    /// GPU backends to measure besides the CPU engine (the codegen kernels: 4 and 8
+    /// GPU backends to measure besides the CPU engine (the codegen kernels: 4, 8 and 12
     /// steps a launch, and a launch per step): any of wgpu, cuda, metal, or `none`;
     /// unavailable ones are reported as skipped.
     #[arg(long, value_delimiter = ',', default_values_t = ["wgpu".to_string(), "cuda".to_string()])]

@@ -327,41 +327,34 @@ fn batches(
     )
 }
 
-fn batches_stamped(iters: u64) -> Duration {
-    let (mut tx, mut rx) = ringkernel_core::queue::stamped::stamped_channel(SLOT_CAP, 128).unwrap();
-    let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
-    batches(
-        iters,
-        move |want| {
-            tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
-                .unwrap()
-        },
-        move |sum| {
-            rx.try_pop_batch_with(256, |h, p| {
-                *sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
-            })
-            .unwrap()
-        },
-    )
+/// [`batches`] over a channel made by `$channel(SLOT_CAP, 128)`: the stamped and the
+/// slot rings have the same batch API but no common trait.
+macro_rules! batches_over {
+    ($name:ident, $channel:path) => {
+        fn $name(iters: u64) -> Duration {
+            let (mut tx, mut rx) = $channel(SLOT_CAP, 128).unwrap();
+            let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
+            batches(
+                iters,
+                move |want| {
+                    tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
+                        .unwrap()
+                },
+                move |sum| {
+                    rx.try_pop_batch_with(256, |h, p| {
+                        *sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+                    })
+                    .unwrap()
+                },
+            )
+        }
+    };
 }
-
-fn batches_plain(iters: u64) -> Duration {
-    let (mut tx, mut rx) = slot::slot_channel(SLOT_CAP, 128).unwrap();
-    let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
-    batches(
-        iters,
-        move |want| {
-            tx.try_push_batch(std::iter::repeat_n((&h, &payload[..]), want))
-                .unwrap()
-        },
-        move |sum| {
-            rx.try_pop_batch_with(256, |h, p| {
-                *sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
-            })
-            .unwrap()
-        },
-    )
-}
+batches_over!(
+    batches_stamped,
+    ringkernel_core::queue::stamped::stamped_channel
+);
+batches_over!(batches_plain, slot::slot_channel);
 
 fn bench_batches(c: &mut Criterion) {
     let mut g = c.benchmark_group("batches_128B");

@@ -64,22 +64,15 @@ impl CudaWave2D {
     /// a grid with materials other than the default medium, or with sources;
     /// [`Error::Compile`] when NVRTC refuses the kernels.
     pub fn new(grid: &WaveGrid2D, ordinal: usize) -> Result<Self> {
-        let p = grid.params();
-        let c2 = p.c2_of(p.speed);
         let (nx, ny) = (grid.nx(), grid.ny());
-        let (cc2, a, b) = grid.coefficients();
-        let s = nx + 2;
-        let uniform = (1..=ny).all(|y| {
-            (1..=nx).all(|x| {
-                let k = y * s + x;
-                cc2[k] == c2 && a[k] == 1.0 && b[k] == 1.0
-            })
-        });
-        if !uniform || !grid.sources().is_empty() {
-            return Err(Error::invalid(
-                "CudaWave2D runs the default medium without sources (no absorbers, reflectors, speed changes)",
-            ));
-        }
+        let c2 = match grid.uniform_c2() {
+            Some(c2) if grid.sources().is_empty() => c2,
+            _ => {
+                return Err(Error::invalid(
+                    "CudaWave2D runs the default medium without sources (no absorbers, reflectors, speed changes)",
+                ))
+            }
+        };
         let cuda = CudaCompute::new(ordinal)?;
         let step_fn = cuda.compile_function("wavesim", SRC, "wave_step")?;
         let tiles_fn = cuda.compile_function("wavesim", SRC, "wave_tiles")?;

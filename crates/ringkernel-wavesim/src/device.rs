@@ -138,19 +138,6 @@ pub fn wave_steps(
 /// Steps per launch of [`DeviceWave2D::run_blocked`] unless set.
 pub const DEFAULT_STEPS_PER_LAUNCH: u32 = 4;
 
-/// `Some(c²)` when every interior cell of `grid` is the default medium (its speed, no
-/// damping): the blocked kernel then reads no coefficient arrays.
-fn uniform_c2(grid: &WaveGrid2D) -> Option<f32> {
-    let p = grid.params();
-    let c2 = p.c2_of(p.speed);
-    let (cc2, a, b) = grid.coefficients();
-    let s = grid.nx() + 2;
-    let all = (1..=grid.ny()).all(|y| {
-        (1..=grid.nx()).all(|x| cc2[y * s + x] == c2 && a[y * s + x] == 1.0 && b[y * s + x] == 1.0)
-    });
-    all.then_some(c2)
-}
-
 /// Adds `vals[i]` to `u[cells[i]]` for every `i < n`, a thread a cell (the cells are
 /// distinct, so no two threads write the same one): the sources after a step.
 #[gpu_kernel]
@@ -287,7 +274,7 @@ impl DeviceWave2D {
             dt: grid.params().dt,
             steps: grid.steps(),
             k: DEFAULT_STEPS_PER_LAUNCH,
-            uniform: uniform_c2(grid),
+            uniform: grid.uniform_c2(),
             spare: None,
         })
     }

@@ -493,6 +493,16 @@ impl WaveGrid2D {
         &self.prev
     }
 
+    /// `Some(c²)` of the default medium when every interior cell is that medium (its
+    /// speed, no damping, no reflector), else `None`: the case the uniform-medium GPU
+    /// kernels handle without coefficient arrays.
+    pub fn uniform_c2(&self) -> Option<f32> {
+        self.uniform[1..=self.ny]
+            .iter()
+            .all(|&u| u)
+            .then(|| self.params.c2_of(self.params.speed))
+    }
+
     /// The padded coefficient arrays `(c², a, b)` of the update
     /// `u⁺ = a·(2u + c²·lap) − b·u⁻` (zero in the halo).
     pub fn coefficients(&self) -> (&[f32], &[f32], &[f32]) {
@@ -564,6 +574,22 @@ pub(crate) fn energy_2d(u: &[f32], p: &[f32], c2: &[f32], nx: usize, ny: usize) 
 mod tests {
     use super::*;
     use crate::{Signal, Source};
+
+    #[test]
+    fn uniform_c2_follows_the_materials() {
+        let p = WaveParams::default();
+        let mut g = WaveGrid2D::new(20, 9, p).unwrap();
+        assert_eq!(g.uniform_c2(), Some(p.c2_of(p.speed)));
+        g.set_reflector(19, 8).unwrap();
+        assert_eq!(g.uniform_c2(), None);
+        g.clear_materials();
+        assert_eq!(g.uniform_c2(), Some(p.c2_of(p.speed)));
+        g.set_damping(0, 0, 0.01).unwrap();
+        assert_eq!(g.uniform_c2(), None);
+        g.clear_materials();
+        g.set_speed(5, 4, p.speed * 0.5).unwrap();
+        assert_eq!(g.uniform_c2(), None);
+    }
 
     /// A grid with materials on some rows and a pulse.
     fn grid(nx: usize, ny: usize) -> WaveGrid2D {
