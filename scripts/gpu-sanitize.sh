@@ -20,8 +20,18 @@
 # FAILED / TIMEOUT, binary and test, the sanitizer's error count), then a count per
 # tool and outcome.
 #
+# A test that makes no CUDA call (a host-only unit test) is reported as NO-GPU: the tool
+# exits with "terminated before first instrumented API call", which is not a finding.
+#
+# First, scripts/sanitizer_probe.cu (built with nvcc where there is one) shows the two
+# limits of the tool that RingKernel's tests meet, on plain CUDA: memory allocated after a
+# running kernel's launch is out of bounds to that kernel under memcheck, and a kernel
+# waiting for a second kernel never finishes (launches are serialised). Each probe runs
+# without the tool and under memcheck.
+#
 # Environment: SANITIZE_TIMEOUT (seconds per test and tool, default 120),
-# SANITIZE_TOOLS (default "memcheck racecheck synccheck").
+# SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_ONLY (an extended
+# regular expression: only the "binary test" pairs it matches run).
 set -uo pipefail
 
 bundle=${1:-.gpu/tests}
@@ -45,6 +55,9 @@ list_tests() {
   "$1" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'
 }
 
+# Kernels compiled with source lines, so the reports name lines of the .cu files.
+export RINGKERNEL_CUDA_LINEINFO=1
+
 summary=()
 fails=0
 # Records one result line (printed at once, so a run cut short keeps what it found).
@@ -60,6 +73,10 @@ run_one() { # tool binary test
     --target-processes all "$bin" --include-ignored --exact "$test" --test-threads 1 >"$log" 2>&1
   rc=$?
   errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
+  if [ "$rc" -eq 255 ] && grep -q 'terminated before first instrumented API call' "$log"; then
+    note "$(printf '%-10s NO-GPU   %-60s (no CUDA call: nothing to check)' "$tool" "$(basename "$bin") $test")"
+    return
+  fi
   case $rc in
     0) note "$(printf '%-10s ok       %-60s errors %s' "$tool" "$(basename "$bin") $test" "${errors:-0}")" ;;
     124 | 137) note "$(printf '%-10s TIMEOUT  %-60s (no result within %ss)' "$tool" "$(basename "$bin") $test" "$limit")" ;;
@@ -70,6 +87,21 @@ run_one() { # tool binary test
   esac
 }
 
+# The tool's limits on plain CUDA (see the header).
+here=$(cd "$(dirname "$0")" && pwd)
+if command -v nvcc >/dev/null 2>&1 && nvcc -O2 -o "$logs/sanitizer_probe" "$here/sanitizer_probe.cu" >"$logs/probe-build.log" 2>&1; then
+  for mode in early-alloc late-alloc two-kernels; do
+    plain=$(timeout 30 "$logs/sanitizer_probe" "$mode" 2>&1 | tail -1)
+    timeout --kill-after=10 60 compute-sanitizer --tool memcheck "$logs/sanitizer_probe" "$mode" >"$logs/probe-$mode.log" 2>&1
+    rc=$?
+    errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$logs/probe-$mode.log" | tail -1 | grep -Eo '[0-9]+' || true)
+    echo "probe $mode: without the tool: $plain"
+    echo "probe $mode: under memcheck: exit $rc, errors ${errors:-?}: $(grep -m1 -E 'out of bounds|^[a-z-]+: ' "$logs/probe-$mode.log" | sed 's/^=* *//')"
+  done
+else
+  echo "probe: SKIPPED (no nvcc, or it failed: $logs/probe-build.log)"
+fi
+
 shopt -s nullglob
 bins=("$bundle"/ringkernel-cuda-ops "$bundle"/ringkernel-cuda-runtime "$bundle"/ringkernel_cuda*)
 if [ "${#bins[@]}" -eq 0 ]; then
@@ -79,6 +111,9 @@ fi
 for bin in "${bins[@]}"; do
   [ -x "$bin" ] || continue
   for test in $(list_tests "$bin"); do
+    if [ -n "${SANITIZE_ONLY:-}" ] && ! echo "$(basename "$bin") $test" | grep -Eq "$SANITIZE_ONLY"; then
+      continue
+    fi
     for tool in $tools; do
       run_one "$tool" "$bin" "$test"
     done

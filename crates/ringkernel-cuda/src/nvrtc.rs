@@ -5,6 +5,8 @@
 //! the NVRTC version and the driver version. The cache lives in
 //! `$RINGKERNEL_CUDA_CACHE`, else `$XDG_CACHE_HOME/ringkernel/cuda`, else
 //! `$HOME/.cache/ringkernel/cuda` (`%LOCALAPPDATA%\ringkernel\cuda` on Windows).
+//! `RINGKERNEL_CUDA_LINEINFO=1` compiles with source-line information (for
+//! compute-sanitizer and ncu).
 //! Cache problems (unwritable directory, a corrupt file) are logged and otherwise
 //! ignored: the source is compiled again.
 
@@ -72,12 +74,17 @@ pub(crate) fn compile_cubin(
 ) -> Result<Vec<u8>> {
     let (vmaj, vmin) = nvrtc_version()?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
-    let opts: Vec<String> = vec![
+    let mut opts: Vec<String> = vec![
         arch,
         "--std=c++17".into(),
         "-default-device".into(),
         "--extra-device-vectorization".into(),
     ];
+    // Source lines in the cubin, for compute-sanitizer and ncu reports
+    // (scripts/gpu-sanitize.sh sets it); part of the cache key like every option.
+    if std::env::var("RINGKERNEL_CUDA_LINEINFO").is_ok_and(|v| v == "1") {
+        opts.push("--generate-line-info".into());
+    }
     let key = fnv1a64(&[
         src.as_bytes(),
         opts.join(" ").as_bytes(),
