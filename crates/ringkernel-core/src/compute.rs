@@ -612,6 +612,38 @@ pub trait ComputeBackend: Send + Sync + 'static {
         out: &dyn DeviceBuffer,
         dims: QMatmulDims,
     ) -> Result<()>;
+    /// A pre-norm projection, as a decoder layer starts its attention and its feed-forward
+    /// block: `rms_norm(x, norm, normed, dims.batch, dims.cols, eps)`, then
+    /// [`qmatmul`](Self::qmatmul) of `normed` with `w[0]` (one matrix) or
+    /// [`qmatmul_swiglu`](Self::qmatmul_swiglu) with `w[0]` (gate) and `w[1]` (up), into
+    /// `out`. `normed` (`batch × cols`) is scratch: a backend that fuses the two steps may
+    /// leave it unwritten (CUDA does for up to 4 tokens: one kernel instead of two, which
+    /// is what a decode step is short of). The default runs the two ops. Any other number
+    /// of matrices is [`Error::InvalidArgument`].
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_qmatmul(
+        &self,
+        x: &dyn DeviceBuffer,
+        norm: &dyn DeviceBuffer,
+        eps: f32,
+        normed: &dyn DeviceBuffer,
+        w: &[&dyn DeviceBuffer],
+        format: WeightFormat,
+        out: &dyn DeviceBuffer,
+        dims: QMatmulDims,
+    ) -> Result<()> {
+        if !matches!(w.len(), 1 | 2) {
+            return Err(Error::invalid(format!(
+                "rms_norm_qmatmul: {} weight matrices (one, or gate and up)",
+                w.len()
+            )));
+        }
+        self.rms_norm(x, norm, normed, dims.batch, dims.cols, eps)?;
+        match w {
+            [w] => self.qmatmul(*w, format, normed, out, dims),
+            _ => self.qmatmul_swiglu(w[0], w[1], format, normed, out, dims),
+        }
+    }
     /// Rotates the query and key heads of `qkv` (RoPE at each token's position), writes
     /// the queries to `q` and the keys and values into row `positions[t]` of each head of
     /// the caches; see [`KvDims`]. A position `≥ capacity` writes nothing to the caches.
@@ -639,6 +671,23 @@ pub trait ComputeBackend: Send + Sync + 'static {
         out: &dyn DeviceBuffer,
         dims: KvDims,
     ) -> Result<()>;
+    /// [`rope_kv`](Self::rope_kv), then [`attention_kv`](Self::attention_kv) of the rotated
+    /// queries `q` into `out`: a decoder layer's attention after its QKV projection. The
+    /// default runs the two ops; CUDA runs one kernel for a single token (a decode step).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention_kv(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        dims: KvDims,
+    ) -> Result<()> {
+        self.rope_kv(qkv, positions, q, k_cache, v_cache, dims)?;
+        self.attention_kv(q, k_cache, v_cache, positions, out, dims)
+    }
 
     /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA
     /// graph), or returns `Ok(None)` when the backend has no such thing; the ops are then

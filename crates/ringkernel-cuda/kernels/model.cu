@@ -68,7 +68,7 @@ __device__ __forceinline__ u32 load_bits(const u32* a, int from, u64 i) {
 
 // One thread per output word.
 extern "C" __global__ void rk_convert(const u32* __restrict__ a, u32* __restrict__ out, u64 len, u64 words,
-                                      int from, int to) {
+                                      int from, int to) { rk_pdl_enter();
     for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += (u64)gridDim.x * blockDim.x) {
         if (to == 0 || to == 3) {
             out[w] = load_bits(a, from, w);
@@ -117,7 +117,7 @@ __device__ __forceinline__ void broadcast_body(const float* __restrict__ a, cons
 
 #define BROADCAST(name, Op)                                                                                     \
     extern "C" __global__ void rk_broadcast_##name(const float* __restrict__ a, const float* __restrict__ b,    \
-                                                   float* __restrict__ out, BroadcastDims d) {                   \
+                                                   float* __restrict__ out, BroadcastDims d) { rk_pdl_enter();                   \
         broadcast_body<Op>(a, b, out, d);                                                                       \
     }
 BROADCAST(add, OpAdd)
@@ -135,15 +135,14 @@ template <> struct Fmt<0> { static const int WORDS = 32; };
 template <> struct Fmt<1> { static const int WORDS = 5; };
 template <> struct Fmt<2> { static const int WORDS = 9; };
 
-// Σ_j W[octet o of the block at blk][j] · x[j] for the 8 values x (octet o holds the
+// Σ_j W[octet o of the block at blk][j] · x[j] for the 8 values x0, x1 (octet o holds the
 // block's values 8o..8o+7).
 template <int F>
-__device__ __forceinline__ float octet_dot(const u32* __restrict__ blk, int o, const float* __restrict__ x);
+__device__ __forceinline__ float octet_dot(const u32* __restrict__ blk, int o, float4 x0, float4 x1);
 
 template <>
-__device__ __forceinline__ float octet_dot<0>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+__device__ __forceinline__ float octet_dot<0>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
     const float4 w0 = *(const float4*)(blk + 8 * o), w1 = *(const float4*)(blk + 8 * o + 4);
-    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
     float s = w0.x * x0.x;
     s = fmaf(w0.y, x0.y, s); s = fmaf(w0.z, x0.z, s); s = fmaf(w0.w, x0.w, s);
     s = fmaf(w1.x, x1.x, s); s = fmaf(w1.y, x1.y, s); s = fmaf(w1.z, x1.z, s); s = fmaf(w1.w, x1.w, s);
@@ -153,11 +152,10 @@ __device__ __forceinline__ float octet_dot<0>(const u32* __restrict__ blk, int o
 // q4_1: d·Σ nib·x + m·Σ x. Octets 0/1 are the low nibbles of bytes 0-7 / 8-15, octets 2/3
 // the high nibbles of the same bytes.
 template <>
-__device__ __forceinline__ float octet_dot<1>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+__device__ __forceinline__ float octet_dot<1>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
     const u32 dm = blk[0];
     const u32 wa = blk[1 + 2 * (o & 1)], wb = blk[2 + 2 * (o & 1)];
     const int sh = o >= 2 ? 4 : 0;
-    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
     float q = 0.0f;
     q = fmaf((float)((wa >> sh) & 0xFu), x0.x, q);
     q = fmaf((float)((wa >> (8 + sh)) & 0xFu), x0.y, q);
@@ -176,9 +174,8 @@ __device__ __forceinline__ float sbyte(u32 w, int k) { return (float)(((int)(w <
 
 // q8_0: d·Σ q·x, the bytes of octet o in words 1 + 2o and 2 + 2o.
 template <>
-__device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o, const float* __restrict__ x) {
+__device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
     const u32 wa = blk[1 + 2 * o], wb = blk[2 + 2 * o];
-    const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
     float q = 0.0f;
     q = fmaf(sbyte(wa, 0), x0.x, q);
     q = fmaf(sbyte(wa, 1), x0.y, q);
@@ -193,15 +190,19 @@ __device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o
 
 #define QM_WARPS 4
 #define QM_TOKENS 4
+#define QM_OCTETS 4
 
 // out[t, r] (+)= Σ_c W[r, c]·x[t, c] (GATED: silu(W·x)·(W2·x)). A warp per row of W, the
 // lanes taking the row's octets in turn; QM_TOKENS tokens per block (grid y), so a
 // token tile reads each weight once. x rows are 16-byte aligned: cols is a multiple of
-// 32 and buffers are 256-byte aligned.
-template <int F, bool GATED>
+// 32 and buffers are 256-byte aligned. NORM: x is first RMS-normalised with the weights g
+// (rms_norm fused in): each warp sums its tokens' x² from the values it reads anyway,
+// multiplies x by g on the fly and the sums by 1/rms at the end (the scale is common to
+// a whole row).
+template <int F, bool GATED, bool NORM>
 __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
-                                             const float* __restrict__ x, float* __restrict__ out, u64 batch,
-                                             u64 rows, u64 cols, int accumulate) {
+                                             const float* __restrict__ x, const float* __restrict__ g, float eps,
+                                             float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {
     const int lane = threadIdx.x % WARP;
     const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
     const u64 t0 = (u64)blockIdx.y * QM_TOKENS;
@@ -210,25 +211,47 @@ __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u3
     const u64 nb = cols / 32;
     const u32* wr = w + row * nb * Fmt<F>::WORDS;
     const u32* ur = GATED ? w2 + row * nb * Fmt<F>::WORDS : wr;
-    float acc[QM_TOKENS], acc2[QM_TOKENS];
+    // ss: Σx² of the values this lane's octets cover; the warp's octets cover the row
+    // once, so the warp's sum is the row's, with no pass of its own.
+    float acc[QM_TOKENS], acc2[QM_TOKENS], ss[QM_TOKENS];
 #pragma unroll
-    for (int t = 0; t < QM_TOKENS; t++) acc[t] = acc2[t] = 0.0f;
-    for (u64 oc = lane; oc < nb * 4; oc += WARP) {
-        const u64 blk = oc / 4;
-        const int o = (int)(oc % 4);
+    for (int t = 0; t < QM_TOKENS; t++) acc[t] = acc2[t] = ss[t] = 0.0f;
+    // QM_OCTETS octets a lane per round, unrolled so that their loads go out together.
+#pragma unroll 1
+    for (u64 oc0 = lane; oc0 < nb * 4; oc0 += WARP * QM_OCTETS)
 #pragma unroll
-        for (int t = 0; t < QM_TOKENS; t++) {
-            if (t < nt) {
-                const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
-                acc[t] += octet_dot<F>(wr + blk * Fmt<F>::WORDS, o, xt);
-                if (GATED) acc2[t] += octet_dot<F>(ur + blk * Fmt<F>::WORDS, o, xt);
+    for (int k = 0; k < QM_OCTETS; k++) {
+        const u64 oc = oc0 + (u64)k * WARP;
+        if (oc < nb * 4) {
+            const u64 blk = oc / 4;
+            const int o = (int)(oc % 4);
+            float4 g0, g1;
+            if (NORM) {
+                g0 = *(const float4*)(g + blk * 32 + o * 8);
+                g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
+            }
+#pragma unroll
+            for (int t = 0; t < QM_TOKENS; t++) {
+                if (t < nt) {
+                    const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
+                    float4 x0 = *(const float4*)xt, x1 = *(const float4*)(xt + 4);
+                    if (NORM) {
+                        ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
+                        ss[t] += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                        x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+                        x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+                    }
+                    acc[t] += octet_dot<F>(wr + blk * Fmt<F>::WORDS, o, x0, x1);
+                    if (GATED) acc2[t] += octet_dot<F>(ur + blk * Fmt<F>::WORDS, o, x0, x1);
+                }
             }
         }
     }
 #pragma unroll
     for (int t = 0; t < QM_TOKENS; t++) {
-        acc[t] = warp_reduce<RSum>(acc[t]);
-        if (GATED) acc2[t] = warp_reduce<RSum>(acc2[t]);
+        const float inv = NORM ? rsqrtf(warp_reduce<RSum>(ss[t]) / (float)cols + eps) : 1.0f;
+        acc[t] = warp_reduce<RSum>(acc[t]) * inv;
+        if (GATED) acc2[t] = warp_reduce<RSum>(acc2[t]) * inv;
     }
     if (lane == 0) {
 #pragma unroll
@@ -243,16 +266,33 @@ __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u3
     }
 }
 
+// rk_qmatmul_<format>[_swiglu], and rk_qmatmul_norm_<format>[_swiglu] with the RMSNorm
+// (weights g, epsilon eps) fused in.
 #define QMATMUL(name, F)                                                                                          \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name(                                \
         const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 batch, u64 rows,     \
         u64 cols, int accumulate) {                                                                               \
-        qmatmul_body<F, false>(w, w, x, out, batch, rows, cols, accumulate);                                      \
+        rk_pdl_enter();                                                                                           \
+        qmatmul_body<F, false, false>(w, w, x, x, 0.0f, out, batch, rows, cols, accumulate);                      \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name##_swiglu(                       \
         const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x, float* __restrict__ out, \
         u64 batch, u64 rows, u64 cols, int accumulate) {                                                          \
-        qmatmul_body<F, true>(w, w2, x, out, batch, rows, cols, accumulate);                                      \
+        rk_pdl_enter();                                                                                           \
+        qmatmul_body<F, true, false>(w, w2, x, x, 0.0f, out, batch, rows, cols, accumulate);                      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_##name(                           \
+        const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
+        float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {                                 \
+        rk_pdl_enter();                                                                                           \
+        qmatmul_body<F, false, true>(w, w, x, g, eps, out, batch, rows, cols, accumulate);                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_##name##_swiglu(                  \
+        const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x,                       \
+        const float* __restrict__ g, float eps, float* __restrict__ out, u64 batch, u64 rows, u64 cols,           \
+        int accumulate) {                                                                                         \
+        rk_pdl_enter();                                                                                           \
+        qmatmul_body<F, true, true>(w, w2, x, g, eps, out, batch, rows, cols, accumulate);                        \
     }
 QMATMUL(f32, 0)
 QMATMUL(q4_1, 1)
@@ -283,7 +323,7 @@ __device__ __forceinline__ void embedding_body(const u32* __restrict__ w, const 
 
 #define EMBEDDING(name, F)                                                                                 \
     extern "C" __global__ void rk_embedding_##name(const u32* __restrict__ w, const u32* __restrict__ ids,  \
-                                                   float* __restrict__ out, u64 rows, u64 cols, u64 count) { \
+                                                   float* __restrict__ out, u64 rows, u64 cols, u64 count) { rk_pdl_enter(); \
         embedding_body<F>(w, ids, out, rows, cols, count);                                                 \
     }
 EMBEDDING(f32, 0)
@@ -295,9 +335,23 @@ EMBEDDING(q8_0, 2)
 // qkv: [tokens, (heads + 2·kv_heads)·hd]. A thread per rotated pair of a query or key head
 // (queries to q: [tokens, heads, hd]; keys to row pos[t] of k_cache: [kv_heads, cap, hd])
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
+// Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
+// row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
+__device__ __forceinline__ void rope_pair(const float* __restrict__ row, u64 h, u64 i, u64 hd, u64 at, float base,
+                                          float* y0, float* y1) {
+    const u64 half = hd / 2;
+    const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
+    double sn, cs;
+    sincos((double)at * inv_freq, &sn, &cs);
+    const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
+    *y0 = (float)((double)x0 * cs - (double)x1 * sn);
+    *y1 = (float)((double)x0 * sn + (double)x1 * cs);
+}
+
 extern "C" __global__ void rk_rope_kv(const float* __restrict__ qkv, const u32* __restrict__ pos,
                                       float* __restrict__ q, float* __restrict__ kc, float* __restrict__ vc,
                                       u64 tokens, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base) {
+    rk_pdl_enter();
     const u64 half = hd / 2, rot = (heads + kv_heads) * half, per_token = rot + kv_heads * hd;
     const u64 total = tokens * per_token;
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (u64)gridDim.x * blockDim.x) {
@@ -305,12 +359,8 @@ extern "C" __global__ void rk_rope_kv(const float* __restrict__ qkv, const u32* 
         const float* row = qkv + t * (heads + 2 * kv_heads) * hd;
         if (r < rot) {
             const u64 h = r / half, i = r % half;
-            const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
-            double sn, cs;
-            sincos((double)at * inv_freq, &sn, &cs);
-            const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
-            const float y0 = (float)((double)x0 * cs - (double)x1 * sn);
-            const float y1 = (float)((double)x0 * sn + (double)x1 * cs);
+            float y0, y1;
+            rope_pair(row, h, i, hd, at, base, &y0, &y1);
             if (h < heads) {
                 float* o = q + (t * heads + h) * hd;
                 o[i] = y0;
@@ -328,73 +378,158 @@ extern "C" __global__ void rk_rope_kv(const float* __restrict__ qkv, const u32* 
 }
 
 // out[t, h] = softmax_j(scale·q[t, h]·k[h/g, j]) · v[h/g, j] over j ≤ pos[t] (clamped to
-// the cache). A block of KV_WARPS warps per (token, query head) as rk_attention: each
-// warp takes every KV_WARPS-th key with an online softmax, lanes split head_dim
-// (≤ 32·ATT_MAXD), the warps' partials merged at the end.
-#define KV_WARPS 8
-extern "C" __global__ void __launch_bounds__(KV_WARPS * WARP) rk_attention_kv(
-    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-    const u32* __restrict__ pos, float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float scale) {
-    __shared__ float sh_m[KV_WARPS], sh_l[KV_WARPS];
-    __shared__ float sh_acc[KV_WARPS][WARP * ATT_MAXD];
+// the cache). Decode has one row per head (nine for SmolLM2), so the parallelism has to be
+// in the keys: one block of KV_THREADS per (token, query head), the keys in tiles of
+// KV_TILE. Every thread scores whole keys (a dot over head_dim, no shuffles), the block
+// takes the tile's max and sum (an online softmax across tiles), then the threads split
+// (head_dim column, key group) for the probability-weighted sum of the values, and the
+// groups' sums are added at the end. V = 4 reads float4s (head_dim % 4 == 0 and the caches
+// 16-byte aligned), V = 1 floats.
+#define KV_THREADS 512
+#define KV_TILE 1024
+#define KV_BATCH 8
+#define KV_MAXD 256
+
+template <int V> struct KvVec;
+template <> struct KvVec<4> {
+    typedef float4 T;
+    __device__ static T zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    __device__ static float dot(T a, T b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+    __device__ static T fma(float p, T v, T acc) {
+        return make_float4(fmaf(p, v.x, acc.x), fmaf(p, v.y, acc.y), fmaf(p, v.z, acc.z), fmaf(p, v.w, acc.w));
+    }
+    __device__ static T scale(T a, float c) { return make_float4(a.x * c, a.y * c, a.z * c, a.w * c); }
+    __device__ static float get(T a, int e) { return e == 0 ? a.x : e == 1 ? a.y : e == 2 ? a.z : a.w; }
+};
+template <> struct KvVec<1> {
+    typedef float T;
+    __device__ static T zero() { return 0.0f; }
+    __device__ static float dot(T a, T b) { return a * b; }
+    __device__ static T fma(float p, T v, T acc) { return fmaf(p, v, acc); }
+    __device__ static T scale(T a, float c) { return a * c; }
+    __device__ static float get(T a, int) { return a; }
+};
+
+// q, kc and vc are not __restrict__: rk_rope_attention_kv writes them in the same kernel,
+// so their loads must not take the read-only (non-coherent) path.
+template <int V>
+__device__ __forceinline__ void attention_kv_body(const float* q, const float* kc,
+                                                  const float* vc, const u32* __restrict__ pos,
+                                                  float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap,
+                                                  float scale) {
+    typedef KvVec<V> K;
+    typedef typename K::T T;
+    __shared__ __align__(16) float sh_q[KV_MAXD];
+    __shared__ float sh_p[KV_TILE];
+    __shared__ float sh_red[WARP];
+    __shared__ __align__(16) float sh_acc[KV_THREADS * V];
     const u64 rowi = blockIdx.x, t = rowi / heads, h = rowi % heads;
     const u64 kvh = h / (heads / kv_heads);
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const float* qr = q + rowi * hd;
-    const float* kb = kc + kvh * cap * hd;
-    const float* vb = vc + kvh * cap * hd;
-    float qv[ATT_MAXD], acc[ATT_MAXD];
-#pragma unroll
-    for (int c = 0; c < ATT_MAXD; c++) {
-        const u64 d = (u64)c * WARP + lane;
-        qv[c] = d < hd ? qr[d] : 0.0f;
-        acc[c] = 0.0f;
-    }
-    const u64 last = pos[t] < cap ? pos[t] : cap - 1;
-    float m = NEG_INF, l = 0.0f;
-    for (u64 j = warp; j <= last; j += KV_WARPS) {
-        const float* kr = kb + j * hd;
-        float s = 0.0f;
-#pragma unroll
-        for (int c = 0; c < ATT_MAXD; c++) {
-            const u64 d = (u64)c * WARP + lane;
-            if (d < hd) s += qv[c] * kr[d];
-        }
-        s = warp_reduce<RSum>(s) * scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn);
-        const float pj = expf(s - mn);
-        l = l * corr + pj;
-        const float* vr = vb + j * hd;
-#pragma unroll
-        for (int c = 0; c < ATT_MAXD; c++) {
-            const u64 d = (u64)c * WARP + lane;
-            acc[c] = acc[c] * corr + (d < hd ? pj * vr[d] : 0.0f);
-        }
-        m = mn;
-    }
-    if (lane == 0) { sh_m[warp] = m; sh_l[warp] = l; }
-#pragma unroll
-    for (int c = 0; c < ATT_MAXD; c++) sh_acc[warp][c * WARP + lane] = acc[c];
+    const int tid = threadIdx.x;
+    const int cols = (int)(hd / V), groups = KV_THREADS / cols, col = tid % cols, g = tid / cols;
+    const T* kb = (const T*)(kc + kvh * cap * hd);
+    const T* vb = (const T*)(vc + kvh * cap * hd);
+    for (u64 d = tid; d < hd; d += KV_THREADS) sh_q[d] = q[rowi * hd + d];
     __syncthreads();
-    if (warp == 0) {
-        float gm = NEG_INF;
-        for (int w = 0; w < KV_WARPS; w++) gm = fmaxf(gm, sh_m[w]);
-        float gl = 0.0f, f[KV_WARPS];
-        for (int w = 0; w < KV_WARPS; w++) {
-            f[w] = sh_m[w] == NEG_INF ? 0.0f : expf(sh_m[w] - gm);
-            gl += sh_l[w] * f[w];
+    const T* q4 = (const T*)sh_q;
+    const u64 n = (pos[t] < cap ? pos[t] : cap - 1) + 1;
+    float m = NEG_INF, l = 0.0f;
+    T acc = K::zero();
+    for (u64 j0 = 0; j0 < n; j0 += KV_TILE) {
+        const int len = (int)(n - j0 < KV_TILE ? n - j0 : KV_TILE);
+        float tmax = NEG_INF;
+        for (int j = tid; j < len; j += KV_THREADS) {
+            const T* kr = kb + (j0 + j) * cols;
+            float s = 0.0f;
+#pragma unroll 8
+            for (int c = 0; c < cols; c++) s += K::dot(q4[c], kr[c]);
+            s *= scale;
+            sh_p[j] = s;
+            tmax = fmaxf(tmax, s);
         }
-        const float inv = gl > 0.0f ? 1.0f / gl : 0.0f;
-        float* o = out + rowi * hd;
+        tmax = block_reduce<RMax>(tmax, sh_red);
+        const float mn = fmaxf(m, tmax);
+        float ts = 0.0f;
+        for (int j = tid; j < len; j += KV_THREADS) {  // each thread its own entries
+            const float p = mn == NEG_INF ? 0.0f : expf(sh_p[j] - mn);
+            sh_p[j] = p;
+            ts += p;
+        }
+        ts = block_reduce<RSum>(ts, sh_red);  // its barriers publish sh_p
+        const float corr = m == NEG_INF ? 0.0f : expf(m - mn);
+        l = l * corr + ts;
+        m = mn;
+        if (g < groups) {
+            acc = K::scale(acc, corr);
+            const T* vr = vb + j0 * cols + col;
+            // KV_BATCH keys a round, the loads of a round issued together (predicated
+            // past the end rather than left to a tail loop of one load at a time).
+#pragma unroll 1
+            for (int j = g; j < len; j += KV_BATCH * groups) {
+                T v[KV_BATCH];
 #pragma unroll
-        for (int c = 0; c < ATT_MAXD; c++) {
-            const u64 d = (u64)c * WARP + lane;
-            if (d < hd) {
-                float a = 0.0f;
-                for (int w = 0; w < KV_WARPS; w++) a += sh_acc[w][c * WARP + lane] * f[w];
-                o[d] = a * inv;
+                for (int b = 0; b < KV_BATCH; b++) {
+                    const int jb = j + b * groups;
+                    v[b] = jb < len ? vr[(u64)jb * cols] : K::zero();
+                }
+#pragma unroll
+                for (int b = 0; b < KV_BATCH; b++) {
+                    const int jb = j + b * groups;
+                    if (jb < len) acc = K::fma(sh_p[jb], v[b], acc);
+                }
             }
         }
+        __syncthreads();  // the next tile overwrites sh_p
     }
+    if (g < groups) ((T*)sh_acc)[g * cols + col] = acc;
+    __syncthreads();
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (u64 d = tid; d < hd; d += KV_THREADS) {
+        float a = 0.0f;
+        for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
+        out[rowi * hd + d] = a * inv;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    const u32* __restrict__ pos, float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float scale) { rk_pdl_enter();
+    if (hd % 4 == 0 && ((size_t)kc | (size_t)vc) % 16 == 0)
+        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+    else
+        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+}
+
+// rk_rope_kv then rk_attention_kv for one token (a decode step), in one kernel: block h
+// rotates its query head into q, and writes the new key and value rows of its key/value
+// head into the caches at pos[0] (when below the capacity) before attending. The blocks of
+// one group write the same row with the same bits (each computes it the same way), so
+// every block can read it back after its own barrier without waiting for the others.
+extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
+    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
+    float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale) {
+    rk_pdl_enter();
+    const u64 h = blockIdx.x, kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
+    // Threads [0, half) rotate the query head, [half, hd) the key head.
+    for (u64 r = threadIdx.x; r < hd; r += blockDim.x) {
+        const u64 i = r % half;
+        float y0, y1;
+        if (r < half) {
+            rope_pair(qkv, h, i, hd, at, base, &y0, &y1);
+            q[h * hd + i] = y0;
+            q[h * hd + i + half] = y1;
+        } else if (at < cap) {
+            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1);
+            kc[(kvh * cap + at) * hd + i] = y0;
+            kc[(kvh * cap + at) * hd + i + half] = y1;
+        }
+    }
+    if (at < cap)
+        for (u64 i = threadIdx.x; i < hd; i += blockDim.x)
+            vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
+    __syncthreads();  // this block's writes, visible to its threads
+    if (hd % 4 == 0 && ((size_t)kc | (size_t)vc) % 16 == 0)
+        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+    else
+        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
 }

@@ -13,6 +13,20 @@ typedef unsigned long long u64;
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define POS_INF (__int_as_float(0x7f800000))
 
+// Every kernel of this file and model.cu starts with rk_pdl_enter(). On sm_90 and newer the
+// backend launches them with programmatic dependent launch: a kernel may be scheduled
+// while the one before it in the stream still runs, so it first waits for that kernel to
+// finish and its writes to be visible (griddepcontrol.wait), then lets the next kernel be
+// scheduled (launch_dependents): the launch of kernel n+1 overlaps kernel n instead of
+// following it. Launched without the attribute (older GPUs, RINGKERNEL_CUDA_PDL=0) both
+// instructions do nothing.
+__device__ __forceinline__ void rk_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ------------------------------------------------------------------ elementwise
 
 struct OpNeg { __device__ static float f(float x) { return -x; } };
@@ -87,7 +101,7 @@ __device__ __forceinline__ void scalar_body(const float* __restrict__ a, float s
 }
 
 #define RK_UNARY(name, Op) \
-    extern "C" __global__ void rk_unary_##name(const float* __restrict__ x, float* __restrict__ out, u64 n) { unary_body<Op>(x, out, n); }
+    extern "C" __global__ void rk_unary_##name(const float* __restrict__ x, float* __restrict__ out, u64 n) { rk_pdl_enter(); unary_body<Op>(x, out, n); }
 RK_UNARY(neg, OpNeg)
 RK_UNARY(abs, OpAbs)
 RK_UNARY(sqrt, OpSqrt)
@@ -103,9 +117,9 @@ RK_UNARY(gelu, OpGelu)
 
 #define RK_BINARY(name, Op)                                                                                     \
     extern "C" __global__ void rk_binary_##name(const float* __restrict__ a, const float* __restrict__ b,       \
-                                                float* __restrict__ out, u64 n) { binary_body<Op>(a, b, out, n); } \
+                                                float* __restrict__ out, u64 n) { rk_pdl_enter(); binary_body<Op>(a, b, out, n); } \
     extern "C" __global__ void rk_scalar_##name(const float* __restrict__ a, float s, float* __restrict__ out,   \
-                                                u64 n) { scalar_body<Op>(a, s, out, n); }
+                                                u64 n) { rk_pdl_enter(); scalar_body<Op>(a, s, out, n); }
 RK_BINARY(add, OpAdd)
 RK_BINARY(sub, OpSub)
 RK_BINARY(mul, OpMul)
@@ -114,7 +128,7 @@ RK_BINARY(max, OpMax)
 RK_BINARY(min, OpMin)
 
 struct Silu2 { __device__ static float f(float g, float u) { return g / (1.0f + expf(-g)) * u; } };
-extern "C" __global__ void rk_swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, u64 n) {
+extern "C" __global__ void rk_swiglu(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, u64 n) { rk_pdl_enter();
     binary_body<Silu2>(gate, up, out, n);
 }
 
@@ -224,17 +238,17 @@ __device__ __forceinline__ void reduce_cols_body(const float* __restrict__ x, fl
 
 #define RK_REDUCE(name, R)                                                                                         \
     extern "C" __global__ void rk_reduce_rows_##name(const float* __restrict__ x, float* __restrict__ out, u64 rows, \
-                                                     u64 cols, float scale) { reduce_rows_body<R>(x, out, rows, cols, scale); } \
+                                                     u64 cols, float scale) { rk_pdl_enter(); reduce_rows_body<R>(x, out, rows, cols, scale); } \
     extern "C" __global__ void rk_reduce_partial_##name(const float* __restrict__ x, float* __restrict__ partial,  \
-                                                        u64 cols, u64 parts) { reduce_partial_body<R>(x, partial, cols, parts); } \
+                                                        u64 cols, u64 parts) { rk_pdl_enter(); reduce_partial_body<R>(x, partial, cols, parts); } \
     extern "C" __global__ void rk_reduce_cols_##name(const float* __restrict__ x, float* __restrict__ out, u64 outer, \
-                                                     u64 axis, u64 inner, float scale) { reduce_cols_body<R>(x, out, outer, axis, inner, scale); }
+                                                     u64 axis, u64 inner, float scale) { rk_pdl_enter(); reduce_cols_body<R>(x, out, outer, axis, inner, scale); }
 RK_REDUCE(sum, RSum)
 RK_REDUCE(max, RMax)
 RK_REDUCE(min, RMin)
 
 // Dot product, first stage: block p sums a[i]*b[i] over its grid-stride share.
-extern "C" __global__ void rk_dot_partial(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ partial, u64 n) {
+extern "C" __global__ void rk_dot_partial(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ partial, u64 n) { rk_pdl_enter();
     __shared__ float sh[WARP];
     double acc = 0.0;  // see RSum
     const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -251,7 +265,7 @@ extern "C" __global__ void rk_dot_partial(const float* __restrict__ a, const flo
 }
 
 // out[m] = A[m, :] . x, one warp per row.
-extern "C" __global__ void rk_matvec(const float* __restrict__ A, const float* __restrict__ x, float* __restrict__ out, u64 m, u64 k) {
+extern "C" __global__ void rk_matvec(const float* __restrict__ A, const float* __restrict__ x, float* __restrict__ out, u64 m, u64 k) { rk_pdl_enter();
     const u64 warps_per_block = blockDim.x / WARP;
     const u64 row = (u64)blockIdx.x * warps_per_block + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -286,7 +300,7 @@ __device__ __forceinline__ void softmax_combine(float& m, float& s, float m2, fl
     m = mn;
 }
 
-extern "C" __global__ void rk_softmax(const float* __restrict__ x, float* __restrict__ out, u64 rows, u64 cols, int cached) {
+extern "C" __global__ void rk_softmax(const float* __restrict__ x, float* __restrict__ out, u64 rows, u64 cols, int cached) { rk_pdl_enter();
     extern __shared__ float row_cache[];
     __shared__ float shm[WARP], shs[WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = (blockDim.x + WARP - 1) / WARP;
@@ -344,7 +358,7 @@ extern "C" __global__ void rk_softmax(const float* __restrict__ x, float* __rest
 }
 
 extern "C" __global__ void rk_rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                                       u64 rows, u64 cols, float eps, int cached) {
+                                       u64 rows, u64 cols, float eps, int cached) { rk_pdl_enter();
     extern __shared__ float row_cache[];
     __shared__ float sh[WARP];
     for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -396,7 +410,7 @@ __device__ __forceinline__ void welford_combine(float& n, float& mean, float& m2
 }
 
 extern "C" __global__ void rk_layer_norm(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                                         float* __restrict__ out, u64 rows, u64 cols, float eps, int cached) {
+                                         float* __restrict__ out, u64 rows, u64 cols, float eps, int cached) { rk_pdl_enter();
     extern __shared__ float row_cache[];
     __shared__ float shn[WARP], shm[WARP], shq[WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = (blockDim.x + WARP - 1) / WARP;
@@ -442,7 +456,7 @@ extern "C" __global__ void rk_layer_norm(const float* __restrict__ x, const floa
 // x, out: [seq, heads, head_dim]; one thread per (s, h, i < head_dim/2). The angle is
 // computed in double so long positions keep their precision.
 extern "C" __global__ void rk_rope(const float* __restrict__ x, const float* __restrict__ pos, float* __restrict__ out,
-                                   u64 seq, u64 heads, u64 head_dim, float base) {
+                                   u64 seq, u64 heads, u64 head_dim, float base) { rk_pdl_enter();
     const u64 half = head_dim / 2;
     const u64 total = seq * heads * half;
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (u64)gridDim.x * blockDim.x) {
@@ -465,7 +479,7 @@ extern "C" __global__ void rk_rope(const float* __restrict__ x, const float* __r
 // Block: 32 x 8 threads over (j, i); grid.z = batch-heads.
 extern "C" __global__ void rk_attn_scores(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ out,
                                           u64 q_len, u64 kv_len, u64 kv_stride, u64 head_dim, float scale, int causal,
-                                          u64 q_offset) {
+                                          u64 q_offset) { rk_pdl_enter();
     const u64 bh = blockIdx.z;
     const u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 i = (u64)blockIdx.y * blockDim.y + threadIdx.y;
@@ -481,7 +495,7 @@ extern "C" __global__ void rk_attn_scores(const float* __restrict__ q, const flo
 
 // out[b, i, d] = sum_j p[b, i, j] * v[b, j, d]. Block: 32 x 8 over (d, i).
 extern "C" __global__ void rk_attn_weighted_sum(const float* __restrict__ p, const float* __restrict__ v, float* __restrict__ out,
-                                                u64 q_len, u64 kv_len, u64 kv_stride, u64 head_dim) {
+                                                u64 q_len, u64 kv_len, u64 kv_stride, u64 head_dim) { rk_pdl_enter();
     const u64 bh = blockIdx.z;
     const u64 d = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 i = (u64)blockIdx.y * blockDim.y + threadIdx.y;
@@ -501,7 +515,7 @@ extern "C" __global__ void rk_attn_weighted_sum(const float* __restrict__ p, con
 #define ATT_MAXD 8
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP) rk_attention(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out,
-    u64 q_len, u64 kv_len, u64 kv_stride, u64 head_dim, float scale, int causal, u64 q_offset) {
+    u64 q_len, u64 kv_len, u64 kv_stride, u64 head_dim, float scale, int causal, u64 q_offset) { rk_pdl_enter();
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
     __shared__ float sh_acc[ATT_WARPS][WARP * ATT_MAXD];
     const u64 bh = blockIdx.y, i = blockIdx.x;

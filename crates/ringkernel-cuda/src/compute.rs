@@ -66,6 +66,19 @@ pub(crate) struct ComputeInner {
     stream: Stream,
     dev: Arc<Device>,
     tf32: AtomicBool,
+    /// Launch the op kernels with programmatic dependent launch (see `pdl_wanted`).
+    pdl: bool,
+}
+
+/// Whether the op kernels go out with programmatic dependent launch: sm_90 or newer, a
+/// driver whose stream capture keeps the programmatic edges in a graph (12.3), and
+/// `RINGKERNEL_CUDA_PDL` not `0` (the switch exists to measure with and without it). The
+/// kernels wait for their predecessor first thing (`rk_pdl_enter` in `kernels/ops.cu`),
+/// so what changes is only that a kernel's launch overlaps the one before it.
+fn pdl_wanted(info: &crate::DeviceInfo) -> bool {
+    info.cc.0 >= 9
+        && info.driver_version >= 12030
+        && std::env::var("RINGKERNEL_CUDA_PDL").map_or(true, |v| v != "0")
 }
 
 /// CUDA implementation of [`ComputeBackend`] on one device.
@@ -153,6 +166,7 @@ impl CudaCompute {
             crate::nvrtc::compile_cubin(OPS_SRC, "ops", dev.info.cc, dev.info.driver_version)?;
         let module = dev.load_module(&cubin)?;
         let stream = dev.new_stream()?;
+        let pdl = pdl_wanted(&dev.info);
         Ok(CudaCompute {
             inner: Arc::new(ComputeInner {
                 cublas: Mutex::new(None),
@@ -161,6 +175,7 @@ impl CudaCompute {
                 stream,
                 dev,
                 tf32: AtomicBool::new(false),
+                pdl,
             }),
         })
     }
@@ -251,12 +266,38 @@ impl CudaCompute {
     ) -> Result<()> {
         let f = self.func(name)?;
         self.inner.dev.bind()?;
-        // SAFETY: `f` is a kernel of our module whose parameter list matches `args`
-        // (each call site passes pointers to locals of the exact C types, in order);
-        // every buffer pointer was length-checked by the caller against what the
-        // kernel touches; the stream is valid.
-        unsafe { cu::launch_kernel(f.0, grid, block, smem, self.inner.stream.raw, args) }
-            .map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
+        let launched = if self.inner.pdl {
+            // SAFETY: an all-zero CUlaunchAttribute is a valid plain C struct (id 0,
+            // value bytes zero); both fields are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: smem,
+                hStream: self.inner.stream.raw,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for cuLaunchKernel below; `config` and `attr` outlive the call,
+            // which copies them. Every kernel of the module begins with rk_pdl_enter, so
+            // none touches memory before the kernel ahead of it in the stream is done.
+            unsafe { sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+        } else {
+            // SAFETY: `f` is a kernel of our module whose parameter list matches `args`
+            // (each call site passes pointers to locals of the exact C types, in order);
+            // every buffer pointer was length-checked by the caller against what the
+            // kernel touches; the stream is valid.
+            unsafe { cu::launch_kernel(f.0, grid, block, smem, self.inner.stream.raw, args) }
+        };
+        launched.map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
     }
 
     /// The device address of `b`, checked to be a buffer of this backend (for the NCCL

@@ -8,10 +8,10 @@
 //! ([`ComputeBackend::record`]: a CUDA graph, so a token costs one graph launch) and
 //! replayed at every position.
 //!
-//! One step, per layer: `rms_norm` → `qmatmul` (q, k, v in one matrix) → `rope_kv` (into
-//! the cache) → `attention_kv` → `qmatmul` accumulating into the residual stream →
-//! `rms_norm` → `qmatmul_swiglu` (gate and up) → `qmatmul` accumulating; then the final
-//! norm and the output projection.
+//! One step, per layer: `rms_norm_qmatmul` (the norm, then q, k, v in one matrix) →
+//! `rope_attention_kv` (RoPE, the new row into the cache, attention) → `qmatmul`
+//! accumulating into the residual stream → `rms_norm_qmatmul` (the norm, then gate and
+//! up with SwiGLU) → `qmatmul` accumulating; then the final norm and the output projection (`rms_norm_qmatmul`).
 //!
 //! ```no_run
 //! use ringkernel::compute::Device;
@@ -532,16 +532,17 @@ impl Model {
         };
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = (&*cache.k[l], &*cache.v[l]);
-            b.rms_norm(&*s.x, &*lw.attn_norm, &*s.xb, n, d, eps)?;
-            b.qmatmul(
-                &**lw.qkv.buffer(),
-                lw.qkv.format(),
+            b.rms_norm_qmatmul(
+                &*s.x,
+                &*lw.attn_norm,
+                eps,
                 &*s.xb,
+                &[&**lw.qkv.buffer()],
+                lw.qkv.format(),
                 &*s.qkv,
                 mm(n, d + 2 * kvd, d, false),
             )?;
-            b.rope_kv(&*s.qkv, &*s.pos, &*s.q, kc, vc, kv)?;
-            b.attention_kv(&*s.q, kc, vc, &*s.pos, &*s.att, kv)?;
+            b.rope_attention_kv(&*s.qkv, &*s.pos, &*s.q, kc, vc, &*s.att, kv)?;
             b.qmatmul(
                 &**lw.wo.buffer(),
                 lw.wo.format(),
@@ -549,12 +550,13 @@ impl Model {
                 &*s.x,
                 mm(n, d, d, true),
             )?;
-            b.rms_norm(&*s.x, &*lw.ffn_norm, &*s.xb, n, d, eps)?;
-            b.qmatmul_swiglu(
-                &**lw.gate.buffer(),
-                &**lw.up.buffer(),
-                lw.gate.format(),
+            b.rms_norm_qmatmul(
+                &*s.x,
+                &*lw.ffn_norm,
+                eps,
                 &*s.xb,
+                &[&**lw.gate.buffer(), &**lw.up.buffer()],
+                lw.gate.format(),
                 &*s.hb,
                 mm(n, c.hidden, d, false),
             )?;
@@ -566,17 +568,20 @@ impl Model {
                 mm(n, d, c.hidden, true),
             )?;
         }
-        b.rms_norm(&*s.x, &*w.out_norm, &*s.xb, n, d, eps)?;
+        // The output head sees the last token only.
         let last: &BufferRef = if n == 1 {
-            &s.xb
+            &s.x
         } else {
-            b.copy(&*s.xb, (n - 1) * d, &*s.last, 0, d)?;
+            b.copy(&*s.x, (n - 1) * d, &*s.last, 0, d)?;
             &s.last
         };
-        b.qmatmul(
-            &**w.output.buffer(),
-            w.output.format(),
+        b.rms_norm_qmatmul(
             &**last,
+            &*w.out_norm,
+            eps,
+            &*s.xb,
+            &[&**w.output.buffer()],
+            w.output.format(),
             &*s.logits,
             mm(1, c.vocab, d, false),
         )?;

@@ -5,8 +5,8 @@
 
 use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
 use ringkernel_core::compute::{
-    checks, BinaryOp, BroadcastDims, DType, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
-    Replay, WeightFormat, MAX_BROADCAST_RANK,
+    checks, BinaryOp, BroadcastDims, ComputeBackend, DType, DeviceBuffer, EmbeddingDims, KvDims,
+    QMatmulDims, Replay, WeightFormat, MAX_BROADCAST_RANK,
 };
 use ringkernel_core::{Error, Result};
 
@@ -14,9 +14,9 @@ use ringkernel_core::{Error, Result};
 /// `QM_WARPS` and `QM_TOKENS` in `model.cu`.
 const QM_WARPS: usize = 4;
 const QM_TOKENS: usize = 4;
-/// Warps per `rk_attention_kv` block (`KV_WARPS`), and the largest head it takes
-/// (32 lanes × `ATT_MAXD`).
-const KV_WARPS: u32 = 8;
+/// Threads per `rk_attention_kv` block (`KV_THREADS`), and the largest head it takes
+/// (`KV_MAXD`).
+const KV_THREADS: u32 = 512;
 const KV_MAX_HEAD_DIM: usize = 256;
 
 /// `BroadcastDims` of `model.cu`, passed by value.
@@ -144,6 +144,36 @@ impl CudaCompute {
     }
 
     /// `qmatmul` (`w` one matrix) or `qmatmul_swiglu` (`w` = gate, up).
+    /// `ComputeBackend::rms_norm_qmatmul`: one `rk_qmatmul_norm_*` kernel for up to
+    /// `QM_TOKENS` tokens (a decode step), else `rms_norm` into `normed` and the matvec.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rms_norm_qmatmul_impl(
+        &self,
+        x: &dyn DeviceBuffer,
+        norm: &dyn DeviceBuffer,
+        eps: f32,
+        normed: &dyn DeviceBuffer,
+        w: &[&dyn DeviceBuffer],
+        format: WeightFormat,
+        out: &dyn DeviceBuffer,
+        d: QMatmulDims,
+    ) -> Result<()> {
+        if !matches!(w.len(), 1 | 2) {
+            return Err(Error::invalid(format!(
+                "rms_norm_qmatmul: {} weight matrices (one, or gate and up)",
+                w.len()
+            )));
+        }
+        checks::rms_norm(d.batch, d.cols)?.check(&[x, norm, normed])?;
+        if d.batch > QM_TOKENS {
+            ComputeBackend::rms_norm(self, x, norm, normed, d.batch, d.cols, eps)?;
+            return self.qmatmul_impl(w, format, normed, out, d, None);
+        }
+        self.qmatmul_impl(w, format, x, out, d, Some((norm, eps)))
+    }
+
+    /// `qmatmul` (one matrix) or `qmatmul_swiglu` (two); with `norm`, x is RMS-normalised
+    /// inside the kernel (`rk_qmatmul_norm_*`, at most `QM_TOKENS` tokens).
     pub(super) fn qmatmul_impl(
         &self,
         w: &[&dyn DeviceBuffer],
@@ -151,6 +181,7 @@ impl CudaCompute {
         x: &dyn DeviceBuffer,
         out: &dyn DeviceBuffer,
         d: QMatmulDims,
+        norm: Option<(&dyn DeviceBuffer, f32)>,
     ) -> Result<()> {
         let gated = w.len() == 2;
         let needs = if gated {
@@ -161,6 +192,9 @@ impl CudaCompute {
         let mut args: Vec<&dyn DeviceBuffer> = w.to_vec();
         args.extend([x, out]);
         needs.check(&args)?;
+        if let Some((g, _)) = norm {
+            args.insert(args.len() - 1, g);
+        }
         // Buffers of another device first: the aliasing check compares identities only.
         let ptrs = self.device_ptrs(&args)?;
         checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
@@ -183,42 +217,96 @@ impl CudaCompute {
         );
         let grid = (gx as u32, gy as u32, 1);
         let block = ((QM_WARPS * 32) as u32, 1, 1);
-        if gated {
-            let (mut pg, mut pu, mut px, mut po) = (ptrs[0], ptrs[1], ptrs[2], ptrs[3]);
-            self.launch(
-                &format!("rk_qmatmul_{}_swiglu", format.name()),
-                grid,
-                block,
-                0,
-                &mut [
-                    arg(&mut pg),
-                    arg(&mut pu),
-                    arg(&mut px),
-                    arg(&mut po),
-                    arg(&mut b),
-                    arg(&mut r),
-                    arg(&mut c),
-                    arg(&mut acc),
-                ],
-            )
-        } else {
-            let (mut pw, mut px, mut po) = (ptrs[0], ptrs[1], ptrs[2]);
-            self.launch(
-                &format!("rk_qmatmul_{}", format.name()),
-                grid,
-                block,
-                0,
-                &mut [
-                    arg(&mut pw),
-                    arg(&mut px),
-                    arg(&mut po),
-                    arg(&mut b),
-                    arg(&mut r),
-                    arg(&mut c),
-                    arg(&mut acc),
-                ],
-            )
+        let name = format!(
+            "rk_qmatmul_{}{}{}",
+            if norm.is_some() { "norm_" } else { "" },
+            format.name(),
+            if gated { "_swiglu" } else { "" }
+        );
+        // The pointers in the kernels' order: weights (one or two), x, then with a norm
+        // its weights and epsilon, then out and the sizes.
+        let mut ptrs = ptrs;
+        let mut eps = norm.map_or(0.0f32, |(_, e)| e);
+        let mut params: Vec<*mut std::ffi::c_void> = Vec::with_capacity(10);
+        let n_in = ptrs.len() - 1;
+        let (inputs, output) = ptrs.split_at_mut(n_in);
+        for p in inputs.iter_mut() {
+            params.push(arg(p));
         }
+        if norm.is_some() {
+            params.push(arg(&mut eps));
+        }
+        params.push(arg(&mut output[0]));
+        params.extend([arg(&mut b), arg(&mut r), arg(&mut c), arg(&mut acc)]);
+        self.launch(&name, grid, block, 0, &mut params)
+    }
+
+    /// `ComputeBackend::rope_attention_kv`: one `rk_rope_attention_kv` kernel for a
+    /// single token, else `rope_kv` and `attention_kv`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rope_attention_kv_impl(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: KvDims,
+    ) -> Result<()> {
+        if d.tokens != 1 {
+            self.rope_kv_impl(qkv, positions, q, k_cache, v_cache, d)?;
+            return self.attention_kv_impl(q, k_cache, v_cache, positions, out, d);
+        }
+        // The checks of the two ops, and out apart from everything else.
+        checks::rope_kv(&d)?.check(&[qkv, positions, q, k_cache, v_cache])?;
+        checks::attention_kv(&d)?.check(&[q, k_cache, v_cache, positions, out])?;
+        let all = [qkv, positions, q, k_cache, v_cache, out];
+        let p = self.device_ptrs(&all)?;
+        for (i, o) in all.iter().enumerate().skip(2) {
+            let others: Vec<&dyn DeviceBuffer> = all
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, b)| *b)
+                .collect();
+            checks::distinct("rope_attention_kv", *o, &others)?;
+        }
+        if d.head_dim > KV_MAX_HEAD_DIM {
+            return Err(Error::invalid(format!(
+                "rope_attention_kv: head_dim {} over the kernel's {KV_MAX_HEAD_DIM}",
+                d.head_dim
+            )));
+        }
+        let (mut px, mut pp, mut pq, mut pk, mut pv, mut po) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+        let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
+            d.heads as u64,
+            d.kv_heads as u64,
+            d.head_dim as u64,
+            d.capacity as u64,
+            d.rope_base,
+            d.scale,
+        );
+        self.launch(
+            "rk_rope_attention_kv",
+            (d.heads as u32, 1, 1),
+            (KV_THREADS, 1, 1),
+            0,
+            &mut [
+                arg(&mut px),
+                arg(&mut pp),
+                arg(&mut pq),
+                arg(&mut pk),
+                arg(&mut pv),
+                arg(&mut po),
+                arg(&mut h),
+                arg(&mut kh),
+                arg(&mut hd),
+                arg(&mut cap),
+                arg(&mut base),
+                arg(&mut sc),
+            ],
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -316,7 +404,7 @@ impl CudaCompute {
         self.launch(
             "rk_attention_kv",
             (rows as u32, 1, 1),
-            (KV_WARPS * 32, 1, 1),
+            (KV_THREADS, 1, 1),
             0,
             &mut [
                 arg(&mut pq),
@@ -392,7 +480,7 @@ macro_rules! model_ops {
             out: &dyn DeviceBuffer,
             dims: QMatmulDims,
         ) -> Result<()> {
-            self.qmatmul_impl(&[w], format, x, out, dims)
+            self.qmatmul_impl(&[w], format, x, out, dims, None)
         }
         fn qmatmul_swiglu(
             &self,
@@ -403,7 +491,20 @@ macro_rules! model_ops {
             out: &dyn DeviceBuffer,
             dims: QMatmulDims,
         ) -> Result<()> {
-            self.qmatmul_impl(&[w_gate, w_up], format, x, out, dims)
+            self.qmatmul_impl(&[w_gate, w_up], format, x, out, dims, None)
+        }
+        fn rms_norm_qmatmul(
+            &self,
+            x: &dyn DeviceBuffer,
+            norm: &dyn DeviceBuffer,
+            eps: f32,
+            normed: &dyn DeviceBuffer,
+            w: &[&dyn DeviceBuffer],
+            format: WeightFormat,
+            out: &dyn DeviceBuffer,
+            dims: QMatmulDims,
+        ) -> Result<()> {
+            self.rms_norm_qmatmul_impl(x, norm, eps, normed, w, format, out, dims)
         }
         fn rope_kv(
             &self,
@@ -426,6 +527,18 @@ macro_rules! model_ops {
             dims: KvDims,
         ) -> Result<()> {
             self.attention_kv_impl(q, k_cache, v_cache, positions, out, dims)
+        }
+        fn rope_attention_kv(
+            &self,
+            qkv: &dyn DeviceBuffer,
+            positions: &dyn DeviceBuffer,
+            q: &dyn DeviceBuffer,
+            k_cache: &dyn DeviceBuffer,
+            v_cache: &dyn DeviceBuffer,
+            out: &dyn DeviceBuffer,
+            dims: KvDims,
+        ) -> Result<()> {
+            self.rope_attention_kv_impl(qkv, positions, q, k_cache, v_cache, out, dims)
         }
         fn record(
             &self,

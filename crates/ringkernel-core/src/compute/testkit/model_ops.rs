@@ -4,10 +4,15 @@
 use super::{compare, ErrKind, ForeignBuffer, Kit, Outcome, GUARD};
 use crate::compute::dtype::{self, DType};
 use crate::compute::quant::{self, WeightFormat};
-use crate::compute::{checks, reference, BinaryOp, BufferRef, EmbeddingDims, KvDims, QMatmulDims};
+use crate::compute::{
+    checks, reference, BinaryOp, BufferRef, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
+};
 use crate::error::Result;
 
 /// Values that exercise every rounding and range case of the half types.
+/// The epsilon of the fused RMSNorm checks (SmolLM2's).
+const NORM_EPS: f32 = 1e-5;
+
 const SPECIAL: [f32; 16] = [
     0.0,
     -0.0,
@@ -192,6 +197,32 @@ impl Kit<'_> {
                     &r,
                     |k| k.run_qmatmul(format, &[&w, &w2], &x, &init, d),
                 );
+                // RMSNorm before the matvec (CUDA fuses up to 4 tokens into one kernel;
+                // 8 and 17 take the two ops), one matrix and gate/up.
+                let norm = self.rng.vec(cols, 0.5, 1.5);
+                let xn = reference::rms_norm(&x, &norm, batch, cols, NORM_EPS);
+                let xn32: Vec<f32> = xn.iter().map(|&v| v as f32).collect();
+                let kappa = cancellation(format, &w, &xn32, &init, d)
+                    .max(cancellation(format, &w2, &xn32, &init, d));
+                for (gated, r) in [
+                    (false, reference::qmatmul(format, &w, &xn, &init, d)),
+                    (
+                        true,
+                        reference::qmatmul_swiglu(format, &w, &w2, &xn, &init, d),
+                    ),
+                ] {
+                    let ws: Vec<&[u32]> = if gated { vec![&w, &w2] } else { vec![&w] };
+                    self.numeric(
+                        &format!(
+                            "rms_norm_qmatmul{} {format}",
+                            if gated { " swiglu" } else { "" }
+                        ),
+                        &size,
+                        self.tol.linear.max(self.tol.transcendental) * kappa,
+                        &r,
+                        |k| k.run_norm_qmatmul(format, &ws, &x, &norm, &init, d),
+                    );
+                }
             }
             for (rows, cols, count) in [(1, 32, 1), (7, 64, 5), (100, 96, 9), (50, 576, 3)] {
                 let d = EmbeddingDims { rows, cols, count };
@@ -233,6 +264,35 @@ impl Kit<'_> {
         quant::quantize(format, &x)
     }
 
+    /// `rms_norm_qmatmul` with the norm weights `norm`, the output starting as `init`.
+    fn run_norm_qmatmul(
+        &self,
+        format: WeightFormat,
+        w: &[&[u32]],
+        x: &[f32],
+        norm: &[f32],
+        init: &[f32],
+        d: QMatmulDims,
+    ) -> Result<Vec<f32>> {
+        let ws = w
+            .iter()
+            .map(|w| self.upload_words(w, false))
+            .collect::<Result<Vec<_>>>()?;
+        let wr: Vec<&dyn DeviceBuffer> = ws.iter().map(|b| &**b).collect();
+        let xb = self.b.upload(x)?;
+        let nb = self.b.upload(norm)?;
+        let normed = self.poisoned(d.batch * d.cols)?;
+        let mut o = init.to_vec();
+        if !d.accumulate {
+            o.iter_mut().for_each(|v| *v = f32::NAN);
+        }
+        o.extend([f32::NAN; GUARD]);
+        let out = self.b.upload(&o)?;
+        self.b
+            .rms_norm_qmatmul(&*xb, &*nb, NORM_EPS, &*normed, &wr, format, &*out, d)?;
+        self.fetch(&out, d.batch * d.rows)
+    }
+
     /// `qmatmul` (one weight matrix) or `qmatmul_swiglu` (two), the output starting as
     /// `init`.
     fn run_qmatmul(
@@ -271,6 +331,9 @@ impl Kit<'_> {
             (5, 4, 2, 16, 12),
             (3, 6, 6, 8, 5),
             (16, 8, 1, 32, 300),
+            // past one tile of keys (1,024 in the CUDA kernel), float4 and scalar heads
+            (2, 9, 3, 64, 2500),
+            (3, 2, 1, 6, 1100),
         ];
         for (tokens, heads, kv_heads, head_dim, capacity) in cases {
             let d = KvDims {
@@ -368,19 +431,26 @@ impl Kit<'_> {
         let steps: Vec<Vec<f32>> = (0..d.capacity)
             .map(|_| self.rng.vec(128, -1.0, 1.0))
             .collect();
-        let outcome = match self.run_decode_loop(&steps, d) {
-            Err(e) => Outcome::Failed(format!("error: {e}")),
-            Ok((got, want)) => compare(&got, &want, self.tol.attention.max(self.tol.rope)),
-        };
-        self.record(
-            "rope_kv + attention_kv",
-            "recorded decode loop, 6 steps",
-            outcome,
-        );
+        for (fused, op) in [
+            (false, "rope_kv + attention_kv"),
+            (true, "rope_attention_kv"),
+        ] {
+            let outcome = match self.run_decode_loop(&steps, d, fused) {
+                Err(e) => Outcome::Failed(format!("error: {e}")),
+                Ok((got, want)) => compare(&got, &want, self.tol.attention.max(self.tol.rope)),
+            };
+            self.record(op, "recorded decode loop, 6 steps", outcome);
+        }
     }
 
-    /// Runs the loop; returns every step's attention output, and the reference's.
-    fn run_decode_loop(&self, steps: &[Vec<f32>], d: KvDims) -> Result<(Vec<f32>, Vec<f64>)> {
+    /// Runs the loop (the two ops, or `rope_attention_kv`); returns every step's attention
+    /// output and then both caches, and the reference's.
+    fn run_decode_loop(
+        &self,
+        steps: &[Vec<f32>],
+        d: KvDims,
+        fused: bool,
+    ) -> Result<(Vec<f32>, Vec<f64>)> {
         let b = self.b;
         let s = checks::kv_sizes(&d)?;
         let qkv = b.alloc(s.qkv)?;
@@ -390,6 +460,9 @@ impl Kit<'_> {
         let (kc, vc) = (b.upload(&zeros)?, b.upload(&zeros)?);
         let out = b.alloc(s.q)?;
         let mut ops = || -> Result<()> {
+            if fused {
+                return b.rope_attention_kv(&*qkv, &*pos, &*q, &*kc, &*vc, &*out, d);
+            }
             b.rope_kv(&*qkv, &*pos, &*q, &*kc, &*vc, d)?;
             b.attention_kv(&*q, &*kc, &*vc, &*pos, &*out, d)
         };
@@ -411,6 +484,12 @@ impl Kit<'_> {
             hv = rv.iter().map(|&v| v as f32).collect();
             let rq: Vec<f32> = rq.iter().map(|&v| v as f32).collect();
             want.extend(reference::attention_kv(&rq, &hk, &hv, &[step as u32], d));
+        }
+        for (cache, reference) in [(&kc, &hk), (&vc, &hv)] {
+            let mut c = vec![0.0f32; s.cache];
+            b.read(&**cache, 0, &mut c)?;
+            got.extend(c);
+            want.extend(reference.iter().map(|&v| v as f64));
         }
         Ok((got, want))
     }
@@ -529,6 +608,32 @@ impl Kit<'_> {
             Shape,
             b.qmatmul_swiglu(g, s, WeightFormat::Q8_0, g, g, qd),
         );
+        if let (Ok(x), Ok(normed), Ok(out)) = (
+            b.upload(&[1.0; 64]),
+            b.upload(&[1.0; 64]),
+            b.upload(&[1.0; 64]),
+        ) {
+            let (x, n, o) = (&*x, &*normed, &*out);
+            let q4 = WeightFormat::Q4_1;
+            self.expect_err(
+                "rms_norm_qmatmul",
+                "three weight matrices",
+                Any,
+                b.rms_norm_qmatmul(x, g, 1e-5, n, &[g, g, g], q4, o, qd),
+            );
+            self.expect_err(
+                "rms_norm_qmatmul",
+                "norm weights too short",
+                Shape,
+                b.rms_norm_qmatmul(x, s, 1e-5, n, &[g], q4, o, qd),
+            );
+            self.expect_err(
+                "rms_norm_qmatmul",
+                "gate weights too short",
+                Shape,
+                b.rms_norm_qmatmul(x, g, 1e-5, n, &[s, g], WeightFormat::Q8_0, o, qd),
+            );
+        }
         let ed = EmbeddingDims {
             rows: 2,
             cols: 32,
@@ -596,6 +701,26 @@ impl Kit<'_> {
             Device,
             b.attention_kv(g, g, f, g, g, kd),
         );
+        if let (Ok(q), Ok(kc), Ok(vc)) = (
+            b.upload(&[1.0; 64]),
+            b.upload(&[1.0; 64]),
+            b.upload(&[1.0; 64]),
+        ) {
+            // positions from g: 1.0's bits, far past the cache (nothing written there)
+            let (q, kc, vc) = (&*q, &*kc, &*vc);
+            self.expect_err(
+                "rope_attention_kv",
+                "output too short",
+                Shape,
+                b.rope_attention_kv(g, g, q, kc, vc, s, KvDims { heads: 4, ..kd }),
+            );
+            self.expect_err(
+                "rope_attention_kv",
+                "output is the query buffer",
+                Any,
+                b.rope_attention_kv(g, g, q, kc, vc, q, kd),
+            );
+        }
     }
 }
 
