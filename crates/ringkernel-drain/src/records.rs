@@ -86,19 +86,27 @@ impl Chunk {
         self.count += 1;
     }
 
-    /// Hands the front record to `take` and drops it; `None` when the chunk is empty.
-    fn pop(&mut self, take: impl FnOnce(&MessageHeader, &[u8]) -> bool) -> Option<bool> {
+    /// Hands the front record (header and payload, without the padding) to `take` and
+    /// drops it; `None` when the chunk is empty.
+    #[inline]
+    fn pop(&mut self, take: impl FnOnce(&[u8]) -> bool) -> Option<bool> {
         if self.count == 0 {
             return None;
         }
         let at = self.read;
-        let header: MessageHeader = bytemuck::pod_read_unaligned(&self.buf[at..at + HEADER_SIZE]);
-        let len = header.payload_len as usize;
-        let go_on = take(&header, &self.buf[at + HEADER_SIZE..at + HEADER_SIZE + len]);
+        let len = payload_len_of(&self.buf[at..at + HEADER_SIZE]);
+        let go_on = take(&self.buf[at..at + HEADER_SIZE + len]);
         self.read += record_bytes(len);
         self.count -= 1;
         Some(go_on)
     }
+}
+
+/// The payload length a record's header (its first [`HEADER_SIZE`] bytes) gives.
+#[inline]
+fn payload_len_of(header: &[u8]) -> usize {
+    let at = std::mem::offset_of!(MessageHeader, payload_len);
+    u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]) as usize
 }
 
 /// A FIFO of message records in reused chunks.
@@ -167,6 +175,16 @@ impl Records {
         max: usize,
         mut take: impl FnMut(&MessageHeader, &[u8]) -> bool,
     ) -> usize {
+        self.pop_raw_with(max, |rec| {
+            let (header, payload) = rec.split_at(HEADER_SIZE);
+            take(&bytemuck::pod_read_unaligned(header), payload)
+        })
+    }
+
+    /// [`pop_with`](Self::pop_with), handing each message over as its record: the
+    /// header's [`HEADER_SIZE`] bytes followed by the payload, in one slice (what a
+    /// ring slot holds, so it can be copied there at once).
+    pub fn pop_raw_with(&mut self, max: usize, mut take: impl FnMut(&[u8]) -> bool) -> usize {
         let mut n = 0;
         while n < max {
             let Some(c) = self.chunks.front_mut() else {
@@ -273,6 +291,29 @@ mod tests {
             true
         });
         assert_eq!(ids, vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_raw_record_is_the_header_then_the_payload() {
+        let mut q = Records::default();
+        let mut h = header(9, 5);
+        h.message_id = 77;
+        q.push(&h, b"hello");
+        q.push(&header(10, 0), &[]);
+        let mut recs = Vec::new();
+        assert_eq!(
+            q.pop_raw_with(usize::MAX, |r| {
+                recs.push(r.to_vec());
+                true
+            }),
+            2
+        );
+        assert_eq!(recs[0].len(), HEADER_SIZE + 5, "no padding");
+        let back: MessageHeader = bytemuck::pod_read_unaligned(&recs[0][..HEADER_SIZE]);
+        assert_eq!(back, h);
+        assert_eq!(&recs[0][HEADER_SIZE..], b"hello");
+        assert_eq!(recs[1].len(), HEADER_SIZE);
+        assert!(q.is_empty());
     }
 
     #[test]
