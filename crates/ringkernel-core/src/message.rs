@@ -412,6 +412,7 @@ where
 
 /// [`Error::TypeMismatch`] unless `header` carries `type_id`, then
 /// [`Error::EncodingMismatch`] unless its [`flags::RKYV`] bit says `encoding`.
+#[inline]
 pub fn check_header(
     header: &MessageHeader,
     type_id: u32,
@@ -426,16 +427,28 @@ pub fn check_header(
     }
     let found = Encoding::of(header);
     if found != encoding {
-        return Err(Error::EncodingMismatch {
-            type_id,
-            reason: format!(
-                "{name} is a {} message but the payload is {}",
-                encoding.name(),
-                found.name()
-            ),
-        });
+        return Err(encoding_mismatch(type_id, name, encoding, found));
     }
     Ok(())
+}
+
+/// [`check_header`]'s [`Error::EncodingMismatch`] (out of line: decoding many messages
+/// inlines only the checks).
+#[cold]
+fn encoding_mismatch(
+    type_id: u32,
+    name: &'static str,
+    encoding: Encoding,
+    found: Encoding,
+) -> Error {
+    Error::EncodingMismatch {
+        type_id,
+        reason: format!(
+            "{name} is a {} message but the payload is {}",
+            encoding.name(),
+            found.name()
+        ),
+    }
 }
 
 /// A message type with a stable id: plain data (`#[repr(C)]`, `bytemuck::Pod`, copied

@@ -1105,6 +1105,8 @@ impl KernelHandle {
         if n == max {
             return Ok(n);
         }
+        // Room for what is waiting now, at once (not `max`, which may be far more).
+        out.reserve((max - n).min(self.inner.engine.output_depth()));
         let mut latest: Option<HlcTimestamp> = None;
         let mut kept: Option<Envelope> = None;
         let taken = self

@@ -16,9 +16,12 @@
 //!
 //! ## Pace
 //!
-//! The host's work is per pass wherever it can be: one clock merge for the requests of
-//! a pass (one by one only when one of them is too far ahead), one block of timestamps
-//! for its outputs, one latency update. A target may also allow several passes in
+//! The host's work is per pass wherever it can be: one clock reading and one clock
+//! merge for the requests of a pass, one block of timestamps for its outputs, one
+//! latency update; per message only one copy of its record into its slot (into memory
+//! the target stages for the pass where it has some, [`DrainTarget::stage_input`]). A
+//! batch sent at once ([`KernelEngine::try_enqueue_run`]) is queued under one lock,
+//! each header written from the batch's first. A target may also allow several passes in
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
@@ -793,16 +796,12 @@ impl<T: DrainTarget> DrainEngine<T> {
                 unsafe { std::ptr::copy_nonoverlapping(rec.as_ptr(), slot, rec.len()) };
                 let at = std::mem::offset_of!(MessageHeader, timestamp);
                 let node_at = std::mem::offset_of!(MessageHeader, node_id);
-                let word = |o: usize| {
-                    u64::from_ne_bytes(rec[o..o + 8].try_into().expect("8 bytes"))
-                };
+                let word =
+                    |o: usize| u64::from_ne_bytes(rec[o..o + 8].try_into().expect("8 bytes"));
                 let ts = HlcTimestamp::from_parts(word(at), word(node_at));
                 if ts.physical_ms() > too_far {
-                    let hdr: MessageHeader = bytemuck::pod_read_unaligned(&rec[..HEADER_SIZE]);
-                    tracing::warn!(kernel = %self.name, message_id = hdr.message_id, drift_ms = ts.physical_ms() - pt, "request timestamp too far ahead: message refused");
-                    let magic = std::mem::offset_of!(MessageHeader, magic);
-                    // SAFETY: as above; the magic field lies in the slot's header.
-                    unsafe { std::ptr::write_unaligned(slot.add(magic).cast::<u32>(), 0) };
+                    // SAFETY: as above: the slot's header was just written there.
+                    unsafe { self.refuse(rec, slot, pt) };
                 } else if latest.is_none_or(|l| ts > l) {
                     latest = Some(ts);
                 }
@@ -825,6 +824,23 @@ impl<T: DrainTarget> DrainEngine<T> {
             let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
             std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
         }
+    }
+
+    /// Refuses the request `rec` just copied into the input slot at `slot`: its
+    /// timestamp is too far ahead of the kernel's physical clock `pt` (see
+    /// `fill_ring`). Its magic becomes 0, so the drain template skips it.
+    ///
+    /// # Safety
+    ///
+    /// `slot` addresses the slot's header, writable (as `fill_ring` has it).
+    #[cold]
+    unsafe fn refuse(&self, rec: &[u8], slot: *mut u8, pt: u64) {
+        let hdr: MessageHeader = bytemuck::pod_read_unaligned(&rec[..HEADER_SIZE]);
+        let drift_ms = hdr.hlc().physical_ms().saturating_sub(pt);
+        tracing::warn!(kernel = %self.name, message_id = hdr.message_id, drift_ms, "request timestamp too far ahead: message refused");
+        let magic = std::mem::offset_of!(MessageHeader, magic);
+        // SAFETY: the magic field lies in the slot's header (the caller's contract).
+        unsafe { std::ptr::write_unaligned(slot.add(magic).cast::<u32>(), 0) };
     }
 
     /// Stops the kernel for good with `e` (reported by every later call).

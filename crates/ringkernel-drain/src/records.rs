@@ -64,6 +64,7 @@ impl Chunk {
     }
 
     /// Appends a record (growing the buffer if it must).
+    #[inline]
     fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
         let len = payload.len();
         let rec = record_bytes(len);
@@ -140,6 +141,7 @@ impl Records {
     }
 
     /// Appends a message (`header.payload_len` must be `payload.len()`).
+    #[inline]
     pub fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
         debug_assert_eq!(header.payload_len as usize, payload.len());
         match self.chunks.back_mut() {
