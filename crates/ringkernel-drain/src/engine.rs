@@ -18,10 +18,11 @@
 //!
 //! The host's work is per pass wherever it can be: one clock reading and one clock
 //! merge for the requests of a pass, one block of timestamps for its outputs, one
-//! latency update; per message only one copy of its record into its slot (into memory
-//! the target stages for the pass where it has some, [`DrainTarget::stage_input`]). A
-//! batch sent at once ([`KernelEngine::try_enqueue_run`]) is queued under one lock,
-//! each header written from the batch's first. A target may also allow several passes in
+//! latency update; per message only one copy into its slot (into memory the target
+//! stages for the pass where it has some, [`DrainTarget::stage_input`]). A batch sent
+//! at once ([`KernelEngine::try_enqueue_run`]) is queued under one lock as a run: one
+//! header, then the payloads, each message's header rebuilt from the first as it goes
+//! into its slot. A target may also allow several passes in
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
@@ -758,8 +759,8 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// Moves `count` waiting messages into the free input slots at `tail`, highest
     /// lane first and FIFO within a lane: this is where priority ordering happens, so
     /// a pass's slots, a serial handler's order and the order of the replies all
-    /// follow it. Each message's record (header and payload) is copied into its slot
-    /// at once: into the input ring, or where the target stages the pass's slots
+    /// follow it. Each message's header and payload are written into its slot once:
+    /// into the input ring, or where the target stages the pass's slots
     /// ([`DrainTarget::stage_input`]). The requests' clocks are merged into the
     /// kernel's clock once per pass, with the latest of them; a request too far ahead
     /// of the kernel's physical clock (checked on the way, against one clock reading)
@@ -780,10 +781,10 @@ impl<T: DrainTarget> DrainEngine<T> {
             if left == 0 {
                 break;
             }
-            left -= lane.pop_raw_with(left, |rec| {
+            left -= lane.pop_with(left, |header, payload| {
                 let slot = match staged {
                     // SAFETY: `stage_input` returned `count · slot_size` writable bytes
-                    // and `j < count` (`pop_raw_with` hands over at most `left`).
+                    // and `j < count` (`pop_with` hands over at most `left`).
                     Some(base) => unsafe { base.add(j * self.slot_size) },
                     // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
                     // hands out at most the free slots, so they are distinct and inside
@@ -792,16 +793,20 @@ impl<T: DrainTarget> DrainEngine<T> {
                     None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
                 };
                 // SAFETY: `slot` addresses `slot_size` writable bytes (above) and the
-                // record fits them (its payload was checked in `try_enqueue`).
-                unsafe { std::ptr::copy_nonoverlapping(rec.as_ptr(), slot, rec.len()) };
-                let at = std::mem::offset_of!(MessageHeader, timestamp);
-                let node_at = std::mem::offset_of!(MessageHeader, node_id);
-                let word =
-                    |o: usize| u64::from_ne_bytes(rec[o..o + 8].try_into().expect("8 bytes"));
-                let ts = HlcTimestamp::from_parts(word(at), word(node_at));
+                // header and payload fit them (the payload was checked in
+                // `try_enqueue`). Unaligned writes make no alignment claim.
+                unsafe {
+                    std::ptr::write_unaligned(slot.cast::<MessageHeader>(), *header);
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        slot.add(HEADER_SIZE),
+                        payload.len(),
+                    );
+                }
+                let ts = header.hlc();
                 if ts.physical_ms() > too_far {
                     // SAFETY: as above: the slot's header was just written there.
-                    unsafe { self.refuse(rec, slot, pt) };
+                    unsafe { self.refuse(header, slot, pt) };
                 } else if latest.is_none_or(|l| ts > l) {
                     latest = Some(ts);
                 }
@@ -826,7 +831,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         }
     }
 
-    /// Refuses the request `rec` just copied into the input slot at `slot`: its
+    /// Refuses the request `hdr` just written into the input slot at `slot`: its
     /// timestamp is too far ahead of the kernel's physical clock `pt` (see
     /// `fill_ring`). Its magic becomes 0, so the drain template skips it.
     ///
@@ -834,8 +839,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     ///
     /// `slot` addresses the slot's header, writable (as `fill_ring` has it).
     #[cold]
-    unsafe fn refuse(&self, rec: &[u8], slot: *mut u8, pt: u64) {
-        let hdr: MessageHeader = bytemuck::pod_read_unaligned(&rec[..HEADER_SIZE]);
+    unsafe fn refuse(&self, hdr: &MessageHeader, slot: *mut u8, pt: u64) {
         let drift_ms = hdr.hlc().physical_ms().saturating_sub(pt);
         tracing::warn!(kernel = %self.name, message_id = hdr.message_id, drift_ms, "request timestamp too far ahead: message refused");
         let magic = std::mem::offset_of!(MessageHeader, magic);
@@ -1171,14 +1175,14 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         Ok(taken)
     }
 
-    /// One host lock and one pass kick for the whole run; each header is built from
-    /// the run's first straight into the waiting lane.
+    /// One host lock and one pass kick for the whole run, kept in the waiting lane as a
+    /// run ([`Records::push_run`]: one header, then the payloads).
     fn try_enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<usize> {
         let mut h = lock(&self.host);
         self.check_accepting(&h)?;
         let lane = priority::lane(first.priority());
         let room = self.capacity - h.lanes[lane].len().min(self.capacity);
-        let checksum = first.flags & flags::CHECKSUM != 0;
+        // The messages that fit the lane and a slot, from the front.
         let mut taken = 0;
         for p in payloads.iter().take(room) {
             if let Err(e) = check_payload_fits(p.len(), self.slot_size) {
@@ -1187,12 +1191,20 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                 }
                 break;
             }
-            let mut hdr = first.nth_of_run(taken as u64, p.len());
-            if checksum {
-                hdr.checksum = ringkernel_core::message::fnv1a32(p);
-            }
-            h.lanes[lane].push(&hdr, p);
             taken += 1;
+        }
+        let run = &payloads[..taken];
+        if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
+            // Headers of their own (a checksum each; an invalid header kept as it is).
+            for (i, p) in run.iter().enumerate() {
+                let mut hdr = first.nth_of_run(i as u64, p.len());
+                if hdr.flags & flags::CHECKSUM != 0 {
+                    hdr.checksum = ringkernel_core::message::fnv1a32(p);
+                }
+                h.lanes[lane].push(&hdr, p);
+            }
+        } else {
+            h.lanes[lane].push_run(first, run);
         }
         if taken == 0 && !payloads.is_empty() {
             return Err(Error::QueueFull {

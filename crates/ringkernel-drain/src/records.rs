@@ -2,6 +2,11 @@
 //! padded to 8 bytes) in reused byte chunks: the drain engine's waiting lanes and its
 //! reply queue.
 //!
+//! A batch of messages of one type and size stamped as one block (a `send_batch`) is
+//! kept as a *run*: one header, then the payloads ([`Records::push_run`]); each message's
+//! header is rebuilt from the run's first when it is taken
+//! ([`MessageHeader::nth_of_run`]), so the batch costs its payload bytes only.
+//!
 //! A message costs one copy in and one copy out and no allocation of its own: chunks
 //! are kept for reuse (up to [`SPARE_CHUNKS`]), so a steady stream allocates nothing
 //! and faults in no fresh pages. Messages can be queued away from the queue (a pass's
@@ -24,7 +29,7 @@
 //! assert!(q.is_empty());
 //! ```
 
-use ringkernel_core::message::{MessageHeader, HEADER_SIZE};
+use ringkernel_core::message::{MessageHeader, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION};
 use std::collections::VecDeque;
 
 /// Bytes a chunk is allocated with (a larger record gets a chunk of its own size).
@@ -39,12 +44,19 @@ pub fn record_bytes(payload_len: usize) -> usize {
     HEADER_SIZE + payload_len.next_multiple_of(8)
 }
 
+/// Marks a record holding a run (its header's `magic`; `version` holds the run's
+/// length): never the magic of a message.
+const RUN_MAGIC: u32 = u32::from_le_bytes(*b"RKRN");
+
 /// Records in one byte buffer, read from the front.
 #[derive(Debug, Default)]
 struct Chunk {
     buf: Vec<u8>,
     read: usize,
+    /// Messages in the chunk (a run counts each of its messages).
     count: usize,
+    /// Messages of the run at `read` already taken.
+    run_taken: usize,
 }
 
 impl Chunk {
@@ -55,7 +67,57 @@ impl Chunk {
             buf,
             read: 0,
             count: 0,
+            run_taken: 0,
         }
+    }
+
+    /// How many payloads of `len` bytes a run appended now can hold without growing
+    /// the buffer.
+    fn run_room(&self, len: usize) -> usize {
+        let free = self.buf.capacity() - self.buf.len();
+        match free.checked_sub(HEADER_SIZE) {
+            None => 0,
+            Some(_) if len == 0 => usize::MAX,
+            Some(rest) => rest / len.next_multiple_of(8),
+        }
+    }
+
+    /// Appends a run of `payloads` (each `len` bytes, at least one) stamped from
+    /// `first`; the buffer must have room (`run_room`).
+    fn push_run<P: std::ops::Deref<Target = [u8]>>(
+        &mut self,
+        first: &MessageHeader,
+        payloads: &[P],
+        len: usize,
+    ) {
+        let stride = len.next_multiple_of(8);
+        let bytes = HEADER_SIZE + payloads.len() * stride;
+        debug_assert!(self.buf.capacity() - self.buf.len() >= bytes);
+        let mut h = first.nth_of_run(0, len);
+        h.magic = RUN_MAGIC;
+        h.version = payloads.len() as u32;
+        let start = self.buf.len();
+        // SAFETY: the buffer has room for `bytes` more bytes after `start` (checked by
+        // the caller through `run_room`, asserted above in debug builds). The header
+        // initialises the first 64; each payload's 8-byte-aligned stride is initialised
+        // by a zero word at its end (the padding, under 8 bytes, lies in it) and the
+        // payload's `len` bytes: together every byte `set_len` then covers. Unaligned
+        // writes make no alignment claim.
+        unsafe {
+            let dst = self.buf.as_mut_ptr().add(start);
+            std::ptr::write_unaligned(dst.cast::<MessageHeader>(), h);
+            let mut at = dst.add(HEADER_SIZE);
+            for p in payloads {
+                debug_assert_eq!(p.len(), len);
+                if stride > 0 {
+                    std::ptr::write_unaligned(at.add(stride - 8).cast::<u64>(), 0);
+                }
+                std::ptr::copy_nonoverlapping(p.as_ptr(), at, len);
+                at = at.add(stride);
+            }
+            self.buf.set_len(start + bytes);
+        }
+        self.count += payloads.len();
     }
 
     /// Whether a record of `payload_len` bytes fits without growing the buffer.
@@ -87,27 +149,37 @@ impl Chunk {
         self.count += 1;
     }
 
-    /// Hands the front record (header and payload, without the padding) to `take` and
-    /// drops it; `None` when the chunk is empty.
+    /// Hands the front message (its header, rebuilt when it is part of a run, and its
+    /// payload) to `take` and drops it; `None` when the chunk is empty.
     #[inline]
-    fn pop(&mut self, take: impl FnOnce(&[u8]) -> bool) -> Option<bool> {
+    fn pop(&mut self, take: impl FnOnce(&MessageHeader, &[u8]) -> bool) -> Option<bool> {
         if self.count == 0 {
             return None;
         }
         let at = self.read;
-        let len = payload_len_of(&self.buf[at..at + HEADER_SIZE]);
-        let go_on = take(&self.buf[at..at + HEADER_SIZE + len]);
-        self.read += record_bytes(len);
+        let header: MessageHeader = bytemuck::pod_read_unaligned(&self.buf[at..at + HEADER_SIZE]);
+        let len = header.payload_len as usize;
+        let go_on = if header.magic == RUN_MAGIC {
+            let (n, k) = (header.version as usize, self.run_taken);
+            let p = at + HEADER_SIZE + k * len.next_multiple_of(8);
+            let mut h = header.nth_of_run(k as u64, len);
+            (h.magic, h.version) = (MESSAGE_MAGIC, MESSAGE_VERSION);
+            let go_on = take(&h, &self.buf[p..p + len]);
+            if k + 1 == n {
+                self.read += HEADER_SIZE + n * len.next_multiple_of(8);
+                self.run_taken = 0;
+            } else {
+                self.run_taken = k + 1;
+            }
+            go_on
+        } else {
+            let go_on = take(&header, &self.buf[at + HEADER_SIZE..at + HEADER_SIZE + len]);
+            self.read += record_bytes(len);
+            go_on
+        };
         self.count -= 1;
         Some(go_on)
     }
-}
-
-/// The payload length a record's header (its first [`HEADER_SIZE`] bytes) gives.
-#[inline]
-fn payload_len_of(header: &[u8]) -> usize {
-    let at = std::mem::offset_of!(MessageHeader, payload_len);
-    u32::from_ne_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]) as usize
 }
 
 /// A FIFO of message records in reused chunks.
@@ -159,6 +231,44 @@ impl Records {
         self.len += 1;
     }
 
+    /// Appends the messages `first.nth_of_run(i, payloads[i].len())` with the payloads
+    /// `payloads[i]`, in order ([`MessageHeader::nth_of_run`]): consecutive payloads of
+    /// one size are kept as runs, one header each, and taken one message at a time as
+    /// from [`push`](Self::push). (A message that needs a header of its own, e.g. a
+    /// checksum, goes through `push`.)
+    pub fn push_run<P: std::ops::Deref<Target = [u8]>>(
+        &mut self,
+        first: &MessageHeader,
+        payloads: &[P],
+    ) {
+        let mut done = 0;
+        while done < payloads.len() {
+            let len = payloads[done].len();
+            let same = payloads[done..]
+                .iter()
+                .take_while(|p| p.len() == len)
+                .count();
+            let room = self.chunks.back().map_or(0, |c| c.run_room(len));
+            if room == 0 {
+                let need = HEADER_SIZE + len.next_multiple_of(8);
+                let buf = self
+                    .spare
+                    .pop()
+                    .filter(|b| b.capacity() >= need)
+                    .unwrap_or_else(|| Vec::with_capacity(need.max(CHUNK_BYTES)));
+                self.chunks.push_back(Chunk::from_buffer(buf));
+                continue;
+            }
+            let n = same.min(room);
+            let at = first.nth_of_run(done as u64, len);
+            if let Some(c) = self.chunks.back_mut() {
+                c.push_run(&at, &payloads[done..done + n], len);
+            }
+            self.len += n;
+            done += n;
+        }
+    }
+
     /// Appends every message of `other`, in order, without copying them; its spare
     /// chunks are kept here.
     pub fn append(&mut self, other: Records) {
@@ -177,16 +287,6 @@ impl Records {
         max: usize,
         mut take: impl FnMut(&MessageHeader, &[u8]) -> bool,
     ) -> usize {
-        self.pop_raw_with(max, |rec| {
-            let (header, payload) = rec.split_at(HEADER_SIZE);
-            take(&bytemuck::pod_read_unaligned(header), payload)
-        })
-    }
-
-    /// [`pop_with`](Self::pop_with), handing each message over as its record: the
-    /// header's [`HEADER_SIZE`] bytes followed by the payload, in one slice (what a
-    /// ring slot holds, so it can be copied there at once).
-    pub fn pop_raw_with(&mut self, max: usize, mut take: impl FnMut(&[u8]) -> bool) -> usize {
         let mut n = 0;
         while n < max {
             let Some(c) = self.chunks.front_mut() else {
@@ -295,27 +395,71 @@ mod tests {
         assert_eq!(ids, vec![1, 2, 3, 4]);
     }
 
+    /// Every message of `q`, header and payload.
+    fn take_all(q: &mut Records) -> Vec<(MessageHeader, Vec<u8>)> {
+        let mut out = Vec::new();
+        q.pop_with(usize::MAX, |h, p| {
+            out.push((*h, p.to_vec()));
+            true
+        });
+        out
+    }
+
     #[test]
-    fn a_raw_record_is_the_header_then_the_payload() {
+    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
         let mut q = Records::default();
-        let mut h = header(9, 5);
-        h.message_id = 77;
-        q.push(&h, b"hello");
-        q.push(&header(10, 0), &[]);
-        let mut recs = Vec::new();
-        assert_eq!(
-            q.pop_raw_with(usize::MAX, |r| {
-                recs.push(r.to_vec());
+        q.push(&header(1, 2), &[1, 2]);
+        let mut first = header(5, 0);
+        (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
+        // Enough payloads of 3 sizes (0, 13 and 40 bytes) to span several chunks.
+        let n = 2 * CHUNK_BYTES / 48 + 11;
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|i| vec![i as u8; [13, 13, 40, 0][i % 4]])
+            .collect();
+        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        q.push_run(&first, &payloads);
+        q.push(&header(2, 1), &[7]);
+        assert_eq!(q.len(), n + 2);
+        assert!(q.chunks.len() >= 3);
+        // Taken in pieces that end inside runs.
+        let mut got = Vec::new();
+        while !q.is_empty() {
+            let before = got.len();
+            q.pop_with(7, |h, p| {
+                got.push((*h, p.to_vec()));
                 true
-            }),
-            2
-        );
-        assert_eq!(recs[0].len(), HEADER_SIZE + 5, "no padding");
-        let back: MessageHeader = bytemuck::pod_read_unaligned(&recs[0][..HEADER_SIZE]);
-        assert_eq!(back, h);
-        assert_eq!(&recs[0][HEADER_SIZE..], b"hello");
-        assert_eq!(recs[1].len(), HEADER_SIZE);
-        assert!(q.is_empty());
+            });
+            assert!(got.len() - before <= 7);
+        }
+        assert_eq!(got.len(), n + 2);
+        assert_eq!((got[0].0.type_id, &got[0].1[..]), (1, &[1u8, 2][..]));
+        for (i, (h, p)) in got[1..=n].iter().enumerate() {
+            assert_eq!(
+                *h,
+                first.nth_of_run(i as u64, payloads[i].len()),
+                "header {i}"
+            );
+            assert!(h.is_valid());
+            assert_eq!(&p[..], payloads[i], "payload {i}");
+        }
+        assert_eq!((got[n + 1].0.type_id, &got[n + 1].1[..]), (2, &[7u8][..]));
+    }
+
+    #[test]
+    fn a_refusal_inside_a_run_keeps_the_rest() {
+        let mut q = Records::default();
+        let first = header(3, 8);
+        let payloads: Vec<[u8; 8]> = (0..10u8).map(|i| [i; 8]).collect();
+        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        q.push_run(&first, &payloads);
+        assert_eq!(q.pop_with(usize::MAX, |_, p| p[0] != 3), 4);
+        let rest = take_all(&mut q);
+        assert_eq!(rest.len(), 6);
+        assert_eq!(rest[0].1, vec![4u8; 8]);
+        assert_eq!(rest[0].0.message_id, first.message_id + 4);
+        // An empty run adds nothing.
+        q.push_run::<&[u8]>(&first, &[]);
+        assert!(q.is_empty() && take_all(&mut q).is_empty());
     }
 
     #[test]

@@ -225,6 +225,29 @@ async fn deactivated_kernels_keep_and_return_messages() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_in_an_inactive_kernel_comes_back_whole() {
+    // A batch waits as a run (one header); handed back, each message has its own.
+    let core = core();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(64)
+        .with_auto_activate(false);
+    let (k, _) = launch(&core, "echo", Handler::Echo, opts);
+    let batch: Vec<Token> = (0..40).map(|i| Token::new(i, i as f64)).collect();
+    let sent = k.send_batch(&batch).await.unwrap();
+    let r = k.terminate().await.unwrap();
+    assert_eq!(r.undelivered.len(), 40);
+    for (i, (env, id)) in r.undelivered.iter().zip(sent).enumerate() {
+        assert!(env.header.is_valid(), "message {i}");
+        assert_eq!((env.header.message_id, env.header.correlation_id), (id, id));
+        assert_eq!(env.decode::<Token>().unwrap(), batch[i]);
+    }
+    assert!(r
+        .undelivered
+        .windows(2)
+        .all(|w| w[1].header.hlc() > w[0].header.hlc()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminate_drains_an_active_kernel() {
     let core = core();
     let (k, _e) = launch(
