@@ -57,6 +57,9 @@ struct Chunk {
     count: usize,
     /// Messages of the run at `read` already taken.
     run_taken: usize,
+    /// When the last record is a run that may grow: its offset and the header the
+    /// next message must have to join it (see [`Records::push`]).
+    open: Option<(usize, MessageHeader)>,
 }
 
 impl Chunk {
@@ -68,7 +71,40 @@ impl Chunk {
             read: 0,
             count: 0,
             run_taken: 0,
+            open: None,
         }
+    }
+
+    /// Appends `payload` to the open run when `header` is the one its next message
+    /// has and the buffer has room; returns whether it did.
+    #[inline]
+    fn extend(&mut self, header: &MessageHeader, payload: &[u8]) -> bool {
+        let Some((at, next)) = &mut self.open else {
+            return false;
+        };
+        let stride = payload.len().next_multiple_of(8);
+        if header != next || self.buf.capacity() - self.buf.len() < stride {
+            return false;
+        }
+        let count_at = *at + std::mem::offset_of!(MessageHeader, version);
+        let start = self.buf.len();
+        // SAFETY: the buffer has room for `stride` more bytes after `start` (checked
+        // above): a zero word at the end of the stride (the padding, under 8 bytes,
+        // lies in it) and the payload's `len` bytes initialise every byte `set_len`
+        // covers. The run's count lies in its header, inside the initialised part.
+        unsafe {
+            let dst = self.buf.as_mut_ptr().add(start);
+            if stride > 0 {
+                std::ptr::write_unaligned(dst.add(stride - 8).cast::<u64>(), 0);
+            }
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len());
+            self.buf.set_len(start + stride);
+            let n = self.buf.as_mut_ptr().add(count_at).cast::<u32>();
+            std::ptr::write_unaligned(n, std::ptr::read_unaligned(n) + 1);
+        }
+        *next = next.nth_of_run(1, payload.len());
+        self.count += 1;
+        true
     }
 
     /// How many payloads of `len` bytes a run appended now can hold without growing
@@ -118,6 +154,7 @@ impl Chunk {
             self.buf.set_len(start + bytes);
         }
         self.count += payloads.len();
+        self.open = Some((start, first.nth_of_run(payloads.len() as u64, len)));
     }
 
     /// Whether a record of `payload_len` bytes fits without growing the buffer.
@@ -128,6 +165,13 @@ impl Chunk {
     /// Appends a record (growing the buffer if it must).
     #[inline]
     fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
+        if header.is_valid() && payload.len() <= u32::MAX as usize {
+            // A run of one, which the next message may join (`extend`).
+            self.buf.reserve(record_bytes(payload.len()));
+            self.push_run(header, &[payload], payload.len());
+            return;
+        }
+        self.open = None;
         let len = payload.len();
         let rec = record_bytes(len);
         self.buf.reserve(rec);
@@ -168,6 +212,10 @@ impl Chunk {
             if k + 1 == n {
                 self.read += HEADER_SIZE + n * len.next_multiple_of(8);
                 self.run_taken = 0;
+                if self.open.is_some_and(|(o, _)| o == at) {
+                    // Taken whole: nothing may join it any more.
+                    self.open = None;
+                }
             } else {
                 self.run_taken = k + 1;
             }
@@ -212,10 +260,21 @@ impl Records {
         }
     }
 
-    /// Appends a message (`header.payload_len` must be `payload.len()`).
+    /// Appends a message (`header.payload_len` must be `payload.len()`). A valid
+    /// message whose header is the next of the run before it
+    /// ([`MessageHeader::nth_of_run`]: the same fields, ids and timestamp one further,
+    /// the same payload size) joins that run: only its payload is stored.
     #[inline]
     pub fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
         debug_assert_eq!(header.payload_len as usize, payload.len());
+        if self
+            .chunks
+            .back_mut()
+            .is_some_and(|c| c.extend(header, payload))
+        {
+            self.len += 1;
+            return;
+        }
         match self.chunks.back_mut() {
             Some(c) if c.fits(payload.len()) => c.push(header, payload),
             _ => {
@@ -443,6 +502,48 @@ mod tests {
             assert_eq!(&p[..], payloads[i], "payload {i}");
         }
         assert_eq!((got[n + 1].0.type_id, &got[n + 1].1[..]), (2, &[7u8][..]));
+    }
+
+    #[test]
+    fn consecutive_pushes_join_one_run_and_others_do_not() {
+        let mut q = Records::default();
+        let mut first = header(4, 12);
+        (first.message_id, first.correlation_id, first.timestamp) = (10, 10, 500);
+        for i in 0..100u64 {
+            q.push(&first.nth_of_run(i, 12), &[i as u8; 12]);
+        }
+        // One header, then 100 payloads padded to 16.
+        assert_eq!(q.chunks[0].buf.len(), HEADER_SIZE + 100 * 16);
+        // Not the next of the run: another id step, another size, an invalid header.
+        q.push(&first.nth_of_run(101, 12), &[1; 12]);
+        q.push(&first.nth_of_run(102, 4), &[2; 4]);
+        let mut bad = first.nth_of_run(103, 4);
+        bad.magic = 0;
+        q.push(&bad, &[3; 4]);
+        q.push(&first.nth_of_run(104, 4), &[4; 4]);
+        assert_eq!(q.len(), 104);
+        // The run taken in part, the rest comes out in order.
+        assert_eq!(q.pop_with(50, |_, _| true), 50);
+        let got = take_all(&mut q);
+        assert_eq!(got.len(), 54);
+        for (j, (h, p)) in got[..50].iter().enumerate() {
+            let i = 50 + j as u64;
+            assert_eq!(*h, first.nth_of_run(i, 12));
+            assert_eq!(p, &vec![i as u8; 12]);
+        }
+        assert_eq!(got[50].0, first.nth_of_run(101, 12));
+        assert_eq!(got[51].0, first.nth_of_run(102, 4));
+        assert_eq!(
+            (got[52].0, &got[52].1[..]),
+            (bad, &[3u8; 4][..]),
+            "kept as it was"
+        );
+        assert_eq!(got[53].0, first.nth_of_run(104, 4));
+        q.push(&first.nth_of_run(105, 4), &[5; 4]);
+        assert_eq!(
+            take_all(&mut q),
+            vec![(first.nth_of_run(105, 4), vec![5; 4])]
+        );
     }
 
     #[test]
