@@ -12,11 +12,12 @@
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
 //! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots (which the engine
 //!   wrote straight into a mapped upload buffer, [`DrainTarget::stage_input`], not into
-//!   the host ring) and the host line of the control block, records one dispatch and the copies of the output slots and
-//!   the device-written control fields into a readback buffer of its own, submits, and
-//!   asks for the bytes of that pass in the readback buffer to be mapped. Up to three
-//!   passes of a kernel are in flight at once ([`DrainTarget::max_in_flight`]); the
-//!   device-written control fields live on the device across them.
+//!   the host ring) and the host line of the control block, records one dispatch and
+//!   the copies of the output slots and the device-written control fields into a
+//!   readback buffer of its own, submits, and asks for the bytes of that pass in the
+//!   readback buffer to be mapped. Up to three passes of a kernel are in flight at once
+//!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
+//!   device across them.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`) while passes are outstanding and
 //!   finishes them: it copies the readback into the host copies, unmaps, and calls the
@@ -336,7 +337,10 @@ struct WgpuDrainTarget {
 // `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
 // The "device" side (the poller's copy-out) writes only the output slots of the pass and
 // the device-written control fields, after the pass finished and before `done`. `done`
-// runs on the poller thread, never inside `launch`.
+// runs on the poller thread, never inside `launch`. `stage_input` hands out the mapped
+// range of an upload buffer taken from the pool (so no pass in flight uses it), whose
+// view stays in `staged` until the following `launch` unmaps it: `count · slot_size`
+// bytes the host may write, nothing else addressing them meanwhile.
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
