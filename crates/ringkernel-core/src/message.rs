@@ -142,6 +142,32 @@ impl MessageHeader {
         self.node_id = ts.node();
     }
 
+    /// The header of message `i` of a run stamped as one block from this, its first
+    /// (as [`KernelHandle::send_batch`](crate::runtime::KernelHandle::send_batch) does):
+    /// the same fields, with `message_id`, `correlation_id` and the packed timestamp
+    /// each advanced by `i` (so the run's ids and timestamps are consecutive, distinct
+    /// and increasing) and `payload_len` set. Used by engines that take a whole run
+    /// ([`KernelEngine::try_enqueue_run`](crate::runtime::KernelEngine::try_enqueue_run)).
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// let mut first = MessageHeader::new(7, 8);
+    /// (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 5000);
+    /// let h = first.nth_of_run(3, 16);
+    /// assert_eq!((h.message_id, h.correlation_id, h.timestamp, h.payload_len), (103, 103, 5003, 16));
+    /// assert_eq!((h.type_id, h.node_id), (first.type_id, first.node_id));
+    /// ```
+    #[inline]
+    pub fn nth_of_run(&self, i: u64, payload_len: usize) -> MessageHeader {
+        MessageHeader {
+            payload_len: payload_len as u32,
+            message_id: self.message_id.wrapping_add(i),
+            correlation_id: self.correlation_id.wrapping_add(i),
+            timestamp: self.timestamp.wrapping_add(i),
+            ..*self
+        }
+    }
+
     /// Whether magic and version are the ones this build writes.
     pub fn is_valid(&self) -> bool {
         self.magic == MESSAGE_MAGIC && self.version == MESSAGE_VERSION
@@ -386,6 +412,7 @@ where
 
 /// [`Error::TypeMismatch`] unless `header` carries `type_id`, then
 /// [`Error::EncodingMismatch`] unless its [`flags::RKYV`] bit says `encoding`.
+#[inline]
 pub fn check_header(
     header: &MessageHeader,
     type_id: u32,
@@ -400,16 +427,28 @@ pub fn check_header(
     }
     let found = Encoding::of(header);
     if found != encoding {
-        return Err(Error::EncodingMismatch {
-            type_id,
-            reason: format!(
-                "{name} is a {} message but the payload is {}",
-                encoding.name(),
-                found.name()
-            ),
-        });
+        return Err(encoding_mismatch(type_id, name, encoding, found));
     }
     Ok(())
+}
+
+/// [`check_header`]'s [`Error::EncodingMismatch`] (out of line: decoding many messages
+/// inlines only the checks).
+#[cold]
+fn encoding_mismatch(
+    type_id: u32,
+    name: &'static str,
+    encoding: Encoding,
+    found: Encoding,
+) -> Error {
+    Error::EncodingMismatch {
+        type_id,
+        reason: format!(
+            "{name} is a {} message but the payload is {}",
+            encoding.name(),
+            found.name()
+        ),
+    }
 }
 
 /// A message type with a stable id: plain data (`#[repr(C)]`, `bytemuck::Pod`, copied

@@ -19,7 +19,7 @@ use crate::hlc::{HlcClock, HlcTimestamp};
 pub use crate::ids::KernelId;
 use crate::k2k::{k2k_disabled, K2kBroker, K2kHost, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
-use crate::message::{check_payload_fits, Envelope, MessageHeader, RingMessage};
+use crate::message::{check_payload_fits, Envelope, MessageHeader, Payload, RingMessage};
 use crate::options::LaunchOptions;
 use crate::priority;
 pub use crate::pubsub::PublishReport;
@@ -69,6 +69,9 @@ pub struct TerminateReport {
     pub replies_waiting: usize,
 }
 
+/// Headers the default [`KernelEngine::try_enqueue_run`] builds at a time.
+pub const RUN_BLOCK: usize = 1024;
+
 /// One launched kernel, as a backend implements it. All methods are non-blocking.
 pub trait KernelEngine: Send + Sync + 'static {
     /// Kernel id.
@@ -100,6 +103,40 @@ pub trait KernelEngine: Send + Sync + 'static {
             }
         }
         Ok(batch.len())
+    }
+    /// Puts a run of messages of one type, stamped as one block, into the input queue
+    /// in order: message `i` has the header [`first.nth_of_run(i,
+    /// payloads[i].len())`](MessageHeader::nth_of_run) and the payload `payloads[i]`.
+    /// Returns how many it took, with the rules of
+    /// [`try_enqueue_batch`](Self::try_enqueue_batch). The default builds the headers
+    /// in blocks of [`RUN_BLOCK`] and hands each block to `try_enqueue_batch`; an
+    /// engine that keeps waiting messages as bytes (the drain engine) writes each
+    /// header straight into its queue instead.
+    fn try_enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<usize> {
+        let mut block: Vec<(MessageHeader, &[u8])> =
+            Vec::with_capacity(payloads.len().min(RUN_BLOCK));
+        let mut done = 0;
+        while done < payloads.len() {
+            block.clear();
+            block.extend(
+                payloads[done..]
+                    .iter()
+                    .take(RUN_BLOCK)
+                    .enumerate()
+                    .map(|(j, p)| (first.nth_of_run((done + j) as u64, p.len()), &p[..])),
+            );
+            match self.try_enqueue_batch(&block) {
+                Ok(n) => {
+                    done += n;
+                    if n < block.len() {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
     }
     /// Takes the oldest message out of the output queue.
     fn try_dequeue(&self) -> Result<Option<Envelope>>;
@@ -919,39 +956,47 @@ impl KernelHandle {
     /// # let _ = replies; Ok(()) }
     /// ```
     pub async fn send_batch<M: RingMessage>(&self, msgs: &[M]) -> Result<std::ops::Range<u64>> {
+        // Plain data is borrowed from `msgs` (no copy); rkyv archives one buffer each.
         let payloads = msgs
             .iter()
             .map(RingMessage::encode_payload)
             .collect::<Result<Vec<_>>>()?;
-        let mut headers: Vec<MessageHeader> = payloads
-            .iter()
-            .map(|p| {
-                let mut h = MessageHeader::new(M::TYPE_ID, p.len());
-                h.set_priority(priority::NORMAL);
-                h.source_kernel = KernelId::HOST.0;
-                h.dest_kernel = self.id().0;
-                h.flags |= M::header_flags();
-                h
-            })
-            .collect();
-        self.inner.core.stamp_batch_from_host(&mut headers);
-        let first = headers.first().map_or(0, |h| h.message_id);
-        if let Some(h) = headers.first() {
-            // Every header of the batch has the same type, flags and destination.
-            self.inner.engine.accepts(h)?;
+        let Some(p0) = payloads.first() else {
+            return Ok(0..0);
+        };
+        // One header for the whole run: every message of the batch has the same type,
+        // flags, priority and destination; ids and timestamps follow from the first
+        // (`MessageHeader::nth_of_run`), so nothing is built per message here.
+        let mut first = MessageHeader::new(M::TYPE_ID, p0.len());
+        first.set_priority(priority::NORMAL);
+        first.source_kernel = KernelId::HOST.0;
+        first.dest_kernel = self.id().0;
+        first.flags |= M::header_flags();
+        self.inner.engine.accepts(&first)?;
+        let ids = self.inner.core.reserve_message_ids(payloads.len() as u64);
+        // A clock reservation counts in u32: very large batches take several.
+        for (c, chunk) in payloads.chunks(u32::MAX as usize).enumerate() {
+            let start = ids + c as u64 * u64::from(u32::MAX);
+            first.message_id = start;
+            first.correlation_id = start;
+            first.set_hlc(self.inner.core.hlc().reserve(chunk.len() as u32));
+            self.enqueue_run(&first, chunk).await?;
         }
-        let batch: Vec<(MessageHeader, &[u8])> = headers
-            .iter()
-            .zip(&payloads)
-            .map(|(h, p)| (*h, &p[..]))
-            .collect();
+        Ok(ids..ids + payloads.len() as u64)
+    }
+
+    /// Enqueues a run stamped from `first` ([`KernelEngine::try_enqueue_run`]), waiting
+    /// for room as [`send_batch`](Self::send_batch) documents.
+    async fn enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<()> {
+        let engine = &self.inner.engine;
         let mut done = 0;
-        while done < batch.len() {
-            match self.inner.engine.try_enqueue_batch(&batch[done..]) {
+        while done < payloads.len() {
+            let at = first.nth_of_run(done as u64, payloads[done].len());
+            match engine.try_enqueue_run(&at, &payloads[done..]) {
                 Ok(n) => done += n,
                 Err(Error::QueueFull { capacity }) if self.inner.wait_when_full => {
-                    let listener = self.inner.engine.events().input_space.listen();
-                    match self.inner.engine.try_enqueue_batch(&batch[done..]) {
+                    let listener = engine.events().input_space.listen();
+                    match engine.try_enqueue_run(&at, &payloads[done..]) {
                         Ok(n) => {
                             done += n;
                             continue;
@@ -966,7 +1011,7 @@ impl KernelHandle {
                 Err(e) => return Err(e),
             }
         }
-        Ok(first..first + batch.len() as u64)
+        Ok(())
     }
 
     /// Receives up to `max` messages in arrival order: waits up to `timeout` (forever
@@ -1060,6 +1105,8 @@ impl KernelHandle {
         if n == max {
             return Ok(n);
         }
+        // Room for what is waiting now, at once (not `max`, which may be far more).
+        out.reserve((max - n).min(self.inner.engine.output_depth()));
         let mut latest: Option<HlcTimestamp> = None;
         let mut kept: Option<Envelope> = None;
         let taken = self

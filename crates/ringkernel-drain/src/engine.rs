@@ -16,9 +16,13 @@
 //!
 //! ## Pace
 //!
-//! The host's work is per pass wherever it can be: one clock merge for the requests of
-//! a pass (one by one only when one of them is too far ahead), one block of timestamps
-//! for its outputs, one latency update. A target may also allow several passes in
+//! The host's work is per pass wherever it can be: one clock reading and one clock
+//! merge for the requests of a pass, one block of timestamps for its outputs, one
+//! latency update; per message only one copy into its slot (into memory the target
+//! stages for the pass where it has some, [`DrainTarget::stage_input`]). A batch sent
+//! at once ([`KernelEngine::try_enqueue_run`]) is queued under one lock as a run: one
+//! header, then the payloads, each message's header rebuilt from the first as it goes
+//! into its slot. A target may also allow several passes in
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
@@ -89,7 +93,9 @@ use ringkernel_core::error::{Error, Result};
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{check_payload_fits, flags, Envelope, MessageHeader, HEADER_SIZE};
+use ringkernel_core::message::{
+    check_payload_fits, flags, Envelope, MessageHeader, Payload, HEADER_SIZE,
+};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority;
 use ringkernel_core::queue::QueueHeader;
@@ -163,6 +169,21 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// (wgpu) can overlap the host's work on one pass with the device's on the next.
     fn max_in_flight(&self) -> usize {
         1
+    }
+
+    /// Where the engine writes the input slots of the pass it is about to launch over
+    /// `count` messages, when not into the input ring: the address of
+    /// `count · slot_size` bytes the host may write (it never reads them), slot `j` of
+    /// the pass at `j · slot_size`; only a slot's header and payload are written. The
+    /// engine calls it with its host lock held, writes the slots and calls
+    /// [`launch`](Self::launch) for that pass at once (same lock, same thread), which
+    /// then moves the slots from there to the device. A target whose `launch` copies
+    /// the input slots anyway (wgpu: into an upload buffer) saves a copy of every
+    /// message this way. The default, `None`: the slots are written into the input
+    /// ring ([`input`](Self::input)).
+    fn stage_input(&self, count: usize) -> Option<*mut u8> {
+        let _ = count;
+        None
     }
 
     /// Makes what progress it can on passes in flight without blocking: e.g. looks
@@ -738,50 +759,66 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// Moves `count` waiting messages into the free input slots at `tail`, highest
     /// lane first and FIFO within a lane: this is where priority ordering happens, so
     /// a pass's slots, a serial handler's order and the order of the replies all
-    /// follow it. The requests' clocks are merged into the kernel's clock on the way,
-    /// once per pass with the latest of them when it is within the drift bound (then
-    /// every earlier one is too), else one by one: a request too far ahead is refused,
-    /// as the CPU backend does (its slot is written with magic 0, so the drain template
-    /// skips it; counted at completion). Called with the host lock held; the slots
-    /// `[tail, tail + count)` belong to no pass in flight (`kick` checks the room).
+    /// follow it. Each message's header and payload are written into its slot once:
+    /// into the input ring, or where the target stages the pass's slots
+    /// ([`DrainTarget::stage_input`]). The requests' clocks are merged into the
+    /// kernel's clock once per pass, with the latest of them; a request too far ahead
+    /// of the kernel's physical clock (checked on the way, against one clock reading)
+    /// is refused, as the CPU backend does: its slot gets magic 0, so the drain
+    /// template skips it (counted at completion). Called with the host lock held; the
+    /// slots `[tail, tail + count)` belong to no pass in flight (`kick` checks the
+    /// room).
     fn fill_ring(&self, h: &mut Host, count: u64) {
-        let first = h.tail;
-        let mut latest: Option<HlcTimestamp> = None;
         let input = self.target.input();
+        let staged = self.target.stage_input(count as usize);
+        let pt = self.clock.physical_ms();
+        let too_far = pt.saturating_add(self.clock.max_drift_ms());
+        let mut latest: Option<HlcTimestamp> = None;
         let Host { lanes, tail, .. } = h;
         let mut left = count as usize;
+        let mut j = 0usize;
         for lane in lanes.iter_mut().rev() {
             if left == 0 {
                 break;
             }
             left -= lane.pop_with(left, |header, payload| {
-                let ts = header.hlc();
-                if latest.is_none_or(|l| ts > l) {
-                    latest = Some(ts);
-                }
-                let off = slot_offset(*tail, self.capacity, self.slot_size);
-                // SAFETY: the slot at `tail` belongs to no pass in flight (`kick` hands
-                // out at most the free slots, so they are distinct and inside the ring)
-                // and the device reads input slots only during their own pass; the
-                // header and payload fit the slot (checked in `try_enqueue`).
+                let slot = match staged {
+                    // SAFETY: `stage_input` returned `count · slot_size` writable bytes
+                    // and `j < count` (`pop_with` hands over at most `left`).
+                    Some(base) => unsafe { base.add(j * self.slot_size) },
+                    // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
+                    // hands out at most the free slots, so they are distinct and inside
+                    // the ring) and the device reads input slots only during their own
+                    // pass.
+                    None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
+                };
+                // SAFETY: `slot` addresses `slot_size` writable bytes (above) and the
+                // header and payload fit them (the payload was checked in
+                // `try_enqueue`). Unaligned writes make no alignment claim.
                 unsafe {
-                    std::ptr::write_unaligned(input.add(off).cast::<MessageHeader>(), *header);
+                    std::ptr::write_unaligned(slot.cast::<MessageHeader>(), *header);
                     std::ptr::copy_nonoverlapping(
                         payload.as_ptr(),
-                        input.add(off + HEADER_SIZE),
+                        slot.add(HEADER_SIZE),
                         payload.len(),
                     );
                 }
+                let ts = header.hlc();
+                if ts.physical_ms() > too_far {
+                    // SAFETY: as above: the slot's header was just written there.
+                    unsafe { self.refuse(header, slot, pt) };
+                } else if latest.is_none_or(|l| ts > l) {
+                    latest = Some(ts);
+                }
                 *tail += 1;
+                j += 1;
                 true
             });
         }
         if let Some(l) = latest {
-            if self.clock.update(&l).is_err() {
-                // Some request is too far ahead: merge them one by one, refusing those.
-                for index in first..h.tail {
-                    self.refuse_if_ahead(slot_offset(index, self.capacity, self.slot_size));
-                }
+            // Within the drift bound of `pt` (checked above), so this merge succeeds.
+            if let Err(e) = self.clock.update_at(&l, pt) {
+                tracing::warn!(kernel = %self.name, error = %e, "request timestamps not merged into the kernel clock");
             }
         }
         // SAFETY: the ring's first 8 bytes are its queue header's tail and `input_tail`
@@ -794,21 +831,20 @@ impl<T: DrainTarget> DrainEngine<T> {
         }
     }
 
-    /// Merges the timestamp of the request in the input slot at byte `off` into the
-    /// kernel's clock, or refuses the request (magic 0) when it is too far ahead.
-    /// Called from `fill_ring` for slots it has just written.
-    fn refuse_if_ahead(&self, off: usize) {
-        // SAFETY: `off` is a slot `fill_ring` wrote under the host lock, before its pass
-        // is launched, so nothing else accesses it.
-        let header = unsafe { self.target.input().add(off).cast::<MessageHeader>() };
-        // SAFETY: as above; unaligned reads and writes make no alignment claim.
-        let mut hdr = unsafe { std::ptr::read_unaligned(header) };
-        if let Err(e) = self.clock.update(&hdr.hlc()) {
-            tracing::warn!(kernel = %self.name, error = %e, message_id = hdr.message_id, "request timestamp too far ahead: message refused");
-            hdr.magic = 0;
-            // SAFETY: as above.
-            unsafe { std::ptr::write_unaligned(header, hdr) };
-        }
+    /// Refuses the request `hdr` just written into the input slot at `slot`: its
+    /// timestamp is too far ahead of the kernel's physical clock `pt` (see
+    /// `fill_ring`). Its magic becomes 0, so the drain template skips it.
+    ///
+    /// # Safety
+    ///
+    /// `slot` addresses the slot's header, writable (as `fill_ring` has it).
+    #[cold]
+    unsafe fn refuse(&self, hdr: &MessageHeader, slot: *mut u8, pt: u64) {
+        let drift_ms = hdr.hlc().physical_ms().saturating_sub(pt);
+        tracing::warn!(kernel = %self.name, message_id = hdr.message_id, drift_ms, "request timestamp too far ahead: message refused");
+        let magic = std::mem::offset_of!(MessageHeader, magic);
+        // SAFETY: the magic field lies in the slot's header (the caller's contract).
+        unsafe { std::ptr::write_unaligned(slot.add(magic).cast::<u32>(), 0) };
     }
 
     /// Stops the kernel for good with `e` (reported by every later call).
@@ -1131,6 +1167,49 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
                 break;
             }
             taken += 1;
+        }
+        self.counters
+            .received
+            .fetch_add(taken as u64, Ordering::Relaxed);
+        self.kick(&mut h);
+        Ok(taken)
+    }
+
+    /// One host lock and one pass kick for the whole run, kept in the waiting lane as a
+    /// run ([`Records::push_run`]: one header, then the payloads).
+    fn try_enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<usize> {
+        let mut h = lock(&self.host);
+        self.check_accepting(&h)?;
+        let lane = priority::lane(first.priority());
+        let room = self.capacity - h.lanes[lane].len().min(self.capacity);
+        // The messages that fit the lane and a slot, from the front.
+        let mut taken = 0;
+        for p in payloads.iter().take(room) {
+            if let Err(e) = check_payload_fits(p.len(), self.slot_size) {
+                if taken == 0 {
+                    return Err(e);
+                }
+                break;
+            }
+            taken += 1;
+        }
+        let run = &payloads[..taken];
+        if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
+            // Headers of their own (a checksum each; an invalid header kept as it is).
+            for (i, p) in run.iter().enumerate() {
+                let mut hdr = first.nth_of_run(i as u64, p.len());
+                if hdr.flags & flags::CHECKSUM != 0 {
+                    hdr.checksum = ringkernel_core::message::fnv1a32(p);
+                }
+                h.lanes[lane].push(&hdr, p);
+            }
+        } else {
+            h.lanes[lane].push_run(first, run);
+        }
+        if taken == 0 && !payloads.is_empty() {
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
         }
         self.counters
             .received

@@ -2,6 +2,11 @@
 //! padded to 8 bytes) in reused byte chunks: the drain engine's waiting lanes and its
 //! reply queue.
 //!
+//! A batch of messages of one type and size stamped as one block (a `send_batch`) is
+//! kept as a *run*: one header, then the payloads ([`Records::push_run`]); each message's
+//! header is rebuilt from the run's first when it is taken
+//! ([`MessageHeader::nth_of_run`]), so the batch costs its payload bytes only.
+//!
 //! A message costs one copy in and one copy out and no allocation of its own: chunks
 //! are kept for reuse (up to [`SPARE_CHUNKS`]), so a steady stream allocates nothing
 //! and faults in no fresh pages. Messages can be queued away from the queue (a pass's
@@ -24,7 +29,7 @@
 //! assert!(q.is_empty());
 //! ```
 
-use ringkernel_core::message::{MessageHeader, HEADER_SIZE};
+use ringkernel_core::message::{MessageHeader, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION};
 use std::collections::VecDeque;
 
 /// Bytes a chunk is allocated with (a larger record gets a chunk of its own size).
@@ -39,12 +44,22 @@ pub fn record_bytes(payload_len: usize) -> usize {
     HEADER_SIZE + payload_len.next_multiple_of(8)
 }
 
+/// Marks a record holding a run (its header's `magic`; `version` holds the run's
+/// length): never the magic of a message.
+const RUN_MAGIC: u32 = u32::from_le_bytes(*b"RKRN");
+
 /// Records in one byte buffer, read from the front.
 #[derive(Debug, Default)]
 struct Chunk {
     buf: Vec<u8>,
     read: usize,
+    /// Messages in the chunk (a run counts each of its messages).
     count: usize,
+    /// Messages of the run at `read` already taken.
+    run_taken: usize,
+    /// When the last record is a run that may grow: its offset and the header the
+    /// next message must have to join it (see [`Records::push`]).
+    open: Option<(usize, MessageHeader)>,
 }
 
 impl Chunk {
@@ -55,7 +70,91 @@ impl Chunk {
             buf,
             read: 0,
             count: 0,
+            run_taken: 0,
+            open: None,
         }
+    }
+
+    /// Appends `payload` to the open run when `header` is the one its next message
+    /// has and the buffer has room; returns whether it did.
+    #[inline]
+    fn extend(&mut self, header: &MessageHeader, payload: &[u8]) -> bool {
+        let Some((at, next)) = &mut self.open else {
+            return false;
+        };
+        let stride = payload.len().next_multiple_of(8);
+        if header != next || self.buf.capacity() - self.buf.len() < stride {
+            return false;
+        }
+        let count_at = *at + std::mem::offset_of!(MessageHeader, version);
+        let start = self.buf.len();
+        // SAFETY: the buffer has room for `stride` more bytes after `start` (checked
+        // above): a zero word at the end of the stride (the padding, under 8 bytes,
+        // lies in it) and the payload's `len` bytes initialise every byte `set_len`
+        // covers. The run's count lies in its header, inside the initialised part.
+        unsafe {
+            let dst = self.buf.as_mut_ptr().add(start);
+            if stride > 0 {
+                std::ptr::write_unaligned(dst.add(stride - 8).cast::<u64>(), 0);
+            }
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len());
+            self.buf.set_len(start + stride);
+            let n = self.buf.as_mut_ptr().add(count_at).cast::<u32>();
+            std::ptr::write_unaligned(n, std::ptr::read_unaligned(n) + 1);
+        }
+        *next = next.nth_of_run(1, payload.len());
+        self.count += 1;
+        true
+    }
+
+    /// How many payloads of `len` bytes a run appended now can hold without growing
+    /// the buffer.
+    fn run_room(&self, len: usize) -> usize {
+        let free = self.buf.capacity() - self.buf.len();
+        match free.checked_sub(HEADER_SIZE) {
+            None => 0,
+            Some(_) if len == 0 => usize::MAX,
+            Some(rest) => rest / len.next_multiple_of(8),
+        }
+    }
+
+    /// Appends a run of `payloads` (each `len` bytes, at least one) stamped from
+    /// `first`; the buffer must have room (`run_room`).
+    fn push_run<P: std::ops::Deref<Target = [u8]>>(
+        &mut self,
+        first: &MessageHeader,
+        payloads: &[P],
+        len: usize,
+    ) {
+        let stride = len.next_multiple_of(8);
+        let bytes = HEADER_SIZE + payloads.len() * stride;
+        debug_assert!(self.buf.capacity() - self.buf.len() >= bytes);
+        let mut h = first.nth_of_run(0, len);
+        h.magic = RUN_MAGIC;
+        h.version = payloads.len() as u32;
+        let start = self.buf.len();
+        // SAFETY: the buffer has room for `bytes` more bytes after `start` (checked by
+        // the caller through `run_room`, asserted above in debug builds). The header
+        // initialises the first 64; each payload's 8-byte-aligned stride is initialised
+        // by a zero word at its end (the padding, under 8 bytes, lies in it) and the
+        // payload's `len` bytes: together every byte `set_len` then covers. Unaligned
+        // writes make no alignment claim.
+        unsafe {
+            let dst = self.buf.as_mut_ptr().add(start);
+            std::ptr::write_unaligned(dst.cast::<MessageHeader>(), h);
+            let mut at = dst.add(HEADER_SIZE);
+            for p in payloads {
+                debug_assert_eq!(p.len(), len);
+                if stride > 0 {
+                    std::ptr::write_unaligned(at.add(stride - 8).cast::<u64>(), 0);
+                }
+                std::ptr::copy_nonoverlapping(p.as_ptr(), at, len);
+                at = at.add(stride);
+            }
+            self.buf.set_len(start + bytes);
+        }
+        self.count += payloads.len();
+        self.open = Some((start, first.nth_of_run(payloads.len() as u64, len)));
     }
 
     /// Whether a record of `payload_len` bytes fits without growing the buffer.
@@ -64,7 +163,15 @@ impl Chunk {
     }
 
     /// Appends a record (growing the buffer if it must).
+    #[inline]
     fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
+        if header.is_valid() && payload.len() <= u32::MAX as usize {
+            // A run of one, which the next message may join (`extend`).
+            self.buf.reserve(record_bytes(payload.len()));
+            self.push_run(header, &[payload], payload.len());
+            return;
+        }
+        self.open = None;
         let len = payload.len();
         let rec = record_bytes(len);
         self.buf.reserve(rec);
@@ -86,7 +193,9 @@ impl Chunk {
         self.count += 1;
     }
 
-    /// Hands the front record to `take` and drops it; `None` when the chunk is empty.
+    /// Hands the front message (its header, rebuilt when it is part of a run, and its
+    /// payload) to `take` and drops it; `None` when the chunk is empty.
+    #[inline]
     fn pop(&mut self, take: impl FnOnce(&MessageHeader, &[u8]) -> bool) -> Option<bool> {
         if self.count == 0 {
             return None;
@@ -94,8 +203,28 @@ impl Chunk {
         let at = self.read;
         let header: MessageHeader = bytemuck::pod_read_unaligned(&self.buf[at..at + HEADER_SIZE]);
         let len = header.payload_len as usize;
-        let go_on = take(&header, &self.buf[at + HEADER_SIZE..at + HEADER_SIZE + len]);
-        self.read += record_bytes(len);
+        let go_on = if header.magic == RUN_MAGIC {
+            let (n, k) = (header.version as usize, self.run_taken);
+            let p = at + HEADER_SIZE + k * len.next_multiple_of(8);
+            let mut h = header.nth_of_run(k as u64, len);
+            (h.magic, h.version) = (MESSAGE_MAGIC, MESSAGE_VERSION);
+            let go_on = take(&h, &self.buf[p..p + len]);
+            if k + 1 == n {
+                self.read += HEADER_SIZE + n * len.next_multiple_of(8);
+                self.run_taken = 0;
+                if self.open.is_some_and(|(o, _)| o == at) {
+                    // Taken whole: nothing may join it any more.
+                    self.open = None;
+                }
+            } else {
+                self.run_taken = k + 1;
+            }
+            go_on
+        } else {
+            let go_on = take(&header, &self.buf[at + HEADER_SIZE..at + HEADER_SIZE + len]);
+            self.read += record_bytes(len);
+            go_on
+        };
         self.count -= 1;
         Some(go_on)
     }
@@ -131,9 +260,21 @@ impl Records {
         }
     }
 
-    /// Appends a message (`header.payload_len` must be `payload.len()`).
+    /// Appends a message (`header.payload_len` must be `payload.len()`). A valid
+    /// message whose header is the next of the run before it
+    /// ([`MessageHeader::nth_of_run`]: the same fields, ids and timestamp one further,
+    /// the same payload size) joins that run: only its payload is stored.
+    #[inline]
     pub fn push(&mut self, header: &MessageHeader, payload: &[u8]) {
         debug_assert_eq!(header.payload_len as usize, payload.len());
+        if self
+            .chunks
+            .back_mut()
+            .is_some_and(|c| c.extend(header, payload))
+        {
+            self.len += 1;
+            return;
+        }
         match self.chunks.back_mut() {
             Some(c) if c.fits(payload.len()) => c.push(header, payload),
             _ => {
@@ -147,6 +288,44 @@ impl Records {
             }
         }
         self.len += 1;
+    }
+
+    /// Appends the messages `first.nth_of_run(i, payloads[i].len())` with the payloads
+    /// `payloads[i]`, in order ([`MessageHeader::nth_of_run`]): consecutive payloads of
+    /// one size are kept as runs, one header each, and taken one message at a time as
+    /// from [`push`](Self::push). (A message that needs a header of its own, e.g. a
+    /// checksum, goes through `push`.)
+    pub fn push_run<P: std::ops::Deref<Target = [u8]>>(
+        &mut self,
+        first: &MessageHeader,
+        payloads: &[P],
+    ) {
+        let mut done = 0;
+        while done < payloads.len() {
+            let len = payloads[done].len();
+            let same = payloads[done..]
+                .iter()
+                .take_while(|p| p.len() == len)
+                .count();
+            let room = self.chunks.back().map_or(0, |c| c.run_room(len));
+            if room == 0 {
+                let need = HEADER_SIZE + len.next_multiple_of(8);
+                let buf = self
+                    .spare
+                    .pop()
+                    .filter(|b| b.capacity() >= need)
+                    .unwrap_or_else(|| Vec::with_capacity(need.max(CHUNK_BYTES)));
+                self.chunks.push_back(Chunk::from_buffer(buf));
+                continue;
+            }
+            let n = same.min(room);
+            let at = first.nth_of_run(done as u64, len);
+            if let Some(c) = self.chunks.back_mut() {
+                c.push_run(&at, &payloads[done..done + n], len);
+            }
+            self.len += n;
+            done += n;
+        }
     }
 
     /// Appends every message of `other`, in order, without copying them; its spare
@@ -273,6 +452,115 @@ mod tests {
             true
         });
         assert_eq!(ids, vec![1, 2, 3, 4]);
+    }
+
+    /// Every message of `q`, header and payload.
+    fn take_all(q: &mut Records) -> Vec<(MessageHeader, Vec<u8>)> {
+        let mut out = Vec::new();
+        q.pop_with(usize::MAX, |h, p| {
+            out.push((*h, p.to_vec()));
+            true
+        });
+        out
+    }
+
+    #[test]
+    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
+        let mut q = Records::default();
+        q.push(&header(1, 2), &[1, 2]);
+        let mut first = header(5, 0);
+        (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
+        // Enough payloads of 3 sizes (0, 13 and 40 bytes) to span several chunks.
+        let n = 2 * CHUNK_BYTES / 48 + 11;
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|i| vec![i as u8; [13, 13, 40, 0][i % 4]])
+            .collect();
+        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        q.push_run(&first, &payloads);
+        q.push(&header(2, 1), &[7]);
+        assert_eq!(q.len(), n + 2);
+        assert!(q.chunks.len() >= 3);
+        // Taken in pieces that end inside runs.
+        let mut got = Vec::new();
+        while !q.is_empty() {
+            let before = got.len();
+            q.pop_with(7, |h, p| {
+                got.push((*h, p.to_vec()));
+                true
+            });
+            assert!(got.len() - before <= 7);
+        }
+        assert_eq!(got.len(), n + 2);
+        assert_eq!((got[0].0.type_id, &got[0].1[..]), (1, &[1u8, 2][..]));
+        for (i, (h, p)) in got[1..=n].iter().enumerate() {
+            assert_eq!(
+                *h,
+                first.nth_of_run(i as u64, payloads[i].len()),
+                "header {i}"
+            );
+            assert!(h.is_valid());
+            assert_eq!(&p[..], payloads[i], "payload {i}");
+        }
+        assert_eq!((got[n + 1].0.type_id, &got[n + 1].1[..]), (2, &[7u8][..]));
+    }
+
+    #[test]
+    fn consecutive_pushes_join_one_run_and_others_do_not() {
+        let mut q = Records::default();
+        let mut first = header(4, 12);
+        (first.message_id, first.correlation_id, first.timestamp) = (10, 10, 500);
+        for i in 0..100u64 {
+            q.push(&first.nth_of_run(i, 12), &[i as u8; 12]);
+        }
+        // One header, then 100 payloads padded to 16.
+        assert_eq!(q.chunks[0].buf.len(), HEADER_SIZE + 100 * 16);
+        // Not the next of the run: another id step, another size, an invalid header.
+        q.push(&first.nth_of_run(101, 12), &[1; 12]);
+        q.push(&first.nth_of_run(102, 4), &[2; 4]);
+        let mut bad = first.nth_of_run(103, 4);
+        bad.magic = 0;
+        q.push(&bad, &[3; 4]);
+        q.push(&first.nth_of_run(104, 4), &[4; 4]);
+        assert_eq!(q.len(), 104);
+        // The run taken in part, the rest comes out in order.
+        assert_eq!(q.pop_with(50, |_, _| true), 50);
+        let got = take_all(&mut q);
+        assert_eq!(got.len(), 54);
+        for (j, (h, p)) in got[..50].iter().enumerate() {
+            let i = 50 + j as u64;
+            assert_eq!(*h, first.nth_of_run(i, 12));
+            assert_eq!(p, &vec![i as u8; 12]);
+        }
+        assert_eq!(got[50].0, first.nth_of_run(101, 12));
+        assert_eq!(got[51].0, first.nth_of_run(102, 4));
+        assert_eq!(
+            (got[52].0, &got[52].1[..]),
+            (bad, &[3u8; 4][..]),
+            "kept as it was"
+        );
+        assert_eq!(got[53].0, first.nth_of_run(104, 4));
+        q.push(&first.nth_of_run(105, 4), &[5; 4]);
+        assert_eq!(
+            take_all(&mut q),
+            vec![(first.nth_of_run(105, 4), vec![5; 4])]
+        );
+    }
+
+    #[test]
+    fn a_refusal_inside_a_run_keeps_the_rest() {
+        let mut q = Records::default();
+        let first = header(3, 8);
+        let payloads: Vec<[u8; 8]> = (0..10u8).map(|i| [i; 8]).collect();
+        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        q.push_run(&first, &payloads);
+        assert_eq!(q.pop_with(usize::MAX, |_, p| p[0] != 3), 4);
+        let rest = take_all(&mut q);
+        assert_eq!(rest.len(), 6);
+        assert_eq!(rest[0].1, vec![4u8; 8]);
+        assert_eq!(rest[0].0.message_id, first.message_id + 4);
+        // An empty run adds nothing.
+        q.push_run::<&[u8]>(&first, &[]);
+        assert!(q.is_empty() && take_all(&mut q).is_empty());
     }
 
     #[test]

@@ -36,9 +36,23 @@ fn launch_overlapped(
     opts: LaunchOptions,
     in_flight: usize,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
+    launch_with(core, name, handler, opts, in_flight, false)
+}
+
+/// `launch_overlapped`, with the pass's slots staged (`DrainTarget::stage_input`) when
+/// `stage` is set.
+fn launch_with(
+    core: &Arc<RuntimeCore>,
+    name: &str,
+    handler: Handler,
+    opts: LaunchOptions,
+    in_flight: usize,
+    stage: bool,
+) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     let id = core.reserve(name).unwrap();
     let mut target = CpuTarget::new(opts.queue_capacity, opts.slot_size, handler);
     target.in_flight = in_flight;
+    target.stage = stage;
     let cfg = DrainConfig {
         id,
         name: name.into(),
@@ -208,6 +222,29 @@ async fn deactivated_kernels_keep_and_return_messages() {
         k.send(Token::new(1, 1.0)).await,
         Err(Error::KernelTerminated(_))
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_in_an_inactive_kernel_comes_back_whole() {
+    // A batch waits as a run (one header); handed back, each message has its own.
+    let core = core();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(64)
+        .with_auto_activate(false);
+    let (k, _) = launch(&core, "echo", Handler::Echo, opts);
+    let batch: Vec<Token> = (0..40).map(|i| Token::new(i, i as f64)).collect();
+    let sent = k.send_batch(&batch).await.unwrap();
+    let r = k.terminate().await.unwrap();
+    assert_eq!(r.undelivered.len(), 40);
+    for (i, (env, id)) in r.undelivered.iter().zip(sent).enumerate() {
+        assert!(env.header.is_valid(), "message {i}");
+        assert_eq!((env.header.message_id, env.header.correlation_id), (id, id));
+        assert_eq!(env.decode::<Token>().unwrap(), batch[i]);
+    }
+    assert!(r
+        .undelivered
+        .windows(2)
+        .all(|w| w[1].header.hlc() > w[0].header.hlc()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,12 +535,20 @@ async fn wait_until(cond: impl Fn() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_too_far_ahead_of_the_clock_is_dropped_before_the_handler() {
+    for stage in [false, true] {
+        request_too_far_ahead_is_dropped(stage).await;
+    }
+}
+
+async fn request_too_far_ahead_is_dropped(stage: bool) {
     let core = core();
-    let (k, engine) = launch(
+    let (k, engine) = launch_with(
         &core,
         "echo",
         Handler::Echo,
         LaunchOptions::default().with_queue_capacity(8),
+        1,
+        stage,
     );
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -765,6 +810,26 @@ async fn batched_sends_and_receives_through_a_small_ring_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_passes_carry_the_same_messages_as_the_ring() {
+    // The engine writes each pass's slots where the target stages them (as into wgpu's
+    // upload buffers) instead of the input ring: ids, order, values and timestamps are
+    // those of the ring path, with passes in flight and batches larger than the ring.
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, true);
+    batched_echo(&k, 2000, 300).await;
+    let passes = engine.target().passes.load(Ordering::SeqCst);
+    assert_eq!(
+        engine.target().staged_passes.load(Ordering::SeqCst),
+        passes,
+        "every pass staged"
+    );
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (2000, 2000, 0));
+    k.terminate().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_into_a_full_queue_takes_what_fits() {
     let core = core();
     let opts = LaunchOptions::default()
@@ -848,6 +913,9 @@ async fn the_default_batch_methods_loop_over_single_messages() {
     let (_, engine) = launch(&core, "echo", Handler::Echo, opts.clone());
     let k = core.handle(Arc::new(OneByOne(engine)), &opts);
     batched_echo(&k, 300, 50).await;
+    // Batches over `RUN_BLOCK`: the default `try_enqueue_run` goes block by block.
+    let big = 2 * ringkernel_core::runtime::RUN_BLOCK as u64 + 7;
+    batched_echo(&k, big + 100, big).await;
 }
 
 /// A batch that arrives at once is split into passes that overlap: with three passes

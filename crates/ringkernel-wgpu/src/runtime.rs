@@ -10,12 +10,14 @@
 //! * Each kernel owns device buffers in the shared binary layout (control block, input
 //!   and output ring, handler state) and host copies of the rings and control block
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
-//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots and the host line
-//!   of the control block, records one dispatch and the copies of the output slots and
-//!   the device-written control fields into a readback buffer of its own, submits, and
-//!   asks for the bytes of that pass in the readback buffer to be mapped. Up to three
-//!   passes of a kernel are in flight at once ([`DrainTarget::max_in_flight`]); the
-//!   device-written control fields live on the device across them.
+//! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots (which the engine
+//!   wrote straight into a mapped upload buffer, [`DrainTarget::stage_input`], not into
+//!   the host ring) and the host line of the control block, records one dispatch and
+//!   the copies of the output slots and the device-written control fields into a
+//!   readback buffer of its own, submits, and asks for the bytes of that pass in the
+//!   readback buffer to be mapped. Up to three passes of a kernel are in flight at once
+//!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
+//!   device across them.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`) while passes are outstanding and
 //!   finishes them: it copies the readback into the host copies, unmaps, and calls the
@@ -291,6 +293,16 @@ struct Compiled {
     module: DrainModule,
 }
 
+/// An upload buffer handed to the engine for the slots of the pass it is filling: the
+/// view keeps the mapped range registered until the pass's `launch` writes the
+/// parameters after the slots and unmaps it.
+struct Staged {
+    buf: wgpu::Buffer,
+    view: wgpu::BufferViewMut,
+    /// Bytes of slots (`count · slot_size`).
+    slots: usize,
+}
+
 /// The device buffers of one kernel and its host copies.
 struct WgpuDrainTarget {
     ctx: Arc<GpuContext>,
@@ -312,6 +324,9 @@ struct WgpuDrainTarget {
     upload_len: usize,
     /// Bytes of each readback buffer: the largest pass's slots and the control fields.
     readback_len: usize,
+    /// The upload buffer the engine is writing the next pass's slots into
+    /// ([`DrainTarget::stage_input`]), taken by that pass's `launch`.
+    staged: Mutex<Option<Staged>>,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
     bind: wgpu::BindGroup,
@@ -322,7 +337,10 @@ struct WgpuDrainTarget {
 // `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
 // The "device" side (the poller's copy-out) writes only the output slots of the pass and
 // the device-written control fields, after the pass finished and before `done`. `done`
-// runs on the poller thread, never inside `launch`.
+// runs on the poller thread, never inside `launch`. `stage_input` hands out the mapped
+// range of an upload buffer taken from the pool (so no pass in flight uses it), whose
+// view stays in `staged` until the following `launch` unmaps it: `count · slot_size`
+// bytes the host may write, nothing else addressing them meanwhile.
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
@@ -425,6 +443,29 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         PASSES_IN_FLIGHT
     }
 
+    /// A mapped upload buffer (when one is free and the pass fits it): the engine
+    /// writes the pass's slots there, not into the host ring, and `launch` copies them
+    /// to the device ring from it (see [`upload`](WgpuDrainTarget::upload)).
+    fn stage_input(&self, count: usize) -> Option<*mut u8> {
+        let slots = count * self.slot_size;
+        if slots == 0 || slots > self.upload_len {
+            return None;
+        }
+        let buf = lock(&self.uploads).pop()?;
+        let end = (slots + std::mem::size_of::<params::Drain>()) as u64;
+        let mut view = match buf.get_mapped_range_mut(..end) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "upload buffer not mapped: the pass goes through the host ring");
+                lock(&self.uploads).push(buf);
+                return None;
+            }
+        };
+        let ptr = view.slice(..slots).as_raw_element_ptr().as_ptr();
+        *lock(&self.staged) = Some(Staged { buf, view, slots });
+        Some(ptr)
+    }
+
     fn progress(&self) -> bool {
         self.poller.help()
     }
@@ -446,6 +487,28 @@ impl WgpuDrainTarget {
         enc: &mut wgpu::CommandEncoder,
     ) -> Result<Option<wgpu::Buffer>> {
         let total: usize = runs.iter().map(|r| r.len()).sum();
+        if let Some(Staged {
+            buf,
+            mut view,
+            slots,
+        }) = lock(&self.staged).take()
+        {
+            // The engine wrote the pass's slots into `buf` already (`stage_input`).
+            if slots != total {
+                drop(view);
+                buf.unmap();
+                remap_upload(buf, self.uploads.clone());
+                return Err(Error::Device(format!(
+                    "staged {slots} bytes of slots for a pass of {total}"
+                )));
+            }
+            view.slice(total..total + params.len())
+                .copy_from_slice(params);
+            drop(view);
+            buf.unmap();
+            self.copy_up(&buf, runs, total, params.len(), enc);
+            return Ok(Some(buf));
+        }
         let buf = (total > 0 && total <= self.upload_len)
             .then(|| lock(&self.uploads).pop())
             .flatten();
@@ -481,11 +544,25 @@ impl WgpuDrainTarget {
             view.slice(total..end).copy_from_slice(params);
         }
         buf.unmap();
-        enc.copy_buffer_to_buffer(&buf, total as u64, &self.params, 0, params.len() as u64);
+        self.copy_up(&buf, runs, total, params.len(), enc);
+        Ok(Some(buf))
+    }
+
+    /// Records the copies out of an upload buffer holding the pass's slots in pass
+    /// order (`total` bytes) and then the `params_len` bytes of its parameters.
+    fn copy_up(
+        &self,
+        buf: &wgpu::Buffer,
+        runs: &[Range<usize>],
+        total: usize,
+        params_len: usize,
+        enc: &mut wgpu::CommandEncoder,
+    ) {
+        enc.copy_buffer_to_buffer(buf, total as u64, &self.params, 0, params_len as u64);
         let mut at = 0;
         for run in runs {
             enc.copy_buffer_to_buffer(
-                &buf,
+                buf,
                 at as u64,
                 &self.input,
                 run.start as u64,
@@ -493,7 +570,6 @@ impl WgpuDrainTarget {
             );
             at += run.len();
         }
-        Ok(Some(buf))
     }
 }
 
@@ -738,6 +814,7 @@ impl WgpuRuntime {
             uploads: Arc::new(Mutex::new(uploads)),
             upload_len,
             readback_len,
+            staged: Mutex::new(None),
             control_sent: Mutex::new(None),
             bind,
         })

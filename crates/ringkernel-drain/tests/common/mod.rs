@@ -58,6 +58,14 @@ pub struct CpuTarget {
     /// Passes launched and not done now, and the most seen at once.
     pub running: Arc<AtomicU64>,
     pub most_running: Arc<AtomicU64>,
+    /// When set, the engine writes each pass's slots into a staging buffer
+    /// (`DrainTarget::stage_input`, poisoned before it is handed out) and `launch`
+    /// copies them into the input ring, as wgpu's upload buffers do; every pass must
+    /// then come staged.
+    pub stage: bool,
+    staged: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Passes whose slots came staged.
+    pub staged_passes: Arc<AtomicU64>,
 }
 
 // SAFETY (test stand-in): `state` addresses the boxed memory owned by `_state`, which
@@ -85,6 +93,9 @@ impl CpuTarget {
             order: Arc::new((std::sync::Mutex::new(0), std::sync::Condvar::new())),
             running: Arc::new(AtomicU64::new(0)),
             most_running: Arc::new(AtomicU64::new(0)),
+            stage: false,
+            staged: std::sync::Mutex::new(None),
+            staged_passes: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -200,6 +211,22 @@ unsafe impl DrainTarget for CpuTarget {
             return Err(Error::Device("stand-in launch failure".into()));
         }
         assert_eq!(p.slot_words as usize * 4, self.slot_size);
+        let staged = self.staged.lock().unwrap().take();
+        assert_eq!(staged.is_some(), self.stage, "every pass staged, or none");
+        if let Some(bytes) = staged {
+            let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
+            let capacity = p.mask as usize + 1;
+            assert_eq!(bytes.len(), p.count as usize * self.slot_size);
+            for (j, slot) in bytes.chunks(self.slot_size).enumerate() {
+                let off = slot_offset(first + j as u64, capacity, self.slot_size);
+                // SAFETY: one input slot of this pass, inside the ring; the engine wrote
+                // the staging buffer instead of it, so nothing else touches it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(slot.as_ptr(), self.input().add(off), slot.len())
+                };
+            }
+            self.staged_passes.fetch_add(1, Ordering::SeqCst);
+        }
         let ticket = self.passes.fetch_add(1, Ordering::SeqCst);
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_running.fetch_max(now, Ordering::SeqCst);
@@ -242,5 +269,16 @@ unsafe impl DrainTarget for CpuTarget {
 
     fn max_in_flight(&self) -> usize {
         self.in_flight
+    }
+
+    fn stage_input(&self, count: usize) -> Option<*mut u8> {
+        if !self.stage {
+            return None;
+        }
+        let mut bytes = vec![0xA5u8; count * self.slot_size];
+        let ptr = bytes.as_mut_ptr();
+        // The Vec's heap memory does not move when the Vec itself is moved.
+        *self.staged.lock().unwrap() = Some(bytes);
+        Some(ptr)
     }
 }
