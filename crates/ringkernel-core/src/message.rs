@@ -386,30 +386,42 @@ where
 
 /// [`Error::TypeMismatch`] unless `header` carries `type_id`, then
 /// [`Error::EncodingMismatch`] unless its [`flags::RKYV`] bit says `encoding`.
+#[inline]
 pub fn check_header(
     header: &MessageHeader,
     type_id: u32,
     name: &'static str,
     encoding: Encoding,
 ) -> Result<()> {
-    if header.type_id != type_id {
-        return Err(Error::TypeMismatch {
-            expected: type_id,
-            found: header.type_id,
-        });
-    }
-    let found = Encoding::of(header);
-    if found != encoding {
-        return Err(Error::EncodingMismatch {
-            type_id,
-            reason: format!(
-                "{name} is a {} message but the payload is {}",
-                encoding.name(),
-                found.name()
-            ),
-        });
+    if header.type_id != type_id || Encoding::of(header) != encoding {
+        return Err(header_mismatch(header, type_id, name, encoding));
     }
     Ok(())
+}
+
+/// The error of [`check_header`] for a header it refuses.
+#[cold]
+fn header_mismatch(
+    header: &MessageHeader,
+    type_id: u32,
+    name: &'static str,
+    encoding: Encoding,
+) -> Error {
+    if header.type_id != type_id {
+        return Error::TypeMismatch {
+            expected: type_id,
+            found: header.type_id,
+        };
+    }
+    let found = Encoding::of(header);
+    Error::EncodingMismatch {
+        type_id,
+        reason: format!(
+            "{name} is a {} message but the payload is {}",
+            encoding.name(),
+            found.name()
+        ),
+    }
 }
 
 /// A message type with a stable id: plain data (`#[repr(C)]`, `bytemuck::Pod`, copied
@@ -476,6 +488,7 @@ pub trait RingMessage: MessageCodec + Send + Sync + 'static {
     /// encoding flag ([`Error::EncodingMismatch`]), then the size (plain data,
     /// [`Error::InvalidArgument`]) or the archive (rkyv, [`Error::Decode`]), and sets
     /// the `#[message(id)]` field from the header.
+    #[inline]
     fn decode(header: &MessageHeader, payload: &[u8]) -> Result<Self> {
         check_header(
             header,

@@ -444,7 +444,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 async fn section_pipeline(rt: &CpuRuntime, n: u64, rounds: usize) {
-    let opts = LaunchOptions::default().with_queue_capacity(4096);
+    let opts = LaunchOptions::default().with_queue_capacity(pipeline_capacity());
     let pool = stages(rt, "pipe.pool", &opts).await;
     let ded = stages(rt, "pipe.ded", &opts.clone().with_dedicated_thread()).await;
     // Ours and the peers alternate, `rounds` times; medians are reported.
@@ -694,6 +694,14 @@ mod actix_peer {
         .join()
         .expect("actix peer");
     }
+}
+
+/// Queue capacity of the pipelined runs' stages: 4096, or `RK_QUEUE`.
+fn pipeline_capacity() -> usize {
+    std::env::var("RK_QUEUE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096)
 }
 
 /// Tokens of the pipelined runs: 1M (10,000 with `--test`), or `RK_TOKENS`.
