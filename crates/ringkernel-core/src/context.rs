@@ -111,17 +111,11 @@ impl<'a> KernelContext<'a> {
         slot_size: usize,
         sink: &'a mut dyn OutputSink,
     ) -> Self {
-        KernelContext {
-            id,
-            name,
-            core: Route::Shared(core),
-            hlc,
-            counters,
-            request,
-            slot_size,
-            priority: crate::priority::NORMAL,
-            sink,
-        }
+        let normal = crate::priority::NORMAL;
+        let core = Route::Shared(core);
+        Self::build(
+            id, name, core, hlc, counters, request, slot_size, normal, sink,
+        )
     }
 
     /// As [`new`](Self::new) followed by [`with_priority`](Self::with_priority) and
@@ -140,10 +134,29 @@ impl<'a> KernelContext<'a> {
         priority: u8,
         sink: &'a mut dyn OutputSink,
     ) -> Self {
+        let core = Route::Turn(router);
+        Self::build(
+            id, name, core, hlc, counters, request, slot_size, priority, sink,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn build(
+        id: KernelId,
+        name: &'a str,
+        core: Route<'a>,
+        hlc: &'a HlcClock,
+        counters: &'a KernelCounters,
+        request: MessageHeader,
+        slot_size: usize,
+        priority: u8,
+        sink: &'a mut dyn OutputSink,
+    ) -> Self {
         KernelContext {
             id,
             name,
-            core: Route::Turn(router),
+            core,
             hlc,
             counters,
             request,

@@ -631,8 +631,18 @@ pub fn check_payload_fits(len: usize, slot_size: usize) -> Result<()> {
 /// Writes `header` and `payload` into `slot` (which must be at least
 /// `HEADER_SIZE + payload.len()` bytes; checked).
 pub fn write_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
+    write_slot_owned(slot, *header, payload)
+}
+
+/// [`write_slot`] with the header already copied (the queues stamp magic and version
+/// on their copy first: one copy of the header per write).
+#[inline(always)]
+pub(crate) fn write_slot_owned(
+    slot: &mut [u8],
+    mut h: MessageHeader,
+    payload: &[u8],
+) -> Result<()> {
     check_payload_fits(payload.len(), slot.len())?;
-    let mut h = *header;
     h.payload_len = payload.len() as u32;
     if h.flags & flags::CHECKSUM != 0 {
         h.checksum = fnv1a32(payload);

@@ -26,8 +26,8 @@
 use super::{check_capacity, QueueHeader, QueueStats};
 use crate::error::{Error, Result};
 use crate::message::{
-    check_payload_fits, flags, fnv1a32, max_payload, Envelope, MessageHeader, HEADER_SIZE,
-    MESSAGE_MAGIC, MESSAGE_VERSION,
+    check_payload_fits, flags, fnv1a32, max_payload, write_slot_owned, Envelope, MessageHeader,
+    HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use std::alloc::Layout;
 use std::any::Any;
@@ -233,20 +233,14 @@ fn corrupt_slot(header: &MessageHeader, slot_len: usize, index: u64) -> Error {
 }
 
 /// Writes `header` + `payload` into `slot`, stamping magic and version (as
-/// [`write_slot`](crate::message::write_slot) does with them set: one copy of the header, not two).
+/// [`write_slot`](crate::message::write_slot) does with them set, with one copy of the
+/// header).
 #[inline]
 pub(crate) fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
-    check_payload_fits(payload.len(), slot.len())?;
     let mut h = *header;
     h.magic = MESSAGE_MAGIC;
     h.version = MESSAGE_VERSION;
-    h.payload_len = payload.len() as u32;
-    if h.flags & flags::CHECKSUM != 0 {
-        h.checksum = fnv1a32(payload);
-    }
-    slot[..HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&h));
-    slot[HEADER_SIZE..HEADER_SIZE + payload.len()].copy_from_slice(payload);
-    Ok(())
+    write_slot_owned(slot, h, payload)
 }
 
 /// The host's view of one ring in the shared layout.
