@@ -24,8 +24,9 @@
 //! --benches` passes, runs a short smoke version). Optional first argument: a section
 //! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` and
 //! `pipeline-batched` run only our pooled pipeline, one at a time or batched, for a
-//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_WORKERS=n` the
-//! pool size, `RK_HOST=current_thread` a single-threaded host runtime.
+//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_QUEUE=n` their
+//! stages' queue capacity (4096), `RK_WORKERS=n` the pool size,
+//! `RK_HOST=current_thread` a single-threaded host runtime.
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::options::LaunchOptions;
