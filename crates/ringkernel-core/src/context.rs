@@ -111,15 +111,57 @@ impl<'a> KernelContext<'a> {
         slot_size: usize,
         sink: &'a mut dyn OutputSink,
     ) -> Self {
+        let normal = crate::priority::NORMAL;
+        let core = Route::Shared(core);
+        Self::build(
+            id, name, core, hlc, counters, request, slot_size, normal, sink,
+        )
+    }
+
+    /// As [`new`](Self::new) followed by [`with_priority`](Self::with_priority) and
+    /// [`with_turn_router`](Self::with_turn_router), built in one go: what a worker
+    /// running a turn of messages calls for each of them.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn in_turn(
+        id: KernelId,
+        name: &'a str,
+        router: &'a mut dyn TurnRouter,
+        hlc: &'a HlcClock,
+        counters: &'a KernelCounters,
+        request: MessageHeader,
+        slot_size: usize,
+        priority: u8,
+        sink: &'a mut dyn OutputSink,
+    ) -> Self {
+        let core = Route::Turn(router);
+        Self::build(
+            id, name, core, hlc, counters, request, slot_size, priority, sink,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn build(
+        id: KernelId,
+        name: &'a str,
+        core: Route<'a>,
+        hlc: &'a HlcClock,
+        counters: &'a KernelCounters,
+        request: MessageHeader,
+        slot_size: usize,
+        priority: u8,
+        sink: &'a mut dyn OutputSink,
+    ) -> Self {
         KernelContext {
             id,
             name,
-            core: Route::Shared(core),
+            core,
             hlc,
             counters,
             request,
             slot_size,
-            priority: crate::priority::NORMAL,
+            priority,
             sink,
         }
     }
@@ -167,29 +209,39 @@ impl<'a> KernelContext<'a> {
     }
 
     /// A header for an `M` of `size` payload bytes (its encoding flag included).
+    #[inline(always)]
     fn header_for<M: RingMessage>(
         &mut self,
         extra_flags: u32,
         size: usize,
     ) -> Result<MessageHeader> {
         check_payload_fits(size, self.slot_size)?;
-        let mut h = MessageHeader::new(M::TYPE_ID, size);
         let (id, ts) = match &mut self.core {
             Route::Shared(r) => (r.next_message_id(), self.hlc.tick()),
             Route::Turn(r) => (r.next_message_id(), r.tick(self.hlc)),
         };
-        h.message_id = id;
-        h.correlation_id = self.request.correlation_id;
-        h.source_kernel = self.id.0;
-        h.set_hlc(ts);
-        h.flags = extra_flags | M::header_flags();
-        h.set_priority(self.priority);
-        Ok(h)
+        // Every field written once (no default header overwritten field by field).
+        Ok(MessageHeader {
+            magic: crate::message::MESSAGE_MAGIC,
+            version: crate::message::MESSAGE_VERSION,
+            type_id: M::TYPE_ID,
+            payload_len: size as u32,
+            message_id: id,
+            correlation_id: self.request.correlation_id,
+            source_kernel: self.id.0,
+            dest_kernel: 0,
+            timestamp: ts.packed(),
+            checksum: 0,
+            flags: ((extra_flags | M::header_flags()) & !flags::PRIORITY_MASK)
+                | (u32::from(self.priority) << flags::PRIORITY_SHIFT),
+            node_id: ts.node(),
+        })
     }
 
     /// Replies to the current message: into this kernel's output queue, with the
     /// request's `correlation_id` (so [`KernelHandle::call`](crate::runtime::KernelHandle::call)
     /// finds it) and the REPLY flag.
+    #[inline]
     pub fn reply<M: RingMessage>(&mut self, msg: &M) -> Result<()> {
         let payload = msg.encode_payload()?;
         let mut h = self.header_for::<M>(flags::REPLY, payload.len())?;
@@ -214,6 +266,7 @@ impl<'a> KernelContext<'a> {
     /// reply to the host's original call. Never blocks: a full destination is
     /// [`K2kReceipt::QueueFull`]. A payload too large for this kernel's slots is
     /// [`Error::MessageTooLarge`](crate::Error::MessageTooLarge).
+    #[inline]
     pub fn send_to<M: RingMessage>(
         &mut self,
         target: impl Into<KernelTarget>,

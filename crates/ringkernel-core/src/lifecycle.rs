@@ -40,6 +40,7 @@ impl AtomicLifecycle {
     }
 
     /// Current state.
+    #[inline]
     pub fn get(&self) -> LifecycleState {
         LifecycleState::from_u32(self.0.load(Ordering::Acquire))
             .expect("only valid states are stored")

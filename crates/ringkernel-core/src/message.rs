@@ -419,28 +419,27 @@ pub fn check_header(
     name: &'static str,
     encoding: Encoding,
 ) -> Result<()> {
-    if header.type_id != type_id {
-        return Err(Error::TypeMismatch {
-            expected: type_id,
-            found: header.type_id,
-        });
-    }
-    let found = Encoding::of(header);
-    if found != encoding {
-        return Err(encoding_mismatch(type_id, name, encoding, found));
+    if header.type_id != type_id || Encoding::of(header) != encoding {
+        return Err(header_mismatch(header, type_id, name, encoding));
     }
     Ok(())
 }
 
-/// [`check_header`]'s [`Error::EncodingMismatch`] (out of line: decoding many messages
-/// inlines only the checks).
+/// The error of [`check_header`] for a header it refuses.
 #[cold]
-fn encoding_mismatch(
+fn header_mismatch(
+    header: &MessageHeader,
     type_id: u32,
     name: &'static str,
     encoding: Encoding,
-    found: Encoding,
 ) -> Error {
+    if header.type_id != type_id {
+        return Error::TypeMismatch {
+            expected: type_id,
+            found: header.type_id,
+        };
+    }
+    let found = Encoding::of(header);
     Error::EncodingMismatch {
         type_id,
         reason: format!(
@@ -515,6 +514,7 @@ pub trait RingMessage: MessageCodec + Send + Sync + 'static {
     /// encoding flag ([`Error::EncodingMismatch`]), then the size (plain data,
     /// [`Error::InvalidArgument`]) or the archive (rkyv, [`Error::Decode`]), and sets
     /// the `#[message(id)]` field from the header.
+    #[inline]
     fn decode(header: &MessageHeader, payload: &[u8]) -> Result<Self> {
         check_header(
             header,
@@ -657,8 +657,18 @@ pub fn check_payload_fits(len: usize, slot_size: usize) -> Result<()> {
 /// Writes `header` and `payload` into `slot` (which must be at least
 /// `HEADER_SIZE + payload.len()` bytes; checked).
 pub fn write_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
+    write_slot_owned(slot, *header, payload)
+}
+
+/// [`write_slot`] with the header already copied (the queues stamp magic and version
+/// on their copy first: one copy of the header per write).
+#[inline(always)]
+pub(crate) fn write_slot_owned(
+    slot: &mut [u8],
+    mut h: MessageHeader,
+    payload: &[u8],
+) -> Result<()> {
     check_payload_fits(payload.len(), slot.len())?;
-    let mut h = *header;
     h.payload_len = payload.len() as u32;
     if h.flags & flags::CHECKSUM != 0 {
         h.checksum = fnv1a32(payload);

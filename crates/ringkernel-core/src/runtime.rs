@@ -294,6 +294,7 @@ impl RuntimeCore {
         &self.broker
     }
     /// Whether kernel-to-kernel messaging is enabled (the default).
+    #[inline]
     pub fn k2k_enabled(&self) -> bool {
         self.k2k.load(Ordering::Acquire)
     }

@@ -50,11 +50,13 @@ impl LifecycleState {
     }
 
     /// Decodes the numeric form; `None` for values that name no state.
+    #[inline]
     pub fn from_u32(v: u32) -> Option<LifecycleState> {
         LifecycleState::ALL.get(v as usize).copied()
     }
 
     /// Whether the kernel still accepts messages (Launched, Active or Deactivated).
+    #[inline]
     pub fn accepts_messages(self) -> bool {
         matches!(
             self,

@@ -24,8 +24,9 @@
 //! --benches` passes, runs a short smoke version). Optional first argument: a section
 //! (`call`, `hops`, `pipeline`, `actix`, `kernels`; `pipeline-pooled` and
 //! `pipeline-batched` run only our pooled pipeline, one at a time or batched, for a
-//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_WORKERS=n` the
-//! pool size, `RK_HOST=current_thread` a single-threaded host runtime.
+//! profiler). `RK_TOKENS=n` sets the pipelined runs' token count, `RK_QUEUE=n` their
+//! stages' queue capacity (4096), `RK_WORKERS=n` the pool size,
+//! `RK_HOST=current_thread` a single-threaded host runtime.
 
 use ringkernel_core::builtin::{Token, ECHO, STAGE};
 use ringkernel_core::options::LaunchOptions;
@@ -444,7 +445,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 async fn section_pipeline(rt: &CpuRuntime, n: u64, rounds: usize) {
-    let opts = LaunchOptions::default().with_queue_capacity(4096);
+    let opts = LaunchOptions::default().with_queue_capacity(pipeline_capacity());
     let pool = stages(rt, "pipe.pool", &opts).await;
     let ded = stages(rt, "pipe.ded", &opts.clone().with_dedicated_thread()).await;
     // Ours and the peers alternate, `rounds` times; medians are reported.
@@ -694,6 +695,14 @@ mod actix_peer {
         .join()
         .expect("actix peer");
     }
+}
+
+/// Queue capacity of the pipelined runs' stages: 4096, or `RK_QUEUE`.
+fn pipeline_capacity() -> usize {
+    std::env::var("RK_QUEUE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096)
 }
 
 /// Tokens of the pipelined runs: 1M (10,000 with `--test`), or `RK_TOKENS`.

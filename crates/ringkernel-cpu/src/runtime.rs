@@ -89,7 +89,7 @@ use ringkernel_core::error::{Error, Result};
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
+use ringkernel_core::message::{flags, Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::pubsub::PublishReport;
@@ -725,6 +725,45 @@ impl CpuEngine {
         }
     }
 
+    /// One message into the lane of its priority, waking the kernel if it needs it
+    /// (`KernelEngine::try_enqueue`, and the workers' K2K sends).
+    #[inline(always)]
+    fn push(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+        let s = &self.shared;
+        // The fast refusal. A push that races with termination is caught by the lane
+        // itself: the worker closes its lanes before its final sweep, and a push either
+        // claimed its slot before the close (the sweep waits for it and takes it) or
+        // fails (`KernelTerminated`).
+        if !s.state.get().accepts_messages() {
+            return Err(Error::KernelTerminated(s.name.clone()));
+        }
+        let lane = priority::lane(header.priority());
+        // The lane checks the payload's size.
+        let pushed = s
+            .lanes
+            .sender(lane)
+            .and_then(|tx| tx.try_push_wake(header, payload));
+        match pushed {
+            // `received` is read off the lanes (`Lanes::accepted`).
+            Ok(wake) => {
+                match &self.kick {
+                    // Behind an unread message a pooled kernel needs no new turn: the
+                    // turn that reads that one reads this one too, or sees it claimed
+                    // before it goes idle (`Worker::turn`'s last look). A dedicated
+                    // thread is woken as before.
+                    Kick::Task(t) => {
+                        if wake {
+                            t.schedule();
+                        }
+                    }
+                    Kick::Thread => self.wake_if_sleeping(),
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.push_error(e)),
+        }
+    }
+
     /// The error of a push into this kernel's input that failed with `e`: a full lane
     /// reports the lane capacity, a closed one the kernel's name.
     #[cold]
@@ -831,37 +870,7 @@ impl KernelEngine for CpuEngine {
 
     #[inline]
     fn try_enqueue(&self, header: &MessageHeader, payload: &[u8]) -> Result<()> {
-        let s = &self.shared;
-        // The fast refusal. A push that races with termination is caught by the lane
-        // itself: the worker closes its lanes before its final sweep, and a push either
-        // claimed its slot before the close (the sweep waits for it and takes it) or
-        // fails (`KernelTerminated`).
-        if !s.state.get().accepts_messages() {
-            return Err(Error::KernelTerminated(s.name.clone()));
-        }
-        let lane = priority::lane(header.priority());
-        let pushed = check_payload_fits(payload.len(), self.slot_size)
-            .and_then(|()| s.lanes.sender(lane))
-            .and_then(|tx| tx.try_push_wake(header, payload));
-        match pushed {
-            // `received` is read off the lanes (`Lanes::accepted`).
-            Ok(wake) => {
-                match &self.kick {
-                    // Behind an unread message a pooled kernel needs no new turn: the
-                    // turn that reads that one reads this one too, or sees it claimed
-                    // before it goes idle (`Worker::turn`'s last look). A dedicated
-                    // thread is woken as before.
-                    Kick::Task(t) => {
-                        if wake {
-                            t.schedule();
-                        }
-                    }
-                    Kick::Thread => self.wake_if_sleeping(),
-                }
-                Ok(())
-            }
-            Err(e) => Err(self.push_error(e)),
-        }
+        self.push(header, payload)
     }
 
     /// As `try_enqueue` one by one, with one state check, one claim of slots per lane
@@ -1221,7 +1230,7 @@ impl TurnRouter for Router<'_> {
     fn deliver(
         &mut self,
         target: &KernelTarget,
-        header: MessageHeader,
+        mut header: MessageHeader,
         payload: &[u8],
     ) -> Result<K2kReceipt> {
         let KernelTarget::Id(id) = target else {
@@ -1246,7 +1255,19 @@ impl TurnRouter for Router<'_> {
                 &self.routes[i].insert((*id, e)).1
             }
         };
-        self.core.deliver_to(&**engine, header, payload)
+        if header.flags & flags::K2K != 0 && !self.core.k2k_enabled() {
+            // The runtime's answer (K2K switched off).
+            return self.core.deliver_to(&**engine, header, payload);
+        }
+        // What `RuntimeCore::deliver_to` does, without its checks that the push itself
+        // makes again (payload size; a CPU engine accepts every header).
+        header.dest_kernel = engine.shared.id.0;
+        match engine.push(&header, payload) {
+            Ok(()) => Ok(K2kReceipt::Delivered),
+            Err(Error::QueueFull { .. }) => Ok(K2kReceipt::QueueFull),
+            Err(Error::KernelTerminated(_)) => Ok(K2kReceipt::NotFound),
+            Err(e) => Err(e),
+        }
     }
 
     fn publish_raw(
@@ -1730,18 +1751,17 @@ impl Worker {
         };
         let handler = &mut self.handler;
         let result = {
-            let mut ctx = KernelContext::new(
+            let mut ctx = KernelContext::in_turn(
                 s.id,
                 &s.name,
-                router.core,
+                router,
                 &s.hlc,
                 &s.counters,
                 request,
                 self.slot_size,
+                s.priority,
                 &mut sink,
-            )
-            .with_priority(s.priority)
-            .with_turn_router(router);
+            );
             catch_unwind(AssertUnwindSafe(|| handler.handle(&mut ctx, env)))
         };
         self.latency.handled(start, &s.counters.latency);

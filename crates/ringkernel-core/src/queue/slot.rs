@@ -26,7 +26,7 @@
 use super::{check_capacity, QueueHeader, QueueStats};
 use crate::error::{Error, Result};
 use crate::message::{
-    check_payload_fits, flags, fnv1a32, max_payload, write_slot, Envelope, MessageHeader,
+    check_payload_fits, flags, fnv1a32, max_payload, write_slot_owned, Envelope, MessageHeader,
     HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use std::alloc::Layout;
@@ -172,40 +172,75 @@ impl Drop for AlignedBuf {
 struct Padded<T>(T);
 
 /// Validates the slot at `bytes` and returns its header. `index` is only for messages.
+#[inline(always)]
 pub(crate) fn check_slot(bytes: &[u8], index: u64) -> Result<MessageHeader> {
     let header: MessageHeader = bytemuck::pod_read_unaligned(&bytes[..HEADER_SIZE]);
-    if header.magic != MESSAGE_MAGIC || header.version != MESSAGE_VERSION {
-        return Err(Error::Device(format!(
-            "corrupt message slot at index {index}: magic {:#010x} version {} (expected {:#010x} version {})",
-            header.magic, header.version, MESSAGE_MAGIC, MESSAGE_VERSION
-        )));
-    }
-    let len = header.payload_len as usize;
-    let max = max_payload(bytes.len());
-    if len > max {
-        return Err(Error::Device(format!(
-            "corrupt message slot at index {index}: payload_len {len} exceeds the slot's maximum payload of {max} bytes"
-        )));
-    }
-    if header.flags & flags::CHECKSUM != 0 {
-        let sum = fnv1a32(&bytes[HEADER_SIZE..HEADER_SIZE + len]);
-        if sum != header.checksum {
-            return Err(Error::Device(format!(
-                "checksum mismatch on message {} (type {}) at slot index {index}",
-                header.message_id, header.type_id
-            )));
-        }
-    }
+    validate_slot(&header, bytes, index)?;
     Ok(header)
 }
 
-/// Writes `header` + `payload` into `slot`, stamping magic and version.
+/// As [`check_slot`] for a slot of a ring, whose header is read in place (not copied).
+///
+/// # Safety
+/// `bytes` starts 8-aligned (ring slots do: see the callers) and is not written while
+/// the returned reference lives.
+#[inline(always)]
+unsafe fn check_ring_slot(bytes: &[u8], index: u64) -> Result<&MessageHeader> {
+    let head = &bytes[..HEADER_SIZE];
+    // SAFETY: `head` holds HEADER_SIZE bytes, starts 8-aligned (the caller's promise)
+    // and MessageHeader is Pod with align 8 and size HEADER_SIZE.
+    let header = unsafe { &*head.as_ptr().cast::<MessageHeader>() };
+    validate_slot(header, bytes, index)?;
+    Ok(header)
+}
+
+/// What [`check_slot`] checks: magic and version, `payload_len` within the slot, and
+/// the checksum when flagged.
+#[inline(always)]
+fn validate_slot(header: &MessageHeader, bytes: &[u8], index: u64) -> Result<()> {
+    let len = header.payload_len as usize;
+    if header.magic != MESSAGE_MAGIC
+        || header.version != MESSAGE_VERSION
+        || len > max_payload(bytes.len())
+        || (header.flags & flags::CHECKSUM != 0
+            && fnv1a32(&bytes[HEADER_SIZE..HEADER_SIZE + len]) != header.checksum)
+    {
+        return Err(corrupt_slot(header, bytes.len(), index));
+    }
+    Ok(())
+}
+
+/// The error of a slot [`validate_slot`] refuses.
+#[cold]
+fn corrupt_slot(header: &MessageHeader, slot_len: usize, index: u64) -> Error {
+    if header.magic != MESSAGE_MAGIC || header.version != MESSAGE_VERSION {
+        return Error::Device(format!(
+            "corrupt message slot at index {index}: magic {:#010x} version {} (expected {:#010x} version {})",
+            header.magic, header.version, MESSAGE_MAGIC, MESSAGE_VERSION
+        ));
+    }
+    let len = header.payload_len as usize;
+    let max = max_payload(slot_len);
+    if len > max {
+        return Error::Device(format!(
+            "corrupt message slot at index {index}: payload_len {len} exceeds the slot's maximum payload of {max} bytes"
+        ));
+    }
+    Error::Device(format!(
+        "checksum mismatch on message {} (type {}) at slot index {index}",
+        header.message_id, header.type_id
+    ))
+}
+
+/// Writes `header` + `payload` into `slot`, stamping magic and version (as
+/// [`write_slot`](crate::message::write_slot) does with them set, with one copy of the
+/// header).
 #[inline]
 pub(crate) fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Result<()> {
     let mut h = *header;
     h.magic = MESSAGE_MAGIC;
     h.version = MESSAGE_VERSION;
-    write_slot(slot, &h, payload)
+    write_slot_owned(slot, h, payload)
 }
 
 /// The host's view of one ring in the shared layout.
@@ -614,14 +649,13 @@ impl SlotConsumer {
         let Some(bytes) = self.front() else {
             return Ok(None);
         };
-        let res = check_slot(bytes, index).map(|h| {
-            // SAFETY: slots start 8-aligned (checked at construction; slot_size is a
-            // multiple of 64) and hold at least HEADER_SIZE bytes, and MessageHeader is
-            // Pod with align 8; the slot stays ours until `advance`.
-            let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+        // SAFETY: slots start 8-aligned (checked at construction; slot_size is a
+        // multiple of 64), and the slot stays ours (the producer does not write it)
+        // until `advance`.
+        let res = unsafe { check_ring_slot(bytes, index) }.map(|header| {
             f(
                 header,
-                &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+                &bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize],
             )
         });
         self.advance();
@@ -850,6 +884,7 @@ impl SlotSender {
     /// rx.try_pop().unwrap();
     /// assert!(tx.try_push_wake(&h, b"").unwrap()); // everything read again: wake
     /// ```
+    #[inline]
     pub fn try_push_wake(&self, header: &MessageHeader, payload: &[u8]) -> Result<bool> {
         let s = &*self.shared;
         check_payload_fits(payload.len(), s.slot_size)?;
@@ -905,7 +940,7 @@ impl SlotSender {
     /// # Safety
     /// The caller claimed position `pos` (moved the tail past it) and the consumer has
     /// released its slot for this lap (`seq == seq_free(pos)`, seen with acquire).
-    #[inline]
+    #[inline(always)]
     unsafe fn write_claimed(&self, pos: u64, header: &MessageHeader, payload: &[u8]) -> Result<()> {
         let s = &*self.shared;
         // SAFETY: per this function's contract the slot is ours until we publish it; it
@@ -1085,8 +1120,10 @@ impl SlotReceiver {
         let Some(bytes) = self.front() else {
             return Ok(false);
         };
-        let res = check_slot(bytes, index).map(|header| {
-            env.header = header;
+        // SAFETY: slots are 64-aligned (`data` is, slot_size is a multiple of 64) and
+        // the slot stays ours (nobody writes it) until `advance`.
+        let res = unsafe { check_ring_slot(bytes, index) }.map(|header| {
+            env.header = *header;
             env.payload.clear();
             env.payload
                 .extend_from_slice(&bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize]);
@@ -1104,14 +1141,12 @@ impl SlotReceiver {
         let Some(bytes) = self.front() else {
             return Ok(None);
         };
-        let res = check_slot(bytes, index).map(|h| {
-            // SAFETY: slots are 64-aligned (`data` is, slot_size is a multiple of 64),
-            // hold at least HEADER_SIZE bytes, MessageHeader is Pod with align 8, and the
-            // slot stays ours until `advance`.
-            let header = unsafe { &*bytes.as_ptr().cast::<MessageHeader>() };
+        // SAFETY: slots are 64-aligned (`data` is, slot_size is a multiple of 64) and
+        // the slot stays ours (nobody writes it) until `advance`.
+        let res = unsafe { check_ring_slot(bytes, index) }.map(|header| {
             f(
                 header,
-                &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+                &bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize],
             )
         });
         self.advance();
