@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(mode, "two-kernels")) {
         int* flag;
         CHECK(cudaMalloc((void**)&flag, sizeof(int)));
+        // One launch of setter first: with lazy module loading (CUDA's default) a kernel's
+        // first launch loads it, which waits for the kernels running, here the waiter,
+        // for ever (RingKernel loads its modules before launching persistent kernels).
+        setter<<<1, 1, 0, s2>>>(flag);
+        CHECK(cudaGetLastError());
         CHECK(cudaMemset(flag, 0, sizeof(int)));
         CHECK(cudaDeviceSynchronize());  // the zero lands before either kernel runs
         waiter<<<1, 1, 0, s1>>>(flag, dbox);
