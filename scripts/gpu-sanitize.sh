@@ -13,21 +13,20 @@
 # * every runtime test (`ringkernel-cuda-runtime`, and the unit tests of the crate's
 #   library, `ringkernel_cuda`) one at a time under each tool, with a time limit.
 #
-# compute-sanitizer serialises kernel launches and instruments every memory access.
-# A persistent kernel never returns, so a test that needs a second kernel (or a copy
-# on another stream) to run beside it cannot finish under the tool: it is reported as
-# TIMEOUT, separately from failures. Each result is printed as it comes (tool, ok /
-# FAILED / TIMEOUT, binary and test, the sanitizer's error count), then a count per
-# tool and outcome.
+# compute-sanitizer instruments every memory access, so a persistent kernel runs far
+# slower under it; a test that does not finish within the limit is reported as TIMEOUT,
+# separately from failures. Each result is printed as it comes (tool, ok / FAILED /
+# TIMEOUT / NO-GPU, binary and test, the sanitizer's error count), then a count per tool
+# and outcome.
 #
 # A test that makes no CUDA call (a host-only unit test) is reported as NO-GPU: the tool
 # exits with "terminated before first instrumented API call", which is not a finding.
 #
-# First, scripts/sanitizer_probe.cu (built with nvcc where there is one) shows the two
-# limits of the tool that RingKernel's tests meet, on plain CUDA: memory allocated after a
-# running kernel's launch is out of bounds to that kernel under memcheck, and a kernel
-# waiting for a second kernel never finishes (launches are serialised). Each probe runs
-# without the tool and under memcheck.
+# First, scripts/sanitizer_probe.cu (built with nvcc where there is one) checks two
+# shapes RingKernel's tests have on plain CUDA, without the tool and under memcheck:
+# memory allocated after a running kernel's launch (memcheck reports the kernel's reads
+# of it out of bounds: the K2K tests' findings), and a kernel waiting for a second one
+# (it finishes under memcheck too: two live kernels alone do not stall the tool).
 #
 # Environment: SANITIZE_TIMEOUT (seconds per test and tool, default 120),
 # SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_ONLY (an extended

@@ -1,19 +1,18 @@
-// sanitizer_probe.cu: two facts about compute-sanitizer that decide how RingKernel's
-// persistent-kernel tests behave under it, each shown on a ten-line kernel with no
-// RingKernel code in it. scripts/gpu-sanitize.sh builds and runs it (nvcc) beside the
-// test binaries, with and without the tool.
+// sanitizer_probe.cu: two shapes of RingKernel's persistent-kernel tests, each on a
+// ten-line kernel with no RingKernel code in it, to tell what compute-sanitizer makes of
+// them. scripts/gpu-sanitize.sh builds and runs it (nvcc), without and under memcheck.
 //
 //   late-alloc: a running kernel reads device memory that the host allocated (and
 //     filled, and synchronised) after the kernel's launch, its address handed over
 //     through mapped host memory. Correct CUDA; memcheck reports the read as out of
 //     bounds when the allocation is newer than the launch ("early-alloc", the same
-//     program with the allocation made first, is clean). RingKernel's K2K routes point
-//     one running kernel at the inbox of a kernel launched after it.
+//     program with the allocation made first, is clean: H100, driver 580, 2026-11-27).
+//     RingKernel's K2K routes point one running kernel at the inbox of a kernel
+//     launched after it.
 //   two-kernels: a kernel waits for a flag that a second kernel, launched on another
-//     stream, sets. Without the tool both run at once and it finishes; under the tool
-//     launches are serialised, so the first kernel waits for ever (the probe gives up
-//     after 5 s and says so). Every RingKernel test with two live kernels, or a copy on a
-//     second stream while a kernel runs, has this shape.
+//     stream while it runs, sets. It finishes without the tool and under memcheck alike
+//     (same machine): two live kernels alone do not stall the tool. The probe gives up
+//     after 5 s and says so.
 //
 // Usage: sanitizer_probe late-alloc|early-alloc|two-kernels; exit 0 when the kernel
 // finished and read the right value, 1 otherwise.

@@ -9,6 +9,11 @@
 //! wait for it. Buffers are allocated stream-ordered (`cuMemAllocAsync`) and freed the
 //! same way when the last reference goes, so a buffer dropped while a kernel still uses
 //! it stays valid until that kernel has run.
+//!
+//! On sm_90 and newer the op kernels go out with programmatic dependent launch: each
+//! waits for the kernel before it as its first instruction, so only the launch overlaps
+//! (a decode step is hundreds of small kernels). `RINGKERNEL_CUDA_PDL=0` launches them
+//! plainly, for measuring the difference.
 
 use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, Module, Stream};
 use cudarc::cublas::{result as blas, sys as blas_sys};
