@@ -632,12 +632,7 @@ pub trait ComputeBackend: Send + Sync + 'static {
         out: &dyn DeviceBuffer,
         dims: QMatmulDims,
     ) -> Result<()> {
-        if !matches!(w.len(), 1 | 2) {
-            return Err(Error::invalid(format!(
-                "rms_norm_qmatmul: {} weight matrices (one, or gate and up)",
-                w.len()
-            )));
-        }
+        checks::projection_matrices("rms_norm_qmatmul", w.len())?;
         self.rms_norm(x, norm, normed, dims.batch, dims.cols, eps)?;
         match w {
             [w] => self.qmatmul(*w, format, normed, out, dims),

@@ -468,6 +468,16 @@ pub fn qmatmul_swiglu(format: WeightFormat, d: QMatmulDims) -> Result<Needs> {
     ))
 }
 
+/// The weight matrices of a projection: one, or two (gate and up, SwiGLU).
+pub fn projection_matrices(op: &str, count: usize) -> Result<()> {
+    if matches!(count, 1 | 2) {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "{op}: {count} weight matrices (one, or gate and up)"
+    )))
+}
+
 /// Element counts of a [`KvDims`] call's tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvSizes {

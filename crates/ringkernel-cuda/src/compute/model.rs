@@ -143,7 +143,6 @@ impl CudaCompute {
         )
     }
 
-    /// `qmatmul` (`w` one matrix) or `qmatmul_swiglu` (`w` = gate, up).
     /// `ComputeBackend::rms_norm_qmatmul`: one `rk_qmatmul_norm_*` kernel for up to
     /// `QM_TOKENS` tokens (a decode step), else `rms_norm` into `normed` and the matvec.
     #[allow(clippy::too_many_arguments)]
@@ -158,12 +157,7 @@ impl CudaCompute {
         out: &dyn DeviceBuffer,
         d: QMatmulDims,
     ) -> Result<()> {
-        if !matches!(w.len(), 1 | 2) {
-            return Err(Error::invalid(format!(
-                "rms_norm_qmatmul: {} weight matrices (one, or gate and up)",
-                w.len()
-            )));
-        }
+        checks::projection_matrices("rms_norm_qmatmul", w.len())?;
         checks::rms_norm(d.batch, d.cols)?.check(&[x, norm, normed])?;
         if d.batch > QM_TOKENS {
             ComputeBackend::rms_norm(self, x, norm, normed, d.batch, d.cols, eps)?;

@@ -187,7 +187,7 @@ impl Kit<'_> {
                     &size,
                     self.tol.linear * kappa,
                     &r,
-                    |k| k.run_qmatmul(format, &[&w], &x, &init, d),
+                    |k| k.run_qmatmul(format, &[&w], &x, None, &init, d),
                 );
                 let r = reference::qmatmul_swiglu(format, &w, &w2, &x, &init, d);
                 self.numeric(
@@ -195,7 +195,7 @@ impl Kit<'_> {
                     &size,
                     self.tol.linear.max(self.tol.transcendental) * kappa,
                     &r,
-                    |k| k.run_qmatmul(format, &[&w, &w2], &x, &init, d),
+                    |k| k.run_qmatmul(format, &[&w, &w2], &x, None, &init, d),
                 );
                 // RMSNorm before the matvec (CUDA fuses up to 4 tokens into one kernel;
                 // 8 and 17 take the two ops), one matrix and gate/up.
@@ -220,7 +220,7 @@ impl Kit<'_> {
                         &size,
                         self.tol.linear.max(self.tol.transcendental) * kappa,
                         &r,
-                        |k| k.run_norm_qmatmul(format, &ws, &x, &norm, &init, d),
+                        |k| k.run_qmatmul(format, &ws, &x, Some(&norm), &init, d),
                     );
                 }
             }
@@ -264,42 +264,14 @@ impl Kit<'_> {
         quant::quantize(format, &x)
     }
 
-    /// `rms_norm_qmatmul` with the norm weights `norm`, the output starting as `init`.
-    fn run_norm_qmatmul(
-        &self,
-        format: WeightFormat,
-        w: &[&[u32]],
-        x: &[f32],
-        norm: &[f32],
-        init: &[f32],
-        d: QMatmulDims,
-    ) -> Result<Vec<f32>> {
-        let ws = w
-            .iter()
-            .map(|w| self.upload_words(w, false))
-            .collect::<Result<Vec<_>>>()?;
-        let wr: Vec<&dyn DeviceBuffer> = ws.iter().map(|b| &**b).collect();
-        let xb = self.b.upload(x)?;
-        let nb = self.b.upload(norm)?;
-        let normed = self.poisoned(d.batch * d.cols)?;
-        let mut o = init.to_vec();
-        if !d.accumulate {
-            o.iter_mut().for_each(|v| *v = f32::NAN);
-        }
-        o.extend([f32::NAN; GUARD]);
-        let out = self.b.upload(&o)?;
-        self.b
-            .rms_norm_qmatmul(&*xb, &*nb, NORM_EPS, &*normed, &wr, format, &*out, d)?;
-        self.fetch(&out, d.batch * d.rows)
-    }
-
     /// `qmatmul` (one weight matrix) or `qmatmul_swiglu` (two), the output starting as
-    /// `init`.
+    /// `init`; with `norm`, `rms_norm_qmatmul` with those norm weights.
     fn run_qmatmul(
         &self,
         format: WeightFormat,
         w: &[&[u32]],
         x: &[f32],
+        norm: Option<&[f32]>,
         init: &[f32],
         d: QMatmulDims,
     ) -> Result<Vec<f32>> {
@@ -314,7 +286,13 @@ impl Kit<'_> {
         }
         o.extend([f32::NAN; GUARD]);
         let out = self.b.upload(&o)?;
-        if ws.len() == 1 {
+        if let Some(norm) = norm {
+            let wr: Vec<&dyn DeviceBuffer> = ws.iter().map(|b| &**b).collect();
+            let nb = self.b.upload(norm)?;
+            let normed = self.poisoned(d.batch * d.cols)?;
+            self.b
+                .rms_norm_qmatmul(&*xb, &*nb, NORM_EPS, &*normed, &wr, format, &*out, d)?;
+        } else if ws.len() == 1 {
             self.b.qmatmul(&*ws[0], format, &*xb, &*out, d)?;
         } else {
             self.b
