@@ -462,35 +462,6 @@ impl RuntimeCore {
         h.set_hlc(self.hlc.tick());
     }
 
-    /// Stamps a batch of host messages at once: consecutive fresh message ids (each its
-    /// own correlation id) from one counter update and consecutive ticks of the host
-    /// clock from one reservation ([`HlcClock::reserve`]), in slice order.
-    pub fn stamp_batch_from_host(&self, headers: &mut [MessageHeader]) {
-        let n = headers.len() as u64;
-        if n == 0 {
-            return;
-        }
-        let first_id = self.next_message.fetch_add(n, Ordering::Relaxed);
-        let mut left = headers;
-        let mut id = first_id;
-        // A reservation counts in u32: stamp very large batches in chunks.
-        while !left.is_empty() {
-            let take = left.len().min(u32::MAX as usize);
-            let (chunk, rest) = left.split_at_mut(take);
-            let first = self.hlc.reserve(take as u32);
-            for (i, h) in chunk.iter_mut().enumerate() {
-                h.message_id = id;
-                h.correlation_id = id;
-                h.set_hlc(HlcTimestamp::from_parts(
-                    first.packed() + i as u64,
-                    first.node(),
-                ));
-                id += 1;
-            }
-            left = rest;
-        }
-    }
-
     /// Publishes a typed message from the host (priority [`NORMAL`](priority::NORMAL)).
     pub fn publish<M: RingMessage>(&self, topic: &str, msg: &M) -> Result<PublishReport> {
         let payload = msg.encode_payload()?;
