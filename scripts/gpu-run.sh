@@ -22,6 +22,13 @@ for f in .gpu/tests/*.gz .gpu/bin/*.gz; do
   [ -e "$f" ] && gunzip -f "$f" && chmod +x "${f%.gz}"
 done
 CLI=.gpu/bin/ringkernel-cli-ringkernel
+# Sets dir and m: the SmolLM2 model, joined from the two halves gpu-stage.sh's first
+# calls keep in /tmp (m exists only when both arrived).
+model() {
+  dir=/tmp/ringkernel-llm
+  m=$dir/model.gguf
+  [ -f "$m" ] || { [ -f $dir/part-1 ] && [ -f $dir/part-2 ] && cat $dir/part-1 $dir/part-2 >"$m"; }
+}
 
 case "${1:-}" in
 1)
@@ -61,9 +68,7 @@ case "${1:-}" in
   tail -14 "$O/codegen-bench.txt"
   ;;
 2)
-  dir=/tmp/ringkernel-llm
-  m=$dir/model.gguf
-  [ -f "$m" ] || { [ -f $dir/part-1 ] && [ -f $dir/part-2 ] && cat $dir/part-1 $dir/part-2 >"$m"; }
+  model
   r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
   if [ -f "$m" ]; then
     export RINGKERNEL_LLM_MODEL=$m
@@ -91,9 +96,7 @@ llm)
   # The CUDA decode alone: tests, then the bench with programmatic dependent launch off
   # and on (RINGKERNEL_CUDA_PDL), alternating, the transformers peer, and an ncu profile
   # of one decode step near position 380 (when ncu is there).
-  dir=/tmp/ringkernel-llm
-  m=$dir/model.gguf
-  [ -f "$m" ] || { [ -f $dir/part-1 ] && [ -f $dir/part-2 ] && cat $dir/part-1 $dir/part-2 >"$m"; }
+  model
   [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
   export RINGKERNEL_LLM_MODEL=$m
   r 60 cuda-ops .gpu/tests/ringkernel-cuda-ops --include-ignored

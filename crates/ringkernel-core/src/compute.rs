@@ -617,9 +617,9 @@ pub trait ComputeBackend: Send + Sync + 'static {
     /// [`qmatmul`](Self::qmatmul) of `normed` with `w[0]` (one matrix) or
     /// [`qmatmul_swiglu`](Self::qmatmul_swiglu) with `w[0]` (gate) and `w[1]` (up), into
     /// `out`. `normed` (`batch × cols`) is scratch: a backend that fuses the two steps may
-    /// leave it unwritten (CUDA does for up to 4 tokens: one kernel instead of two, which
-    /// is what a decode step is short of). The default runs the two ops. Any other number
-    /// of matrices is [`Error::InvalidArgument`].
+    /// leave it unwritten (CUDA does for up to 4 tokens: one kernel instead of two). The
+    /// default runs the two ops. Any other number of matrices is
+    /// [`Error::InvalidArgument`].
     #[allow(clippy::too_many_arguments)]
     fn rms_norm_qmatmul(
         &self,

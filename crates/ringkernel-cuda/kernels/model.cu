@@ -399,7 +399,6 @@ template <> struct KvVec<4> {
         return make_float4(fmaf(p, v.x, acc.x), fmaf(p, v.y, acc.y), fmaf(p, v.z, acc.z), fmaf(p, v.w, acc.w));
     }
     __device__ static T scale(T a, float c) { return make_float4(a.x * c, a.y * c, a.z * c, a.w * c); }
-    __device__ static float get(T a, int e) { return e == 0 ? a.x : e == 1 ? a.y : e == 2 ? a.z : a.w; }
 };
 template <> struct KvVec<1> {
     typedef float T;
@@ -407,7 +406,6 @@ template <> struct KvVec<1> {
     __device__ static float dot(T a, T b) { return a * b; }
     __device__ static T fma(float p, T v, T acc) { return fmaf(p, v, acc); }
     __device__ static T scale(T a, float c) { return a * c; }
-    __device__ static float get(T a, int) { return a; }
 };
 
 // q, kc and vc are not __restrict__: rk_rope_attention_kv writes them in the same kernel,

@@ -88,15 +88,9 @@ pub fn prepare<'a, D: PlanDevice + ?Sized>(
         .map(|a| dev.buffer(*a))
         .collect::<Result<Vec<_>>>()?;
     plan.needs.check(args)?;
-    for (i, out) in args.iter().enumerate() {
+    for i in 0..args.len() {
         if plan.writes_arg(i) {
-            let others: Vec<&dyn DeviceBuffer> = args
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, a)| *a)
-                .collect();
-            checks::distinct(plan.needs.op, *out, &others)?;
+            checks::distinct_from_others(plan.needs.op, args, i)?;
         }
     }
     Ok(bufs)

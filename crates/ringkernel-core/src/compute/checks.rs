@@ -133,6 +133,22 @@ pub fn distinct(op: &str, out: &dyn DeviceBuffer, inputs: &[&dyn DeviceBuffer]) 
     Ok(())
 }
 
+/// [`distinct`] for `bufs[i]` against every other buffer of `bufs` (an op's outputs,
+/// checked one at a time against everything else it is given).
+pub fn distinct_from_others(op: &str, bufs: &[&dyn DeviceBuffer], i: usize) -> Result<()> {
+    let out = bufs[i];
+    if bufs
+        .iter()
+        .enumerate()
+        .any(|(j, b)| j != i && same(*b, out))
+    {
+        return Err(Error::invalid(format!(
+            "{op}: the output buffer must not alias an input"
+        )));
+    }
+    Ok(())
+}
+
 fn elementwise(op: &'static str, inputs: &[&'static str], len: usize) -> Needs {
     let mut lens: Vec<(usize, &'static str)> = inputs.iter().map(|&w| (len, w)).collect();
     lens.push((len, "output"));

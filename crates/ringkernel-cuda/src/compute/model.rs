@@ -19,6 +19,17 @@ const QM_TOKENS: usize = 4;
 const KV_THREADS: u32 = 512;
 const KV_MAX_HEAD_DIM: usize = 256;
 
+/// The attention kernels take heads of up to `KV_MAX_HEAD_DIM` values.
+fn kv_head_fits(op: &str, d: &KvDims) -> Result<()> {
+    if d.head_dim > KV_MAX_HEAD_DIM {
+        return Err(Error::invalid(format!(
+            "{op}: head_dim {} over the kernel's {KV_MAX_HEAD_DIM}",
+            d.head_dim
+        )));
+    }
+    Ok(())
+}
+
 /// `BroadcastDims` of `model.cu`, passed by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -190,7 +201,7 @@ impl CudaCompute {
             args.insert(args.len() - 1, g);
         }
         // Buffers of another device first: the aliasing check compares identities only.
-        let ptrs = self.device_ptrs(&args)?;
+        let mut ptrs = self.device_ptrs(&args)?;
         checks::distinct("qmatmul", out, &args[..args.len() - 1])?;
         if d.batch == 0 || d.rows == 0 {
             return Ok(());
@@ -219,7 +230,6 @@ impl CudaCompute {
         );
         // The pointers in the kernels' order: weights (one or two), x, then with a norm
         // its weights and epsilon, then out and the sizes.
-        let mut ptrs = ptrs;
         let mut eps = norm.map_or(0.0f32, |(_, e)| e);
         let mut params: Vec<*mut std::ffi::c_void> = Vec::with_capacity(10);
         let n_in = ptrs.len() - 1;
@@ -257,21 +267,10 @@ impl CudaCompute {
         checks::attention_kv(&d)?.check(&[q, k_cache, v_cache, positions, out])?;
         let all = [qkv, positions, q, k_cache, v_cache, out];
         let p = self.device_ptrs(&all)?;
-        for (i, o) in all.iter().enumerate().skip(2) {
-            let others: Vec<&dyn DeviceBuffer> = all
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, b)| *b)
-                .collect();
-            checks::distinct("rope_attention_kv", *o, &others)?;
+        for i in 2..all.len() {
+            checks::distinct_from_others("rope_attention_kv", &all, i)?;
         }
-        if d.head_dim > KV_MAX_HEAD_DIM {
-            return Err(Error::invalid(format!(
-                "rope_attention_kv: head_dim {} over the kernel's {KV_MAX_HEAD_DIM}",
-                d.head_dim
-            )));
-        }
+        kv_head_fits("rope_attention_kv", &d)?;
         let (mut px, mut pp, mut pq, mut pk, mut pv, mut po) = (p[0], p[1], p[2], p[3], p[4], p[5]);
         let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
             d.heads as u64,
@@ -316,14 +315,8 @@ impl CudaCompute {
         let all = [qkv, positions, q, k_cache, v_cache];
         checks::rope_kv(&d)?.check(&all)?;
         let p = self.device_ptrs(&all)?;
-        for (i, o) in all.iter().enumerate().skip(2) {
-            let others: Vec<&dyn DeviceBuffer> = all
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, b)| *b)
-                .collect();
-            checks::distinct("rope_kv", *o, &others)?;
+        for i in 2..all.len() {
+            checks::distinct_from_others("rope_kv", &all, i)?;
         }
         let threads =
             d.tokens * ((d.heads + d.kv_heads) * d.head_dim / 2 + d.kv_heads * d.head_dim);
@@ -374,12 +367,7 @@ impl CudaCompute {
         checks::attention_kv(&d)?.check(&all)?;
         let p = self.device_ptrs(&all)?;
         checks::distinct("attention_kv", out, &all[..4])?;
-        if d.head_dim > KV_MAX_HEAD_DIM {
-            return Err(Error::invalid(format!(
-                "attention_kv: head_dim {} over the kernel's {KV_MAX_HEAD_DIM}",
-                d.head_dim
-            )));
-        }
+        kv_head_fits("attention_kv", &d)?;
         let rows = d.tokens * d.heads;
         if rows == 0 {
             return Ok(());
