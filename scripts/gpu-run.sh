@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from a bundle staged by scripts/gpu-stage.sh (see its header):
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 1    # CUDA runtime/ops, codegen, portable_handler, wgpu suites
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 2    # LLM, WaveSim, wgpu (after part 1 unpacked)
-#   bash .gpu/env.sh bash scripts/gpu-run.sh llm  # the CUDA decode: tests, PDL off/on, peer, ncu
+#   bash .gpu/env.sh bash scripts/gpu-run.sh llm  # the CUDA decode: tests, program off/on, trace, peer
 # Every command has a time limit; its log goes to $OUT/<name>.txt and a summary to stdout.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -93,9 +93,9 @@ case "${1:-}" in
   tail -24 "$O/wgpu-bench.txt"
   ;;
 llm)
-  # The CUDA decode alone: tests, then the bench with programmatic dependent launch off
-  # and on (RINGKERNEL_CUDA_PDL), alternating, the transformers peer, and an ncu profile
-  # of one decode step near position 380 (when ncu is there).
+  # The CUDA decode alone: tests, then the bench with recorded programs off and on
+  # (RINGKERNEL_CUDA_PROGRAM: off records the step as a CUDA graph), alternating, a run
+  # with the program's per-instruction device timer, and the transformers peer.
   model
   [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
   export RINGKERNEL_LLM_MODEL=$m
@@ -103,33 +103,15 @@ llm)
   r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
   r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
   for round in 1 2; do
-    for pdl in 0 1; do
-      RINGKERNEL_CUDA_PDL=$pdl r 60 "llm-bench-cuda-pdl$pdl-$round" $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3
-      echo "pdl=$pdl round $round: $(tail -1 "$O/llm-bench-cuda-pdl$pdl-$round.txt")"
+    for prog in 0 1; do
+      RINGKERNEL_CUDA_PROGRAM=$prog r 60 "llm-bench-cuda-prog$prog-$round" $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3
+      echo "program=$prog round $round: $(tail -1 "$O/llm-bench-cuda-prog$prog-$round.txt")"
     done
   done
+  RINGKERNEL_CUDA_PROGRAM_TRACE=1 r 60 llm-trace $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1
+  grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14
   r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
   tail -2 "$O/hf-bench.txt"
-  if command -v ncu >/dev/null 2>&1; then
-    timeout 240 ncu --csv --print-units base --metrics gpu__time_duration.sum --launch-skip 7600 --launch-count 242 \
-      $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/ncu-step.csv" 2>&1
-    python3 - "$O/ncu-step.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
-if not rows:
-    print("ncu: no rows"); sys.exit()
-h = rows[0]; k = h.index("Kernel Name"); v = h.index("Metric Value"); u = h.index("Metric Unit")
-scale = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
-t = collections.defaultdict(list)
-for r in rows[1:]:
-    try: t[r[k].split("(")[0]].append(float(r[v].replace(",", "")) * scale.get(r[u], 1.0))
-    except ValueError: pass
-total = sum(sum(x) for x in t.values())
-print(f"ncu: {sum(len(x) for x in t.values())} kernels, {total/1000:.1f} us in total (base clocks)")
-for name, x in sorted(t.items(), key=lambda kv: -sum(kv[1])):
-    print(f"  {name:32s} n={len(x):4d} mean {sum(x)/len(x)/1000:7.2f} us  total {sum(x)/1000:8.1f} us")
-PY
-  fi
   ;;
 *)
   echo "usage: scripts/gpu-run.sh 1|2|llm" >&2

@@ -397,6 +397,10 @@ pub struct KvDims {
 pub trait Replay: Send + Sync {
     /// Queues the recorded ops again, in order, like any op (asynchronously).
     fn replay(&self) -> Result<()>;
+    /// What the recording became, for logs and benchmarks (for example "CUDA graph").
+    fn describe(&self) -> String {
+        "recorded".into()
+    }
 }
 
 /// Tensor operations on one device. Object-safe; held as `Arc<dyn ComputeBackend>`.

@@ -199,14 +199,16 @@ __device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o
 // (rms_norm fused in): each warp sums its tokens' x² from the values it reads anyway,
 // multiplies x by g on the fly and the sums by 1/rms at the end (the scale is common to
 // a whole row).
+//
+// qmatmul_row is one warp's work: `row` of W for the tokens t0.. t0 + QM_TOKENS - 1. x and
+// out are not __restrict__: inside rk_program (program.cu) an earlier instruction of the
+// same kernel wrote x, so its loads must not take the read-only (non-coherent) path.
 template <int F, bool GATED, bool NORM>
-__device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
-                                             const float* __restrict__ x, const float* __restrict__ g, float eps,
-                                             float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {
+__device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32* __restrict__ w2,
+                                            const float* x, const float* __restrict__ g, float eps,
+                                            float* out, u64 batch, u64 rows, u64 cols, int accumulate,
+                                            u64 row, u64 t0) {
     const int lane = threadIdx.x % WARP;
-    const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
-    const u64 t0 = (u64)blockIdx.y * QM_TOKENS;
-    if (row >= rows) return;
     const int nt = (int)(batch - t0 < QM_TOKENS ? batch - t0 : QM_TOKENS);
     const u64 nb = cols / 32;
     const u32* wr = w + row * nb * Fmt<F>::WORDS;
@@ -264,6 +266,16 @@ __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u3
             }
         }
     }
+}
+
+template <int F, bool GATED, bool NORM>
+__device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
+                                             const float* __restrict__ x, const float* __restrict__ g, float eps,
+                                             float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {
+    const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
+    if (row >= rows) return;
+    qmatmul_row<F, GATED, NORM>(w, w2, x, g, eps, out, batch, rows, cols, accumulate, row,
+                                (u64)blockIdx.y * QM_TOKENS);
 }
 
 // rk_qmatmul_<format>[_swiglu], and rk_qmatmul_norm_<format>[_swiglu] with the RMSNorm
@@ -337,7 +349,7 @@ EMBEDDING(q8_0, 2)
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
 // Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
 // row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
-__device__ __forceinline__ void rope_pair(const float* __restrict__ row, u64 h, u64 i, u64 hd, u64 at, float base,
+__device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
                                           float* y0, float* y1) {
     const u64 half = hd / 2;
     const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
@@ -414,14 +426,14 @@ template <int V>
 __device__ __forceinline__ void attention_kv_body(const float* q, const float* kc,
                                                   const float* vc, const u32* __restrict__ pos,
                                                   float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap,
-                                                  float scale) {
+                                                  float scale, u64 rowi) {
     typedef KvVec<V> K;
     typedef typename K::T T;
     __shared__ __align__(16) float sh_q[KV_MAXD];
     __shared__ float sh_p[KV_TILE];
     __shared__ float sh_red[WARP];
     __shared__ __align__(16) float sh_acc[KV_THREADS * V];
-    const u64 rowi = blockIdx.x, t = rowi / heads, h = rowi % heads;
+    const u64 t = rowi / heads, h = rowi % heads;
     const u64 kvh = h / (heads / kv_heads);
     const int tid = threadIdx.x;
     const int cols = (int)(hd / V), groups = KV_THREADS / cols, col = tid % cols, g = tid / cols;
@@ -493,9 +505,9 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
     const u32* __restrict__ pos, float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float scale) { rk_pdl_enter();
     if (hd % 4 == 0 && ((size_t)kc | (size_t)vc) % 16 == 0)
-        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, blockIdx.x);
     else
-        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, blockIdx.x);
 }
 
 // rk_rope_kv then rk_attention_kv for one token (a decode step), in one kernel: block h
@@ -503,11 +515,13 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
 // head into the caches at pos[0] (when below the capacity) before attending. The blocks of
 // one group write the same row with the same bits (each computes it the same way), so
 // every block can read it back after its own barrier without waiting for the others.
-extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
-    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
-    float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale) {
-    rk_pdl_enter();
-    const u64 h = blockIdx.x, kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
+// The body for query head h (a block's work); qkv is not __restrict__ for rk_program, where
+// an earlier instruction wrote it.
+__device__ __forceinline__ void rope_attention_kv_body(const float* qkv, const u32* __restrict__ pos, float* q,
+                                                       float* kc, float* vc, float* __restrict__ out, u64 heads,
+                                                       u64 kv_heads, u64 hd, u64 cap, float base, float scale,
+                                                       u64 h) {
+    const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
     // Threads [0, half) rotate the query head, [half, hd) the key head.
     for (u64 r = threadIdx.x; r < hd; r += blockDim.x) {
         const u64 i = r % half;
@@ -527,7 +541,14 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
             vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
     __syncthreads();  // this block's writes, visible to its threads
     if (hd % 4 == 0 && ((size_t)kc | (size_t)vc) % 16 == 0)
-        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h);
     else
-        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale);
+        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h);
+}
+
+extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
+    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
+    float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale) {
+    rk_pdl_enter();
+    rope_attention_kv_body(qkv, pos, q, kc, vc, out, heads, kv_heads, hd, cap, base, scale, blockIdx.x);
 }

@@ -30,12 +30,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod model;
+mod program;
+pub use program::CudaProgram;
 
 /// Source of the op kernels (`ops.cu`, then the model ops of `model.cu`, which use its
 /// helpers).
 pub(crate) const OPS_SRC: &str = concat!(
     include_str!("../kernels/ops.cu"),
-    include_str!("../kernels/model.cu")
+    include_str!("../kernels/model.cu"),
+    include_str!("../kernels/program.cu")
 );
 
 /// Largest `head_dim` the fused attention kernel handles (32 lanes × 8).
@@ -73,6 +76,10 @@ pub(crate) struct ComputeInner {
     tf32: AtomicBool,
     /// Launch the op kernels with programmatic dependent launch (see `pdl_wanted`).
     pdl: bool,
+    /// The program being recorded, if any (see `compute/program.rs`), and whether there
+    /// is one (checked first, without the lock, by every op).
+    recording: Mutex<Option<program::Recording>>,
+    recording_any: AtomicBool,
 }
 
 /// Whether the op kernels go out with programmatic dependent launch: sm_90 or newer, a
@@ -181,6 +188,8 @@ impl CudaCompute {
                 dev,
                 tf32: AtomicBool::new(false),
                 pdl,
+                recording: Mutex::new(None),
+                recording_any: AtomicBool::new(false),
             }),
         })
     }
@@ -269,6 +278,7 @@ impl CudaCompute {
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
+        self.refuse_in_program(name)?;
         let f = self.func(name)?;
         self.inner.dev.bind()?;
         let launched = if self.inner.pdl {
@@ -338,6 +348,7 @@ impl CudaCompute {
     }
 
     fn raw_alloc(&self, len: usize) -> Result<CudaBuffer> {
+        self.refuse_in_program("alloc")?;
         self.inner.dev.bind()?;
         if len == 0 {
             return Ok(CudaBuffer {
@@ -360,6 +371,7 @@ impl CudaCompute {
     }
 
     fn with_cublas<R>(&self, f: impl FnOnce(blas_sys::cublasHandle_t) -> Result<R>) -> Result<R> {
+        self.refuse_in_program("cuBLAS")?;
         ensure_cublas()?;
         let mut guard = self
             .inner
@@ -693,6 +705,7 @@ impl ComputeBackend for CudaCompute {
     fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()> {
         let b = self.buf(buf)?;
         checks::range(buf, offset, data.len(), "write")?;
+        self.refuse_in_program("write")?;
         if data.is_empty() {
             return Ok(());
         }
@@ -705,6 +718,7 @@ impl ComputeBackend for CudaCompute {
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()> {
         let b = self.buf(buf)?;
         checks::range(buf, offset, out.len(), "read")?;
+        self.refuse_in_program("read")?;
         if out.is_empty() {
             return self.synchronize();
         }
@@ -727,6 +741,7 @@ impl ComputeBackend for CudaCompute {
         let s = self.buf(src)?;
         let d = self.buf(dst)?;
         checks::copy((src, src_offset), (dst, dst_offset), len)?;
+        self.refuse_in_program("copy")?;
         if len == 0 {
             return Ok(());
         }
@@ -744,6 +759,7 @@ impl ComputeBackend for CudaCompute {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.refuse_in_program("synchronize")?;
         self.inner.stream.synchronize()
     }
 
@@ -835,6 +851,7 @@ impl ComputeBackend for CudaCompute {
             return Ok(());
         }
         if k == 0 {
+            self.refuse_in_program("matmul")?;
             self.inner.dev.bind()?;
             // SAFETY: out holds batch*m*n floats (checked); zero them as the empty sum.
             return unsafe {
@@ -1328,6 +1345,7 @@ impl CudaCompute {
         if grid.contains(&0) || block.contains(&0) {
             return Ok(());
         }
+        self.refuse_in_program(&f.name)?;
         // Owned storage of every argument value, then pointers to them.
         enum Slot {
             Ptr(u64),

@@ -302,6 +302,9 @@ impl NcclGroup {
             sys::cudaStream_t,
         ) -> std::result::Result<NcclStatus, NcclError>,
     ) -> Result<()> {
+        for c in &self.computes {
+            c.refuse_in_program(what)?;
+        }
         let _issue = lock(&self.issue);
         nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
         let mut issued = Ok(());

@@ -303,3 +303,102 @@ fn long_sums_keep_f32_precision() {
     let v = read(&g, &out, 1)[0] as f64;
     assert!((v - exact).abs() / exact < 2e-7, "dot: {v} vs {exact}");
 }
+
+/// A recorded program: the decode ops become one launch and replay with fresh inputs; an
+/// op without an instruction makes `record_program` decline (and `record` a graph); a
+/// failed check inside the recording is the op's error, not a fallback.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn recorded_program_runs_the_decode_ops_in_one_launch() {
+    use ringkernel_core::compute::{dtype, quant, QMatmulDims, WeightFormat};
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    let (rows, cols) = (1000, 96);
+    let wv = rng.vec(rows * cols, -1.0, 1.0);
+    let w = quant::quantize(WeightFormat::Q4_1, &wv).unwrap();
+    let wb = g.upload(dtype::words_as_f32(&w)).unwrap();
+    let norm = g.upload(&rng.vec(cols, 0.5, 1.5)).unwrap();
+    let (x, xn, y, z) = (
+        g.alloc(cols).unwrap(),
+        g.alloc(cols).unwrap(),
+        g.alloc(rows).unwrap(),
+        g.alloc(rows).unwrap(),
+    );
+    let d = QMatmulDims {
+        batch: 1,
+        rows,
+        cols,
+        accumulate: false,
+    };
+    let mut ops = || -> ringkernel_core::Result<()> {
+        g.rms_norm_qmatmul(&*x, &*norm, 1e-5, &*xn, &[&*wb], WeightFormat::Q4_1, &*y, d)?;
+        // y's first `cols` values as the next input: a second instruction that reads
+        // what the first wrote (across the grid barrier)
+        g.qmatmul(
+            &*wb,
+            WeightFormat::Q4_1,
+            &*y,
+            &*z,
+            QMatmulDims {
+                accumulate: true,
+                ..d
+            },
+        )
+    };
+    let program = g
+        .record_program(&mut ops)
+        .expect("records")
+        .expect("every op has an instruction");
+    assert_eq!(program.len(), 2);
+    for _ in 0..3 {
+        let xv = rng.vec(cols, -1.0, 1.0);
+        let z0 = rng.vec(rows, -1.0, 1.0);
+        g.write(&*x, 0, &xv).unwrap();
+        g.write(&*y, 0, &vec![f32::NAN; rows]).unwrap();
+        g.write(&*z, 0, &z0).unwrap();
+        program.launch().unwrap();
+        let (got_y, got_z) = (read(&g, &y, rows), read(&g, &z, rows));
+        // the same two ops one by one
+        g.write(&*z, 0, &z0).unwrap();
+        ops().unwrap();
+        let (want_y, want_z) = (read(&g, &y, rows), read(&g, &z, rows));
+        let to64 = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+        assert!(
+            rel_error(&got_y, &to64(&want_y)) < 1e-6,
+            "first instruction"
+        );
+        assert!(
+            rel_error(&got_z, &to64(&want_z)) < 1e-6,
+            "second instruction"
+        );
+        // and against the f64 reference of the first
+        let xn_ref = reference::rms_norm(&xv, &read(&g, &norm, cols), 1, cols, 1e-5);
+        let r = reference::qmatmul(WeightFormat::Q4_1, &w, &xn_ref, &[], d);
+        assert!(rel_error(&got_y, &r) < 1e-5, "vs f64");
+    }
+    // an op without an instruction: no program, and `record` gives a graph
+    let mut mixed = || -> ringkernel_core::Result<()> {
+        g.qmatmul(&*wb, WeightFormat::Q4_1, &*x, &*y, d)?;
+        g.unary(UnaryOp::Exp, &*y, &*z, rows)
+    };
+    assert!(g.record_program(&mut mixed).expect("declines").is_none());
+    let replay = g.record(&mut mixed).unwrap().expect("a graph");
+    assert_eq!(replay.describe(), "CUDA graph");
+    // a failed check is the op's error
+    let mut bad = || -> ringkernel_core::Result<()> {
+        g.qmatmul(
+            &*wb,
+            WeightFormat::Q4_1,
+            &*x,
+            &*y,
+            QMatmulDims {
+                rows: rows + 1,
+                ..d
+            },
+        )
+    };
+    assert!(g.record_program(&mut bad).is_err());
+    // after all that, plain ops run again (no recording left behind)
+    g.unary(UnaryOp::Exp, &*x, &*xn, cols).unwrap();
+    g.synchronize().unwrap();
+}

@@ -313,13 +313,14 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
     }
-    /// How decode steps run: `"recorded"` (replayed as one unit, a CUDA graph),
+    /// How decode steps run: `"recorded (what)"` (replayed as one unit: a CUDA program
+    /// or graph),
     /// `"direct"` (op by op: the backend has nothing to record into) or `"direct: why"`
     /// when recording failed; `"not run yet"` before the first step.
     pub fn step_mode(&self) -> String {
         match &self.step {
             Step::Untried => "not run yet".into(),
-            Step::Recorded { .. } => "recorded".into(),
+            Step::Recorded { replay, .. } => format!("recorded ({})", replay.describe()),
             Step::Direct(None) => "direct".into(),
             Step::Direct(Some(why)) => format!("direct: {why}"),
         }

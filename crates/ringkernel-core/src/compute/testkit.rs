@@ -39,6 +39,7 @@ use std::any::Any;
 use std::fmt;
 
 mod model_ops;
+mod recorded;
 
 /// Relative-error thresholds per op family.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -3,6 +3,7 @@
 //! allocates or synchronises, so a decode step made of them can be captured in a CUDA
 //! graph ([`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record)).
 
+use super::program::{field, Instr, OP_EMBED, OP_QM, OP_ROPE_ATT};
 use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
 use ringkernel_core::compute::{
     checks, BinaryOp, BroadcastDims, ComputeBackend, DType, DeviceBuffer, EmbeddingDims, KvDims,
@@ -44,6 +45,9 @@ struct DeviceBroadcast {
 impl Replay for CudaGraph {
     fn replay(&self) -> Result<()> {
         self.launch()
+    }
+    fn describe(&self) -> String {
+        "CUDA graph".into()
     }
 }
 
@@ -136,6 +140,18 @@ impl CudaCompute {
         if n == 0 {
             return Ok(());
         }
+        if let Some(r) = self.program_op(|| {
+            Some(Instr {
+                op: OP_EMBED + format.code(),
+                a: field(d.rows)?,
+                b: field(d.cols)?,
+                c: field(d.count)?,
+                p: [tb.ptr, ib.ptr, ob.ptr, 0, 0, 0, 0, 0],
+                ..Instr::default()
+            })
+        }) {
+            return r;
+        }
         let (mut pt, mut pi, mut po) = (tb.ptr, ib.ptr, ob.ptr);
         let (mut r, mut c, mut k) = (d.rows as u64, d.cols as u64, d.count as u64);
         self.launch(
@@ -206,6 +222,30 @@ impl CudaCompute {
         if d.batch == 0 || d.rows == 0 {
             return Ok(());
         }
+        if let Some(r) = self.program_op(|| {
+            // Pointers as in rk_program: w, w2 (w again without a gate), x, g (0 without
+            // a norm), out.
+            let mut p = [0u64; 8];
+            p[0] = ptrs[0];
+            p[1] = ptrs[usize::from(gated)];
+            p[2] = ptrs[w.len()];
+            if norm.is_some() {
+                p[3] = ptrs[w.len() + 1];
+            }
+            p[4] = ptrs[ptrs.len() - 1];
+            Some(Instr {
+                op: OP_QM + 4 * format.code() + 2 * u32::from(gated) + u32::from(norm.is_some()),
+                a: field(d.batch)?,
+                b: field(d.rows)?,
+                c: field(d.cols)?,
+                d: u32::from(d.accumulate),
+                f0: norm.map_or(0.0, |(_, e)| e),
+                p,
+                ..Instr::default()
+            })
+        }) {
+            return r;
+        }
         let gx = d.rows.div_ceil(QM_WARPS);
         let gy = d.batch.div_ceil(QM_TOKENS);
         if gx > i32::MAX as usize || gy > MAX_GRID_YZ {
@@ -271,6 +311,21 @@ impl CudaCompute {
             checks::distinct_from_others("rope_attention_kv", &all, i)?;
         }
         kv_head_fits("rope_attention_kv", &d)?;
+        if let Some(r) = self.program_op(|| {
+            Some(Instr {
+                op: OP_ROPE_ATT,
+                a: field(d.heads)?,
+                b: field(d.kv_heads)?,
+                c: field(d.head_dim)?,
+                d: field(d.capacity)?,
+                f0: d.rope_base,
+                f1: d.scale,
+                p: [p[0], p[1], p[2], p[3], p[4], p[5], 0, 0],
+                ..Instr::default()
+            })
+        }) {
+            return r;
+        }
         let (mut px, mut pp, mut pq, mut pk, mut pv, mut po) = (p[0], p[1], p[2], p[3], p[4], p[5]);
         let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
             d.heads as u64,
@@ -401,15 +456,6 @@ impl CudaCompute {
                 arg(&mut sc),
             ],
         )
-    }
-
-    /// `ComputeBackend::record`: the ops captured into a [`CudaGraph`].
-    pub(super) fn record_impl(
-        &self,
-        ops: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<Option<Box<dyn Replay>>> {
-        let graph = self.capture(|_| ops())?;
-        Ok(Some(Box::new(graph)))
     }
 
     /// Free device memory (`cuMemGetInfo`).

@@ -373,6 +373,7 @@ impl Kit<'_> {
             });
         }
         self.decode_loop();
+        self.recorded_step();
         // a position past the cache writes nothing there
         let d = KvDims {
             tokens: 1,
