@@ -25,8 +25,13 @@
 # First, scripts/sanitizer_probe.cu (built with nvcc where there is one) checks two
 # shapes RingKernel's tests have on plain CUDA, without the tool and under memcheck:
 # memory allocated after a running kernel's launch (memcheck reports the kernel's reads
-# of it out of bounds: the K2K tests' findings), and a kernel waiting for a second one
-# (it finishes under memcheck too: two live kernels alone do not stall the tool).
+# of it out of bounds: what the K2K tests showed while each kernel's inbox was allocated at
+# its launch; the runtime now takes every inbox from a pool allocated when it opens), and
+# a kernel waiting for a second one (it finishes under memcheck too: two live kernels
+# alone do not stall the tool).
+#
+# Example: only the K2K and lifecycle tests, under memcheck:
+#   SANITIZE_TOOLS=memcheck SANITIZE_ONLY='runtime .*(k2k|lifecycle|a_full_inbox)' scripts/gpu-sanitize.sh
 #
 # Environment: SANITIZE_TIMEOUT (seconds per test and tool, default 120),
 # SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_ONLY (an extended

@@ -104,6 +104,19 @@ struct RkGroup {
 static_assert(sizeof(RkShared) <= RK_SHARED_BYTES, "RkShared outgrew its reservation");
 static_assert(sizeof(RkGroup) <= RK_GROUP_BYTES, "RkGroup outgrew its reservation");
 
+/* Fields that both groups of a block use with no barrier between them (the lifecycle
+ * flags, `top_lane`, `last_error`, the counters the host group publishes, the inbox
+ * group's `inbox_claimed` and its RkGroup's `k`/`pending`, read by the host group's exit
+ * check) are accessed only through these: relaxed atomics, as the old volatile accesses
+ * were relaxed, which compute-sanitizer's racecheck does not report as hazards (volatile
+ * loads and stores look to it like plain ones). A field only its own group's leader
+ * touches keeps plain volatile accesses. Works on shared and (several blocks) device
+ * memory alike. */
+__device__ __forceinline__ rk_u32 rk_xg_ld32(rk_u32* p) { return atomicAdd(p, 0u); }
+__device__ __forceinline__ rk_u64 rk_xg_ld64(rk_u64* p) { return atomicAdd((unsigned long long*)p, 0ull); }
+__device__ __forceinline__ void rk_xg_st32(rk_u32* p, rk_u32 v) { (void)atomicExch(p, v); }
+__device__ __forceinline__ void rk_xg_st64(rk_u64* p, rk_u64 v) { (void)atomicExch((unsigned long long*)p, v); }
+
 __device__ __forceinline__ rk_u64 rk_now_ms(rk_u64 clock_offset_ns) {
     return (rk_globaltimer_ns() + clock_offset_ns) / 1000000ull;
 }
@@ -132,15 +145,21 @@ __device__ __forceinline__ rk_u64 rk_hlc_add(rk_u64 t, rk_u64 x) {
 }
 
 /* Reserves 2k consecutive clock values after merging `remote` (0: none): returns the
- * first; message m receives at base + 2m and sends at base + 2m + 1. */
-__device__ rk_u64 rk_hlc_reserve(RkShared* S, rk_u64 remote, rk_u64 pt, rk_u32 k) {
-    rk_u64 old = *(volatile rk_u64*)&S->hlc;
+ * first; message m receives at base + 2m and sends at base + 2m + 1. `*guess` is the
+ * caller's last known value of the clock (a register): the first compare-and-swap tries
+ * it, a failed one returns the current value (no separate read of S->hlc, which the
+ * other group changes with atomics). */
+__device__ rk_u64 rk_hlc_reserve(RkShared* S, rk_u64 remote, rk_u64 pt, rk_u32 k, rk_u64* guess) {
+    rk_u64 old = *guess;
     for (;;) {
         rk_u64 base = old;
         if (remote == 0 || !rk_hlc_update(&base, remote, pt, ~0ull >> 1)) base = rk_hlc_tick(old, pt);
         const rk_u64 last = rk_hlc_add(base, 2ull * k - 1ull);
         const rk_u64 seen = atomicCAS((unsigned long long*)&S->hlc, old, last);
-        if (seen == old) return base;
+        if (seen == old) {
+            *guess = last;
+            return base;
+        }
         old = seen;
     }
 }
@@ -148,7 +167,7 @@ __device__ rk_u64 rk_hlc_reserve(RkShared* S, rk_u64 remote, rk_u64 pt, rk_u32 k
 /* Takes up to `want` output slots of what the host has freed; returns how many. */
 __device__ rk_u32 rk_promise_output(RkShared* S, const RkLaunchParams& p, rk_u32 want) {
     const rk_u64 before = atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)want);
-    rk_u64 seen = *(volatile rk_u64*)&S->out_head_seen;
+    rk_u64 seen = rk_xg_ld64(&S->out_head_seen);
     if (before + want - seen <= p.out_capacity) return want;
     // The ring looks full: read the host's head (one PCIe round trip), then keep what
     // fits and give the rest back.
@@ -251,11 +270,11 @@ __device__ void rk_mirror_counters(RkControlBlock* cb, RkShared* S) {
 #pragma unroll
     for (int l = 0; l < (int)RK_LANES; l++) in_head += *(volatile rk_u64*)&S->lane_claimed[l];
     cb->input_head = in_head;
-    cb->output_tail = *(volatile rk_u64*)&S->out_tail;
-    cb->processed = *(volatile rk_u64*)&S->processed[0] + *(volatile rk_u64*)&S->processed[1];
-    cb->dropped = *(volatile rk_u64*)&S->dropped[0] + *(volatile rk_u64*)&S->dropped[1];
-    cb->hlc = *(volatile rk_u64*)&S->hlc;
-    cb->last_error = *(volatile rk_u32*)&S->last_error;
+    cb->output_tail = rk_xg_ld64(&S->out_tail);
+    cb->processed = rk_xg_ld64(&S->processed[0]) + rk_xg_ld64(&S->processed[1]);
+    cb->dropped = rk_xg_ld64(&S->dropped[0]) + rk_xg_ld64(&S->dropped[1]);
+    cb->hlc = rk_xg_ld64(&S->hlc);
+    cb->last_error = rk_xg_ld32(&S->last_error);
 }
 
 extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunchParams p) {
@@ -329,6 +348,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     bool cmd_seen = false;     // the one-message loop saw a command: a group round applies it
     rk_u64 terminate_at = 0;   // device time of the terminate command
     rk_u64 mirrored = ~0ull;   // counters as last written to the control block
+    rk_u64 hlc_guess = 0;      // the clock as this leader last set it (rk_hlc_reserve)
     rk_u64 prof_n = 0;
     rk_u32 round = 0;
 
@@ -355,19 +375,19 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
 
         // ================= plan =================
         if (gt == 0) {
-            g->exit = *(volatile rk_u32*)&S->exit;
+            g->exit = rk_xg_ld32(&S->exit);
             g->mode = RK_MODE_NONE;
-            g->k = 0;
+            rk_xg_st32(&g->k, 0u);
             g->max_ts = 0;
             g->drift = 0;
             g->err = 0;
             g->now_ms = rk_now_ms(clock_off);
-            const bool active = *(volatile rk_u32*)&S->active != 0;
-            const bool fresh = *(volatile rk_u32*)&S->host_fresh != 0;
+            const bool active = rk_xg_ld32(&S->active) != 0;
+            const bool fresh = rk_xg_ld32(&S->host_fresh) != 0;
             if (g->pending) {
                 // Our claimed window was not complete last round: read it again.
                 g->mode = RK_MODE_CLAIMED;
-                g->pending = 0;
+                rk_xg_st32(&g->pending, 0u);
             } else if (active && fresh && !(host_src && fresh_wait)) {
                 rk_u64* claimed_p;
                 rk_u64* known_p;
@@ -391,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     g->mode = RK_MODE_CLAIMED;
                     g->first = claimed;
                     g->n = want;
-                    *(volatile rk_u64*)claimed_p = claimed + want;
+                    rk_xg_st64(claimed_p, claimed + want);
                     if (multi) {
                         g->ticket = S->ticket[src];
                         *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
@@ -410,13 +430,15 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             // time (registers, warp votes, no group barriers) until a backlog, a command
             // or a state change hands the round back to the group.
             g->fast = g->mode == RK_MODE_SPEC && !multi && U <= 32u && !(host_src && cmd_seen) &&
-                      !*(volatile rk_u32*)&S->terminating;
+                      !rk_xg_ld32(&S->terminating);
         }
         rk_group_sync(bar_id, gsize);
         RK_PROF(1);
         if (g->exit) break;
-        const rk_u32 mode = g->mode;
-        const rk_u32 n = mode == RK_MODE_NONE ? 0u : g->n;
+        // 32-bit loads of what is used (a wider load would also cover g->k, which the
+        // leader writes in this barrier interval).
+        const rk_u32 mode = *(volatile rk_u32*)&g->mode;
+        const rk_u32 n = mode == RK_MODE_NONE ? 0u : *(volatile rk_u32*)&g->n;
         const rk_u64 first = g->first;
 
         // ================= warp 0's one-message loop =================
@@ -487,10 +509,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         // bookkeeping: exit checks, heartbeat).
                         if ((it & 4095u) == 4095u) action = 2;
                         if (!host_src && (it & 15u) == 0 &&
-                            (!*(volatile rk_u32*)&S->active || *(volatile rk_u32*)&S->exit ||
-                             *(volatile rk_u32*)&S->terminating))
+                            (!rk_xg_ld32(&S->active) || rk_xg_ld32(&S->exit) || rk_xg_ld32(&S->terminating)))
                             action = 2;
-                        rk_u32 top = *(volatile rk_u32*)&S->top_lane;
+                        // The host group's leader is the only writer of top_lane.
+                        rk_u32 top = host_src ? *(volatile rk_u32*)&S->top_lane : rk_xg_ld32(&S->top_lane);
                         rk_u64 known_l = known;
                         if (action == 0 && ann && host_src) {
                             if (cmd_leader && cmd_seq != ack) {
@@ -511,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                 if (known > c) top = (rk_u32)l + 1u;
                                 if ((rk_u32)l == L) known_l = known;
                             }
-                            if (*(volatile rk_u32*)&S->top_lane != top) *(volatile rk_u32*)&S->top_lane = top;
+                            if (*(volatile rk_u32*)&S->top_lane != top) rk_xg_st32(&S->top_lane, top);
                             known = known_l;
                         } else if (action == 0 && ann) {
                             const rk_u64 r = (rk_u64)a0.x | ((rk_u64)a0.y << 32);
@@ -543,14 +565,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     *(volatile rk_u64*)&S->lane_claimed[L] = claimed;
                                     *(volatile rk_u64*)&S->lane_known[L] = known;
                                 } else {
-                                    *(volatile rk_u64*)&S->inbox_claimed = claimed;
+                                    rk_xg_st64(&S->inbox_claimed, claimed);
                                     *(volatile rk_u64*)&S->inbox_known = known;
                                 }
                                 msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
                                 const rk_u64 now = rk_now_ms(clock_off);
                                 const bool drift = (hts >> RK_HLC_LOGICAL_BITS) > now + p.max_drift_ms;
-                                hlc = rk_hlc_reserve(S, drift ? 0ull : hts, now, 1);
-                                if (drift) *(volatile rk_u32*)&S->last_error = RK_ERR_CLOCK_DRIFT;
+                                hlc = rk_hlc_reserve(S, drift ? 0ull : hts, now, 1, &hlc_guess);
+                                if (drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
                             } else if (go) {
                                 action = 2;  // the output is full: the group round waits for room
                             }
@@ -599,14 +621,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     if (lane_id == 0) {
                         if (r == 1) {
                             out_idx = atomicAdd((unsigned long long*)&S->out_tail, 1ull);
-                            *(volatile rk_u64*)&S->processed[src] += 1;
+                            atomicAdd((unsigned long long*)&S->processed[src], 1ull);
                         } else {
                             credit++;  // no reply: the promised slot stays for the next one
                             if (r < 0) {
-                                *(volatile rk_u64*)&S->dropped[src] += 1;
-                                *(volatile rk_u32*)&S->last_error = (rk_u32)(-r);
+                                atomicAdd((unsigned long long*)&S->dropped[src], 1ull);
+                                rk_xg_st32(&S->last_error, (rk_u32)(-r));
                             } else {
-                                *(volatile rk_u64*)&S->processed[src] += 1;
+                                atomicAdd((unsigned long long*)&S->processed[src], 1ull);
                             }
                         }
                     }
@@ -649,8 +671,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     __syncwarp();
                 }
                 if (lane_id == 0) {
-                    g->k = 0;
-                    // Unused promises go back.
+                    // (g->k is still 0 from the plan.) Unused promises go back.
                     if (credit) atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)(-(long long)credit));
                 }
             }
@@ -740,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     if (known > claimed) top = (rk_u32)l + 1u;
                 }
                 if (multi) rk_unlock(&S->claim_lock[0]);
-                if (*(volatile rk_u32*)&S->top_lane != top) *(volatile rk_u32*)&S->top_lane = top;
+                if (*(volatile rk_u32*)&S->top_lane != top) rk_xg_st32(&S->top_lane, top);
                 if (profiling && cmd_leader) prof_r[2] = rk_globaltimer_ns();
             } else {
                 g->announced = reserve;
@@ -782,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 // The speculatively read slot is complete. A host lane waits if a higher
                 // lane holds messages; an inbox message waits if its priority lane is
                 // below the highest host lane holding messages.
-                const rk_u32 top = *(volatile rk_u32*)&S->top_lane;
+                const rk_u32 top = host_src ? *(volatile rk_u32*)&S->top_lane : rk_xg_ld32(&S->top_lane);
                 bool go;
                 if (host_src) {
                     go = top <= g->lane + 1u;
@@ -795,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 if (go && rk_promise_output(S, p, 1) == 1) {
                     if (multi) rk_lock(&S->claim_lock[src]);
                     if (*(volatile rk_u64*)claimed_p == first) {
-                        *(volatile rk_u64*)claimed_p = first + 1;
+                        rk_xg_st64(claimed_p, first + 1);
                         if (multi) {
                             g->ticket = S->ticket[src];
                             *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
@@ -809,14 +830,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 }
             } else if (mode == RK_MODE_CLAIMED) {
                 if (g->first_bad < n) {
-                    g->pending = 1;  // announced, not all written yet
+                    rk_xg_st32(&g->pending, 1u);  // announced, not all written yet
                     g->pending_src = src;
                 }
                 else k = n;
             }
             if (host_src && fresh_wait) {
                 fresh_wait = false;
-                *(volatile rk_u32*)&S->host_fresh = 1u;
+                rk_xg_st32(&S->host_fresh, 1u);
             }
             // ---- commands (block 0) ----
             if (cmd_leader && cmd.y != ack) {
@@ -828,31 +849,31 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 // group claims from older tails. (The host also repeats the last command
                 // to have the counters published: applying it again changes nothing.)
                 fresh_wait = true;
-                *(volatile rk_u32*)&S->host_fresh = 0u;
+                rk_xg_st32(&S->host_fresh, 0u);
                 __threadfence();
-                if (c == RK_CMD_ACTIVATE) *(volatile rk_u32*)&S->active = 1u;
-                else if (c == RK_CMD_DEACTIVATE) *(volatile rk_u32*)&S->active = 0u;
+                if (c == RK_CMD_ACTIVATE) rk_xg_st32(&S->active, 1u);
+                else if (c == RK_CMD_DEACTIVATE) rk_xg_st32(&S->active, 0u);
                 else if (c == RK_CMD_TERMINATE) {
-                    if (!*(volatile rk_u32*)&S->terminating) terminate_at = rk_globaltimer_ns();
-                    *(volatile rk_u32*)&S->terminating = 1u;
+                    if (!rk_xg_ld32(&S->terminating)) terminate_at = rk_globaltimer_ns();
+                    rk_xg_st32(&S->terminating, 1u);
                     // From now on K2K senders get NOT_FOUND; what is already in the inbox
                     // is still drained (when active).
                     rk_publish_route(p, 0u);
                 }
                 ack = cmd.y;
                 cmd_seen = false;
-                const rk_u32 active = *(volatile rk_u32*)&S->active;
-                cb->state = *(volatile rk_u32*)&S->terminating ? RK_STATE_TERMINATING
+                const rk_u32 active = rk_xg_ld32(&S->active);
+                cb->state = rk_xg_ld32(&S->terminating) ? RK_STATE_TERMINATING
                             : (active ? RK_STATE_ACTIVE : RK_STATE_DEACTIVATED);
             }
             if (k) {
                 g->msg_base = atomicAdd((unsigned long long*)&S->taken, (unsigned long long)k);
-                g->hlc_base = rk_hlc_reserve(S, g->max_ts, g->now_ms, k);
+                g->hlc_base = rk_hlc_reserve(S, g->max_ts, g->now_ms, k, &hlc_guess);
                 if (host_src) cur_lane = g->lane;
                 idle = 0;
                 backoff = 0;
             }
-            g->k = k;
+            rk_xg_st32(&g->k, k);
         }
         rk_group_sync(bar_id, gsize);
         RK_PROF(4);
@@ -914,11 +935,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         atomicAdd((unsigned long long*)&S->processed[src], (unsigned long long)(k - dropped));
                         if (dropped) atomicAdd((unsigned long long*)&S->dropped[src], (unsigned long long)dropped);
                     } else {
-                        *(volatile rk_u64*)&S->processed[src] += k - dropped;
-                        *(volatile rk_u64*)&S->dropped[src] += dropped;
+                        atomicAdd((unsigned long long*)&S->processed[src], (unsigned long long)(k - dropped));
+                        if (dropped) atomicAdd((unsigned long long*)&S->dropped[src], (unsigned long long)dropped);
                     }
-                    if (dropped) *(volatile rk_u32*)&S->last_error = g->err;
-                    if (g->drift) *(volatile rk_u32*)&S->last_error = RK_ERR_CLOCK_DRIFT;
+                    if (dropped) rk_xg_st32(&S->last_error, g->err);
+                    if (g->drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
                     // The slots were read in full before this point: free them. Host lanes:
                     // a posted store (the producer only needs to learn eventually); the
                     // inbox: a release, K2K senders read it for room.
@@ -981,9 +1002,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         if (gt == 0) {
             if (cmd_leader) {
                 heartbeat++;
-                const rk_u64 processed = *(volatile rk_u64*)&S->processed[0] + *(volatile rk_u64*)&S->processed[1];
-                const rk_u64 dropped = *(volatile rk_u64*)&S->dropped[0] + *(volatile rk_u64*)&S->dropped[1];
-                const rk_u64 taken = *(volatile rk_u64*)&S->taken;
+                const rk_u64 processed = rk_xg_ld64(&S->processed[0]) + rk_xg_ld64(&S->processed[1]);
+                const rk_u64 dropped = rk_xg_ld64(&S->dropped[0]) + rk_xg_ld64(&S->dropped[1]);
+                const rk_u64 taken = rk_xg_ld64(&S->taken);
                 const rk_u64 sum = processed + dropped + taken;
                 if (sum != mirrored || ack != acked) {
                     mirrored = sum;
@@ -996,17 +1017,18 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 }
                 if ((heartbeat & 1023u) == 0) cb->heartbeat = heartbeat;
                 // ---- exit: terminating and drained, or terminating while not active ----
-                if (*(volatile rk_u32*)&S->terminating && !fresh_wait && !g->pending) {
-                    const bool active = *(volatile rk_u32*)&S->active != 0;
+                if (rk_xg_ld32(&S->terminating) && !fresh_wait && !g->pending) {
+                    const bool active = rk_xg_ld32(&S->active) != 0;
                     // K2K senders that saw the route valid just before the terminate have
                     // 20 us to finish their reservation.
                     const bool settled = rk_globaltimer_ns() - terminate_at > 20000ull;
-                    const bool idle_groups = multi ? *(volatile rk_u32*)&S->busy == 0
-                                                   : (!two_groups || groups[1].k == 0) && !groups[1].pending;
-                    const bool drained = *(volatile rk_u32*)&S->top_lane == 0 &&
-                                         *(volatile rk_u64*)&S->inbox_claimed == *(volatile rk_u64*)&inbox->reserve &&
+                    const bool idle_groups = multi ? rk_xg_ld32(&S->busy) == 0
+                                                   : (!two_groups || rk_xg_ld32(&groups[1].k) == 0) &&
+                                                         !rk_xg_ld32(&groups[1].pending);
+                    const bool drained = rk_xg_ld32(&S->top_lane) == 0 &&
+                                         rk_xg_ld64(&S->inbox_claimed) == *(volatile rk_u64*)&inbox->reserve &&
                                          idle_groups;
-                    if (!active || (settled && drained)) *(volatile rk_u32*)&S->exit = 1u;
+                    if (!active || (settled && drained)) rk_xg_st32(&S->exit, 1u);
                 }
             }
             if (g->k == 0 && !g->pending) {

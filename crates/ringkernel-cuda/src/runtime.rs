@@ -32,10 +32,15 @@
 //!   priority lane), the output ring (stamped), the latency ring (see
 //!   [`metrics`](crate::metrics)) and, with `RINGKERNEL_CUDA_PROFILE`, the round
 //!   profile ([`CudaRuntime::round_profile`]).
-//! * Device memory per kernel: the K2K inbox ([`DeviceInbox`] + stamped slots), the
-//!   handler state, the kernel-wide state of a kernel of several blocks, and staging
-//!   when it does not fit in shared memory, all allocated on the kernel's own stream
-//!   before the kernel is launched on it. Per runtime: the routing table
+//! * Device memory per kernel: the handler state, the kernel-wide state of a kernel of
+//!   several blocks, and staging when it does not fit in shared memory, all allocated on
+//!   the kernel's own stream before the kernel is launched on it. Per runtime, allocated
+//!   when it opens (before any of its kernels runs): the *inbox pool*, from which every
+//!   kernel gets its K2K inbox ([`DeviceInbox`] + stamped slots), so a kernel never
+//!   reaches memory allocated after its own launch (compute-sanitizer's memcheck reports
+//!   such an access, on plain CUDA too); its size is [`DEFAULT_INBOX_POOL_BYTES`] or
+//!   [`CudaRuntime::with_inbox_pool`]'s, and a launch whose inbox no longer fits is an
+//!   error. And the routing table
 //!   ([`DeviceRoute`] per kernel id, up to [`MAX_DEVICE_ROUTES`]), through which
 //!   `rk_send_to` on the device writes straight into another kernel's inbox (no host
 //!   hop). Each kernel writes its own entry when it starts and clears it when told to
@@ -138,6 +143,14 @@ pub const MAX_DEVICE_ROUTES: usize = 4096;
 /// first: with persistent kernels running, forever. So the runtime reserves this much
 /// up front (before its first kernel runs) and refuses handlers whose kernel needs more.
 pub const RUNTIME_STACK_BYTES: usize = 4096;
+
+/// Bytes of the K2K inbox pool a runtime allocates when it opens (see the module docs):
+/// 64 MiB, the inboxes of about 180 kernels of the default options (each
+/// `128 + queue_capacity × stamped slot bytes`, rounded up to 256). Kernel inboxes are
+/// never reused while the runtime lives (a sender on the GPU may still hold a
+/// terminated kernel's inbox address), so this bounds the kernels one runtime launches
+/// over its life; [`CudaRuntime::with_inbox_pool`] sets another size.
+pub const DEFAULT_INBOX_POOL_BYTES: usize = 64 << 20;
 
 const HEADER_LINE: usize = 128;
 const PAGE: usize = 4096;
@@ -398,10 +411,68 @@ impl PumpWaker {
     }
 }
 
+/// The runtime's K2K inbox pool: allocated (zeroed) when the runtime opens, handed out
+/// front to back, never reused while the runtime lives.
+struct InboxPool {
+    mem: DeviceMemory,
+    /// Its size in bytes.
+    size: usize,
+    /// Bytes handed out.
+    used: Mutex<usize>,
+}
+
+impl InboxPool {
+    /// Reserves `len` bytes (256-byte aligned) for a kernel's inbox; an error when the
+    /// pool cannot hold them.
+    fn reserve(&self, len: usize, kernel: &str) -> Result<usize> {
+        let len = len.div_ceil(256) * 256;
+        let mut used = lock(&self.used);
+        let total = self.size;
+        if len > total - *used {
+            return Err(Error::Device(format!(
+                "the K2K inbox pool of this CUDA runtime is full: kernel {kernel:?} needs {len} bytes for its inbox, \
+                 {} of {total} are left (inboxes are not reused while the runtime lives; \
+                 CudaRuntime::with_inbox_pool sets a larger pool)",
+                total - *used
+            )));
+        }
+        let off = *used;
+        *used += len;
+        Ok(off)
+    }
+
+    /// Gives back the reservation at `off` of `len` bytes if it is the last one (a
+    /// launch that failed before its kernel ran).
+    fn unreserve(&self, off: usize, len: usize) {
+        let mut used = lock(&self.used);
+        if off + len.div_ceil(256) * 256 == *used {
+            *used = off;
+        }
+    }
+}
+
+/// A kernel's inbox reservation while its launch may still fail: handed back unless
+/// kept (once the kernel was launched, its inbox stays reserved).
+struct InboxLease<'a> {
+    pool: &'a InboxPool,
+    off: usize,
+    len: usize,
+    kept: bool,
+}
+
+impl Drop for InboxLease<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.pool.unreserve(self.off, self.len);
+        }
+    }
+}
+
 struct RtInner {
     core: Arc<RuntimeCore>,
     dev: Arc<Device>,
     routes: DeviceMemory,
+    inbox_pool: InboxPool,
     modules: Mutex<HashMap<u64, Arc<Module>>>,
     kernels: Mutex<Vec<Arc<CudaEngine>>>,
     memory: Mutex<Vec<Arc<KernelMemory>>>,
@@ -514,6 +585,32 @@ impl CudaRuntime {
         Self::open(registry, ordinal, None).await
     }
 
+    /// A runtime on device `ordinal` whose K2K inbox pool holds `pool_bytes` (instead of
+    /// [`DEFAULT_INBOX_POOL_BYTES`]). Every kernel takes its inbox,
+    /// `128 + queue_capacity × stamped slot bytes` rounded up to 256, from the pool, and
+    /// keeps it while the runtime lives; a launch that no longer fits is an
+    /// [`Error::Device`] naming the pool. `pool_bytes` of 0 is [`Error::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> ringkernel_core::Result<()> {
+    /// use ringkernel_core::registry::KernelRegistry;
+    /// // Room for 512 MiB of inboxes, for a runtime that launches many kernels.
+    /// let rt = ringkernel_cuda::CudaRuntime::with_inbox_pool(KernelRegistry::new(), 0, 512 << 20).await?;
+    /// # drop(rt);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_inbox_pool(
+        registry: KernelRegistry,
+        ordinal: usize,
+        pool_bytes: usize,
+    ) -> Result<Self> {
+        if pool_bytes == 0 {
+            return Err(Error::invalid("the K2K inbox pool needs at least one byte"));
+        }
+        Self::open_with_pool(registry, ordinal, None, pool_bytes).await
+    }
+
     /// A runtime on device `ordinal`; with `group_core`, a member of a multi-GPU group
     /// sharing that core (kernel ids, names, clock, broker) with the group's other
     /// runtimes, its kernels compiled for cross-GPU K2K.
@@ -521,6 +618,15 @@ impl CudaRuntime {
         registry: KernelRegistry,
         ordinal: usize,
         group_core: Option<Arc<RuntimeCore>>,
+    ) -> Result<Self> {
+        Self::open_with_pool(registry, ordinal, group_core, DEFAULT_INBOX_POOL_BYTES).await
+    }
+
+    async fn open_with_pool(
+        registry: KernelRegistry,
+        ordinal: usize,
+        group_core: Option<Arc<RuntimeCore>>,
+        pool_bytes: usize,
     ) -> Result<Self> {
         let dev = Device::open(ordinal)?;
         ensure_nvrtc()?;
@@ -537,6 +643,13 @@ impl CudaRuntime {
             &mem_stream,
             MAX_DEVICE_ROUTES * std::mem::size_of::<DeviceRoute>(),
         )?;
+        // Every kernel's inbox comes from here: allocated before any kernel of this
+        // runtime runs (see the module docs).
+        let inbox_pool = InboxPool {
+            mem: DeviceMemory::zeroed(&mem_stream, pool_bytes)?,
+            size: pool_bytes,
+            used: Mutex::new(0),
+        };
         let i = &dev.info;
         let desc = format!(
             "CUDA {} (device {}, sm_{}{}, {} SMs)",
@@ -548,6 +661,7 @@ impl CudaRuntime {
             core,
             dev,
             routes,
+            inbox_pool,
             modules: Mutex::new(HashMap::new()),
             preloaded_all: AtomicBool::new(false),
             kernels: Mutex::new(Vec::new()),
@@ -696,11 +810,21 @@ impl CudaRuntime {
         let prof_cap = profile_capacity();
         let mapped_len = prof_off + if prof_cap > 0 { prof_cap * 128 + 8 } else { 0 };
         let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
-        // Device memory: inbox | inbox stamped slots | state | kernel-wide state
-        // (several blocks) | staging (when it does not fit in shared memory).
+        // Device memory: state | kernel-wide state (several blocks) | staging (when it
+        // does not fit in shared memory). The inbox (header line | stamped slots) comes
+        // from the runtime's pool, zeroed when the runtime opened and never used before.
         let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
         let box_slots = HEADER_LINE;
-        let state_off = box_slots + inbox_cap * sslot;
+        // Handed back if this launch fails before the kernel is launched.
+        let box_len = box_slots + inbox_cap * sslot;
+        let box_off = rt.inbox_pool.reserve(box_len, name)?;
+        let mut lease = InboxLease {
+            pool: &rt.inbox_pool,
+            off: box_off,
+            len: box_len,
+            kept: false,
+        };
+        let state_off = 0;
         let shared_off = state_off + state_bytes;
         let shared_len = if grid > 1 { SHARED_STATE_BYTES } else { 0 };
         let stage_off = shared_off + shared_len;
@@ -720,7 +844,9 @@ impl CudaRuntime {
             mask: (inbox_cap - 1) as u32,
             ..Default::default()
         };
-        device.write_bytes(0, bytemuck::bytes_of(&inbox))?;
+        rt.inbox_pool
+            .mem
+            .write_bytes(box_off, bytemuck::bytes_of(&inbox))?;
         let mem = Arc::new(KernelMemory { mapped, device });
         lock(&rt.memory).push(mem.clone());
 
@@ -782,8 +908,8 @@ impl CudaRuntime {
             control: dbase,
             in_queue: dbase + in_off as u64,
             out_queue: dbase + out_off as u64,
-            inbox: ddev,
-            inbox_slots: ddev + box_slots as u64,
+            inbox: rt.inbox_pool.mem.ptr() + box_off as u64,
+            inbox_slots: rt.inbox_pool.mem.ptr() + (box_off + box_slots) as u64,
             routes: rt.routes.ptr(),
             route_count: MAX_DEVICE_ROUTES as u64,
             stage: if stage_in_shared {
@@ -903,6 +1029,7 @@ impl CudaRuntime {
                 }
             };
             launched.map_err(dev_err("launch of the persistent kernel"))?;
+            lease.kept = true;
             crate::driver::RUNNING_PERSISTENT_KERNELS.fetch_add(1, Ordering::AcqRel);
             kernel.counted.store(true, Ordering::Release);
         }

@@ -9,6 +9,7 @@ use ringkernel_core::hlc::HlcTimestamp;
 use ringkernel_core::message::{flags, Envelope, MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority;
+use ringkernel_core::queue::stamped::stamped_slot_bytes;
 use ringkernel_core::registry::{GpuHandler, KernelRegistry};
 use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
 use ringkernel_cuda::CudaRuntime;
@@ -20,18 +21,23 @@ mod common;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn with_runtime<F, Fut>(f: F)
-where
-    F: FnOnce(CudaRuntime) -> Fut,
-    Fut: std::future::Future<Output = ringkernel_core::Result<()>>,
-{
+/// Runs `test` on an executor of its own, one test at a time.
+fn serially(test: impl std::future::Future<Output = ()>) {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let exec = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
         .build()
         .unwrap();
-    exec.block_on(async {
+    exec.block_on(test);
+}
+
+fn with_runtime<F, Fut>(f: F)
+where
+    F: FnOnce(CudaRuntime) -> Fut,
+    Fut: std::future::Future<Output = ringkernel_core::Result<()>>,
+{
+    serially(async {
         let rt = runtime().await;
         f(rt).await.unwrap();
     });
@@ -43,13 +49,7 @@ where
     F: FnOnce(CudaRuntime) -> Fut,
     Fut: std::future::Future<Output = ringkernel_core::Result<()>>,
 {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let exec = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    exec.block_on(async {
+    serially(async {
         let rt = CudaRuntime::with_registry(reg).await.expect("CUDA runtime");
         f(rt).await.unwrap();
     });
@@ -115,6 +115,78 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
             .launch(STAGE, LaunchOptions::default().with_name("s2"))
             .await?;
         common::k2k_to_a_terminated_kernel_is_dropped(&s1, &s2).await
+    });
+}
+
+/// A kernel routes K2K messages to a kernel launched after it (the receiver's inbox
+/// comes from the runtime's inbox pool, which existed before the sender launched: under
+/// compute-sanitizer's memcheck, the sender's access is in bounds).
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_routes_to_a_kernel_launched_after_the_sender() {
+    with_runtime(|rt| async move {
+        let s1 = rt
+            .launch(STAGE, LaunchOptions::default().with_name("early"))
+            .await?;
+        // s1 runs (it has handled a message) before s2 exists.
+        s1.send(Token::routed(7, 1.0, &[s1.id()])?).await?;
+        let t: Token = s1.receive_timeout_as(Duration::from_secs(10)).await?;
+        assert_eq!((t.id, t.hops), (7, 1));
+        let s2 = rt
+            .launch(STAGE, LaunchOptions::default().with_name("late"))
+            .await?;
+        for i in 0..20u64 {
+            s1.send(Token::routed(i, 1.0, &[s1.id(), s2.id()])?).await?;
+            let t: Token = s2.receive_timeout_as(Duration::from_secs(10)).await?;
+            assert_eq!((t.id, t.hops, t.value), (i, 2, 3.0), "message {i}");
+        }
+        assert_eq!(s1.metrics().dropped, 0);
+        s1.terminate().await?;
+        s2.terminate().await?;
+        Ok(())
+    });
+}
+
+/// The runtime's K2K inbox pool is bounded: a launch whose inbox does not fit any more
+/// is a clear error (the kernels before it keep running), and a terminated kernel's
+/// inbox is not handed out again (a sender may still hold its address).
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn a_full_inbox_pool_is_an_error_at_launch() {
+    serially(async {
+        let opts = |name: &str| {
+            LaunchOptions::default()
+                .with_queue_capacity(64)
+                .with_name(name)
+        };
+        let o = opts("x");
+        // One kernel's inbox: a header line and its stamped slots, in 256-byte steps.
+        let inbox = (128 + o.queue_capacity * stamped_slot_bytes(o.slot_size)).div_ceil(256) * 256;
+        let reg = KernelRegistry::new();
+        ringkernel_cuda::register_cuda_builtins(&reg);
+        let rt = CudaRuntime::with_inbox_pool(reg, 0, 2 * inbox + inbox / 2)
+            .await
+            .expect("CUDA runtime");
+        let a = rt.launch(ECHO, opts("a")).await.expect("first inbox fits");
+        let b = rt.launch(ECHO, opts("b")).await.expect("second inbox fits");
+        let full = |r: ringkernel_core::Result<KernelHandle>| match r {
+            Err(ringkernel_core::Error::Device(m)) if m.contains("inbox pool") => {}
+            Err(e) => panic!("expected the inbox pool error, got {e}"),
+            Ok(k) => panic!("kernel {} launched past the inbox pool", k.name()),
+        };
+        full(rt.launch(ECHO, opts("c")).await);
+        // The kernels before it still work.
+        let r: Token = a
+            .call(Token::new(1, 2.0), Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!((r.id, r.value), (1, 2.0));
+        b.terminate().await.unwrap();
+        full(rt.launch(ECHO, opts("c")).await);
+        assert!(CudaRuntime::with_inbox_pool(KernelRegistry::new(), 0, 0)
+            .await
+            .is_err());
+        rt.shutdown().await.unwrap();
     });
 }
 
