@@ -94,24 +94,40 @@ case "${1:-}" in
   ;;
 llm)
   # The CUDA decode alone: tests, then the bench with recorded programs off and on
-  # (RINGKERNEL_CUDA_PROGRAM: off records the step as a CUDA graph), alternating, a run
-  # with the program's per-instruction device timer, and the transformers peer.
+  # (RINGKERNEL_CUDA_PROGRAM: off records the step as a CUDA graph), alternating, the
+  # program's variants (RINGKERNEL_CUDA_PROGRAM_* switches, one run each), a run with the
+  # program's per-instruction device timer, scripts/grid_barrier.cu, and the transformers
+  # peer (LLM_PEER=0 leaves it out).
   model
   [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
   export RINGKERNEL_LLM_MODEL=$m
+  nvcc -O3 -arch=native -o /tmp/grid_barrier scripts/grid_barrier.cu >"$O/grid-barrier-build.txt" 2>&1 &
   r 60 cuda-ops .gpu/tests/ringkernel-cuda-ops --include-ignored
   r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
   r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
+  bench() { # bench NAME [VAR=VALUE...]: one decode bench (3 runs) with those switches
+    local name=$1
+    shift
+    env "$@" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 >"$O/llm-bench-$name.txt" 2>&1
+    echo "$name ($*): $(tail -1 "$O/llm-bench-$name.txt")"
+  }
   for round in 1 2; do
-    for prog in 0 1; do
-      RINGKERNEL_CUDA_PROGRAM=$prog r 60 "llm-bench-cuda-prog$prog-$round" $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3
-      echo "program=$prog round $round: $(tail -1 "$O/llm-bench-cuda-prog$prog-$round.txt")"
-    done
+    bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
+    bench program-$round RINGKERNEL_CUDA_PROGRAM=1
   done
-  RINGKERNEL_CUDA_PROGRAM_TRACE=1 r 60 llm-trace $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1
-  grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14
-  r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
-  tail -2 "$O/hf-bench.txt"
+  bench no-prefetch RINGKERNEL_CUDA_PROGRAM_PREFETCH=0
+  bench no-split RINGKERNEL_CUDA_PROGRAM_SPLIT=0
+  for v in 1 ${TRACE_SPLIT:-}; do
+    RINGKERNEL_CUDA_PROGRAM_TRACE=1 RINGKERNEL_CUDA_PROGRAM_SPLIT=$v r 60 llm-trace-split$v $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1
+    grep -A 12 "rk_program trace" "$O/llm-trace-split$v.txt" | head -14
+  done
+  wait
+  [ -x /tmp/grid_barrier ] && timeout 60 /tmp/grid_barrier >"$O/grid-barrier.txt" 2>&1
+  cat "$O/grid-barrier.txt" "$O/grid-barrier-build.txt" 2>/dev/null | head -12
+  if [ "${LLM_PEER:-1}" != 0 ]; then
+    r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
+    tail -2 "$O/hf-bench.txt"
+  fi
   ;;
 *)
   echo "usage: scripts/gpu-run.sh 1|2|llm" >&2

@@ -422,11 +422,17 @@ template <> struct KvVec<1> {
 
 // q, kc and vc are not __restrict__: rk_rope_attention_kv writes them in the same kernel,
 // so their loads must not take the read-only (non-coherent) path.
+//
+// Split attention (rk_program): with nsplit > 1 the block takes part `split` of the keys
+// only and writes, instead of out's row, its partial result to part: the running max m,
+// the sum l of exp(score - m) and the unnormalised Σ exp(score - m)·v (hd values);
+// attention_combine merges the parts. nsplit = 1 and part = 0 is the whole row.
 template <int V>
 __device__ __forceinline__ void attention_kv_body(const float* q, const float* kc,
                                                   const float* vc, const u32* __restrict__ pos,
                                                   float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap,
-                                                  float scale, u64 rowi) {
+                                                  float scale, u64 rowi, u64 split = 0, u64 nsplit = 1,
+                                                  float* part = 0) {
     typedef KvVec<V> K;
     typedef typename K::T T;
     __shared__ __align__(16) float sh_q[KV_MAXD];
@@ -442,10 +448,12 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
     for (u64 d = tid; d < hd; d += KV_THREADS) sh_q[d] = q[rowi * hd + d];
     __syncthreads();
     const T* q4 = (const T*)sh_q;
-    const u64 n = (pos[t] < cap ? pos[t] : cap - 1) + 1;
+    const u64 n_all = (pos[t] < cap ? pos[t] : cap - 1) + 1, per = (n_all + nsplit - 1) / nsplit;
+    const u64 lo = split * per < n_all ? split * per : n_all;
+    const u64 n = lo + per < n_all ? lo + per : n_all;  // keys [lo, n)
     float m = NEG_INF, l = 0.0f;
     T acc = K::zero();
-    for (u64 j0 = 0; j0 < n; j0 += KV_TILE) {
+    for (u64 j0 = lo; j0 < n; j0 += KV_TILE) {
         const int len = (int)(n - j0 < KV_TILE ? n - j0 : KV_TILE);
         float tmax = NEG_INF;
         for (int j = tid; j < len; j += KV_THREADS) {
@@ -497,7 +505,35 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
     for (u64 d = tid; d < hd; d += KV_THREADS) {
         float a = 0.0f;
         for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
-        out[rowi * hd + d] = a * inv;
+        if (part)
+            part[2 + d] = a;
+        else
+            out[rowi * hd + d] = a * inv;
+    }
+    if (part && tid == 0) {
+        part[0] = m;
+        part[1] = l;
+    }
+    __syncthreads();  // sh_acc is reused by the block's next call
+}
+
+// out[row] from the nsplit parts of attention_kv_body (each hd + 2 floats, `stride` apart)
+// by one block: the parts' sums rescaled to the largest max. The parts were written by
+// other blocks of the same kernel, so they are read through L2 (ld.cg), not L1.
+__device__ __forceinline__ void attention_combine(const float* part, u64 nsplit, u64 stride, u64 hd,
+                                                  float* __restrict__ out) {
+    float mx = NEG_INF;
+    for (u64 c = 0; c < nsplit; c++) mx = fmaxf(mx, __ldcg(part + c * stride));
+    for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f, l = 0.0f;
+        for (u64 c = 0; c < nsplit; c++) {
+            const float* pc = part + c * stride;
+            const float mc = __ldcg(pc);
+            const float w = mc == NEG_INF ? 0.0f : expf(mc - mx);
+            l = fmaf(w, __ldcg(pc + 1), l);
+            a = fmaf(w, __ldcg(pc + 2 + d), a);
+        }
+        out[d] = l > 0.0f ? a / l : 0.0f;
     }
 }
 
@@ -520,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
 __device__ __forceinline__ void rope_attention_kv_body(const float* qkv, const u32* __restrict__ pos, float* q,
                                                        float* kc, float* vc, float* __restrict__ out, u64 heads,
                                                        u64 kv_heads, u64 hd, u64 cap, float base, float scale,
-                                                       u64 h) {
+                                                       u64 h, u64 split = 0, u64 nsplit = 1, float* part = 0) {
     const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
     // Threads [0, half) rotate the query head, [half, hd) the key head.
     for (u64 r = threadIdx.x; r < hd; r += blockDim.x) {
@@ -541,9 +577,9 @@ __device__ __forceinline__ void rope_attention_kv_body(const float* qkv, const u
             vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
     __syncthreads();  // this block's writes, visible to its threads
     if (hd % 4 == 0 && ((size_t)kc | (size_t)vc) % 16 == 0)
-        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h);
+        attention_kv_body<4>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h, split, nsplit, part);
     else
-        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h);
+        attention_kv_body<1>(q, kc, vc, pos, out, heads, kv_heads, hd, cap, scale, h, split, nsplit, part);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(

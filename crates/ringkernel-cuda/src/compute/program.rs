@@ -13,10 +13,19 @@
 //!
 //! Every block of the program's grid (one per SM) runs every instruction: its share of
 //! the rows (qmatmul: a warp per row), heads (attention: a block per head) or elements
-//! (embedding), then a grid-wide barrier. `RINGKERNEL_CUDA_PROGRAM=0` records graphs only
-//! (for comparing the two); `RINGKERNEL_CUDA_PROGRAM_TRACE=1` times each instruction on
-//! the device (one synchronising read after each replay) and prints the totals by op
-//! when the program is dropped.
+//! (embedding), then a grid-wide barrier. Attention over the KV cache is split over the
+//! keys: every head gets grid/heads blocks, and the last of them to finish merges their
+//! partial results. Before each barrier the grid asks L2 for what the next instruction
+//! reads from memory (weight rows, norm weights, cached keys and values), so the trip
+//! overlaps the wait; a warp with several rows of one matvec (the output head) loads
+//! them together.
+//!
+//! Switches for measuring (environment, read when a program is recorded):
+//! `RINGKERNEL_CUDA_PROGRAM=0` records graphs only; `RINGKERNEL_CUDA_PROGRAM_PREFETCH=0`
+//! and `RINGKERNEL_CUDA_PROGRAM_SPLIT=0` turn the prefetch and the split attention off;
+//! `RINGKERNEL_CUDA_PROGRAM_TRACE=1` times each instruction on the device
+//! (one synchronising read after each replay) and prints the totals by op, split into
+//! the work and the barrier, when the program is dropped.
 
 use super::{arg, CudaCompute, CudaGraph};
 use bytemuck::{Pod, Zeroable};
@@ -62,9 +71,19 @@ pub(super) struct Recording {
     refused: Option<String>,
 }
 
-/// Whether programs are recorded (`RINGKERNEL_CUDA_PROGRAM` not `0`).
+/// Whether the switch `name` is on (anything but `0`; on when unset).
+fn switch(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
+}
+
+/// Whether programs are recorded (`RINGKERNEL_CUDA_PROGRAM`).
 fn programs_wanted() -> bool {
-    std::env::var("RINGKERNEL_CUDA_PROGRAM").map_or(true, |v| v != "0")
+    switch("RINGKERNEL_CUDA_PROGRAM")
+}
+
+/// `rk_program`'s flags: bit 0 prefetch.
+fn program_flags() -> u32 {
+    u32::from(switch("RINGKERNEL_CUDA_PROGRAM_PREFETCH"))
 }
 
 impl CudaCompute {
@@ -210,13 +229,15 @@ impl CudaCompute {
     }
 }
 
-/// Per-op device time of traced replays.
+/// Per-instruction device time of traced replays.
 #[derive(Default)]
 struct Trace {
     buf: Option<BufferRef>,
     replays: u64,
-    /// ns per instruction, summed over replays.
-    ns: Vec<u64>,
+    /// ns per instruction, summed over replays: from block 0's start to the last block's
+    /// end of its share (work), and from there to block 0's start of the next (barrier).
+    work: Vec<u64>,
+    barrier: Vec<u64>,
 }
 
 /// A recorded program (see the module documentation): replays as one launch.
@@ -224,9 +245,12 @@ pub struct CudaProgram {
     owner: CudaCompute,
     instrs: Vec<Instr>,
     code: BufferRef,
-    /// The grid barrier's arrival counter (one u64).
+    /// The grid barrier's arrival counter and generation word (`program.cu`).
     count: BufferRef,
+    /// Scratch of the split attention instructions (parts and counters).
+    _scratch: Vec<BufferRef>,
     grid: u32,
+    flags: u32,
     /// Launches so far (each passes `instrs.len() - 1` barriers).
     epoch: Mutex<u64>,
     trace: Mutex<Trace>,
@@ -238,30 +262,51 @@ impl std::fmt::Debug for CudaProgram {
         f.debug_struct("CudaProgram")
             .field("instructions", &self.instrs.len())
             .field("grid", &self.grid)
+            .field("flags", &self.flags)
             .finish()
     }
 }
 
+fn poisoned<T>(_: T) -> Error {
+    Error::Device("program state poisoned".into())
+}
+
 impl CudaProgram {
-    fn new(c: &CudaCompute, instrs: Vec<Instr>, grid: u32, graph: CudaGraph) -> Result<Self> {
+    fn new(c: &CudaCompute, mut instrs: Vec<Instr>, grid: u32, graph: CudaGraph) -> Result<Self> {
+        // Each attention instruction gets its own parts (hd + 2 floats a block) and
+        // per-head counters (zero bits).
+        let mut scratch = Vec::new();
+        if switch("RINGKERNEL_CUDA_PROGRAM_SPLIT") {
+            for i in instrs.iter_mut().filter(|i| i.op == OP_ROPE_ATT) {
+                let part = c.alloc(grid as usize * (i.c as usize + 2))?;
+                let done = c.upload(&vec![0.0; i.a as usize])?;
+                i.p[6] = c.device_ptr_of(&*part)?;
+                i.p[7] = c.device_ptr_of(&*done)?;
+                scratch.extend([part, done]);
+            }
+        }
         let code = c.upload(bytemuck::cast_slice(&instrs))?;
-        let count = c.upload(&[0.0, 0.0])?; // all-zero bits: a u64 zero
+        let count = c.upload(&[0.0; 64])?; // all-zero bits: u64 zeros
         let traced = std::env::var("RINGKERNEL_CUDA_PROGRAM_TRACE").is_ok_and(|v| v == "1");
+        let n = instrs.len();
         let trace = Trace {
             buf: if traced {
-                Some(c.alloc(2 * (instrs.len() + 1))?)
+                Some(c.alloc(2 * (2 * n + 1))?)
             } else {
                 None
             },
             replays: 0,
-            ns: vec![0; instrs.len()],
+            work: vec![0; n],
+            barrier: vec![0; n],
         };
         Ok(CudaProgram {
             owner: c.clone(),
             instrs,
             code,
             count,
+            _scratch: scratch,
             grid,
+            flags: program_flags(),
             epoch: Mutex::new(0),
             trace: Mutex::new(trace),
             graph,
@@ -286,32 +331,30 @@ impl CudaProgram {
             return self.graph.launch();
         }
         let f = c.func("rk_program")?;
-        let mut epoch = self
-            .epoch
-            .lock()
-            .map_err(|_| Error::Device("program epoch poisoned".into()))?;
-        let trace_ptr = {
-            let t = self
-                .trace
-                .lock()
-                .map_err(|_| Error::Device("trace poisoned".into()))?;
-            match &t.buf {
-                Some(b) => c.device_ptr_of(&**b)?,
-                None => 0,
+        let mut epoch = self.epoch.lock().map_err(poisoned)?;
+        let n = self.instrs.len();
+        let trace_ptr = match &self.trace.lock().map_err(poisoned)?.buf {
+            Some(b) => {
+                // the latest-arrival stamps are atomicMax'ed from zero
+                c.write(&**b, 2 * (n + 1), &vec![0.0; 2 * n])?;
+                c.device_ptr_of(&**b)?
             }
+            None => 0,
         };
-        let (mut code, mut n, mut count, mut ep, mut tr) = (
+        let (mut code, mut nn, mut count, mut ep, mut flags, mut tr) = (
             c.device_ptr_of(&*self.code)?,
-            self.instrs.len() as u32,
+            n as u32,
             c.device_ptr_of(&*self.count)?,
             *epoch,
+            self.flags,
             trace_ptr,
         );
         let mut args = [
             arg(&mut code),
-            arg(&mut n),
+            arg(&mut nn),
             arg(&mut count),
             arg(&mut ep),
+            arg(&mut flags),
             arg(&mut tr),
         ];
         c.inner.dev.bind()?;
@@ -332,14 +375,16 @@ impl CudaProgram {
             attrs: &mut attr,
             numAttrs: 1,
         };
-        // SAFETY: rk_program's parameters are (const RkInstr*, u32, u64*, u64, u64*), the
-        // types of `args` in order; `code` holds `n` instructions whose pointers were
+        // SAFETY: rk_program's parameters are (const RkInstr*, u32, u64*, u64, u32, u64*),
+        // the types of `args` in order; `code` holds `n` instructions whose pointers were
         // checked against their buffers when recorded (the buffers outlive the program:
-        // the `record` contract); `count` is this program's own counter, which only its
-        // launches touch, on one stream, in epoch order (the epoch lock is held until the
-        // launch is queued); the cooperative attribute makes the driver refuse a grid
-        // whose blocks cannot all be resident, so the barriers cannot wait on a block
-        // that never starts; the occupancy query sized the grid to one block per SM.
+        // the `record` contract; the attention scratch and the trace are the program's
+        // own, sized for this grid and `n`); `count` is this program's own counter (64
+        // words), which only its launches touch, on one stream, in epoch order (the
+        // epoch lock is held until the launch is queued); the cooperative attribute
+        // makes the driver refuse a grid whose blocks cannot all be resident, so the
+        // barriers cannot wait on a block that never starts; the occupancy query sized
+        // the grid to one block per SM.
         unsafe { sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(|e| Error::Device(format!("CUDA launch of rk_program: {e}")))?;
@@ -353,42 +398,44 @@ impl CudaProgram {
 
     /// Adds this replay's instruction times to the trace.
     fn collect_trace(&self) -> Result<()> {
-        let mut t = self
-            .trace
-            .lock()
-            .map_err(|_| Error::Device("trace poisoned".into()))?;
+        let mut t = self.trace.lock().map_err(poisoned)?;
         let Some(buf) = t.buf.clone() else {
             return Ok(());
         };
-        let mut words = vec![0f32; 2 * (self.instrs.len() + 1)];
+        let n = self.instrs.len();
+        let mut words = vec![0f32; 2 * (2 * n + 1)];
         self.owner.read(&*buf, 0, &mut words)?;
         let stamps: &[u64] = bytemuck::cast_slice(&words);
-        for (i, w) in stamps.windows(2).enumerate() {
-            t.ns[i] += w[1].saturating_sub(w[0]);
+        let (start, done) = stamps.split_at(n + 1);
+        for i in 0..n {
+            t.work[i] += done[i].saturating_sub(start[i]);
+            t.barrier[i] += start[i + 1].saturating_sub(done[i]);
         }
         t.replays += 1;
         Ok(())
     }
 
-    /// The traced mean ns per replay of each op kind, in first-seen order (empty when
-    /// not traced).
-    pub fn trace_summary(&self) -> Vec<(String, u32, f64)> {
+    /// The traced mean ns per replay of each op kind, in first-seen order: (name,
+    /// instructions, work, barrier). Empty when not traced.
+    pub fn trace_summary(&self) -> Vec<(String, u32, f64, f64)> {
         let Ok(t) = self.trace.lock() else {
             return Vec::new();
         };
         if t.replays == 0 {
             return Vec::new();
         }
-        let mut out: Vec<(String, u32, f64)> = Vec::new();
+        let per = |v: u64| v as f64 / t.replays as f64;
+        let mut out: Vec<(String, u32, f64, f64)> = Vec::new();
         for (i, ins) in self.instrs.iter().enumerate() {
             let name = op_name(ins);
-            let ns = t.ns[i] as f64 / t.replays as f64;
-            match out.iter_mut().find(|(n, _, _)| *n == name) {
+            let (w, b) = (per(t.work[i]), per(t.barrier[i]));
+            match out.iter_mut().find(|e| e.0 == name) {
                 Some(e) => {
                     e.1 += 1;
-                    e.2 += ns;
+                    e.2 += w;
+                    e.3 += b;
                 }
-                None => out.push((name, 1, ns)),
+                None => out.push((name, 1, w, b)),
             }
         }
         out
@@ -421,18 +468,20 @@ impl Drop for CudaProgram {
         if s.is_empty() {
             return;
         }
-        let total: f64 = s.iter().map(|e| e.2).sum();
+        let total: f64 = s.iter().map(|e| e.2 + e.3).sum();
         eprintln!(
-            "rk_program trace: {} instructions, {:.1} us a replay on the device",
+            "rk_program trace: {} instructions, {:.1} us a replay on the device (flags {})",
             self.instrs.len(),
-            total / 1e3
+            total / 1e3,
+            self.flags
         );
-        for (name, n, ns) in s {
+        for (name, n, work, barrier) in s {
             eprintln!(
-                "  {name:<40} x{n:<4} {:>8.1} us  ({:.2} us each, {:.0}%)",
-                ns / 1e3,
-                ns / 1e3 / n as f64,
-                100.0 * ns / total
+                "  {name:<40} x{n:<4} {:>8.1} us = work {:.2} + barrier {:.2} us each ({:.0}%)",
+                (work + barrier) / 1e3,
+                work / 1e3 / n as f64,
+                barrier / 1e3 / n as f64,
+                100.0 * (work + barrier) / total
             );
         }
     }
