@@ -22,7 +22,9 @@
 //! stages for the pass where it has some, [`DrainTarget::stage_input`]). A batch sent
 //! at once ([`KernelEngine::try_enqueue_run`]) is queued under one lock as a run: one
 //! header, then the payloads, each message's header rebuilt from the first as it goes
-//! into its slot. A target may also allow several passes in
+//! into its slot; when no message waits, the passes that can start at once take the
+//! run straight from the caller's payloads (one copy, into the slots) and only the rest
+//! is queued. A target may also allow several passes in
 //! flight ([`DrainTarget::max_in_flight`]; wgpu does): then, while one pass runs, a
 //! further one starts over free slots of the ring once it can take
 //! [`OVERLAP_MIN_BATCH`] messages (a quarter of a smaller ring), so the host reads one
@@ -468,6 +470,22 @@ impl Host {
     }
 }
 
+/// A run being enqueued (`try_enqueue_run`) while no message waits: a pass started
+/// now takes its messages straight from the caller's payloads, so they are copied once,
+/// into their slots, and never into a waiting lane; what no pass takes is queued after.
+struct DirectRun<'a, 'p> {
+    first: MessageHeader,
+    payloads: &'a [Payload<'p>],
+    /// Messages of the run already in slots.
+    taken: usize,
+}
+
+impl DirectRun<'_, '_> {
+    fn left(&self) -> usize {
+        self.payloads.len() - self.taken
+    }
+}
+
 /// A launched kernel driven by drain passes on a [`DrainTarget`].
 pub struct DrainEngine<T: DrainTarget> {
     id: KernelId,
@@ -666,8 +684,14 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// host's reply queue has room for the outputs of every pass in flight. Called with
     /// the host lock held.
     fn kick(&self, h: &mut Host) {
+        self.kick_with(h, &mut None);
+    }
+
+    /// [`kick`](Self::kick), with the messages of `direct` (if any) waiting after those
+    /// of the lanes.
+    fn kick_with(&self, h: &mut Host, direct: &mut Option<DirectRun<'_, '_>>) {
         // A batch that arrives at once may fill several passes.
-        while self.kick_once(h) {}
+        while self.kick_once(h, direct) {}
     }
 
     /// Most messages one pass takes: [`MAX_PASS`], and with several passes in flight a
@@ -679,7 +703,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     }
 
     /// One step of [`kick`](Self::kick): whether it launched a pass.
-    fn kick_once(&self, h: &mut Host) -> bool {
+    fn kick_once(&self, h: &mut Host, direct: &mut Option<DirectRun<'_, '_>>) -> bool {
         let state = self.lifecycle.get();
         let backlog = self.k2k_backlog.load(Ordering::Acquire) > 0;
         let runs = !backlog
@@ -688,7 +712,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         if !runs || h.in_flight >= self.target.max_in_flight().max(1) || h.failed.is_some() {
             return false;
         }
-        let waiting = h.waiting() as u64;
+        let waiting = (h.waiting() + direct.as_ref().map_or(0, DirectRun::left)) as u64;
         if waiting == 0 {
             return false;
         }
@@ -718,7 +742,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             return false;
         }
         let first = h.dispatched;
-        self.fill_ring(h, count);
+        self.fill_ring(h, count, direct);
         let count = h.tail - first;
         // One receive timestamp per message of the batch (the drain template adds j).
         let hlc = self.clock.reserve(count as u32).packed();
@@ -757,7 +781,8 @@ impl<T: DrainTarget> DrainEngine<T> {
     }
 
     /// Moves `count` waiting messages into the free input slots at `tail`, highest
-    /// lane first and FIFO within a lane: this is where priority ordering happens, so
+    /// lane first and FIFO within a lane, then those of `direct` (which waits only
+    /// while the lanes are empty): this is where priority ordering happens, so
     /// a pass's slots, a serial handler's order and the order of the replies all
     /// follow it. Each message's header and payload are written into its slot once:
     /// into the input ring, or where the target stages the pass's slots
@@ -768,7 +793,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// template skips it (counted at completion). Called with the host lock held; the
     /// slots `[tail, tail + count)` belong to no pass in flight (`kick` checks the
     /// room).
-    fn fill_ring(&self, h: &mut Host, count: u64) {
+    fn fill_ring(&self, h: &mut Host, count: u64, direct: &mut Option<DirectRun<'_, '_>>) {
         let input = self.target.input();
         let staged = self.target.stage_input(count as usize);
         let pt = self.clock.physical_ms();
@@ -777,43 +802,57 @@ impl<T: DrainTarget> DrainEngine<T> {
         let Host { lanes, tail, .. } = h;
         let mut left = count as usize;
         let mut j = 0usize;
+        let mut put = |header: &MessageHeader, payload: &[u8]| {
+            let slot = match staged {
+                // SAFETY: `stage_input` returned `count · slot_size` writable bytes
+                // and `j < count` (the lanes' `pop_with` and the direct run below
+                // hand over at most `left` in all).
+                Some(base) => unsafe { base.add(j * self.slot_size) },
+                // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
+                // hands out at most the free slots, so they are distinct and inside
+                // the ring) and the device reads input slots only during their own
+                // pass.
+                None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
+            };
+            // SAFETY: `slot` addresses `slot_size` writable bytes (above) and the
+            // header and payload fit them (the payload was checked in
+            // `try_enqueue*`). Unaligned writes make no alignment claim.
+            unsafe {
+                std::ptr::write_unaligned(slot.cast::<MessageHeader>(), *header);
+                std::ptr::copy_nonoverlapping(
+                    payload.as_ptr(),
+                    slot.add(HEADER_SIZE),
+                    payload.len(),
+                );
+            }
+            let ts = header.hlc();
+            if ts.physical_ms() > too_far {
+                // SAFETY: as above: the slot's header was just written there.
+                unsafe { self.refuse(header, slot, pt) };
+            } else if latest.is_none_or(|l| ts > l) {
+                latest = Some(ts);
+            }
+            *tail += 1;
+            j += 1;
+        };
         for lane in lanes.iter_mut().rev() {
             if left == 0 {
                 break;
             }
             left -= lane.pop_with(left, |header, payload| {
-                let slot = match staged {
-                    // SAFETY: `stage_input` returned `count · slot_size` writable bytes
-                    // and `j < count` (`pop_with` hands over at most `left`).
-                    Some(base) => unsafe { base.add(j * self.slot_size) },
-                    // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
-                    // hands out at most the free slots, so they are distinct and inside
-                    // the ring) and the device reads input slots only during their own
-                    // pass.
-                    None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
-                };
-                // SAFETY: `slot` addresses `slot_size` writable bytes (above) and the
-                // header and payload fit them (the payload was checked in
-                // `try_enqueue`). Unaligned writes make no alignment claim.
-                unsafe {
-                    std::ptr::write_unaligned(slot.cast::<MessageHeader>(), *header);
-                    std::ptr::copy_nonoverlapping(
-                        payload.as_ptr(),
-                        slot.add(HEADER_SIZE),
-                        payload.len(),
-                    );
-                }
-                let ts = header.hlc();
-                if ts.physical_ms() > too_far {
-                    // SAFETY: as above: the slot's header was just written there.
-                    unsafe { self.refuse(header, slot, pt) };
-                } else if latest.is_none_or(|l| ts > l) {
-                    latest = Some(ts);
-                }
-                *tail += 1;
-                j += 1;
+                put(header, payload);
                 true
             });
+        }
+        if let Some(d) = direct.as_mut() {
+            let n = left.min(d.left());
+            for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
+                put(
+                    &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
+                    payload,
+                );
+            }
+            d.taken += n;
         }
         if let Some(l) = latest {
             // Within the drift bound of `pt` (checked above), so this merge succeeds.
@@ -1193,8 +1232,32 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
             }
             taken += 1;
         }
+        if taken == 0 && !payloads.is_empty() {
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        // Counted before any of them can reach a pass (and be processed).
+        self.counters
+            .received
+            .fetch_add(taken as u64, Ordering::Relaxed);
         let run = &payloads[..taken];
-        if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
+        let direct = first.flags & flags::CHECKSUM == 0 && first.is_valid() && h.waiting() == 0;
+        if direct && !run.is_empty() {
+            // Nothing waits: the passes that can start now take the run from `run`
+            // itself, and only the rest is queued (in order: it waits alone).
+            let mut direct = Some(DirectRun {
+                first: *first,
+                payloads: run,
+                taken: 0,
+            });
+            self.kick_with(&mut h, &mut direct);
+            let done = direct.map_or(0, |d| d.taken);
+            if done < run.len() {
+                let rest = first.nth_of_run(done as u64, run[done].len());
+                h.lanes[lane].push_run(&rest, &run[done..]);
+            }
+        } else if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
             // Headers of their own (a checksum each; an invalid header kept as it is).
             for (i, p) in run.iter().enumerate() {
                 let mut hdr = first.nth_of_run(i as u64, p.len());
@@ -1206,14 +1269,6 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         } else {
             h.lanes[lane].push_run(first, run);
         }
-        if taken == 0 && !payloads.is_empty() {
-            return Err(Error::QueueFull {
-                capacity: self.capacity,
-            });
-        }
-        self.counters
-            .received
-            .fetch_add(taken as u64, Ordering::Relaxed);
         self.kick(&mut h);
         Ok(taken)
     }

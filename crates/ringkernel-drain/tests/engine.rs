@@ -918,6 +918,19 @@ async fn the_default_batch_methods_loop_over_single_messages() {
     batched_echo(&k, big + 100, big).await;
 }
 
+/// The next `n` replies, taken with `receive_batch` (10 s each at most).
+async fn receive_n(k: &KernelHandle, n: usize) -> Vec<ringkernel_core::message::Envelope> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        got.extend(
+            k.receive_batch(n - got.len(), Some(Duration::from_secs(10)))
+                .await
+                .unwrap(),
+        );
+    }
+    got
+}
+
 /// A batch that arrives at once is split into passes that overlap: with three passes
 /// allowed in flight, each takes at most a third of the ring, and all three start from
 /// the one `send_batch`.
@@ -937,14 +950,7 @@ async fn a_burst_becomes_overlapping_passes() {
     );
     assert_eq!(target.passes.load(Ordering::SeqCst), 3);
     target.hold.store(false, Ordering::SeqCst);
-    let mut got = Vec::new();
-    while got.len() < 500 {
-        got.extend(
-            k.receive_batch(500, Some(Duration::from_secs(10)))
-                .await
-                .unwrap(),
-        );
-    }
+    let got = receive_n(&k, 500).await;
     for (i, env) in got.iter().enumerate() {
         let t: Token = env.decode().unwrap();
         assert_eq!((t.id, t.value), (i as u64, (i + 1) as f64), "reply {i}");
@@ -952,4 +958,35 @@ async fn a_burst_becomes_overlapping_passes() {
     assert!(target.most_running.load(Ordering::SeqCst) <= 3);
     // 500 messages, at most 512 / 3 = 170 per pass.
     assert!(target.passes.load(Ordering::SeqCst) >= 3);
+}
+
+/// A run sent while nothing waits goes straight from the caller's payloads into the
+/// passes that can start (here three, held running), and what they cannot take waits
+/// in the lane behind them; a later run joins that lane. The replies keep the order of
+/// the sends, every message counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_split_between_passes_and_the_lane_keeps_its_order() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(512);
+    let (k, engine) = launch_overlapped(&core, "echo", Handler::Echo, opts, 3);
+    let target = engine.target();
+    target.hold.store(true, Ordering::SeqCst);
+    let msgs: Vec<Token> = (0..700).map(|i| Token::new(i, i as f64)).collect();
+    // 512 fit the lane's room: 3 passes take 170 each, 2 wait; then 188 more wait.
+    let ids = k.send_batch(&msgs).await.unwrap();
+    assert_eq!(target.running.load(Ordering::SeqCst), 3);
+    assert_eq!(k.metrics().received, 700);
+    let more: Vec<Token> = (700..800).map(|i| Token::new(i, i as f64)).collect();
+    let ids2 = k.send_batch(&more).await.unwrap();
+    assert_eq!(ids2.start, ids.end, "consecutive ids");
+    target.hold.store(false, Ordering::SeqCst);
+    let got = receive_n(&k, 800).await;
+    for (i, env) in got.iter().enumerate() {
+        let t: Token = env.decode().unwrap();
+        assert_eq!((t.id, t.value), (i as u64, 2.0 * i as f64), "reply {i}");
+        assert_eq!(env.header.correlation_id, ids.start + i as u64, "reply {i}");
+    }
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (800, 800, 0));
+    k.terminate().await.unwrap();
 }

@@ -19,11 +19,13 @@
 //!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
 //!   device across them.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
-//!   thread that drives the device (`Device::poll`) while passes are outstanding and
-//!   finishes them: it copies the readback into the host copies, unmaps, and calls the
-//!   engine's completion, which may start the next pass. Completions never run inside a
-//!   wgpu call made with an engine lock held (a map callback can run on any thread that
-//!   polls or submits on the device), and a callback run by another thread's poll (a
+//!   thread that drives the device (`Device::poll`, waiting for the oldest pass in
+//!   flight, so each pass is finished as soon as it is done while the device runs the
+//!   later ones) while passes are outstanding and finishes them: it copies the
+//!   readback into the host copies, unmaps, and calls the engine's completion, which
+//!   may start the next pass. Completions never run inside a wgpu call made with an
+//!   engine lock held (a map callback can run on any thread that polls or submits on
+//!   the device), and a callback run by another thread's poll (a
 //!   [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
 //!   reaches its poller.
 //!
@@ -49,6 +51,7 @@ use ringkernel_core::{BackendKind, Error, Result};
 use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -157,6 +160,11 @@ struct Poller {
     finishing: Mutex<()>,
     /// Submissions so far (for `Completion::seq`).
     submitted: AtomicU64,
+    /// The submissions of the passes in flight, oldest first: the poller waits for the
+    /// oldest alone (not for the device's latest submission), so each pass is finished
+    /// as soon as it is done and its successor starts while the device still runs the
+    /// passes launched after it.
+    submissions: Mutex<VecDeque<wgpu::SubmissionIndex>>,
 }
 
 impl Poller {
@@ -171,6 +179,7 @@ impl Poller {
             started: Mutex::new(false),
             finishing: Mutex::new(()),
             submitted: AtomicU64::new(0),
+            submissions: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -187,9 +196,10 @@ impl Poller {
         Ok(())
     }
 
-    /// Maps `c.staging` once the submitted pass is done; `c` is finished on the
-    /// poller's thread.
-    fn watch(self: &Arc<Self>, mut c: Completion) {
+    /// Maps `c.staging` once the pass submitted as `submission` is done; `c` is
+    /// finished on the poller's thread.
+    fn watch(self: &Arc<Self>, mut c: Completion, submission: wgpu::SubmissionIndex) {
+        lock(&self.submissions).push_back(submission);
         self.outstanding.fetch_add(1, Ordering::AcqRel);
         c.seq = self.submitted.fetch_add(1, Ordering::Relaxed);
         let staging = c.staging.clone();
@@ -252,17 +262,31 @@ impl Poller {
                 // Nothing in flight: park until a pass is submitted (`watch`). The next
                 // pass does not wait for this wake-up: a receiver spinning for its
                 // reply finishes it itself (`help`), and otherwise the wake-up overlaps
-                // the pass.
+                // the pass. The submissions left were finished by receivers (`help`);
+                // one dropped here by a race with `watch` only makes the poller wait
+                // for the device's latest submission, as it would without the list.
+                lock(&p.submissions).clear();
                 drop(p);
                 listener.wait_timeout(Duration::from_millis(200));
                 continue;
             }
+            // The oldest pass in flight, not the latest submission: waiting for the
+            // latest would finish the passes in flight all at once, after the last, and
+            // leave the device idle while the host reads them and launches the next.
+            let oldest = lock(&p.submissions).front().cloned();
+            let waited = oldest.is_some();
             let wait = wgpu::PollType::Wait {
-                submission_index: None,
+                submission_index: oldest,
                 timeout: Some(Duration::from_secs(1)),
             };
             match p.ctx.device.poll(wait) {
-                Ok(_) | Err(wgpu::PollError::Timeout) => {}
+                Ok(_) => {
+                    if waited {
+                        // Done, and its map callback has run (wgpu's `Wait` contract).
+                        lock(&p.submissions).pop_front();
+                    }
+                }
+                Err(wgpu::PollError::Timeout) => {}
                 Err(e) => {
                     tracing::error!(adapter = %p.ctx.info.name, error = %e, "wgpu poll failed");
                 }
@@ -414,7 +438,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             control_at as u64,
             DEVICE_WRITTEN.len() as u64,
         );
-        q.submit([enc.finish()]);
+        let submission = q.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&self.staging).push(staging);
             if let Some(u) = upload {
@@ -425,17 +449,20 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 self.ctx.info.name
             )));
         }
-        self.poller.watch(Completion {
-            staging,
-            pool: self.staging.clone(),
-            upload: upload.map(|u| (u, self.uploads.clone())),
-            rings: self.rings.clone(),
-            control_at,
-            mapped,
-            priority: self.priority,
-            seq: 0,
-            done,
-        });
+        self.poller.watch(
+            Completion {
+                staging,
+                pool: self.staging.clone(),
+                upload: upload.map(|u| (u, self.uploads.clone())),
+                rings: self.rings.clone(),
+                control_at,
+                mapped,
+                priority: self.priority,
+                seq: 0,
+                done,
+            },
+            submission,
+        );
         Ok(())
     }
 

@@ -152,6 +152,54 @@ async fn batched_echo_through_drain_passes_in_order() {
     rt.shutdown().await.unwrap();
 }
 
+/// The echo at slot sizes other than the default (the ring stride the drain template
+/// and the host's uploads and readbacks follow): every reply comes back, in order,
+/// none dropped. A slot too small for a `Token` (72 bytes after the 64-byte header) is
+/// a clear error at the send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_at_other_slot_sizes() {
+    let rt = runtime();
+    let small = LaunchOptions::default().with_slot_size(128);
+    let k = rt.launch(ECHO, small).await.unwrap();
+    let e = k.send_batch(&[Token::new(1, 1.0)]).await.unwrap_err();
+    assert!(
+        matches!(e, ringkernel_core::Error::MessageTooLarge { size: 72, .. }),
+        "{e}"
+    );
+    k.terminate().await.unwrap();
+    for slot in [512usize, 4096] {
+        let opts = LaunchOptions::default()
+            .with_queue_capacity(4096)
+            .with_slot_size(slot);
+        let k = rt.launch(ECHO, opts).await.unwrap();
+        let n = 5_000u64;
+        let msgs: Vec<Token> = (0..n).map(|i| Token::new(i, i as f64)).collect();
+        k.send_batch(&msgs).await.unwrap();
+        let mut got: Vec<Token> = Vec::new();
+        while (got.len() as u64) < n {
+            let left = n as usize - got.len();
+            k.receive_batch_into(&mut got, left, Some(Duration::from_secs(20)))
+                .await
+                .unwrap_or_else(|e| panic!("slot {slot}: {e} after {} replies", got.len()));
+        }
+        for (i, t) in got.iter().enumerate() {
+            assert_eq!(
+                (t.id, t.value),
+                (i as u64, 2.0 * i as f64),
+                "slot {slot}, reply {i}"
+            );
+        }
+        let m = k.metrics();
+        assert_eq!(
+            (m.received, m.processed, m.dropped),
+            (n, n, 0),
+            "slot {slot}"
+        );
+        k.terminate().await.unwrap();
+    }
+    rt.shutdown().await.unwrap();
+}
+
 /// With a sender running ahead of a serial handler, passes overlap (up to three in
 /// flight, each with its own readback): the counter's state still sees the messages in
 /// order across them, and the replies come back in that order, none lost.
