@@ -117,9 +117,12 @@ llm)
   done
   bench no-prefetch RINGKERNEL_CUDA_PROGRAM_PREFETCH=0
   bench no-split RINGKERNEL_CUDA_PROGRAM_SPLIT=0
-  for v in 1 ${TRACE_SPLIT:-}; do
-    RINGKERNEL_CUDA_PROGRAM_TRACE=1 RINGKERNEL_CUDA_PROGRAM_SPLIT=$v r 60 llm-trace-split$v $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1
-    grep -A 12 "rk_program trace" "$O/llm-trace-split$v.txt" | head -14
+  bench fast-rope RINGKERNEL_CUDA_PROGRAM_FAST_ROPE=1
+  # traced runs: the defaults, then each switch setting in TRACES (space-separated)
+  for v in RINGKERNEL_CUDA_PROGRAM=1 ${TRACES:-}; do
+    env RINGKERNEL_CUDA_PROGRAM_TRACE=1 "$v" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace-$v.txt" 2>&1
+    echo "trace with $v:"
+    grep -A 12 "rk_program trace" "$O/llm-trace-$v.txt" | head -14
   done
   wait
   [ -x /tmp/grid_barrier ] && timeout 60 /tmp/grid_barrier >"$O/grid-barrier.txt" 2>&1

@@ -349,9 +349,23 @@ EMBEDDING(q8_0, 2)
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
 // Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
 // row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
+// `fast`: the angle in f32 as the WGSL kernels compute it (exp2/log2 for the frequency,
+// the angle reduced to [-π, π] with 2π in two parts, then sincosf), for measuring what
+// the double-precision path costs.
 __device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
-                                          float* y0, float* y1) {
+                                          float* y0, float* y1, bool fast = false) {
     const u64 half = hd / 2;
+    if (fast) {
+        const float inv = exp2f(-2.0f * (float)i / (float)hd * log2f(base)), th = (float)at * inv;
+        const float k = floorf(th * 0.15915494309189535f + 0.5f);
+        const float r = (th - k * 6.28125f) - k * 0.0019353071795864769f;
+        float sf, cf;
+        sincosf(r, &sf, &cf);
+        const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
+        *y0 = x0 * cf - x1 * sf;
+        *y1 = x0 * sf + x1 * cf;
+        return;
+    }
     const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
     double sn, cs;
     sincos((double)at * inv_freq, &sn, &cs);
@@ -556,18 +570,19 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
 __device__ __forceinline__ void rope_attention_kv_body(const float* qkv, const u32* __restrict__ pos, float* q,
                                                        float* kc, float* vc, float* __restrict__ out, u64 heads,
                                                        u64 kv_heads, u64 hd, u64 cap, float base, float scale,
-                                                       u64 h, u64 split = 0, u64 nsplit = 1, float* part = 0) {
+                                                       u64 h, u64 split = 0, u64 nsplit = 1, float* part = 0,
+                                                       bool fast_rope = false) {
     const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
     // Threads [0, half) rotate the query head, [half, hd) the key head.
     for (u64 r = threadIdx.x; r < hd; r += blockDim.x) {
         const u64 i = r % half;
         float y0, y1;
         if (r < half) {
-            rope_pair(qkv, h, i, hd, at, base, &y0, &y1);
+            rope_pair(qkv, h, i, hd, at, base, &y0, &y1, fast_rope);
             q[h * hd + i] = y0;
             q[h * hd + i + half] = y1;
         } else if (at < cap) {
-            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1);
+            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1, fast_rope);
             kc[(kvh * cap + at) * hd + i] = y0;
             kc[(kvh * cap + at) * hd + i + half] = y1;
         }

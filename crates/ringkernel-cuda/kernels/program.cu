@@ -114,7 +114,9 @@ __device__ __forceinline__ void prog_qm_format(const RkInstr& in, int variant) {
     }
 }
 
-__device__ __forceinline__ void prog_run(const RkInstr& in) {
+#define PROG_SPLIT_KEYS 512
+
+__device__ __forceinline__ void prog_run(const RkInstr& in, bool fast_rope) {
     if (in.op >= PROG_QM) {
         const int k = (int)(in.op - PROG_QM), variant = k % 4;
         switch (k / 4) {
@@ -130,13 +132,18 @@ __device__ __forceinline__ void prog_run(const RkInstr& in) {
         const u64 heads = in.a, hd = in.c, stride = hd + 2;
         float* part = (float*)in.p[6];
         u32* done = (u32*)in.p[7];
-        const u64 ns = part && gridDim.x >= 2 * heads ? gridDim.x / heads : 1;
+        // Split only where each block still gets PROG_SPLIT_KEYS keys or more: below that
+        // the parts' merge costs more than the keys it spreads (H100, 2026-11-27).
+        const u64 at = *(const u32*)in.p[1], nkeys = (at < in.d ? at : in.d - 1) + 1;
+        u64 ns = part ? gridDim.x / heads : 1;
+        if (ns > nkeys / PROG_SPLIT_KEYS) ns = nkeys / PROG_SPLIT_KEYS;
+        if (ns < 1) ns = 1;
         __shared__ int sh_last;
         for (u64 w = blockIdx.x; w < heads * ns; w += gridDim.x) {
             const u64 h = w / ns;
             rope_attention_kv_body((const float*)in.p[0], (const u32*)in.p[1], (float*)in.p[2], (float*)in.p[3],
                                    (float*)in.p[4], (float*)in.p[5], heads, in.b, hd, in.d, in.f0, in.f1, h,
-                                   w % ns, ns, ns > 1 ? part + w * stride : 0);
+                                   w % ns, ns, ns > 1 ? part + w * stride : 0, fast_rope);
             if (ns > 1) {
                 __threadfence();  // this block's part, device-wide, before its count
                 __syncthreads();
@@ -201,7 +208,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // Runs instructions [0, n) of `prog`, a grid barrier between two. flags bit 0: prefetch
-// what the next instruction reads before each barrier. `trace`, when not null, gets
+// what the next instruction reads before each barrier; bit 1: RoPE angles in f32. `trace`, when not null, gets
 // timestamps (global timer, ns): trace[i] when block 0 starts instruction i (trace[n]:
 // when it is done with the last), and trace[n + 1 + i] the latest time a block finished
 // its share of instruction i (atomicMax: the host zeroes these before the launch).
@@ -213,7 +220,7 @@ extern "C" __global__ void __launch_bounds__(PROG_THREADS, 1)
     if (trace && lead) trace[0] = global_ns();
     for (u32 i = 0; i < n; i++) {
         const RkInstr in = prog[i];
-        prog_run(in);
+        prog_run(in, (flags & 2) != 0);
         if (trace) {
             __syncthreads();
             if (threadIdx.x == 0) atomicMax(trace + n + 1 + i, global_ns());

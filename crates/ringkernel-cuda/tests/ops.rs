@@ -402,3 +402,60 @@ fn recorded_program_runs_the_decode_ops_in_one_launch() {
     g.unary(UnaryOp::Exp, &*x, &*xn, cols).unwrap();
     g.synchronize().unwrap();
 }
+
+/// Attention over a long cache inside a recorded program: the keys are split over several
+/// blocks per head whose partial results are merged (rk_program's split attention), and
+/// the output and both caches match the one-block-per-head kernel run directly.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn recorded_attention_over_a_long_cache_matches_the_direct_kernel() {
+    use ringkernel_core::compute::{checks, dtype, KvDims};
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    let d = KvDims {
+        tokens: 1,
+        heads: 3,
+        kv_heads: 1,
+        head_dim: 64,
+        capacity: 3000,
+        rope_base: 10000.0,
+        scale: 0.125,
+    };
+    let s = checks::kv_sizes(&d).unwrap();
+    let (kv0, vv0) = (rng.vec(s.cache, -1.0, 1.0), rng.vec(s.cache, -1.0, 1.0));
+    let set = || {
+        (
+            g.alloc(s.qkv).unwrap(),
+            g.alloc(1).unwrap(),
+            g.alloc(s.q).unwrap(),
+            g.upload(&kv0).unwrap(),
+            g.upload(&vv0).unwrap(),
+            g.alloc(s.q).unwrap(),
+        )
+    };
+    let (a, b) = (set(), set());
+    let program = g
+        .record_program(&mut || g.rope_attention_kv(&*a.0, &*a.1, &*a.2, &*a.3, &*a.4, &*a.5, d))
+        .unwrap()
+        .expect("one instruction");
+    for at in [2999u32, 2048, 1500, 700, 10] {
+        let qkv = rng.vec(s.qkv, -1.0, 1.0);
+        for x in [&a, &b] {
+            g.write(&*x.0, 0, &qkv).unwrap();
+            g.write(&*x.1, 0, dtype::words_as_f32(&[at])).unwrap();
+            g.write(&*x.5, 0, &vec![f32::NAN; s.q]).unwrap();
+        }
+        program.launch().unwrap();
+        g.rope_attention_kv(&*b.0, &*b.1, &*b.2, &*b.3, &*b.4, &*b.5, d)
+            .unwrap();
+        for (got, want, n, what) in [
+            (&a.5, &b.5, s.q, "output"),
+            (&a.3, &b.3, s.cache, "keys"),
+            (&a.4, &b.4, s.cache, "values"),
+        ] {
+            let want: Vec<f64> = read(&g, want, n).iter().map(|&v| v as f64).collect();
+            let e = rel_error(&read(&g, got, n), &want);
+            assert!(e < 1e-5, "position {at}: {what} off by {e:.2e}");
+        }
+    }
+}

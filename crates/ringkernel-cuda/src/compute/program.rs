@@ -81,9 +81,10 @@ fn programs_wanted() -> bool {
     switch("RINGKERNEL_CUDA_PROGRAM")
 }
 
-/// `rk_program`'s flags: bit 0 prefetch.
+/// `rk_program`'s flags: bit 0 prefetch, bit 1 RoPE angles in f32.
 fn program_flags() -> u32 {
     u32::from(switch("RINGKERNEL_CUDA_PROGRAM_PREFETCH"))
+        | u32::from(std::env::var("RINGKERNEL_CUDA_PROGRAM_FAST_ROPE").is_ok_and(|v| v == "1")) << 1
 }
 
 impl CudaCompute {
