@@ -93,11 +93,10 @@ case "${1:-}" in
   tail -24 "$O/wgpu-bench.txt"
   ;;
 llm)
-  # The CUDA decode alone: tests, then the bench with recorded programs off and on
-  # (RINGKERNEL_CUDA_PROGRAM: off records the step as a CUDA graph), alternating, the
-  # program's variants (RINGKERNEL_CUDA_PROGRAM_* switches, one run each), a run with the
-  # program's per-instruction device timer, scripts/grid_barrier.cu, and the transformers
-  # peer (LLM_PEER=0 leaves it out).
+  # The CUDA decode alone: tests, then the bench with the step recorded as a CUDA graph
+  # (the default) and as a program (RINGKERNEL_CUDA_PROGRAM=1), alternating, the program
+  # without split attention, a run with the program's per-instruction device timer,
+  # scripts/grid_barrier.cu, and the transformers peer (LLM_PEER=0 leaves it out).
   model
   [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
   export RINGKERNEL_LLM_MODEL=$m
@@ -115,15 +114,9 @@ llm)
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
     bench program-$round RINGKERNEL_CUDA_PROGRAM=1
   done
-  bench no-prefetch RINGKERNEL_CUDA_PROGRAM_PREFETCH=0
-  bench no-split RINGKERNEL_CUDA_PROGRAM_SPLIT=0
-  bench fast-rope RINGKERNEL_CUDA_PROGRAM_FAST_ROPE=1
-  # traced runs: the defaults, then each switch setting in TRACES (space-separated)
-  for v in RINGKERNEL_CUDA_PROGRAM=1 ${TRACES:-}; do
-    env RINGKERNEL_CUDA_PROGRAM_TRACE=1 "$v" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace-$v.txt" 2>&1
-    echo "trace with $v:"
-    grep -A 12 "rk_program trace" "$O/llm-trace-$v.txt" | head -14
-  done
+  bench program-no-split RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_SPLIT=0
+  env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1
+  grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14
   wait
   [ -x /tmp/grid_barrier ] && timeout 60 /tmp/grid_barrier >"$O/grid-barrier.txt" 2>&1
   cat "$O/grid-barrier.txt" "$O/grid-barrier-build.txt" 2>/dev/null | head -12

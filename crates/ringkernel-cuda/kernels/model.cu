@@ -310,6 +310,69 @@ QMATMUL(f32, 0)
 QMATMUL(q4_1, 1)
 QMATMUL(q8_0, 2)
 
+// Rows r0, r0 + step, ... (R of them, those below rows) of a matvec (one token, no gate)
+// by one warp: x is loaded (and normalised) once for all R rows and their weight loads go
+// out together, so a warp with many rows (an output head) waits for memory once per R
+// rows instead of once per row.
+template <int F, bool NORM, int R>
+__device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const float* x, const float* __restrict__ g,
+                                             float eps, float* out, u64 rows, u64 cols, int accumulate, u64 r0,
+                                             u64 step) {
+    const int lane = threadIdx.x % WARP;
+    const u64 nb = cols / 32;
+    float acc[R], ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+#pragma unroll 1
+    for (u64 oc = lane; oc < nb * 4; oc += WARP) {
+        const u64 blk = oc / 4;
+        const int o = (int)(oc % 4);
+        float4 x0 = *(const float4*)(x + blk * 32 + o * 8), x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
+        if (NORM) {
+            const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
+            ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
+            ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+            x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+            x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const u64 row = r0 + r * step;
+            if (row < rows) acc[r] += octet_dot<F>(w + (row * nb + blk) * Fmt<F>::WORDS, o, x0, x1);
+        }
+    }
+    const float inv = NORM ? rsqrtf(warp_reduce<RSum>(ss) / (float)cols + eps) : 1.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const u64 row = r0 + r * step;
+        const float v = warp_reduce<RSum>(acc[r]) * inv;
+        if (lane == 0 && row < rows) out[row] = accumulate ? out[row] + v : v;
+    }
+}
+
+#define QM_ROWS 4
+
+// rk_qmatvec_rows_<format> and rk_qmatvec_rows_norm_<format>: one token, no gate, QM_ROWS
+// consecutive rows a warp (for matrices with many rows, such as an output head).
+#define QMATVEC_ROWS(name, F)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_##name(                         \
+        const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 rows, u64 cols,      \
+        int accumulate) {                                                                                         \
+        rk_pdl_enter();                                                                                           \
+        const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
+        if (r0 < rows) qmatvec_rows<F, false, QM_ROWS>(w, x, x, 0.0f, out, rows, cols, accumulate, r0, 1);      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_norm_##name(                    \
+        const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
+        float* __restrict__ out, u64 rows, u64 cols, int accumulate) {                                            \
+        rk_pdl_enter();                                                                                           \
+        const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
+        if (r0 < rows) qmatvec_rows<F, true, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, r0, 1);        \
+    }
+QMATVEC_ROWS(f32, 0)
+QMATVEC_ROWS(q4_1, 1)
+QMATVEC_ROWS(q8_0, 2)
+
 // Value j (0..31) of the block at blk.
 template <int F>
 __device__ __forceinline__ float block_value(const u32* __restrict__ blk, int j) {
@@ -349,23 +412,9 @@ EMBEDDING(q8_0, 2)
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
 // Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
 // row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
-// `fast`: the angle in f32 as the WGSL kernels compute it (exp2/log2 for the frequency,
-// the angle reduced to [-π, π] with 2π in two parts, then sincosf), for measuring what
-// the double-precision path costs.
 __device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
-                                          float* y0, float* y1, bool fast = false) {
+                                          float* y0, float* y1) {
     const u64 half = hd / 2;
-    if (fast) {
-        const float inv = exp2f(-2.0f * (float)i / (float)hd * log2f(base)), th = (float)at * inv;
-        const float k = floorf(th * 0.15915494309189535f + 0.5f);
-        const float r = (th - k * 6.28125f) - k * 0.0019353071795864769f;
-        float sf, cf;
-        sincosf(r, &sf, &cf);
-        const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
-        *y0 = x0 * cf - x1 * sf;
-        *y1 = x0 * sf + x1 * cf;
-        return;
-    }
     const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
     double sn, cs;
     sincos((double)at * inv_freq, &sn, &cs);
@@ -570,19 +619,18 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
 __device__ __forceinline__ void rope_attention_kv_body(const float* qkv, const u32* __restrict__ pos, float* q,
                                                        float* kc, float* vc, float* __restrict__ out, u64 heads,
                                                        u64 kv_heads, u64 hd, u64 cap, float base, float scale,
-                                                       u64 h, u64 split = 0, u64 nsplit = 1, float* part = 0,
-                                                       bool fast_rope = false) {
+                                                       u64 h, u64 split = 0, u64 nsplit = 1, float* part = 0) {
     const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
     // Threads [0, half) rotate the query head, [half, hd) the key head.
     for (u64 r = threadIdx.x; r < hd; r += blockDim.x) {
         const u64 i = r % half;
         float y0, y1;
         if (r < half) {
-            rope_pair(qkv, h, i, hd, at, base, &y0, &y1, fast_rope);
+            rope_pair(qkv, h, i, hd, at, base, &y0, &y1);
             q[h * hd + i] = y0;
             q[h * hd + i + half] = y1;
         } else if (at < cap) {
-            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1, fast_rope);
+            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1);
             kc[(kvh * cap + at) * hd + i] = y0;
             kc[(kvh * cap + at) * hd + i + half] = y1;
         }

@@ -42,49 +42,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* count, unsigned
     __syncthreads();
 }
 
-// Rows r0, r0 + step, ... (R of them, those below rows) of a matvec (one token, no gate)
-// by one warp: x is loaded (and normalised) once for all R rows and their weight loads go
-// out together, so a warp with many rows (an output head) waits for memory once per R
-// rows instead of once per row.
-template <int F, bool NORM, int R>
-__device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const float* x, const float* __restrict__ g,
-                                             float eps, float* out, u64 rows, u64 cols, int accumulate, u64 r0,
-                                             u64 step) {
-    const int lane = threadIdx.x % WARP;
-    const u64 nb = cols / 32;
-    float acc[R], ss = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-#pragma unroll 1
-    for (u64 oc = lane; oc < nb * 4; oc += WARP) {
-        const u64 blk = oc / 4;
-        const int o = (int)(oc % 4);
-        float4 x0 = *(const float4*)(x + blk * 32 + o * 8), x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
-        if (NORM) {
-            const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
-            ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
-            ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-            x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
-            x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const u64 row = r0 + r * step;
-            if (row < rows) acc[r] += octet_dot<F>(w + (row * nb + blk) * Fmt<F>::WORDS, o, x0, x1);
-        }
-    }
-    const float inv = NORM ? rsqrtf(warp_reduce<RSum>(ss) / (float)cols + eps) : 1.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const u64 row = r0 + r * step;
-        const float v = warp_reduce<RSum>(acc[r]) * inv;
-        if (lane == 0 && row < rows) out[row] = accumulate ? out[row] + v : v;
-    }
-}
-
-#define PROG_ROWS 4
-
-__device__ __forceinline__ void prefetch_l2(const char* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // One qmatmul instruction: every warp of the grid takes (row, token tile) items in turn.
 template <int F, bool GATED, bool NORM>
@@ -92,8 +49,8 @@ __device__ __forceinline__ void prog_qmatmul(const RkInstr& in) {
     const u64 batch = in.a, rows = in.b, cols = in.c;
     const u64 warps = blockDim.x / WARP, gw = blockIdx.x * warps + threadIdx.x / WARP, tw = gridDim.x * warps;
     if (!GATED && batch == 1 && rows > 2 * tw) {
-        for (u64 r0 = gw; r0 < rows; r0 += PROG_ROWS * tw)
-            qmatvec_rows<F, NORM, PROG_ROWS>((const u32*)in.p[0], (const float*)in.p[2], (const float*)in.p[3],
+        for (u64 r0 = gw; r0 < rows; r0 += QM_ROWS * tw)
+            qmatvec_rows<F, NORM, QM_ROWS>((const u32*)in.p[0], (const float*)in.p[2], (const float*)in.p[3],
                                              in.f0, (float*)in.p[4], rows, cols, (int)in.d, r0, tw);
         return;
     }
@@ -116,7 +73,7 @@ __device__ __forceinline__ void prog_qm_format(const RkInstr& in, int variant) {
 
 #define PROG_SPLIT_KEYS 512
 
-__device__ __forceinline__ void prog_run(const RkInstr& in, bool fast_rope) {
+__device__ __forceinline__ void prog_run(const RkInstr& in) {
     if (in.op >= PROG_QM) {
         const int k = (int)(in.op - PROG_QM), variant = k % 4;
         switch (k / 4) {
@@ -143,7 +100,7 @@ __device__ __forceinline__ void prog_run(const RkInstr& in, bool fast_rope) {
             const u64 h = w / ns;
             rope_attention_kv_body((const float*)in.p[0], (const u32*)in.p[1], (float*)in.p[2], (float*)in.p[3],
                                    (float*)in.p[4], (float*)in.p[5], heads, in.b, hd, in.d, in.f0, in.f1, h,
-                                   w % ns, ns, ns > 1 ? part + w * stride : 0, fast_rope);
+                                   w % ns, ns, ns > 1 ? part + w * stride : 0);
             if (ns > 1) {
                 __threadfence();  // this block's part, device-wide, before its count
                 __syncthreads();
@@ -169,64 +126,30 @@ __device__ __forceinline__ void prog_run(const RkInstr& in, bool fast_rope) {
     }
 }
 
-// Asks L2 for what instruction `in` will read from memory that nothing wrote since the
-// last step, so that the trip overlaps the barrier before it: a qmatmul's weight rows (each
-// warp its own rows) and norm weights, an attention's cached keys and values.
-__device__ __forceinline__ void prog_prefetch(const RkInstr& in) {
-    const u64 lane = threadIdx.x % WARP, threads = (u64)gridDim.x * blockDim.x;
-    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (in.op == PROG_ROPE_ATT) {
-        // keys and values [0, pos] of every key/value head: [kv_heads, cap, hd] floats
-        const u64 at = *(const u32*)in.p[1], cap = in.d, hd = in.c;
-        const u64 n = (at < cap ? at : cap - 1) + 1, lines = (n * hd * 4 + 127) / 128;
-        for (u64 l = tid; l < 2 * in.b * lines; l += threads) {
-            const u64 m = l / (in.b * lines), h = l / lines % in.b, k = l % lines;
-            prefetch_l2((const char*)in.p[3 + m] + (h * cap * hd * 4 + k * 128));
-        }
-        return;
-    }
-    if (in.op < PROG_QM) return;
-    const int k = (int)(in.op - PROG_QM), f = k / 4;
-    const u64 rows = in.b, cols = in.c, words = f == 0 ? 32 : (f == 1 ? 5 : 9);
-    if (k & 1)
-        for (u64 l = tid; l < (cols * 4 + 127) / 128; l += threads) prefetch_l2((const char*)in.p[3] + l * 128);
-    const u64 row_bytes = cols / 32 * words * 4;
-    const u64 warps = blockDim.x / WARP, gw = blockIdx.x * warps + threadIdx.x / WARP, tw = gridDim.x * warps;
-    for (u64 r = gw; r < rows; r += tw)
-        for (int m = 0; m < ((k & 2) ? 2 : 1); m++) {
-            const char* row = (const char*)in.p[m] + r * row_bytes;
-            const char* end = row + row_bytes;
-            for (const char* a = (const char*)((u64)row & ~(u64)127) + lane * 128; a < end; a += WARP * 128)
-                prefetch_l2(a);
-        }
-}
-
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 
-// Runs instructions [0, n) of `prog`, a grid barrier between two. flags bit 0: prefetch
-// what the next instruction reads before each barrier; bit 1: RoPE angles in f32. `trace`, when not null, gets
+// Runs instructions [0, n) of `prog`, a grid barrier between two. `trace`, when not null, gets
 // timestamps (global timer, ns): trace[i] when block 0 starts instruction i (trace[n]:
 // when it is done with the last), and trace[n + 1 + i] the latest time a block finished
 // its share of instruction i (atomicMax: the host zeroes these before the launch).
 extern "C" __global__ void __launch_bounds__(PROG_THREADS, 1)
     rk_program(const RkInstr* __restrict__ prog, u32 n, unsigned long long* count, unsigned long long epoch,
-               u32 flags, unsigned long long* trace) {
+               unsigned long long* trace) {
     const unsigned long long base = epoch * (unsigned long long)(n > 0 ? n - 1 : 0) * gridDim.x;
     const bool lead = blockIdx.x == 0 && threadIdx.x == 0;
     if (trace && lead) trace[0] = global_ns();
     for (u32 i = 0; i < n; i++) {
         const RkInstr in = prog[i];
-        prog_run(in, (flags & 2) != 0);
+        prog_run(in);
         if (trace) {
             __syncthreads();
             if (threadIdx.x == 0) atomicMax(trace + n + 1 + i, global_ns());
         }
         if (i + 1 < n) {
-            if (flags & 1) prog_prefetch(prog[i + 1]);
             grid_barrier(count, base + (unsigned long long)(i + 1) * gridDim.x);
         }
         if (trace && lead) trace[i + 1] = global_ns();

@@ -15,6 +15,10 @@ use ringkernel_core::{Error, Result};
 /// `QM_WARPS` and `QM_TOKENS` in `model.cu`.
 const QM_WARPS: usize = 4;
 const QM_TOKENS: usize = 4;
+/// Rows a warp of `rk_qmatvec_rows_*` takes (`QM_ROWS`), and from how many rows one token's
+/// matvec uses those kernels (an output head: 49,152 rows for SmolLM2).
+const QM_ROWS: usize = 4;
+const QM_ROWS_FROM: usize = 16384;
 /// Threads per `rk_attention_kv` block (`KV_THREADS`), and the largest head it takes
 /// (`KV_MAXD`).
 const KV_THREADS: u32 = 512;
@@ -245,6 +249,35 @@ impl CudaCompute {
             })
         }) {
             return r;
+        }
+        if !gated && d.batch == 1 && d.rows >= QM_ROWS_FROM {
+            // One token through a tall matrix (an output head): QM_ROWS rows a warp.
+            let gx = d.rows.div_ceil(QM_ROWS * QM_WARPS);
+            if gx > i32::MAX as usize {
+                return Err(Error::invalid(format!(
+                    "qmatmul: {} rows exceed one launch's grid",
+                    d.rows
+                )));
+            }
+            let (mut r, mut c, mut acc) = (d.rows as u64, d.cols as u64, d.accumulate as i32);
+            let mut eps = norm.map_or(0.0f32, |(_, e)| e);
+            let mut params: Vec<*mut std::ffi::c_void> = Vec::with_capacity(8);
+            let n_in = ptrs.len() - 1;
+            let (inputs, output) = ptrs.split_at_mut(n_in);
+            for p in inputs.iter_mut() {
+                params.push(arg(p));
+            }
+            if norm.is_some() {
+                params.push(arg(&mut eps));
+            }
+            params.extend([arg(&mut output[0]), arg(&mut r), arg(&mut c), arg(&mut acc)]);
+            let name = format!(
+                "rk_qmatvec_rows_{}{}",
+                if norm.is_some() { "norm_" } else { "" },
+                format.name()
+            );
+            let block = ((QM_WARPS * 32) as u32, 1, 1);
+            return self.launch(&name, (gx as u32, 1, 1), block, 0, &mut params);
         }
         let gx = d.rows.div_ceil(QM_WARPS);
         let gy = d.batch.div_ceil(QM_TOKENS);

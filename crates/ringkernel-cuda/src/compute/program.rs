@@ -1,31 +1,36 @@
 //! Recorded programs: a sequence of ops run as one cooperative launch of `rk_program`
 //! (`kernels/program.cu`) instead of one kernel each.
 //!
-//! [`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record) first
-//! runs the caller's ops in *program mode*: on the recording thread, the ops the program
-//! kernel knows (the decode step's: `embedding`, `qmatmul` and its fused forms with
-//! RMSNorm and SwiGLU, `rope_attention_kv` for one token) check their arguments as
-//! always and append an instruction instead of launching; any other op ends the attempt
-//! (it returns an error that only the recorder sees) and the ops are recorded into a CUDA
-//! graph as before. A program keeps that graph too: it replays the graph instead while
-//! persistent kernels run in the process, because a cooperative launch over every SM
-//! would wait behind them.
+//! [`CudaCompute::record_program`] runs the caller's ops in *program mode*: on the
+//! recording thread, the ops the program kernel knows (the decode step's: `embedding`,
+//! `qmatmul` and its fused forms with RMSNorm and SwiGLU, `rope_attention_kv` for one
+//! token) check their arguments as always and append an instruction instead of
+//! launching; any other op ends the attempt (it returns an error only the recorder sees)
+//! and no program is made. A program also keeps the same ops as a CUDA graph and replays
+//! that instead while persistent kernels run in the process, because a cooperative launch
+//! over every SM would wait behind them.
 //!
 //! Every block of the program's grid (one per SM) runs every instruction: its share of
-//! the rows (qmatmul: a warp per row), heads (attention: a block per head) or elements
-//! (embedding), then a grid-wide barrier. Attention over the KV cache is split over the
-//! keys: every head gets grid/heads blocks, and the last of them to finish merges their
-//! partial results. Before each barrier the grid asks L2 for what the next instruction
-//! reads from memory (weight rows, norm weights, cached keys and values), so the trip
-//! overlaps the wait; a warp with several rows of one matvec (the output head) loads
-//! them together.
+//! the rows (qmatmul: a warp per row, four rows at once where a warp has several, as in
+//! the output head), heads (attention: a block per head) or elements (embedding), then a
+//! grid-wide barrier. Attention over a long cache is split over the keys (from 512 keys a
+//! block): a head gets up to grid/heads blocks, and the last of them to finish merges
+//! their partial results.
 //!
-//! Switches for measuring (environment, read when a program is recorded):
-//! `RINGKERNEL_CUDA_PROGRAM=0` records graphs only; `RINGKERNEL_CUDA_PROGRAM_PREFETCH=0`
-//! and `RINGKERNEL_CUDA_PROGRAM_SPLIT=0` turn the prefetch and the split attention off;
-//! `RINGKERNEL_CUDA_PROGRAM_TRACE=1` times each instruction on the device
-//! (one synchronising read after each replay) and prints the totals by op, split into
-//! the work and the barrier, when the program is dropped.
+//! **Measured, not the default.** On an H100 (2026-11-27, SmolLM2-135M, 152 instructions
+//! a step) a program step decodes 820–865 tokens/s against 955–997 for the same step as
+//! a CUDA graph, so [`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record)
+//! records graphs unless `RINGKERNEL_CUDA_PROGRAM=1`. The per-instruction trace showed
+//! why: a grid barrier costs 1.3 µs (release/acquire; `scripts/grid_barrier.cu`, equal to
+//! cooperative groups' `grid.sync()`) and each instruction's own chain of dependent memory
+//! trips 2.7–9.6 µs, about what a kernel boundary in the graph costs. Prefetching the next
+//! instruction's weights and cached keys into L2 before the barrier, and f32 RoPE angles,
+//! moved nothing beyond the noise and were dropped (BENCHMARKS.md has the runs).
+//!
+//! `RINGKERNEL_CUDA_PROGRAM_SPLIT=0` turns the split attention off;
+//! `RINGKERNEL_CUDA_PROGRAM_TRACE=1` times each instruction on the device (one
+//! synchronising read after each replay) and prints the totals by op, split into the
+//! work and the barrier, when the program is dropped.
 
 use super::{arg, CudaCompute, CudaGraph};
 use bytemuck::{Pod, Zeroable};
@@ -76,15 +81,10 @@ fn switch(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
 
-/// Whether programs are recorded (`RINGKERNEL_CUDA_PROGRAM`).
+/// Whether `record` tries a program first (`RINGKERNEL_CUDA_PROGRAM=1`; off by default:
+/// measured slower than the graph, see the module documentation).
 fn programs_wanted() -> bool {
-    switch("RINGKERNEL_CUDA_PROGRAM")
-}
-
-/// `rk_program`'s flags: bit 0 prefetch, bit 1 RoPE angles in f32.
-fn program_flags() -> u32 {
-    u32::from(switch("RINGKERNEL_CUDA_PROGRAM_PREFETCH"))
-        | u32::from(std::env::var("RINGKERNEL_CUDA_PROGRAM_FAST_ROPE").is_ok_and(|v| v == "1")) << 1
+    std::env::var("RINGKERNEL_CUDA_PROGRAM").is_ok_and(|v| v == "1")
 }
 
 impl CudaCompute {
@@ -251,7 +251,6 @@ pub struct CudaProgram {
     /// Scratch of the split attention instructions (parts and counters).
     _scratch: Vec<BufferRef>,
     grid: u32,
-    flags: u32,
     /// Launches so far (each passes `instrs.len() - 1` barriers).
     epoch: Mutex<u64>,
     trace: Mutex<Trace>,
@@ -263,7 +262,6 @@ impl std::fmt::Debug for CudaProgram {
         f.debug_struct("CudaProgram")
             .field("instructions", &self.instrs.len())
             .field("grid", &self.grid)
-            .field("flags", &self.flags)
             .finish()
     }
 }
@@ -307,7 +305,6 @@ impl CudaProgram {
             count,
             _scratch: scratch,
             grid,
-            flags: program_flags(),
             epoch: Mutex::new(0),
             trace: Mutex::new(trace),
             graph,
@@ -342,12 +339,11 @@ impl CudaProgram {
             }
             None => 0,
         };
-        let (mut code, mut nn, mut count, mut ep, mut flags, mut tr) = (
+        let (mut code, mut nn, mut count, mut ep, mut tr) = (
             c.device_ptr_of(&*self.code)?,
             n as u32,
             c.device_ptr_of(&*self.count)?,
             *epoch,
-            self.flags,
             trace_ptr,
         );
         let mut args = [
@@ -355,7 +351,6 @@ impl CudaProgram {
             arg(&mut nn),
             arg(&mut count),
             arg(&mut ep),
-            arg(&mut flags),
             arg(&mut tr),
         ];
         c.inner.dev.bind()?;
@@ -376,7 +371,7 @@ impl CudaProgram {
             attrs: &mut attr,
             numAttrs: 1,
         };
-        // SAFETY: rk_program's parameters are (const RkInstr*, u32, u64*, u64, u32, u64*),
+        // SAFETY: rk_program's parameters are (const RkInstr*, u32, u64*, u64, u64*),
         // the types of `args` in order; `code` holds `n` instructions whose pointers were
         // checked against their buffers when recorded (the buffers outlive the program:
         // the `record` contract; the attention scratch and the trace are the program's
@@ -471,10 +466,9 @@ impl Drop for CudaProgram {
         }
         let total: f64 = s.iter().map(|e| e.2 + e.3).sum();
         eprintln!(
-            "rk_program trace: {} instructions, {:.1} us a replay on the device (flags {})",
+            "rk_program trace: {} instructions, {:.1} us a replay on the device",
             self.instrs.len(),
-            total / 1e3,
-            self.flags
+            total / 1e3
         );
         for (name, n, work, barrier) in s {
             eprintln!(

@@ -151,6 +151,9 @@ impl Kit<'_> {
             (8, 129, 160, true),
             (1, 1025, 32, false),
             (17, 9, 1536, false),
+            // a tall matrix for one token (CUDA: four rows a warp, the last warp's partly
+            // past the end)
+            (1, 16411, 64, true),
         ];
         for format in WeightFormat::ALL {
             for (batch, rows, cols, accumulate) in cases {
