@@ -809,11 +809,8 @@ impl CudaRuntime {
         let prof_off = lat_off + LATENCY_RING_CAPACITY * 8;
         let prof_cap = profile_capacity();
         let mapped_len = prof_off + if prof_cap > 0 { prof_cap * 128 + 8 } else { 0 };
-        let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
-        // Device memory: state | kernel-wide state (several blocks) | staging (when it
-        // does not fit in shared memory). The inbox (header line | stamped slots) comes
-        // from the runtime's pool, zeroed when the runtime opened and never used before.
-        let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
+        // The inbox first: a failed reservation must not free pinned memory (below), which
+        // would wait for every running kernel.
         let box_slots = HEADER_LINE;
         // Handed back if this launch fails before the kernel is launched.
         let box_len = box_slots + inbox_cap * sslot;
@@ -824,6 +821,11 @@ impl CudaRuntime {
             len: box_len,
             kept: false,
         };
+        let mapped = MappedMemory::new(&rt.dev, mapped_len)?;
+        // Device memory: state | kernel-wide state (several blocks) | staging (when it
+        // does not fit in shared memory). The inbox (header line | stamped slots) comes
+        // from the runtime's pool, zeroed when the runtime opened and never used before.
+        let state_bytes = h.state_bytes.max(opts.state_bytes).max(8).div_ceil(16) * 16;
         let state_off = 0;
         let shared_off = state_off + state_bytes;
         let shared_len = if grid > 1 { SHARED_STATE_BYTES } else { 0 };

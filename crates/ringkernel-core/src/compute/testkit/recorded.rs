@@ -1,8 +1,9 @@
 //! The kit's check of a recorded decoder step: the ops of two small transformer layers
 //! and an output head, recorded once ([`ComputeBackend::record`]) and replayed at every
 //! position of a cache, against the same ops run one at a time on a second set of
-//! buffers. A backend that records (CUDA: a graph, or with RINGKERNEL_CUDA_PROGRAM=1 a program) must
-//! replay exactly what its ops compute; one that records nothing runs the ops twice.
+//! buffers. A backend that records (CUDA: a graph, or a program with
+//! `RINGKERNEL_CUDA_PROGRAM=1`) must replay exactly what its ops compute; one that records
+//! nothing runs the ops twice.
 //!
 //! [`ComputeBackend::record`]: crate::compute::ComputeBackend::record
 
