@@ -1715,8 +1715,7 @@ impl Worker {
     /// kernel is timed; see [`Latency`].
     fn handle_one(&mut self, router: &mut Router<'_>, env: &Envelope) {
         let s = &*self.shared;
-        let mut request = env.header;
-        let remote = request.hlc();
+        let remote = env.header.hlc();
         // The turn's clock reading; an old reading only makes the drift check
         // stricter, so a refusal is checked again against a fresh one.
         // Only this thread advances the kernel's clock during the turn (see
@@ -1728,18 +1727,18 @@ impl Worker {
                 s.hlc
                     .update_at_exclusive(&remote, router.refresh_physical_ms())
             });
-        match merged {
-            Ok(ts) => request.set_hlc(ts),
+        let merged = match merged {
+            Ok(ts) => ts,
             Err(e) => {
                 s.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     error = %e,
-                    message_id = request.message_id,
+                    message_id = env.header.message_id,
                     "message dropped: its timestamp is too far ahead of this kernel's clock"
                 );
                 return;
             }
-        }
+        };
         let start = self.latency.due().then(Instant::now);
         let mut sink = Sink {
             tx: &mut self.tx,
@@ -1750,35 +1749,50 @@ impl Worker {
             dropped: false,
         };
         let handler = &mut self.handler;
-        let result = {
+        // The handler's error, taken inside the unwinding closure: only a panic crosses
+        // `catch_unwind` (a `Result` of a few words, in registers). Moving the handler's
+        // whole `Result<(), Error>` out through it read back what the handler had just
+        // written, another store-forwarding stall per message.
+        let mut failed: Option<Error> = None;
+        let panicked = {
             let mut ctx = KernelContext::in_turn(
                 s.id,
                 &s.name,
                 router,
                 &s.hlc,
                 &s.counters,
-                request,
+                env.header,
                 self.slot_size,
                 s.priority,
                 &mut sink,
             );
-            catch_unwind(AssertUnwindSafe(|| handler.handle(&mut ctx, env)))
+            // The request as the handler sees it: the merged timestamp in place of the
+            // sender's, set in the context itself. Setting it in a copy of the header
+            // that was then moved into the context read the two fields back (16 bytes
+            // at a time) while they were still in the store buffer: a store-forwarding
+            // stall on every message (perf annotate).
+            ctx.set_request_timestamp(merged);
+            catch_unwind(AssertUnwindSafe(|| {
+                if let Err(e) = handler.handle(&mut ctx, env) {
+                    failed = Some(e);
+                }
+            }))
         };
         self.latency.handled(start, &s.counters.latency);
-        match result {
-            Ok(Ok(())) => self.processed += 1,
-            Ok(Err(e)) => {
+        match (panicked, failed) {
+            (Ok(()), None) => self.processed += 1,
+            (Ok(()), Some(e)) => {
                 if !sink.dropped {
                     s.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 }
                 tracing::warn!(
                     error = %e,
-                    message_id = request.message_id,
-                    type_id = request.type_id,
+                    message_id = env.header.message_id,
+                    type_id = env.header.type_id,
                     "handler error: message dropped"
                 );
             }
-            Err(panic) => {
+            (Err(panic), _) => {
                 if !sink.dropped {
                     s.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 }
@@ -1789,7 +1803,7 @@ impl Worker {
                     .unwrap_or_else(|| "non-string panic".to_string());
                 tracing::error!(
                     panic = %what,
-                    message_id = request.message_id,
+                    message_id = env.header.message_id,
                     "handler panicked: message dropped, kernel goes on"
                 );
             }

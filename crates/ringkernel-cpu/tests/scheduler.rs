@@ -522,3 +522,60 @@ async fn a_full_output_queue_does_not_hold_a_worker() {
     assert_eq!(rt.scheduler_stats().extra_started, 0);
     rt.shutdown().await.unwrap();
 }
+
+/// A pooled handler sees its request stamped with the time merged into the kernel's
+/// clock (`request_timestamp`, and the header's own timestamp), not the sender's: the
+/// worker stamps the context in place (`KernelContext::set_request_timestamp`). The
+/// handler reports what it saw; a handler returning an error still counts as dropped
+/// (the worker takes the handler's error inside its unwinding guard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_see_the_merged_request_timestamp_and_their_errors_count() {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.stamps",
+        |ctx: &mut KernelContext<'_>, mut t: Token| -> Result<Option<Token>> {
+            if t.id % 2 == 1 {
+                return Err(ringkernel_core::error::Error::invalid("odd token refused"));
+            }
+            t.stamps = [
+                ctx.request_timestamp().packed(),
+                ctx.request().timestamp,
+                ctx.clock().peek().packed(),
+                0,
+            ];
+            Ok(Some(t))
+        },
+    );
+    let rt = runtime(reg, 1).await;
+    let k = rt
+        .launch("test.stamps", LaunchOptions::default())
+        .await
+        .unwrap();
+    for i in 0..40u64 {
+        let before = rt.core().hlc().tick().packed();
+        k.send(Token::new(i, 0.0)).await.unwrap();
+        if i % 2 == 1 {
+            continue;
+        }
+        let r: Token = k.receive_timeout_as(T).await.unwrap();
+        assert_eq!(r.id, i);
+        let [seen, header, clock, _] = r.stamps;
+        assert_eq!(seen, header, "request_timestamp and the header agree");
+        assert_eq!(
+            seen, clock,
+            "the request carries the merged time: the clock's"
+        );
+        // The sender's stamp is later than `before`; the merge is later still.
+        assert!(
+            seen > before + 1,
+            "merged {seen} not after the send at {before}"
+        );
+    }
+    let start = Instant::now();
+    while k.metrics().dropped < 20 {
+        assert!(start.elapsed() < T, "errors counted: {:?}", k.metrics());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(k.metrics().processed, 20);
+    rt.shutdown().await.unwrap();
+}
