@@ -250,37 +250,14 @@ impl CudaCompute {
         }) {
             return r;
         }
-        if !gated && d.batch == 1 && d.rows >= QM_ROWS_FROM {
-            // One token through a tall matrix (an output head): QM_ROWS rows a warp.
-            let gx = d.rows.div_ceil(QM_ROWS * QM_WARPS);
-            if gx > i32::MAX as usize {
-                return Err(Error::invalid(format!(
-                    "qmatmul: {} rows exceed one launch's grid",
-                    d.rows
-                )));
-            }
-            let (mut r, mut c, mut acc) = (d.rows as u64, d.cols as u64, d.accumulate as i32);
-            let mut eps = norm.map_or(0.0f32, |(_, e)| e);
-            let mut params: Vec<*mut std::ffi::c_void> = Vec::with_capacity(8);
-            let n_in = ptrs.len() - 1;
-            let (inputs, output) = ptrs.split_at_mut(n_in);
-            for p in inputs.iter_mut() {
-                params.push(arg(p));
-            }
-            if norm.is_some() {
-                params.push(arg(&mut eps));
-            }
-            params.extend([arg(&mut output[0]), arg(&mut r), arg(&mut c), arg(&mut acc)]);
-            let name = format!(
-                "rk_qmatvec_rows_{}{}",
-                if norm.is_some() { "norm_" } else { "" },
-                format.name()
-            );
-            let block = ((QM_WARPS * 32) as u32, 1, 1);
-            return self.launch(&name, (gx as u32, 1, 1), block, 0, &mut params);
-        }
-        let gx = d.rows.div_ceil(QM_WARPS);
-        let gy = d.batch.div_ceil(QM_TOKENS);
+        // One token through a tall matrix (an output head): QM_ROWS rows a warp, in
+        // rk_qmatvec_rows_* (no batch parameter).
+        let tall = !gated && d.batch == 1 && d.rows >= QM_ROWS_FROM;
+        let (gx, gy) = if tall {
+            (d.rows.div_ceil(QM_ROWS * QM_WARPS), 1)
+        } else {
+            (d.rows.div_ceil(QM_WARPS), d.batch.div_ceil(QM_TOKENS))
+        };
         if gx > i32::MAX as usize || gy > MAX_GRID_YZ {
             return Err(Error::invalid(format!(
                 "qmatmul: {} rows x {} inputs exceed one launch's grid",
@@ -295,12 +272,16 @@ impl CudaCompute {
         );
         let grid = (gx as u32, gy as u32, 1);
         let block = ((QM_WARPS * 32) as u32, 1, 1);
-        let name = format!(
-            "rk_qmatmul_{}{}{}",
-            if norm.is_some() { "norm_" } else { "" },
-            format.name(),
-            if gated { "_swiglu" } else { "" }
-        );
+        let norm_part = if norm.is_some() { "norm_" } else { "" };
+        let name = if tall {
+            format!("rk_qmatvec_rows_{norm_part}{}", format.name())
+        } else {
+            format!(
+                "rk_qmatmul_{norm_part}{}{}",
+                format.name(),
+                if gated { "_swiglu" } else { "" }
+            )
+        };
         // The pointers in the kernels' order: weights (one or two), x, then with a norm
         // its weights and epsilon, then out and the sizes.
         let mut eps = norm.map_or(0.0f32, |(_, e)| e);
@@ -314,7 +295,10 @@ impl CudaCompute {
             params.push(arg(&mut eps));
         }
         params.push(arg(&mut output[0]));
-        params.extend([arg(&mut b), arg(&mut r), arg(&mut c), arg(&mut acc)]);
+        if !tall {
+            params.push(arg(&mut b));
+        }
+        params.extend([arg(&mut r), arg(&mut c), arg(&mut acc)]);
         self.launch(&name, grid, block, 0, &mut params)
     }
 
