@@ -496,13 +496,28 @@ impl MappedMemory {
     }
 }
 
+/// Pinned allocations dropped while persistent kernels ran, freed later: cuMemFreeHost
+/// may synchronise the whole device, which would wait for those kernels for ever (seen on
+/// an H100: a launch that failed after allocating its pinned memory hung while another
+/// kernel ran). The next drop that finds no persistent kernel running frees them all.
+static RETIRED_HOST: std::sync::Mutex<Vec<(Arc<Device>, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl Drop for MappedMemory {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
-            // SAFETY: frees the allocation made in new, exactly once; the owners keep
-            // it alive until no kernel can touch it.
-            unsafe {
-                let _ = cu::free_host(self.host as *mut c_void);
+        let mut retired = RETIRED_HOST.lock().unwrap_or_else(|p| p.into_inner());
+        retired.push((self.dev.clone(), self.host as usize));
+        if RUNNING_PERSISTENT_KERNELS.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        for (dev, host) in retired.drain(..) {
+            if dev.bind().is_ok() {
+                // SAFETY: each entry is an allocation of MappedMemory::new whose owner
+                // was dropped (it is pushed once, by that owner's drop, and drained
+                // once here); the owners keep it alive until no kernel can touch it.
+                unsafe {
+                    let _ = cu::free_host(host as *mut c_void);
+                }
             }
         }
     }
