@@ -18,12 +18,13 @@
 //! their partial results.
 //!
 //! **Measured, not the default.** On an H100 (2026-11-27, SmolLM2-135M, 152 instructions
-//! a step) a program step decodes 820–865 tokens/s against 955–997 for the same step as
-//! a CUDA graph, so [`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record)
-//! records graphs unless `RINGKERNEL_CUDA_PROGRAM=1`. The per-instruction trace showed
-//! why: a grid barrier costs 1.3 µs (release/acquire; `scripts/grid_barrier.cu`, equal to
+//! a step) a program step decoded 899–909 tokens/s against 1,026–1,029 for the same step
+//! as a CUDA graph in the same call (0.88×), so
+//! [`ComputeBackend::record`](ringkernel_core::compute::ComputeBackend::record) records
+//! graphs unless `RINGKERNEL_CUDA_PROGRAM=1`. The per-instruction trace showed why: a grid
+//! barrier costs ~1–1.3 µs (release/acquire; `scripts/grid_barrier.cu`, equal to
 //! cooperative groups' `grid.sync()`) and each instruction's own chain of dependent memory
-//! trips 2.7–9.6 µs, about what a kernel boundary in the graph costs. Prefetching the next
+//! trips 3–10 µs, about what a kernel boundary in the graph costs. Prefetching the next
 //! instruction's weights and cached keys into L2 before the barrier, and f32 RoPE angles,
 //! moved nothing beyond the noise and were dropped (BENCHMARKS.md has the runs).
 //!
@@ -137,8 +138,8 @@ impl CudaCompute {
         Error::Device(format!("{what} cannot run inside a recorded program"))
     }
 
-    /// `ComputeBackend::record`: a [`CudaProgram`] when every op has an instruction,
-    /// else a [`CudaGraph`].
+    /// `ComputeBackend::record`: with `RINGKERNEL_CUDA_PROGRAM=1` a [`CudaProgram`] when
+    /// every op has an instruction; otherwise a [`CudaGraph`].
     pub(super) fn record_impl(
         &self,
         ops: &mut dyn FnMut() -> Result<()>,
