@@ -2,7 +2,8 @@
 # Runs on the GPU machine, from a bundle staged by scripts/gpu-stage.sh (see its header):
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 1    # CUDA runtime/ops, codegen, portable_handler, wgpu suites
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 2    # LLM, WaveSim, wgpu (after part 1 unpacked)
-#   bash .gpu/env.sh bash scripts/gpu-run.sh llm  # the CUDA decode: tests, program off/on, trace, peer
+#   bash .gpu/env.sh bash scripts/gpu-run.sh llm  # the CUDA decode: tests, graph/program, trace, peer
+#   bash .gpu/env.sh bash scripts/gpu-run.sh profile  # ncu stall reasons of the decode's kernels
 # Every command has a time limit; its log goes to $OUT/<name>.txt and a summary to stdout.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -125,8 +126,22 @@ llm)
     tail -2 "$O/hf-bench.txt"
   fi
   ;;
+profile)
+  # Why the decode's kernels take what they take: ncu's warp-state (stall reasons),
+  # scheduler and memory sections for one launch each of the attention kernel and the
+  # norm + QKV matvec during a decode step near position 300 (graph path).
+  model
+  [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
+  for k in rk_rope_attention_kv rk_qmatmul_norm_q4_1 rk_qmatmul_q4_1; do
+    timeout 200 ncu --kernel-name "$k" --launch-skip 150 --launch-count 1 \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 200 --runs 1 >"$O/ncu-$k.txt" 2>&1
+    echo "=== $k"
+    grep -E "Duration|Stall|Warp Cycles|Issued Warp|Eligible|Active Warps|Registers|Memory Throughput|L2 Hit|L1/TEX Hit" "$O/ncu-$k.txt" | head -30
+  done
+  ;;
 *)
-  echo "usage: scripts/gpu-run.sh 1|2|llm" >&2
+  echo "usage: scripts/gpu-run.sh 1|2|llm|profile" >&2
   exit 2
   ;;
 esac
