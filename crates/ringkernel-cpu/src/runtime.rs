@@ -82,11 +82,11 @@
 //! # }).unwrap();
 //! ```
 
+use crossbeam_utils::CachePadded;
 use ringkernel_core::backend::BackendKind;
 use ringkernel_core::builtin;
 use ringkernel_core::context::{KernelContext, OutputSink, TurnRouter};
 use ringkernel_core::error::{Error, Result};
-use crossbeam_utils::CachePadded;
 use ringkernel_core::hlc::{HlcClock, HlcTimestamp};
 use ringkernel_core::k2k::{K2kReceipt, KernelTarget};
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
