@@ -663,19 +663,25 @@ pub fn write_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) -> Re
 /// [`write_slot`] with the header already copied (the queues stamp magic and version
 /// on their copy first: one copy of the header per write).
 #[inline(always)]
-pub(crate) fn write_slot_owned(
-    slot: &mut [u8],
-    mut h: MessageHeader,
-    payload: &[u8],
-) -> Result<()> {
+pub(crate) fn write_slot_owned(slot: &mut [u8], h: MessageHeader, payload: &[u8]) -> Result<()> {
     check_payload_fits(payload.len(), slot.len())?;
+    write_slot_fitting(slot, h, payload);
+    Ok(())
+}
+
+/// [`write_slot_owned`] for a payload the caller has already checked against the
+/// slot's size: nothing to return. (A writer that drops the `Ok(())` of each message
+/// moves the `Result` through the stack, and reading it back wide right after it was
+/// written narrow stalls the store-to-load forwarding, once per message.) Panics if
+/// the payload does not fit after all.
+#[inline(always)]
+pub(crate) fn write_slot_fitting(slot: &mut [u8], mut h: MessageHeader, payload: &[u8]) {
     h.payload_len = payload.len() as u32;
     if h.flags & flags::CHECKSUM != 0 {
         h.checksum = fnv1a32(payload);
     }
     slot[..HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&h));
     slot[HEADER_SIZE..HEADER_SIZE + payload.len()].copy_from_slice(payload);
-    Ok(())
 }
 
 /// Reads the header and payload out of a slot. A header whose `payload_len` does not

@@ -82,6 +82,7 @@
 //! # }).unwrap();
 //! ```
 
+use crossbeam_utils::CachePadded;
 use ringkernel_core::backend::BackendKind;
 use ringkernel_core::builtin;
 use ringkernel_core::context::{KernelContext, OutputSink, TurnRouter};
@@ -533,8 +534,13 @@ struct Shared {
     name: String,
     state: AtomicLifecycle,
     events: KernelEvents,
-    counters: KernelCounters,
-    hlc: HlcClock,
+    /// Written by the kernel's worker (every turn), and its clock (every message):
+    /// each on cache lines of its own, so that a sender's reads of the fields around
+    /// them (`id`, `state`, `lanes`: every push reads them) do not miss each time the
+    /// receiving kernel runs on another core (false sharing; perf annotate put a third
+    /// of a K2K send's samples on those two loads).
+    counters: CachePadded<KernelCounters>,
+    hlc: CachePadded<HlcClock>,
     /// The input lanes.
     lanes: Lanes,
     /// The kernel's priority, carried by everything it sends.
@@ -625,8 +631,8 @@ fn spawn_kernel(
         name: name.to_string(),
         state: AtomicLifecycle::new(LifecycleState::Created),
         events: KernelEvents::default(),
-        counters: KernelCounters::default(),
-        hlc: HlcClock::new(core.kernel_node_id(id)),
+        counters: CachePadded::new(KernelCounters::default()),
+        hlc: CachePadded::new(HlcClock::new(core.kernel_node_id(id))),
         lanes,
         priority: opts.priority,
         sleeping: AtomicBool::new(false),

@@ -26,8 +26,8 @@
 use super::{check_capacity, QueueHeader, QueueStats};
 use crate::error::{Error, Result};
 use crate::message::{
-    check_payload_fits, flags, fnv1a32, max_payload, write_slot_owned, Envelope, MessageHeader,
-    HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
+    check_payload_fits, flags, fnv1a32, max_payload, write_slot_fitting, write_slot_owned,
+    Envelope, MessageHeader, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use std::alloc::Layout;
 use std::any::Any;
@@ -241,6 +241,16 @@ pub(crate) fn fill_slot(slot: &mut [u8], header: &MessageHeader, payload: &[u8])
     h.magic = MESSAGE_MAGIC;
     h.version = MESSAGE_VERSION;
     write_slot_owned(slot, h, payload)
+}
+
+/// [`fill_slot`] for a payload already checked against the slot's size (panics if it
+/// does not fit).
+#[inline(always)]
+fn fill_slot_fitting(slot: &mut [u8], header: &MessageHeader, payload: &[u8]) {
+    let mut h = *header;
+    h.magic = MESSAGE_MAGIC;
+    h.version = MESSAGE_VERSION;
+    write_slot_fitting(slot, h, payload);
 }
 
 /// The host's view of one ring in the shared layout.
@@ -928,30 +938,28 @@ impl SlotSender {
             pos == 0 || s.seq[(prev & s.mask) as usize].load(Ordering::SeqCst) != seq_written(prev);
         // SAFETY: the CAS made us the only owner of position `pos`; its slot was
         // released by the consumer (seq == 2 pos, acquire) and nobody reads it until we
-        // publish seq = 2 pos + 1.
-        unsafe { self.write_claimed(pos, header, payload) }.map(|()| wake)
+        // publish seq = 2 pos + 1. The payload fits: checked above.
+        unsafe { self.write_claimed(pos, header, payload) };
+        Ok(wake)
     }
 
-    /// Writes one message into the slot of position `pos` and publishes it. Publishes
-    /// the slot even if the write failed, so a claimed position never blocks the ring
-    /// (the cleared magic then makes the consumer report the slot as corrupt instead
-    /// of re-reading an old message); cannot fail for a payload that fits a slot.
+    /// Writes one message into the slot of position `pos` and publishes it. Nothing
+    /// can fail here (the caller checked the payload's size), so a claimed position is
+    /// always published and never blocks the ring.
     ///
     /// # Safety
     /// The caller claimed position `pos` (moved the tail past it) and the consumer has
     /// released its slot for this lap (`seq == seq_free(pos)`, seen with acquire).
+    /// The payload fits a slot (`check_payload_fits` with the ring's slot size).
     #[inline(always)]
-    unsafe fn write_claimed(&self, pos: u64, header: &MessageHeader, payload: &[u8]) -> Result<()> {
+    unsafe fn write_claimed(&self, pos: u64, header: &MessageHeader, payload: &[u8]) {
         let s = &*self.shared;
+        debug_assert!(payload.len() <= max_payload(s.slot_size));
         // SAFETY: per this function's contract the slot is ours until we publish it; it
         // spans `slot_size` bytes of `data`.
         let slot = unsafe { std::slice::from_raw_parts_mut(s.slot_ptr(pos), s.slot_size) };
-        let res = fill_slot(slot, header, payload);
-        if res.is_err() {
-            slot[..4].fill(0);
-        }
+        fill_slot_fitting(slot, header, payload);
         s.seq[(pos & s.mask) as usize].store(seq_written(pos), Ordering::Release);
-        res
     }
 
     /// Pushes the messages of `batch` in order, claiming as many free slots as it can
@@ -1027,9 +1035,8 @@ impl SlotSender {
             let at = pos.wrapping_add(i as u64);
             // SAFETY: the CAS claimed positions `pos..pos + n` for us alone, and each is
             // below `head + capacity` for a head read with acquire, so the receiver has
-            // released its slot (see above). The payload fits (checked above), so the
-            // write cannot fail.
-            let _ = unsafe { self.write_claimed(at, h, p) };
+            // released its slot (see above). The payload fits (checked above).
+            unsafe { self.write_claimed(at, h, p) };
         }
         Ok(n as usize)
     }
