@@ -498,8 +498,9 @@ impl MappedMemory {
 
 /// Pinned allocations dropped while persistent kernels ran, freed later: cuMemFreeHost
 /// may synchronise the whole device, which would wait for those kernels for ever (seen on
-/// an H100: a launch that failed after allocating its pinned memory hung while another
-/// kernel ran). The next drop that finds no persistent kernel running frees them all.
+/// an H200, 2026-11-27: a launch that failed after allocating its pinned memory hung while
+/// another kernel ran). The next drop that finds no persistent kernel running frees them
+/// all.
 static RETIRED_HOST: std::sync::Mutex<Vec<(Arc<Device>, usize)>> =
     std::sync::Mutex::new(Vec::new());
 

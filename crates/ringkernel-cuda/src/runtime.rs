@@ -809,8 +809,9 @@ impl CudaRuntime {
         let prof_off = lat_off + LATENCY_RING_CAPACITY * 8;
         let prof_cap = profile_capacity();
         let mapped_len = prof_off + if prof_cap > 0 { prof_cap * 128 + 8 } else { 0 };
-        // The inbox first: a failed reservation must not free pinned memory (below), which
-        // would wait for every running kernel.
+        // The inbox first, so a full pool fails before any memory of the kernel is
+        // allocated (pinned memory dropped while kernels run is only freed later: see
+        // MappedMemory's drop).
         let box_slots = HEADER_LINE;
         // Handed back if this launch fails before the kernel is launched.
         let box_len = box_slots + inbox_cap * sslot;

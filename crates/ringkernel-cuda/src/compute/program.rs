@@ -48,7 +48,7 @@ pub(super) const OP_EMBED: u32 = 1;
 pub(super) const OP_ROPE_ATT: u32 = 8;
 pub(super) const OP_QM: u32 = 16;
 
-/// One instruction (`RkInstr` in `program.cu`): an op code, up to six sizes or flags,
+/// One instruction (`RkInstr` in `program.cu`): an op code, up to four sizes, padding,
 /// two floats and up to eight device pointers.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, Pod, Zeroable)]
@@ -58,7 +58,7 @@ pub(super) struct Instr {
     pub b: u32,
     pub c: u32,
     pub d: u32,
-    pub flags: u32,
+    pub pad: u32,
     pub f0: f32,
     pub f1: f32,
     pub p: [u64; 8],
@@ -89,23 +89,24 @@ fn programs_wanted() -> bool {
 }
 
 impl CudaCompute {
-    /// In program mode on this thread: appends the instruction `make` builds (`None`
-    /// when the op's sizes do not fit one) and returns `Some(Ok)`, or the refusal when
-    /// `make` gives nothing. Outside program mode: `None`, and the op launches.
-    pub(super) fn program_op(&self, make: impl FnOnce() -> Option<Instr>) -> Option<Result<()>> {
-        if !self
-            .inner
-            .recording_any
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
+    /// `f` on the recording, when this thread records a program (checked without the
+    /// lock first: every op asks).
+    fn with_own_recording<R>(&self, f: impl FnOnce(&mut Recording) -> R) -> Option<R> {
+        use std::sync::atomic::Ordering;
+        if !self.inner.recording_any.load(Ordering::Acquire) {
             return None;
         }
         let mut rec = self.inner.recording.lock().ok()?;
-        let r = rec.as_mut()?;
-        if r.thread != std::thread::current().id() {
-            return None;
-        }
-        Some(match make() {
+        rec.as_mut()
+            .filter(|r| r.thread == std::thread::current().id())
+            .map(f)
+    }
+
+    /// In program mode on this thread: appends the instruction `make` builds and returns
+    /// `Some(Ok)`, or the refusal when `make` gives nothing (the op's sizes do not fit an
+    /// instruction). Outside program mode: `None`, and the op launches.
+    pub(super) fn program_op(&self, make: impl FnOnce() -> Option<Instr>) -> Option<Result<()>> {
+        self.with_own_recording(|r| match make() {
             Some(i) => {
                 r.instrs.push(i);
                 Ok(())
@@ -117,20 +118,8 @@ impl CudaCompute {
     /// Called by every path that queues work on the stream other than a program
     /// instruction: in program mode on this thread, the error that ends the attempt.
     pub(crate) fn refuse_in_program(&self, what: &str) -> Result<()> {
-        if !self
-            .inner
-            .recording_any
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return Ok(());
-        }
-        let Ok(mut rec) = self.inner.recording.lock() else {
-            return Ok(());
-        };
-        match rec.as_mut() {
-            Some(r) if r.thread == std::thread::current().id() => Err(Self::refuse(r, what)),
-            _ => Ok(()),
-        }
+        self.with_own_recording(|r| Err(Self::refuse(r, what)))
+            .unwrap_or(Ok(()))
     }
 
     fn refuse(r: &mut Recording, what: &str) -> Error {
