@@ -12,9 +12,14 @@
 #   RK_SKIP_CLIPPY=1   skip the final workspace clippy step
 #   RK_FAIL_FAST=1     stop at the first failing step
 #   CARGO_TARGET_DIR   as usual (CI times this script from a cold target directory)
+#   CARGO_INCREMENTAL  default 0 here (disk; see below)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+
+# A cold run builds every crate once, so incremental compilation only costs disk (its
+# caches were a third of the target directory). Set CARGO_INCREMENTAL=1 to keep them.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 # Headless CI has no XDG_RUNTIME_DIR; Mesa's Vulkan driver then prints an "error" line
 # for every adapter probe. A private empty one keeps the log readable.
@@ -61,6 +66,7 @@ step() {
 finish() {
   echo
   echo "==== summary: $(($(date +%s) - START))s in total"
+  echo "target directory: $(du -sh "${CARGO_TARGET_DIR:-target}" 2>/dev/null | cut -f1); free: $(df -h . | awk 'NR == 2 { print $4 }')"
   printf '%s\n' "${SUMMARY[@]}"
   if [ "${#FAILED[@]}" -gt 0 ]; then
     echo "==== ${#FAILED[@]} step(s) FAILED"
