@@ -103,7 +103,10 @@ fn stage(ctx: &mut KernelContext<'_>, mut t: Token) -> Result<()> {
     t.hops += 1;
     if t.hops < t.route_len.min(4) {
         let next = KernelId(t.route[t.hops as usize]);
-        // Backpressure: a full downstream queue is retried, never dropped.
+        // Backpressure: a full downstream queue is retried, never dropped. A short spin,
+        // then yields, then short sleeps: a sleeping thread is what tells the CPU
+        // runtime's worker pool that this turn is blocked (a yielding one looks busy),
+        // so it runs the downstream kernel on another thread.
         let mut spins = 0u32;
         loop {
             match ctx.send_to(next, &t)? {
@@ -112,8 +115,10 @@ fn stage(ctx: &mut KernelContext<'_>, mut t: Token) -> Result<()> {
                     spins += 1;
                     if spins < 64 {
                         std::hint::spin_loop();
-                    } else {
+                    } else if spins < 128 {
                         std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(20));
                     }
                 }
                 K2kReceipt::NotFound => {

@@ -764,14 +764,14 @@ fn main() {
         }
         if only.as_deref() == Some("pipeline-pooled") {
             // Only our pooled pipeline (for profiling it alone).
-            let opts = LaunchOptions::default().with_queue_capacity(4096);
+            let opts = LaunchOptions::default().with_queue_capacity(pipeline_capacity());
             let ks = stages(&rt, "prof", &opts).await;
             let (r, bd) = pipeline_measured(&rt, &ks, tokens(quick)).await;
             println!("pooled pipeline alone: {:.3} M tokens/s; {bd}", r / 1e6);
         }
         if only.as_deref() == Some("pipeline-batched") {
             // Only our pooled pipeline with a batching host (for profiling it alone).
-            let opts = LaunchOptions::default().with_queue_capacity(4096);
+            let opts = LaunchOptions::default().with_queue_capacity(pipeline_capacity());
             let ks = stages(&rt, "prof", &opts).await;
             let n = tokens(quick);
             let (s0, c0) = (rt.scheduler_stats(), cpu_ns());

@@ -858,6 +858,17 @@ impl KernelEngine for CpuEngine {
         self.shared.id
     }
 
+    /// No polling for replies while the pool's workers take every core: the poll would
+    /// only slow the workers producing the reply (on 2 cores the batched pipeline went
+    /// from 4.3-4.7 to 4.7-5.2 M tokens/s). The handle's default otherwise: a `call` to
+    /// a pool with a free core is answered within the poll.
+    fn reply_wait(&self) -> Option<Duration> {
+        match &self._pool {
+            Some(p) if p.0.saturated() => Some(Duration::ZERO),
+            _ => None,
+        }
+    }
+
     fn name(&self) -> &str {
         &self.shared.name
     }

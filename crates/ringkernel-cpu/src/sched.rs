@@ -15,6 +15,8 @@
 //! * A monitor thread watches for workers stuck in one turn (a handler that blocks, or
 //!   spins waiting for a full downstream queue) while work waits: it then starts an extra
 //!   worker, so blocked handlers cannot deadlock the pool. Extra workers retire when idle.
+//!   A worker whose thread the OS reports runnable (computing, or preempted on a
+//!   machine with more threads than cores) gets help only after [`RUNNABLE_STALL`].
 
 use ringkernel_core::error::{Error, Result};
 use ringkernel_core::util::lock;
@@ -53,6 +55,10 @@ const MONITOR_TICK: Duration = Duration::from_millis(1);
 /// A turn running this long while other work waits and no worker is free counts as
 /// blocked: the monitor starts an extra worker.
 pub const STALL: Duration = Duration::from_millis(4);
+/// A turn whose thread the OS reports runnable (computing, or preempted on a machine
+/// with more threads than cores) counts as blocked only after this long: a worker that
+/// waits for a core is not helped by another thread that would wait too.
+pub const RUNNABLE_STALL: Duration = Duration::from_millis(50);
 /// How long an extra worker stays parked without work before it exits.
 pub const RETIRE_AFTER: Duration = Duration::from_millis(100);
 /// Most worker threads one pool runs at once (its base workers plus the extras started
@@ -139,9 +145,26 @@ struct Slot {
     /// When the worker last parked after a search found nothing (ns since the pool's
     /// start; 0: it did not).
     parked_at: AtomicU64,
+    /// The worker thread's `/proc` stat file (Linux), for [`Slot::runnable`].
+    stat: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl Slot {
+    /// Whether the OS reports the slot's worker thread runnable (state `R`: running or
+    /// waiting for a core) rather than sleeping or blocked. `false` where it cannot
+    /// tell (no `/proc`): a long turn then counts as blocked, as it always did.
+    fn runnable(&self) -> bool {
+        let Some(path) = lock(&self.stat).clone() else {
+            return false;
+        };
+        std::fs::read_to_string(path).is_ok_and(|stat| {
+            // `tid (comm) S ...`: the name may hold spaces and parentheses.
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].trim_start().chars().next())
+                == Some('R')
+        })
+    }
+
     /// Whether another worker may steal from this slot's deque. A lone task is left to
     /// the owner, which runs it right after its current turn with the messages it was
     /// just handed still in its cache (a pipeline's stages then follow each other on
@@ -266,6 +289,16 @@ impl Pool {
     /// Time idle workers spent spinning for work so far.
     pub(crate) fn search_time(&self) -> Duration {
         Duration::from_nanos(self.search_ns.load(Ordering::Relaxed))
+    }
+
+    /// Whether this pool's workers take every core: none parked, and at least as many
+    /// awake as the machine has cores. A host thread that polls for a reply then only
+    /// takes a core from the workers producing it.
+    pub(crate) fn saturated(&self) -> bool {
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        self.parked.load(Ordering::Relaxed) == 0 && self.live.load(Ordering::Relaxed) >= cores
     }
 
     fn id(&self) -> usize {
@@ -455,6 +488,9 @@ impl Pool {
             })
         });
         let slot = &self.slots[idx];
+        *lock(&slot.stat) = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .map(|p| std::path::Path::new("/proc").join(p).join("stat"));
         let mut tick = 0u64;
         let mut searching = false;
         let mut retired = false;
@@ -747,7 +783,8 @@ impl Pool {
         // Per slot: the turn counter last seen, and for how many ticks since then work
         // was queued (a turn counts as blocked only while others wait).
         let mut seen = vec![(0u64, 0u32); MAX_THREADS];
-        let stall_ticks = (STALL.as_micros() / MONITOR_TICK.as_micros()).max(1) as u32;
+        let ticks = |d: Duration| (d.as_micros() / MONITOR_TICK.as_micros()).max(1) as u32;
+        let (stall_ticks, runnable_ticks) = (ticks(STALL), ticks(RUNNABLE_STALL));
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return;
@@ -778,7 +815,7 @@ impl Pool {
                     }
                     if queued {
                         seen.1 = seen.1.saturating_add(1);
-                        if seen.1 >= stall_ticks {
+                        if seen.1 >= runnable_ticks || (seen.1 >= stall_ticks && !s.runnable()) {
                             stalled += 1;
                         }
                     }
@@ -878,5 +915,58 @@ mod tests {
             .store(SEARCH_MIN.as_nanos() as u64, Ordering::Relaxed);
         assert!(!p.search(0));
         assert_eq!(window(&p), SEARCH_MIN.as_nanos() as u64);
+    }
+
+    /// The OS's view of a worker thread: runnable while it computes, not while it
+    /// sleeps; unknown (no `/proc` file) reads as not runnable.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_slot_tells_a_computing_thread_from_a_sleeping_one() {
+        use std::sync::atomic::AtomicU8;
+        let slot = Arc::new(Slot::default());
+        assert!(!slot.runnable(), "no thread recorded yet");
+        // 0: record the stat file; 1: spin; 2: sleep; 3: exit.
+        let phase = Arc::new(AtomicU8::new(0));
+        let (s, ph) = (slot.clone(), phase.clone());
+        let t = std::thread::spawn(move || {
+            *lock(&s.stat) = std::fs::read_link("/proc/thread-self")
+                .ok()
+                .map(|p| std::path::Path::new("/proc").join(p).join("stat"));
+            ph.store(1, Ordering::SeqCst);
+            while ph.load(Ordering::SeqCst) == 1 {
+                std::hint::spin_loop();
+            }
+            while ph.load(Ordering::SeqCst) == 2 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        while phase.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(slot.runnable(), "a spinning thread is runnable");
+        phase.store(2, Ordering::SeqCst);
+        // Asleep most of the time from here on: some of the looks see it so.
+        let asleep = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            !slot.runnable()
+        });
+        assert!(asleep, "a sleeping thread never read as sleeping");
+        phase.store(3, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    /// A pool is saturated only while none of its workers is parked and it has a
+    /// worker for every core.
+    #[test]
+    fn saturation_counts_parked_workers_and_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let p = Pool::new(cores);
+        p.live.store(cores, Ordering::Relaxed);
+        assert!(p.saturated());
+        p.parked.store(1, Ordering::Relaxed);
+        assert!(!p.saturated(), "a parked worker leaves a core free");
+        p.parked.store(0, Ordering::Relaxed);
+        p.live.store(cores - 1, Ordering::Relaxed);
+        assert!(!p.saturated(), "fewer workers than cores");
     }
 }

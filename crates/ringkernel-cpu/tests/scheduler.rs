@@ -179,6 +179,79 @@ async fn a_blocking_handler_does_not_stall_the_others() {
     rt.shutdown().await.unwrap();
 }
 
+/// Registers `test.compute`: each message keeps its handler computing (runnable, not
+/// blocked) for `ms` milliseconds of wall time.
+fn compute_registry(ms: u64) -> KernelRegistry {
+    let reg = KernelRegistry::new();
+    reg.register_fn(
+        "test.compute",
+        move |_ctx: &mut KernelContext<'_>, t: Token| -> Result<Option<Token>> {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(ms) {
+                std::hint::spin_loop();
+            }
+            Ok(Some(t))
+        },
+    );
+    reg
+}
+
+/// A turn that computes for longer than the blocked-turn threshold (`STALL`, 4 ms) is
+/// not taken for a blocked one: its thread is runnable, and another thread would only
+/// compete with it for the core (on a machine with more threads than cores a
+/// preempted worker looks the same). No extra worker starts; the echo waits its turn.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_computing_turn_is_not_taken_for_a_blocked_one() {
+    let rt = runtime(compute_registry(30), 1).await;
+    let busy = rt
+        .launch("test.compute", LaunchOptions::default())
+        .await
+        .unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    busy.send(Token::new(1, 1.0)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // Queued behind the computing turn on the one worker.
+    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
+    assert_eq!(r.value, 8.0);
+    let r: Token = busy.receive_timeout_as(T).await.unwrap();
+    assert_eq!(r.id, 1);
+    let stats = rt.scheduler_stats();
+    assert_eq!(
+        stats.extra_started, 0,
+        "a 30 ms computing turn started an extra worker: {stats:?}"
+    );
+    rt.shutdown().await.unwrap();
+}
+
+/// A turn that computes for much longer (past `RUNNABLE_STALL`, 50 ms) while others
+/// wait does get an extra worker: the echo is answered long before the turn ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_computing_turn_gets_an_extra_worker() {
+    let rt = runtime(compute_registry(1_000), 1).await;
+    let busy = rt
+        .launch("test.compute", LaunchOptions::default())
+        .await
+        .unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    busy.send(Token::new(1, 1.0)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t0 = Instant::now();
+    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(r.value, 8.0);
+    assert!(
+        // Without the extra worker it would wait ~980 ms; a loaded machine delays the
+        // monitor and the new thread, hence the loose bound.
+        waited < Duration::from_millis(600),
+        "the echo waited {waited:?} behind a computing turn"
+    );
+    assert!(rt.scheduler_stats().extra_started >= 1);
+    let r: Token = busy.receive_timeout_as(T).await.unwrap();
+    assert_eq!(r.id, 1);
+    rt.shutdown().await.unwrap();
+}
+
 /// A flooded kernel cannot starve another on the same (single) worker: a call to a
 /// second kernel is answered while the flooded one still has most of its backlog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
