@@ -44,6 +44,7 @@ pub mod runtime;
 mod state;
 mod sync;
 pub mod telemetry;
+pub mod timer;
 pub mod util;
 
 pub use backend::BackendKind;

@@ -711,7 +711,7 @@ impl std::fmt::Debug for KernelHandle {
 /// Resolves to `true` when the listener fires, `false` when the deadline passes first.
 struct Wait {
     listener: EventListener,
-    delay: Option<futures_timer::Delay>,
+    delay: Option<crate::timer::Deadline>,
 }
 
 impl Future for Wait {
@@ -758,11 +758,10 @@ async fn wait_for(listener: EventListener, deadline: Option<Instant>) -> bool {
     let delay = match deadline {
         None => None,
         Some(d) => {
-            let now = Instant::now();
-            if now >= d {
+            if Instant::now() >= d {
                 return false;
             }
-            Some(futures_timer::Delay::new(d - now))
+            Some(crate::timer::Deadline::at(d))
         }
     };
     Wait { listener, delay }.await

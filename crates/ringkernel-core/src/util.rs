@@ -9,9 +9,10 @@ use std::time::Duration;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Sleeps without blocking the executor thread. Works under any executor (tokio,
-/// smol, `pollster`): it is driven by a timer thread, not by a runtime's reactor.
-pub fn sleep(d: Duration) -> futures_timer::Delay {
-    futures_timer::Delay::new(d)
+/// smol, `pollster`): it is driven by a timer thread ([`crate::timer`]), not by a
+/// runtime's reactor.
+pub fn sleep(d: Duration) -> crate::timer::Deadline {
+    crate::timer::Deadline::after(d)
 }
 
 /// SplitMix64: a tiny, fast, seedable generator for test inputs and examples.
