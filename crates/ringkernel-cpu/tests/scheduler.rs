@@ -155,28 +155,33 @@ async fn a_blocking_handler_does_not_stall_the_others() {
             Ok(Some(t))
         },
     );
-    let rt = runtime(reg, 1).await;
-    let sleepy = rt
-        .launch("test.sleepy", LaunchOptions::default())
-        .await
-        .unwrap();
-    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
-    sleepy.send(Token::new(1, 1.0)).await.unwrap();
-    // Let the worker enter the sleeping handler.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let t0 = Instant::now();
-    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
-    let waited = t0.elapsed();
-    assert_eq!(r.value, 8.0);
+    let (rt, waited) = echo_wait_behind(reg, "test.sleepy").await;
     assert!(
         // Without the extra worker it would wait ~980 ms; a loaded machine may delay
         // the monitor and the new thread, hence the loose bound.
         waited < Duration::from_millis(500),
         "the echo waited {waited:?} behind a sleeping handler"
     );
-    let r: Token = sleepy.receive_timeout_as(T).await.unwrap();
-    assert_eq!(r.id, 1);
     rt.shutdown().await.unwrap();
+}
+
+/// On a one-worker pool: sends one token to kernel `slow` of `reg`, lets its handler
+/// start, then calls an echo kernel queued behind it. Returns the runtime and how long
+/// the call waited, after checking both replies.
+async fn echo_wait_behind(reg: KernelRegistry, slow: &str) -> (CpuRuntime, Duration) {
+    let rt = runtime(reg, 1).await;
+    let slow = rt.launch(slow, LaunchOptions::default()).await.unwrap();
+    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
+    slow.send(Token::new(1, 1.0)).await.unwrap();
+    // Let the worker enter the slow handler.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t0 = Instant::now();
+    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(r.value, 8.0);
+    let r: Token = slow.receive_timeout_as(T).await.unwrap();
+    assert_eq!(r.id, 1);
+    (rt, waited)
 }
 
 /// Registers `test.compute`: each message keeps its handler computing (runnable, not
@@ -203,23 +208,11 @@ fn compute_registry(ms: u64) -> KernelRegistry {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_computing_turn_is_not_taken_for_a_blocked_one() {
-    let rt = runtime(compute_registry(30), 1).await;
-    let busy = rt
-        .launch("test.compute", LaunchOptions::default())
-        .await
-        .unwrap();
-    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
-    busy.send(Token::new(1, 1.0)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    // Queued behind the computing turn on the one worker.
-    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
-    assert_eq!(r.value, 8.0);
-    let r: Token = busy.receive_timeout_as(T).await.unwrap();
-    assert_eq!(r.id, 1);
+    let (rt, _) = echo_wait_behind(compute_registry(40), "test.compute").await;
     let stats = rt.scheduler_stats();
     assert_eq!(
         stats.extra_started, 0,
-        "a 30 ms computing turn started an extra worker: {stats:?}"
+        "a 40 ms computing turn started an extra worker: {stats:?}"
     );
     rt.shutdown().await.unwrap();
 }
@@ -228,18 +221,7 @@ async fn a_computing_turn_is_not_taken_for_a_blocked_one() {
 /// wait does get an extra worker: the echo is answered long before the turn ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_computing_turn_gets_an_extra_worker() {
-    let rt = runtime(compute_registry(1_000), 1).await;
-    let busy = rt
-        .launch("test.compute", LaunchOptions::default())
-        .await
-        .unwrap();
-    let echo = rt.launch(ECHO, LaunchOptions::default()).await.unwrap();
-    busy.send(Token::new(1, 1.0)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let t0 = Instant::now();
-    let r: Token = echo.call(Token::new(2, 4.0), T).await.unwrap();
-    let waited = t0.elapsed();
-    assert_eq!(r.value, 8.0);
+    let (rt, waited) = echo_wait_behind(compute_registry(1_000), "test.compute").await;
     assert!(
         // Without the extra worker it would wait ~980 ms; a loaded machine delays the
         // monitor and the new thread, hence the loose bound.
@@ -247,8 +229,6 @@ async fn a_long_computing_turn_gets_an_extra_worker() {
         "the echo waited {waited:?} behind a computing turn"
     );
     assert!(rt.scheduler_stats().extra_started >= 1);
-    let r: Token = busy.receive_timeout_as(T).await.unwrap();
-    assert_eq!(r.id, 1);
     rt.shutdown().await.unwrap();
 }
 
