@@ -7,9 +7,8 @@
 //! and no system call. (`futures-timer`, used before, woke its thread on every arm and
 //! every drop: two OS wake-ups per sleeping receive; BENCHMARKS.md has what removing
 //! them saved on the host side of the CPU pipeline.) After its earliest deadline is
-//! dropped the thread still sleeps
-//! until that time, so a receiver that arms a 30-second deadline over and over wakes it
-//! about once in 30 seconds.
+//! dropped the thread still sleeps until that time, so a receiver that arms a
+//! 30-second deadline over and over wakes it about once in 30 seconds.
 //!
 //! ```
 //! # use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@
 //! assert!(t0.elapsed() >= Duration::from_millis(5));
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,11 +132,6 @@ impl Deadline {
                 .unwrap_or(now + Duration::from_secs(86_400 * 365)),
         )
     }
-
-    /// When it completes.
-    pub fn deadline(&self) -> Instant {
-        self.at
-    }
 }
 
 impl Future for Deadline {
@@ -151,34 +145,30 @@ impl Future for Deadline {
         let Some(thread) = thread(s) else {
             return Poll::Ready(());
         };
-        let mut unpark = false;
-        {
+        let at = self.at;
+        let key = *self
+            .key
+            .get_or_insert_with(|| (at, s.next_key.fetch_add(1, Ordering::Relaxed)));
+        let unpark = {
             let mut t = lock(s);
-            match self.key {
-                Some(key) => match t.armed.get_mut(&key) {
-                    Some(w) => {
-                        if !w.will_wake(cx.waker()) {
-                            w.clone_from(cx.waker());
-                        }
+            match t.armed.entry(key) {
+                Entry::Occupied(mut e) => {
+                    if !e.get().will_wake(cx.waker()) {
+                        e.get_mut().clone_from(cx.waker());
                     }
-                    None => {
-                        // Fired (its waker was taken) but polled before `at` on this
-                        // clock: arm again.
-                        t.armed.insert(key, cx.waker().clone());
-                        unpark = t.wakes_at.is_none_or(|w| key.0 < w);
+                    false
+                }
+                // First poll (or, defensively, one after the thread fired it).
+                Entry::Vacant(e) => {
+                    e.insert(cx.waker().clone());
+                    let earlier = t.wakes_at.is_none_or(|w| at < w);
+                    if earlier {
+                        t.wakes_at = Some(at);
                     }
-                },
-                None => {
-                    let key = (self.at, s.next_key.fetch_add(1, Ordering::Relaxed));
-                    t.armed.insert(key, cx.waker().clone());
-                    self.key = Some(key);
-                    unpark = t.wakes_at.is_none_or(|w| key.0 < w);
+                    earlier
                 }
             }
-            if unpark {
-                t.wakes_at = Some(self.at);
-            }
-        }
+        };
         if unpark {
             thread.unpark();
         }
@@ -229,7 +219,7 @@ mod tests {
         lock(shared()).armed.len()
     }
 
-    /// Deadlines complete at their time, not before, in their order; an earlier one
+    /// Deadlines complete at their time, not before; an earlier one
     /// armed while the thread sleeps until a later one still fires on time; dropped
     /// ones leave nothing behind.
     #[test]

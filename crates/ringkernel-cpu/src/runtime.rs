@@ -572,8 +572,9 @@ struct CpuEngine {
     /// How the kernel is woken for a message or a state change.
     kick: Kick,
     join: Mutex<Option<JoinHandle<()>>>,
-    /// Keeps the worker pool running while this kernel exists (pooled kernels).
-    _pool: Option<Arc<PoolHandle>>,
+    /// Keeps the worker pool running while this kernel exists (pooled kernels);
+    /// `reply_wait` asks it whether its workers take every core.
+    pool: Option<Arc<PoolHandle>>,
     /// The runtime's table of kernels (this one leaves it when dropped).
     kernels: Arc<CpuKernels>,
     /// Serialises the host-side lifecycle changes (activate, deactivate, terminate).
@@ -706,7 +707,7 @@ fn spawn_kernel(
         output_capacity: opts.output_capacity,
         kick,
         join: Mutex::new(join),
-        _pool: pool,
+        pool,
         kernels: kernels.clone(),
         ctl: Mutex::new(()),
     });
@@ -863,7 +864,7 @@ impl KernelEngine for CpuEngine {
     /// from 4.3-4.7 to 4.7-5.2 M tokens/s). The handle's default otherwise: a `call` to
     /// a pool with a free core is answered within the poll.
     fn reply_wait(&self) -> Option<Duration> {
-        match &self._pool {
+        match &self.pool {
             Some(p) if p.0.saturated() => Some(Duration::ZERO),
             _ => None,
         }
