@@ -13,9 +13,18 @@
 //     stream while it runs, sets. It finishes without the tool and under memcheck alike
 //     (same machine): two live kernels alone do not stall the tool. The probe gives up
 //     after 5 s and says so.
+//   end-beside: a short kernel finishes on one stream while a kernel on another stream
+//     keeps running (until the host releases it, 3 s later). The host waits for the
+//     short kernel's stream, first by polling it (cudaStreamQuery), then by
+//     cudaStreamSynchronize, and reports how long each took. Without the tool both
+//     return at once (0.1 ms); under memcheck neither returns before the other kernel
+//     ends (3000 ms; H100, driver 580, 2026-11-27). This is RingKernel's terminate: one
+//     persistent kernel ends while others run on, so a test that does so cannot finish
+//     under the tool.
 //
-// Usage: sanitizer_probe late-alloc|early-alloc|two-kernels; exit 0 when the kernel
-// finished and read the right value, 1 otherwise.
+// Usage: sanitizer_probe late-alloc|early-alloc|two-kernels|end-beside; exit 0 when the
+// kernel finished and read the right value (end-beside: when both waits returned before
+// the running kernel was released), 1 otherwise.
 #include <cstdio>
 #include <cstring>
 #include <chrono>
@@ -55,6 +64,14 @@ __global__ void waiter(volatile int* flag, volatile Mailbox* box) {
 }
 
 __global__ void setter(volatile int* flag) { *flag = 1; }
+
+__global__ void spinner(volatile Mailbox* box) {
+    while (box->ptr == 0) {
+    }
+    box->done = 1;
+}
+
+__global__ void noop() {}
 
 static bool wait_done(volatile Mailbox* box, double seconds) {
     auto t0 = std::chrono::steady_clock::now();
@@ -114,8 +131,36 @@ int main(int argc, char** argv) {
         std::printf("two-kernels: the waiting kernel %s\n",
                     box->done ? "saw the second kernel's flag" : "never saw the flag within 5 s (launches serialised)");
         if (ok) CHECK(cudaDeviceSynchronize());
+    } else if (!std::strcmp(mode, "end-beside")) {
+        noop<<<1, 1, 0, s2>>>();  // loaded before anything runs (see two-kernels)
+        CHECK(cudaDeviceSynchronize());
+        spinner<<<1, 1, 0, s1>>>(dbox);
+        CHECK(cudaGetLastError());
+        noop<<<1, 1, 0, s2>>>();
+        CHECK(cudaGetLastError());
+        using clk = std::chrono::steady_clock;
+        const auto t0 = clk::now();
+        auto ms = [&] { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); };
+        const double release_ms = 3000.0;
+        std::thread release([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds((int)release_ms));
+            *(volatile unsigned long long*)&box->ptr = 1;
+        });
+        cudaError_t q;
+        while ((q = cudaStreamQuery(s2)) == cudaErrorNotReady) {
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        const double query_ms = ms();
+        CHECK(q);
+        CHECK(cudaStreamSynchronize(s2));
+        const double sync_ms = ms();
+        release.join();
+        CHECK(cudaStreamSynchronize(s1));
+        ok = query_ms < release_ms && sync_ms < release_ms;
+        std::printf("end-beside: the short kernel's stream polled idle after %.1f ms, synchronised after %.1f ms; "
+                    "the other kernel was released at %.0f ms\n", query_ms, sync_ms, release_ms);
     } else {
-        std::printf("usage: sanitizer_probe late-alloc|early-alloc|two-kernels\n");
+        std::printf("usage: sanitizer_probe late-alloc|early-alloc|two-kernels|end-beside\n");
         return 2;
     }
     // A kernel left spinning is abandoned: the process exits without waiting for it.

@@ -72,7 +72,49 @@ impl Scale {
             calls_per_caller: 100,
         }
     }
+    /// A smoke run: every path once or a few times, for tools that slow a device down
+    /// by orders of magnitude (compute-sanitizer's racecheck runs a persistent kernel's
+    /// round in milliseconds).
+    pub const fn smoke() -> Self {
+        Scale {
+            echo_messages: 300,
+            pipeline_messages: 100,
+            callers: 2,
+            calls_per_caller: 10,
+        }
+    }
+
+    /// The scale named by the environment variable `RINGKERNEL_CONFORMANCE_SCALE`
+    /// (`full`, `quick` or `smoke`), else `default`; an unknown name is an error naming
+    /// the accepted ones.
+    ///
+    /// ```
+    /// use ringkernel_core::conformance::Scale;
+    /// // Unset here: the default stands.
+    /// assert_eq!(Scale::from_env(Scale::quick()).unwrap(), Scale::quick());
+    /// ```
+    pub fn from_env(default: Scale) -> Result<Scale> {
+        match std::env::var(SCALE_ENV) {
+            Err(_) => Ok(default),
+            Ok(name) => Scale::named(&name),
+        }
+    }
+
+    /// The scale called `name` (`full`, `quick` or `smoke`).
+    pub fn named(name: &str) -> Result<Scale> {
+        match name {
+            "full" => Ok(Scale::full()),
+            "quick" => Ok(Scale::quick()),
+            "smoke" => Ok(Scale::smoke()),
+            other => Err(Error::invalid(format!(
+                "{SCALE_ENV}={other:?}: expected full, quick or smoke"
+            ))),
+        }
+    }
 }
+
+/// The environment variable [`Scale::from_env`] reads.
+pub const SCALE_ENV: &str = "RINGKERNEL_CONFORMANCE_SCALE";
 
 impl Default for Scale {
     fn default() -> Self {
@@ -1319,6 +1361,15 @@ pub async fn run_all(rt: &dyn RingKernelRuntime, scale: Scale) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scales_are_named_and_an_unknown_name_is_an_error() {
+        assert_eq!(Scale::named("full").unwrap(), Scale::full());
+        assert_eq!(Scale::named("smoke").unwrap(), Scale::smoke());
+        let e = Scale::named("tiny").unwrap_err().to_string();
+        assert!(e.contains("\"tiny\"") && e.contains("smoke"), "{e}");
+        assert!(Scale::smoke().echo_messages < Scale::quick().echo_messages);
+    }
 
     #[test]
     fn join_all_keeps_order() {

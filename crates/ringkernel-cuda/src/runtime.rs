@@ -1686,12 +1686,20 @@ impl CudaEngine {
         let _ = prev;
         self.send_command(command::TERMINATE);
         let start = Instant::now();
+        // The kernel has returned once its stream is idle. That is polled, not waited
+        // for with a blocking synchronise, which would hold this executor thread for as
+        // long as the kernel drains and, under compute-sanitizer, until every other
+        // kernel of the device has ended too (scripts/sanitizer_probe.cu, mode
+        // end-beside): there, a kernel that does not end is an EXIT_TIMEOUT error here,
+        // not a hang.
         loop {
-            if self.device_state() == LifecycleState::Terminated as u32 {
-                break;
-            }
-            if self.stream.is_idle()? {
-                break;
+            match self.stream.is_idle() {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    self.mark_exited();
+                    return Err(e);
+                }
             }
             // Keep the output ring drained so a draining kernel never waits for space.
             if lock(&self.consumer).ring.len() >= self.out_cap / 2 {
@@ -1703,9 +1711,7 @@ impl CudaEngine {
             }
             futures_timer::Delay::new(Duration::from_micros(100)).await;
         }
-        let sync = self.stream.synchronize();
         self.mark_exited();
-        sync?;
         let taken_after = taken();
         // Whatever is still in the input queue was not processed: hand it back.
         let undelivered = self.take_undelivered()?;
