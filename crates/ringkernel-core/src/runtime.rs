@@ -1054,6 +1054,15 @@ impl KernelHandle {
         if max == 0 {
             return Ok(0);
         }
+        // Messages already waiting in the queue (and none kept from earlier receives)
+        // are decoded in place at once: no envelope for the first, one clock merge.
+        if lock(&self.inner.stash).is_empty() {
+            match self.dequeue_decoded(out, max)? {
+                (0, Some(e)) => return Err(e),
+                (0, None) => {}
+                (n, _) => return Ok(n),
+            }
+        }
         let first = self.receive_envelope(timeout).await?;
         out.push(self.decode_or_keep(first)?);
         let mut n = 1;
@@ -1076,14 +1085,28 @@ impl KernelHandle {
         if n == max {
             return Ok(n);
         }
+        // A message that does not decode stays queued for the next receive.
+        Ok(n + self.dequeue_decoded(out, max - n)?.0)
+    }
+
+    /// The queue part of [`receive_batch_into`](Self::receive_batch_into): decodes up
+    /// to `max` waiting messages straight from the output queue into `out` and merges
+    /// the latest timestamp into the host clock once. A message of another type ends
+    /// the batch and is kept (in the stash, first); its decode error comes back with
+    /// the count. `(0, None)` when nothing is waiting.
+    fn dequeue_decoded<M: RingMessage>(
+        &self,
+        out: &mut Vec<M>,
+        max: usize,
+    ) -> Result<(usize, Option<Error>)> {
         // Room for what is waiting now, at once (not `max`, which may be far more).
-        out.reserve((max - n).min(self.inner.engine.output_depth()));
+        out.reserve(max.min(self.inner.engine.output_depth()));
         let mut latest: Option<HlcTimestamp> = None;
-        let mut kept: Option<Envelope> = None;
-        let taken = self
+        let mut kept: Option<(Envelope, Error)> = None;
+        let n = self
             .inner
             .engine
-            .try_dequeue_batch_with(max - n, &mut |header, payload| {
+            .try_dequeue_batch_with(max, &mut |header, payload| {
                 let ts = header.hlc();
                 if latest.is_none_or(|l| ts > l) {
                     latest = Some(ts);
@@ -1093,26 +1116,28 @@ impl KernelHandle {
                         out.push(m);
                         true
                     }
-                    Err(_) => {
-                        kept = Some(Envelope {
+                    Err(e) => {
+                        let env = Envelope {
                             header: *header,
                             payload: payload.to_vec(),
-                        });
+                        };
+                        kept = Some((env, e));
                         false
                     }
                 }
             })?;
-        n += taken;
-        if let Some(env) = kept {
-            n -= 1;
-            lock(&self.inner.stash).push_front(env);
-        }
         if let Some(latest) = latest {
             if let Err(e) = self.inner.core.hlc().update(&latest) {
                 tracing::warn!(kernel = %self.name(), error = %e, "reply timestamp not merged into the host clock");
             }
         }
-        Ok(n)
+        Ok(match kept {
+            Some((env, e)) => {
+                lock(&self.inner.stash).push_front(env);
+                (n - 1, Some(e))
+            }
+            None => (n, None),
+        })
     }
 
     /// Takes the first message (stash first, then the queue) that `pred` accepts,

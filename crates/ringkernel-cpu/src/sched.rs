@@ -44,7 +44,7 @@ const PREEMPTED: Duration = Duration::from_micros(30);
 /// takes a core from the threads that feed the pool (on a 2-core machine, the host's).
 /// Workers that run short turns between pauses (a `call` round trip) do not count, so
 /// the searcher stays ready for the host's next request.
-const BUSY_SEARCH: Duration = Duration::from_micros(10);
+const BUSY_SEARCH: Duration = Duration::from_micros(1);
 /// A parked worker woken for work within this many search windows of parking had
 /// parked too early: the window doubles.
 const PREMATURE: u64 = 4;

@@ -9,7 +9,7 @@ use ringkernel_core::message::{Envelope, MessageHeader, RingMessage};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, HIGH, LOW, NORMAL};
 use ringkernel_core::registry::KernelRegistry;
-use ringkernel_core::runtime::{KernelId, RingKernelRuntime};
+use ringkernel_core::runtime::{KernelHandle, KernelId, RingKernelRuntime};
 use ringkernel_core::Error;
 use ringkernel_cpu::CpuRuntime;
 use std::collections::HashSet;
@@ -221,17 +221,16 @@ impl RingMessage for Other {
     const NAME: &'static str = "Other";
 }
 
-/// `receive_batch_into` decodes replies in place; a reply of another type ends the
-/// batch and stays first in line (a typed receive of the first is `TypeMismatch`, and
-/// the message is still there for a receive of its own type).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn receive_batch_into_stops_at_another_type() {
+/// A kernel that echoes tokens, except token `other_at`, for which it replies
+/// `Other { x }`; `n` tokens sent to it as one batch, all replies waiting in its output
+/// queue on return (so a receive sees them together).
+async fn mixed_replies(other_at: u64, x: u64, n: u64) -> (CpuRuntime, KernelHandle) {
     let reg = KernelRegistry::new();
     reg.register_fn(
         "test.mixed",
-        |ctx: &mut KernelContext<'_>, t: Token| -> ringkernel_core::Result<Option<Token>> {
-            if t.id == 5 {
-                ctx.reply(&Other { x: 55 })?;
+        move |ctx: &mut KernelContext<'_>, t: Token| -> ringkernel_core::Result<Option<Token>> {
+            if t.id == other_at {
+                ctx.reply(&Other { x })?;
                 Ok(None)
             } else {
                 Ok(Some(t))
@@ -246,15 +245,45 @@ async fn receive_batch_into_stops_at_another_type() {
         )
         .await
         .unwrap();
-    let batch: Vec<Token> = (0..10).map(|i| Token::new(i, 0.0)).collect();
+    let batch: Vec<Token> = (0..n).map(|i| Token::new(i, 0.0)).collect();
     k.send_batch(&batch).await.unwrap();
     k.activate().await.unwrap();
-    // Wait until all ten replies are there, so the batch sees them together.
     let t0 = std::time::Instant::now();
-    while k.metrics().output_depth < 10 {
+    while (k.metrics().output_depth as u64) < n {
         assert!(t0.elapsed() < T, "{:?}", k.metrics());
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    (rt, k)
+}
+
+/// A reply of another type at the front of the output queue (nothing kept from an
+/// earlier receive) is `TypeMismatch` for `receive_batch_into`, and it stays first in
+/// line, ahead of the replies behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_into_keeps_a_first_reply_of_another_type() {
+    let (rt, k) = mixed_replies(0, 7, 4).await;
+    let mut got: Vec<Token> = Vec::new();
+    assert!(matches!(
+        k.receive_batch_into(&mut got, 64, Some(T)).await,
+        Err(Error::TypeMismatch { .. })
+    ));
+    assert!(got.is_empty(), "nothing appended on the mismatch");
+    let o: Other = k.receive_timeout_as(T).await.unwrap();
+    assert_eq!(o, Other { x: 7 });
+    assert_eq!(
+        k.receive_batch_into(&mut got, 64, Some(T)).await.unwrap(),
+        3
+    );
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 2, 3]);
+    rt.shutdown().await.unwrap();
+}
+
+/// `receive_batch_into` decodes replies in place; a reply of another type ends the
+/// batch and stays first in line (a typed receive of the first is `TypeMismatch`, and
+/// the message is still there for a receive of its own type).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_into_stops_at_another_type() {
+    let (rt, k) = mixed_replies(5, 55, 10).await;
     let mut got: Vec<Token> = Vec::new();
     assert_eq!(
         k.receive_batch_into(&mut got, 64, Some(T)).await.unwrap(),
