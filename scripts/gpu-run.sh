@@ -94,8 +94,10 @@ case "${1:-}" in
   tail -24 "$O/wgpu-bench.txt"
   ;;
 llm)
-  # The CUDA decode alone: tests, then the bench with the step recorded as a CUDA graph
-  # (the default) and as a program (RINGKERNEL_CUDA_PROGRAM=1), alternating, the program
+  # The CUDA decode alone: tests (the ops and the reference also with the one-block-a-head
+  # attention, RINGKERNEL_CUDA_ATTN_SPLIT=0), then the bench with the step recorded as a
+  # CUDA graph (the default; also with the one-block attention and with 4 and 16 blocks
+  # a head) and as a program (RINGKERNEL_CUDA_PROGRAM=1), alternating, the program
   # without split attention, a run with the program's per-instruction device timer,
   # scripts/grid_barrier.cu, and the transformers peer (LLM_PEER=0 leaves it out).
   model
@@ -103,8 +105,10 @@ llm)
   export RINGKERNEL_LLM_MODEL=$m
   nvcc -O3 -arch=native -o /tmp/grid_barrier scripts/grid_barrier.cu >"$O/grid-barrier-build.txt" 2>&1 &
   r 60 cuda-ops .gpu/tests/ringkernel-cuda-ops --include-ignored
+  RINGKERNEL_CUDA_ATTN_SPLIT=0 r 60 cuda-ops-one-block .gpu/tests/ringkernel-cuda-ops --include-ignored
   r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
   r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
+  RINGKERNEL_CUDA_ATTN_SPLIT=0 r 90 llm-reference-one-block .gpu/tests/ringkernel-llm-generate_reference --include-ignored
   bench() { # bench NAME [VAR=VALUE...]: one decode bench (3 runs) with those switches
     local name=$1
     shift
@@ -113,8 +117,11 @@ llm)
   }
   for round in 1 2; do
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
+    bench graph-one-block-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
     bench program-$round RINGKERNEL_CUDA_PROGRAM=1
   done
+  bench graph-split4 RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=4
+  bench graph-split16 RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=16
   bench program-no-split RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_SPLIT=0
   env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1
   grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14

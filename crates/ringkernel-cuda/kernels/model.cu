@@ -651,3 +651,137 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
     rk_pdl_enter();
     rope_attention_kv_body(qkv, pos, q, kc, vc, out, heads, kv_heads, hd, cap, base, scale, blockIdx.x);
 }
+
+// rk_rope_attention_kv for one token over more of the GPU: `ns` small blocks (AS_THREADS)
+// per query head, block (h, s) taking slice s of the keys, with no global round trip for
+// q and no reduction wider than four warps. Each block rotates its query head into
+// shared memory (split 0 also writes it to q); the block whose slice holds the new key
+// appends the key and value rows of its key/value head (the blocks of one group write
+// the same bits) and reads them back after its own barrier: no other block reads that
+// row. A block writes its partial result (max m, sum l of exp(score - m), the
+// unnormalised Σ exp(score - m)·v) to part; the last block of a head to finish (counted
+// in done[h], back to 0 after) merges the head's parts into out. Needs hd % 4 == 0,
+// hd <= AS_MAXD and 16-byte aligned caches (the host checks).
+#define AS_THREADS 128
+#define AS_MAXD 128
+extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
+    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
+    float* __restrict__ out, float* part, u32* done, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base,
+    float scale, u64 ns) {
+    rk_pdl_enter();
+    __shared__ __align__(16) float sh_q[AS_MAXD];
+    __shared__ float sh_p[AS_THREADS];
+    __shared__ float sh_red[AS_THREADS / WARP];
+    __shared__ __align__(16) float sh_acc[AS_THREADS * 4];
+    __shared__ int sh_last;
+    const u64 h = blockIdx.x / ns, s = blockIdx.x % ns;
+    const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nwarps = AS_THREADS / WARP;
+    const u64 n = (at < cap ? at : cap - 1) + 1, per = (n + ns - 1) / ns;
+    const u64 lo = s * per < n ? s * per : n, hi = lo + per < n ? lo + per : n;  // keys [lo, hi)
+    const bool appends = at < cap && lo <= at && at < hi;
+    for (u64 r = tid; r < hd; r += AS_THREADS) {
+        const u64 i = r % half;
+        float y0, y1;
+        if (r < half) {
+            rope_pair(qkv, h, i, hd, at, base, &y0, &y1);
+            sh_q[i] = y0;
+            sh_q[i + half] = y1;
+            if (s == 0) {
+                q[h * hd + i] = y0;
+                q[h * hd + i + half] = y1;
+            }
+        } else if (appends) {
+            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1);
+            kc[(kvh * cap + at) * hd + i] = y0;
+            kc[(kvh * cap + at) * hd + i + half] = y1;
+        }
+    }
+    if (appends)
+        for (u64 i = tid; i < hd; i += AS_THREADS) vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
+    __syncthreads();  // sh_q, and the appended row for this block's threads
+    const int cols = (int)(hd / 4), groups = AS_THREADS / cols, col = tid % cols, g = tid / cols;
+    const float4* kb = (const float4*)(kc + kvh * cap * hd);
+    const float4* vb = (const float4*)(vc + kvh * cap * hd);
+    const float4* q4 = (const float4*)sh_q;
+    float m = NEG_INF, l = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (u64 j0 = lo; j0 < hi; j0 += AS_THREADS) {
+        const int len = (int)(hi - j0 < AS_THREADS ? hi - j0 : AS_THREADS);
+        float sc = NEG_INF;
+        if (tid < len) {
+            const float4* kr = kb + (j0 + tid) * cols;
+            float d = 0.0f;
+#pragma unroll 8
+            for (int c = 0; c < cols; c++) {
+                const float4 k = kr[c], qq = q4[c];
+                d += qq.x * k.x + qq.y * k.y + qq.z * k.z + qq.w * k.w;
+            }
+            sc = d * scale;
+        }
+        float tmax = warp_reduce<RMax>(sc);
+        if (lane == 0) sh_red[warp] = tmax;
+        __syncthreads();
+        tmax = sh_red[0];
+        for (int w = 1; w < nwarps; w++) tmax = fmaxf(tmax, sh_red[w]);
+        const float mn = fmaxf(m, tmax);
+        const float p = tid < len ? expf(sc - mn) : 0.0f;
+        sh_p[tid] = p;
+        float ts = warp_reduce<RSum>(p);
+        __syncthreads();  // every thread has read sh_red's maxima; sh_p is written
+        if (lane == 0) sh_red[warp] = ts;
+        __syncthreads();
+        ts = 0.0f;
+        for (int w = 0; w < nwarps; w++) ts += sh_red[w];
+        const float corr = m == NEG_INF ? 0.0f : expf(m - mn);
+        l = l * corr + ts;
+        m = mn;
+        if (g < groups) {
+            acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
+            const float4* vr = vb + j0 * cols + col;
+#pragma unroll 1
+            for (int j = g; j < len; j += KV_BATCH * groups) {
+                float4 v[KV_BATCH];
+#pragma unroll
+                for (int b = 0; b < KV_BATCH; b++) {
+                    const int jb = j + b * groups;
+                    v[b] = jb < len ? vr[(u64)jb * cols] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int b = 0; b < KV_BATCH; b++) {
+                    const int jb = j + b * groups;
+                    const float pj = jb < len ? sh_p[jb] : 0.0f;
+                    acc = make_float4(fmaf(pj, v[b].x, acc.x), fmaf(pj, v[b].y, acc.y), fmaf(pj, v[b].z, acc.z),
+                                      fmaf(pj, v[b].w, acc.w));
+                }
+            }
+        }
+        __syncthreads();  // sh_p and sh_red are rewritten by the next slice of keys
+    }
+    if (g < groups) ((float4*)sh_acc)[g * cols + col] = acc;
+    __syncthreads();
+    const u64 stride = hd + 2;
+    float* mine = part + (h * ns + s) * stride;
+    for (u64 d = tid; d < hd; d += AS_THREADS) {
+        float a = 0.0f;
+        for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
+        if (ns == 1)
+            out[h * hd + d] = l > 0.0f ? a / l : 0.0f;
+        else
+            mine[2 + d] = a;
+    }
+    if (ns == 1) return;
+    if (tid == 0) {
+        mine[0] = m;
+        mine[1] = l;
+    }
+    __threadfence();  // this block's part, device-wide, before its count
+    __syncthreads();
+    if (tid == 0) sh_last = atomicAdd(done + h, 1u) == ns - 1;
+    __syncthreads();
+    if (sh_last) {
+        __threadfence();
+        attention_combine(part + h * ns * stride, ns, stride, hd, out + h * hd);
+        if (tid == 0) done[h] = 0;  // for the next call, which waits for this kernel
+    }
+}

@@ -15,7 +15,7 @@
 //! (a decode step is hundreds of small kernels). `RINGKERNEL_CUDA_PDL=0` launches them
 //! plainly, for measuring the difference.
 
-use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, Module, Stream};
+use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, DeviceMemory, Module, Stream};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::compute::{
@@ -71,7 +71,11 @@ pub(crate) struct ComputeInner {
     cublas: Mutex<Option<Cublas>>,
     funcs: Mutex<HashMap<String, Arc<Func>>>,
     module: Module,
-    stream: Stream,
+    /// Scratch of the split decode attention (`rk_rope_attention_kv_split`: the blocks'
+    /// partial results and a counter per head), allocated with the backend so that a
+    /// captured graph can use it; freed in the order of `stream`.
+    attn_scratch: DeviceMemory,
+    stream: Arc<Stream>,
     dev: Arc<Device>,
     tf32: AtomicBool,
     /// Launch the op kernels with programmatic dependent launch (see `pdl_wanted`).
@@ -177,13 +181,15 @@ impl CudaCompute {
         let cubin =
             crate::nvrtc::compile_cubin(OPS_SRC, "ops", dev.info.cc, dev.info.driver_version)?;
         let module = dev.load_module(&cubin)?;
-        let stream = dev.new_stream()?;
+        let stream = Arc::new(dev.new_stream()?);
+        let attn_scratch = DeviceMemory::zeroed(&stream, model::ATTN_SCRATCH_BYTES)?;
         let pdl = pdl_wanted(&dev.info);
         Ok(CudaCompute {
             inner: Arc::new(ComputeInner {
                 cublas: Mutex::new(None),
                 funcs: Mutex::new(HashMap::new()),
                 module,
+                attn_scratch,
                 stream,
                 dev,
                 tf32: AtomicBool::new(false),

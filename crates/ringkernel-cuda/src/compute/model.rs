@@ -24,6 +24,34 @@ const QM_ROWS_FROM: usize = 16384;
 const KV_THREADS: u32 = 512;
 const KV_MAX_HEAD_DIM: usize = 256;
 
+/// The split decode attention (`rk_rope_attention_kv_split`): threads a block
+/// (`AS_THREADS`), the largest head (`AS_MAXD`), and what its scratch holds: parts for
+/// up to `ATTN_SPLIT_HEADS` query heads of `ATTN_SPLIT_MAX` blocks each, then a counter
+/// per head.
+const AS_THREADS: u32 = 128;
+const AS_MAX_HEAD_DIM: usize = 128;
+const ATTN_SPLIT_HEADS: usize = 64;
+const ATTN_SPLIT_MAX: usize = 16;
+const ATTN_PARTS_BYTES: usize = ATTN_SPLIT_HEADS * ATTN_SPLIT_MAX * (AS_MAX_HEAD_DIM + 2) * 4;
+/// Bytes of the split attention's scratch (allocated with the backend).
+pub(super) const ATTN_SCRATCH_BYTES: usize = ATTN_PARTS_BYTES + ATTN_SPLIT_HEADS * 4;
+/// Blocks a query head in the split decode attention when `RINGKERNEL_CUDA_ATTN_SPLIT`
+/// does not say (`0` there: the one-block-a-head kernel, `rk_rope_attention_kv`).
+const ATTN_SPLIT_DEFAULT: usize = 8;
+
+/// The split decode attention's blocks a head, from `RINGKERNEL_CUDA_ATTN_SPLIT` (read
+/// once; capped at `ATTN_SPLIT_MAX`); 0 for the one-block-a-head kernel.
+fn attn_split() -> usize {
+    static SPLIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SPLIT.get_or_init(|| {
+        std::env::var("RINGKERNEL_CUDA_ATTN_SPLIT")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(ATTN_SPLIT_DEFAULT)
+            .min(ATTN_SPLIT_MAX)
+    })
+}
+
 /// The attention kernels take heads of up to `KV_MAX_HEAD_DIM` values.
 fn kv_head_fits(op: &str, d: &KvDims) -> Result<()> {
     if d.head_dim > KV_MAX_HEAD_DIM {
@@ -302,8 +330,12 @@ impl CudaCompute {
         self.launch(&name, grid, block, 0, &mut params)
     }
 
-    /// `ComputeBackend::rope_attention_kv`: one `rk_rope_attention_kv` kernel for a
-    /// single token, else `rope_kv` and `attention_kv`.
+    /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
+    /// `rope_kv` and `attention_kv`. The one kernel is `rk_rope_attention_kv_split`
+    /// (`RINGKERNEL_CUDA_ATTN_SPLIT` blocks of 128 threads a query head, 8 by default, each
+    /// over a slice of the keys, the last to finish merging them) where the head fits it
+    /// (`head_dim` a multiple of 4 up to 128, at most 64 heads), else, or with
+    /// `RINGKERNEL_CUDA_ATTN_SPLIT=0`, `rk_rope_attention_kv` (one block of 512 a head).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rope_attention_kv_impl(
         &self,
@@ -352,6 +384,40 @@ impl CudaCompute {
             d.rope_base,
             d.scale,
         );
+        let split = attn_split();
+        if split > 0
+            && d.head_dim % 4 == 0
+            && d.head_dim <= AS_MAX_HEAD_DIM
+            && d.heads <= ATTN_SPLIT_HEADS
+            && (pk | pv) % 16 == 0
+        {
+            let scratch = self.inner.attn_scratch.ptr();
+            let (mut part, mut done, mut ns) =
+                (scratch, scratch + ATTN_PARTS_BYTES as u64, split as u64);
+            return self.launch(
+                "rk_rope_attention_kv_split",
+                ((d.heads * split) as u32, 1, 1),
+                (AS_THREADS, 1, 1),
+                0,
+                &mut [
+                    arg(&mut px),
+                    arg(&mut pp),
+                    arg(&mut pq),
+                    arg(&mut pk),
+                    arg(&mut pv),
+                    arg(&mut po),
+                    arg(&mut part),
+                    arg(&mut done),
+                    arg(&mut h),
+                    arg(&mut kh),
+                    arg(&mut hd),
+                    arg(&mut cap),
+                    arg(&mut base),
+                    arg(&mut sc),
+                    arg(&mut ns),
+                ],
+            );
+        }
         self.launch(
             "rk_rope_attention_kv",
             (d.heads as u32, 1, 1),
