@@ -386,7 +386,7 @@ impl CudaCompute {
         );
         let split = attn_split();
         if split > 0
-            && d.head_dim % 4 == 0
+            && d.head_dim.is_multiple_of(4)
             && d.head_dim <= AS_MAX_HEAD_DIM
             && d.heads <= ATTN_SPLIT_HEADS
             && (pk | pv) % 16 == 0
