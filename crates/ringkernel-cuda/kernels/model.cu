@@ -415,9 +415,8 @@ EMBEDDING(q8_0, 2)
 __device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
                                           float* y0, float* y1) {
     const u64 half = hd / 2;
-    const double inv_freq = pow((double)base, -2.0 * (double)i / (double)hd);
     double sn, cs;
-    sincos((double)at * inv_freq, &sn, &cs);
+    rope_sincos((double)at, i, hd, base, &sn, &cs);
     const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
     *y0 = (float)((double)x0 * cs - (double)x1 * sn);
     *y1 = (float)((double)x0 * sn + (double)x1 * cs);

@@ -453,18 +453,25 @@ extern "C" __global__ void rk_layer_norm(const float* __restrict__ x, const floa
 
 // ------------------------------------------------------------------ RoPE
 
-// x, out: [seq, heads, head_dim]; one thread per (s, h, i < head_dim/2). The angle is
-// computed in double so long positions keep their precision.
+// sin and cos of RoPE's angle pos · base^(-2i/d), in double so long positions keep their
+// precision. The angle goes in half-turns to sincospi, whose argument reduction is exact
+// and short: sincos takes a slow path (a loop over a local-memory table) for angles of a
+// few hundred radians, which every position past a few hundred reaches at i = 0.
+__device__ __forceinline__ void rope_sincos(double pos, u64 i, u64 d, float base, double* sn, double* cs) {
+    const double inv_freq = exp2(-2.0 * (double)i / (double)d * log2((double)base));
+    sincospi(pos * inv_freq * 0.318309886183790671538, sn, cs);  // 1/pi
+}
+
+// x, out: [seq, heads, head_dim]; one thread per (s, h, i < head_dim/2); the angle by
+// rope_sincos.
 extern "C" __global__ void rk_rope(const float* __restrict__ x, const float* __restrict__ pos, float* __restrict__ out,
                                    u64 seq, u64 heads, u64 head_dim, float base) { rk_pdl_enter();
     const u64 half = head_dim / 2;
     const u64 total = seq * heads * half;
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += (u64)gridDim.x * blockDim.x) {
         const u64 i = t % half, sh = t / half, s = sh / heads;
-        const double inv_freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
-        const double theta = (double)pos[s] * inv_freq;
         double sn, cs;
-        sincos(theta, &sn, &cs);
+        rope_sincos((double)pos[s], i, head_dim, base, &sn, &cs);
         const float* xr = x + sh * head_dim;
         float* orow = out + sh * head_dim;
         const float a = xr[i], b = xr[i + half];
