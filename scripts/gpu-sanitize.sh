@@ -34,9 +34,8 @@
 # two kernels: lifecycle, K2K, pub/sub, shutdown) cannot finish under the tool: it sees a
 # kernel's end only once every kernel of the device has ended (the probe's end-beside
 # mode shows this on plain CUDA), so the first terminate waits for the second kernel,
-# which waits for the test. Such a test ends as TIMEOUT here (the CUDA runtime turns it
-# into an EXIT_TIMEOUT error after 60 s). The K2K tests that end their kernels together
-# run to the end under every tool.
+# which waits for the test. Such a test ends as TIMEOUT here. The K2K tests that end
+# their kernels together run to the end under every tool.
 #
 # Keep SANITIZE_JOBS small (3 ran clean): with 9 or more sanitized processes at once,
 # some tests that passed with 0 errors exited with signal 11 after their summary, which

@@ -1688,10 +1688,9 @@ impl CudaEngine {
         let start = Instant::now();
         // The kernel has returned once its stream is idle. That is polled, not waited
         // for with a blocking synchronise, which would hold this executor thread for as
-        // long as the kernel drains and, under compute-sanitizer, until every other
-        // kernel of the device has ended too (scripts/sanitizer_probe.cu, mode
-        // end-beside): there, a kernel that does not end is an EXIT_TIMEOUT error here,
-        // not a hang.
+        // long as the kernel drains, and gives up after EXIT_TIMEOUT. (Under
+        // compute-sanitizer the stream does not go idle while any other kernel of the
+        // device runs: scripts/sanitizer_probe.cu, mode end-beside.)
         loop {
             match self.stream.is_idle() {
                 Ok(true) => break,
