@@ -94,10 +94,10 @@ note() {
   echo "$1"
 }
 # Process $1 and all its descendants.
-tree() {
+descendants() {
   local c
   echo "$1"
-  for c in $(pgrep -P "$1"); do tree "$c"; done
+  for c in $(pgrep -P "$1"); do descendants "$c"; done
 }
 # Writes the host threads' stacks of process $1 and its descendants (compute-sanitizer
 # starts the test through a launcher process) to $2.
@@ -106,7 +106,7 @@ dump_stacks() {
   # Plain gdb only: cuda-gdb attaching to a process under the tool ends it ("Could not
   # find CUDA Debugger back-end", H100, driver 580).
   dbg=$(command -v gdb || true)
-  for p in $(tree "$pid"); do
+  for p in $(descendants "$pid"); do
     case "$(cat "/proc/$p/comm" 2>/dev/null)" in timeout | compute-sanitiz* | TreeLauncher*) continue ;; esac
     echo "== process $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-160)"
     for t in /proc/"$p"/task/*; do

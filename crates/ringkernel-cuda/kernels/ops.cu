@@ -455,8 +455,9 @@ extern "C" __global__ void rk_layer_norm(const float* __restrict__ x, const floa
 
 // sin and cos of RoPE's angle pos · base^(-2i/d), in double so long positions keep their
 // precision. The angle goes in half-turns to sincospi, whose argument reduction is exact
-// and short: sincos takes a slow path (a loop over a local-memory table) for angles of a
-// few hundred radians, which every position past a few hundred reaches at i = 0.
+// and short: sincos has a slow path for large angles (a loop over a local-memory table),
+// and ncu counted 1,008 local-memory requests a launch of the decode attention with it
+// (H100, position about 300).
 __device__ __forceinline__ void rope_sincos(double pos, u64 i, u64 d, float base, double* sn, double* cs) {
     const double inv_freq = exp2(-2.0 * (double)i / (double)d * log2((double)base));
     sincospi(pos * inv_freq * 0.318309886183790671538, sn, cs);  // 1/pi

@@ -40,16 +40,28 @@ pub(super) const ATTN_SCRATCH_BYTES: usize = ATTN_PARTS_BYTES + ATTN_SPLIT_HEADS
 const ATTN_SPLIT_DEFAULT: usize = 8;
 
 /// The split decode attention's blocks a head, from `RINGKERNEL_CUDA_ATTN_SPLIT` (read
-/// once; capped at `ATTN_SPLIT_MAX`); 0 for the one-block-a-head kernel.
+/// once; capped at `ATTN_SPLIT_MAX`; a value that is not a number is reported and the
+/// default kept); 0 for the one-block-a-head kernel.
 fn attn_split() -> usize {
     static SPLIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *SPLIT.get_or_init(|| {
-        std::env::var("RINGKERNEL_CUDA_ATTN_SPLIT")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(ATTN_SPLIT_DEFAULT)
-            .min(ATTN_SPLIT_MAX)
+        parse_attn_split(std::env::var("RINGKERNEL_CUDA_ATTN_SPLIT").ok().as_deref())
     })
+}
+
+/// [`attn_split`] from the variable's value (`None`: unset).
+fn parse_attn_split(value: Option<&str>) -> usize {
+    let Some(v) = value else {
+        return ATTN_SPLIT_DEFAULT;
+    };
+    match v.trim().parse::<usize>() {
+        Ok(n) => n.min(ATTN_SPLIT_MAX),
+        Err(_) => {
+            tracing::warn!(value = %v, default = ATTN_SPLIT_DEFAULT,
+                "RINGKERNEL_CUDA_ATTN_SPLIT is not a number of blocks; keeping the default");
+            ATTN_SPLIT_DEFAULT
+        }
+    }
 }
 
 /// The attention kernels take heads of up to `KV_MAX_HEAD_DIM` values.
@@ -334,7 +346,8 @@ impl CudaCompute {
     /// `rope_kv` and `attention_kv`. The one kernel is `rk_rope_attention_kv_split`
     /// (`RINGKERNEL_CUDA_ATTN_SPLIT` blocks of 128 threads a query head, 8 by default, each
     /// over a slice of the keys, the last to finish merging them) where the head fits it
-    /// (`head_dim` a multiple of 4 up to 128, at most 64 heads), else, or with
+    /// (`head_dim` a multiple of 4 up to 128, at most 64 heads, 16-byte aligned caches),
+    /// else, or with
     /// `RINGKERNEL_CUDA_ATTN_SPLIT=0`, `rk_rope_attention_kv` (one block of 512 a head).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rope_attention_kv_impl(
@@ -663,3 +676,17 @@ macro_rules! model_ops {
     };
 }
 pub(super) use model_ops;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attention_split_switch_reads_numbers_caps_them_and_keeps_the_default_otherwise() {
+        assert_eq!(parse_attn_split(None), ATTN_SPLIT_DEFAULT);
+        assert_eq!(parse_attn_split(Some("0")), 0);
+        assert_eq!(parse_attn_split(Some(" 4 ")), 4);
+        assert_eq!(parse_attn_split(Some("1000")), ATTN_SPLIT_MAX);
+        assert_eq!(parse_attn_split(Some("eight")), ATTN_SPLIT_DEFAULT);
+    }
+}
