@@ -671,6 +671,19 @@ impl<T: DrainTarget> DrainEngine<T> {
         Ok(())
     }
 
+    /// After a dequeue of `n` replies: a pass owed may start; when there were none,
+    /// the kernel's failure, if it has failed.
+    fn dequeued(&self, n: usize) -> Result<usize> {
+        if n > 0 {
+            self.kick_if_starved();
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
+        }
+        Ok(n)
+    }
+
     /// After replies were taken: a pass paused for want of reply room may start.
     fn kick_if_starved(&self) {
         if self.starved.load(Ordering::SeqCst) {
@@ -798,14 +811,17 @@ impl<T: DrainTarget> DrainEngine<T> {
         let staged = self.target.stage_input(count as usize);
         let pt = self.clock.physical_ms();
         let too_far = pt.saturating_add(self.clock.max_drift_ms());
-        let mut latest: Option<HlcTimestamp> = None;
+        // The latest request timestamp of the pass (shared by the two closures below).
+        let latest: std::cell::Cell<Option<HlcTimestamp>> = std::cell::Cell::new(None);
         let Host { lanes, tail, .. } = h;
         let mut left = count as usize;
         let mut j = 0usize;
-        let mut put = |header: &MessageHeader, payload: &[u8]| {
+        // Writes the next message into its slot; with `check`, refuses it when its
+        // timestamp is too far ahead and keeps the latest.
+        let mut put = |header: &MessageHeader, payload: &[u8], check: bool| {
             let slot = match staged {
                 // SAFETY: `stage_input` returned `count · slot_size` writable bytes
-                // and `j < count` (the lanes' `pop_with` and the direct run below
+                // and `j < count` (the lanes' `pop_runs_with` and the direct run below
                 // hand over at most `left` in all).
                 Some(base) => unsafe { base.add(j * self.slot_size) },
                 // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
@@ -825,36 +841,61 @@ impl<T: DrainTarget> DrainEngine<T> {
                     payload.len(),
                 );
             }
-            let ts = header.hlc();
-            if ts.physical_ms() > too_far {
-                // SAFETY: as above: the slot's header was just written there.
-                unsafe { self.refuse(header, slot, pt) };
-            } else if latest.is_none_or(|l| ts > l) {
-                latest = Some(ts);
+            if check {
+                let ts = header.hlc();
+                if ts.physical_ms() > too_far {
+                    // SAFETY: as above: the slot's header was just written there.
+                    unsafe { self.refuse(header, slot, pt) };
+                } else if latest.get().is_none_or(|l| ts > l) {
+                    latest.set(Some(ts));
+                }
             }
             *tail += 1;
             j += 1;
+        };
+        // The clock check of a piece stamped as one run, whose timestamps rise: when
+        // its last (its latest) is not too far ahead, none is, and that one is kept
+        // here; else its messages are checked one by one (`put`). Returns whether they
+        // must be.
+        let one_by_one = |last: HlcTimestamp| {
+            if last.physical_ms() > too_far {
+                return true;
+            }
+            if latest.get().is_none_or(|l| last > l) {
+                latest.set(Some(last));
+            }
+            false
         };
         for lane in lanes.iter_mut().rev() {
             if left == 0 {
                 break;
             }
-            left -= lane.pop_with(left, |header, payload| {
-                put(header, payload);
-                true
+            left -= lane.pop_runs_with(left, |first, payloads, n| {
+                let len = first.payload_len as usize;
+                let stride = len.next_multiple_of(8);
+                let check = one_by_one(first.nth_of_run(n as u64 - 1, len).hlc());
+                for i in 0..n {
+                    let p = &payloads[i * stride..i * stride + len];
+                    put(&first.nth_of_run(i as u64, len), p, check);
+                }
+                (n, true)
             });
         }
         if let Some(d) = direct.as_mut() {
             let n = left.min(d.left());
-            for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
-                put(
-                    &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
-                    payload,
-                );
+            if n > 0 {
+                let check = one_by_one(d.first.nth_of_run((d.taken + n - 1) as u64, 0).hlc());
+                for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
+                    put(
+                        &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
+                        payload,
+                        check,
+                    );
+                }
             }
             d.taken += n;
         }
-        if let Some(l) = latest {
+        if let Some(l) = latest.get() {
             // Within the drift bound of `pt` (checked above), so this merge succeeds.
             if let Err(e) = self.clock.update_at(&l, pt) {
                 tracing::warn!(kernel = %self.name, error = %e, "request timestamps not merged into the kernel clock");
@@ -1310,14 +1351,18 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         take: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
     ) -> Result<usize> {
         let n = lock(&self.replies).pop_with(max, take);
-        if n > 0 {
-            self.kick_if_starved();
-        } else if self.failed.load(Ordering::Acquire) {
-            if let Some(e) = &lock(&self.host).failed {
-                return Err(e.clone());
-            }
-        }
-        Ok(n)
+        self.dequeued(n)
+    }
+
+    /// One lock of the reply queue for the whole batch; a run of replies (a pass's,
+    /// see `finish_pass`) is handed over as one piece, read in place.
+    fn try_dequeue_runs_with(
+        &self,
+        max: usize,
+        take: &mut ringkernel_core::runtime::TakeRun<'_>,
+    ) -> Result<usize> {
+        let n = lock(&self.replies).pop_runs_with(max, take);
+        self.dequeued(n)
     }
 
     fn output_depth(&self) -> usize {
