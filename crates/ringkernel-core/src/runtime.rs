@@ -759,6 +759,10 @@ const RECEIVE_BURST: usize = 8;
 /// The longest a receive polls cooperatively, whatever the engine says.
 const MAX_RECEIVE_SPIN: Duration = Duration::from_millis(1);
 
+/// The longest a batch receive polls cooperatively for its first message before it
+/// sleeps on the output event (about a GPU round trip; see `receive_any`).
+pub const BATCH_RECEIVE_SPIN: Duration = Duration::from_micros(100);
+
 /// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
 struct YieldNow(bool);
 
@@ -1020,7 +1024,7 @@ impl KernelHandle {
         if max == 0 {
             return Ok(out);
         }
-        out.push(self.receive_envelope(timeout).await?);
+        out.push(self.receive_any(timeout, BATCH_RECEIVE_SPIN).await?);
         {
             let mut stash = lock(&self.inner.stash);
             while out.len() < max {
@@ -1084,7 +1088,7 @@ impl KernelHandle {
                 (n, _) => return Ok(n),
             }
         }
-        let first = self.receive_envelope(timeout).await?;
+        let first = self.receive_any(timeout, BATCH_RECEIVE_SPIN).await?;
         out.push(self.decode_or_keep(first)?);
         let mut n = 1;
         {
@@ -1219,6 +1223,19 @@ impl KernelHandle {
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Result<Envelope> {
+        self.receive_where_spinning(pred, deadline, timeout, MAX_RECEIVE_SPIN)
+            .await
+    }
+
+    /// [`receive_where`](Self::receive_where), polling at most `max_spin` before it
+    /// sleeps on the output event.
+    async fn receive_where_spinning(
+        &self,
+        pred: &(dyn Fn(&Envelope) -> bool + Sync),
+        deadline: Option<Instant>,
+        timeout: Duration,
+        max_spin: Duration,
+    ) -> Result<Envelope> {
         // Replies to a request usually arrive within a round trip of the kernel. Before
         // registering a listener (whose wake-up costs a scheduler round trip), poll
         // cooperatively for about that long (the engine's `reply_wait`), helping the
@@ -1226,10 +1243,7 @@ impl KernelHandle {
         // each round hands the thread back to the executor, so other tasks keep
         // running and nothing blocks.
         let engine = &self.inner.engine;
-        let spin = engine
-            .reply_wait()
-            .unwrap_or(RECEIVE_SPIN)
-            .min(MAX_RECEIVE_SPIN);
+        let spin = engine.reply_wait().unwrap_or(RECEIVE_SPIN).min(max_spin);
         let spin_until = Instant::now() + spin;
         loop {
             // A short burst of looks between yields: a yield costs a scheduler round trip
@@ -1275,16 +1289,27 @@ impl KernelHandle {
         }
     }
 
-    /// Receives the next message from the output queue as an envelope, waiting up to
-    /// `timeout` (forever with `None`).
-    pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
+    /// The next message, as [`receive_envelope`](Self::receive_envelope), polling at
+    /// most `max_spin` before sleeping on the output event. The batch receives
+    /// ([`receive_batch`](Self::receive_batch),
+    /// [`receive_batch_into`](Self::receive_batch_into)) wait for their first message
+    /// with [`BATCH_RECEIVE_SPIN`]: one that finds the queue empty usually waits for a
+    /// whole pass of a kernel busy with a stream, which can take milliseconds, and
+    /// polling all along only burns a core.
+    async fn receive_any(&self, timeout: Option<Duration>, max_spin: Duration) -> Result<Envelope> {
         // A message already waiting is taken without reading the clock.
         if let Some(env) = self.take_matching(&|_| true)? {
             return Ok(env);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.receive_where(&|_| true, deadline, timeout.unwrap_or_default())
+        self.receive_where_spinning(&|_| true, deadline, timeout.unwrap_or_default(), max_spin)
             .await
+    }
+
+    /// Receives the next message from the output queue as an envelope, waiting up to
+    /// `timeout` (forever with `None`).
+    pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
+        self.receive_any(timeout, MAX_RECEIVE_SPIN).await
     }
 
     fn decode_or_keep<M: RingMessage>(&self, env: Envelope) -> Result<M> {
