@@ -35,6 +35,41 @@
 //! whatever the order of their completions, so replies, a serial handler's state and
 //! every count keep the order of a single pass at a time.
 //!
+//! Runs stay runs on the way out too: a pass's replies join one run in the reply queue
+//! (consecutive ids and timestamps), and a receiver takes them a run at a time
+//! ([`KernelEngine::try_dequeue_runs_with`], which `receive_batch_into` decodes with one
+//! header check a run); a waiting run goes into its slots with one clock check (its
+//! last timestamp is its latest).
+//!
+//! ### Host CPU a message in the batched echo (issue 17, helper i17e, 2026-11-27)
+//!
+//! Measured with `wgpu_bench --actors-only --batched-only --msgs 2000000` on the
+//! 2-core development VM through lavapipe, each build alternating with a build of
+//! `main` (e7197e8) in the same minutes, 7 pairs a row, each run under
+//! `perf record -e cpu-clock`. "Host threads" is the CPU of the receiver (main thread),
+//! the sender (tokio worker) and the wgpu poller, from the samples, leaving out
+//! lavapipe's own threads (about half the process CPU here is lavapipe running the
+//! shader and the buffer copies, which a GPU does instead). Medians of the pair ratios
+//! (after / before):
+//!
+//! | Change (cumulative) | msgs/s | process CPU a message | host threads a message |
+//! |---|---|---|---|
+//! | receive a run at a time (`try_dequeue_runs_with`, `Records::pop_runs_with`) | 1.03× | 0.98× | 0.93× |
+//! | + `fill_ring` takes waiting runs whole, one clock check a run | 1.04× | 0.96× | 0.92× (154 → 142 ns) |
+//! | + batch receives poll at most [`BATCH_RECEIVE_SPIN`](ringkernel_core::runtime::BATCH_RECEIVE_SPIN) (100 µs) for their first message, then sleep on the output event (was up to [`REPLY_WAIT_MAX`], 500 µs, a call) | 1.07× | 0.91× (300 → 265 ns) | 0.78× (169 → 137 ns) |
+//!
+//! In the profiles (10M messages, `perf record -g`), the receiver's polling between
+//! passes was the largest receive-side item before (about 15 ns a message here; on
+//! the H100, where a pass of the echo takes milliseconds, it could poll 500 µs a
+//! `receive_batch_into` call), and decoding the replies fell from about 20 to about
+//! 7 ns a message. Tried and not kept (profile only): comparing the header in
+//! `Records::push` as 64 bytes (`memcmp`) instead of field by field: the time moved
+//! into the `memcmp` call. Left: the poller thread's share
+//! (`finish_pass` reading the readback slots and queueing the replies, about 20 ns a
+//! message here, and filling the next pass from the lane), the sender's copy of a run
+//! into the lane when the ring is full (a second copy, into the slots, follows), one
+//! `memcpy` call a payload.
+//!
 //! ## Priority
 //!
 //! The ordering happens on the host, in the step that fills the input ring for a pass
