@@ -557,20 +557,28 @@ mod tests {
         out
     }
 
-    #[test]
-    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
+    /// A queue of one record (type 1), a run of `n` messages stamped from the returned
+    /// header (payload `i` of `size(i, n)` bytes, enough of them to span several
+    /// chunks) and one more record (type 2); the run's payloads.
+    fn run_between_singles(
+        size: impl Fn(usize, usize) -> usize,
+    ) -> (Records, MessageHeader, Vec<Vec<u8>>) {
         let mut q = Records::default();
         q.push(&header(1, 2), &[1, 2]);
         let mut first = header(5, 0);
         (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
-        // Enough payloads of 3 sizes (0, 13 and 40 bytes) to span several chunks.
         let n = 2 * CHUNK_BYTES / 48 + 11;
-        let payloads: Vec<Vec<u8>> = (0..n)
-            .map(|i| vec![i as u8; [13, 13, 40, 0][i % 4]])
-            .collect();
-        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; size(i, n)]).collect();
         q.push_run(&first, &payloads);
         q.push(&header(2, 1), &[7]);
+        (q, first, payloads)
+    }
+
+    #[test]
+    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
+        // Payloads of 3 sizes (0, 13 and 40 bytes).
+        let (mut q, first, payloads) = run_between_singles(|i, _| [13, 13, 40, 0][i % 4]);
+        let n = payloads.len();
         assert_eq!(q.len(), n + 2);
         assert!(q.chunks.len() >= 3);
         // Taken in pieces that end inside runs.
@@ -602,20 +610,8 @@ mod tests {
     /// same messages, in the same order, as `pop_with` would.
     #[test]
     fn runs_come_out_in_pieces_that_match_pop_with() {
-        let build = || {
-            let mut q = Records::default();
-            q.push(&header(1, 2), &[1, 2]);
-            let mut first = header(5, 0);
-            (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
-            // Sizes 13 (stride 16) and 40, enough to span chunks.
-            let n = 2 * CHUNK_BYTES / 48 + 11;
-            let payloads: Vec<Vec<u8>> = (0..n)
-                .map(|i| vec![(i % 251) as u8; if i < n / 2 { 13 } else { 40 }])
-                .collect();
-            q.push_run(&first, &payloads);
-            q.push(&header(2, 1), &[7]);
-            q
-        };
+        // Sizes 13 (stride 16), then 40.
+        let build = || run_between_singles(|i, n| if i < n / 2 { 13 } else { 40 }).0;
         let expected = take_all(&mut build());
         let mut q = build();
         let mut got = Vec::new();
