@@ -58,6 +58,11 @@
 //! | + `fill_ring` takes waiting runs whole, one clock check a run | 1.04× | 0.96× | 0.92× (154 → 142 ns) |
 //! | + batch receives poll at most [`BATCH_RECEIVE_SPIN`](ringkernel_core::runtime::BATCH_RECEIVE_SPIN) (100 µs) for their first message, then sleep on the output event (was up to [`REPLY_WAIT_MAX`], 500 µs, a call) | 1.07× | 0.91× (300 → 265 ns) | 0.78× (169 → 137 ns) |
 //!
+//! A second set of 8 pairs of the last build against `main`, on a busier machine
+//! (16:24), gave 1.04× msgs/s, 0.94× process CPU and 0.90× host threads (170 → 149
+//! ns); 8 pairs without `perf` 1.06× msgs/s and 0.98× process CPU (lavapipe's share
+//! hides the rest there).
+//!
 //! In the profiles (10M messages, `perf record -g`), the receiver's polling between
 //! passes was the largest receive-side item before (about 15 ns a message here; on
 //! the H100, where a pass of the echo takes milliseconds, it could poll 500 µs a
