@@ -19,7 +19,10 @@ use crate::hlc::{HlcClock, HlcTimestamp};
 pub use crate::ids::KernelId;
 use crate::k2k::{k2k_disabled, K2kBroker, K2kHost, K2kReceipt, KernelTarget};
 use crate::lifecycle::LifecycleState;
-use crate::message::{check_payload_fits, Envelope, MessageHeader, Payload, RingMessage};
+use crate::message::{
+    check_header, check_payload_fits, Envelope, MessageCodec, MessageHeader, MessageId, Payload,
+    RingMessage,
+};
 use crate::options::LaunchOptions;
 use crate::priority;
 pub use crate::pubsub::PublishReport;
@@ -71,6 +74,10 @@ pub struct TerminateReport {
 
 /// Headers the default [`KernelEngine::try_enqueue_run`] builds at a time.
 pub const RUN_BLOCK: usize = 1024;
+
+/// What [`KernelEngine::try_dequeue_runs_with`] hands each piece of the output queue
+/// to: `(first header, payloads, count)`, returning `(consumed, go on)`.
+pub type TakeRun<'a> = dyn FnMut(&MessageHeader, &[u8], usize) -> (usize, bool) + 'a;
 
 /// One launched kernel, as a backend implements it. All methods are non-blocking.
 pub trait KernelEngine: Send + Sync + 'static {
@@ -176,6 +183,20 @@ pub trait KernelEngine: Send + Sync + 'static {
             }
         }
         Ok(n)
+    }
+    /// As [`try_dequeue_batch_with`](Self::try_dequeue_batch_with), a piece at a time:
+    /// `take(first, payloads, count)` gets `count` messages at once (several where the
+    /// engine keeps them as a run of one type and size, stamped as one block): message
+    /// `i` of the piece has the header [`first.nth_of_run(i,
+    /// len)`](MessageHeader::nth_of_run) and the payload `payloads[i * stride..][..len]`,
+    /// where `len` is `first.payload_len` and `stride` is `len` rounded up to a
+    /// multiple of 8. `take` returns how many of them it consumed, from the front (at
+    /// least one; those are removed), and whether to go on; consuming fewer than
+    /// `count` ends the call. Returns how many messages were consumed, at most `max`.
+    /// `take` must not call back into this kernel. The default hands over one message
+    /// at a time through `try_dequeue_batch_with`.
+    fn try_dequeue_runs_with(&self, max: usize, take: &mut TakeRun<'_>) -> Result<usize> {
+        self.try_dequeue_batch_with(max, &mut |header, payload| take(header, payload, 1).1)
     }
     /// Makes what progress it can on device work in flight without blocking, on the
     /// calling thread (e.g. finishes a drain pass the device has completed, so that its
@@ -738,6 +759,10 @@ const RECEIVE_BURST: usize = 8;
 /// The longest a receive polls cooperatively, whatever the engine says.
 const MAX_RECEIVE_SPIN: Duration = Duration::from_millis(1);
 
+/// The longest a batch receive polls cooperatively for its first message before it
+/// sleeps on the output event (about a GPU round trip; see `receive_any`).
+pub const BATCH_RECEIVE_SPIN: Duration = Duration::from_micros(100);
+
 /// Yields to the executor once (wakes itself, returns `Pending`, then `Ready`).
 struct YieldNow(bool);
 
@@ -999,7 +1024,7 @@ impl KernelHandle {
         if max == 0 {
             return Ok(out);
         }
-        out.push(self.receive_envelope(timeout).await?);
+        out.push(self.receive_any(timeout, BATCH_RECEIVE_SPIN).await?);
         {
             let mut stash = lock(&self.inner.stash);
             while out.len() < max {
@@ -1063,7 +1088,7 @@ impl KernelHandle {
                 (n, _) => return Ok(n),
             }
         }
-        let first = self.receive_envelope(timeout).await?;
+        let first = self.receive_any(timeout, BATCH_RECEIVE_SPIN).await?;
         out.push(self.decode_or_keep(first)?);
         let mut n = 1;
         {
@@ -1103,28 +1128,49 @@ impl KernelHandle {
         out.reserve(max.min(self.inner.engine.output_depth()));
         let mut latest: Option<HlcTimestamp> = None;
         let mut kept: Option<(Envelope, Error)> = None;
+        // A run shares its type, flags and size: its header is checked once, then
+        // each payload read as `M::decode` would (`from_payload`, the message id).
         let n = self
             .inner
             .engine
-            .try_dequeue_batch_with(max, &mut |header, payload| {
-                let ts = header.hlc();
+            .try_dequeue_runs_with(max, &mut |first, payloads, count| {
+                let len = first.payload_len as usize;
+                let stride = len.next_multiple_of(8);
+                let mut used = count;
+                let mut bad =
+                    check_header(first, M::TYPE_ID, M::NAME, <M as MessageCodec>::ENCODING)
+                        .err()
+                        .map(|e| (0, e));
+                if bad.is_none() {
+                    out.reserve(count);
+                    for i in 0..count {
+                        let p = &payloads[i * stride..i * stride + len];
+                        match M::from_payload(p, M::NAME) {
+                            Ok(mut m) => {
+                                m.set_message_id(MessageId(
+                                    first.message_id.wrapping_add(i as u64),
+                                ));
+                                out.push(m);
+                            }
+                            Err(e) => {
+                                bad = Some((i, e));
+                                break;
+                            }
+                        }
+                    }
+                }
+                if let Some((i, e)) = bad {
+                    let header = first.nth_of_run(i as u64, len);
+                    let payload = payloads[i * stride..i * stride + len].to_vec();
+                    kept = Some((Envelope { header, payload }, e));
+                    used = i + 1;
+                }
+                // Timestamps rise along a run: its last one is its latest.
+                let ts = first.nth_of_run(used as u64 - 1, len).hlc();
                 if latest.is_none_or(|l| ts > l) {
                     latest = Some(ts);
                 }
-                match M::decode(header, payload) {
-                    Ok(m) => {
-                        out.push(m);
-                        true
-                    }
-                    Err(e) => {
-                        let env = Envelope {
-                            header: *header,
-                            payload: payload.to_vec(),
-                        };
-                        kept = Some((env, e));
-                        false
-                    }
-                }
+                (used, kept.is_none())
             })?;
         if let Some(latest) = latest {
             if let Err(e) = self.inner.core.hlc().update(&latest) {
@@ -1177,6 +1223,19 @@ impl KernelHandle {
         deadline: Option<Instant>,
         timeout: Duration,
     ) -> Result<Envelope> {
+        self.receive_where_spinning(pred, deadline, timeout, MAX_RECEIVE_SPIN)
+            .await
+    }
+
+    /// [`receive_where`](Self::receive_where), polling at most `max_spin` before it
+    /// sleeps on the output event.
+    async fn receive_where_spinning(
+        &self,
+        pred: &(dyn Fn(&Envelope) -> bool + Sync),
+        deadline: Option<Instant>,
+        timeout: Duration,
+        max_spin: Duration,
+    ) -> Result<Envelope> {
         // Replies to a request usually arrive within a round trip of the kernel. Before
         // registering a listener (whose wake-up costs a scheduler round trip), poll
         // cooperatively for about that long (the engine's `reply_wait`), helping the
@@ -1184,10 +1243,7 @@ impl KernelHandle {
         // each round hands the thread back to the executor, so other tasks keep
         // running and nothing blocks.
         let engine = &self.inner.engine;
-        let spin = engine
-            .reply_wait()
-            .unwrap_or(RECEIVE_SPIN)
-            .min(MAX_RECEIVE_SPIN);
+        let spin = engine.reply_wait().unwrap_or(RECEIVE_SPIN).min(max_spin);
         let spin_until = Instant::now() + spin;
         loop {
             // A short burst of looks between yields: a yield costs a scheduler round trip
@@ -1233,16 +1289,27 @@ impl KernelHandle {
         }
     }
 
-    /// Receives the next message from the output queue as an envelope, waiting up to
-    /// `timeout` (forever with `None`).
-    pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
+    /// The next message, as [`receive_envelope`](Self::receive_envelope), polling at
+    /// most `max_spin` before sleeping on the output event. The batch receives
+    /// ([`receive_batch`](Self::receive_batch),
+    /// [`receive_batch_into`](Self::receive_batch_into)) wait for their first message
+    /// with [`BATCH_RECEIVE_SPIN`]: one that finds the queue empty usually waits for a
+    /// whole pass of a kernel busy with a stream, which can take milliseconds, and
+    /// polling all along only burns a core.
+    async fn receive_any(&self, timeout: Option<Duration>, max_spin: Duration) -> Result<Envelope> {
         // A message already waiting is taken without reading the clock.
         if let Some(env) = self.take_matching(&|_| true)? {
             return Ok(env);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.receive_where(&|_| true, deadline, timeout.unwrap_or_default())
+        self.receive_where_spinning(&|_| true, deadline, timeout.unwrap_or_default(), max_spin)
             .await
+    }
+
+    /// Receives the next message from the output queue as an envelope, waiting up to
+    /// `timeout` (forever with `None`).
+    pub async fn receive_envelope(&self, timeout: Option<Duration>) -> Result<Envelope> {
+        self.receive_any(timeout, MAX_RECEIVE_SPIN).await
     }
 
     fn decode_or_keep<M: RingMessage>(&self, env: Envelope) -> Result<M> {

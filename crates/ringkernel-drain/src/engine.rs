@@ -35,6 +35,46 @@
 //! whatever the order of their completions, so replies, a serial handler's state and
 //! every count keep the order of a single pass at a time.
 //!
+//! Runs stay runs on the way out too: a pass's replies join one run in the reply queue
+//! (consecutive ids and timestamps), and a receiver takes them a run at a time
+//! ([`KernelEngine::try_dequeue_runs_with`], which `receive_batch_into` decodes with one
+//! header check a run); a waiting run goes into its slots with one clock check (its
+//! last timestamp is its latest).
+//!
+//! ### Host CPU a message in the batched echo (issue 17, helper i17e, 2026-11-27)
+//!
+//! Measured with `wgpu_bench --actors-only --batched-only --msgs 2000000` on the
+//! 2-core development VM through lavapipe, each build alternating with a build of
+//! `main` (e7197e8) in the same minutes, 7 pairs a row, each run under
+//! `perf record -e cpu-clock`. "Host threads" is the CPU of the receiver (main thread),
+//! the sender (tokio worker) and the wgpu poller, from the samples, leaving out
+//! lavapipe's own threads (about half the process CPU here is lavapipe running the
+//! shader and the buffer copies, which a GPU does instead). Medians of the pair ratios
+//! (after / before):
+//!
+//! | Change (cumulative) | msgs/s | process CPU a message | host threads a message |
+//! |---|---|---|---|
+//! | receive a run at a time (`try_dequeue_runs_with`, `Records::pop_runs_with`) | 1.03× | 0.98× | 0.93× |
+//! | + `fill_ring` takes waiting runs whole, one clock check a run | 1.04× | 0.96× | 0.92× (154 → 142 ns) |
+//! | + batch receives poll at most [`BATCH_RECEIVE_SPIN`](ringkernel_core::runtime::BATCH_RECEIVE_SPIN) (100 µs) for their first message, then sleep on the output event (was up to [`REPLY_WAIT_MAX`], 500 µs, a call) | 1.07× | 0.91× (300 → 265 ns) | 0.78× (169 → 137 ns) |
+//!
+//! A second set of 8 pairs of the last build against `main`, on a busier machine
+//! (16:24), gave 1.04× msgs/s, 0.94× process CPU and 0.90× host threads (170 → 149
+//! ns); 8 pairs without `perf` 1.06× msgs/s and 0.98× process CPU (lavapipe's share
+//! hides the rest there).
+//!
+//! In the profiles (10M messages, `perf record -g`), the receiver's polling between
+//! passes was the largest receive-side item before (about 15 ns a message here; on
+//! the H100, where a pass of the echo takes milliseconds, it could poll 500 µs a
+//! `receive_batch_into` call), and decoding the replies fell from about 20 to about
+//! 7 ns a message. Tried and not kept (profile only): comparing the header in
+//! `Records::push` as 64 bytes (`memcmp`) instead of field by field: the time moved
+//! into the `memcmp` call. Left: the poller thread's share
+//! (`finish_pass` reading the readback slots and queueing the replies, about 20 ns a
+//! message here, and filling the next pass from the lane), the sender's copy of a run
+//! into the lane when the ring is full (a second copy, into the slots, follows), one
+//! `memcpy` call a payload.
+//!
 //! ## Priority
 //!
 //! The ordering happens on the host, in the step that fills the input ring for a pass
@@ -671,6 +711,19 @@ impl<T: DrainTarget> DrainEngine<T> {
         Ok(())
     }
 
+    /// After a dequeue of `n` replies: a pass owed may start; when there were none,
+    /// the kernel's failure, if it has failed.
+    fn dequeued(&self, n: usize) -> Result<usize> {
+        if n > 0 {
+            self.kick_if_starved();
+        } else if self.failed.load(Ordering::Acquire) {
+            if let Some(e) = &lock(&self.host).failed {
+                return Err(e.clone());
+            }
+        }
+        Ok(n)
+    }
+
     /// After replies were taken: a pass paused for want of reply room may start.
     fn kick_if_starved(&self) {
         if self.starved.load(Ordering::SeqCst) {
@@ -798,14 +851,17 @@ impl<T: DrainTarget> DrainEngine<T> {
         let staged = self.target.stage_input(count as usize);
         let pt = self.clock.physical_ms();
         let too_far = pt.saturating_add(self.clock.max_drift_ms());
-        let mut latest: Option<HlcTimestamp> = None;
+        // The latest request timestamp of the pass (shared by the two closures below).
+        let latest: std::cell::Cell<Option<HlcTimestamp>> = std::cell::Cell::new(None);
         let Host { lanes, tail, .. } = h;
         let mut left = count as usize;
         let mut j = 0usize;
-        let mut put = |header: &MessageHeader, payload: &[u8]| {
+        // Writes the next message into its slot; with `check`, refuses it when its
+        // timestamp is too far ahead and keeps the latest.
+        let mut put = |header: &MessageHeader, payload: &[u8], check: bool| {
             let slot = match staged {
                 // SAFETY: `stage_input` returned `count · slot_size` writable bytes
-                // and `j < count` (the lanes' `pop_with` and the direct run below
+                // and `j < count` (the lanes' `pop_runs_with` and the direct run below
                 // hand over at most `left` in all).
                 Some(base) => unsafe { base.add(j * self.slot_size) },
                 // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
@@ -825,36 +881,61 @@ impl<T: DrainTarget> DrainEngine<T> {
                     payload.len(),
                 );
             }
-            let ts = header.hlc();
-            if ts.physical_ms() > too_far {
-                // SAFETY: as above: the slot's header was just written there.
-                unsafe { self.refuse(header, slot, pt) };
-            } else if latest.is_none_or(|l| ts > l) {
-                latest = Some(ts);
+            if check {
+                let ts = header.hlc();
+                if ts.physical_ms() > too_far {
+                    // SAFETY: as above: the slot's header was just written there.
+                    unsafe { self.refuse(header, slot, pt) };
+                } else if latest.get().is_none_or(|l| ts > l) {
+                    latest.set(Some(ts));
+                }
             }
             *tail += 1;
             j += 1;
+        };
+        // The clock check of a piece stamped as one run, whose timestamps rise: when
+        // its last (its latest) is not too far ahead, none is, and that one is kept
+        // here; else its messages are checked one by one (`put`). Returns whether they
+        // must be.
+        let one_by_one = |last: HlcTimestamp| {
+            if last.physical_ms() > too_far {
+                return true;
+            }
+            if latest.get().is_none_or(|l| last > l) {
+                latest.set(Some(last));
+            }
+            false
         };
         for lane in lanes.iter_mut().rev() {
             if left == 0 {
                 break;
             }
-            left -= lane.pop_with(left, |header, payload| {
-                put(header, payload);
-                true
+            left -= lane.pop_runs_with(left, |first, payloads, n| {
+                let len = first.payload_len as usize;
+                let stride = len.next_multiple_of(8);
+                let check = one_by_one(first.nth_of_run(n as u64 - 1, len).hlc());
+                for i in 0..n {
+                    let p = &payloads[i * stride..i * stride + len];
+                    put(&first.nth_of_run(i as u64, len), p, check);
+                }
+                (n, true)
             });
         }
         if let Some(d) = direct.as_mut() {
             let n = left.min(d.left());
-            for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
-                put(
-                    &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
-                    payload,
-                );
+            if n > 0 {
+                let check = one_by_one(d.first.nth_of_run((d.taken + n - 1) as u64, 0).hlc());
+                for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
+                    put(
+                        &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
+                        payload,
+                        check,
+                    );
+                }
             }
             d.taken += n;
         }
-        if let Some(l) = latest {
+        if let Some(l) = latest.get() {
             // Within the drift bound of `pt` (checked above), so this merge succeeds.
             if let Err(e) = self.clock.update_at(&l, pt) {
                 tracing::warn!(kernel = %self.name, error = %e, "request timestamps not merged into the kernel clock");
@@ -1310,14 +1391,18 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
         take: &mut dyn FnMut(&MessageHeader, &[u8]) -> bool,
     ) -> Result<usize> {
         let n = lock(&self.replies).pop_with(max, take);
-        if n > 0 {
-            self.kick_if_starved();
-        } else if self.failed.load(Ordering::Acquire) {
-            if let Some(e) = &lock(&self.host).failed {
-                return Err(e.clone());
-            }
-        }
-        Ok(n)
+        self.dequeued(n)
+    }
+
+    /// One lock of the reply queue for the whole batch; a run of replies (a pass's,
+    /// see `finish_pass`) is handed over as one piece, read in place.
+    fn try_dequeue_runs_with(
+        &self,
+        max: usize,
+        take: &mut ringkernel_core::runtime::TakeRun<'_>,
+    ) -> Result<usize> {
+        let n = lock(&self.replies).pop_runs_with(max, take);
+        self.dequeued(n)
     }
 
     fn output_depth(&self) -> usize {

@@ -230,6 +230,58 @@ impl Chunk {
     }
 }
 
+impl Chunk {
+    /// Hands up to `max` (at least 1) messages from the front of the chunk to `take`
+    /// as one piece: the first one's header, a byte slice holding the piece's payloads
+    /// one after another at a stride of `payload_len` rounded up to 8, and their
+    /// count (several only inside a run, whose headers follow from the first's by
+    /// [`MessageHeader::nth_of_run`]). `take` returns how many it consumed (clamped to
+    /// `1..=count`) and whether to go on. `None` when the chunk is empty.
+    #[inline]
+    fn pop_piece(
+        &mut self,
+        max: usize,
+        take: &mut impl FnMut(&MessageHeader, &[u8], usize) -> (usize, bool),
+    ) -> Option<(usize, bool)> {
+        if self.count == 0 {
+            return None;
+        }
+        let at = self.read;
+        let header: MessageHeader = bytemuck::pod_read_unaligned(&self.buf[at..at + HEADER_SIZE]);
+        let len = header.payload_len as usize;
+        if header.magic != RUN_MAGIC {
+            let (_, go_on) = take(
+                &header,
+                &self.buf[at + HEADER_SIZE..at + HEADER_SIZE + len],
+                1,
+            );
+            self.read += record_bytes(len);
+            self.count -= 1;
+            return Some((1, go_on));
+        }
+        let (n, k) = (header.version as usize, self.run_taken);
+        let stride = len.next_multiple_of(8);
+        let count = (n - k).min(max.max(1));
+        let p = at + HEADER_SIZE + k * stride;
+        let mut h = header.nth_of_run(k as u64, len);
+        (h.magic, h.version) = (MESSAGE_MAGIC, MESSAGE_VERSION);
+        let (used, go_on) = take(&h, &self.buf[p..p + (count - 1) * stride + len], count);
+        let used = used.clamp(1, count);
+        if k + used == n {
+            self.read += HEADER_SIZE + n * stride;
+            self.run_taken = 0;
+            if self.open.is_some_and(|(o, _)| o == at) {
+                // Taken whole: nothing may join it any more.
+                self.open = None;
+            }
+        } else {
+            self.run_taken = k + used;
+        }
+        self.count -= used;
+        Some((used, go_on && used == count))
+    }
+}
+
 /// A FIFO of message records in reused chunks.
 #[derive(Debug, Default)]
 pub struct Records {
@@ -374,6 +426,47 @@ impl Records {
         n
     }
 
+    /// As [`pop_with`](Self::pop_with), a piece at a time: `take(first, payloads,
+    /// count)` gets up to `count` messages at once where they form a run (`first` is
+    /// the first one's header, message `i` of the piece has the header
+    /// [`first.nth_of_run(i, len)`](MessageHeader::nth_of_run) and the payload
+    /// `payloads[i * stride..][..len]`, `len = first.payload_len`, `stride = len`
+    /// rounded up to 8), else one. It returns how many of them it consumed (at least
+    /// one: those are removed) and whether to go on; fewer than `count` ends the call.
+    /// Returns how many messages were consumed in all (at most `max`).
+    pub fn pop_runs_with(
+        &mut self,
+        max: usize,
+        mut take: impl FnMut(&MessageHeader, &[u8], usize) -> (usize, bool),
+    ) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(c) = self.chunks.front_mut() else {
+                break;
+            };
+            match c.pop_piece(max - n, &mut take) {
+                None => {
+                    if let Some(c) = self.chunks.pop_front() {
+                        self.recycle(c.buf);
+                    }
+                }
+                Some((used, go_on)) => {
+                    self.len -= used;
+                    n += used;
+                    if !go_on {
+                        break;
+                    }
+                }
+            }
+        }
+        if self.chunks.front().is_some_and(|c| c.count == 0) {
+            if let Some(c) = self.chunks.pop_front() {
+                self.recycle(c.buf);
+            }
+        }
+        n
+    }
+
     /// Keeps an emptied chunk's buffer for reuse.
     fn recycle(&mut self, buf: Vec<u8>) {
         if self.spare.len() < SPARE_CHUNKS && buf.capacity() <= 4 * CHUNK_BYTES {
@@ -464,20 +557,28 @@ mod tests {
         out
     }
 
-    #[test]
-    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
+    /// A queue of one record (type 1), a run of `n` messages stamped from the returned
+    /// header (payload `i` of `size(i, n)` bytes, enough of them to span several
+    /// chunks) and one more record (type 2); the run's payloads.
+    fn run_between_singles(
+        size: impl Fn(usize, usize) -> usize,
+    ) -> (Records, MessageHeader, Vec<Vec<u8>>) {
         let mut q = Records::default();
         q.push(&header(1, 2), &[1, 2]);
         let mut first = header(5, 0);
         (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
-        // Enough payloads of 3 sizes (0, 13 and 40 bytes) to span several chunks.
         let n = 2 * CHUNK_BYTES / 48 + 11;
-        let payloads: Vec<Vec<u8>> = (0..n)
-            .map(|i| vec![i as u8; [13, 13, 40, 0][i % 4]])
-            .collect();
-        let payloads: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; size(i, n)]).collect();
         q.push_run(&first, &payloads);
         q.push(&header(2, 1), &[7]);
+        (q, first, payloads)
+    }
+
+    #[test]
+    fn a_run_comes_out_as_its_messages_across_chunks_and_partial_pops() {
+        // Payloads of 3 sizes (0, 13 and 40 bytes).
+        let (mut q, first, payloads) = run_between_singles(|i, _| [13, 13, 40, 0][i % 4]);
+        let n = payloads.len();
         assert_eq!(q.len(), n + 2);
         assert!(q.chunks.len() >= 3);
         // Taken in pieces that end inside runs.
@@ -502,6 +603,62 @@ mod tests {
             assert_eq!(&p[..], payloads[i], "payload {i}");
         }
         assert_eq!((got[n + 1].0.type_id, &got[n + 1].1[..]), (2, &[7u8][..]));
+    }
+
+    /// `pop_runs_with` hands a run over in pieces (bounded by `max` and by how many
+    /// `take` consumes) and every other record alone; together the pieces give the
+    /// same messages, in the same order, as `pop_with` would.
+    #[test]
+    fn runs_come_out_in_pieces_that_match_pop_with() {
+        // Sizes 13 (stride 16), then 40.
+        let build = || run_between_singles(|i, n| if i < n / 2 { 13 } else { 40 }).0;
+        let expected = take_all(&mut build());
+        let mut q = build();
+        let mut got = Vec::new();
+        let mut calls = 0;
+        while !q.is_empty() {
+            calls += 1;
+            let before = got.len();
+            let taken = q.pop_runs_with(100, |first, payloads, count| {
+                assert!(count >= 1);
+                let len = first.payload_len as usize;
+                let stride = len.next_multiple_of(8);
+                // Every fifth call takes only part of its piece and stops.
+                let used = if calls % 5 == 0 {
+                    count.div_ceil(2)
+                } else {
+                    count
+                };
+                for i in 0..used {
+                    let h = first.nth_of_run(i as u64, len);
+                    got.push((h, payloads[i * stride..i * stride + len].to_vec()));
+                }
+                (used, true)
+            });
+            assert_eq!(taken, got.len() - before);
+            assert!((1..=100).contains(&taken));
+        }
+        assert_eq!(got.len(), expected.len());
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "message {i}");
+        }
+        // A piece is a run's messages at once: far fewer calls than messages.
+        assert!(calls < expected.len() / 50, "{calls} calls");
+        // `false` stops after what was consumed.
+        let mut q = build();
+        assert_eq!(q.pop_runs_with(usize::MAX, |_, _, _| (1, false)), 1);
+        let mut piece = 0;
+        let taken = q.pop_runs_with(usize::MAX, |_, _, c| {
+            piece = c;
+            (c, false)
+        });
+        assert!(
+            piece > 1 && taken == piece,
+            "one piece of a run: {taken} of {piece}"
+        );
+        assert_eq!(q.len(), expected.len() - 1 - piece);
+        let next = take_all(&mut q);
+        assert_eq!(next[0], expected[1 + piece]);
     }
 
     #[test]

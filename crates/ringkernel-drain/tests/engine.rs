@@ -990,3 +990,45 @@ async fn a_run_split_between_passes_and_the_lane_keeps_its_order() {
     assert_eq!((m.received, m.processed, m.dropped), (800, 800, 0));
     k.terminate().await.unwrap();
 }
+
+/// `receive_batch_into` takes the drain engine's replies a run at a time
+/// (`KernelEngine::try_dequeue_runs_with`): batches bounded by `max` end inside runs and
+/// across passes, and every reply comes out once, in order, decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_batch_into_takes_runs_in_pieces_in_order() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(256);
+    let (k, _engine) = launch_overlapped(&core, "echo", Handler::Echo, opts, 3);
+    let msgs: Vec<Token> = (0..1500).map(|i| Token::new(i, i as f64)).collect();
+    let sender = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            for part in msgs.chunks(333) {
+                k.send_batch(part).await.unwrap();
+            }
+        })
+    };
+    let mut got: Vec<Token> = Vec::new();
+    let mut calls = 0;
+    while got.len() < 1500 {
+        let before = got.len();
+        let max = [37, 1, 200][calls % 3].min(1500 - before);
+        let n = k
+            .receive_batch_into(&mut got, max, Some(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        assert_eq!(n, got.len() - before);
+        assert!((1..=max).contains(&n), "{n} of at most {max}");
+        calls += 1;
+    }
+    sender.await.unwrap();
+    for (i, t) in got.iter().enumerate() {
+        assert_eq!((t.id, t.value), (i as u64, 2.0 * i as f64), "reply {i}");
+    }
+    assert!(matches!(
+        k.receive_batch_into(&mut got, 8, Some(Duration::from_millis(10)))
+            .await,
+        Err(Error::Timeout(_))
+    ));
+    k.terminate().await.unwrap();
+}
