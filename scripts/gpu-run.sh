@@ -96,10 +96,11 @@ case "${1:-}" in
 llm)
   # The CUDA decode alone: tests (the ops and the reference also with the one-block-a-head
   # attention, RINGKERNEL_CUDA_ATTN_SPLIT=0), then the bench with the step recorded as a
-  # CUDA graph (the default; also with the one-block attention and with 4 and 16 blocks
-  # a head) and as a program (RINGKERNEL_CUDA_PROGRAM=1), alternating, the program
-  # without split attention, a run with the program's per-instruction device timer,
-  # scripts/grid_barrier.cu, and the transformers peer (LLM_PEER=0 leaves it out).
+  # CUDA graph (the default) alternating with early loads off (RINGKERNEL_CUDA_EARLY=0)
+  # and programmatic dependent launch off (RINGKERNEL_CUDA_PDL=0), three rounds; the graph
+  # with the one-block attention, the step as a program (RINGKERNEL_CUDA_PROGRAM=1), a run
+  # with the program's per-instruction device timer, scripts/grid_barrier.cu, and the
+  # transformers peer (LLM_PEER=0 leaves it out).
   model
   [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
   export RINGKERNEL_LLM_MODEL=$m
@@ -115,14 +116,13 @@ llm)
     env "$@" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 >"$O/llm-bench-$name.txt" 2>&1
     echo "$name ($*): $(tail -1 "$O/llm-bench-$name.txt")"
   }
-  for round in 1 2; do
+  for round in 1 2 3; do
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
-    bench graph-one-block-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
-    bench program-$round RINGKERNEL_CUDA_PROGRAM=1
+    bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
+    bench graph-no-pdl-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   done
-  bench graph-split4 RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=4
-  bench graph-split16 RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=16
-  bench program-no-split RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_SPLIT=0
+  bench graph-one-block RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
+  bench program RINGKERNEL_CUDA_PROGRAM=1
   env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1
   grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14
   wait

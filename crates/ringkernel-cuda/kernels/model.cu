@@ -129,54 +129,68 @@ BROADCAST(min, OpMin)
 
 // ------------------------------------------------------------------ block-format weights
 
-// Words per block of 32 values.
+// Words per block of 32 values (WORDS), and words of one octet that a dot product reads
+// (OCT: f32 the octet's 8 values; q4_1 and q8_0 the scale word and two words of quants).
 template <int F> struct Fmt;
-template <> struct Fmt<0> { static const int WORDS = 32; };
-template <> struct Fmt<1> { static const int WORDS = 5; };
-template <> struct Fmt<2> { static const int WORDS = 9; };
+template <> struct Fmt<0> { static const int WORDS = 32, OCT = 8; };
+template <> struct Fmt<1> { static const int WORDS = 5, OCT = 3; };
+template <> struct Fmt<2> { static const int WORDS = 9, OCT = 3; };
 
-// Σ_j W[octet o of the block at blk][j] · x[j] for the 8 values x0, x1 (octet o holds the
-// block's values 8o..8o+7).
-template <int F>
-__device__ __forceinline__ float octet_dot(const u32* __restrict__ blk, int o, float4 x0, float4 x1);
+// A weight word, through L2 only (CG: the early loads, see rk_pdl_wait in ops.cu) or the
+// default path.
+template <bool CG>
+__device__ __forceinline__ u32 weight_word(const u32* p) { return CG ? __ldcg(p) : *p; }
 
-template <>
-__device__ __forceinline__ float octet_dot<0>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
-    const float4 w0 = *(const float4*)(blk + 8 * o), w1 = *(const float4*)(blk + 8 * o + 4);
-    float s = w0.x * x0.x;
-    s = fmaf(w0.y, x0.y, s); s = fmaf(w0.z, x0.z, s); s = fmaf(w0.w, x0.w, s);
-    s = fmaf(w1.x, x1.x, s); s = fmaf(w1.y, x1.y, s); s = fmaf(w1.z, x1.z, s); s = fmaf(w1.w, x1.w, s);
-    return s;
-}
-
-// q4_1: d·Σ nib·x + m·Σ x. Octets 0/1 are the low nibbles of bytes 0-7 / 8-15, octets 2/3
-// the high nibbles of the same bytes.
-template <>
-__device__ __forceinline__ float octet_dot<1>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
-    const u32 dm = blk[0];
-    const u32 wa = blk[1 + 2 * (o & 1)], wb = blk[2 + 2 * (o & 1)];
-    const int sh = o >= 2 ? 4 : 0;
-    float q = 0.0f;
-    q = fmaf((float)((wa >> sh) & 0xFu), x0.x, q);
-    q = fmaf((float)((wa >> (8 + sh)) & 0xFu), x0.y, q);
-    q = fmaf((float)((wa >> (16 + sh)) & 0xFu), x0.z, q);
-    q = fmaf((float)((wa >> (24 + sh)) & 0xFu), x0.w, q);
-    q = fmaf((float)((wb >> sh) & 0xFu), x1.x, q);
-    q = fmaf((float)((wb >> (8 + sh)) & 0xFu), x1.y, q);
-    q = fmaf((float)((wb >> (16 + sh)) & 0xFu), x1.z, q);
-    q = fmaf((float)((wb >> (24 + sh)) & 0xFu), x1.w, q);
-    const float xs = ((x0.x + x0.y) + (x0.z + x0.w)) + ((x1.x + x1.y) + (x1.z + x1.w));
-    return fmaf(half_value(dm), q, half_value(dm >> 16) * xs);
+// The Fmt<F>::OCT words of octet o of the block at blk into r (octet o holds the block's
+// values 8o..8o+7).
+template <int F, bool CG>
+__device__ __forceinline__ void octet_load(const u32* __restrict__ blk, int o, u32* r) {
+    if (F == 0) {
+        const uint4 a = CG ? __ldcg((const uint4*)(blk + 8 * o)) : *(const uint4*)(blk + 8 * o);
+        const uint4 b = CG ? __ldcg((const uint4*)(blk + 8 * o + 4)) : *(const uint4*)(blk + 8 * o + 4);
+        r[0] = a.x; r[1] = a.y; r[2] = a.z; r[3] = a.w;
+        r[4] = b.x; r[5] = b.y; r[6] = b.z; r[7] = b.w;
+    } else {
+        // q4_1: octets 0/1 are the low nibbles of bytes 0-7 / 8-15, octets 2/3 the high
+        // nibbles of the same bytes; q8_0: the bytes of octet o are words 1 + 2o, 2 + 2o.
+        const int at = F == 1 ? 1 + 2 * (o & 1) : 1 + 2 * o;
+        r[0] = weight_word<CG>(blk);
+        r[1] = weight_word<CG>(blk + at);
+        r[2] = weight_word<CG>(blk + at + 1);
+    }
 }
 
 // Signed byte k (0..3) of w.
 __device__ __forceinline__ float sbyte(u32 w, int k) { return (float)(((int)(w << (24 - 8 * k))) >> 24); }
 
-// q8_0: d·Σ q·x, the bytes of octet o in words 1 + 2o and 2 + 2o.
-template <>
-__device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
-    const u32 wa = blk[1 + 2 * o], wb = blk[2 + 2 * o];
+// Σ_j W[octet o][j] · x[j] for the 8 values x0, x1, from the octet's words r (octet_load).
+template <int F>
+__device__ __forceinline__ float octet_dot_words(const u32* r, int o, float4 x0, float4 x1) {
+    if (F == 0) {
+        float s = __uint_as_float(r[0]) * x0.x;
+        s = fmaf(__uint_as_float(r[1]), x0.y, s); s = fmaf(__uint_as_float(r[2]), x0.z, s);
+        s = fmaf(__uint_as_float(r[3]), x0.w, s); s = fmaf(__uint_as_float(r[4]), x1.x, s);
+        s = fmaf(__uint_as_float(r[5]), x1.y, s); s = fmaf(__uint_as_float(r[6]), x1.z, s);
+        s = fmaf(__uint_as_float(r[7]), x1.w, s);
+        return s;
+    }
+    const u32 wa = r[1], wb = r[2];
     float q = 0.0f;
+    if (F == 1) {
+        // d·Σ nib·x + m·Σ x.
+        const int sh = o >= 2 ? 4 : 0;
+        q = fmaf((float)((wa >> sh) & 0xFu), x0.x, q);
+        q = fmaf((float)((wa >> (8 + sh)) & 0xFu), x0.y, q);
+        q = fmaf((float)((wa >> (16 + sh)) & 0xFu), x0.z, q);
+        q = fmaf((float)((wa >> (24 + sh)) & 0xFu), x0.w, q);
+        q = fmaf((float)((wb >> sh) & 0xFu), x1.x, q);
+        q = fmaf((float)((wb >> (8 + sh)) & 0xFu), x1.y, q);
+        q = fmaf((float)((wb >> (16 + sh)) & 0xFu), x1.z, q);
+        q = fmaf((float)((wb >> (24 + sh)) & 0xFu), x1.w, q);
+        const float xs = ((x0.x + x0.y) + (x0.z + x0.w)) + ((x1.x + x1.y) + (x1.z + x1.w));
+        return fmaf(half_value(r[0]), q, half_value(r[0] >> 16) * xs);
+    }
+    // q8_0: d·Σ q·x.
     q = fmaf(sbyte(wa, 0), x0.x, q);
     q = fmaf(sbyte(wa, 1), x0.y, q);
     q = fmaf(sbyte(wa, 2), x0.z, q);
@@ -185,7 +199,15 @@ __device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o
     q = fmaf(sbyte(wb, 1), x1.y, q);
     q = fmaf(sbyte(wb, 2), x1.z, q);
     q = fmaf(sbyte(wb, 3), x1.w, q);
-    return half_value(blk[0]) * q;
+    return half_value(r[0]) * q;
+}
+
+// Σ_j W[octet o of the block at blk][j] · x[j] for the 8 values x0, x1.
+template <int F>
+__device__ __forceinline__ float octet_dot(const u32* __restrict__ blk, int o, float4 x0, float4 x1) {
+    u32 r[Fmt<F>::OCT];
+    octet_load<F, false>(blk, o, r);
+    return octet_dot_words<F>(r, o, x0, x1);
 }
 
 #define QM_WARPS 4
@@ -203,50 +225,91 @@ __device__ __forceinline__ float octet_dot<2>(const u32* __restrict__ blk, int o
 // qmatmul_row is one warp's work: `row` of W for the tokens t0.. t0 + QM_TOKENS - 1. x and
 // out are not __restrict__: inside rk_program (program.cu) an earlier instruction of the
 // same kernel wrote x, so its loads must not take the read-only (non-coherent) path.
+//
+// A lane's first QmPre<F, PDL>::N octets (lane, lane + WARP, ...: a row of up to 1,536 quantised
+// or 512 f32 columns) have their weight words loaded at once, into registers, and so has
+// the output a row adds to; with PDL (an op kernel) they are loaded before the wait on the
+// kernel before when `early` (see rk_pdl_wait in ops.cu), so a decode step's matvec meets
+// only the latency of its input x after that wait. Octets past those go in rounds of
+// QM_OCTETS.
+// Inside rk_program (PDL false) none are: its 128 registers a thread would spill.
+template <int F, bool PDL> struct QmPre { static const int N = !PDL ? 0 : F == 0 ? 2 : 6; };
+
+// One octet (words r, and r2 of the gate's second matrix) against QM_TOKENS tokens' x.
 template <int F, bool GATED, bool NORM>
+__device__ __forceinline__ void qm_octet(const u32* r, const u32* r2, const float* x, const float* __restrict__ g,
+                                         u64 cols, u64 blk, int o, u64 t0, int nt, float* acc, float* acc2,
+                                         float* ss) {
+    float4 g0, g1;
+    if (NORM) {
+        g0 = *(const float4*)(g + blk * 32 + o * 8);
+        g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
+    }
+#pragma unroll
+    for (int t = 0; t < QM_TOKENS; t++) {
+        if (t < nt) {
+            const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
+            float4 x0 = *(const float4*)xt, x1 = *(const float4*)(xt + 4);
+            if (NORM) {
+                ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
+                ss[t] += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+                x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+            }
+            acc[t] += octet_dot_words<F>(r, o, x0, x1);
+            if (GATED) acc2[t] += octet_dot_words<F>(r2, o, x0, x1);
+        }
+    }
+}
+
+template <int F, bool GATED, bool NORM, bool PDL = false>
 __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32* __restrict__ w2,
                                             const float* x, const float* __restrict__ g, float eps,
                                             float* out, u64 batch, u64 rows, u64 cols, int accumulate,
-                                            u64 row, u64 t0) {
+                                            u64 row, u64 t0, int early = 0) {
     const int lane = threadIdx.x % WARP;
     const int nt = (int)(batch - t0 < QM_TOKENS ? batch - t0 : QM_TOKENS);
-    const u64 nb = cols / 32;
+    const u64 nb = cols / 32, noct = nb * 4;
     const u32* wr = w + row * nb * Fmt<F>::WORDS;
     const u32* ur = GATED ? w2 + row * nb * Fmt<F>::WORDS : wr;
+    const int NP = QmPre<F, PDL>::N;
+    if (PDL && !early) rk_pdl_enter();
+    u32 pw[NP > 0 ? NP : 1][Fmt<F>::OCT], pu[GATED && NP > 0 ? NP : 1][Fmt<F>::OCT];
+    float old[QM_TOKENS];
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        const u64 oc = lane + (u64)k * WARP;
+        if (oc < noct) {
+            octet_load<F, true>(wr + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), pw[k]);
+            if (GATED) octet_load<F, true>(ur + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), pu[GATED ? k : 0]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < QM_TOKENS; t++) old[t] = accumulate && lane == 0 && t < nt ? __ldcg(out + (t0 + t) * rows + row) : 0.0f;
+    if (PDL && early) rk_pdl_enter();
     // ss: Σx² of the values this lane's octets cover; the warp's octets cover the row
     // once, so the warp's sum is the row's, with no pass of its own.
     float acc[QM_TOKENS], acc2[QM_TOKENS], ss[QM_TOKENS];
 #pragma unroll
     for (int t = 0; t < QM_TOKENS; t++) acc[t] = acc2[t] = ss[t] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        const u64 oc = lane + (u64)k * WARP;
+        if (oc < noct)
+            qm_octet<F, GATED, NORM>(pw[k], pu[GATED ? k : 0], x, g, cols, oc / 4, (int)(oc % 4), t0, nt, acc, acc2,
+                                     ss);
+    }
     // QM_OCTETS octets a lane per round, unrolled so that their loads go out together.
 #pragma unroll 1
-    for (u64 oc0 = lane; oc0 < nb * 4; oc0 += WARP * QM_OCTETS)
+    for (u64 oc0 = (u64)NP * WARP + lane; oc0 < noct; oc0 += WARP * QM_OCTETS)
 #pragma unroll
     for (int k = 0; k < QM_OCTETS; k++) {
         const u64 oc = oc0 + (u64)k * WARP;
-        if (oc < nb * 4) {
-            const u64 blk = oc / 4;
-            const int o = (int)(oc % 4);
-            float4 g0, g1;
-            if (NORM) {
-                g0 = *(const float4*)(g + blk * 32 + o * 8);
-                g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
-            }
-#pragma unroll
-            for (int t = 0; t < QM_TOKENS; t++) {
-                if (t < nt) {
-                    const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
-                    float4 x0 = *(const float4*)xt, x1 = *(const float4*)(xt + 4);
-                    if (NORM) {
-                        ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
-                        ss[t] += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                        x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
-                        x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
-                    }
-                    acc[t] += octet_dot<F>(wr + blk * Fmt<F>::WORDS, o, x0, x1);
-                    if (GATED) acc2[t] += octet_dot<F>(ur + blk * Fmt<F>::WORDS, o, x0, x1);
-                }
-            }
+        if (oc < noct) {
+            u32 r[Fmt<F>::OCT], r2[Fmt<F>::OCT];
+            octet_load<F, false>(wr + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), r);
+            if (GATED) octet_load<F, false>(ur + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), r2);
+            qm_octet<F, GATED, NORM>(r, r2, x, g, cols, oc / 4, (int)(oc % 4), t0, nt, acc, acc2, ss);
         }
     }
 #pragma unroll
@@ -261,50 +324,47 @@ __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32
             if (t < nt) {
                 float v = acc[t];
                 if (GATED) v = v / (1.0f + expf(-v)) * acc2[t];
-                float* o = out + (t0 + t) * rows + row;
-                *o = accumulate ? *o + v : v;
+                out[(t0 + t) * rows + row] = accumulate ? old[t] + v : v;
             }
         }
     }
 }
 
+// An op kernel's rows (rk_qmatmul_*): `early` as in qmatmul_row.
 template <int F, bool GATED, bool NORM>
 __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
                                              const float* __restrict__ x, const float* __restrict__ g, float eps,
-                                             float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {
+                                             float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate,
+                                             int early) {
     const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
     if (row >= rows) return;
-    qmatmul_row<F, GATED, NORM>(w, w2, x, g, eps, out, batch, rows, cols, accumulate, row,
-                                (u64)blockIdx.y * QM_TOKENS);
+    qmatmul_row<F, GATED, NORM, true>(w, w2, x, g, eps, out, batch, rows, cols, accumulate, row,
+                                      (u64)blockIdx.y * QM_TOKENS, early);
 }
 
 // rk_qmatmul_<format>[_swiglu], and rk_qmatmul_norm_<format>[_swiglu] with the RMSNorm
-// (weights g, epsilon eps) fused in.
+// (weights g, epsilon eps) fused in. `early`: see qmatmul_row.
 #define QMATMUL(name, F)                                                                                          \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name(                                \
         const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 batch, u64 rows,     \
-        u64 cols, int accumulate) {                                                                               \
-        rk_pdl_enter();                                                                                           \
-        qmatmul_body<F, false, false>(w, w, x, x, 0.0f, out, batch, rows, cols, accumulate);                      \
+        u64 cols, int accumulate, int early) {                                                                    \
+        qmatmul_body<F, false, false>(w, w, x, x, 0.0f, out, batch, rows, cols, accumulate, early);               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name##_swiglu(                       \
         const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x, float* __restrict__ out, \
-        u64 batch, u64 rows, u64 cols, int accumulate) {                                                          \
-        rk_pdl_enter();                                                                                           \
-        qmatmul_body<F, true, false>(w, w2, x, x, 0.0f, out, batch, rows, cols, accumulate);                      \
+        u64 batch, u64 rows, u64 cols, int accumulate, int early) {                                               \
+        qmatmul_body<F, true, false>(w, w2, x, x, 0.0f, out, batch, rows, cols, accumulate, early);               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_##name(                           \
         const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
-        float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate) {                                 \
-        rk_pdl_enter();                                                                                           \
-        qmatmul_body<F, false, true>(w, w, x, g, eps, out, batch, rows, cols, accumulate);                        \
+        float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate, int early) {                      \
+        qmatmul_body<F, false, true>(w, w, x, g, eps, out, batch, rows, cols, accumulate, early);                 \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_##name##_swiglu(                  \
         const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x,                       \
         const float* __restrict__ g, float eps, float* __restrict__ out, u64 batch, u64 rows, u64 cols,           \
-        int accumulate) {                                                                                         \
-        rk_pdl_enter();                                                                                           \
-        qmatmul_body<F, true, true>(w, w2, x, g, eps, out, batch, rows, cols, accumulate);                        \
+        int accumulate, int early) {                                                                              \
+        qmatmul_body<F, true, true>(w, w2, x, g, eps, out, batch, rows, cols, accumulate, early);                 \
     }
 QMATMUL(f32, 0)
 QMATMUL(q4_1, 1)
@@ -412,14 +472,18 @@ EMBEDDING(q8_0, 2)
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
 // Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
 // row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
+// (x0, x1) rotated by the angle whose sine and cosine are sn, cs, in double.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, double sn, double cs, float* y0, float* y1) {
+    *y0 = (float)((double)x0 * cs - (double)x1 * sn);
+    *y1 = (float)((double)x0 * sn + (double)x1 * cs);
+}
+
 __device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
                                           float* y0, float* y1) {
     const u64 half = hd / 2;
     double sn, cs;
     rope_sincos((double)at, i, hd, base, &sn, &cs);
-    const float x0 = row[h * hd + i], x1 = row[h * hd + i + half];
-    *y0 = (float)((double)x0 * cs - (double)x1 * sn);
-    *y1 = (float)((double)x0 * sn + (double)x1 * cs);
+    rope_rotate(row[h * hd + i], row[h * hd + i + half], sn, cs, y0, y1);
 }
 
 extern "C" __global__ void rk_rope_kv(const float* __restrict__ qkv, const u32* __restrict__ pos,
@@ -482,6 +546,33 @@ template <> struct KvVec<1> {
     __device__ static T scale(T a, float c) { return a * c; }
 };
 
+// acc += Σ_j p[j]·v[j] over this thread's keys j = g, g + groups, ... below len (vr: the
+// thread's column of the tile's first value row), KV_BATCH keys a round whose loads go out
+// together (predicated past the end rather than left to a tail loop of one load at a
+// time). FIRST: the first round's values are already in first[] (loaded early), except
+// key `fresh` (-1: none), which is read again.
+template <int V, bool FIRST>
+__device__ __forceinline__ void kv_accumulate(typename KvVec<V>::T& acc, const typename KvVec<V>::T* vr,
+                                              const float* p, int len, int g, int groups, int cols,
+                                              const typename KvVec<V>::T* first, int fresh) {
+    typedef KvVec<V> K;
+    typedef typename K::T T;
+#pragma unroll 1
+    for (int j = g; j < len; j += KV_BATCH * groups) {
+        T v[KV_BATCH];
+#pragma unroll
+        for (int b = 0; b < KV_BATCH; b++) {
+            const int jb = j + b * groups;
+            v[b] = jb >= len ? K::zero() : FIRST && j == g && jb != fresh ? first[b] : vr[(u64)jb * cols];
+        }
+#pragma unroll
+        for (int b = 0; b < KV_BATCH; b++) {
+            const int jb = j + b * groups;
+            if (jb < len) acc = K::fma(p[jb], v[b], acc);
+        }
+    }
+}
+
 // q, kc and vc are not __restrict__: rk_rope_attention_kv writes them in the same kernel,
 // so their loads must not take the read-only (non-coherent) path.
 //
@@ -541,23 +632,7 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
         m = mn;
         if (g < groups) {
             acc = K::scale(acc, corr);
-            const T* vr = vb + j0 * cols + col;
-            // KV_BATCH keys a round, the loads of a round issued together (predicated
-            // past the end rather than left to a tail loop of one load at a time).
-#pragma unroll 1
-            for (int j = g; j < len; j += KV_BATCH * groups) {
-                T v[KV_BATCH];
-#pragma unroll
-                for (int b = 0; b < KV_BATCH; b++) {
-                    const int jb = j + b * groups;
-                    v[b] = jb < len ? vr[(u64)jb * cols] : K::zero();
-                }
-#pragma unroll
-                for (int b = 0; b < KV_BATCH; b++) {
-                    const int jb = j + b * groups;
-                    if (jb < len) acc = K::fma(sh_p[jb], v[b], acc);
-                }
-            }
+            kv_accumulate<V, false>(acc, vb + j0 * cols + col, sh_p, len, g, groups, cols, 0, -1);
         }
         __syncthreads();  // the next tile overwrites sh_p
     }
@@ -661,29 +736,64 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
 // unnormalised Σ exp(score - m)·v) to part; the last block of a head to finish (counted
 // in done[h], back to 0 after) merges the head's parts into out. Needs hd % 4 == 0,
 // hd <= AS_MAXD and 16-byte aligned caches (the host checks).
+//
+// Before anything of the kernel ahead is needed, a block reads the position, takes its
+// RoPE angles and loads the first AS_THREADS keys and values of its slice that earlier
+// steps cached (heads up to 4·AS_PRE_COLS wide) into registers; with `early` (the
+// kernel ahead writes neither cache, see rk_pdl_wait in ops.cu) all of that happens
+// before the wait, so after it a block waits only for its qkv row.
 #define AS_THREADS 128
 #define AS_MAXD 128
+#define AS_PRE_COLS 16
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
 extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
     const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
     float* __restrict__ out, float* part, u32* done, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base,
-    float scale, u64 ns) {
-    rk_pdl_enter();
+    float scale, u64 ns, int early) {
+    if (!early) rk_pdl_enter();
     __shared__ __align__(16) float sh_q[AS_MAXD];
     __shared__ float sh_p[AS_THREADS];
     __shared__ float sh_red[AS_THREADS / WARP];
     __shared__ __align__(16) float sh_acc[AS_THREADS * 4];
     __shared__ int sh_last;
     const u64 h = blockIdx.x / ns, s = blockIdx.x % ns;
-    const u64 kvh = h / (heads / kv_heads), at = pos[0], half = hd / 2;
+    const u64 kvh = h / (heads / kv_heads), at = __ldcg(pos), half = hd / 2;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nwarps = AS_THREADS / WARP;
     const u64 n = (at < cap ? at : cap - 1) + 1, per = (n + ns - 1) / ns;
     const u64 lo = s * per < n ? s * per : n, hi = lo + per < n ? lo + per : n;  // keys [lo, hi)
     const bool appends = at < cap && lo <= at && at < hi;
-    for (u64 r = tid; r < hd; r += AS_THREADS) {
-        const u64 i = r % half;
+    const int cols = (int)(hd / 4), groups = AS_THREADS / cols, col = tid % cols, g = tid / cols;
+    const float4* kb = (const float4*)(kc + kvh * cap * hd);
+    const float4* vb = (const float4*)(vc + kvh * cap * hd);
+    // Threads [0, half) rotate pair tid of the query head, [half, hd) pair tid - half of
+    // the new key: the same angles.
+    double sn = 0.0, cs = 1.0;
+    if ((u64)tid < hd) rope_sincos((double)at, (u64)tid % half, hd, base, &sn, &cs);
+    const bool pre = cols <= AS_PRE_COLS;
+    const int len0 = (int)(hi - lo < AS_THREADS ? hi - lo : AS_THREADS);
+    float4 kr[AS_PRE_COLS], vr[KV_BATCH];
+    if (pre) {
+        if (tid < len0 && lo + tid != at) {
+#pragma unroll
+            for (int c = 0; c < AS_PRE_COLS; c++)
+                if (c < cols) kr[c] = __ldcg(kb + (lo + tid) * cols + c);
+        }
+        if (g < groups) {
+#pragma unroll
+            for (int b = 0; b < KV_BATCH; b++) {
+                const int jb = g + b * groups;
+                if (jb < len0 && lo + jb != at) vr[b] = __ldcg(vb + (lo + jb) * cols + col);
+            }
+        }
+    }
+    if (early) rk_pdl_enter();
+    if ((u64)tid < hd) {
+        const u64 i = (u64)tid % half;
         float y0, y1;
-        if (r < half) {
-            rope_pair(qkv, h, i, hd, at, base, &y0, &y1);
+        if ((u64)tid < half) {
+            rope_rotate(qkv[h * hd + i], qkv[h * hd + i + half], sn, cs, &y0, &y1);
             sh_q[i] = y0;
             sh_q[i + half] = y1;
             if (s == 0) {
@@ -691,7 +801,8 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
                 q[h * hd + i + half] = y1;
             }
         } else if (appends) {
-            rope_pair(qkv, heads + kvh, i, hd, at, base, &y0, &y1);
+            const float* kr0 = qkv + (heads + kvh) * hd;
+            rope_rotate(kr0[i], kr0[i + half], sn, cs, &y0, &y1);
             kc[(kvh * cap + at) * hd + i] = y0;
             kc[(kvh * cap + at) * hd + i + half] = y1;
         }
@@ -699,22 +810,25 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
     if (appends)
         for (u64 i = tid; i < hd; i += AS_THREADS) vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
     __syncthreads();  // sh_q, and the appended row for this block's threads
-    const int cols = (int)(hd / 4), groups = AS_THREADS / cols, col = tid % cols, g = tid / cols;
-    const float4* kb = (const float4*)(kc + kvh * cap * hd);
-    const float4* vb = (const float4*)(vc + kvh * cap * hd);
     const float4* q4 = (const float4*)sh_q;
     float m = NEG_INF, l = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (u64 j0 = lo; j0 < hi; j0 += AS_THREADS) {
         const int len = (int)(hi - j0 < AS_THREADS ? hi - j0 : AS_THREADS);
+        const bool first = pre && j0 == lo;
+        // The new key's index in this tile (its row was written above, not loaded early).
+        const int fresh = at >= j0 && at < j0 + len ? (int)(at - j0) : -1;
         float sc = NEG_INF;
         if (tid < len) {
-            const float4* kr = kb + (j0 + tid) * cols;
             float d = 0.0f;
+            if (first && tid != fresh) {
+#pragma unroll
+                for (int c = 0; c < AS_PRE_COLS; c++)
+                    if (c < cols) d += dot4(q4[c], kr[c]);
+            } else {
+                const float4* krow = kb + (j0 + tid) * cols;
 #pragma unroll 8
-            for (int c = 0; c < cols; c++) {
-                const float4 k = kr[c], qq = q4[c];
-                d += qq.x * k.x + qq.y * k.y + qq.z * k.z + qq.w * k.w;
+                for (int c = 0; c < cols; c++) d += dot4(q4[c], krow[c]);
             }
             sc = d * scale;
         }
@@ -737,23 +851,10 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
         m = mn;
         if (g < groups) {
             acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
-            const float4* vr = vb + j0 * cols + col;
-#pragma unroll 1
-            for (int j = g; j < len; j += KV_BATCH * groups) {
-                float4 v[KV_BATCH];
-#pragma unroll
-                for (int b = 0; b < KV_BATCH; b++) {
-                    const int jb = j + b * groups;
-                    v[b] = jb < len ? vr[(u64)jb * cols] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-#pragma unroll
-                for (int b = 0; b < KV_BATCH; b++) {
-                    const int jb = j + b * groups;
-                    const float pj = jb < len ? sh_p[jb] : 0.0f;
-                    acc = make_float4(fmaf(pj, v[b].x, acc.x), fmaf(pj, v[b].y, acc.y), fmaf(pj, v[b].z, acc.z),
-                                      fmaf(pj, v[b].w, acc.w));
-                }
-            }
+            if (first)
+                kv_accumulate<4, true>(acc, vb + j0 * cols + col, sh_p, len, g, groups, cols, vr, fresh);
+            else
+                kv_accumulate<4, false>(acc, vb + j0 * cols + col, sh_p, len, g, groups, cols, 0, -1);
         }
         __syncthreads();  // sh_p and sh_red are rewritten by the next slice of keys
     }

@@ -20,11 +20,29 @@ typedef unsigned long long u64;
 // scheduled (launch_dependents): the launch of kernel n+1 overlaps kernel n instead of
 // following it. Launched without the attribute (older GPUs, RINGKERNEL_CUDA_PDL=0) both
 // instructions do nothing.
-__device__ __forceinline__ void rk_pdl_enter() {
+//
+// Early loads. Every kernel lets the next one be scheduled only after its own wait, so
+// when kernel n+1 starts, kernel n-1 and everything before it have finished. Kernel n+1
+// may therefore load, before its wait, any operand that kernel n does not write: the
+// weights of a matvec, the residual it adds to, the cached keys and values of earlier
+// positions. The host knows what the kernel before wrote and passes `early` = 1 only then
+// (compute.rs, `early_loads`); such loads go through L2 (ld.global.cg), the point where
+// the finished kernels' writes are visible.
+__device__ __forceinline__ void rk_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void rk_pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void rk_pdl_enter() {
+    rk_pdl_wait();
+    rk_pdl_launch();
 }
 
 // ------------------------------------------------------------------ elementwise

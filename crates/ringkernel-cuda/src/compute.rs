@@ -23,6 +23,7 @@ use ringkernel_core::compute::{
     DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, RopeDims,
     UnaryOp, WeightFormat,
 };
+use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -80,10 +81,39 @@ pub(crate) struct ComputeInner {
     tf32: AtomicBool,
     /// Launch the op kernels with programmatic dependent launch (see `pdl_wanted`).
     pdl: bool,
+    /// The device byte ranges (start, length) that the last work queued on the stream
+    /// writes, when that work is an op kernel that declared them
+    /// ([`CudaCompute::launch_writing`]); `None` after anything else (a copy, cuBLAS,
+    /// NCCL, a graph, a program, a kernel without the declaration, the raw stream handed
+    /// out). An op kernel launched next may load what that work does not write before
+    /// its programmatic-dependent-launch wait (`early`, see `rk_pdl_wait` in
+    /// `kernels/ops.cu`): the kernel ahead of that one has finished by then.
+    last_writes: Mutex<Option<Vec<(u64, u64)>>>,
+    /// Early loads allowed at all: `RINGKERNEL_CUDA_EARLY` not `0` (the switch exists to
+    /// measure with and without them).
+    early: bool,
     /// The program being recorded, if any (see `compute/program.rs`), and whether there
     /// is one (checked first, without the lock, by every op).
     recording: Mutex<Option<program::Recording>>,
     recording_any: AtomicBool,
+}
+
+impl ComputeInner {
+    /// The stream, for work other than an op kernel that declares its writes: what the
+    /// next op kernel may load early is no longer known (see `last_writes`).
+    fn stream_op(&self) -> sys::CUstream {
+        *lock(&self.last_writes) = None;
+        self.stream.raw
+    }
+}
+
+/// Whether a kernel launched with programmatic dependent launch (`pdl`) may load the
+/// device byte ranges `reads` (start, length) before its wait, after work that writes
+/// `last_writes` (`None`: unknown, anything).
+fn may_load_early(pdl: bool, last_writes: Option<&[(u64, u64)]>, reads: &[(u64, u64)]) -> bool {
+    let overlaps = |(a, an): (u64, u64), (b, bn): (u64, u64)| a < b + bn && b < a + an;
+    pdl && last_writes
+        .is_some_and(|w| !w.iter().any(|&wr| reads.iter().any(|&rd| overlaps(wr, rd))))
 }
 
 /// Whether the op kernels go out with programmatic dependent launch: sm_90 or newer, a
@@ -194,6 +224,8 @@ impl CudaCompute {
                 dev,
                 tf32: AtomicBool::new(false),
                 pdl,
+                last_writes: Mutex::new(None),
+                early: std::env::var("RINGKERNEL_CUDA_EARLY").map_or(true, |v| v != "0"),
                 recording: Mutex::new(None),
                 recording_any: AtomicBool::new(false),
             }),
@@ -216,9 +248,12 @@ impl CudaCompute {
         &self.inner.dev.info
     }
 
-    /// The raw stream all ops are queued on (for graph capture and interop).
+    /// The raw stream all ops are queued on (for graph capture and interop). The next op
+    /// assumes that work queued on it wrote every buffer (so it loads nothing before the
+    /// work ahead of it is done): call this again before each op that follows work you
+    /// queue on the stream yourself.
     pub fn raw_stream(&self) -> sys::CUstream {
-        self.inner.stream.raw
+        self.inner.stream_op()
     }
 
     /// Records every op `f` queues into a CUDA graph instead of running it, and returns
@@ -232,7 +267,7 @@ impl CudaCompute {
         // are unaffected.
         unsafe {
             cu::stream::begin_capture(
-                inner.stream.raw,
+                inner.stream_op(),
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
@@ -240,7 +275,7 @@ impl CudaCompute {
         let r = f(self);
         // SAFETY: ends the capture begun above on the same stream.
         let graph =
-            unsafe { cu::stream::end_capture(inner.stream.raw) }.map_err(dev_err("end capture"));
+            unsafe { cu::stream::end_capture(inner.stream_op()) }.map_err(dev_err("end capture"));
         r?;
         let graph = graph?;
         // SAFETY: graph was just captured and is valid.
@@ -318,7 +353,44 @@ impl CudaCompute {
             // kernel touches; the stream is valid.
             unsafe { cu::launch_kernel(f.0, grid, block, smem, self.inner.stream.raw, args) }
         };
+        // An undeclared kernel may write anything (see `last_writes`).
+        *lock(&self.inner.last_writes) = None;
         launched.map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
+    }
+
+    /// [`launch`](Self::launch) of an op kernel that writes only the device byte ranges
+    /// `writes` (start, length): the op kernel launched after it may load anything else
+    /// early ([`early_loads`](Self::early_loads)).
+    fn launch_writing(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &mut [*mut c_void],
+        writes: &[(u64, u64)],
+    ) -> Result<()> {
+        self.launch(name, grid, block, 0, args)?;
+        *lock(&self.inner.last_writes) = Some(writes.to_vec());
+        Ok(())
+    }
+
+    /// The device byte range (start, length) of `b`, a buffer of this backend.
+    fn span(&self, b: &dyn DeviceBuffer) -> Result<(u64, u64)> {
+        let c = self.buf(b)?;
+        Ok((c.ptr, c.len as u64 * 4))
+    }
+
+    /// Whether an op kernel queued next may load the device byte ranges `reads` (start,
+    /// length) before its programmatic-dependent-launch wait: only when the work ahead
+    /// of it is an op kernel that declared its writes and writes none of them (see
+    /// `last_writes`). 1 or 0, the kernels' `early` parameter.
+    fn early_loads(&self, reads: &[(u64, u64)]) -> i32 {
+        let known = lock(&self.inner.last_writes);
+        i32::from(may_load_early(
+            self.inner.pdl && self.inner.early,
+            known.as_deref(),
+            reads,
+        ))
     }
 
     /// The device address of `b`, checked to be a buffer of this backend (for the NCCL
@@ -665,7 +737,7 @@ impl CudaGraph {
     pub fn launch(&self) -> Result<()> {
         self.owner.dev.bind()?;
         // SAFETY: valid executable graph and stream of the same context.
-        unsafe { cu::graph::launch(self.exec, self.owner.stream.raw) }
+        unsafe { cu::graph::launch(self.exec, self.owner.stream_op()) }
             .map_err(dev_err("graph launch"))
     }
 }
@@ -702,7 +774,7 @@ impl ComputeBackend for CudaCompute {
         if !data.is_empty() {
             // SAFETY: b.ptr holds data.len() floats; the pageable source is staged by the
             // driver before the call returns.
-            unsafe { cu::memcpy_htod_async(b.ptr, data, self.inner.stream.raw) }
+            unsafe { cu::memcpy_htod_async(b.ptr, data, self.inner.stream_op()) }
                 .map_err(dev_err("upload"))?;
         }
         Ok(Arc::new(b))
@@ -717,7 +789,7 @@ impl ComputeBackend for CudaCompute {
         }
         self.inner.dev.bind()?;
         // SAFETY: range checked above; pageable source staged before return.
-        unsafe { cu::memcpy_htod_async(b.ptr + (offset * 4) as u64, data, self.inner.stream.raw) }
+        unsafe { cu::memcpy_htod_async(b.ptr + (offset * 4) as u64, data, self.inner.stream_op()) }
             .map_err(dev_err("write"))
     }
 
@@ -731,7 +803,7 @@ impl ComputeBackend for CudaCompute {
         self.inner.dev.bind()?;
         // SAFETY: range checked above; the copy into pageable memory completes before
         // the call returns, and we synchronise the stream anyway.
-        unsafe { cu::memcpy_dtoh_async(out, b.ptr + (offset * 4) as u64, self.inner.stream.raw) }
+        unsafe { cu::memcpy_dtoh_async(out, b.ptr + (offset * 4) as u64, self.inner.stream_op()) }
             .map_err(dev_err("read"))?;
         self.synchronize()
     }
@@ -758,7 +830,7 @@ impl ComputeBackend for CudaCompute {
                 d.ptr + (dst_offset * 4) as u64,
                 s.ptr + (src_offset * 4) as u64,
                 len * 4,
-                self.inner.stream.raw,
+                self.inner.stream_op(),
             )
         }
         .map_err(dev_err("copy"))
@@ -861,7 +933,7 @@ impl ComputeBackend for CudaCompute {
             self.inner.dev.bind()?;
             // SAFETY: out holds batch*m*n floats (checked); zero them as the empty sum.
             return unsafe {
-                cu::memset_d8_async(ob.ptr, 0, batch * m * n * 4, self.inner.stream.raw)
+                cu::memset_d8_async(ob.ptr, 0, batch * m * n * 4, self.inner.stream_op())
             }
             .map_err(dev_err("memset"));
         }
@@ -890,6 +962,8 @@ impl ComputeBackend for CudaCompute {
                 .result()
                 .map_err(|e| Error::Device(format!("cublasSetMathMode: {e:?}")))?;
             let (alpha, beta) = (1.0f32, 0.0f32);
+            // cuBLAS queues on the stream (set on its handle).
+            self.inner.stream_op();
             // Row-major C[m,n] = A[m,k]·B[k,n] is column-major Cᵀ[n,m] = Bᵀ[n,k]·Aᵀ[k,m],
             // and a row-major X is its column-major transpose with the same memory.
             // SAFETY: all three buffers were length-checked for the strides and counts
@@ -1398,10 +1472,35 @@ impl CudaCompute {
                 (grid[0], grid[1], grid[2]),
                 (block[0], block[1], block[2]),
                 0,
-                self.inner.stream.raw,
+                self.inner.stream_op(),
                 &mut ptrs,
             )
         }
         .map_err(|e| Error::Device(format!("CUDA launch of {name}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_load_early;
+
+    #[test]
+    fn early_loads_only_after_declared_writes_that_miss_every_read() {
+        let reads = [(1000, 64), (4096, 16)];
+        // declared writes elsewhere: early
+        assert!(may_load_early(
+            true,
+            Some(&[(0, 1000), (1064, 100)]),
+            &reads
+        ));
+        assert!(may_load_early(true, Some(&[]), &reads));
+        // a write that touches a read range, at either end: not early
+        assert!(!may_load_early(true, Some(&[(1063, 1)]), &reads));
+        assert!(!may_load_early(true, Some(&[(990, 11)]), &reads));
+        assert!(!may_load_early(true, Some(&[(0, 8192)]), &reads));
+        assert!(!may_load_early(true, Some(&[(0, 10), (4100, 1)]), &reads));
+        // unknown writes (anything else on the stream), or no programmatic launch
+        assert!(!may_load_early(true, None, &reads));
+        assert!(!may_load_early(false, Some(&[]), &reads));
     }
 }

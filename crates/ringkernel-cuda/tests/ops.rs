@@ -459,3 +459,116 @@ fn recorded_attention_over_a_long_cache_matches_the_direct_kernel() {
         }
     }
 }
+
+/// Early loads (`rk_pdl_wait` in `kernels/ops.cu`): a matvec whose weights the kernel two
+/// ahead of it wrote loads them before its wait and must see those writes; one whose
+/// weights, or the output it adds to, the kernel just ahead wrote must wait first. Each
+/// layout runs op by op and replayed from a graph, with fresh ids and residuals every
+/// round, and a long kernel in between where the layout has one, so that the matvec is
+/// scheduled while that kernel still runs.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn early_loads_see_every_write_but_the_kernel_ahead() {
+    use ringkernel_core::compute::{dtype, quant, EmbeddingDims, QMatmulDims, WeightFormat};
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    let (vocab, cols, count) = (64, 128, 40);
+    let table_words =
+        quant::quantize(WeightFormat::F32, &rng.vec(vocab * cols, -1.0, 1.0)).unwrap();
+    let table = g.upload(dtype::words_as_f32(&table_words)).unwrap();
+    let ids = g.alloc(count).unwrap();
+    // The embedding's output is the matvec's weights (f32 blocks are plain floats).
+    let w = poisoned(&g, count * cols);
+    let xv = rng.vec(cols, -1.0, 1.0);
+    let x = g.upload(&xv).unwrap();
+    let y = g.alloc(count).unwrap();
+    // The long kernel: a tall matvec (8,192 rows).
+    let (big_rows, big_cols) = (8192, 1024);
+    let big = g.upload(&rng.vec(big_rows * big_cols, -1.0, 1.0)).unwrap();
+    let bx = g.upload(&rng.vec(big_cols, -1.0, 1.0)).unwrap();
+    let bz = g.alloc(big_rows).unwrap();
+    // A matvec that writes y itself (the residual the last one adds to).
+    let m_words = quant::quantize(WeightFormat::F32, &rng.vec(count * cols, -1.0, 1.0)).unwrap();
+    let m = g.upload(dtype::words_as_f32(&m_words)).unwrap();
+    let x2v = rng.vec(cols, -1.0, 1.0);
+    let x2 = g.upload(&x2v).unwrap();
+    let emb = EmbeddingDims {
+        rows: vocab,
+        cols,
+        count,
+    };
+    let mv = QMatmulDims {
+        batch: 1,
+        rows: count,
+        cols,
+        accumulate: true,
+    };
+    let f32w = WeightFormat::F32;
+    for layout in 0..3 {
+        let mut ops = || -> ringkernel_core::Result<()> {
+            g.embedding(&*table, f32w, &*ids, &*w, emb)?;
+            match layout {
+                // weights written two kernels ahead: loaded early
+                0 => g.qmatmul(
+                    &*big,
+                    f32w,
+                    &*bx,
+                    &*bz,
+                    QMatmulDims {
+                        batch: 1,
+                        rows: big_rows,
+                        cols: big_cols,
+                        accumulate: false,
+                    },
+                )?,
+                // weights written by the kernel ahead: not loaded early
+                1 => {}
+                // the residual written by the kernel ahead (the weights two ahead)
+                _ => g.qmatmul(
+                    &*m,
+                    f32w,
+                    &*x2,
+                    &*y,
+                    QMatmulDims {
+                        accumulate: false,
+                        ..mv
+                    },
+                )?,
+            }
+            g.qmatmul(&*w, f32w, &*x, &*y, mv)
+        };
+        let replay = g.record(&mut ops).unwrap().expect("a graph");
+        for round in 0..40 {
+            let idv: Vec<u32> = (0..count).map(|_| rng.below(vocab as u64) as u32).collect();
+            let y0 = rng.vec(count, -1.0, 1.0);
+            g.write(&*ids, 0, dtype::words_as_f32(&idv)).unwrap();
+            g.write(&*y, 0, &y0).unwrap();
+            if round % 2 == 0 {
+                ops().unwrap();
+            } else {
+                replay.replay().unwrap();
+            }
+            let wr = reference::embedding(f32w, &table_words, &idv, emb);
+            let w_words: Vec<u32> = wr.iter().map(|&v| (v as f32).to_bits()).collect();
+            let init = if layout == 2 {
+                let r = reference::qmatmul(
+                    f32w,
+                    &m_words,
+                    &x2v,
+                    &[],
+                    QMatmulDims {
+                        accumulate: false,
+                        ..mv
+                    },
+                );
+                r.iter().map(|&v| v as f32).collect()
+            } else {
+                y0
+            };
+            let want = reference::qmatmul(f32w, &w_words, &xv, &init, mv);
+            let got = read(&g, &y, count);
+            let e = rel_error(&got, &want);
+            assert!(e < 1e-5, "layout {layout} round {round}: error {e}");
+        }
+    }
+}

@@ -198,11 +198,10 @@ impl CudaCompute {
         }
         let (mut pt, mut pi, mut po) = (tb.ptr, ib.ptr, ob.ptr);
         let (mut r, mut c, mut k) = (d.rows as u64, d.cols as u64, d.count as u64);
-        self.launch(
+        self.launch_writing(
             &format!("rk_embedding_{}", format.name()),
             (grid_1d(n, 256, self.sms()), 1, 1),
             (256, 1, 1),
-            0,
             &mut [
                 arg(&mut pt),
                 arg(&mut pi),
@@ -211,6 +210,7 @@ impl CudaCompute {
                 arg(&mut c),
                 arg(&mut k),
             ],
+            &[self.span(out)?],
         )
     }
 
@@ -339,7 +339,20 @@ impl CudaCompute {
             params.push(arg(&mut b));
         }
         params.extend([arg(&mut r), arg(&mut c), arg(&mut acc)]);
-        self.launch(&name, grid, block, 0, &mut params)
+        // rk_qmatmul_* load the weights, and the output they add to, before their wait
+        // where the kernel ahead writes neither (see `early_loads`).
+        let mut reads = w
+            .iter()
+            .map(|b| self.span(*b))
+            .collect::<Result<Vec<_>>>()?;
+        if d.accumulate {
+            reads.push(self.span(out)?);
+        }
+        let mut early = self.early_loads(&reads);
+        if !tall {
+            params.push(arg(&mut early));
+        }
+        self.launch_writing(&name, grid, block, &mut params, &[self.span(out)?])
     }
 
     /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
@@ -397,6 +410,19 @@ impl CudaCompute {
             d.rope_base,
             d.scale,
         );
+        // Both kernels' leading parameters, in order.
+        let mut args = vec![
+            arg(&mut px),
+            arg(&mut pp),
+            arg(&mut pq),
+            arg(&mut pk),
+            arg(&mut pv),
+            arg(&mut po),
+        ];
+        let mut writes = [q, k_cache, v_cache, out]
+            .iter()
+            .map(|b| self.span(*b))
+            .collect::<Result<Vec<_>>>()?;
         let split = attn_split();
         if split > 0
             && d.head_dim.is_multiple_of(4)
@@ -407,49 +433,47 @@ impl CudaCompute {
             let scratch = self.inner.attn_scratch.ptr();
             let (mut part, mut done, mut ns) =
                 (scratch, scratch + ATTN_PARTS_BYTES as u64, split as u64);
-            return self.launch(
-                "rk_rope_attention_kv_split",
-                ((d.heads * split) as u32, 1, 1),
-                (AS_THREADS, 1, 1),
-                0,
-                &mut [
-                    arg(&mut px),
-                    arg(&mut pp),
-                    arg(&mut pq),
-                    arg(&mut pk),
-                    arg(&mut pv),
-                    arg(&mut po),
-                    arg(&mut part),
-                    arg(&mut done),
-                    arg(&mut h),
-                    arg(&mut kh),
-                    arg(&mut hd),
-                    arg(&mut cap),
-                    arg(&mut base),
-                    arg(&mut sc),
-                    arg(&mut ns),
-                ],
-            );
-        }
-        self.launch(
-            "rk_rope_attention_kv",
-            (d.heads as u32, 1, 1),
-            (KV_THREADS, 1, 1),
-            0,
-            &mut [
-                arg(&mut px),
-                arg(&mut pp),
-                arg(&mut pq),
-                arg(&mut pk),
-                arg(&mut pv),
-                arg(&mut po),
+            // The position and the cached keys and values are loaded before the wait
+            // where the kernel ahead writes none of them (see `early_loads`).
+            let mut early = self.early_loads(&[
+                self.span(positions)?,
+                self.span(k_cache)?,
+                self.span(v_cache)?,
+            ]);
+            args.extend([arg(&mut part), arg(&mut done)]);
+            args.extend([
                 arg(&mut h),
                 arg(&mut kh),
                 arg(&mut hd),
                 arg(&mut cap),
                 arg(&mut base),
                 arg(&mut sc),
-            ],
+                arg(&mut ns),
+                arg(&mut early),
+            ]);
+            writes.push((scratch, ATTN_SCRATCH_BYTES as u64));
+            return self.launch_writing(
+                "rk_rope_attention_kv_split",
+                ((d.heads * split) as u32, 1, 1),
+                (AS_THREADS, 1, 1),
+                &mut args,
+                &writes,
+            );
+        }
+        args.extend([
+            arg(&mut h),
+            arg(&mut kh),
+            arg(&mut hd),
+            arg(&mut cap),
+            arg(&mut base),
+            arg(&mut sc),
+        ]);
+        self.launch_writing(
+            "rk_rope_attention_kv",
+            (d.heads as u32, 1, 1),
+            (KV_THREADS, 1, 1),
+            &mut args,
+            &writes,
         )
     }
 

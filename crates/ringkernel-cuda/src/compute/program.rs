@@ -357,7 +357,7 @@ impl CudaProgram {
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: 0,
-            hStream: c.inner.stream.raw,
+            hStream: c.inner.stream_op(),
             attrs: &mut attr,
             numAttrs: 1,
         };
