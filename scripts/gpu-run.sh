@@ -4,6 +4,7 @@
 #   bash .gpu/env.sh bash scripts/gpu-run.sh 2    # LLM, WaveSim, wgpu (after part 1 unpacked)
 #   bash .gpu/env.sh bash scripts/gpu-run.sh llm  # the CUDA decode: tests, graph/program, trace, peer
 #   bash .gpu/env.sh bash scripts/gpu-run.sh profile  # ncu stall reasons of the decode's kernels
+#   bash .gpu/env.sh bash scripts/gpu-run.sh steps    # ncu time of every kernel of a decode step
 # Every command has a time limit; its log goes to $OUT/<name>.txt and a summary to stdout.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -133,6 +134,34 @@ llm)
     tail -2 "$O/hf-bench.txt"
   fi
   ;;
+steps)
+  # Where a decode step's device time goes: ncu's duration of every kernel of two decode
+  # steps near position 260 (graph path, kernels 20,000-20,303 of the bench's warm-up
+  # run), summed by kernel. ncu runs kernels one at a time, caches and clocks left as
+  # they are: the early loads' overlap with the kernel ahead is not in these figures.
+  model
+  [ -f "$m" ] || { echo "no model in $dir (calls 1 and 2 of gpu-stage.sh keep it there)"; exit 1; }
+  timeout 300 ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum \
+    --launch-skip 20000 --launch-count 304 --csv \
+    $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 200 --runs 1 >"$O/ncu-steps.csv" 2>&1
+  python3 - "$O/ncu-steps.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+tot = collections.defaultdict(lambda: [0, 0.0])
+for r in rows[1:]:
+    v = float(r[value].replace(",", ""))
+    v = v / 1000 if r[unit] == "nsecond" else v * 1000 if r[unit] == "msecond" else v
+    t = tot[r[name].split("(")[0]]
+    t[0] += 1
+    t[1] += v
+all_us = sum(t[1] for t in tot.values())
+print(f"ncu, {sum(t[0] for t in tot.values())} kernels, {all_us / 2:.1f} us of kernel time a step")
+for k, (n, us) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+    print(f"  {k:40s} x{n // 2:<4d} {us / n:7.2f} us each, {us / 2:7.1f} us a step ({100 * us / all_us:4.1f}%)")
+PY
+  ;;
 profile)
   # Why the decode's kernels take what they take: ncu's warp-state (stall reasons),
   # scheduler and memory sections for one launch each of the attention kernel and the
@@ -148,7 +177,7 @@ profile)
   done
   ;;
 *)
-  echo "usage: scripts/gpu-run.sh 1|2|llm|profile" >&2
+  echo "usage: scripts/gpu-run.sh 1|2|llm|steps|profile" >&2
   exit 2
   ;;
 esac

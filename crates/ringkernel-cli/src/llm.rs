@@ -280,11 +280,16 @@ pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
             ));
         }
         println!(
-            "run {i}: {} prompt tokens, first token after {:.2} ms; {} decode steps, {:.1} tokens/s",
+            "run {i}: {} prompt tokens, first token after {:.2} ms; {} decode steps, {:.1} tokens/s{}",
             r.prompt_tokens,
             r.ttft_ms(),
             r.decoded,
-            r.decode_tokens_per_s()
+            r.decode_tokens_per_s(),
+            r.step_device.map_or(String::new(), |d| format!(
+                "; device step {:.1} us (replays back to back), {:.1} us a step beyond it",
+                d.as_secs_f64() * 1e6,
+                1e6 / r.decode_tokens_per_s().max(1e-9) - d.as_secs_f64() * 1e6
+            ))
         );
         ttft.push(r.ttft_ms());
         tps.push(r.decode_tokens_per_s());

@@ -656,9 +656,42 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
 
 // out[row] from the nsplit parts of attention_kv_body (each hd + 2 floats, `stride` apart)
 // by one block: the parts' sums rescaled to the largest max. The parts were written by
-// other blocks of the same kernel, so they are read through L2 (ld.cg), not L1.
+// other blocks of the same kernel, so they are read through L2 (ld.cg), not L1. Up to
+// KV_COMBINE parts (the split kernel's most, 16), a thread loads every part's max, sum
+// and value at once, unrolled, so the merge waits for L2 once rather than once a part
+// (a loop over a run-time count issues a part's load only after the one before it is
+// used); more parts go one after another.
+#define KV_COMBINE 16
 __device__ __forceinline__ void attention_combine(const float* part, u64 nsplit, u64 stride, u64 hd,
                                                   float* __restrict__ out) {
+    if (nsplit <= KV_COMBINE) {
+        for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
+            float mc[KV_COMBINE], lc[KV_COMBINE], ac[KV_COMBINE];
+#pragma unroll
+            for (int c = 0; c < KV_COMBINE; c++) {
+                if ((u64)c < nsplit) {
+                    const float* pc = part + c * stride;
+                    mc[c] = __ldcg(pc);
+                    lc[c] = __ldcg(pc + 1);
+                    ac[c] = __ldcg(pc + 2 + d);
+                }
+            }
+            float mx = NEG_INF, a = 0.0f, l = 0.0f;
+#pragma unroll
+            for (int c = 0; c < KV_COMBINE; c++)
+                if ((u64)c < nsplit) mx = fmaxf(mx, mc[c]);
+#pragma unroll
+            for (int c = 0; c < KV_COMBINE; c++) {
+                if ((u64)c < nsplit) {
+                    const float w = mc[c] == NEG_INF ? 0.0f : expf(mc[c] - mx);
+                    l = fmaf(w, lc[c], l);
+                    a = fmaf(w, ac[c], a);
+                }
+            }
+            out[d] = l > 0.0f ? a / l : 0.0f;
+        }
+        return;
+    }
     float mx = NEG_INF;
     for (u64 c = 0; c < nsplit; c++) mx = fmaxf(mx, __ldcg(part + c * stride));
     for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -875,12 +908,18 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
         mine[0] = m;
         mine[1] = l;
     }
-    __threadfence();  // this block's part, device-wide, before its count
+    // The block's part before its count: the barrier orders every thread's writes before
+    // thread 0's release (cumulative, as rk_program's grid barrier), and thread 0's
+    // acquire before the block's reads of the other parts; one acq_rel atomic instead of
+    // a fence in every thread on either side.
     __syncthreads();
-    if (tid == 0) sh_last = atomicAdd(done + h, 1u) == ns - 1;
+    if (tid == 0) {
+        u32 before;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
+        sh_last = before == ns - 1;
+    }
     __syncthreads();
     if (sh_last) {
-        __threadfence();
         attention_combine(part + h * ns * stride, ns, stride, hd, out + h * hd);
         if (tid == 0) done[h] = 0;  // for the next call, which waits for this kernel
     }

@@ -41,6 +41,9 @@ pub struct BenchResult {
     pub decode: Duration,
     /// The generated ids (greedy), the first one included.
     pub tokens: Vec<u32>,
+    /// Device time of one decode step where steps are recorded
+    /// ([`crate::model::Model::replay_time`], 64 replays after the run).
+    pub step_device: Option<Duration>,
 }
 
 impl BenchResult {
@@ -101,6 +104,7 @@ pub fn run(s: &mut Session, prompt_tokens: usize, new_tokens: usize) -> Result<B
     }
     let decode = t1.elapsed();
     let step_mode = cache.step_mode();
+    let step_device = model.replay_time(cache, 64)?;
     s.reset();
     Ok(BenchResult {
         device: s.model().device().to_string(),
@@ -110,5 +114,6 @@ pub fn run(s: &mut Session, prompt_tokens: usize, new_tokens: usize) -> Result<B
         decoded: new_tokens - 1,
         decode,
         tokens,
+        step_device,
     })
 }

@@ -659,6 +659,29 @@ impl Model {
         self.logits(cache)
     }
 
+    /// The device time of one recorded decode step: the step replayed `n` times back to
+    /// back, then one synchronisation, over `n`. Each replay runs the cache's last
+    /// position again with the same token, so the cache is left as it was. `None` when
+    /// the steps are not recorded (the first [`Self::forward`] on a cache records them,
+    /// where the backend can) or `n` is 0. What a decode step takes beyond this is host
+    /// work: staging the token, reading the logits back, sampling.
+    pub fn replay_time(&self, cache: &KvCache, n: usize) -> Result<Option<std::time::Duration>> {
+        let Step::Recorded { replay, .. } = &cache.step else {
+            return Ok(None);
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        let b = self.device.backend();
+        b.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            replay.replay()?;
+        }
+        b.synchronize()?;
+        Ok(Some(t.elapsed() / n as u32))
+    }
+
     /// Which kind of device the weights are on.
     pub fn backend_kind(&self) -> BackendKind {
         self.device.kind()

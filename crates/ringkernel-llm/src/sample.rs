@@ -89,15 +89,37 @@ pub struct Sampler {
     rng: Rng,
 }
 
-/// The index of the largest value (the first at a tie); 0 for an empty slice.
+/// The index of the largest value (the first at a tie); 0 for an empty slice. NaNs are
+/// passed over (a NaN first value is kept: nothing compares greater than it).
+///
+/// Two passes: the largest value over 16 independent lanes (which the compiler turns
+/// into vector compares; one running maximum would be a chain of dependent branches),
+/// then the first index holding it. A decode step takes this over the whole vocabulary
+/// (49,152 logits for SmolLM2): half the time of the one-pass loop, measured here.
 pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+    const LANES: usize = 16;
+    let Some(&first) = x.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lane = [first; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lane.iter_mut().zip(c) {
+            if v > *m {
+                *m = v;
+            }
         }
     }
-    best
+    let mut best = first;
+    for &v in lane.iter().chain(rest) {
+        if v > best {
+            best = v;
+        }
+    }
+    // `best` is a value of x (not NaN), so the search finds it.
+    x.iter().position(|&v| v == best).unwrap_or(0)
 }
 
 impl Sampler {
@@ -158,6 +180,37 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_is_the_first_largest_value_past_nans() {
+        // the definition: one pass, strictly greater replaces
+        let simple = |x: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in x.iter().enumerate() {
+                if v > x[best] {
+                    best = i;
+                }
+            }
+            best
+        };
+        let mut r = Rng::new(7);
+        for len in [0usize, 1, 2, 15, 16, 17, 31, 100, 1000, 49_152] {
+            for case in 0..6 {
+                let mut x: Vec<f32> = (0..len)
+                    .map(|_| (r.next_f32() * 8.0).floor() - 4.0)
+                    .collect();
+                match case {
+                    1 if len > 3 => x[len / 2] = f32::NAN,
+                    2 if len > 0 => x[0] = f32::NAN,
+                    3 => x.iter_mut().for_each(|v| *v = -0.0),
+                    4 if len > 1 => x[len - 1] = 0.0f32.max(x[len - 1]) + 100.0,
+                    5 => x.iter_mut().step_by(3).for_each(|v| *v = f32::NAN),
+                    _ => {}
+                }
+                assert_eq!(argmax(&x), simple(&x), "len {len} case {case}");
+            }
+        }
+    }
 
     #[test]
     fn greedy_is_argmax_and_seeds_repeat() {

@@ -239,6 +239,17 @@ fn decoder_matches_the_reference_on(device: &Device) {
     check(10, &model.prefill(&tokens[..11], &mut cache).unwrap());
     for (p, &t) in tokens.iter().enumerate().skip(11) {
         check(p, &model.forward(t, &mut cache).unwrap());
+        if p == 20 {
+            // timing replays of a recorded step leave the cache as it was (the later
+            // positions are checked against the reference)
+            let timed = model.replay_time(&cache, 3).unwrap();
+            assert_eq!(
+                timed.is_some(),
+                cache.step_mode().starts_with("recorded"),
+                "{}",
+                cache.step_mode()
+            );
+        }
     }
     assert_eq!(cache.len(), tokens.len());
     eprintln!("{device}: decode steps {}", cache.step_mode());
