@@ -152,7 +152,8 @@ name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.i
 tot = collections.defaultdict(lambda: [0, 0.0])
 for r in rows[1:]:
     v = float(r[value].replace(",", ""))
-    v = v / 1000 if r[unit] == "nsecond" else v * 1000 if r[unit] == "msecond" else v
+    u = r[unit]
+    v = v / 1000 if u in ("ns", "nsecond") else v * 1000 if u in ("ms", "msecond") else v
     t = tot[r[name].split("(")[0]]
     t[0] += 1
     t[1] += v
