@@ -75,6 +75,49 @@
 //! into the lane when the ring is full (a second copy, into the slots, follows), one
 //! `memcpy` call a payload.
 //!
+//! ### Which host thread bounds the batched echo (issue 17, helper i17f, 2026-11-27)
+//!
+//! `wgpu_bench`'s batched echo prints the CPU time of each thread a message
+//! (`/proc/self/task/*/schedstat` before and after; "n/a" off Linux): the receiver
+//! (the main thread), the sender (the tokio workers, named `bench-worker`), the wgpu
+//! poller, and the other threads by name (lavapipe's carry the process's name and
+//! show as `unnamed`). On the 2-core development VM through lavapipe, 4M messages,
+//! medians of 20 runs of `main` (f29b755, the same bench): receiver 17–19 ns, sender
+//! 29–36 ns, **poller 41–46 ns** (the busiest of ours), lavapipe's threads about
+//! 150 ns, process 230–260 ns a message. A `perf record -e cpu-clock` profile puts
+//! the poller's time in three places, about equal: the copy of the next pass's
+//! messages from the lane into the upload buffer (`fill_ring`, after each
+//! completion), reading the readback headers (`finish_pass`), and appending the
+//! replies (`Records::push`, whose 72-byte `Token` payload is a `memcpy` call). The
+//! hot instructions are the stores into the slots and the loads of the readback: a
+//! pass of 21,845 messages moves 5.6 MB of 256-byte slots each way, out of cache.
+//!
+//! Tried, each measured in 20 alternating pairs against `main` (4M messages, median
+//! ratios after / before):
+//!
+//! | Change | msgs/s | process CPU a message | poller a message | sender a message | busiest of ours |
+//! |---|---|---|---|---|---|
+//! | [`DrainConfig::sender_fills`] on (opt-in, [`SENDER_FILLS_ENV`]): a sender waiting for lane room starts the passes completions would start, so the lane-to-slot copy runs on its thread | 1.005× | 1.02× | 0.76× (41 → 32 ns) | 1.40× (29 → 41 ns) | 1.03× |
+//! | payloads of 8–128 bytes copied inline (two overlapping fixed-size copies) instead of a `memcpy` call, in the lanes, the slots and the replies (not kept) | 1.03× | 1.00× | 0.93× | 1.09× | 0.93× |
+//!
+//! A second set of 12 pairs of the committed build (17:21, a quieter machine): with the
+//! switch off the same as `main` (1.00× msgs/s, 1.01× process CPU, poller 40 → 40
+//! ns); on, 1.07× msgs/s, 0.98× process CPU, poller 0.73× (42 → 30 ns), sender 1.23×
+//! (30 → 40 ns), busiest of ours 0.95×.
+//!
+//! Lavapipe is what bounds the rate here (its threads take about 60% of the process
+//! CPU), so the rate does not move; moving the fill only moves about 10 ns a message
+//! from the poller to the sender at the same total, which is why it stays opt-in
+//! until a GPU run shows the poller to be the bottleneck there (on the H100 a pass's
+//! launch to completion, ~2.3 ms for 21,845 messages while the device works ~40 µs,
+//! is about 105 ns a message: consistent with one host thread bound, which the
+//! per-thread line of the next GPU run names). The inline copies
+//! removed the `memcpy` calls from the profile but the time moved into the callers
+//! (the stores are the cost), with no change of the total measurable here. First
+//! try of the switch (not kept): a completion that deferred once and cleared the
+//! flag moved a third of the fills only (later completions of the same poller round
+//! kicked before the sender woke).
+//!
 //! ## Priority
 //!
 //! The ordering happens on the host, in the step that fills the input ring for a pass
@@ -491,6 +534,15 @@ struct Host {
     /// empty. A kernel terminated while inactive runs no more passes.
     draining: bool,
     failed: Option<Error>,
+    /// With [`DrainConfig::sender_fills`], set when `try_enqueue_run` found its lane
+    /// full (its caller then waits for `input_space` and enqueues again): completions
+    /// leave the passes they would start from the lanes to that sender, which starts
+    /// them when it comes back (`try_enqueue_run` kicks first), so the thread
+    /// finishing passes does not also copy the next pass's messages into their slots.
+    /// Only while other passes are in flight: the completion of the last one kicks,
+    /// so a sender that never comes back costs overlap (one pass at a time until the
+    /// next enqueue), never progress.
+    sender_waiting: bool,
 }
 
 impl Host {
@@ -537,6 +589,7 @@ pub struct DrainEngine<T: DrainTarget> {
     state_words: u32,
     priority: u8,
     inputs: Vec<MessageInput>,
+    sender_fills: bool,
     target: T,
     core: Weak<RuntimeCore>,
     lifecycle: AtomicLifecycle,
@@ -584,7 +637,19 @@ pub struct DrainConfig {
     /// The handler's declared inputs ([`GpuHandler::inputs`]): sends it cannot read are
     /// refused on the host.
     pub inputs: Vec<MessageInput>,
+    /// Whether a sender waiting for room in a full lane starts the passes that
+    /// completions would start from the lanes (the copy of their messages into their
+    /// slots then runs on the sender's thread, not on the one finishing passes). The
+    /// same messages in the same order either way; [`launch_engine`] sets it from
+    /// [`SENDER_FILLS_ENV`].
+    pub sender_fills: bool,
 }
+
+/// Environment variable: `1` makes [`launch_engine`] launch kernels with
+/// [`DrainConfig::sender_fills`] (off otherwise). A switch for measuring which host
+/// thread bounds a batched stream on a given machine (issue 17), not a tuning knob
+/// applications should need.
+pub const SENDER_FILLS_ENV: &str = "RINGKERNEL_DRAIN_SENDER_FILLS";
 
 impl<T: DrainTarget> DrainEngine<T> {
     /// A kernel in state `Launched`: writes the ring headers and the control block.
@@ -646,6 +711,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             state_words: cfg.state_words,
             priority: cfg.priority,
             inputs: cfg.inputs,
+            sender_fills: cfg.sender_fills,
             target,
             core: Arc::downgrade(core),
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
@@ -662,6 +728,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 drained_after_terminate: 0,
                 draining: false,
                 failed: None,
+                sender_waiting: false,
             }),
             replies: Mutex::new(Records::default()),
             pass_ns: AtomicU64::new(0),
@@ -1156,7 +1223,12 @@ impl<T: DrainTarget> DrainEngine<T> {
         // Route K2K sends without holding the host lock (the destination may be us).
         let delivered_all = self.route();
         let mut h = lock(&self.host);
-        self.kick(&mut h);
+        // A sender waiting for room in a full lane starts the next pass itself when it
+        // wakes (see `Host::sender_waiting`), while passes are still in flight (their
+        // completions kick, should it not come back).
+        if !(self.sender_fills && h.sender_waiting && h.in_flight > 0) {
+            self.kick(&mut h);
+        }
         drop(h);
         if !delivered_all {
             self.retry_k2k_later();
@@ -1300,6 +1372,15 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     fn try_enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<usize> {
         let mut h = lock(&self.host);
         self.check_accepting(&h)?;
+        // A pass a completion left to this sender (`Host::sender_waiting`): started
+        // before the run is queued, so it takes the messages waiting ahead of it and
+        // makes room in the lane.
+        if self.sender_fills {
+            h.sender_waiting = false;
+            if h.waiting() > 0 {
+                self.kick(&mut h);
+            }
+        }
         let lane = priority::lane(first.priority());
         let room = self.capacity - h.lanes[lane].len().min(self.capacity);
         // The messages that fit the lane and a slot, from the front.
@@ -1314,6 +1395,8 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
             taken += 1;
         }
         if taken == 0 && !payloads.is_empty() {
+            // The caller may wait for room and come back (see `Host::sender_waiting`).
+            h.sender_waiting = self.sender_fills && room == 0;
             return Err(Error::QueueFull {
                 capacity: self.capacity,
             });
@@ -1557,6 +1640,7 @@ pub fn launch_engine<T: DrainTarget>(
                 .gpu(handler)
                 .map(|g| g.inputs)
                 .unwrap_or_default(),
+            sender_fills: std::env::var(SENDER_FILLS_ENV).is_ok_and(|v| v.trim() == "1"),
         };
         DrainEngine::new(cfg, target, core)
     });

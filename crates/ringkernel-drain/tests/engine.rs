@@ -39,6 +39,15 @@ fn launch_overlapped(
     launch_with(core, name, handler, opts, in_flight, false)
 }
 
+/// `launch_with`, with [`DrainConfig::sender_fills`] set.
+fn launch_sender_fills(
+    core: &Arc<RuntimeCore>,
+    opts: LaunchOptions,
+    stage: bool,
+) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
+    launch_config(core, "echo", Handler::Echo, opts, 3, stage, true)
+}
+
 /// `launch_overlapped`, with the pass's slots staged (`DrainTarget::stage_input`) when
 /// `stage` is set.
 fn launch_with(
@@ -48,6 +57,18 @@ fn launch_with(
     opts: LaunchOptions,
     in_flight: usize,
     stage: bool,
+) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
+    launch_config(core, name, handler, opts, in_flight, stage, false)
+}
+
+fn launch_config(
+    core: &Arc<RuntimeCore>,
+    name: &str,
+    handler: Handler,
+    opts: LaunchOptions,
+    in_flight: usize,
+    stage: bool,
+    sender_fills: bool,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     let id = core.reserve(name).unwrap();
     let mut target = CpuTarget::new(opts.queue_capacity, opts.slot_size, handler);
@@ -63,6 +84,7 @@ fn launch_with(
         state_words: 4,
         priority: opts.priority,
         inputs: Vec::new(),
+        sender_fills,
     };
     let engine = DrainEngine::new(cfg, target, core).unwrap();
     core.insert(engine.clone());
@@ -472,6 +494,7 @@ fn a_target_too_small_for_the_rings_is_refused() {
         state_words: 4,
         priority: ringkernel_core::priority::NORMAL,
         inputs: Vec::new(),
+        sender_fills: false,
     };
     let e =
         DrainEngine::new(cfg(8, 256), CpuTarget::new(4, 256, Handler::Echo), &core).unwrap_err();
@@ -1031,4 +1054,54 @@ async fn receive_batch_into_takes_runs_in_pieces_in_order() {
         Err(Error::Timeout(_))
     ));
     k.terminate().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_sender_that_fills_the_passes_keeps_order_and_loses_nothing() {
+    for stage in [false, true] {
+        let core = core();
+        // A lane of 16 messages: the sender waits for room most of the time, and the
+        // passes completions leave to it are started when it comes back.
+        let opts = LaunchOptions::default().with_queue_capacity(16);
+        let (k, engine) = launch_sender_fills(&core, opts, stage);
+        batched_echo(&k, 3000, 100).await;
+        let m = k.metrics();
+        assert_eq!(
+            (m.received, m.processed, m.emitted, m.dropped),
+            (3000, 3000, 3000, 0)
+        );
+        assert!(engine.target().most_running.load(Ordering::SeqCst) <= 3);
+        if stage {
+            assert_eq!(
+                engine.target().staged_passes.load(Ordering::SeqCst),
+                engine.target().passes.load(Ordering::SeqCst)
+            );
+        }
+        let r = k.terminate().await.unwrap();
+        assert!(r.undelivered.is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_that_stops_waiting_does_not_stall_the_passes_left_to_it() {
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch_sender_fills(&core, opts, false);
+    // Passes held: the lane fills and the sender waits for room, then gives up (its
+    // future dropped while the engine counts on it to come back).
+    engine.target().hold.store(true, Ordering::SeqCst);
+    let msgs: Vec<Token> = (0..200).map(|i| Token::new(i, i as f64)).collect();
+    let sent = tokio::time::timeout(Duration::from_millis(100), k.send_batch(&msgs)).await;
+    assert!(sent.is_err(), "the sender was still waiting for room");
+    let accepted = k.metrics().received;
+    assert!(accepted >= 16, "{accepted} accepted");
+    engine.target().hold.store(false, Ordering::SeqCst);
+    // Every accepted message still comes back, in order, with no further send.
+    for i in 0..accepted {
+        let t: Token = k.receive_timeout_as(Duration::from_secs(5)).await.unwrap();
+        assert_eq!((t.id, t.value), (i, 2.0 * i as f64), "reply {i}");
+    }
+    assert_eq!(k.metrics().processed, accepted);
+    let r = k.terminate().await.unwrap();
+    assert!(r.undelivered.is_empty());
 }

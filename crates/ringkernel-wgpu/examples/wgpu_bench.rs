@@ -2,11 +2,12 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--actors-only] [--ops-only] [--batched-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--capacity N] [--actors-only] [--ops-only] [--batched-only]
 //! ```
 //!
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
-//! (16,384). `--ops-only` skips the actors. `--actors-only` skips the compute ops
+//! (16,384), `--capacity N` the queue capacity of the echo kernels (65,536; a pass
+//! takes at most a third of it). `--ops-only` skips the actors. `--actors-only` skips the compute ops
 //! (matmul 4096³ takes minutes on a software adapter). `--batched-only` runs the
 //! batched echo alone (for profiling). The actor figures come with the **floor** of the
 //! same run, measured on the same device as `wgpu-floor` does: the round trip of the
@@ -323,7 +324,8 @@ fn main() -> Result<(), Error> {
         return Ok(());
     }
     let batched_only = std::env::args().any(|a| a == "--batched-only");
-    actors(&g, msgs, calls, batch, batched_only)
+    let capacity = arg("--capacity", 65536);
+    actors(&g, msgs, calls, batch, capacity, batched_only)
 }
 
 /// CPU time this process has used (user + system) in seconds, from `/proc/self/stat`
@@ -337,6 +339,100 @@ fn cpu_seconds() -> Option<f64> {
     // clock ticks of USER_HZ = 100 on Linux.
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
+}
+
+/// CPU time of each thread of this process, by thread id: its name (`comm`) and
+/// nanoseconds on a CPU (`/proc/self/task/*/schedstat`, or `stat`'s utime + stime in
+/// ticks of 10 ms where there is no schedstat). `None` off Linux.
+fn thread_cpu() -> Option<std::collections::HashMap<u32, (String, u64)>> {
+    let mut out = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let dir = e.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let ns = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .or_else(|| {
+                let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+                let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+                let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+                Some(ticks * 10_000_000)
+            });
+        if let Some(ns) = ns {
+            out.insert(tid, (comm.trim().to_string(), ns));
+        }
+    }
+    Some(out)
+}
+
+/// The tokio worker threads' name (`comm` keeps 15 bytes of it).
+const WORKER_NAME: &str = "bench-worker";
+
+/// CPU ns a message per thread group between two [`thread_cpu`] snapshots: the
+/// receiver (the main thread, which runs `block_on`), the tokio workers (the sender
+/// task), the wgpu poller, then every other thread by name with trailing digits folded
+/// (`llvmpipe-*`), those without a name of their own as `unnamed` (they carry the
+/// process's: lavapipe's threads, which run the shader and the copies here, do). Ours
+/// first, the busiest of ours named.
+fn per_thread(
+    before: &Option<std::collections::HashMap<u32, (String, u64)>>,
+    msgs: usize,
+) -> String {
+    let (Some(before), Some(after)) = (before, thread_cpu()) else {
+        return "per thread: n/a".into();
+    };
+    let pid = std::process::id();
+    let mut ours: Vec<(&str, f64)> = vec![
+        ("receiver (main)", 0.0),
+        ("sender (tokio workers)", 0.0),
+        ("wgpu poller", 0.0),
+    ];
+    let mut others: std::collections::BTreeMap<String, f64> = Default::default();
+    // Threads started without a name carry the process's (lavapipe's do).
+    let process = after.get(&pid).map(|t| t.0.clone()).unwrap_or_default();
+    for (tid, (name, ns)) in &after {
+        let was = before.get(tid).filter(|b| &b.0 == name).map_or(0, |b| b.1);
+        let per = ns.saturating_sub(was) as f64 / msgs as f64;
+        if *tid == pid {
+            ours[0].1 += per;
+        } else if WORKER_NAME.starts_with(name.as_str()) {
+            ours[1].1 += per;
+        } else if "ringkernel-wgpu-poll".starts_with(name.as_str()) {
+            ours[2].1 += per;
+        } else if *name == process {
+            *others.entry("unnamed".into()).or_default() += per;
+        } else {
+            let base = name.trim_end_matches(|c: char| c.is_ascii_digit());
+            let key = if base.len() < name.len() {
+                format!("{base}*")
+            } else {
+                name.clone()
+            };
+            *others.entry(key).or_default() += per;
+        }
+    }
+    let busiest = ours
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or("", |o| o.0);
+    let mut line: Vec<String> = ours.iter().map(|(n, v)| format!("{n} {v:.0}")).collect();
+    let mut rest: Vec<(String, f64)> = others.into_iter().filter(|o| o.1 >= 0.5).collect();
+    rest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let rest: Vec<String> = rest.iter().map(|(n, v)| format!("{n} {v:.0}")).collect();
+    line.push(format!(
+        "busiest of ours: {busiest}; other threads (driver, runtime): {}",
+        if rest.is_empty() {
+            "none".into()
+        } else {
+            rest.join(", ")
+        }
+    ));
+    format!("per thread CPU ns/msg: {}", line.join(", "))
 }
 
 fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Error> {
@@ -476,12 +572,18 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
 
 /// The echo through the batched API: one task sends `batch` messages per
 /// `send_batch`, another takes the replies with `receive_batch`, in order.
-async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Result<(), Error> {
-    let opts = LaunchOptions::default().with_queue_capacity(65536);
+async fn echo_batched(
+    runtime: &WgpuRuntime,
+    msgs: usize,
+    batch: usize,
+    capacity: usize,
+) -> Result<(), Error> {
+    let opts = LaunchOptions::default().with_queue_capacity(capacity);
     let k = runtime.launch(ECHO, opts).await?;
     let batch = batch.max(1);
     let start = Instant::now();
     let cpu0 = cpu_seconds();
+    let threads0 = thread_cpu();
     let sender = {
         let k = k.clone();
         tokio::spawn(async move {
@@ -520,6 +622,7 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
     let send_busy = sender.await.map_err(|e| Error::Device(e.to_string()))??;
     let s = start.elapsed().as_secs_f64();
     let cpu = cpu0.zip(cpu_seconds()).map(|(a, b)| b - a);
+    let threads = per_thread(&threads0, msgs);
     let m = k.metrics();
     println!(
         "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch_into): {:.3} s, {:.0} msgs/s",
@@ -527,7 +630,7 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
         msgs as f64 / s,
     );
     println!(
-        "  where the time goes: process CPU {} ns/msg ({:.2} cores busy); in send_batch {:.1} ns/msg (waits for ring room included); {} receive_batch_into calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included); pass time per message (launch to completion / messages) {:.1} ns mean",
+        "  where the time goes: process CPU {} ns/msg ({:.2} cores busy); in send_batch {:.1} ns/msg (waits for ring room included); {} receive_batch_into calls ({:.0} msgs each, {:.1} ns/msg inside them, waits included); pass time per message (launch to completion / messages) {:.1} ns mean; {}",
         cpu.map_or("?".into(), |c| format!("{:.0}", c * 1e9 / msgs as f64)),
         cpu.map_or(0.0, |c| c / s),
         send_busy.as_secs_f64() * 1e9 / msgs as f64,
@@ -535,6 +638,7 @@ async fn echo_batched(runtime: &WgpuRuntime, msgs: usize, batch: usize) -> Resul
         msgs as f64 / calls.max(1) as f64,
         recv_busy.as_secs_f64() * 1e9 / msgs as f64,
         m.latency.mean_ns,
+        threads,
     );
     k.terminate().await?;
     Ok(())
@@ -545,6 +649,7 @@ fn actors(
     msgs: usize,
     calls: usize,
     batch: usize,
+    capacity: usize,
     batched_only: bool,
 ) -> Result<(), Error> {
     // The floor of this run, as `wgpu-floor` measures it.
@@ -556,14 +661,15 @@ fn actors(
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
+        .thread_name(WORKER_NAME)
         .enable_all()
         .build()
         .map_err(|e| Error::Device(e.to_string()))?;
     rt.block_on(async {
         let runtime = WgpuRuntime::with_context(KernelRegistry::new(), g.context().clone());
-        let opts = LaunchOptions::default().with_queue_capacity(65536);
+        let opts = LaunchOptions::default().with_queue_capacity(capacity);
         if batched_only {
-            return echo_batched(&runtime, msgs, batch).await;
+            return echo_batched(&runtime, msgs, batch, capacity).await;
         }
         let k = runtime.launch(ECHO, opts).await?;
         // Throughput: one task sends, another receives, as fast as they can.
@@ -588,7 +694,7 @@ fn actors(
         let m = k.metrics();
         println!("actor echo, {msgs} messages, one send/receive per message (drain passes batch them): {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         k.terminate().await?;
-        echo_batched(&runtime, msgs, batch).await?;
+        echo_batched(&runtime, msgs, batch, capacity).await?;
         // Round trip: one call at a time, on a kernel with the default options, in
         // blocks alternating with blocks of floor passes (so both see the same load).
         let k = runtime.launch(ECHO, LaunchOptions::default()).await?;
