@@ -572,3 +572,129 @@ fn early_loads_see_every_write_but_the_kernel_ahead() {
         }
     }
 }
+
+/// `rms_norm_qkv_attention` for one token (one kernel, a cluster of blocks a query head,
+/// on sm_90) against the two ops it replaces (`rms_norm_qmatmul`, then
+/// `rope_attention_kv`) on copies of the same inputs: the projection, the rotated
+/// queries and the caches bit for bit, the attention within 1e-5; at positions from the
+/// first to past the cache, SmolLM2's heads and a wider group, run directly and from a
+/// graph. A projection wider than the kernel takes (or two tokens) runs the two ops.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn fused_norm_qkv_attention_matches_the_two_ops() {
+    use ringkernel_core::compute::{checks, dtype, quant, KvDims, QMatmulDims, WeightFormat};
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for (heads, kv_heads, head_dim, cols, format) in [
+        (9, 3, 64, 576, WeightFormat::Q4_1),
+        (8, 2, 32, 256, WeightFormat::Q8_0),
+        (4, 4, 64, 224, WeightFormat::F32),
+        (9, 3, 64, 1024, WeightFormat::Q4_1), // too wide: the two ops
+    ] {
+        let d = KvDims {
+            tokens: 1,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity: 700,
+            rope_base: 10000.0,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let s = checks::kv_sizes(&d).unwrap();
+        let rows = (heads + 2 * kv_heads) * head_dim;
+        let w_words = quant::quantize(format, &rng.vec(rows * cols, -0.2, 0.2)).unwrap();
+        let w = g.upload(dtype::words_as_f32(&w_words)).unwrap();
+        let norm = g.upload(&rng.vec(cols, 0.5, 1.5)).unwrap();
+        let x = g.alloc(cols).unwrap();
+        let pos = g.alloc(1).unwrap();
+        let (kv0, vv0) = (rng.vec(s.cache, -1.0, 1.0), rng.vec(s.cache, -1.0, 1.0));
+        // (normed, qkv, q, k cache, v cache, out): one set each way
+        let set = || {
+            (
+                g.alloc(cols).unwrap(),
+                g.alloc(s.qkv).unwrap(),
+                g.alloc(s.q).unwrap(),
+                g.upload(&kv0).unwrap(),
+                g.upload(&vv0).unwrap(),
+                g.alloc(s.q).unwrap(),
+            )
+        };
+        let (a, b) = (set(), set());
+        // A matvec into an unrelated buffer first: the fused kernel may then load its
+        // weights, position and caches early.
+        let zw = g
+            .upload(dtype::words_as_f32(
+                &quant::quantize(WeightFormat::F32, &rng.vec(8 * cols, -1.0, 1.0)).unwrap(),
+            ))
+            .unwrap();
+        let z = g.alloc(8).unwrap();
+        let mut fused = || {
+            g.qmatmul(
+                &*zw,
+                WeightFormat::F32,
+                &*x,
+                &*z,
+                QMatmulDims {
+                    batch: 1,
+                    rows: 8,
+                    cols,
+                    accumulate: false,
+                },
+            )?;
+            g.rms_norm_qkv_attention(
+                &*x, &*norm, 1e-5, &*a.0, &*w, format, cols, &*a.1, &*pos, &*a.2, &*a.3, &*a.4,
+                &*a.5, d,
+            )
+        };
+        let replay = g.record(&mut fused).unwrap().expect("a graph");
+        for (round, at) in [0u32, 1, 37, 300, 699, 800].into_iter().enumerate() {
+            g.write(&*x, 0, &rng.vec(cols, -2.0, 2.0)).unwrap();
+            g.write(&*pos, 0, dtype::words_as_f32(&[at])).unwrap();
+            for set in [&a, &b] {
+                g.write(&*set.1, 0, &vec![f32::NAN; s.qkv]).unwrap();
+                g.write(&*set.5, 0, &vec![f32::NAN; s.q]).unwrap();
+            }
+            if round % 2 == 0 {
+                fused().unwrap();
+            } else {
+                replay.replay().unwrap();
+            }
+            g.rms_norm_qmatmul(
+                &*x,
+                &*norm,
+                1e-5,
+                &*b.0,
+                &[&*w],
+                format,
+                &*b.1,
+                QMatmulDims {
+                    batch: 1,
+                    rows,
+                    cols,
+                    accumulate: false,
+                },
+            )
+            .unwrap();
+            g.rope_attention_kv(&*b.1, &*pos, &*b.2, &*b.3, &*b.4, &*b.5, d)
+                .unwrap();
+            let what =
+                format!("{heads}/{kv_heads} heads of {head_dim}, {cols} columns, position {at}");
+            for (got, want, n, name) in [
+                (&a.1, &b.1, s.qkv, "projection"),
+                (&a.2, &b.2, s.q, "queries"),
+                (&a.3, &b.3, s.cache, "keys"),
+                (&a.4, &b.4, s.cache, "values"),
+            ] {
+                let (got, want) = (read(&g, got, n), read(&g, want, n));
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{what}: {name} differ");
+            }
+            let want: Vec<f64> = read(&g, &b.5, s.q).iter().map(|&v| v as f64).collect();
+            let e = rel_error(&read(&g, &a.5, s.q), &want);
+            assert!(e < 1e-5, "{what}: attention off by {e:.2e}");
+        }
+    }
+}
