@@ -662,18 +662,18 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
 // (a loop over a run-time count issues a part's load only after the one before it is
 // used); more parts go one after another.
 #define KV_COMBINE 16
-// The merge, with value k (0: max, 1: sum, 2 + d: value d) of part c read by load(c, k).
-template <typename Load>
-__device__ __forceinline__ void combine_parts(Load load, u64 nsplit, u64 hd, float* __restrict__ out) {
+__device__ __forceinline__ void attention_combine(const float* part, u64 nsplit, u64 stride, u64 hd,
+                                                  float* __restrict__ out) {
     if (nsplit <= KV_COMBINE) {
         for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
             float mc[KV_COMBINE], lc[KV_COMBINE], ac[KV_COMBINE];
 #pragma unroll
             for (int c = 0; c < KV_COMBINE; c++) {
                 if ((u64)c < nsplit) {
-                    mc[c] = load(c, 0);
-                    lc[c] = load(c, 1);
-                    ac[c] = load(c, 2 + d);
+                    const float* pc = part + c * stride;
+                    mc[c] = __ldcg(pc);
+                    lc[c] = __ldcg(pc + 1);
+                    ac[c] = __ldcg(pc + 2 + d);
                 }
             }
             float mx = NEG_INF, a = 0.0f, l = 0.0f;
@@ -693,22 +693,18 @@ __device__ __forceinline__ void combine_parts(Load load, u64 nsplit, u64 hd, flo
         return;
     }
     float mx = NEG_INF;
-    for (u64 c = 0; c < nsplit; c++) mx = fmaxf(mx, load(c, 0));
+    for (u64 c = 0; c < nsplit; c++) mx = fmaxf(mx, __ldcg(part + c * stride));
     for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f, l = 0.0f;
         for (u64 c = 0; c < nsplit; c++) {
-            const float mc = load(c, 0);
+            const float* pc = part + c * stride;
+            const float mc = __ldcg(pc);
             const float w = mc == NEG_INF ? 0.0f : expf(mc - mx);
-            l = fmaf(w, load(c, 1), l);
-            a = fmaf(w, load(c, 2 + d), a);
+            l = fmaf(w, __ldcg(pc + 1), l);
+            a = fmaf(w, __ldcg(pc + 2 + d), a);
         }
         out[d] = l > 0.0f ? a / l : 0.0f;
     }
-}
-
-__device__ __forceinline__ void attention_combine(const float* part, u64 nsplit, u64 stride, u64 hd,
-                                                  float* __restrict__ out) {
-    combine_parts([=](u64 c, u64 k) { return __ldcg(part + c * stride + k); }, nsplit, hd, out);
 }
 
 extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_attention_kv(
@@ -794,19 +790,6 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// The float at `p` (this block's shared memory) in the shared memory of block `rank` of
-// the cluster (distributed shared memory, sm_90).
-__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const u32 local = (u32)__cvta_generic_to_shared(p);
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
-}
-
 // The fused prologue of rk_norm_qkv_attention_<format>: rows j of the head's query, key
 // and value projections (rms_norm_qmatmul's rows h·hd + j, (heads + kvh)·hd + j and
 // (heads + kv_heads + kvh)·hd + j of W, x normalised by g), one warp each j, their
@@ -838,7 +821,7 @@ struct QkvRows {
             }
     }
     __device__ __forceinline__ void finish(const float* x, const float* __restrict__ g, float eps, u64 cols,
-                                           float* qkv, float* sh, int stride) {
+                                           float* qkv) {
         if (!on) return;
         const int lane = threadIdx.x % WARP;
         const u64 noct = cols / 32 * 4;
@@ -860,10 +843,7 @@ struct QkvRows {
         for (int r = 0; r < 3; r++) {
             const float inv = rsqrtf(warp_reduce<RSum>(ss[r][0]) / (float)cols + eps);
             const float v = warp_reduce<RSum>(acc[r][0]) * inv;
-            if (lane == 0) {
-                qkv[row[r]] = v;
-                sh[r * stride] = v;
-            }
+            if (lane == 0) qkv[row[r]] = v;
         }
     }
 };
@@ -888,11 +868,8 @@ struct QkvRows {
 //
 // FUSED: the head's ns blocks are one cluster, and they first compute the head's rows of
 // the QKV projection themselves (QkvRows, one j a warp: needs hd <= ns·T/32 and the
-// weights' row within QkvRows::NP octets a lane, which the host checks), write them to qkv
-// and to their shared memory, and meet at a cluster barrier; the rotation reads them from
-// the shared memory of the block that computed them (distributed shared memory), and the
-// parts go the same way: each block keeps its own, and block 0 merges them after a
-// second cluster barrier (a third keeps the others' shared memory alive until it is done).
+// weights' row within QkvRows::NP octets a lane, which the host checks), write them to qkv, and
+// meet at a cluster barrier before reading them back.
 template <int T, bool FUSED, int F>
 __device__ __forceinline__ void split_attention(const float* qkv, const u32* __restrict__ pos, float* __restrict__ q,
                                                 float* kc, float* vc, float* __restrict__ out, float* part, u32* done,
@@ -905,9 +882,6 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
     __shared__ float sh_red[T / WARP];
     __shared__ __align__(16) float sh_acc[T * 4];
     __shared__ int sh_last;
-    // FUSED: this block's projections (3 a warp) and partial result, read by the cluster.
-    __shared__ float sh_rows[FUSED ? 3 * (T / WARP) : 1];
-    __shared__ float sh_part[FUSED ? 2 + AS_MAXD : 1];
     const u64 h = blockIdx.x / ns, s = blockIdx.x % ns;
     const u64 kvh = h / (heads / kv_heads), at = __ldcg(pos), half = hd / 2;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nwarps = T / WARP;
@@ -942,20 +916,16 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
     if (FUSED) rows.load(w, cols, heads, kv_heads, hd, h, kvh, s * nwarps + warp);
     if (early) rk_pdl_enter();
     if (FUSED) {
-        rows.finish(x, g, eps, cols, (float*)qkv, sh_rows + warp, nwarps);
-        cluster_barrier();  // the head's projections, in the shared memory of its blocks
+        rows.finish(x, g, eps, cols, (float*)qkv);
+        cluster_barrier();  // the head's qkv rows, written by the cluster's blocks
     }
-    // Value j of the head's query (r = 0), key (1) or value (2) projection: FUSED from the
-    // shared memory of the block whose warp computed it, else from qkv.
-    const u64 bases[3] = {h * hd, (heads + kvh) * hd, (heads + kv_heads + kvh) * hd};
-    const auto val = [&](int r, u64 j) {
-        return FUSED ? ld_cluster(sh_rows + r * nwarps + j % nwarps, (u32)(j / nwarps)) : qkv[bases[r] + j];
-    };
+    // FUSED: qkv was written in this kernel, by other blocks: read through L2.
+    const auto ld = [](const float* p) { return FUSED ? __ldcg(p) : *p; };
     if ((u64)tid < hd) {
         const u64 i = (u64)tid % half;
         float y0, y1;
         if ((u64)tid < half) {
-            rope_rotate(val(0, i), val(0, i + half), sn, cs, &y0, &y1);
+            rope_rotate(ld(qkv + h * hd + i), ld(qkv + h * hd + i + half), sn, cs, &y0, &y1);
             sh_q[i] = y0;
             sh_q[i + half] = y1;
             if (s == 0) {
@@ -963,13 +933,14 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
                 q[h * hd + i + half] = y1;
             }
         } else if (appends) {
-            rope_rotate(val(1, i), val(1, i + half), sn, cs, &y0, &y1);
+            const float* kr0 = qkv + (heads + kvh) * hd;
+            rope_rotate(ld(kr0 + i), ld(kr0 + i + half), sn, cs, &y0, &y1);
             kc[(kvh * cap + at) * hd + i] = y0;
             kc[(kvh * cap + at) * hd + i + half] = y1;
         }
     }
     if (appends)
-        for (u64 i = tid; i < hd; i += T) vc[(kvh * cap + at) * hd + i] = val(2, i);
+        for (u64 i = tid; i < hd; i += T) vc[(kvh * cap + at) * hd + i] = ld(qkv + (heads + kv_heads + kvh) * hd + i);
     __syncthreads();  // sh_q, and the appended row for this block's threads
     const float4* q4 = (const float4*)sh_q;
     float m = NEG_INF, l = 0.0f;
@@ -1022,7 +993,7 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
     if (g4 < groups) ((float4*)sh_acc)[g4 * cols4 + col] = acc;
     __syncthreads();
     const u64 stride = hd + 2;
-    float* mine = FUSED ? sh_part : part + (h * ns + s) * stride;
+    float* mine = part + (h * ns + s) * stride;
     for (u64 d = tid; d < hd; d += T) {
         float a = 0.0f;
         for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
@@ -1038,8 +1009,7 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
     }
     if (FUSED) {
         cluster_barrier();  // every part of the head written
-        if (s == 0) combine_parts([&](u64 c, u64 k) { return ld_cluster(sh_part + k, (u32)c); }, ns, hd, out + h * hd);
-        cluster_barrier();  // block 0 is done reading the others' shared memory
+        if (s == 0) attention_combine(part + h * ns * stride, ns, stride, hd, out + h * hd);
         return;
     }
     // The block's part before its count: the barrier orders every thread's writes before
