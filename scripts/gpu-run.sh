@@ -97,10 +97,9 @@ case "${1:-}" in
 llm)
   # The CUDA decode alone: tests (the ops and the reference also with the one-block-a-head
   # attention, RINGKERNEL_CUDA_ATTN_SPLIT=0), then the bench with the step recorded as a
-  # CUDA graph (the default) alternating with the norm, QKV projection and attention as
-  # two kernels (RINGKERNEL_CUDA_FUSED_QKV=0) and with early loads off
-  # (RINGKERNEL_CUDA_EARLY=0), three rounds; the graph without programmatic dependent
-  # launch (RINGKERNEL_CUDA_PDL=0) and with the one-block attention, the step as a program (RINGKERNEL_CUDA_PROGRAM=1), a run
+  # CUDA graph (the default) alternating with early loads off (RINGKERNEL_CUDA_EARLY=0)
+  # and programmatic dependent launch off (RINGKERNEL_CUDA_PDL=0), three rounds; the graph
+  # with the one-block attention, the step as a program (RINGKERNEL_CUDA_PROGRAM=1), a run
   # with the program's per-instruction device timer, scripts/grid_barrier.cu, and the
   # transformers peer (LLM_PEER=0 leaves it out).
   model
@@ -120,10 +119,9 @@ llm)
   }
   for round in 1 2 3; do
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
-    bench graph-no-fused-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_QKV=0
     bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
+    bench graph-no-pdl-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   done
-  bench graph-no-pdl RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   bench graph-one-block RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
   bench program RINGKERNEL_CUDA_PROGRAM=1
   env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1

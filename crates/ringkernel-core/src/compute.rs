@@ -687,40 +687,6 @@ pub trait ComputeBackend: Send + Sync + 'static {
         self.rope_kv(qkv, positions, q, k_cache, v_cache, dims)?;
         self.attention_kv(q, k_cache, v_cache, positions, out, dims)
     }
-    /// A decoder layer's attention from its input: [`rms_norm_qmatmul`](Self::rms_norm_qmatmul)
-    /// of `x` (`[tokens, cols]`, normalised by `norm`) through `w`, the query, key and value
-    /// projections stacked (`heads·head_dim + 2·kv_heads·head_dim` rows of `cols`), into
-    /// `qkv`, then [`rope_attention_kv`](Self::rope_attention_kv) of `qkv` into `out`. Every
-    /// buffer gets what the two ops write. The default runs the two ops; CUDA runs one
-    /// kernel for a single token where the head fits it (clusters of blocks on sm_90).
-    #[allow(clippy::too_many_arguments)]
-    fn rms_norm_qkv_attention(
-        &self,
-        x: &dyn DeviceBuffer,
-        norm: &dyn DeviceBuffer,
-        eps: f32,
-        normed: &dyn DeviceBuffer,
-        w: &dyn DeviceBuffer,
-        format: WeightFormat,
-        cols: usize,
-        qkv: &dyn DeviceBuffer,
-        positions: &dyn DeviceBuffer,
-        q: &dyn DeviceBuffer,
-        k_cache: &dyn DeviceBuffer,
-        v_cache: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        dims: KvDims,
-    ) -> Result<()> {
-        let rows = (dims.heads + 2 * dims.kv_heads) * dims.head_dim;
-        let mm = QMatmulDims {
-            batch: dims.tokens,
-            rows,
-            cols,
-            accumulate: false,
-        };
-        self.rms_norm_qmatmul(x, norm, eps, normed, &[w], format, qkv, mm)?;
-        self.rope_attention_kv(qkv, positions, q, k_cache, v_cache, out, dims)
-    }
 
     /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA
     /// graph), or returns `Ok(None)` when the backend has no such thing; the ops are then

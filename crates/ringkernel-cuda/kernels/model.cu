@@ -781,151 +781,52 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-// The block's cluster (sm_90): every thread of every block of the cluster arrives, with
-// release semantics, and waits, with acquire semantics, so writes of one block before it
-// (global memory included) are seen by the others after it.
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// The fused prologue of rk_norm_qkv_attention_<format>: rows j of the head's query, key
-// and value projections (rms_norm_qmatmul's rows h·hd + j, (heads + kvh)·hd + j and
-// (heads + kv_heads + kvh)·hd + j of W, x normalised by g), one warp each j, their
-// weight words loaded by `load` (before the wait when early) and the products written to
-// qkv by `finish`, as rk_qmatmul_norm_<format> computes them (the same octets a lane, the
-// same order, the same reductions: the same bits).
-template <int F>
-struct QkvRows {
-    // Octets a lane: rows of up to 768 quantised or 256 f32 columns (the host checks).
-    static const int NP = F == 0 ? 1 : 3;
-    u32 pw[3][NP][Fmt<F>::OCT];
-    u64 row[3];
-    bool on;
-    __device__ __forceinline__ void load(const u32* __restrict__ w, u64 cols, u64 heads, u64 kv_heads, u64 hd,
-                                         u64 h, u64 kvh, u64 j) {
-        const int lane = threadIdx.x % WARP;
-        const u64 noct = cols / 32 * 4;
-        on = j < hd;
-        row[0] = h * hd + j;
-        row[1] = (heads + kvh) * hd + j;
-        row[2] = (heads + kv_heads + kvh) * hd + j;
-        if (!on) return;
-#pragma unroll
-        for (int r = 0; r < 3; r++)
-#pragma unroll
-            for (int k = 0; k < NP; k++) {
-                const u64 oc = lane + (u64)k * WARP;
-                if (oc < noct) octet_load<F, true>(w + (row[r] * (cols / 32) + oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), pw[r][k]);
-            }
-    }
-    __device__ __forceinline__ void finish(const float* x, const float* __restrict__ g, float eps, u64 cols,
-                                           float* qkv) {
-        if (!on) return;
-        const int lane = threadIdx.x % WARP;
-        const u64 noct = cols / 32 * 4;
-        float acc[3][QM_TOKENS], ss[3][QM_TOKENS];
-#pragma unroll
-        for (int r = 0; r < 3; r++)
-#pragma unroll
-            for (int t = 0; t < QM_TOKENS; t++) acc[r][t] = ss[r][t] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-            const u64 oc = lane + (u64)k * WARP;
-            if (oc < noct)
-#pragma unroll
-                for (int r = 0; r < 3; r++)
-                    qm_octet<F, false, true>(pw[r][k], pw[r][k], x, g, cols, oc / 4, (int)(oc % 4), 0, 1, acc[r], acc[r],
-                                             ss[r]);
-        }
-#pragma unroll
-        for (int r = 0; r < 3; r++) {
-            const float inv = rsqrtf(warp_reduce<RSum>(ss[r][0]) / (float)cols + eps);
-            const float v = warp_reduce<RSum>(acc[r][0]) * inv;
-            if (lane == 0) qkv[row[r]] = v;
-        }
-    }
-};
-
-// Split decode attention for one token, the body of rk_rope_attention_kv_split (T = 128
-// threads, FUSED false) and of rk_norm_qkv_attention_<format> (FUSED true): `ns` blocks of
-// T threads per query head, block (h, s) taking slice s of the keys. Each block rotates its
-// query head into shared memory (split 0 also writes it to q); the block whose slice holds
-// the new key appends the key and value rows of its key/value head (the blocks of one
-// group write the same bits) and reads them back after its own barrier: no other block
-// reads that row. A block writes its partial result (max m, sum l of exp(score - m), the
-// unnormalised Σ exp(score - m)·v) to part, and the parts are merged into out: by the
-// last block of the head to finish (counted in done[h], back to 0 after), or, FUSED, by
-// block 0 of the head's cluster after a cluster barrier. Needs hd % 4 == 0, hd <= AS_MAXD
-// and 16-byte aligned caches (the host checks).
-//
-// Before anything of the kernel ahead is needed, a block reads the position, takes its
-// RoPE angles and loads the first T keys and values of its slice that earlier steps cached
-// (heads up to 4·AS_PRE_COLS wide) into registers; with `early` (the kernel ahead writes
-// none of them, see rk_pdl_wait in ops.cu) all of that happens before the wait, so after
-// it a block waits only for its qkv row.
-//
-// FUSED: the head's ns blocks are one cluster, and they first compute the head's rows of
-// the QKV projection themselves (QkvRows, one j a warp: needs hd <= ns·T/32 and the
-// weights' row within QkvRows::NP octets a lane, which the host checks), write them to qkv, and
-// meet at a cluster barrier before reading them back.
-template <int T, bool FUSED, int F>
-__device__ __forceinline__ void split_attention(const float* qkv, const u32* __restrict__ pos, float* __restrict__ q,
-                                                float* kc, float* vc, float* __restrict__ out, float* part, u32* done,
-                                                u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale,
-                                                u64 ns, int early, const u32* __restrict__ w, const float* x,
-                                                const float* __restrict__ g, float eps, u64 cols) {
+extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
+    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
+    float* __restrict__ out, float* part, u32* done, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base,
+    float scale, u64 ns, int early) {
     if (!early) rk_pdl_enter();
     __shared__ __align__(16) float sh_q[AS_MAXD];
-    __shared__ float sh_p[T];
-    __shared__ float sh_red[T / WARP];
-    __shared__ __align__(16) float sh_acc[T * 4];
+    __shared__ float sh_p[AS_THREADS];
+    __shared__ float sh_red[AS_THREADS / WARP];
+    __shared__ __align__(16) float sh_acc[AS_THREADS * 4];
     __shared__ int sh_last;
     const u64 h = blockIdx.x / ns, s = blockIdx.x % ns;
     const u64 kvh = h / (heads / kv_heads), at = __ldcg(pos), half = hd / 2;
-    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nwarps = T / WARP;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP, nwarps = AS_THREADS / WARP;
     const u64 n = (at < cap ? at : cap - 1) + 1, per = (n + ns - 1) / ns;
     const u64 lo = s * per < n ? s * per : n, hi = lo + per < n ? lo + per : n;  // keys [lo, hi)
     const bool appends = at < cap && lo <= at && at < hi;
-    const int cols4 = (int)(hd / 4), groups = T / cols4, col = tid % cols4, g4 = tid / cols4;
+    const int cols = (int)(hd / 4), groups = AS_THREADS / cols, col = tid % cols, g = tid / cols;
     const float4* kb = (const float4*)(kc + kvh * cap * hd);
     const float4* vb = (const float4*)(vc + kvh * cap * hd);
     // Threads [0, half) rotate pair tid of the query head, [half, hd) pair tid - half of
     // the new key: the same angles.
     double sn = 0.0, cs = 1.0;
     if ((u64)tid < hd) rope_sincos((double)at, (u64)tid % half, hd, base, &sn, &cs);
-    const bool pre = cols4 <= AS_PRE_COLS;
-    const int len0 = (int)(hi - lo < T ? hi - lo : T);
+    const bool pre = cols <= AS_PRE_COLS;
+    const int len0 = (int)(hi - lo < AS_THREADS ? hi - lo : AS_THREADS);
     float4 kr[AS_PRE_COLS], vr[KV_BATCH];
     if (pre) {
         if (tid < len0 && lo + tid != at) {
 #pragma unroll
             for (int c = 0; c < AS_PRE_COLS; c++)
-                if (c < cols4) kr[c] = __ldcg(kb + (lo + tid) * cols4 + c);
+                if (c < cols) kr[c] = __ldcg(kb + (lo + tid) * cols + c);
         }
-        if (g4 < groups) {
+        if (g < groups) {
 #pragma unroll
             for (int b = 0; b < KV_BATCH; b++) {
-                const int jb = g4 + b * groups;
-                if (jb < len0 && lo + jb != at) vr[b] = __ldcg(vb + (lo + jb) * cols4 + col);
+                const int jb = g + b * groups;
+                if (jb < len0 && lo + jb != at) vr[b] = __ldcg(vb + (lo + jb) * cols + col);
             }
         }
     }
-    QkvRows<F> rows;
-    if (FUSED) rows.load(w, cols, heads, kv_heads, hd, h, kvh, s * nwarps + warp);
     if (early) rk_pdl_enter();
-    if (FUSED) {
-        rows.finish(x, g, eps, cols, (float*)qkv);
-        cluster_barrier();  // the head's qkv rows, written by the cluster's blocks
-    }
-    // FUSED: qkv was written in this kernel, by other blocks: read through L2.
-    const auto ld = [](const float* p) { return FUSED ? __ldcg(p) : *p; };
     if ((u64)tid < hd) {
         const u64 i = (u64)tid % half;
         float y0, y1;
         if ((u64)tid < half) {
-            rope_rotate(ld(qkv + h * hd + i), ld(qkv + h * hd + i + half), sn, cs, &y0, &y1);
+            rope_rotate(qkv[h * hd + i], qkv[h * hd + i + half], sn, cs, &y0, &y1);
             sh_q[i] = y0;
             sh_q[i + half] = y1;
             if (s == 0) {
@@ -934,19 +835,19 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
             }
         } else if (appends) {
             const float* kr0 = qkv + (heads + kvh) * hd;
-            rope_rotate(ld(kr0 + i), ld(kr0 + i + half), sn, cs, &y0, &y1);
+            rope_rotate(kr0[i], kr0[i + half], sn, cs, &y0, &y1);
             kc[(kvh * cap + at) * hd + i] = y0;
             kc[(kvh * cap + at) * hd + i + half] = y1;
         }
     }
     if (appends)
-        for (u64 i = tid; i < hd; i += T) vc[(kvh * cap + at) * hd + i] = ld(qkv + (heads + kv_heads + kvh) * hd + i);
+        for (u64 i = tid; i < hd; i += AS_THREADS) vc[(kvh * cap + at) * hd + i] = qkv[(heads + kv_heads + kvh) * hd + i];
     __syncthreads();  // sh_q, and the appended row for this block's threads
     const float4* q4 = (const float4*)sh_q;
     float m = NEG_INF, l = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (u64 j0 = lo; j0 < hi; j0 += T) {
-        const int len = (int)(hi - j0 < T ? hi - j0 : T);
+    for (u64 j0 = lo; j0 < hi; j0 += AS_THREADS) {
+        const int len = (int)(hi - j0 < AS_THREADS ? hi - j0 : AS_THREADS);
         const bool first = pre && j0 == lo;
         // The new key's index in this tile (its row was written above, not loaded early).
         const int fresh = at >= j0 && at < j0 + len ? (int)(at - j0) : -1;
@@ -956,11 +857,11 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
             if (first && tid != fresh) {
 #pragma unroll
                 for (int c = 0; c < AS_PRE_COLS; c++)
-                    if (c < cols4) d += dot4(q4[c], kr[c]);
+                    if (c < cols) d += dot4(q4[c], kr[c]);
             } else {
-                const float4* krow = kb + (j0 + tid) * cols4;
+                const float4* krow = kb + (j0 + tid) * cols;
 #pragma unroll 8
-                for (int c = 0; c < cols4; c++) d += dot4(q4[c], krow[c]);
+                for (int c = 0; c < cols; c++) d += dot4(q4[c], krow[c]);
             }
             sc = d * scale;
         }
@@ -968,7 +869,7 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
         if (lane == 0) sh_red[warp] = tmax;
         __syncthreads();
         tmax = sh_red[0];
-        for (int wi = 1; wi < nwarps; wi++) tmax = fmaxf(tmax, sh_red[wi]);
+        for (int w = 1; w < nwarps; w++) tmax = fmaxf(tmax, sh_red[w]);
         const float mn = fmaxf(m, tmax);
         const float p = tid < len ? expf(sc - mn) : 0.0f;
         sh_p[tid] = p;
@@ -977,24 +878,24 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
         if (lane == 0) sh_red[warp] = ts;
         __syncthreads();
         ts = 0.0f;
-        for (int wi = 0; wi < nwarps; wi++) ts += sh_red[wi];
+        for (int w = 0; w < nwarps; w++) ts += sh_red[w];
         const float corr = m == NEG_INF ? 0.0f : expf(m - mn);
         l = l * corr + ts;
         m = mn;
-        if (g4 < groups) {
+        if (g < groups) {
             acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
             if (first)
-                kv_accumulate<4, true>(acc, vb + j0 * cols4 + col, sh_p, len, g4, groups, cols4, vr, fresh);
+                kv_accumulate<4, true>(acc, vb + j0 * cols + col, sh_p, len, g, groups, cols, vr, fresh);
             else
-                kv_accumulate<4, false>(acc, vb + j0 * cols4 + col, sh_p, len, g4, groups, cols4, 0, -1);
+                kv_accumulate<4, false>(acc, vb + j0 * cols + col, sh_p, len, g, groups, cols, 0, -1);
         }
         __syncthreads();  // sh_p and sh_red are rewritten by the next slice of keys
     }
-    if (g4 < groups) ((float4*)sh_acc)[g4 * cols4 + col] = acc;
+    if (g < groups) ((float4*)sh_acc)[g * cols + col] = acc;
     __syncthreads();
     const u64 stride = hd + 2;
     float* mine = part + (h * ns + s) * stride;
-    for (u64 d = tid; d < hd; d += T) {
+    for (u64 d = tid; d < hd; d += AS_THREADS) {
         float a = 0.0f;
         for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
         if (ns == 1)
@@ -1006,11 +907,6 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
     if (tid == 0) {
         mine[0] = m;
         mine[1] = l;
-    }
-    if (FUSED) {
-        cluster_barrier();  // every part of the head written
-        if (s == 0) attention_combine(part + h * ns * stride, ns, stride, hd, out + h * hd);
-        return;
     }
     // The block's part before its count: the barrier orders every thread's writes before
     // thread 0's release (cumulative, as rk_program's grid barrier), and thread 0's
@@ -1028,29 +924,3 @@ __device__ __forceinline__ void split_attention(const float* qkv, const u32* __r
         if (tid == 0) done[h] = 0;  // for the next call, which waits for this kernel
     }
 }
-
-extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
-    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
-    float* __restrict__ out, float* part, u32* done, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base,
-    float scale, u64 ns, int early) {
-    split_attention<AS_THREADS, false, 1>(qkv, pos, q, kc, vc, out, part, done, heads, kv_heads, hd, cap, base, scale,
-                                          ns, early, 0, 0, 0, 0.0f, 0);
-}
-
-// rms_norm_qmatmul of the q, k and v rows (W stacked as the model's QKV matrix, x of
-// `cols` values normalised by g) then rk_rope_attention_kv_split, for one token, in one
-// kernel: launched in clusters of ns blocks (one cluster a query head, see
-// split_attention). The host launches it for hd <= ns·FA_THREADS/32 and cols within the
-// prefetched octets of a lane.
-#define FA_THREADS 256
-#define NORM_QKV_ATTENTION(name, F)                                                                                \
-    extern "C" __global__ void __launch_bounds__(FA_THREADS, 2) rk_norm_qkv_attention_##name(                      \
-        const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps, float* qkv, \
-        u64 cols, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc, float* __restrict__ out, \
-        float* part, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale, u64 ns, int early) {       \
-        split_attention<FA_THREADS, true, F>(qkv, pos, q, kc, vc, out, part, 0, heads, kv_heads, hd, cap, base,     \
-                                             scale, ns, early, w, x, g, eps, cols);                                \
-    }
-NORM_QKV_ATTENTION(f32, 0)
-NORM_QKV_ATTENTION(q4_1, 1)
-NORM_QKV_ATTENTION(q8_0, 2)

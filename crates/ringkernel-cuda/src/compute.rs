@@ -92,9 +92,6 @@ pub(crate) struct ComputeInner {
     /// Early loads allowed at all: `RINGKERNEL_CUDA_EARLY` not `0` (the switch exists to
     /// measure with and without them).
     early: bool,
-    /// One kernel for a decode step's norm, QKV projection and attention
-    /// (`rms_norm_qkv_attention`): `RINGKERNEL_CUDA_FUSED_QKV` not `0`.
-    fused_qkv: bool,
     /// The program being recorded, if any (see `compute/program.rs`), and whether there
     /// is one (checked first, without the lock, by every op).
     recording: Mutex<Option<program::Recording>>,
@@ -229,7 +226,6 @@ impl CudaCompute {
                 pdl,
                 last_writes: Mutex::new(None),
                 early: std::env::var("RINGKERNEL_CUDA_EARLY").map_or(true, |v| v != "0"),
-                fused_qkv: std::env::var("RINGKERNEL_CUDA_FUSED_QKV").map_or(true, |v| v != "0"),
                 recording: Mutex::new(None),
                 recording_any: AtomicBool::new(false),
             }),
@@ -323,42 +319,16 @@ impl CudaCompute {
         smem: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        self.launch_ex(name, grid, block, smem, args, None)
-    }
-
-    /// [`launch`](Self::launch), in clusters of `cluster` blocks along x when given
-    /// (sm_90: the kernel may then use cluster barriers).
-    fn launch_ex(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &mut [*mut c_void],
-        cluster: Option<u32>,
-    ) -> Result<()> {
         self.refuse_in_program(name)?;
         let f = self.func(name)?;
         self.inner.dev.bind()?;
-        let launched = if self.inner.pdl || cluster.is_some() {
-            let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::with_capacity(2);
-            if self.inner.pdl {
-                // SAFETY: an all-zero CUlaunchAttribute is a valid plain C struct (id 0,
-                // value bytes zero); both fields are set below.
-                let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-                attr.id =
-                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attr.value.programmaticStreamSerializationAllowed = 1;
-                attrs.push(attr);
-            }
-            if let Some(n) = cluster {
-                // SAFETY: as above.
-                let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-                attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                attr.value.clusterDim =
-                    sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: n, y: 1, z: 1 };
-                attrs.push(attr);
-            }
+        let launched = if self.inner.pdl {
+            // SAFETY: an all-zero CUlaunchAttribute is a valid plain C struct (id 0,
+            // value bytes zero); both fields are set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
             let config = sys::CUlaunchConfig {
                 gridDimX: grid.0,
                 gridDimY: grid.1,
@@ -368,14 +338,12 @@ impl CudaCompute {
                 blockDimZ: block.2,
                 sharedMemBytes: smem,
                 hStream: self.inner.stream.raw,
-                attrs: attrs.as_mut_ptr(),
-                numAttrs: attrs.len() as u32,
+                attrs: &mut attr,
+                numAttrs: 1,
             };
-            // SAFETY: as for cuLaunchKernel below; `config` and `attrs` outlive the call,
-            // which copies them. Every kernel of the module begins with rk_pdl_enter (or
-            // loads only what the kernel ahead does not write before it, see
-            // `early_loads`); a cluster launch's grid is a multiple of the cluster (the
-            // caller's contract; the driver refuses it otherwise).
+            // SAFETY: as for cuLaunchKernel below; `config` and `attr` outlive the call,
+            // which copies them. Every kernel of the module begins with rk_pdl_enter, so
+            // none touches memory before the kernel ahead of it in the stream is done.
             unsafe { sys::cuLaunchKernelEx(&config, f.0, args.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
         } else {
@@ -401,20 +369,7 @@ impl CudaCompute {
         args: &mut [*mut c_void],
         writes: &[(u64, u64)],
     ) -> Result<()> {
-        self.launch_writing_ex(name, grid, block, args, writes, None)
-    }
-
-    /// [`launch_writing`](Self::launch_writing) in clusters (see [`launch_ex`](Self::launch_ex)).
-    fn launch_writing_ex(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        args: &mut [*mut c_void],
-        writes: &[(u64, u64)],
-        cluster: Option<u32>,
-    ) -> Result<()> {
-        self.launch_ex(name, grid, block, 0, args, cluster)?;
+        self.launch(name, grid, block, 0, args)?;
         *lock(&self.inner.last_writes) = Some(writes.to_vec());
         Ok(())
     }

@@ -8,8 +8,8 @@
 //! ([`ComputeBackend::record`]: a CUDA graph, so a token costs one graph launch) and
 //! replayed at every position.
 //!
-//! One step, per layer: `rms_norm_qkv_attention` (the norm, then q, k, v in one matrix,
-//! RoPE, the new row into the cache, attention; one kernel on CUDA) → `qmatmul`
+//! One step, per layer: `rms_norm_qmatmul` (the norm, then q, k, v in one matrix) →
+//! `rope_attention_kv` (RoPE, the new row into the cache, attention) → `qmatmul`
 //! accumulating into the residual stream → `rms_norm_qmatmul` (the norm, then gate and
 //! up with SwiGLU) → `qmatmul` accumulating; then the final norm and the output projection (`rms_norm_qmatmul`).
 //!
@@ -504,7 +504,7 @@ impl Model {
     fn run(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
         let b: &dyn ComputeBackend = &**self.device.backend();
         let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
-        let (d, eps) = (c.dim, c.eps);
+        let (d, kvd, eps) = (c.dim, c.kv_dim(), c.eps);
         let mm = |batch, rows, cols, accumulate| QMatmulDims {
             batch,
             rows,
@@ -533,22 +533,17 @@ impl Model {
         };
         for (l, lw) in w.layers.iter().enumerate() {
             let (kc, vc) = (&*cache.k[l], &*cache.v[l]);
-            b.rms_norm_qkv_attention(
+            b.rms_norm_qmatmul(
                 &*s.x,
                 &*lw.attn_norm,
                 eps,
                 &*s.xb,
-                &**lw.qkv.buffer(),
+                &[&**lw.qkv.buffer()],
                 lw.qkv.format(),
-                d,
                 &*s.qkv,
-                &*s.pos,
-                &*s.q,
-                kc,
-                vc,
-                &*s.att,
-                kv,
+                mm(n, d + 2 * kvd, d, false),
             )?;
+            b.rope_attention_kv(&*s.qkv, &*s.pos, &*s.q, kc, vc, &*s.att, kv)?;
             b.qmatmul(
                 &**lw.wo.buffer(),
                 lw.wo.format(),

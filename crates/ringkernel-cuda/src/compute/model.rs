@@ -31,11 +31,6 @@ const KV_MAX_HEAD_DIM: usize = 256;
 const AS_THREADS: u32 = 128;
 const AS_MAX_HEAD_DIM: usize = 128;
 const ATTN_SPLIT_HEADS: usize = 64;
-/// `rk_norm_qkv_attention_*`: threads (`FA_THREADS` in `kernels/model.cu`) and warps a
-/// block, and the most blocks a cluster (the portable cluster size).
-const FA_THREADS: u32 = 256;
-const FA_WARPS: usize = FA_THREADS as usize / 32;
-const FA_CLUSTER_MAX: usize = 8;
 const ATTN_SPLIT_MAX: usize = 16;
 const ATTN_PARTS_BYTES: usize = ATTN_SPLIT_HEADS * ATTN_SPLIT_MAX * (AS_MAX_HEAD_DIM + 2) * 4;
 /// Bytes of the split attention's scratch (allocated with the backend).
@@ -382,7 +377,15 @@ impl CudaCompute {
             self.rope_kv_impl(qkv, positions, q, k_cache, v_cache, d)?;
             return self.attention_kv_impl(q, k_cache, v_cache, positions, out, d);
         }
-        let p = self.rope_attention_checks(qkv, positions, q, k_cache, v_cache, out, &d)?;
+        // The checks of the two ops, and out apart from everything else.
+        checks::rope_kv(&d)?.check(&[qkv, positions, q, k_cache, v_cache])?;
+        checks::attention_kv(&d)?.check(&[q, k_cache, v_cache, positions, out])?;
+        let all = [qkv, positions, q, k_cache, v_cache, out];
+        let p = self.device_ptrs(&all)?;
+        for i in 2..all.len() {
+            checks::distinct_from_others("rope_attention_kv", &all, i)?;
+        }
+        kv_head_fits("rope_attention_kv", &d)?;
         if let Some(r) = self.program_op(|| {
             Some(Instr {
                 op: OP_ROPE_ATT,
@@ -471,148 +474,6 @@ impl CudaCompute {
             (KV_THREADS, 1, 1),
             &mut args,
             &writes,
-        )
-    }
-
-    /// The checks of `rope_kv` and `attention_kv` for one fused launch, and `out` apart
-    /// from everything else; the device pointers of (qkv, positions, q, k_cache, v_cache,
-    /// out).
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention_checks(
-        &self,
-        qkv: &dyn DeviceBuffer,
-        positions: &dyn DeviceBuffer,
-        q: &dyn DeviceBuffer,
-        k_cache: &dyn DeviceBuffer,
-        v_cache: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        d: &KvDims,
-    ) -> Result<Vec<u64>> {
-        checks::rope_kv(d)?.check(&[qkv, positions, q, k_cache, v_cache])?;
-        checks::attention_kv(d)?.check(&[q, k_cache, v_cache, positions, out])?;
-        let all = [qkv, positions, q, k_cache, v_cache, out];
-        let p = self.device_ptrs(&all)?;
-        for i in 2..all.len() {
-            checks::distinct_from_others("rope_attention_kv", &all, i)?;
-        }
-        kv_head_fits("rope_attention_kv", d)?;
-        Ok(p)
-    }
-
-    /// `ComputeBackend::rms_norm_qkv_attention`: for one token, `rk_norm_qkv_attention_*`
-    /// (the norm, the head's QKV rows and the split attention in one kernel, a cluster of
-    /// `RINGKERNEL_CUDA_ATTN_SPLIT` blocks a query head) where it applies: sm_90 or
-    /// newer, 2 to 8 blocks a head, `head_dim` a multiple of 4 up to 8 a block, the
-    /// weights' rows within the kernel's octets (768 quantised or 256 f32 columns), at
-    /// most 64 heads, 16-byte aligned caches, no program being recorded, and
-    /// `RINGKERNEL_CUDA_FUSED_QKV` not `0`. Otherwise the two ops.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn norm_qkv_attention_impl(
-        &self,
-        x: &dyn DeviceBuffer,
-        norm: &dyn DeviceBuffer,
-        eps: f32,
-        normed: &dyn DeviceBuffer,
-        w: &dyn DeviceBuffer,
-        format: WeightFormat,
-        cols: usize,
-        qkv: &dyn DeviceBuffer,
-        positions: &dyn DeviceBuffer,
-        q: &dyn DeviceBuffer,
-        k_cache: &dyn DeviceBuffer,
-        v_cache: &dyn DeviceBuffer,
-        out: &dyn DeviceBuffer,
-        d: KvDims,
-    ) -> Result<()> {
-        let mm = QMatmulDims {
-            batch: d.tokens,
-            rows: (d.heads + 2 * d.kv_heads) * d.head_dim,
-            cols,
-            accumulate: false,
-        };
-        let ns = attn_split();
-        let max_cols = if format == WeightFormat::F32 {
-            256
-        } else {
-            768
-        };
-        let fits = d.tokens == 1
-            && self.inner.fused_qkv
-            && self.inner.dev.info.cc.0 >= 9
-            && (2..=FA_CLUSTER_MAX).contains(&ns)
-            && d.head_dim.is_multiple_of(4)
-            && d.head_dim <= ns * FA_WARPS
-            && cols <= max_cols
-            && d.heads <= ATTN_SPLIT_HEADS
-            && !self.in_program();
-        if !fits {
-            self.rms_norm_qmatmul_impl(x, norm, eps, normed, &[w], format, qkv, mm)?;
-            return self.rope_attention_kv_impl(qkv, positions, q, k_cache, v_cache, out, d);
-        }
-        // The checks of both ops: the projection's, then the attention's.
-        checks::rms_norm(mm.batch, mm.cols)?.check(&[x, norm, normed])?;
-        checks::qmatmul(format, mm)?.check(&[w, x, qkv])?;
-        let (pw, pxx, pg) = (self.span(w)?.0, self.span(x)?.0, self.span(norm)?.0);
-        checks::distinct("qmatmul", qkv, &[w, x, norm])?;
-        let p = self.rope_attention_checks(qkv, positions, q, k_cache, v_cache, out, &d)?;
-        if (p[3] | p[4]) % 16 != 0 {
-            self.rms_norm_qmatmul_impl(x, norm, eps, normed, &[w], format, qkv, mm)?;
-            return self.rope_attention_kv_impl(qkv, positions, q, k_cache, v_cache, out, d);
-        }
-        let (mut w_, mut x_, mut g_, mut eps_) = (pw, pxx, pg, eps);
-        let (mut pqkv, mut c, mut pp, mut pq, mut pk, mut pv, mut po) =
-            (p[0], cols as u64, p[1], p[2], p[3], p[4], p[5]);
-        let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
-            d.heads as u64,
-            d.kv_heads as u64,
-            d.head_dim as u64,
-            d.capacity as u64,
-            d.rope_base,
-            d.scale,
-        );
-        let scratch = self.inner.attn_scratch.ptr();
-        let (mut part, mut ns_) = (scratch, ns as u64);
-        // Loaded before the wait where the kernel ahead writes none of them: the weights,
-        // the position and the cached keys and values (see `early_loads`).
-        let mut early = self.early_loads(&[
-            self.span(w)?,
-            self.span(positions)?,
-            self.span(k_cache)?,
-            self.span(v_cache)?,
-        ]);
-        let mut writes = [qkv, q, k_cache, v_cache, out]
-            .iter()
-            .map(|b| self.span(*b))
-            .collect::<Result<Vec<_>>>()?;
-        writes.push((scratch, ATTN_SCRATCH_BYTES as u64));
-        self.launch_writing_ex(
-            &format!("rk_norm_qkv_attention_{}", format.name()),
-            ((d.heads * ns) as u32, 1, 1),
-            (FA_THREADS, 1, 1),
-            &mut [
-                arg(&mut w_),
-                arg(&mut x_),
-                arg(&mut g_),
-                arg(&mut eps_),
-                arg(&mut pqkv),
-                arg(&mut c),
-                arg(&mut pp),
-                arg(&mut pq),
-                arg(&mut pk),
-                arg(&mut pv),
-                arg(&mut po),
-                arg(&mut part),
-                arg(&mut h),
-                arg(&mut kh),
-                arg(&mut hd),
-                arg(&mut cap),
-                arg(&mut base),
-                arg(&mut sc),
-                arg(&mut ns_),
-                arg(&mut early),
-            ],
-            &writes,
-            Some(ns as u32),
         )
     }
 
@@ -826,28 +687,6 @@ macro_rules! model_ops {
             dims: KvDims,
         ) -> Result<()> {
             self.rope_attention_kv_impl(qkv, positions, q, k_cache, v_cache, out, dims)
-        }
-        fn rms_norm_qkv_attention(
-            &self,
-            x: &dyn DeviceBuffer,
-            norm: &dyn DeviceBuffer,
-            eps: f32,
-            normed: &dyn DeviceBuffer,
-            w: &dyn DeviceBuffer,
-            format: WeightFormat,
-            cols: usize,
-            qkv: &dyn DeviceBuffer,
-            positions: &dyn DeviceBuffer,
-            q: &dyn DeviceBuffer,
-            k_cache: &dyn DeviceBuffer,
-            v_cache: &dyn DeviceBuffer,
-            out: &dyn DeviceBuffer,
-            dims: KvDims,
-        ) -> Result<()> {
-            self.norm_qkv_attention_impl(
-                x, norm, eps, normed, w, format, cols, qkv, positions, q, k_cache, v_cache, out,
-                dims,
-            )
         }
         fn record(
             &self,

@@ -115,11 +115,6 @@ impl CudaCompute {
         })
     }
 
-    /// Whether this thread is recording a program.
-    pub(super) fn in_program(&self) -> bool {
-        self.with_own_recording(|_| ()).is_some()
-    }
-
     /// Called by every path that queues work on the stream other than a program
     /// instruction: in program mode on this thread, the error that ends the attempt.
     pub(crate) fn refuse_in_program(&self, what: &str) -> Result<()> {
