@@ -97,9 +97,10 @@ case "${1:-}" in
 llm)
   # The CUDA decode alone: tests (the ops and the reference also with the one-block-a-head
   # attention, RINGKERNEL_CUDA_ATTN_SPLIT=0), then the bench with the step recorded as a
-  # CUDA graph (the default) alternating with early loads off (RINGKERNEL_CUDA_EARLY=0)
-  # and programmatic dependent launch off (RINGKERNEL_CUDA_PDL=0), three rounds; the graph
-  # with the one-block attention, the step as a program (RINGKERNEL_CUDA_PROGRAM=1), a run
+  # CUDA graph (the default, greedy token taken on the device) alternating with the
+  # argmax on the host (--host-argmax) and with early loads off (RINGKERNEL_CUDA_EARLY=0),
+  # three rounds; the graph without programmatic dependent launch (RINGKERNEL_CUDA_PDL=0)
+  # and with the one-block attention, the step as a program (RINGKERNEL_CUDA_PROGRAM=1), a run
   # with the program's per-instruction device timer, scripts/grid_barrier.cu, and the
   # transformers peer (LLM_PEER=0 leaves it out).
   model
@@ -111,17 +112,20 @@ llm)
   r 60 llm-synthetic .gpu/tests/ringkernel-llm-model_synthetic --include-ignored
   r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
   RINGKERNEL_CUDA_ATTN_SPLIT=0 r 90 llm-reference-one-block .gpu/tests/ringkernel-llm-generate_reference --include-ignored
-  bench() { # bench NAME [VAR=VALUE...]: one decode bench (3 runs) with those switches
-    local name=$1
+  bench() { # bench NAME [VAR=VALUE...] [--flag...]: one decode bench (3 runs) with those switches
+    local name=$1 vars=() flags=()
     shift
-    env "$@" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 >"$O/llm-bench-$name.txt" 2>&1
+    for a in "$@"; do case $a in --*) flags+=("$a") ;; *) vars+=("$a") ;; esac; done
+    env "${vars[@]}" timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 "${flags[@]}" >"$O/llm-bench-$name.txt" 2>&1
     echo "$name ($*): $(tail -1 "$O/llm-bench-$name.txt")"
+    grep -h "device step" "$O/llm-bench-$name.txt" | tail -1 | sed 's/^.*tokens\/s; /  /'
   }
   for round in 1 2 3; do
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
+    bench graph-host-argmax-$round RINGKERNEL_CUDA_PROGRAM=0 --host-argmax
     bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
-    bench graph-no-pdl-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   done
+  bench graph-no-pdl RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   bench graph-one-block RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
   bench program RINGKERNEL_CUDA_PROGRAM=1
   env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1

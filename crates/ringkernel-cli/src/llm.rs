@@ -244,6 +244,10 @@ pub struct LlmBenchArgs {
     /// Measured runs, after one warm-up run (first kernel compilations, the recording).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Read every step's logits back and take the argmax on the host (the default takes
+    /// it on the device and reads back the index).
+    #[arg(long)]
+    pub host_argmax: bool,
 }
 
 /// Runs `ringkernel bench llm`: one line per run, then the medians.
@@ -259,8 +263,14 @@ pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
         system: None,
     };
     let mut s = margs.open()?;
-    let run =
-        |s: &mut Session| bench::run(s, a.prompt_tokens, a.new_tokens).map_err(|e| e.to_string());
+    let sampling = if a.host_argmax {
+        bench::Argmax::Host
+    } else {
+        bench::Argmax::Device
+    };
+    let run = |s: &mut Session| {
+        bench::run_with(s, a.prompt_tokens, a.new_tokens, sampling).map_err(|e| e.to_string())
+    };
     let warm = run(&mut s)?;
     println!(
         "warm-up: first token after {:.1} ms, {:.1} tokens/s",

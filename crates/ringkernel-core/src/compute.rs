@@ -485,6 +485,11 @@ pub trait ComputeBackend: Send + Sync + 'static {
         out: &dyn DeviceBuffer,
         len: usize,
     ) -> Result<()>;
+    /// `out[0]` = the index of the largest of `x[0..len]` (the first at a tie; NaNs are
+    /// passed over, and a NaN first value gives 0), as a `u32` bit pattern (read it with
+    /// `f32::to_bits`): greedy sampling on the device, which reads back one word instead
+    /// of the logits. `len` must be at least 1. [`reference::argmax`] is the definition.
+    fn argmax(&self, x: &dyn DeviceBuffer, len: usize, out: &dyn DeviceBuffer) -> Result<()>;
     /// Reduction, see [`ReduceDims`]. `axis` must be at least 1.
     fn reduce(
         &self,

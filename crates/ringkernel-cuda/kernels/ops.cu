@@ -45,6 +45,45 @@ __device__ __forceinline__ void rk_pdl_enter() {
     rk_pdl_launch();
 }
 
+// ------------------------------------------------------------------ argmax
+
+// out[0] = the index, as u32 bits, of the first largest of x[0..n]; NaNs are passed over
+// and a NaN x[0] gives 0 (ringkernel_core's reference::argmax). One block: each thread
+// its strided values, then (value, index) pairs through the warps' shuffles and shared
+// memory, the larger value or, at a tie, the smaller index winning.
+#define ARGMAX_THREADS 1024
+__device__ __forceinline__ void argmax_pick(float& best, unsigned& at, float v, unsigned i) {
+    if (v > best || (v == best && i < at)) {
+        best = v;
+        at = i;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const float* __restrict__ x, u64 n,
+                                                                      unsigned* __restrict__ out) {
+    rk_pdl_enter();
+    __shared__ float sv[ARGMAX_THREADS / WARP];
+    __shared__ unsigned si[ARGMAX_THREADS / WARP];
+    float best = NEG_INF;
+    unsigned at = 0xFFFFFFFFu;
+    for (u64 i = threadIdx.x; i < n; i += ARGMAX_THREADS) argmax_pick(best, at, x[i], (unsigned)i);
+    for (int o = WARP / 2; o > 0; o /= 2)
+        argmax_pick(best, at, __shfl_down_sync(FULL_MASK, best, o), __shfl_down_sync(FULL_MASK, at, o));
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = at;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < ARGMAX_THREADS / WARP ? sv[lane] : NEG_INF;
+        at = lane < ARGMAX_THREADS / WARP ? si[lane] : 0xFFFFFFFFu;
+        for (int o = WARP / 2; o > 0; o /= 2)
+            argmax_pick(best, at, __shfl_down_sync(FULL_MASK, best, o), __shfl_down_sync(FULL_MASK, at, o));
+        if (lane == 0) out[0] = x[0] != x[0] || at == 0xFFFFFFFFu ? 0u : at;
+    }
+}
+
 // ------------------------------------------------------------------ elementwise
 
 struct OpNeg { __device__ static float f(float x) { return -x; } };

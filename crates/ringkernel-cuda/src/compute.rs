@@ -98,6 +98,9 @@ pub(crate) struct ComputeInner {
     recording_any: AtomicBool,
 }
 
+/// Threads of `rk_argmax`'s one block (`ARGMAX_THREADS` in `kernels/ops.cu`).
+const ARGMAX_THREADS: u32 = 1024;
+
 impl ComputeInner {
     /// The stream, for work other than an op kernel that declares its writes: what the
     /// next op kernel may load early is no longer known (see `last_writes`).
@@ -1020,6 +1023,20 @@ impl ComputeBackend for CudaCompute {
                 arg(&mut mm),
                 arg(&mut kk),
             ],
+        )
+    }
+
+    fn argmax(&self, x: &dyn DeviceBuffer, len: usize, out: &dyn DeviceBuffer) -> Result<()> {
+        let (xb, ob) = (self.buf(x)?, self.buf(out)?);
+        checks::argmax(len)?.check(&[x, out])?;
+        checks::distinct("argmax", out, &[x])?;
+        let (mut px, mut n, mut po) = (xb.ptr, len as u64, ob.ptr);
+        self.launch_writing(
+            "rk_argmax",
+            (1, 1, 1),
+            (ARGMAX_THREADS, 1, 1),
+            &mut [arg(&mut px), arg(&mut n), arg(&mut po)],
+            &[self.span(out)?],
         )
     }
 

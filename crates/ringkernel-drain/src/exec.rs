@@ -217,6 +217,15 @@ macro_rules! planned_ops {
         ) -> ::ringkernel_core::Result<()> {
             $crate::exec::run(self, &$crate::plan::matvec(m, k)?, &[a, x, out])
         }
+        fn argmax(
+            &self,
+            x: &dyn ::ringkernel_core::compute::DeviceBuffer,
+            len: usize,
+            out: &dyn ::ringkernel_core::compute::DeviceBuffer,
+        ) -> ::ringkernel_core::Result<()> {
+            ::ringkernel_core::compute::checks::distinct("argmax", out, &[x])?;
+            $crate::exec::run(self, &$crate::plan::argmax(len)?, &[x, out])
+        }
         fn dot(
             &self,
             a: &dyn ::ringkernel_core::compute::DeviceBuffer,

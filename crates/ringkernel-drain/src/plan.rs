@@ -567,6 +567,28 @@ pub fn reduce(op: ReduceOp, d: ReduceDims) -> Result<Plan> {
     Ok(plan)
 }
 
+/// `argmax(x, len, out)`: one workgroup, each invocation its strided values, then a tree.
+pub fn argmax(len: usize) -> Result<Plan> {
+    let needs = checks::argmax(len)?;
+    let p = params::Reduce {
+        outer: 1,
+        axis: len as u32,
+        inner: 1,
+        chunks: 1,
+        chunk_len: len as u32,
+        scale: 1.0,
+        _pad: [0; 2],
+    };
+    let dsp = Dispatch {
+        kernel: Kernel::Argmax,
+        spec: Specialization::none(),
+        params: bytes(&p),
+        binds: vec![read(1, "x", 0), write(5, "out_u", 1)],
+        groups: [1, 1, 1],
+    };
+    Ok(Plan::one(needs, dsp))
+}
+
 /// `dot(a, b, out, len)`: partial dot products per chunk of [`REDUCE_CHUNK`], then sums
 /// of the partials as in [`reduce`].
 pub fn dot(len: usize) -> Result<Plan> {

@@ -37,7 +37,8 @@ pub struct BenchResult {
     pub ttft: Duration,
     /// Tokens decoded after the first (one step each).
     pub decoded: usize,
-    /// Time of those steps, logits read back and the argmax taken each time.
+    /// Time of those steps, each with the argmax of its logits (on the device, reading
+    /// back the index, or on the host from the logits read back: [`Argmax`]).
     pub decode: Duration,
     /// The generated ids (greedy), the first one included.
     pub tokens: Vec<u32>,
@@ -74,9 +75,29 @@ pub fn prompt_ids(s: &Session, n: usize) -> Vec<u32> {
     ids
 }
 
+/// Where a decode step's greedy token is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Argmax {
+    /// On the device, reading back the index ([`Model::forward_greedy`](crate::model::Model::forward_greedy)).
+    Device,
+    /// On the host, from the logits read back ([`Model::forward`](crate::model::Model::forward)).
+    Host,
+}
+
 /// Runs a prompt of `prompt_tokens` tokens on a fresh cache, then `new_tokens` greedy
-/// tokens (the first from the prompt's logits, each later one a decode step).
+/// tokens (the first from the prompt's logits, each later one a decode step whose
+/// argmax is taken on the device).
 pub fn run(s: &mut Session, prompt_tokens: usize, new_tokens: usize) -> Result<BenchResult> {
+    run_with(s, prompt_tokens, new_tokens, Argmax::Device)
+}
+
+/// [`run`], with the decode steps' argmax taken where `argmax` says.
+pub fn run_with(
+    s: &mut Session,
+    prompt_tokens: usize,
+    new_tokens: usize,
+    argmax_on: Argmax,
+) -> Result<BenchResult> {
     if prompt_tokens == 0 || new_tokens == 0 {
         return Err(LlmError::InvalidArgument(
             "the benchmark needs at least one prompt token and one new token".into(),
@@ -98,8 +119,10 @@ pub fn run(s: &mut Session, prompt_tokens: usize, new_tokens: usize) -> Result<B
     let mut tokens = vec![next];
     let t1 = Instant::now();
     for _ in 1..new_tokens {
-        let logits = model.forward(next, cache)?;
-        next = argmax(&logits) as u32;
+        next = match argmax_on {
+            Argmax::Device => model.forward_greedy(next, cache)?,
+            Argmax::Host => argmax(&model.forward(next, cache)?) as u32,
+        };
         tokens.push(next);
     }
     let decode = t1.elapsed();

@@ -275,8 +275,10 @@ impl Session {
             ..Default::default()
         };
         let mut t_first = None;
+        // Greedy decoding takes the argmax on the device (one word read back a step).
+        let greedy = sampling.temperature == 0.0;
+        let mut next = sampler.sample(&logits);
         for i in 0..max_tokens {
-            let next = sampler.sample(&logits);
             if i == 0 {
                 stats.prefill = t0.elapsed();
                 t_first = Some(Instant::now());
@@ -293,8 +295,14 @@ impl Session {
                 break;
             }
             if i + 1 < max_tokens {
-                logits = self.model.forward(next, &mut self.cache)?;
-                self.history.push(next);
+                let token = next;
+                next = if greedy {
+                    self.model.forward_greedy(token, &mut self.cache)?
+                } else {
+                    logits = self.model.forward(token, &mut self.cache)?;
+                    sampler.sample(&logits)
+                };
+                self.history.push(token);
             }
         }
         if let Some(t) = t_first {

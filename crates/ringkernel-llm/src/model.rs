@@ -251,6 +251,8 @@ struct Scratch {
     /// The last row's normed state (a prompt's logits come from it).
     last: BufferRef,
     logits: BufferRef,
+    /// The greedy token of a step's logits (`argmax`, one word).
+    next: BufferRef,
 }
 
 /// How decode steps run on a cache.
@@ -290,9 +292,21 @@ pub struct KvCache {
     kv_dim: usize,
     scratch: Scratch,
     step: Step,
+    /// The decode step followed by the argmax of its logits ([`Model::forward_greedy`]).
+    greedy_step: Step,
 }
 
 impl KvCache {
+    /// The step that has run: the plain one ([`Model::forward`]) once it has, else the
+    /// greedy one ([`Model::forward_greedy`]).
+    fn active_step(&self) -> &Step {
+        if matches!(self.step, Step::Untried) {
+            &self.greedy_step
+        } else {
+            &self.step
+        }
+    }
+
     /// Positions held.
     pub fn len(&self) -> usize {
         self.len
@@ -318,7 +332,7 @@ impl KvCache {
     /// `"direct"` (op by op: the backend has nothing to record into) or `"direct: why"`
     /// when recording failed; `"not run yet"` before the first step.
     pub fn step_mode(&self) -> String {
-        match &self.step {
+        match self.active_step() {
             Step::Untried => "not run yet".into(),
             Step::Recorded { replay, .. } => format!("recorded ({})", replay.describe()),
             Step::Direct(None) => "direct".into(),
@@ -462,6 +476,7 @@ impl Model {
             hb: alloc(rows * c.hidden)?,
             last: alloc(c.dim)?,
             logits: alloc(c.vocab)?,
+            next: alloc(1)?,
         };
         Ok(KvCache {
             device: self.device.clone(),
@@ -472,6 +487,7 @@ impl Model {
             kv_dim: c.kv_dim(),
             scratch,
             step: Step::Untried,
+            greedy_step: Step::Untried,
         })
     }
 
@@ -629,14 +645,53 @@ impl Model {
     /// after it. The first call on a cache records the step where the backend can
     /// ([`KvCache::step_mode`]); every later one replays it.
     pub fn forward(&self, token: u32, cache: &mut KvCache) -> Result<Vec<f32>> {
+        self.decode_step(token, cache, false)?;
+        self.logits(cache)
+    }
+
+    /// [`Self::forward`] followed by greedy sampling on the device: the step ends with
+    /// the `argmax` of its logits, and only that index is read back (one word instead of
+    /// the vocabulary's logits). Returns the same token as
+    /// [`argmax`](crate::sample::argmax) of [`Self::forward`]'s logits. Recorded and
+    /// replayed like `forward`'s step (a second recording, with the argmax).
+    pub fn forward_greedy(&self, token: u32, cache: &mut KvCache) -> Result<u32> {
+        self.decode_step(token, cache, true)?;
+        let mut word = [0f32; 1];
+        self.device
+            .backend()
+            .read(&*cache.scratch.next, 0, &mut word)?;
+        Ok(word[0].to_bits())
+    }
+
+    /// One decode step of `token`, recorded on the first call (per kind: with or without
+    /// the greedy argmax) and replayed after, or op by op where the backend records
+    /// nothing.
+    fn decode_step(&self, token: u32, cache: &mut KvCache, greedy: bool) -> Result<()> {
         self.check_cache(cache, &[token])?;
         self.stage(cache, &[token])?;
-        if matches!(cache.step, Step::Untried) {
+        let vocab = self.cfg.vocab;
+        let ops = |c: &KvCache| -> ringkernel::Result<()> {
+            self.run(c, 1)?;
+            if greedy {
+                let s = &c.scratch;
+                self.device.backend().argmax(&*s.logits, vocab, &*s.next)?;
+            }
+            Ok(())
+        };
+        let untried = matches!(
+            if greedy {
+                &cache.greedy_step
+            } else {
+                &cache.step
+            },
+            Step::Untried
+        );
+        if untried {
             let recorded = {
                 let c = &*cache;
-                self.device.backend().record(&mut || self.run(c, 1))
+                self.device.backend().record(&mut || ops(c))
             };
-            cache.step = match recorded {
+            let step = match recorded {
                 Ok(Some(replay)) => Step::Recorded {
                     replay,
                     _weights: self.w.clone(),
@@ -647,16 +702,25 @@ impl Model {
                     Step::Direct(Some(e.to_string()))
                 }
             };
+            if greedy {
+                cache.greedy_step = step;
+            } else {
+                cache.step = step;
+            }
         }
-        match &cache.step {
+        match if greedy {
+            &cache.greedy_step
+        } else {
+            &cache.step
+        } {
             Step::Recorded { replay, .. } => replay.replay()?,
             _ => {
                 let c = &*cache;
-                self.device.backend().batch(&mut || self.run(c, 1))?
+                self.device.backend().batch(&mut || ops(c))?
             }
         }
         cache.len += 1;
-        self.logits(cache)
+        Ok(())
     }
 
     /// The device time of one recorded decode step: the step replayed `n` times back to
@@ -666,7 +730,7 @@ impl Model {
     /// where the backend can) or `n` is 0. What a decode step takes beyond this is host
     /// work: staging the token, reading the logits back, sampling.
     pub fn replay_time(&self, cache: &KvCache, n: usize) -> Result<Option<std::time::Duration>> {
-        let Step::Recorded { replay, .. } = &cache.step else {
+        let Step::Recorded { replay, .. } = cache.active_step() else {
             return Ok(None);
         };
         if n == 0 {

@@ -237,8 +237,17 @@ fn decoder_matches_the_reference_on(device: &Device) {
     };
     let mut cache = model.new_cache(CTX).unwrap();
     check(10, &model.prefill(&tokens[..11], &mut cache).unwrap());
+    // a second cache decoding the same tokens greedily on the device
+    let mut greedy = model.new_cache(CTX).unwrap();
+    model.prefill(&tokens[..11], &mut greedy).unwrap();
     for (p, &t) in tokens.iter().enumerate().skip(11) {
-        check(p, &model.forward(t, &mut cache).unwrap());
+        let logits = model.forward(t, &mut cache).unwrap();
+        check(p, &logits);
+        assert_eq!(
+            model.forward_greedy(t, &mut greedy).unwrap() as usize,
+            ringkernel_llm::sample::argmax(&logits),
+            "{device}: greedy token at position {p}"
+        );
         if p == 20 {
             // timing replays of a recorded step leave the cache as it was (the later
             // positions are checked against the reference)

@@ -11,6 +11,10 @@
 //   [outer, chunks, inner] partials (the plan keeps chunks at 1024 elements: a thread
 //   looping over hundreds of thousands of elements may never finish on some drivers).
 // dot_partial: out[g] = Σ x[i]·y[i] over chunk g.
+// argmax: out_u[0] = the index of the first largest of x[0..axis] (NaNs passed over, 0
+//   when x[0] is NaN), one workgroup: each invocation its strided values, then a tree of
+//   (value, index) pairs; NaNs are found by their bits (WGSL lets a compiler assume
+//   there are none, so `v != v` is no test).
 // No f32 sum runs long: threads of reduce_rows/dot_partial add at most 4 terms in a row
 // (rows_leaf; the plan's chunks are 16384 elements, 64 per thread), reduce_strided
 // threads accumulate pairwise (Pairwise), and threads combine in a tree, so a sum of n
@@ -201,5 +205,48 @@ fn dot_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let r = tree(lid, dot_leaf(start + lid, end));
     if (lid == 0u) {
         out[g] = r * p.scale;
+    }
+}
+
+@group(0) @binding(5) var<storage, read_write> out_u: array<u32>;
+var<workgroup> red_at: array<u32, 256>;
+
+fn is_nan_bits(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Whether (v, i) beats (best, at): a larger value, or the same value at a smaller index.
+fn argmax_beats(v: f32, i: u32, best: f32, at: u32) -> bool {
+    return v > best || (v == best && i < at);
+}
+
+@compute @workgroup_size(256)
+fn argmax(@builtin(local_invocation_id) lid: vec3<u32>) {
+    let t = lid.x;
+    var best = bitcast<f32>(0xff800000u); // -inf
+    var at = 0xffffffffu;
+    for (var i = t; i < p.axis; i = i + 256u) {
+        let v = x[i];
+        if (!is_nan_bits(v) && argmax_beats(v, i, best, at)) {
+            best = v;
+            at = i;
+        }
+    }
+    red[t] = best;
+    red_at[t] = at;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (t < s && argmax_beats(red[t + s], red_at[t + s], red[t], red_at[t])) {
+            red[t] = red[t + s];
+            red_at[t] = red_at[t + s];
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u) {
+        var r = red_at[0];
+        if (is_nan_bits(x[0]) || r == 0xffffffffu) {
+            r = 0u;
+        }
+        out_u[0] = r;
     }
 }

@@ -237,6 +237,9 @@ pub enum Kernel {
     ReduceStrided,
     /// Partial dot products: `out[chunk] = Σ a[i]·b[i]` over a chunk, per workgroup.
     DotPartial,
+    /// `out_u[0]` = the index of the first largest of `x[0..axis]` (NaNs passed over),
+    /// one workgroup. Params: [`params::Reduce`].
+    Argmax,
     /// Numerically stable softmax, one workgroup per row. Params: [`params::Norm`].
     Softmax,
     /// RMSNorm, one workgroup per row.
@@ -281,7 +284,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel.
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::BinaryScalar,
@@ -296,6 +299,7 @@ impl Kernel {
         Kernel::ReduceRows,
         Kernel::ReduceStrided,
         Kernel::DotPartial,
+        Kernel::Argmax,
         Kernel::Softmax,
         Kernel::RmsNorm,
         Kernel::LayerNorm,
@@ -324,7 +328,7 @@ impl Kernel {
             }
             Matmul | Matvec => Family::Matmul,
             MatmulTiled => Family::MatmulTiled,
-            ReduceRows | ReduceStrided | DotPartial => Family::Reduce,
+            ReduceRows | ReduceStrided | DotPartial | Argmax => Family::Reduce,
             Softmax | RmsNorm | LayerNorm | Softmax4 | RmsNorm4 => Family::Norm,
             Rope | AttentionScores | AttentionWeightedSum | Attention => Family::Attention,
             Drain | DrainSerial => Family::Drain,
@@ -353,6 +357,7 @@ impl Kernel {
             ReduceRows => "reduce_rows",
             ReduceStrided => "reduce_strided",
             DotPartial => "dot_partial",
+            Argmax => "argmax",
             Softmax => "softmax",
             RmsNorm => "rms_norm",
             LayerNorm => "layer_norm",
@@ -420,6 +425,10 @@ impl Kernel {
             }
             DotPartial => {
                 const T: &[Binding] = &[b(0, "p", U), b(1, "x", R), b(2, "y", R), b(3, "out", RW)];
+                T
+            }
+            Argmax => {
+                const T: &[Binding] = &[b(0, "p", U), b(1, "x", R), b(5, "out_u", RW)];
                 T
             }
             Softmax | Softmax4 => {

@@ -175,6 +175,19 @@ pub fn swiglu(len: usize) -> Needs {
     elementwise("swiglu", &["gate", "up"], len)
 }
 
+/// `argmax(x, len, out)`: at least one element, and an index that fits 32 bits.
+pub fn argmax(len: usize) -> Result<Needs> {
+    if len == 0 {
+        return Err(Error::invalid("argmax of no elements"));
+    }
+    if u32::try_from(len).is_err() {
+        return Err(Error::invalid(format!(
+            "argmax of {len} elements: the index is written as 32 bits"
+        )));
+    }
+    Ok(Needs::new("argmax", &[(len, "input"), (1, "output")]))
+}
+
 /// `dot(a, b, out, len)`.
 pub fn dot(len: usize) -> Needs {
     Needs::new("dot", &[(len, "lhs"), (len, "rhs"), (1, "output")])

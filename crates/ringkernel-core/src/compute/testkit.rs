@@ -252,6 +252,7 @@ pub fn check_all_with(backend: &dyn ComputeBackend, tol: &Tolerances) -> Result<
     k.elementwise();
     k.linear();
     k.reductions();
+    k.argmax();
     k.normalization();
     k.rope();
     k.attention();
@@ -291,6 +292,10 @@ family!(
     /// dot, and every reduction over the whole tensor and along an axis, including
     /// sums of 10,000,000 elements.
     check_reductions => reductions
+);
+family!(
+    /// argmax: ties, NaNs, every value -inf, the largest first or last; its errors.
+    check_argmax => argmax
 );
 family!(
     /// softmax (including rows far from zero), RMSNorm, LayerNorm.

@@ -407,6 +407,17 @@ impl ComputeBackend for CpuCompute {
         Ok(())
     }
 
+    fn argmax(&self, x: &dyn DeviceBuffer, len: usize, out: &dyn DeviceBuffer) -> Result<()> {
+        let (xb, ob) = (cpu(x)?, cpu(out)?);
+        checks::argmax(len)?.check(&[x, out])?;
+        checks::distinct("argmax", out, &[x])?;
+        let mut l = lock_buffers(&[xb], ob)?;
+        let (ins, o) = l.parts();
+        // The index fits 32 bits (checked).
+        o[0] = f32::from_bits(ringkernel_core::compute::reference::argmax(&ins[0][..len]) as u32);
+        Ok(())
+    }
+
     fn dot(
         &self,
         a: &dyn DeviceBuffer,

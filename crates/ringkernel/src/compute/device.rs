@@ -513,6 +513,9 @@ mod tests {
         ) -> Result<()> {
             self.0.matvec(a, x, out, m, k)
         }
+        fn argmax(&self, x: &dyn DeviceBuffer, len: usize, out: &dyn DeviceBuffer) -> Result<()> {
+            self.0.argmax(x, len, out)
+        }
         fn dot(
             &self,
             a: &dyn DeviceBuffer,

@@ -640,6 +640,26 @@ impl Tensor {
         Ok(out)
     }
 
+    /// The flat index of the largest element (the first at a tie; NaNs are passed over),
+    /// found on the device: only that index is read back. An empty tensor is an error.
+    ///
+    /// ```
+    /// use ringkernel::compute::{Device, Tensor};
+    /// let t = Tensor::from_slice(&Device::cpu(), &[1.0, 7.0, f32::NAN, 7.0, -2.0, 3.0], &[2, 3])?;
+    /// assert_eq!(t.argmax()?, 1);
+    /// # Ok::<(), ringkernel::Error>(())
+    /// ```
+    pub fn argmax(&self) -> Result<usize> {
+        self.need_f32("argmax")?;
+        let out = self.device.backend().alloc(1)?;
+        self.device
+            .backend()
+            .argmax(&*self.buf, self.len(), &*out)?;
+        let mut word = [0f32; 1];
+        self.device.backend().read(&*out, 0, &mut word)?;
+        Ok(word[0].to_bits() as usize)
+    }
+
     /// Reduction over the whole tensor (`axis = None`, a scalar) or along one axis.
     ///
     /// ```

@@ -86,6 +86,77 @@ impl Kit<'_> {
         self.record("convert u32→u32", "len=33", outcome);
     }
 
+    /// `argmax` against [`reference::argmax`]: few distinct values (ties), NaNs anywhere
+    /// and first, every value -inf, the largest first or last; +inf after the input, so a
+    /// read past `len` shows. Then its errors.
+    pub(super) fn argmax(&mut self) {
+        for n in [1usize, 2, 17, 256, 257, 1000, 49_152, 100_003] {
+            for case in 0..6 {
+                let mut x: Vec<f32> = self
+                    .rng
+                    .vec(n, 0.0, 8.0)
+                    .iter()
+                    .map(|v| v.floor() - 4.0)
+                    .collect();
+                let i = (self.rng.below(n as u64)) as usize;
+                match case {
+                    1 => x[i] = f32::NAN,
+                    2 => x[0] = f32::NAN,
+                    3 => x.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                    4 => x[n - 1] = 100.0,
+                    5 => {
+                        x[0] = 100.0;
+                        x[i] = 100.0;
+                        x.iter_mut().skip(1).step_by(3).for_each(|v| *v = f32::NAN);
+                    }
+                    _ => {}
+                }
+                let want = reference::argmax(&x) as u32;
+                let outcome = match self.run_argmax(&x, n) {
+                    Err(e) => Outcome::Failed(format!("error: {e}")),
+                    Ok(got) if got == want => Outcome::Passed {
+                        rel_error: 0.0,
+                        tolerance: 0.0,
+                    },
+                    Ok(got) => Outcome::Failed(format!("index {got}, want {want}")),
+                };
+                self.record("argmax", &format!("len={n} case {case}"), outcome);
+            }
+        }
+        let b = self.b;
+        let bufs =
+            (|| -> Result<(BufferRef, BufferRef)> { Ok((b.upload(&[1.0; 8])?, b.alloc(1)?)) })();
+        let (x, out) = match bufs {
+            Ok(v) => v,
+            Err(e) => {
+                self.record(
+                    "argmax",
+                    "errors setup",
+                    Outcome::Failed(format!("error: {e}")),
+                );
+                return;
+            }
+        };
+        use ErrKind::{Any, Shape};
+        self.expect_err("argmax", "no elements", Any, b.argmax(&*x, 0, &*out));
+        self.expect_err("argmax", "input too short", Shape, b.argmax(&*x, 9, &*out));
+        self.expect_err(
+            "argmax",
+            "output aliases the input",
+            Any,
+            b.argmax(&*x, 4, &*x),
+        );
+    }
+
+    fn run_argmax(&self, x: &[f32], n: usize) -> Result<u32> {
+        let mut padded = x.to_vec();
+        padded.extend([f32::INFINITY; GUARD]);
+        let xb = self.b.upload(&padded)?;
+        let out = self.poisoned(1)?;
+        self.b.argmax(&*xb, n, &*out)?;
+        Ok(self.fetch_words(&out, 1)?[0])
+    }
+
     fn run_convert(&self, input: &[u32], from: DType, to: DType, n: usize) -> Result<Vec<u32>> {
         let x = self.upload_words(input, false)?;
         let out = self.poisoned(to.words(n))?;
