@@ -127,8 +127,9 @@ llm)
   done
   bench graph-no-pdl RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   bench graph-one-block RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
-  bench program RINGKERNEL_CUDA_PROGRAM=1
-  env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 >"$O/llm-trace.txt" 2>&1
+  # (the program has no argmax instruction: a step with it records as a graph)
+  bench program RINGKERNEL_CUDA_PROGRAM=1 --host-argmax
+  env RINGKERNEL_CUDA_PROGRAM=1 RINGKERNEL_CUDA_PROGRAM_TRACE=1 timeout 60 $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 1 --host-argmax >"$O/llm-trace.txt" 2>&1
   grep -A 12 "rk_program trace" "$O/llm-trace.txt" | head -14
   wait
   [ -x /tmp/grid_barrier ] && timeout 60 /tmp/grid_barrier >"$O/grid-barrier.txt" 2>&1

@@ -97,7 +97,7 @@
 //!
 //! | Change | msgs/s | process CPU a message | poller a message | sender a message | busiest of ours |
 //! |---|---|---|---|---|---|
-//! | [`DrainConfig::sender_fills`] on (opt-in, [`SENDER_FILLS_ENV`]): a sender waiting for lane room starts the passes completions would start, so the lane-to-slot copy runs on its thread | 1.005× | 1.02× | 0.76× (41 → 32 ns) | 1.40× (29 → 41 ns) | 1.03× |
+//! | [`DrainConfig::sender_fills`] on ([`SENDER_FILLS_ENV`]): a sender waiting for lane room starts the passes completions would start, so the lane-to-slot copy runs on its thread | 1.005× | 1.02× | 0.76× (41 → 32 ns) | 1.40× (29 → 41 ns) | 1.03× |
 //! | payloads of 8–128 bytes copied inline (two overlapping fixed-size copies) instead of a `memcpy` call, in the lanes, the slots and the replies (not kept) | 1.03× | 1.00× | 0.93× | 1.09× | 0.93× |
 //!
 //! A second set of 12 pairs of the committed build (17:21, a quieter machine): with the
@@ -117,6 +117,13 @@
 //! try of the switch (not kept): a completion that deferred once and cleared the
 //! flag moved a third of the fills only (later completions of the same poller round
 //! kicked before the sender woke).
+//!
+//! On the H100 through Vulkan (2026-11-27, three alternating pairs of `wgpu_bench
+//! --actors-only --batched-only --msgs 2000000`, the switch off / on): 6.05 / 9.21,
+//! 8.01 / 11.05 and 8.33 / 10.54 M msgs/s, 1.38× at the median, with process CPU 190–260
+//! against 165–195 ns a message. With the switch off the busiest of our threads was the
+//! sender in two pairs (161, 110 ns a message) and the poller in one (96 ns). So the
+//! switch is now on by default (`RINGKERNEL_DRAIN_SENDER_FILLS=0` turns it off).
 //!
 //! ## Priority
 //!
@@ -640,15 +647,16 @@ pub struct DrainConfig {
     /// Whether a sender waiting for room in a full lane starts the passes that
     /// completions would start from the lanes (the copy of their messages into their
     /// slots then runs on the sender's thread, not on the one finishing passes). The
-    /// same messages in the same order either way; [`launch_engine`] sets it from
-    /// [`SENDER_FILLS_ENV`].
+    /// same messages in the same order either way; [`launch_engine`] sets it (on
+    /// unless [`SENDER_FILLS_ENV`] is `0`).
     pub sender_fills: bool,
 }
 
-/// Environment variable: `1` makes [`launch_engine`] launch kernels with
-/// [`DrainConfig::sender_fills`] (off otherwise). A switch for measuring which host
-/// thread bounds a batched stream on a given machine (issue 17), not a tuning knob
-/// applications should need.
+/// Environment variable: `0` makes [`launch_engine`] launch kernels without
+/// [`DrainConfig::sender_fills`] (on otherwise, since the H100 pairs of 2026-11-27:
+/// 1.38× the batched echo through Vulkan). A switch for measuring which host thread
+/// bounds a batched stream on a given machine (issue 17), not a tuning knob applications
+/// should need.
 pub const SENDER_FILLS_ENV: &str = "RINGKERNEL_DRAIN_SENDER_FILLS";
 
 impl<T: DrainTarget> DrainEngine<T> {
@@ -1640,7 +1648,7 @@ pub fn launch_engine<T: DrainTarget>(
                 .gpu(handler)
                 .map(|g| g.inputs)
                 .unwrap_or_default(),
-            sender_fills: std::env::var(SENDER_FILLS_ENV).is_ok_and(|v| v.trim() == "1"),
+            sender_fills: std::env::var(SENDER_FILLS_ENV).map_or(true, |v| v.trim() != "0"),
         };
         DrainEngine::new(cfg, target, core)
     });

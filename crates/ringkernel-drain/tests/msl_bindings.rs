@@ -99,6 +99,7 @@ fn every_plan() -> Vec<(String, Plan)> {
     }
     v.push(("dot short".into(), plan::dot(100).unwrap()));
     v.push(("dot long".into(), plan::dot(1_000_000).unwrap()));
+    v.push(("argmax".into(), plan::argmax(49_152).unwrap()));
     for cols in [33, 32] {
         v.push((format!("softmax {cols}"), plan::softmax(4, cols).unwrap()));
         v.push((
