@@ -783,8 +783,8 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a
 
 extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
     const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
-    float* __restrict__ out, float* part, u32* done, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base,
-    float scale, u64 ns, int early) {
+    float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale, float* part,
+    u32* done, u64 ns, int early) {
     if (!early) rk_pdl_enter();
     __shared__ __align__(16) float sh_q[AS_MAXD];
     __shared__ float sh_p[AS_THREADS];

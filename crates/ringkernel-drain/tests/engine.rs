@@ -19,6 +19,13 @@ use std::time::Duration;
 mod common;
 use common::{CpuTarget, Handler};
 
+/// Terminates `k`, checks that nothing was left undelivered and returns the report.
+async fn terminate_clean(k: &KernelHandle) -> ringkernel_core::runtime::TerminateReport {
+    let r = k.terminate().await.unwrap();
+    assert!(r.undelivered.is_empty());
+    r
+}
+
 fn launch(
     core: &Arc<RuntimeCore>,
     name: &str,
@@ -155,8 +162,7 @@ async fn many_messages_through_a_small_ring_in_order() {
         passes < n,
         "messages were batched into passes ({passes} passes for {n} messages)"
     );
-    let r = k.terminate().await.unwrap();
-    assert!(r.undelivered.is_empty());
+    terminate_clean(&k).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,8 +207,7 @@ async fn overlapped_passes_finish_in_launch_order() {
         (n, n, n, 0)
     );
     assert_eq!(m.latency.count, n, "one latency sample per message");
-    let r = k.terminate().await.unwrap();
-    assert!(r.undelivered.is_empty());
+    terminate_clean(&k).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,8 +288,7 @@ async fn terminate_drains_an_active_kernel() {
         k.send(Token::new(i, 1.0)).await.unwrap();
     }
     k.activate().await.unwrap();
-    let r = k.terminate().await.unwrap();
-    assert!(r.undelivered.is_empty());
+    let r = terminate_clean(&k).await;
     assert!(r.drained <= 20);
     assert_eq!(k.metrics().processed, 20);
     // Replies produced by the drain can still be received after termination.
@@ -1077,8 +1081,7 @@ async fn a_waiting_sender_that_fills_the_passes_keeps_order_and_loses_nothing() 
                 engine.target().passes.load(Ordering::SeqCst)
             );
         }
-        let r = k.terminate().await.unwrap();
-        assert!(r.undelivered.is_empty());
+        terminate_clean(&k).await;
     }
 }
 
@@ -1102,6 +1105,5 @@ async fn a_sender_that_stops_waiting_does_not_stall_the_passes_left_to_it() {
         assert_eq!((t.id, t.value), (i, 2.0 * i as f64), "reply {i}");
     }
     assert_eq!(k.metrics().processed, accepted);
-    let r = k.terminate().await.unwrap();
-    assert!(r.undelivered.is_empty());
+    terminate_clean(&k).await;
 }

@@ -418,6 +418,12 @@ impl CudaCompute {
             arg(&mut pk),
             arg(&mut pv),
             arg(&mut po),
+            arg(&mut h),
+            arg(&mut kh),
+            arg(&mut hd),
+            arg(&mut cap),
+            arg(&mut base),
+            arg(&mut sc),
         ];
         let mut writes = [q, k_cache, v_cache, out]
             .iter()
@@ -440,14 +446,9 @@ impl CudaCompute {
                 self.span(k_cache)?,
                 self.span(v_cache)?,
             ]);
-            args.extend([arg(&mut part), arg(&mut done)]);
             args.extend([
-                arg(&mut h),
-                arg(&mut kh),
-                arg(&mut hd),
-                arg(&mut cap),
-                arg(&mut base),
-                arg(&mut sc),
+                arg(&mut part),
+                arg(&mut done),
                 arg(&mut ns),
                 arg(&mut early),
             ]);
@@ -460,14 +461,6 @@ impl CudaCompute {
                 &writes,
             );
         }
-        args.extend([
-            arg(&mut h),
-            arg(&mut kh),
-            arg(&mut hd),
-            arg(&mut cap),
-            arg(&mut base),
-            arg(&mut sc),
-        ]);
         self.launch_writing(
             "rk_rope_attention_kv",
             (d.heads as u32, 1, 1),
