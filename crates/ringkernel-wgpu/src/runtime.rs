@@ -65,6 +65,11 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 /// (readback, replies) the device runs the next. Each has its own readback buffer.
 const PASSES_IN_FLIGHT: usize = 3;
 
+/// Environment variable: `0` makes the drain engine write a pass's slots into the host
+/// ring and `launch` copy them into the mapped upload buffer in one go, instead of
+/// writing them into the mapped buffer directly (see `WgpuDrainTarget::stage`).
+const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
+
 /// A drain pass waiting for its readback, finished by the poller (or by a receiver
 /// helping it, see [`Poller::help`]).
 struct Completion {
@@ -351,6 +356,11 @@ struct WgpuDrainTarget {
     /// The upload buffer the engine is writing the next pass's slots into
     /// ([`DrainTarget::stage_input`]), taken by that pass's `launch`.
     staged: Mutex<Option<Staged>>,
+    /// Whether the engine writes slots straight into a mapped upload buffer
+    /// (`stage_input`); without, it writes them into the host ring and `upload` copies
+    /// each pass's runs into the mapped buffer at once. `RINGKERNEL_WGPU_STAGE=0` turns
+    /// it off (a switch to measure which is cheaper where mapped memory is uncached).
+    stage: bool,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
     bind: wgpu::BindGroup,
@@ -475,7 +485,7 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     /// to the device ring from it (see [`upload`](WgpuDrainTarget::upload)).
     fn stage_input(&self, count: usize) -> Option<*mut u8> {
         let slots = count * self.slot_size;
-        if slots == 0 || slots > self.upload_len {
+        if !self.stage || slots == 0 || slots > self.upload_len {
             return None;
         }
         let buf = lock(&self.uploads).pop()?;
@@ -842,6 +852,7 @@ impl WgpuRuntime {
             upload_len,
             readback_len,
             staged: Mutex::new(None),
+            stage: std::env::var(STAGE_ENV).map_or(true, |v| v.trim() != "0"),
             control_sent: Mutex::new(None),
             bind,
         })
