@@ -76,8 +76,16 @@ pub struct TerminateReport {
 pub const RUN_BLOCK: usize = 1024;
 
 /// What [`KernelEngine::try_dequeue_runs_with`] hands each piece of the output queue
-/// to: `(first header, payloads, count)`, returning `(consumed, go on)`.
+/// to: `(first header, payloads, count)`, returning `(consumed, go on)`. The `count`
+/// payloads, `first.payload_len` bytes each, lie at a stride of that length rounded up
+/// to 8 bytes: [`run_payload`] takes one out.
 pub type TakeRun<'a> = dyn FnMut(&MessageHeader, &[u8], usize) -> (usize, bool) + 'a;
+
+/// Payload `i` of a run's `payloads` (see [`TakeRun`]), each `len` bytes long.
+pub fn run_payload(payloads: &[u8], len: usize, i: usize) -> &[u8] {
+    let at = i * len.next_multiple_of(8);
+    &payloads[at..at + len]
+}
 
 /// One launched kernel, as a backend implements it. All methods are non-blocking.
 pub trait KernelEngine: Send + Sync + 'static {
@@ -1135,7 +1143,6 @@ impl KernelHandle {
             .engine
             .try_dequeue_runs_with(max, &mut |first, payloads, count| {
                 let len = first.payload_len as usize;
-                let stride = len.next_multiple_of(8);
                 let mut used = count;
                 let mut bad =
                     check_header(first, M::TYPE_ID, M::NAME, <M as MessageCodec>::ENCODING)
@@ -1144,8 +1151,7 @@ impl KernelHandle {
                 if bad.is_none() {
                     out.reserve(count);
                     for i in 0..count {
-                        let p = &payloads[i * stride..i * stride + len];
-                        match M::from_payload(p, M::NAME) {
+                        match M::from_payload(run_payload(payloads, len, i), M::NAME) {
                             Ok(mut m) => {
                                 m.set_message_id(MessageId(
                                     first.message_id.wrapping_add(i as u64),
@@ -1161,7 +1167,7 @@ impl KernelHandle {
                 }
                 if let Some((i, e)) = bad {
                     let header = first.nth_of_run(i as u64, len);
-                    let payload = payloads[i * stride..i * stride + len].to_vec();
+                    let payload = run_payload(payloads, len, i).to_vec();
                     kept = Some((Envelope { header, payload }, e));
                     used = i + 1;
                 }

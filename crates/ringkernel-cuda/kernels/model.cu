@@ -472,12 +472,6 @@ EMBEDDING(q8_0, 2)
 // or per copied value (to v_cache). Half-split RoPE; the angle in double as rk_rope.
 // Pair i of head h (a query head below `heads`, then the key heads) of one token's qkv
 // row, rotated to position `at`: half-split RoPE, the angle in double as rk_rope.
-// (x0, x1) rotated by the angle whose sine and cosine are sn, cs, in double.
-__device__ __forceinline__ void rope_rotate(float x0, float x1, double sn, double cs, float* y0, float* y1) {
-    *y0 = (float)((double)x0 * cs - (double)x1 * sn);
-    *y1 = (float)((double)x0 * sn + (double)x1 * cs);
-}
-
 __device__ __forceinline__ void rope_pair(const float* row, u64 h, u64 i, u64 hd, u64 at, float base,
                                           float* y0, float* y1) {
     const u64 half = hd / 2;
@@ -656,52 +650,36 @@ __device__ __forceinline__ void attention_kv_body(const float* q, const float* k
 
 // out[row] from the nsplit parts of attention_kv_body (each hd + 2 floats, `stride` apart)
 // by one block: the parts' sums rescaled to the largest max. The parts were written by
-// other blocks of the same kernel, so they are read through L2 (ld.cg), not L1. Up to
-// KV_COMBINE parts (the split kernel's most, 16), a thread loads every part's max, sum
-// and value at once, unrolled, so the merge waits for L2 once rather than once a part
-// (a loop over a run-time count issues a part's load only after the one before it is
-// used); more parts go one after another.
+// other blocks of the same kernel, so they are read through L2 (ld.cg), not L1. A thread
+// loads every part's max, sum and value at once, unrolled over at most KV_COMBINE parts
+// (both callers split into no more), so the merge waits for L2 once rather than once a
+// part (a loop over a run-time count issues a part's load only after the one before it
+// is used).
 #define KV_COMBINE 16
 __device__ __forceinline__ void attention_combine(const float* part, u64 nsplit, u64 stride, u64 hd,
                                                   float* __restrict__ out) {
-    if (nsplit <= KV_COMBINE) {
-        for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
-            float mc[KV_COMBINE], lc[KV_COMBINE], ac[KV_COMBINE];
-#pragma unroll
-            for (int c = 0; c < KV_COMBINE; c++) {
-                if ((u64)c < nsplit) {
-                    const float* pc = part + c * stride;
-                    mc[c] = __ldcg(pc);
-                    lc[c] = __ldcg(pc + 1);
-                    ac[c] = __ldcg(pc + 2 + d);
-                }
-            }
-            float mx = NEG_INF, a = 0.0f, l = 0.0f;
-#pragma unroll
-            for (int c = 0; c < KV_COMBINE; c++)
-                if ((u64)c < nsplit) mx = fmaxf(mx, mc[c]);
-#pragma unroll
-            for (int c = 0; c < KV_COMBINE; c++) {
-                if ((u64)c < nsplit) {
-                    const float w = mc[c] == NEG_INF ? 0.0f : expf(mc[c] - mx);
-                    l = fmaf(w, lc[c], l);
-                    a = fmaf(w, ac[c], a);
-                }
-            }
-            out[d] = l > 0.0f ? a / l : 0.0f;
-        }
-        return;
-    }
-    float mx = NEG_INF;
-    for (u64 c = 0; c < nsplit; c++) mx = fmaxf(mx, __ldcg(part + c * stride));
     for (u64 d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f, l = 0.0f;
-        for (u64 c = 0; c < nsplit; c++) {
-            const float* pc = part + c * stride;
-            const float mc = __ldcg(pc);
-            const float w = mc == NEG_INF ? 0.0f : expf(mc - mx);
-            l = fmaf(w, __ldcg(pc + 1), l);
-            a = fmaf(w, __ldcg(pc + 2 + d), a);
+        float mc[KV_COMBINE], lc[KV_COMBINE], ac[KV_COMBINE];
+#pragma unroll
+        for (int c = 0; c < KV_COMBINE; c++) {
+            if ((u64)c < nsplit) {
+                const float* pc = part + c * stride;
+                mc[c] = __ldcg(pc);
+                lc[c] = __ldcg(pc + 1);
+                ac[c] = __ldcg(pc + 2 + d);
+            }
+        }
+        float mx = NEG_INF, a = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int c = 0; c < KV_COMBINE; c++)
+            if ((u64)c < nsplit) mx = fmaxf(mx, mc[c]);
+#pragma unroll
+        for (int c = 0; c < KV_COMBINE; c++) {
+            if ((u64)c < nsplit) {
+                const float w = mc[c] == NEG_INF ? 0.0f : expf(mc[c] - mx);
+                l = fmaf(w, lc[c], l);
+                a = fmaf(w, ac[c], a);
+            }
         }
         out[d] = l > 0.0f ? a / l : 0.0f;
     }

@@ -520,6 +520,12 @@ __device__ __forceinline__ void rope_sincos(double pos, u64 i, u64 d, float base
     sincospi(pos * inv_freq * 0.318309886183790671538, sn, cs);  // 1/pi
 }
 
+// (x0, x1) rotated by the angle whose sine and cosine are sn, cs, in double.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, double sn, double cs, float* y0, float* y1) {
+    *y0 = (float)((double)x0 * cs - (double)x1 * sn);
+    *y1 = (float)((double)x0 * sn + (double)x1 * cs);
+}
+
 // x, out: [seq, heads, head_dim]; one thread per (s, h, i < head_dim/2); the angle by
 // rope_sincos.
 extern "C" __global__ void rk_rope(const float* __restrict__ x, const float* __restrict__ pos, float* __restrict__ out,
@@ -532,9 +538,7 @@ extern "C" __global__ void rk_rope(const float* __restrict__ x, const float* __r
         rope_sincos((double)pos[s], i, head_dim, base, &sn, &cs);
         const float* xr = x + sh * head_dim;
         float* orow = out + sh * head_dim;
-        const float a = xr[i], b = xr[i + half];
-        orow[i] = (float)((double)a * cs - (double)b * sn);
-        orow[i + half] = (float)((double)a * sn + (double)b * cs);
+        rope_rotate(xr[i], xr[i + half], sn, cs, orow + i, orow + i + half);
     }
 }
 

@@ -94,6 +94,7 @@ __device__ __forceinline__ void prog_run(const RkInstr& in) {
         const u64 at = *(const u32*)in.p[1], nkeys = (at < in.d ? at : in.d - 1) + 1;
         u64 ns = part ? gridDim.x / heads : 1;
         if (ns > nkeys / PROG_SPLIT_KEYS) ns = nkeys / PROG_SPLIT_KEYS;
+        if (ns > KV_COMBINE) ns = KV_COMBINE;  // what attention_combine merges
         if (ns < 1) ns = 1;
         __shared__ int sh_last;
         for (u64 w = blockIdx.x; w < heads * ns; w += gridDim.x) {

@@ -122,8 +122,11 @@
 //! --actors-only --batched-only --msgs 2000000`, the switch off / on): 6.05 / 9.21,
 //! 8.01 / 11.05 and 8.33 / 10.54 M msgs/s, 1.38× at the median, with process CPU 190–260
 //! against 165–195 ns a message. With the switch off the busiest of our threads was the
-//! sender in two pairs (161, 110 ns a message) and the poller in one (96 ns). So the
-//! switch is now on by default (`RINGKERNEL_DRAIN_SENDER_FILLS=0` turns it off).
+//! sender in two pairs (161, 110 ns a message) and the poller in one (96 ns). Two more
+//! pairs on another H100 (on / off): 11.80 / 12.66 and 12.28 / 12.12 M msgs/s (0.93×,
+//! 1.01×), the sender the busiest thread either way (about 80 ns a message). Median of
+//! the five pairs 1.27×, so the switch is on by default
+//! (`RINGKERNEL_DRAIN_SENDER_FILLS=0` turns it off).
 //!
 //! ## Priority
 //!
@@ -193,7 +196,7 @@ use ringkernel_core::priority;
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
-    KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
+    run_payload, KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
@@ -654,7 +657,7 @@ pub struct DrainConfig {
 
 /// Environment variable: `0` makes [`launch_engine`] launch kernels without
 /// [`DrainConfig::sender_fills`] (on otherwise, since the H100 pairs of 2026-11-27:
-/// 1.38× the batched echo through Vulkan). A switch for measuring which host thread
+/// the batched echo through Vulkan at 1.27× the median of five pairs, BENCHMARKS.md). A switch for measuring which host thread
 /// bounds a batched stream on a given machine (issue 17), not a tuning knob applications
 /// should need.
 pub const SENDER_FILLS_ENV: &str = "RINGKERNEL_DRAIN_SENDER_FILLS";
@@ -987,10 +990,9 @@ impl<T: DrainTarget> DrainEngine<T> {
             }
             left -= lane.pop_runs_with(left, |first, payloads, n| {
                 let len = first.payload_len as usize;
-                let stride = len.next_multiple_of(8);
                 let check = one_by_one(first.nth_of_run(n as u64 - 1, len).hlc());
                 for i in 0..n {
-                    let p = &payloads[i * stride..i * stride + len];
+                    let p = run_payload(payloads, len, i);
                     put(&first.nth_of_run(i as u64, len), p, check);
                 }
                 (n, true)

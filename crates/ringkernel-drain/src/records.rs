@@ -430,8 +430,8 @@ impl Records {
     /// count)` gets up to `count` messages at once where they form a run (`first` is
     /// the first one's header, message `i` of the piece has the header
     /// [`first.nth_of_run(i, len)`](MessageHeader::nth_of_run) and the payload
-    /// `payloads[i * stride..][..len]`, `len = first.payload_len`, `stride = len`
-    /// rounded up to 8), else one. It returns how many of them it consumed (at least
+    /// [`run_payload(payloads, len, i)`](ringkernel_core::runtime::run_payload),
+    /// `len = first.payload_len`), else one. It returns how many of them it consumed (at least
     /// one: those are removed) and whether to go on; fewer than `count` ends the call.
     /// Returns how many messages were consumed in all (at most `max`).
     pub fn pop_runs_with(

@@ -91,7 +91,7 @@ pub fn run(s: &mut Session, prompt_tokens: usize, new_tokens: usize) -> Result<B
     run_with(s, prompt_tokens, new_tokens, Argmax::Device)
 }
 
-/// [`run`], with the decode steps' argmax taken where `argmax` says.
+/// [`run`], with the decode steps' argmax taken where `argmax_on` says.
 pub fn run_with(
     s: &mut Session,
     prompt_tokens: usize,

@@ -276,7 +276,7 @@ impl Session {
         };
         let mut t_first = None;
         // Greedy decoding takes the argmax on the device (one word read back a step).
-        let greedy = sampling.temperature == 0.0;
+        let greedy = sampling.is_greedy();
         let mut next = sampler.sample(&logits);
         for i in 0..max_tokens {
             if i == 0 {

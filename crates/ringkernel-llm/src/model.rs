@@ -300,7 +300,12 @@ impl KvCache {
     /// The step that has run: the plain one ([`Model::forward`]) once it has, else the
     /// greedy one ([`Model::forward_greedy`]).
     fn active_step(&self) -> &Step {
-        if matches!(self.step, Step::Untried) {
+        self.step_for(matches!(self.step, Step::Untried))
+    }
+
+    /// The plain step, or with `greedy` the one ending with the argmax.
+    fn step_for(&self, greedy: bool) -> &Step {
+        if greedy {
             &self.greedy_step
         } else {
             &self.step
@@ -678,15 +683,7 @@ impl Model {
             }
             Ok(())
         };
-        let untried = matches!(
-            if greedy {
-                &cache.greedy_step
-            } else {
-                &cache.step
-            },
-            Step::Untried
-        );
-        if untried {
+        if matches!(cache.step_for(greedy), Step::Untried) {
             let recorded = {
                 let c = &*cache;
                 self.device.backend().record(&mut || ops(c))
@@ -708,11 +705,7 @@ impl Model {
                 cache.step = step;
             }
         }
-        match if greedy {
-            &cache.greedy_step
-        } else {
-            &cache.step
-        } {
+        match cache.step_for(greedy) {
             Step::Recorded { replay, .. } => replay.replay()?,
             _ => {
                 let c = &*cache;
@@ -726,9 +719,10 @@ impl Model {
     /// The device time of one recorded decode step: the step replayed `n` times back to
     /// back, then one synchronisation, over `n`. Each replay runs the cache's last
     /// position again with the same token, so the cache is left as it was. `None` when
-    /// the steps are not recorded (the first [`Self::forward`] on a cache records them,
-    /// where the backend can) or `n` is 0. What a decode step takes beyond this is host
-    /// work: staging the token, reading the logits back, sampling.
+    /// the steps are not recorded (the first [`Self::forward`] or
+    /// [`Self::forward_greedy`] on a cache records them, where the backend can) or `n` is
+    /// 0. What a decode step takes beyond this is host work: staging the token, reading
+    /// back the logits or the token, sampling.
     pub fn replay_time(&self, cache: &KvCache, n: usize) -> Result<Option<std::time::Duration>> {
         let Step::Recorded { replay, .. } = cache.active_step() else {
             return Ok(None);

@@ -63,6 +63,11 @@ impl SamplerConfig {
         }
     }
 
+    /// Whether it picks the argmax (temperature 0), whatever `top_k` and `top_p` say.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
     /// [`LlmError::InvalidArgument`] for a negative or non-finite temperature or a
     /// `top_p` outside `(0, 1]`.
     pub fn validate(&self) -> Result<()> {
@@ -107,7 +112,7 @@ impl Sampler {
 
     /// The next token for `logits`.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.cfg.temperature == 0.0 || logits.len() < 2 {
+        if self.cfg.is_greedy() || logits.len() < 2 {
             return argmax(logits) as u32;
         }
         let mut cand: Vec<(f32, u32)> = logits
@@ -189,6 +194,7 @@ mod tests {
     #[test]
     fn greedy_is_argmax_and_seeds_repeat() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect();
+        assert!(SamplerConfig::greedy().is_greedy());
         let mut g = Sampler::new(SamplerConfig::greedy());
         assert_eq!(g.sample(&logits) as usize, argmax(&logits));
         let cfg = SamplerConfig {
@@ -197,6 +203,7 @@ mod tests {
             top_p: 1.0,
             seed: 3,
         };
+        assert!(!cfg.is_greedy());
         let a: Vec<u32> = {
             let mut s = Sampler::new(cfg);
             (0..20).map(|_| s.sample(&logits)).collect()

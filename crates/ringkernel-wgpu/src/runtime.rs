@@ -359,7 +359,7 @@ struct WgpuDrainTarget {
     /// Whether the engine writes slots straight into a mapped upload buffer
     /// (`stage_input`); without, it writes them into the host ring and `upload` copies
     /// each pass's runs into the mapped buffer at once. `RINGKERNEL_WGPU_STAGE=0` turns
-    /// it off (a switch to measure which is cheaper where mapped memory is uncached).
+    /// it off (a switch to measure what writing the mapped memory directly costs the sender).
     stage: bool,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
