@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p ringkernel-cuda --example cuda_bench -- [--quick] [--out results.txt]
+//!     [--only compute|actors|k2k]
 //! ```
 //!
 //! 1. One message host → GPU handler → host: round trip p50/p99 through a persistent
@@ -9,7 +10,8 @@
 //!    per message + synchronise, and a CUDA-graph replay per message.
 //! 2. Streaming 64-byte-payload messages through one persistent kernel (msgs/s).
 //! 3. K2K on the GPU: messages/s from one kernel to another through the device inbox,
-//!    and the one-way latency (device clock).
+//!    and the one-way latency (device clock). `BENCH_K2K_*` variables shape it (see
+//!    `k2k`).
 //! 4. add / softmax / RMSNorm on 64M f32 (GB/s) and a device-to-device copy.
 //! 5. matmul 8192² fp32 and TF32 (TFLOP/s).
 
@@ -41,13 +43,15 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
 const K2K_SRC_SRC: &str = r#"
 // bench.k2k_src: payload {u32 dest, u32 count}: sends `count` messages to kernel `dest`
 // through its device inbox (retrying while it is full), each carrying the device time
-// of its send; replies when done. Parallel: several triggers send at once.
+// of its send; replies {u64 retries} (sends refused for a full inbox) when done.
+// Parallel: several triggers send at once.
 struct Trigger { unsigned dest; unsigned count; };
 struct Probe { unsigned long long sent_ns; unsigned long long pad[3]; };
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
                       RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
     (void)state; (void)out_hdr; (void)out_payload;
     Trigger t = *(const Trigger*)in_payload;
+    unsigned long long full = 0;  // sends refused for a full inbox (and retried)
     for (unsigned i = 0; i < t.count; i++) {
         Probe p;
         p.pad[0] = p.pad[1] = p.pad[2] = 0;
@@ -56,44 +60,58 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             int r = rk_send_to(ctx, t.dest, 0x42, &p, sizeof(Probe));
             if (r == RK_K2K_DELIVERED) break;
             if (r == RK_K2K_NOT_FOUND) return -3;
+            full++;
             __nanosleep(64);
         }
     }
-    out_hdr->payload_len = 0;
+    *(unsigned long long*)out_payload = full;
+    out_hdr->payload_len = 8;
     return 1;
 }
 "#;
 
 const K2K_SINK_SRC: &str = r#"
 // bench.k2k_sink: counts K2K probes and their one-way latency (device clock). A host
-// message {u64 expected} arms it; the probe that makes `expected` replies with
-// {count, sum_ns, max_ns} and resets. Parallel: probes are counted with atomics.
-struct SinkState { unsigned long long expected, count, sum, max; };
+// message {u64 expected} arms it; when `expected` probes have arrived (counted by the
+// probe that completes them, or by the arming message if they came first), it replies
+// {count, sum_ns, max_ns, first_ns, last_ns} (the device times of the first and the
+// last arrival) and resets. Parallel: probes are counted with atomics.
+struct SinkState { unsigned long long expected, count, sum, max, not_first, last; };
+__device__ int sink_reply(SinkState* s, unsigned long long c, RkMessageHeader* out_hdr, unsigned char* out_payload) {
+    __threadfence();
+    unsigned long long* o = (unsigned long long*)out_payload;
+    o[0] = c;
+    o[1] = atomicExch(&s->sum, 0ull);
+    o[2] = atomicExch(&s->max, 0ull);
+    o[3] = ~atomicExch(&s->not_first, 0ull);
+    o[4] = atomicExch(&s->last, 0ull);
+    out_hdr->payload_len = 40;
+    out_hdr->type_id = 0x43;
+    atomicExch(&s->count, 0ull);
+    return 1;
+}
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
                       RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
     SinkState* s = (SinkState*)state;
     (void)in_hdr;
     if (!ctx->from_inbox) {
-        atomicExch(&s->expected, *(const unsigned long long*)in_payload);
+        const unsigned long long e = *(const unsigned long long*)in_payload;
+        atomicExch(&s->expected, e);
+        __threadfence();
+        const unsigned long long c = atomicAdd(&s->count, 0ull);
+        if (e != 0ull && c >= e && atomicCAS(&s->expected, e, 0ull) == e) return sink_reply(s, c, out_hdr, out_payload);
         return 0;
     }
-    unsigned long long lat = rk_globaltimer_ns() - *(const unsigned long long*)in_payload;
+    const unsigned long long now = rk_globaltimer_ns();
+    unsigned long long lat = now - *(const unsigned long long*)in_payload;
     atomicAdd(&s->sum, lat);
     atomicMax(&s->max, lat);
+    atomicMax(&s->not_first, ~now);
+    atomicMax(&s->last, now);
     __threadfence();  // the sum and max before the count that may complete them
-    unsigned long long c = atomicAdd(&s->count, 1ull) + 1ull;
-    if (c == *(volatile unsigned long long*)&s->expected) {
-        __threadfence();
-        unsigned long long* o = (unsigned long long*)out_payload;
-        o[0] = c;
-        o[1] = atomicExch(&s->sum, 0ull);
-        o[2] = atomicExch(&s->max, 0ull);
-        out_hdr->payload_len = 24;
-        out_hdr->type_id = 0x43;
-        atomicExch(&s->expected, 0ull);
-        atomicExch(&s->count, 0ull);
-        return 1;
-    }
+    const unsigned long long c = atomicAdd(&s->count, 1ull) + 1ull;
+    if (c == *(volatile unsigned long long*)&s->expected && atomicCAS(&s->expected, c, 0ull) == c)
+        return sink_reply(s, c, out_hdr, out_payload);
     return 0;
 }
 "#;
@@ -148,7 +166,163 @@ fn spin_dequeue_timed(k: &ringkernel_core::runtime::KernelHandle) -> Result<(Env
     }
 }
 
-async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
+/// A bench knob from the environment (`BENCH_K2K_*`), or its default.
+fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The K2K trigger: kernel `dest` gets `count` probes from the handling thread.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Trigger {
+    dest: u32,
+    count: u32,
+}
+
+impl ringkernel_core::message::RingMessage for Trigger {
+    const TYPE_ID: u32 = 0x45;
+    const NAME: &'static str = "bench.Trigger";
+}
+
+/// K2K on the GPU: throughput from many sender threads into one kernel's inbox, then
+/// the one-way latency one message at a time. Knobs (environment): BENCH_K2K_SENDERS
+/// (128), BENCH_K2K_PER (5,000 messages a sender), BENCH_K2K_SINK_BLOCK (512),
+/// BENCH_K2K_SINK_GRID (1), BENCH_K2K_SINK_SLOT (128 bytes: a probe is 96),
+/// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1).
+async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
+    eprintln!("[bench] k2k");
+    let senders = knob("BENCH_K2K_SENDERS", 128);
+    let per = knob("BENCH_K2K_PER", if quick { 1_000 } else { 5_000 });
+    let (sink_block, sink_grid) = (
+        knob("BENCH_K2K_SINK_BLOCK", 512),
+        knob("BENCH_K2K_SINK_GRID", 1),
+    );
+    let sink_slot = knob("BENCH_K2K_SINK_SLOT", 128) as usize;
+    let (src_block, src_grid) = (
+        knob("BENCH_K2K_SRC_BLOCK", 256),
+        knob("BENCH_K2K_SRC_GRID", 1),
+    );
+    let sink = rt
+        .launch(
+            "bench.k2k_sink",
+            LaunchOptions::default()
+                .with_queue_capacity(1 << 14)
+                .with_slot_size(sink_slot)
+                .with_block_size(sink_block)
+                .with_grid_size(sink_grid),
+        )
+        .await?;
+    let src = rt
+        .launch(
+            "bench.k2k_src",
+            LaunchOptions::default()
+                .with_block_size(src_block)
+                .with_grid_size(src_grid),
+        )
+        .await?;
+    let arm = |expected: u64| Envelope::from_bytes(0x44, &expected.to_le_bytes());
+    let trigger = |count: u32| Trigger {
+        dest: sink.id().0,
+        count,
+    };
+    let read = |e: &Envelope| -> [u64; 5] {
+        let mut o = [0u64; 5];
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = u64::from_le_bytes(e.payload[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        o
+    };
+    // Throughput: the triggers go in one batch, so the source kernel sees them at once
+    // and its threads send in parallel (one thread a trigger).
+    let total_k2k = per as u64 * senders as u64;
+    sink.send_envelope(&arm(total_k2k)).await?;
+    let batch: Vec<Trigger> = (0..senders).map(|_| trigger(per)).collect();
+    let t0 = Instant::now();
+    src.send_batch(&batch).await?;
+    let r = sink.receive_envelope(Some(Duration::from_secs(60))).await?;
+    let secs = t0.elapsed().as_secs_f64();
+    let [count, sum, max, first, last] = read(&r);
+    let span = last.saturating_sub(first) as f64 / 1e9;
+    rep.line(format!(
+        "K2K on the GPU ({senders} sender threads -> one kernel's inbox; sink {sink_grid}x{sink_block}, {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
+        count as f64 / secs / 1e6,
+        if span > 0.0 { count as f64 / span / 1e6 } else { 0.0 },
+        sum as f64 / count.max(1) as f64 / 1e3,
+        max as f64 / 1e3
+    ));
+    // With RINGKERNEL_CUDA_PROFILE=<entries> and BENCH_K2K_PROFILE=1: the sink's inbox
+    // rounds (block 0) during the flood.
+    let prof = rt.round_profile(&sink)?;
+    if !prof.is_empty() {
+        let took: Vec<&ringkernel_cuda::RoundProfile> =
+            prof.iter().filter(|r| r.taken > 0).collect();
+        let phase = |i: usize| {
+            let mut v: Vec<f64> = took
+                .iter()
+                .filter(|r| r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
+                .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                pct(&mut v, 0.5)
+            }
+        };
+        let mut period: Vec<f64> = prof
+            .windows(2)
+            .map(|w| w[1].t[0].saturating_sub(w[0].t[0]) as f64 / 1e3)
+            .collect();
+        let modes: Vec<usize> = (0..4)
+            .map(|m| prof.iter().filter(|r| r.mode == m).count())
+            .collect();
+        let names = ["plan", "read", "validate", "decide", "handle", "place"];
+        rep.line(format!(
+            "  sink inbox rounds (block 0, device clock): {} rounds, {} took messages ({:.1} each); modes none/spec/claimed/one-message {:?}; period p50 {:.3} us; phases p50 (us): {}",
+            prof.len(),
+            took.len(),
+            took.iter().map(|r| r.taken as f64).sum::<f64>() / took.len().max(1) as f64,
+            modes,
+            pct(&mut period, 0.5),
+            (0..6)
+                .map(|i| format!("{} {:.3}", names[i], phase(i)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut full = 0u64;
+    for _ in 0..senders {
+        let e = src.receive_envelope(Some(Duration::from_secs(10))).await?;
+        full += e
+            .payload
+            .get(..8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
+    }
+    rep.line(format!(
+        "  sends refused for a full inbox and retried: {full} ({:.2} a message)",
+        full as f64 / count.max(1) as f64
+    ));
+    // Latency: one message at a time.
+    let pings = if quick { 100 } else { 500 };
+    let mut lat = Vec::with_capacity(pings);
+    for _ in 0..pings {
+        sink.send_envelope(&arm(1)).await?;
+        src.send(trigger(1)).await?;
+        let r = sink.receive_envelope(Some(Duration::from_secs(10))).await?;
+        let [_, sum, _, _, _] = read(&r);
+        lat.push(sum as f64 / 1e3);
+        src.receive_envelope(Some(Duration::from_secs(10))).await?;
+    }
+    let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
+    sink.terminate().await?;
+    src.terminate().await?;
+    Ok(())
+}
+
+async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
     eprintln!("[bench] host link bandwidth");
     let (h2d, d2h) = ringkernel_cuda::baseline::host_link_bandwidth(0, 64 << 20)?;
     rep.line(format!(
@@ -162,13 +336,22 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
     reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
     reg.register_gpu(
         GpuHandler::new("bench.k2k_sink")
-            .with_cuda(K2K_SINK_SRC)
-            .with_state_bytes(32),
+            .with_cuda(
+                if std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1") {
+                    format!("#define RK_PROFILE_INBOX 1\n{K2K_SINK_SRC}")
+                } else {
+                    K2K_SINK_SRC.to_string()
+                },
+            )
+            .with_state_bytes(48),
     );
     let rt = CudaRuntime::with_registry(reg).await?;
     rep.line(format!("runtime: {}", rt.device_info()));
     for h in [ECHO, "bench.stream", "bench.k2k_src", "bench.k2k_sink"] {
         rt.preload(h)?;
+    }
+    if k2k_only {
+        return k2k(rep, &rt, quick).await;
     }
 
     // ---- 1. round trip ----
@@ -367,81 +550,7 @@ async fn actors(rep: &mut Report, quick: bool) -> Result<()> {
     ));
 
     // ---- 2. K2K on the GPU ----
-    eprintln!("[bench] k2k");
-    let sink = rt
-        .launch(
-            "bench.k2k_sink",
-            LaunchOptions::default()
-                .with_queue_capacity(1 << 14)
-                .with_block_size(512),
-        )
-        .await?;
-    let src = rt
-        .launch(
-            "bench.k2k_src",
-            LaunchOptions::default().with_block_size(256),
-        )
-        .await?;
-    #[repr(C)]
-    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-    struct Trigger {
-        dest: u32,
-        count: u32,
-    }
-    let arm = |expected: u64| Envelope::from_bytes(0x44, &expected.to_le_bytes());
-    let trig = |count: u32| {
-        Envelope::from_bytes(
-            0x45,
-            bytemuck::bytes_of(&Trigger {
-                dest: sink.id().0,
-                count,
-            }),
-        )
-    };
-    let read3 = |e: &Envelope| -> [u64; 3] {
-        let mut o = [0u64; 3];
-        for (i, v) in o.iter_mut().enumerate() {
-            *v = u64::from_le_bytes(e.payload[i * 8..i * 8 + 8].try_into().unwrap());
-        }
-        o
-    };
-    // Throughput: 128 triggers handled in parallel, each sending `per` messages.
-    let per: u32 = if quick { 1_000 } else { 5_000 };
-    let senders = 128u32;
-    let total_k2k = per as u64 * senders as u64;
-    eprintln!("[bench] k2k kernels launched");
-    sink.send_envelope(&arm(total_k2k)).await?;
-    let t0 = Instant::now();
-    for _ in 0..senders {
-        src.send_envelope(&trig(per)).await?;
-    }
-    eprintln!("[bench] k2k triggers sent");
-    let r = sink.receive_envelope(Some(Duration::from_secs(60))).await?;
-    eprintln!("[bench] k2k sink replied");
-    let secs = t0.elapsed().as_secs_f64();
-    let [count, sum, max] = read3(&r);
-    rep.line(format!(
-        "K2K on the GPU (128 sender threads -> one kernel's inbox): {:.2} M msgs/s ({count} msgs in {secs:.3} s); under load one-way mean {:.2} us, max {:.2} us",
-        count as f64 / secs / 1e6,
-        sum as f64 / count as f64 / 1e3,
-        max as f64 / 1e3
-    ));
-    for _ in 0..senders {
-        src.receive_envelope(Some(Duration::from_secs(10))).await?;
-    }
-    // Latency: one message at a time.
-    let pings = if quick { 100 } else { 500 };
-    let mut lat = Vec::with_capacity(pings);
-    for _ in 0..pings {
-        sink.send_envelope(&arm(1)).await?;
-        src.send_envelope(&trig(1)).await?;
-        let r = sink.receive_envelope(Some(Duration::from_secs(10))).await?;
-        let [_, sum, _] = read3(&r);
-        lat.push(sum as f64 / 1e3);
-        src.receive_envelope(Some(Duration::from_secs(10))).await?;
-    }
-    let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
-    rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
+    k2k(rep, &rt, quick).await?;
     // ---- 3. streaming 64-byte payloads ----
     eprintln!("[bench] streaming");
 
@@ -706,21 +815,22 @@ fn main() {
         eprintln!("[bench] watchdog: no end after {watchdog} s, exiting");
         std::process::exit(3);
     });
-    if only.as_deref() != Some("actors") {
+    if only.is_none() || only.as_deref() == Some("compute") {
         if let Err(e) = compute(&mut rep, quick) {
             rep.line(format!("compute benchmarks FAILED: {e}"));
             failed = true;
         }
     }
+    let k2k_only = only.as_deref() == Some("k2k");
     if only.as_deref() != Some("compute") {
         let exec = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        if let Err(e) =
-            exec.block_on(async { phase("actor benchmarks", 150, actors(&mut rep, quick)).await })
-        {
+        if let Err(e) = exec.block_on(async {
+            phase("actor benchmarks", 150, actors(&mut rep, quick, k2k_only)).await
+        }) {
             rep.line(format!("actor benchmarks FAILED: {e}"));
             failed = true;
         }

@@ -12,10 +12,12 @@
 //   plan      its leader (the group's first thread) decides what to read: the window
 //             of slots the producer announced (host: the lane tails; inbox: its
 //             `reserve`), or, when nothing is announced, the next slot speculatively;
-//   read      the group loads the window's units and stages the slots in shared memory;
-//             the leader loads the announcements (and, in block 0, the command line) in
-//             the same round trip;
-//   decide    the leader takes the longest complete prefix, applies a command, reserves
+//   read      the group loads the window's units and stages the slots in shared memory
+//             (of a window, the units its source's last window used; a longer message
+//             waits for the next round, which reads whole slots); the leader loads the
+//             announcements (and, in block 0, the command line) in the same round trip;
+//   decide    the leader takes the longest complete prefix (the rest of a claimed window
+//             stays claimed for the next round), applies a command, reserves
 //             the clock range, the message indices and the output slots;
 //   handle    one thread per message (or the leader alone for serial handlers);
 //   reply     replies are written to the output ring as stamped units, then a fence
@@ -30,6 +32,11 @@
 
 #ifndef RK_HANDLER_SERIAL
 #define RK_HANDLER_SERIAL 0
+#endif
+/* A handler source may define RK_PROFILE_INBOX 1: the round profile
+ * (LaunchParams::profile) then records block 0's inbox rounds instead of its host rounds. */
+#ifndef RK_PROFILE_INBOX
+#define RK_PROFILE_INBOX 0
 #endif
 
 /* At most 512 threads a block (the runtime refuses more): with 1024 the compiler would
@@ -96,6 +103,8 @@ struct RkGroup {
     rk_u32 fast;        /* this round is warp 0's one-message loop (see below) */
     rk_u32 drift;
     rk_u32 err;
+    rk_u32 ru;          /* units read of each slot this round (see the read) */
+    rk_u32 need;        /* most units a complete slot of the round used (U: one needed more than ru) */
     rk_u32 warp_rep[32];   /* per warp of the group: which messages replied (ballot) */
     rk_u32 warp_drop[32];  /* per warp: how many were dropped */
     rk_u32 warp_pos[32];   /* per warp: replies of the warps before it */
@@ -344,6 +353,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     // The leader's private state.
     rk_u32 cur_lane = 1;  // lane polled speculatively (NORMAL until a message says otherwise)
     rk_u32 ack = 0, acked = 0, heartbeat = 0, idle = 0, backoff = 0;
+    // Units a claimed window reads of each slot, per source: what the slots of the last
+    // such round used (messages of one kind use the same few units of a large slot).
+    rk_u32 ru_next[2] = {U, U};
     bool fresh_wait = false;   // the next host round only reads the lane tails
     bool cmd_seen = false;     // the one-message loop saw a command: a group round applies it
     rk_u64 terminate_at = 0;   // device time of the terminate command
@@ -364,13 +376,16 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         const bool host_src = src == RK_SRC_HOST;
         const bool cmd_leader = block0 && gt == 0 && host_src;
         const bool cmd_leader_warp = block0 && host_src;  // warp 0 of block 0's host group
+        // The leader whose rounds the profile records: block 0's host group, or with
+        // RK_PROFILE_INBOX its inbox group.
+        const bool prof_me = profiling && block0 && gt == 0 && (RK_PROFILE_INBOX ? !host_src : host_src);
         // Optional profile of block 0's host rounds (LaunchParams::profile): the device
         // time after each phase, for the round-trip breakdown of the benchmark.
         rk_u64 prof_t[7] = {0, 0, 0, 0, 0, 0, 0};
         rk_u64 prof_r[3] = {0, 0, 0};  // inside the read: announcements in, own unit staged, tails done
-        const long long prof_clk = profiling && cmd_leader ? clock64() : 0;
+        const long long prof_clk = prof_me ? clock64() : 0;
 #define RK_PROF(i) \
-    if (profiling && cmd_leader) prof_t[i] = rk_globaltimer_ns()
+    if (prof_me) prof_t[i] = rk_globaltimer_ns()
         RK_PROF(0);
 
         // ================= plan =================
@@ -426,6 +441,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 if (host_src) cur_lane = g->lane;
             }
             g->first_bad = g->mode == RK_MODE_NONE ? 0u : g->n;
+            g->ru = g->mode == RK_MODE_CLAIMED && g->n > 1u ? ru_next[src] : U;
+            g->need = 0u;
             // Nothing announced beyond what is claimed: warp 0 alone polls one slot at a
             // time (registers, warp votes, no group barriers) until a backlog, a command
             // or a state change hands the round back to the group.
@@ -462,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 for (rk_u32 it = 0;; it++) {
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
-                    if (profiling && cmd_leader) pf[0] = rk_globaltimer_ns();
+                    if (prof_me) pf[0] = rk_globaltimer_ns();
                     const unsigned char* ring;
                     rk_u64 mask;
                     if (host_src) {
@@ -498,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     const rk_u32 hflags = __shfl_sync(0xffffffffu, v.y, 4);
                     const rk_u64 hts = (rk_u64)__shfl_sync(0xffffffffu, v.y, 3) |
                                        ((rk_u64)__shfl_sync(0xffffffffu, v.z, 3) << 32);
-                    if (profiling && cmd_leader) pf[1] = rk_globaltimer_ns();
+                    if (prof_me) pf[1] = rk_globaltimer_ns();
                     // ---- decide (lane 0): 0 poll again, 1 take it, 2 hand back ----
                     int action = 0;
                     rk_u64 msg = 0, hlc = 0;
@@ -604,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     __syncwarp();
                     int r = 0;
                     if (lane_id == 0) {
-                        if (profiling && cmd_leader) pf[2] = rk_globaltimer_ns();
+                        if (prof_me) pf[2] = rk_globaltimer_ns();
                         rk_u32 lat;
 #if RK_HANDLER_SERIAL
                         if (two_groups) rk_lock(&S->handler_lock);
@@ -613,7 +630,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
 #if RK_HANDLER_SERIAL
                         if (two_groups) rk_unlock(&S->handler_lock);
 #endif
-                        if (profiling && cmd_leader) pf[3] = rk_globaltimer_ns();
+                        if (prof_me) pf[3] = rk_globaltimer_ns();
                         rk_store_latency(p, msg, lat);
                     }
                     r = __shfl_sync(0xffffffffu, r, 0);
@@ -656,7 +673,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         if (host_src) cur_lane = L;
                         idle = 0;
                         backoff = 0;
-                        if (profiling && cmd_leader) {
+                        if (prof_me) {
                             pf[4] = rk_globaltimer_ns();
                             rk_u64* e = (rk_u64*)p.profile + (prof_n & (pcap - 1)) * 16u;
 #pragma unroll
@@ -702,7 +719,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 ring = (const unsigned char*)p.inbox_slots;
                 mask = p.inbox_capacity - 1;
             }
-            const rk_u32 total = n * U;
+            // The first `ru` units of each slot (all of them but in windows, where the
+            // last window's slots say how many are used; a slot that uses more is
+            // taken by the next round, which reads whole slots).
+            const rk_u32 ru = *(volatile rk_u32*)&g->ru;
+            const rk_u32 total = n * ru;
             bool stale = false;
             for (rk_u32 base = gt; base < total; base += 4 * gsize) {
                 uint4 v[4];
@@ -710,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 for (int j = 0; j < 4; j++) {
                     const rk_u32 u = base + (rk_u32)j * gsize;
                     if (u < total) {
-                        const rk_u32 m = u / U, w = u - m * U;
+                        const rk_u32 m = u / ru, w = u - m * ru;
                         v[j] = rk_ld_volatile_v4(ring + ((first + m) & mask) * slot_units_bytes + w * RK_UNIT_BYTES);
                     }
                 }
@@ -718,7 +739,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 for (int j = 0; j < 4; j++) {
                     const rk_u32 u = base + (rk_u32)j * gsize;
                     if (u < total) {
-                        const rk_u32 m = u / U, w = u - m * U;
+                        const rk_u32 m = u / ru, w = u - m * ru;
                         rk_u32* d = (rk_u32*)(stage_in + (rk_u64)m * stride + w * RK_UNIT_DATA);
                         d[0] = v[j].x;
                         d[1] = v[j].y;
@@ -731,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     }
                 }
             }
-            if (profiling && cmd_leader) {
+            if (prof_me) {
                 prof_r[0] = rk_globaltimer_ns();  // own unit staged
                 if ((db.x ^ cmd.y) == 0x9E3779B9u) prof_r[2] = 1;  // waits for the announcements
                 prof_r[1] = rk_globaltimer_ns();
@@ -762,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 }
                 if (multi) rk_unlock(&S->claim_lock[0]);
                 if (*(volatile rk_u32*)&S->top_lane != top) rk_xg_st32(&S->top_lane, top);
-                if (profiling && cmd_leader) prof_r[2] = rk_globaltimer_ns();
+                if (prof_me) prof_r[2] = rk_globaltimer_ns();
             } else {
                 g->announced = reserve;
             }
@@ -778,7 +799,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             if (ok) {
                 const rk_u32 len = h->payload_len;
                 const rk_u32 need = len <= slot - RK_HEADER_SIZE ? rk_units_used(len) : U;
-                ok = b >= need;
+                const rk_u32 ru = *(volatile rk_u32*)&g->ru;
+                ok = b >= need && need <= ru;
+                if (ok || need > ru) atomicMax(&g->need, need > ru ? U : need);
             }
             if (!ok) atomicMin(&g->first_bad, gt);
             else {
@@ -791,13 +814,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         RK_PROF(3);
 
         // ================= decide (leader) =================
+        bool partial = false;  // the leader's: this round takes part of its window
         if (gt == 0) {
+            if (g->need) ru_next[src] = g->need;
             rk_u32 k = 0;
             rk_u64* claimed_p = host_src ? &S->lane_claimed[g->lane] : &S->inbox_claimed;
             if (!host_src && g->announced > *(volatile rk_u64*)&S->inbox_known) {
-                if (multi) rk_lock(&S->claim_lock[1]);
-                if (g->announced > *(volatile rk_u64*)&S->inbox_known) *(volatile rk_u64*)&S->inbox_known = g->announced;
-                if (multi) rk_unlock(&S->claim_lock[1]);
+                // It only grows, and claims (under the claim lock) use what they read.
+                atomicMax((unsigned long long*)&S->inbox_known, (unsigned long long)g->announced);
             }
             if (mode == RK_MODE_SPEC && g->first_bad > 0) {
                 // The speculatively read slot is complete. A host lane waits if a higher
@@ -829,11 +853,17 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     if (multi) rk_unlock(&S->claim_lock[src]);
                 }
             } else if (mode == RK_MODE_CLAIMED) {
-                if (g->first_bad < n) {
-                    rk_xg_st32(&g->pending, 1u);  // announced, not all written yet
+                // The complete prefix is taken now. The rest was announced but is still
+                // being written: it stays claimed (and, with several blocks, keeps this
+                // claim's turn) and is read again next round.
+                k = g->first_bad < n ? g->first_bad : n;
+                if (k < n) {
+                    partial = true;
+                    g->first = first + k;
+                    g->n = n - k;
+                    rk_xg_st32(&g->pending, 1u);
                     g->pending_src = src;
                 }
-                else k = n;
             }
             if (host_src && fresh_wait) {
                 fresh_wait = false;
@@ -922,24 +952,15 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         dropped += g->warp_drop[w];
                     }
                     g->replies = replies;
+                    // With several blocks, from the turn wait to the turn store is the
+                    // one section that runs a claim at a time: only what must follow
+                    // claim order is in it (the output reservation and freeing the slots).
                     if (multi) {
                         // Output in claim order: wait for this claim's turn.
                         while (*(volatile rk_u64*)&S->turn[src] != g->ticket) __nanosleep(32);
                         __threadfence();
                     }
-                    g->out_base = atomicAdd((unsigned long long*)&S->out_tail, (unsigned long long)replies);
-                    // Slots promised for messages that did not reply go back.
-                    if (k > replies)
-                        atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)(-(long long)(k - replies)));
-                    if (multi) {
-                        atomicAdd((unsigned long long*)&S->processed[src], (unsigned long long)(k - dropped));
-                        if (dropped) atomicAdd((unsigned long long*)&S->dropped[src], (unsigned long long)dropped);
-                    } else {
-                        atomicAdd((unsigned long long*)&S->processed[src], (unsigned long long)(k - dropped));
-                        if (dropped) atomicAdd((unsigned long long*)&S->dropped[src], (unsigned long long)dropped);
-                    }
-                    if (dropped) rk_xg_st32(&S->last_error, g->err);
-                    if (g->drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
+                    g->out_base = replies ? atomicAdd((unsigned long long*)&S->out_tail, (unsigned long long)replies) : 0ull;
                     // The slots were read in full before this point: free them. Host lanes:
                     // a posted store (the producer only needs to learn eventually); the
                     // inbox: a release, K2K senders read it for room.
@@ -949,12 +970,19 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     } else {
                         rk_k2k_st_release(&inbox->head, first + k);
                     }
-                    *(volatile rk_u64*)&outq->tail = g->out_base + replies;  // a hint for the host
-                    if (multi) {
+                    if (replies) *(volatile rk_u64*)&outq->tail = g->out_base + replies;  // a hint for the host
+                    if (multi && !partial) {
                         __threadfence();
                         *(volatile rk_u64*)&S->turn[src] = g->ticket + 1;
-                        atomicSub(&S->busy, 1u);
                     }
+                    // Slots promised for messages that did not reply go back.
+                    if (k > replies)
+                        atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)(-(long long)(k - replies)));
+                    atomicAdd((unsigned long long*)&S->processed[src], (unsigned long long)(k - dropped));
+                    if (dropped) atomicAdd((unsigned long long*)&S->dropped[src], (unsigned long long)dropped);
+                    if (dropped) rk_xg_st32(&S->last_error, g->err);
+                    if (g->drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
+                    if (multi && !partial) atomicSub(&S->busy, 1u);
                 }
             }
             rk_group_sync(bar_id, gsize);
@@ -984,7 +1012,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 if (wrote) __threadfence();
             }
         }
-        if (profiling && cmd_leader) {
+        if (prof_me) {
             rk_u64* e = (rk_u64*)p.profile + (prof_n & (pcap - 1)) * 16u;
 #pragma unroll
             for (int i = 0; i < 7; i++) ((volatile rk_u64*)e)[i] = prof_t[i];

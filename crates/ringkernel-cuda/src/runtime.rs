@@ -1111,6 +1111,8 @@ impl CudaRuntime {
     /// runtime was created with `RINGKERNEL_CUDA_PROFILE=<entries>` (a power of two) in
     /// the environment: what each phase of the persistent kernel's loop costs, for
     /// measurements (the benchmark's round-trip breakdown). Empty without a profile.
+    /// A handler source that starts with `#define RK_PROFILE_INBOX 1` has its inbox
+    /// group's rounds recorded instead (the K2K benchmark's sink).
     pub fn round_profile(&self, kernel: &KernelHandle) -> Result<Vec<RoundProfile>> {
         let k = self.streamer(kernel)?.kernel;
         let Some((off, cap)) = k.prof else {

@@ -673,3 +673,113 @@ fn a_kernel_of_several_blocks_keeps_order_and_loses_nothing() {
         Ok(())
     });
 }
+
+/// A trigger {dest, count, max} makes the handling thread send `count` K2K messages of
+/// type 0x52 to kernel `dest`: message i has a length from 0 to `max` and bytes derived
+/// from i (as `k2k_payload` below), retried while the inbox is full; it replies when all
+/// are delivered.
+const K2K_GEN_SRC: &str = r#"
+struct Gen { unsigned dest; unsigned count; unsigned max; unsigned pad; };
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)state; (void)out_payload;
+    if (ctx->from_inbox || in_hdr->payload_len != sizeof(Gen)) return -(int)RK_ERR_HANDLER;
+    const Gen g = *(const Gen*)in_payload;
+    unsigned char buf[448];
+    if (g.max > sizeof(buf)) return -(int)RK_ERR_HANDLER;
+    for (unsigned i = 0; i < g.count; i++) {
+        const unsigned len = (i * 37u + 11u) % (g.max + 1u);
+        for (unsigned j = 0; j < len; j++) buf[j] = (unsigned char)(i * 131u + j * 7u + 3u);
+        for (;;) {
+            const int r = rk_send_to(ctx, g.dest, 0x52u, buf, len);
+            if (r == RK_K2K_DELIVERED) break;
+            if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
+            __nanosleep(128);
+        }
+    }
+    out_hdr->payload_len = 0;
+    return 1;
+}
+"#;
+
+/// Payload of K2K message `i` of `K2K_GEN_SRC`.
+fn k2k_payload(i: u32, max: u32) -> Vec<u8> {
+    let len = (i.wrapping_mul(37).wrapping_add(11)) % (max + 1);
+    (0..len)
+        .map(|j| (i.wrapping_mul(131).wrapping_add(j * 7).wrapping_add(3)) as u8)
+        .collect()
+}
+
+/// K2K inboxes read in windows: messages of every length from one sender thread, through
+/// a small inbox (many laps, full-inbox retries), reach a copying kernel of one block and
+/// of several, whole and in order. The windows read only the units the last window's
+/// slots used, and take the complete prefix of a window still being written; a longer
+/// message than the window read is taken by the next round.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Gen {
+        dest: u32,
+        count: u32,
+        max: u32,
+        pad: u32,
+    }
+    let reg = KernelRegistry::new();
+    reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
+    reg.register_gpu(GpuHandler::new("k2k-gen").with_cuda(K2K_GEN_SRC));
+    with_registry(reg, |rt| async move {
+        // A sender's own slot bounds what it sends (`RkContext::max_payload`).
+        let gen = rt
+            .launch("k2k-gen", LaunchOptions::default().with_slot_size(512))
+            .await?;
+        for (slot, grid, block) in [(256usize, 1u32, 128u32), (512, 1, 512), (256, 4, 128)] {
+            let sink = rt
+                .launch(
+                    "copy",
+                    LaunchOptions::default()
+                        .with_slot_size(slot)
+                        .with_grid_size(grid)
+                        .with_block_size(block)
+                        .with_queue_capacity(64)
+                        .with_output_capacity(4096),
+                )
+                .await?;
+            let max = (slot - ringkernel_core::message::HEADER_SIZE) as u32;
+            let count = 6_000u32;
+            let g = Gen {
+                dest: sink.id().0,
+                count,
+                max,
+                pad: 0,
+            };
+            gen.send_envelope(Envelope::from_bytes(0x61, bytemuck::bytes_of(&g)))
+                .await?;
+            for i in 0..count {
+                let r = match sink.receive_envelope(Some(Duration::from_secs(20))).await {
+                    Ok(r) => r,
+                    Err(e) => panic!("slot {slot}, grid {grid}: reply {i}: {e}"),
+                };
+                assert_eq!(
+                    r.header.type_id, 0x52,
+                    "slot {slot}, grid {grid}: reply {i}"
+                );
+                assert!(
+                    r.payload == k2k_payload(i, max),
+                    "slot {slot}, grid {grid}: reply {i} differs from what was sent ({} bytes, expected {})",
+                    r.payload.len(),
+                    k2k_payload(i, max).len()
+                );
+            }
+            let done = gen.receive_envelope(Some(Duration::from_secs(20))).await?;
+            assert_eq!(done.payload.len(), 0);
+            let m = sink.metrics();
+            assert_eq!(m.dropped, 0, "{m:?}");
+            sink.terminate().await?;
+        }
+        gen.terminate().await?;
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
