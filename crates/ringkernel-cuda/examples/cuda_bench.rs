@@ -41,31 +41,49 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
 "#;
 
 const K2K_SRC_SRC: &str = r#"
-// bench.k2k_src: payload {u32 dest, u32 count}: sends `count` messages to kernel `dest`
-// through its device inbox (retrying while it is full), each carrying the device time
-// of its send; replies {u64 retries} (sends refused for a full inbox) when done.
-// Parallel: several triggers send at once.
-struct Trigger { unsigned dest; unsigned count; };
+// bench.k2k_src: payload {u32 dest, u32 count, u32 batch, u32 pad}: sends `count`
+// messages to kernel `dest` through its device inbox, each carrying the device time of
+// its send: one at a time (`rk_send_to`) when `batch` is 0 or 1, else up to `batch` with
+// one reservation (`rk_send_many_to`); what a full inbox refuses is retried. Replies
+// {u64 retries, u64 ns} (calls refused for a full inbox, device time inside the
+// delivering calls) when done. Parallel: several triggers send at once.
+struct Trigger { unsigned dest; unsigned count; unsigned batch; unsigned pad; };
 struct Probe { unsigned long long sent_ns; unsigned long long pad[3]; };
+#define K2K_MAX_BATCH 16u
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
                       RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
     (void)state; (void)out_hdr; (void)out_payload;
-    Trigger t = *(const Trigger*)in_payload;
-    unsigned long long full = 0;  // sends refused for a full inbox (and retried)
-    for (unsigned i = 0; i < t.count; i++) {
-        Probe p;
-        p.pad[0] = p.pad[1] = p.pad[2] = 0;
-        for (;;) {
-            p.sent_ns = rk_globaltimer_ns();
-            int r = rk_send_to(ctx, t.dest, 0x42, &p, sizeof(Probe));
-            if (r == RK_K2K_DELIVERED) break;
+    const Trigger t = *(const Trigger*)in_payload;
+    if (in_hdr->payload_len != sizeof(Trigger) || t.batch > K2K_MAX_BATCH) return -3;
+    unsigned long long full = 0;  // calls refused for a full inbox (and retried)
+    unsigned long long in_send = 0;  // device time inside the delivering calls
+    Probe p[K2K_MAX_BATCH];
+    for (unsigned b = 0; b < K2K_MAX_BATCH; b++) p[b].pad[0] = p[b].pad[1] = p[b].pad[2] = 0;
+    const unsigned step = t.batch > 1u ? t.batch : 1u;
+    for (unsigned i = 0; i < t.count;) {
+        const unsigned n = t.count - i < step ? t.count - i : step;
+        const unsigned long long t0 = rk_globaltimer_ns();
+        for (unsigned b = 0; b < n; b++) p[b].sent_ns = t0;
+        int got;
+        if (step == 1u) {
+            const int r = rk_send_to(ctx, t.dest, 0x42, &p[0], sizeof(Probe));
             if (r == RK_K2K_NOT_FOUND) return -3;
+            got = r == RK_K2K_DELIVERED ? 1 : 0;
+        } else {
+            got = rk_send_many_to(ctx, t.dest, 0x42, p, sizeof(Probe), n);
+            if (got < 0) return -3;
+        }
+        if (got > 0) {
+            in_send += rk_globaltimer_ns() - t0;
+            i += (unsigned)got;
+        } else {
             full++;
             __nanosleep(64);
         }
     }
-    *(unsigned long long*)out_payload = full;
-    out_hdr->payload_len = 8;
+    ((unsigned long long*)out_payload)[0] = full;
+    ((unsigned long long*)out_payload)[1] = in_send;
+    out_hdr->payload_len = 16;
     return 1;
 }
 "#;
@@ -180,6 +198,8 @@ fn knob(name: &str, default: u32) -> u32 {
 struct Trigger {
     dest: u32,
     count: u32,
+    batch: u32,
+    pad: u32,
 }
 
 impl ringkernel_core::message::RingMessage for Trigger {
@@ -191,7 +211,8 @@ impl ringkernel_core::message::RingMessage for Trigger {
 /// the one-way latency one message at a time. Knobs (environment): BENCH_K2K_SENDERS
 /// (128), BENCH_K2K_PER (5,000 messages a sender), BENCH_K2K_SINK_BLOCK (512),
 /// BENCH_K2K_SINK_GRID (1), BENCH_K2K_SINK_SLOT (128 bytes: a probe is 96),
-/// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1).
+/// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1), BENCH_K2K_BATCH (1: each sender
+/// sends one message a call; up to 16 with `rk_send_many_to`).
 async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     eprintln!("[bench] k2k");
     let senders = knob("BENCH_K2K_SENDERS", 128);
@@ -201,6 +222,8 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         knob("BENCH_K2K_SINK_GRID", 1),
     );
     let sink_slot = knob("BENCH_K2K_SINK_SLOT", 128) as usize;
+    // Messages a sender thread sends with one reservation (1: `rk_send_to`).
+    let batch = knob("BENCH_K2K_BATCH", 1);
     let (src_block, src_grid) = (
         knob("BENCH_K2K_SRC_BLOCK", 256),
         knob("BENCH_K2K_SRC_GRID", 1),
@@ -224,9 +247,11 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         )
         .await?;
     let arm = |expected: u64| Envelope::from_bytes(0x44, &expected.to_le_bytes());
-    let trigger = |count: u32| Trigger {
+    let trigger = |count: u32, batch: u32| Trigger {
         dest: sink.id().0,
         count,
+        batch,
+        pad: 0,
     };
     let read = |e: &Envelope| -> [u64; 5] {
         let mut o = [0u64; 5];
@@ -239,15 +264,15 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     // and its threads send in parallel (one thread a trigger).
     let total_k2k = per as u64 * senders as u64;
     sink.send_envelope(&arm(total_k2k)).await?;
-    let batch: Vec<Trigger> = (0..senders).map(|_| trigger(per)).collect();
+    let triggers: Vec<Trigger> = (0..senders).map(|_| trigger(per, batch)).collect();
     let t0 = Instant::now();
-    src.send_batch(&batch).await?;
+    src.send_batch(&triggers).await?;
     let r = sink.receive_envelope(Some(Duration::from_secs(60))).await?;
     let secs = t0.elapsed().as_secs_f64();
     let [count, sum, max, first, last] = read(&r);
     let span = last.saturating_sub(first) as f64 / 1e9;
     rep.line(format!(
-        "K2K on the GPU ({senders} sender threads -> one kernel's inbox; sink {sink_grid}x{sink_block}, {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
+        "K2K on the GPU ({senders} sender threads -> one kernel's inbox, {batch} a call; sink {sink_grid}x{sink_block}, {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
         count as f64 / secs / 1e6,
         if span > 0.0 { count as f64 / span / 1e6 } else { 0.0 },
         sum as f64 / count.max(1) as f64 / 1e3,
@@ -307,16 +332,48 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     // Latency: one message at a time.
     let pings = if quick { 100 } else { 500 };
     let mut lat = Vec::with_capacity(pings);
+    let mut in_send = Vec::with_capacity(pings);
     for _ in 0..pings {
         sink.send_envelope(&arm(1)).await?;
-        src.send(trigger(1)).await?;
+        src.send(trigger(1, 1)).await?;
         let r = sink.receive_envelope(Some(Duration::from_secs(10))).await?;
         let [_, sum, _, _, _] = read(&r);
         lat.push(sum as f64 / 1e3);
-        src.receive_envelope(Some(Duration::from_secs(10))).await?;
+        let e = src.receive_envelope(Some(Duration::from_secs(10))).await?;
+        if let Some(b) = e.payload.get(8..16) {
+            in_send.push(u64::from_le_bytes(b.try_into().unwrap()) as f64 / 1e3);
+        }
     }
     let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
     rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
+    // Where it goes: the sender's rk_send_to, and (with the sink's inbox rounds
+    // profiled) the sink's one-message loop.
+    let fast: Vec<ringkernel_cuda::RoundProfile> = rt
+        .round_profile(&sink)?
+        .into_iter()
+        .filter(|r| r.mode == 3)
+        .collect();
+    let step = |i: usize| {
+        let mut v: Vec<f64> = fast
+            .iter()
+            .filter(|r| r.t[i + 1] >= r.t[i])
+            .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
+            .collect();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            pct(&mut v, 0.5)
+        }
+    };
+    rep.line(format!(
+        "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
+        if in_send.is_empty() { f64::NAN } else { pct(&mut in_send, 0.5) },
+        fast.len(),
+        step(0),
+        step(1),
+        step(2),
+        step(3)
+    ));
     sink.terminate().await?;
     src.terminate().await?;
     Ok(())

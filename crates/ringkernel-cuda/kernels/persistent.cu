@@ -415,29 +415,35 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     claimed_p = &S->inbox_claimed;
                     known_p = &S->inbox_known;
                 }
-                if (multi) rk_lock(&S->claim_lock[src]);
-                const rk_u64 claimed = *(volatile rk_u64*)claimed_p;
-                const rk_u64 known = *(volatile rk_u64*)known_p;
-                rk_u32 want = known > claimed ? (rk_u32)(known - claimed < W ? known - claimed : W) : 0u;
-                if (want) want = rk_promise_output(S, p, want);
-                if (want) {
-                    // Announced: claim the window now (its slots are written or being
-                    // written; the stamps say when).
-                    g->mode = RK_MODE_CLAIMED;
-                    g->first = claimed;
-                    g->n = want;
-                    rk_xg_st64(claimed_p, claimed + want);
-                    if (multi) {
-                        g->ticket = S->ticket[src];
-                        *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
-                        atomicAdd(&S->busy, 1u);
+                // With several blocks, block 0 alone reads a slot speculatively; the
+                // others look (without the lock) whether more is announced than claimed
+                // and take the lock only then, so idle blocks do not crowd the claims.
+                const bool look = !multi || block0 || *(volatile rk_u64*)known_p > *(volatile rk_u64*)claimed_p;
+                if (look) {
+                    if (multi) rk_lock(&S->claim_lock[src]);
+                    const rk_u64 claimed = *(volatile rk_u64*)claimed_p;
+                    const rk_u64 known = *(volatile rk_u64*)known_p;
+                    rk_u32 want = known > claimed ? (rk_u32)(known - claimed < W ? known - claimed : W) : 0u;
+                    if (want) want = rk_promise_output(S, p, want);
+                    if (want) {
+                        // Announced: claim the window now (its slots are written or being
+                        // written; the stamps say when).
+                        g->mode = RK_MODE_CLAIMED;
+                        g->first = claimed;
+                        g->n = want;
+                        rk_xg_st64(claimed_p, claimed + want);
+                        if (multi) {
+                            g->ticket = S->ticket[src];
+                            *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
+                            atomicAdd(&S->busy, 1u);
+                        }
+                    } else if (known <= claimed && (!multi || block0)) {
+                        g->mode = RK_MODE_SPEC;
+                        g->first = claimed;
+                        g->n = 1;
                     }
-                } else if (known <= claimed) {
-                    g->mode = RK_MODE_SPEC;
-                    g->first = claimed;
-                    g->n = 1;
+                    if (multi) rk_unlock(&S->claim_lock[src]);
                 }
-                if (multi) rk_unlock(&S->claim_lock[src]);
                 if (host_src) cur_lane = g->lane;
             }
             g->first_bad = g->mode == RK_MODE_NONE ? 0u : g->n;

@@ -50,6 +50,9 @@
 //   (no host hop), or, in a multi-GPU group (CudaRuntimeGroup), to a kernel on any GPU
 //   of the group, writing into that GPU's memory through peer access (NVLink). It
 //   returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
+//   `rk_send_many_to(ctx, dest, type_id, payloads, len, n)` sends n messages of len
+//   bytes each (payload i at payloads + i * len) with one reservation of inbox slots,
+//   and returns how many went (a prefix; 0: the inbox is full) or -RK_K2K_NOT_FOUND.
 // * `ctx->now` is this kernel's HLC timestamp after merging the request's timestamp
 //   (what the CPU backend's `ctx.clock().peek()` returns); its node id is
 //   `ctx->node_id`.
@@ -443,28 +446,39 @@ __device__ __forceinline__ rk_u32 rk_message_word(const rk_u32* header, const un
     return v;
 }
 
-/* Lanes of the calling warp that send to the same kernel at the same time reserve
- * their inbox slots together: one CAS on the inbox's `reserve` for the group. A lane
- * whose slot did not fit gets RK_K2K_QUEUE_FULL (nothing was written for it). The slot
- * is written as stamped units, each with one 16-byte store: no fence, and the receiver
- * takes it with one read. */
-__device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
-    if (len > ctx->max_payload) return RK_K2K_NOT_FOUND;
-    if ((rk_u64)dest >= ctx->route_count) return RK_K2K_NOT_FOUND;
+/* The inbox of kernel `dest` for a message of `len` payload bytes, or 0 when it does
+ * not exist, does not accept K2K messages now, or the message does not fit its slots (or
+ * this kernel's). */
+__device__ __forceinline__ RkInbox* rk_k2k_route(const RkContext* ctx, rk_u32 dest, rk_u32 len,
+                                                 unsigned char** slots) {
+    if (len > ctx->max_payload) return 0;
+    if ((rk_u64)dest >= ctx->route_count) return 0;
     const volatile RkRoute* r = (const volatile RkRoute*)&ctx->routes[dest];
-    if (r->valid != 1u || r->kernel_id != dest) return RK_K2K_NOT_FOUND;
+    if (r->valid != 1u || r->kernel_id != dest) return 0;
     RkInbox* ib = (RkInbox*)r->inbox;
-    unsigned char* slots = (unsigned char*)r->slots;
-    const rk_u64 cap = ib->capacity;
-    const rk_u32 slot_size = ib->slot_size;
-    if (len > slot_size - RK_HEADER_SIZE) return RK_K2K_NOT_FOUND;
+    *slots = (unsigned char*)r->slots;
+    if (len > ib->slot_size - RK_HEADER_SIZE) return 0;
+    return ib;
+}
 
+/* Lanes of the calling warp that send to the same inbox at the same time reserve their
+ * slots together: one CAS on the inbox's `reserve` for the group, `want` slots for this
+ * lane, in lane order. Returns how many of them this lane got (a prefix; fewer when the
+ * inbox is full) and their first index in *first. */
+__device__ __forceinline__ rk_u32 rk_k2k_reserve(RkInbox* ib, rk_u32 want, rk_u64* first) {
+    const rk_u64 cap = ib->capacity;
     const unsigned active = __activemask();
     const unsigned peers = __match_any_sync(active, (unsigned long long)ib);
     const int lane = (int)(threadIdx.x & 31u);
     const int leader = __ffs(peers) - 1;
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    const rk_u32 want = (rk_u32)__popc(peers);
+    // This lane's offset among the group's slots: the wants of the peers before it.
+    rk_u32 before = 0, total = 0;
+    for (unsigned m = peers; m; m &= m - 1u) {
+        const int l = __ffs(m) - 1;
+        const rk_u32 w = __shfl_sync(peers, want, l);
+        if (l < lane) before += w;
+        total += w;
+    }
     rk_u64 base = 0;
     rk_u32 got = 0;
     if (lane == leader) {
@@ -472,7 +486,7 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
         for (;;) {
             const rk_u64 head = rk_k2k_ld_acquire(&ib->head);
             const rk_u64 room = cap - (idx - head);
-            got = room < (rk_u64)want ? (rk_u32)room : want;
+            got = room < (rk_u64)total ? (rk_u32)room : total;
             if (got == 0) break;
             const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
             if (seen == idx) break;
@@ -482,36 +496,80 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     }
     base = __shfl_sync(peers, base, leader);
     got = __shfl_sync(peers, got, leader);
-    if ((rk_u32)rank >= got) return RK_K2K_QUEUE_FULL;
+    *first = base + before;
+    return got <= before ? 0u : (got - before < want ? got - before : want);
+}
 
-    const rk_u64 idx = base + (rk_u64)rank;
-    union {
-        RkMessageHeader h;
-        rk_u32 w[16];
-    } u;
-    u.h.magic = RK_MESSAGE_MAGIC;
-    u.h.version = RK_MESSAGE_VERSION;
-    u.h.type_id = type_id;
-    u.h.payload_len = len;
-    u.h.message_id = ((rk_u64)ctx->kernel_id << 40) | (ctx->message_index & 0xFFFFFFFFFFull);
-    u.h.correlation_id = ctx->correlation_id;
-    u.h.source_kernel = ctx->kernel_id;
-    u.h.dest_kernel = dest;
-    u.h.timestamp = ctx->send_ts;
-    u.h.checksum = 0;
-    u.h.flags = RK_FLAG_K2K | ((ctx->priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
-    u.h.node_id = ctx->node_id;
-    unsigned char* slot = slots + (idx & (cap - 1)) * (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
-    const unsigned char* pl = (const unsigned char*)payload;
+/* Writes message `idx` of inbox `ib` (slots at `slots`): the header `hw` (16 words)
+ * and `len` payload bytes as stamped units, each with one 16-byte store: no fence, and
+ * the receiver takes it with one read. */
+__device__ __forceinline__ void rk_k2k_write(const RkInbox* ib, unsigned char* slots, rk_u64 idx, const rk_u32* hw,
+                                             const unsigned char* pl, rk_u32 len) {
+    const rk_u64 cap = ib->capacity;
+    unsigned char* slot = slots + (idx & (cap - 1)) * (rk_u64)rk_units_per_slot(ib->slot_size) * RK_UNIT_BYTES;
     const rk_u32 units = rk_units_used(len);
     const rk_u32 stamp = rk_stamp_of(idx);
     for (rk_u32 k = 0; k < units; k++) {
         const rk_u32 w = k * 3u;
         rk_st_volatile_v4(slot + k * RK_UNIT_BYTES,
-                          make_uint4(rk_message_word(u.w, pl, len, w), rk_message_word(u.w, pl, len, w + 1),
-                                     rk_message_word(u.w, pl, len, w + 2), stamp));
+                          make_uint4(rk_message_word(hw, pl, len, w), rk_message_word(hw, pl, len, w + 1),
+                                     rk_message_word(hw, pl, len, w + 2), stamp));
     }
+}
+
+/* The header of a K2K message this handler sends. */
+__device__ __forceinline__ void rk_k2k_header(const RkContext* ctx, RkMessageHeader* h, rk_u32 dest, rk_u32 type_id,
+                                              rk_u32 len) {
+    h->magic = RK_MESSAGE_MAGIC;
+    h->version = RK_MESSAGE_VERSION;
+    h->type_id = type_id;
+    h->payload_len = len;
+    h->message_id = ((rk_u64)ctx->kernel_id << 40) | (ctx->message_index & 0xFFFFFFFFFFull);
+    h->correlation_id = ctx->correlation_id;
+    h->source_kernel = ctx->kernel_id;
+    h->dest_kernel = dest;
+    h->timestamp = ctx->send_ts;
+    h->checksum = 0;
+    h->flags = RK_FLAG_K2K | ((ctx->priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
+    h->node_id = ctx->node_id;
+}
+
+/* Sends one message (see the contract above). A lane whose slot did not fit gets
+ * RK_K2K_QUEUE_FULL (nothing was written for it). */
+__device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
+    unsigned char* slots;
+    RkInbox* ib = rk_k2k_route(ctx, dest, len, &slots);
+    if (!ib) return RK_K2K_NOT_FOUND;
+    rk_u64 idx;
+    if (rk_k2k_reserve(ib, 1u, &idx) == 0u) return RK_K2K_QUEUE_FULL;
+    union {
+        RkMessageHeader h;
+        rk_u32 w[16];
+    } u;
+    rk_k2k_header(ctx, &u.h, dest, type_id, len);
+    rk_k2k_write(ib, slots, idx, u.w, (const unsigned char*)payload, len);
     return RK_K2K_DELIVERED;
+}
+
+/* Sends `n` messages of `len` payload bytes each, the i-th at `payloads + i * len`, in
+ * order, with one reservation (warp-aggregated as in rk_send_to) for all of them.
+ * Returns how many were delivered, a prefix (0 when the inbox is full: the caller sends
+ * the rest later), or -RK_K2K_NOT_FOUND. */
+__device__ inline int rk_send_many_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payloads, rk_u32 len,
+                                      rk_u32 n) {
+    unsigned char* slots;
+    RkInbox* ib = rk_k2k_route(ctx, dest, len, &slots);
+    if (!ib) return -(int)RK_K2K_NOT_FOUND;
+    rk_u64 idx;
+    const rk_u32 got = rk_k2k_reserve(ib, n, &idx);
+    union {
+        RkMessageHeader h;
+        rk_u32 w[16];
+    } u;
+    rk_k2k_header(ctx, &u.h, dest, type_id, len);
+    for (rk_u32 i = 0; i < got; i++)
+        rk_k2k_write(ib, slots, idx + i, u.w, (const unsigned char*)payloads + (rk_u64)i * len, len);
+    return (int)got;
 }
 
 #endif /* RINGKERNEL_CUH */

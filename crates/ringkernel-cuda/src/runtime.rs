@@ -43,7 +43,8 @@
 //!   error. And the routing table
 //!   ([`DeviceRoute`] per kernel id, up to [`MAX_DEVICE_ROUTES`]), through which
 //!   `rk_send_to` on the device writes straight into another kernel's inbox (no host
-//!   hop). Each kernel writes its own entry when it starts and clears it when told to
+//!   hop; `rk_send_many_to` writes several messages with one reservation, see
+//!   kernels/ringkernel.cuh). Each kernel writes its own entry when it starts and clears it when told to
 //!   terminate, so the host never copies into device memory while kernels run. In a
 //!   [`CudaRuntimeGroup`](crate::CudaRuntimeGroup) (several GPUs) a kernel writes its
 //!   entry into every GPU's table, so kernels message each other across GPUs

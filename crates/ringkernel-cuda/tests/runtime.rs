@@ -674,27 +674,36 @@ fn a_kernel_of_several_blocks_keeps_order_and_loses_nothing() {
     });
 }
 
-/// A trigger {dest, count, max} makes the handling thread send `count` K2K messages of
-/// type 0x52 to kernel `dest`: message i has a length from 0 to `max` and bytes derived
-/// from i (as `k2k_payload` below), retried while the inbox is full; it replies when all
-/// are delivered.
+/// A trigger {dest, count, max, per} makes the handling thread send `count` K2K messages
+/// of type 0x52 to kernel `dest`, `per` at a time: one by one through `rk_send_to` when
+/// `per` is 1, else with `rk_send_many_to`, retrying what did not fit a full inbox.
+/// Message i has the length and bytes `k2k_payload(i, max, per)` gives (the length is
+/// equal within each group of `per`). It replies when all are delivered.
 const K2K_GEN_SRC: &str = r#"
-struct Gen { unsigned dest; unsigned count; unsigned max; unsigned pad; };
+struct Gen { unsigned dest; unsigned count; unsigned max; unsigned per; };
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
                       RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
     (void)state; (void)out_payload;
     if (ctx->from_inbox || in_hdr->payload_len != sizeof(Gen)) return -(int)RK_ERR_HANDLER;
     const Gen g = *(const Gen*)in_payload;
-    unsigned char buf[448];
-    if (g.max > sizeof(buf)) return -(int)RK_ERR_HANDLER;
-    for (unsigned i = 0; i < g.count; i++) {
-        const unsigned len = (i * 37u + 11u) % (g.max + 1u);
-        for (unsigned j = 0; j < len; j++) buf[j] = (unsigned char)(i * 131u + j * 7u + 3u);
-        for (;;) {
-            const int r = rk_send_to(ctx, g.dest, 0x52u, buf, len);
-            if (r == RK_K2K_DELIVERED) break;
-            if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
-            __nanosleep(128);
+    unsigned char buf[1024];
+    if (g.per == 0 || g.per * g.max > sizeof(buf)) return -(int)RK_ERR_HANDLER;
+    for (unsigned i = 0; i < g.count; i += g.per) {
+        const unsigned n = g.count - i < g.per ? g.count - i : g.per;
+        const unsigned len = ((i / g.per) * 37u + 11u) % (g.max + 1u);
+        for (unsigned m = 0; m < n; m++)
+            for (unsigned j = 0; j < len; j++) buf[m * len + j] = (unsigned char)((i + m) * 131u + j * 7u + 3u);
+        for (unsigned done = 0; done < n;) {
+            if (g.per == 1) {
+                const int r = rk_send_to(ctx, g.dest, 0x52u, buf, len);
+                if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
+                if (r == RK_K2K_DELIVERED) done = 1;
+            } else {
+                const int r = rk_send_many_to(ctx, g.dest, 0x52u, buf + done * len, len, n - done);
+                if (r < 0) return -(int)RK_ERR_HANDLER;
+                done += (unsigned)r;
+            }
+            if (done < n) __nanosleep(128);
         }
     }
     out_hdr->payload_len = 0;
@@ -702,17 +711,18 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
 }
 "#;
 
-/// Payload of K2K message `i` of `K2K_GEN_SRC`.
-fn k2k_payload(i: u32, max: u32) -> Vec<u8> {
-    let len = (i.wrapping_mul(37).wrapping_add(11)) % (max + 1);
+/// Payload of K2K message `i` of `K2K_GEN_SRC` with `max` and `per`.
+fn k2k_payload(i: u32, max: u32, per: u32) -> Vec<u8> {
+    let len = ((i / per).wrapping_mul(37).wrapping_add(11)) % (max + 1);
     (0..len)
         .map(|j| (i.wrapping_mul(131).wrapping_add(j * 7).wrapping_add(3)) as u8)
         .collect()
 }
 
-/// K2K inboxes read in windows: messages of every length from one sender thread, through
-/// a small inbox (many laps, full-inbox retries), reach a copying kernel of one block and
-/// of several, whole and in order. The windows read only the units the last window's
+/// K2K inboxes read in windows: messages of every length from one sender thread, one at
+/// a time and several per reservation (`rk_send_many_to`), through a small inbox (many
+/// laps, full-inbox retries), reach a copying kernel of one block and of several, whole
+/// and in order. The windows read only the units the last window's
 /// slots used, and take the complete prefix of a window still being written; a longer
 /// message than the window read is taken by the next round.
 #[test]
@@ -724,7 +734,7 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
         dest: u32,
         count: u32,
         max: u32,
-        pad: u32,
+        per: u32,
     }
     let reg = KernelRegistry::new();
     reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
@@ -734,7 +744,13 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
         let gen = rt
             .launch("k2k-gen", LaunchOptions::default().with_slot_size(512))
             .await?;
-        for (slot, grid, block) in [(256usize, 1u32, 128u32), (512, 1, 512), (256, 4, 128)] {
+        for (slot, grid, block, per) in [
+            (256usize, 1u32, 128u32, 1u32),
+            (512, 1, 512, 1),
+            (256, 4, 128, 1),
+            (256, 1, 128, 4),
+            (512, 4, 128, 2),
+        ] {
             let sink = rt
                 .launch(
                     "copy",
@@ -752,24 +768,25 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
                 dest: sink.id().0,
                 count,
                 max,
-                pad: 0,
+                per,
             };
             gen.send_envelope(Envelope::from_bytes(0x61, bytemuck::bytes_of(&g)))
                 .await?;
             for i in 0..count {
                 let r = match sink.receive_envelope(Some(Duration::from_secs(20))).await {
                     Ok(r) => r,
-                    Err(e) => panic!("slot {slot}, grid {grid}: reply {i}: {e}"),
+                    Err(e) => panic!("slot {slot}, grid {grid}, {per} at a time: reply {i}: {e}"),
                 };
                 assert_eq!(
                     r.header.type_id, 0x52,
                     "slot {slot}, grid {grid}: reply {i}"
                 );
+                let want = k2k_payload(i, max, per);
                 assert!(
-                    r.payload == k2k_payload(i, max),
-                    "slot {slot}, grid {grid}: reply {i} differs from what was sent ({} bytes, expected {})",
+                    r.payload == want,
+                    "slot {slot}, grid {grid}, {per} at a time: reply {i} differs from what was sent ({} bytes, expected {})",
                     r.payload.len(),
-                    k2k_payload(i, max).len()
+                    want.len()
                 );
             }
             let done = gen.receive_envelope(Some(Duration::from_secs(20))).await?;
