@@ -52,6 +52,9 @@ case "${1:-}" in
   wait
   RINGKERNEL_CUDA_PROFILE=65536 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors
   grep -v '^\[bench\]' "$O/cuda-bench.txt" | tail -40
+  # K2K at scale: a sink of 16 blocks, each sender 16 messages a call (rk_send_many_to).
+  BENCH_K2K_SINK_GRID=16 BENCH_K2K_BATCH=16 BENCH_WATCHDOG_S=60 r 70 cuda-k2k .gpu/bin/ringkernel-cuda-cuda_bench --only k2k
+  grep -E "K2K|breakdown|retried" "$O/cuda-k2k.txt"
   timeout 30 /tmp/pingpong 30000 >"$O/pingpong.txt" 2>&1
   cat "$O/pingpong.txt"
   for b in cpu cuda wgpu; do

@@ -711,7 +711,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             if (host_src) {
                 db = rk_ld_volatile_v4(lane_tails);
                 if (cmd_leader) cmd = rk_ld_volatile_v4(lane_tails + 4);  // command, command_seq
-            } else {
+            } else if (!multi || block0) {
+                // With several blocks only block 0 reads the inbox's `reserve` (the others
+                // see it through S->inbox_known): K2K senders CAS that word, and every
+                // block polling it slowed them down.
                 reserve = *(volatile const rk_u64*)&inbox->reserve;
             }
         }

@@ -446,38 +446,57 @@ __device__ __forceinline__ rk_u32 rk_message_word(const rk_u32* header, const un
     return v;
 }
 
-/* The inbox of kernel `dest` for a message of `len` payload bytes, or 0 when it does
- * not exist, does not accept K2K messages now, or the message does not fit its slots (or
+/* Where K2K messages to one kernel go: its inbox and slots, and the inbox's shape (read
+ * once, before the reservation's acquire, which makes later plain reads go to L2). */
+struct RkK2kDest {
+    RkInbox* ib;
+    unsigned char* slots;
+    rk_u64 cap;
+    rk_u64 slot_bytes;  /* bytes of a stamped slot */
+};
+
+/* Kernel `dest`'s inbox for a message of `len` payload bytes; false when it does not
+ * exist, does not accept K2K messages now, or the message does not fit its slots (or
  * this kernel's). */
-__device__ __forceinline__ RkInbox* rk_k2k_route(const RkContext* ctx, rk_u32 dest, rk_u32 len,
-                                                 unsigned char** slots) {
-    if (len > ctx->max_payload) return 0;
-    if ((rk_u64)dest >= ctx->route_count) return 0;
+__device__ __forceinline__ bool rk_k2k_route(const RkContext* ctx, rk_u32 dest, rk_u32 len, RkK2kDest* d) {
+    if (len > ctx->max_payload) return false;
+    if ((rk_u64)dest >= ctx->route_count) return false;
     const volatile RkRoute* r = (const volatile RkRoute*)&ctx->routes[dest];
-    if (r->valid != 1u || r->kernel_id != dest) return 0;
-    RkInbox* ib = (RkInbox*)r->inbox;
-    *slots = (unsigned char*)r->slots;
-    if (len > ib->slot_size - RK_HEADER_SIZE) return 0;
-    return ib;
+    if (r->valid != 1u || r->kernel_id != dest) return false;
+    d->ib = (RkInbox*)r->inbox;
+    d->slots = (unsigned char*)r->slots;
+    const rk_u32 slot_size = d->ib->slot_size;
+    d->cap = d->ib->capacity;
+    d->slot_bytes = (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
+    return len <= slot_size - RK_HEADER_SIZE;
 }
 
 /* Lanes of the calling warp that send to the same inbox at the same time reserve their
  * slots together: one CAS on the inbox's `reserve` for the group, `want` slots for this
- * lane, in lane order. Returns how many of them this lane got (a prefix; fewer when the
+ * lane, in lane order (ONE: every lane of the group wants one). Returns how many of them this lane got (a prefix; fewer when the
  * inbox is full) and their first index in *first. */
-__device__ __forceinline__ rk_u32 rk_k2k_reserve(RkInbox* ib, rk_u32 want, rk_u64* first) {
-    const rk_u64 cap = ib->capacity;
+template <bool ONE>
+__device__ __forceinline__ rk_u32 rk_k2k_reserve(const RkK2kDest& d, rk_u32 want, rk_u64* first) {
+    RkInbox* ib = d.ib;
     const unsigned active = __activemask();
     const unsigned peers = __match_any_sync(active, (unsigned long long)ib);
     const int lane = (int)(threadIdx.x & 31u);
     const int leader = __ffs(peers) - 1;
-    // This lane's offset among the group's slots: the wants of the peers before it.
-    rk_u32 before = 0, total = 0;
-    for (unsigned m = peers; m; m &= m - 1u) {
-        const int l = __ffs(m) - 1;
-        const rk_u32 w = __shfl_sync(peers, want, l);
-        if (l < lane) before += w;
-        total += w;
+    // This lane's offset among the group's slots: the wants of the peers before it
+    // (counted from the group's mask when every peer wants one, as in rk_send_to).
+    rk_u32 before, total;
+    if (ONE) {
+        before = (rk_u32)__popc(peers & ((1u << lane) - 1u));
+        total = (rk_u32)__popc(peers);
+    } else {
+        before = 0;
+        total = 0;
+        for (unsigned m = peers; m; m &= m - 1u) {
+            const int l = __ffs(m) - 1;
+            const rk_u32 w = __shfl_sync(peers, want, l);
+            if (l < lane) before += w;
+            total += w;
+        }
     }
     rk_u64 base = 0;
     rk_u32 got = 0;
@@ -485,7 +504,7 @@ __device__ __forceinline__ rk_u32 rk_k2k_reserve(RkInbox* ib, rk_u32 want, rk_u6
         rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
         for (;;) {
             const rk_u64 head = rk_k2k_ld_acquire(&ib->head);
-            const rk_u64 room = cap - (idx - head);
+            const rk_u64 room = d.cap - (idx - head);
             got = room < (rk_u64)total ? (rk_u32)room : total;
             if (got == 0) break;
             const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
@@ -500,13 +519,12 @@ __device__ __forceinline__ rk_u32 rk_k2k_reserve(RkInbox* ib, rk_u32 want, rk_u6
     return got <= before ? 0u : (got - before < want ? got - before : want);
 }
 
-/* Writes message `idx` of inbox `ib` (slots at `slots`): the header `hw` (16 words)
- * and `len` payload bytes as stamped units, each with one 16-byte store: no fence, and
- * the receiver takes it with one read. */
-__device__ __forceinline__ void rk_k2k_write(const RkInbox* ib, unsigned char* slots, rk_u64 idx, const rk_u32* hw,
+/* Writes message `idx` of the inbox: the header `hw` (16 words) and `len` payload bytes
+ * as stamped units, each with one 16-byte store: no fence, and the receiver takes it
+ * with one read. */
+__device__ __forceinline__ void rk_k2k_write(const RkK2kDest& d, rk_u64 idx, const rk_u32* hw,
                                              const unsigned char* pl, rk_u32 len) {
-    const rk_u64 cap = ib->capacity;
-    unsigned char* slot = slots + (idx & (cap - 1)) * (rk_u64)rk_units_per_slot(ib->slot_size) * RK_UNIT_BYTES;
+    unsigned char* slot = d.slots + (idx & (d.cap - 1)) * d.slot_bytes;
     const rk_u32 units = rk_units_used(len);
     const rk_u32 stamp = rk_stamp_of(idx);
     for (rk_u32 k = 0; k < units; k++) {
@@ -537,17 +555,16 @@ __device__ __forceinline__ void rk_k2k_header(const RkContext* ctx, RkMessageHea
 /* Sends one message (see the contract above). A lane whose slot did not fit gets
  * RK_K2K_QUEUE_FULL (nothing was written for it). */
 __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
-    unsigned char* slots;
-    RkInbox* ib = rk_k2k_route(ctx, dest, len, &slots);
-    if (!ib) return RK_K2K_NOT_FOUND;
+    RkK2kDest d;
+    if (!rk_k2k_route(ctx, dest, len, &d)) return RK_K2K_NOT_FOUND;
     rk_u64 idx;
-    if (rk_k2k_reserve(ib, 1u, &idx) == 0u) return RK_K2K_QUEUE_FULL;
+    if (rk_k2k_reserve<true>(d, 1u, &idx) == 0u) return RK_K2K_QUEUE_FULL;
     union {
         RkMessageHeader h;
         rk_u32 w[16];
     } u;
     rk_k2k_header(ctx, &u.h, dest, type_id, len);
-    rk_k2k_write(ib, slots, idx, u.w, (const unsigned char*)payload, len);
+    rk_k2k_write(d, idx, u.w, (const unsigned char*)payload, len);
     return RK_K2K_DELIVERED;
 }
 
@@ -557,18 +574,17 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
  * the rest later), or -RK_K2K_NOT_FOUND. */
 __device__ inline int rk_send_many_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payloads, rk_u32 len,
                                       rk_u32 n) {
-    unsigned char* slots;
-    RkInbox* ib = rk_k2k_route(ctx, dest, len, &slots);
-    if (!ib) return -(int)RK_K2K_NOT_FOUND;
+    RkK2kDest d;
+    if (!rk_k2k_route(ctx, dest, len, &d)) return -(int)RK_K2K_NOT_FOUND;
     rk_u64 idx;
-    const rk_u32 got = rk_k2k_reserve(ib, n, &idx);
+    const rk_u32 got = rk_k2k_reserve<false>(d, n, &idx);
     union {
         RkMessageHeader h;
         rk_u32 w[16];
     } u;
     rk_k2k_header(ctx, &u.h, dest, type_id, len);
     for (rk_u32 i = 0; i < got; i++)
-        rk_k2k_write(ib, slots, idx + i, u.w, (const unsigned char*)payloads + (rk_u64)i * len, len);
+        rk_k2k_write(d, idx + i, u.w, (const unsigned char*)payloads + (rk_u64)i * len, len);
     return (int)got;
 }
 
