@@ -168,6 +168,27 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
+/// The median (us) of phase `i` of a kernel's profiled rounds (from `t[i]` to
+/// `t[i + 1]`) over those that recorded it; NaN when none did.
+fn phase_p50<'a>(rounds: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile>, i: usize) -> f64 {
+    let mut v: Vec<f64> = rounds
+        .filter(|r| r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
+        .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
+        .collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        pct(&mut v, 0.5)
+    }
+}
+
+/// The times (us) from one profiled round's start to the next's.
+fn round_periods(prof: &[ringkernel_cuda::RoundProfile]) -> Vec<f64> {
+    prof.windows(2)
+        .map(|w| w[1].t[0].saturating_sub(w[0].t[0]) as f64 / 1e3)
+        .collect()
+}
+
 /// Spins on `try_dequeue` until a reply comes; also returns when the successful call
 /// began.
 fn spin_dequeue_timed(k: &ringkernel_core::runtime::KernelHandle) -> Result<(Envelope, Instant)> {
@@ -284,22 +305,8 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     if !prof.is_empty() {
         let took: Vec<&ringkernel_cuda::RoundProfile> =
             prof.iter().filter(|r| r.taken > 0).collect();
-        let phase = |i: usize| {
-            let mut v: Vec<f64> = took
-                .iter()
-                .filter(|r| r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
-                .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
-                .collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                pct(&mut v, 0.5)
-            }
-        };
-        let mut period: Vec<f64> = prof
-            .windows(2)
-            .map(|w| w[1].t[0].saturating_sub(w[0].t[0]) as f64 / 1e3)
-            .collect();
+        let phase = |i: usize| phase_p50(took.iter().copied(), i);
+        let mut period = round_periods(&prof);
         let modes: Vec<usize> = (0..4)
             .map(|m| prof.iter().filter(|r| r.mode == m).count())
             .collect();
@@ -353,18 +360,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         .into_iter()
         .filter(|r| r.mode == 3)
         .collect();
-    let step = |i: usize| {
-        let mut v: Vec<f64> = fast
-            .iter()
-            .filter(|r| r.t[i + 1] >= r.t[i])
-            .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
-            .collect();
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            pct(&mut v, 0.5)
-        }
-    };
+    let step = |i: usize| phase_p50(fast.iter(), i);
     rep.line(format!(
         "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
         if in_send.is_empty() { f64::NAN } else { pct(&mut in_send, 0.5) },
@@ -465,22 +461,9 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
     // environment): the phases of the host group's rounds, device clock.
     let prof = rt.round_profile(&k)?;
     if !prof.is_empty() {
-        let phase = |taken: bool, i: usize| {
-            let mut v: Vec<f64> = prof
-                .iter()
-                .filter(|r| (r.taken > 0) == taken && r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
-                .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
-                .collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                pct(&mut v, 0.5)
-            }
-        };
-        let mut period: Vec<f64> = prof
-            .windows(2)
-            .map(|w| (w[1].t[0] - w[0].t[0]) as f64 / 1e3)
-            .collect();
+        let phase =
+            |taken: bool, i: usize| phase_p50(prof.iter().filter(|r| (r.taken > 0) == taken), i);
+        let mut period = round_periods(&prof);
         let names = [
             "plan",
             "read (PCIe)",
@@ -500,14 +483,7 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
         let fast: Vec<&ringkernel_cuda::RoundProfile> =
             prof.iter().filter(|r| r.mode == 3).collect();
         if !fast.is_empty() {
-            let step = |i: usize| {
-                let mut v: Vec<f64> = fast
-                    .iter()
-                    .filter(|r| r.t[i + 1] >= r.t[i])
-                    .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
-                    .collect();
-                pct(&mut v, 0.5)
-            };
+            let step = |i: usize| phase_p50(fast.iter().copied(), i);
             let mut gap: Vec<f64> = fast
                 .windows(2)
                 .map(|w| (w[1].t[0].saturating_sub(w[0].t[4])) as f64 / 1e3)
