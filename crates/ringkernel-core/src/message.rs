@@ -335,6 +335,14 @@ pub trait MessageCodec: Sized {
     /// Reads a value out of payload bytes whose encoding was checked; `name` is for
     /// errors.
     fn from_payload(payload: &[u8], name: &'static str) -> Result<Self>;
+    /// The payloads of `msgs` as one slice, each `size_of::<Self>()` bytes, back to
+    /// back, when they are exactly that (plain data of a non-zero size); `None`
+    /// otherwise (each has a payload of its own, [`to_payload`](Self::to_payload)).
+    #[inline]
+    fn run_bytes(msgs: &[Self]) -> Option<&[u8]> {
+        let _ = msgs;
+        None
+    }
 }
 
 impl<T: Pod> MessageCodec for T {
@@ -354,6 +362,10 @@ impl<T: Pod> MessageCodec for T {
             )));
         }
         Ok(bytemuck::pod_read_unaligned(payload))
+    }
+    #[inline]
+    fn run_bytes(msgs: &[Self]) -> Option<&[u8]> {
+        (std::mem::size_of::<T>() > 0).then(|| bytemuck::cast_slice(msgs))
     }
 }
 

@@ -81,10 +81,82 @@ pub const RUN_BLOCK: usize = 1024;
 /// to 8 bytes: [`run_payload`] takes one out.
 pub type TakeRun<'a> = dyn FnMut(&MessageHeader, &[u8], usize) -> (usize, bool) + 'a;
 
+/// Checks the arguments of [`KernelEngine::try_enqueue_fixed_run`]: `len` is not 0
+/// and divides `bytes.len()`.
+///
+/// ```
+/// use ringkernel_core::runtime::check_fixed_run;
+/// assert!(check_fixed_run(&[0; 144], 72).is_ok());
+/// assert!(check_fixed_run(&[0; 144], 0).is_err());
+/// assert!(check_fixed_run(&[0; 100], 72).is_err());
+/// ```
+pub fn check_fixed_run(bytes: &[u8], len: usize) -> Result<()> {
+    if len == 0 || !bytes.len().is_multiple_of(len) {
+        return Err(Error::invalid(format!(
+            "a run of {} bytes cannot hold payloads of {len} bytes each",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Payload `i` of a run's `payloads` (see [`TakeRun`]), each `len` bytes long.
+#[inline]
 pub fn run_payload(payloads: &[u8], len: usize, i: usize) -> &[u8] {
     let at = i * len.next_multiple_of(8);
     &payloads[at..at + len]
+}
+
+/// The payloads of a run of messages (as [`KernelHandle::send_batch`] enqueues
+/// them): a list, or plain data back to back
+/// ([`KernelEngine::try_enqueue_fixed_run`]).
+#[derive(Clone, Copy, Debug)]
+pub enum RunPayloads<'a, 'p> {
+    /// One payload each.
+    Each(&'a [Payload<'p>]),
+    /// The bytes, and each payload's length (not 0, dividing the bytes' length).
+    Fixed(&'a [u8], usize),
+}
+
+impl<'a, 'p> RunPayloads<'a, 'p> {
+    /// How many payloads.
+    #[inline]
+    pub fn count(&self) -> usize {
+        match self {
+            RunPayloads::Each(p) => p.len(),
+            RunPayloads::Fixed(b, len) => b.len() / len,
+        }
+    }
+    /// Payload `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> &'a [u8] {
+        match *self {
+            RunPayloads::Each(p) => &p[i],
+            RunPayloads::Fixed(b, len) => &b[i * len..(i + 1) * len],
+        }
+    }
+    /// The length of payload `i`.
+    #[inline]
+    pub fn len_at(&self, i: usize) -> usize {
+        match self {
+            RunPayloads::Each(p) => p[i].len(),
+            RunPayloads::Fixed(_, len) => *len,
+        }
+    }
+    /// The `n` payloads from `from`.
+    #[inline]
+    pub fn part(&self, from: usize, n: usize) -> RunPayloads<'a, 'p> {
+        match *self {
+            RunPayloads::Each(p) => RunPayloads::Each(&p[from..from + n]),
+            RunPayloads::Fixed(b, len) => RunPayloads::Fixed(&b[from * len..(from + n) * len], len),
+        }
+    }
+    fn try_enqueue(&self, engine: &dyn KernelEngine, first: &MessageHeader) -> Result<usize> {
+        match *self {
+            RunPayloads::Each(p) => engine.try_enqueue_run(first, p),
+            RunPayloads::Fixed(b, len) => engine.try_enqueue_fixed_run(first, b, len),
+        }
+    }
 }
 
 /// One launched kernel, as a backend implements it. All methods are non-blocking.
@@ -152,6 +224,22 @@ pub trait KernelEngine: Send + Sync + 'static {
             }
         }
         Ok(done)
+    }
+    /// [`try_enqueue_run`](Self::try_enqueue_run) for a run whose payloads are all
+    /// `len` bytes long and lie back to back in `bytes` (payload `i` is
+    /// `bytes[i * len..(i + 1) * len]`; plain data, [`MessageCodec::run_bytes`]), so
+    /// that no payload list is built. `len` is not 0 and divides `bytes.len()`
+    /// ([`Error::InvalidArgument`] otherwise). The default builds the list and calls
+    /// `try_enqueue_run`; the drain engine takes the bytes as they are.
+    fn try_enqueue_fixed_run(
+        &self,
+        first: &MessageHeader,
+        bytes: &[u8],
+        len: usize,
+    ) -> Result<usize> {
+        check_fixed_run(bytes, len)?;
+        let payloads: Vec<Payload<'_>> = bytes.chunks_exact(len).map(Payload::Borrowed).collect();
+        self.try_enqueue_run(first, &payloads)
     }
     /// Takes the oldest message out of the output queue.
     fn try_dequeue(&self) -> Result<Option<Envelope>>;
@@ -960,47 +1048,63 @@ impl KernelHandle {
     /// # let _ = replies; Ok(()) }
     /// ```
     pub async fn send_batch<M: RingMessage>(&self, msgs: &[M]) -> Result<std::ops::Range<u64>> {
-        // Plain data is borrowed from `msgs` (no copy); rkyv archives one buffer each.
-        let payloads = msgs
-            .iter()
-            .map(RingMessage::encode_payload)
-            .collect::<Result<Vec<_>>>()?;
-        let Some(p0) = payloads.first() else {
-            return Ok(0..0);
+        // Plain data is borrowed from `msgs` (no copy): as one slice when the messages'
+        // bytes are their payloads back to back (no payload list at all); rkyv
+        // archives one buffer each.
+        let payloads;
+        let run = match M::run_bytes(msgs) {
+            Some(bytes) if !msgs.is_empty() => RunPayloads::Fixed(bytes, bytes.len() / msgs.len()),
+            _ => {
+                payloads = msgs
+                    .iter()
+                    .map(RingMessage::encode_payload)
+                    .collect::<Result<Vec<_>>>()?;
+                RunPayloads::Each(&payloads)
+            }
         };
+        let count = run.count();
+        if count == 0 {
+            return Ok(0..0);
+        }
         // One header for the whole run: every message of the batch has the same type,
         // flags, priority and destination; ids and timestamps follow from the first
         // (`MessageHeader::nth_of_run`), so nothing is built per message here.
-        let mut first = MessageHeader::new(M::TYPE_ID, p0.len());
+        let mut first = MessageHeader::new(M::TYPE_ID, run.len_at(0));
         first.set_priority(priority::NORMAL);
         first.source_kernel = KernelId::HOST.0;
         first.dest_kernel = self.id().0;
         first.flags |= M::header_flags();
         self.inner.engine.accepts(&first)?;
-        let ids = self.inner.core.reserve_message_ids(payloads.len() as u64);
+        let ids = self.inner.core.reserve_message_ids(count as u64);
         // A clock reservation counts in u32: very large batches take several.
-        for (c, chunk) in payloads.chunks(u32::MAX as usize).enumerate() {
-            let start = ids + c as u64 * u64::from(u32::MAX);
+        let mut c = 0;
+        while c * (u32::MAX as usize) < count {
+            let from = c * u32::MAX as usize;
+            let chunk = run.part(from, (count - from).min(u32::MAX as usize));
+            let start = ids + from as u64;
             first.message_id = start;
             first.correlation_id = start;
-            first.set_hlc(self.inner.core.hlc().reserve(chunk.len() as u32));
+            first.set_hlc(self.inner.core.hlc().reserve(chunk.count() as u32));
             self.enqueue_run(&first, chunk).await?;
+            c += 1;
         }
-        Ok(ids..ids + payloads.len() as u64)
+        Ok(ids..ids + count as u64)
     }
 
     /// Enqueues a run stamped from `first` ([`KernelEngine::try_enqueue_run`]), waiting
     /// for room as [`send_batch`](Self::send_batch) documents.
-    async fn enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<()> {
+    async fn enqueue_run(&self, first: &MessageHeader, run: RunPayloads<'_, '_>) -> Result<()> {
         let engine = &self.inner.engine;
+        let count = run.count();
         let mut done = 0;
-        while done < payloads.len() {
-            let at = first.nth_of_run(done as u64, payloads[done].len());
-            match engine.try_enqueue_run(&at, &payloads[done..]) {
+        while done < count {
+            let at = first.nth_of_run(done as u64, run.len_at(done));
+            let rest = run.part(done, count - done);
+            match rest.try_enqueue(engine.as_ref(), &at) {
                 Ok(n) => done += n,
                 Err(Error::QueueFull { capacity }) if self.inner.wait_when_full => {
                     let listener = engine.events().input_space.listen();
-                    match engine.try_enqueue_run(&at, &payloads[done..]) {
+                    match rest.try_enqueue(engine.as_ref(), &at) {
                         Ok(n) => {
                             done += n;
                             continue;

@@ -128,6 +128,37 @@
 //! the five pairs 1.27×, so the switch is on by default
 //! (`RINGKERNEL_DRAIN_SENDER_FILLS=0` turns it off).
 //!
+//! ### The sender's CPU a message (issue 17, helper i17g, 2026-11-27)
+//!
+//! `KernelHandle::send_batch` of plain-data messages hands the engine the batch's
+//! bytes as one slice ([`MessageCodec::run_bytes`](ringkernel_core::message::MessageCodec::run_bytes),
+//! [`KernelEngine::try_enqueue_fixed_run`]): no payload list is built, the payload
+//! size is checked once a run, the direct fill reads payload `i` at `i · len`, and a
+//! run that waits goes into its lane in one copy a chunk when its length is a multiple
+//! of 8 ([`Records::push_fixed_run`]). rkyv messages (a payload each) take the path
+//! they took before. Measured with `wgpu_bench --actors-only --batched-only --msgs
+//! 4000000` on the 2-core development VM through lavapipe, alternating pairs, the
+//! per-thread CPU the bench prints, medians of the pair ratios (after / before):
+//!
+//! | Change | pairs | msgs/s | process CPU a message | sender a message | poller a message |
+//! |---|---|---|---|---|---|
+//! | the bench's sender makes its tokens once and changes only `id` and `value` (it built each with `Token::new`, which `perf` showed as a fifth to a third of the sender thread) | 8 | 1.04× | 0.97× | 0.89× (40 → 36 ns) | 0.87× |
+//! | the plain-data run as one slice, against `main` with the bench change | 8 | 1.04× | 0.97× | 0.86× (36 → 32 ns) | 1.05× |
+//! | the same, a set measured before the header change below was taken out | 8 | 1.01× | 0.99× | 0.92× (38 → 34 ns) | 1.06× |
+//! | both (the committed build), against `main` (e6ada05) | 10 | 1.02× | 0.96× | 0.76× (43 → 34 ns) | 0.99× |
+//!
+//! Tried and not kept: writing a slot's header as the run's first header plus the four
+//! fields that differ, instead of a header built per message (`perf` put the sender's
+//! hottest instruction on the load of that header from the stack, right after the
+//! narrower stores that built it): 8 pairs against the token change gave 1.05× msgs/s,
+//! 0.97× process CPU and 0.99× sender (31 → 32 ns), 8 earlier pairs at 2M messages
+//! 1.00×, 0.99× and 1.09×: the time moved to the stores into the slots, which are what
+//! the fill costs here (they miss the cache). Left: those stores, and the second copy
+//! of a run that waits (lane, then slots). In a profile of the committed build (10M
+//! messages) the sender thread is about half `fill_ring` (the stores into the slots)
+//! and a third the bench writing each batch's `id` and `value` (1.2 MB a batch of
+//! 16,384, out of cache): part of the sender's figure is the bench's own.
+//!
 //! ## Priority
 //!
 //! The ordering happens on the host, in the step that fills the input ring for a pass
@@ -196,7 +227,8 @@ use ringkernel_core::priority;
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
 use ringkernel_core::runtime::{
-    run_payload, KernelEngine, KernelEvents, KernelHandle, KernelId, RuntimeCore, TerminateReport,
+    check_fixed_run, run_payload, KernelEngine, KernelEvents, KernelHandle, KernelId, RunPayloads,
+    RuntimeCore, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
 use ringkernel_core::util::{lock, BoxFuture};
@@ -577,14 +609,22 @@ impl Host {
 /// into their slots, and never into a waiting lane; what no pass takes is queued after.
 struct DirectRun<'a, 'p> {
     first: MessageHeader,
-    payloads: &'a [Payload<'p>],
+    payloads: RunPayloads<'a, 'p>,
     /// Messages of the run already in slots.
     taken: usize,
 }
 
 impl DirectRun<'_, '_> {
     fn left(&self) -> usize {
-        self.payloads.len() - self.taken
+        self.payloads.count() - self.taken
+    }
+}
+
+/// Queues a run in a waiting lane (one header, then the payloads).
+fn push_run(lane: &mut Records, first: &MessageHeader, run: RunPayloads<'_, '_>) {
+    match run {
+        RunPayloads::Each(list) => lane.push_run(first, list),
+        RunPayloads::Fixed(bytes, len) => lane.push_fixed_run(first, bytes, len),
     }
 }
 
@@ -934,9 +974,11 @@ impl<T: DrainTarget> DrainEngine<T> {
         let Host { lanes, tail, .. } = h;
         let mut left = count as usize;
         let mut j = 0usize;
-        // Writes the next message into its slot; with `check`, refuses it when its
-        // timestamp is too far ahead and keeps the latest.
-        let mut put = |header: &MessageHeader, payload: &[u8], check: bool| {
+        // Writes message `i` of the run stamped from `first` (its header
+        // `first.nth_of_run(i, payload.len())`) into the next slot; with `check`,
+        // refuses it when its timestamp is too far ahead and keeps the latest.
+        let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool| {
+            let header = first.nth_of_run(i, payload.len());
             let slot = match staged {
                 // SAFETY: `stage_input` returned `count · slot_size` writable bytes
                 // and `j < count` (the lanes' `pop_runs_with` and the direct run below
@@ -952,7 +994,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             // header and payload fit them (the payload was checked in
             // `try_enqueue*`). Unaligned writes make no alignment claim.
             unsafe {
-                std::ptr::write_unaligned(slot.cast::<MessageHeader>(), *header);
+                std::ptr::write_unaligned(slot.cast::<MessageHeader>(), header);
                 std::ptr::copy_nonoverlapping(
                     payload.as_ptr(),
                     slot.add(HEADER_SIZE),
@@ -963,7 +1005,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 let ts = header.hlc();
                 if ts.physical_ms() > too_far {
                     // SAFETY: as above: the slot's header was just written there.
-                    unsafe { self.refuse(header, slot, pt) };
+                    unsafe { self.refuse(&header, slot, pt) };
                 } else if latest.get().is_none_or(|l| ts > l) {
                     latest.set(Some(ts));
                 }
@@ -993,7 +1035,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 let check = one_by_one(first.nth_of_run(n as u64 - 1, len).hlc());
                 for i in 0..n {
                     let p = run_payload(payloads, len, i);
-                    put(&first.nth_of_run(i as u64, len), p, check);
+                    put(first, i as u64, p, check);
                 }
                 (n, true)
             });
@@ -1002,12 +1044,8 @@ impl<T: DrainTarget> DrainEngine<T> {
             let n = left.min(d.left());
             if n > 0 {
                 let check = one_by_one(d.first.nth_of_run((d.taken + n - 1) as u64, 0).hlc());
-                for (i, payload) in d.payloads[d.taken..d.taken + n].iter().enumerate() {
-                    put(
-                        &d.first.nth_of_run((d.taken + i) as u64, payload.len()),
-                        payload,
-                        check,
-                    );
+                for i in d.taken..d.taken + n {
+                    put(&d.first, i as u64, d.payloads.get(i), check);
                 }
             }
             d.taken += n;
@@ -1325,6 +1363,85 @@ impl<T: DrainTarget> DrainEngine<T> {
             std::ptr::write_unaligned(p, state as u32);
         }
     }
+
+    /// `try_enqueue_run` and `try_enqueue_fixed_run`: one host lock and one pass kick
+    /// for the whole run.
+    fn enqueue_run(&self, first: &MessageHeader, payloads: RunPayloads<'_, '_>) -> Result<usize> {
+        let mut h = lock(&self.host);
+        self.check_accepting(&h)?;
+        // A pass a completion left to this sender (`Host::sender_waiting`): started
+        // before the run is queued, so it takes the messages waiting ahead of it and
+        // makes room in the lane.
+        if self.sender_fills {
+            h.sender_waiting = false;
+            if h.waiting() > 0 {
+                self.kick(&mut h);
+            }
+        }
+        let lane = priority::lane(first.priority());
+        let room = self.capacity - h.lanes[lane].len().min(self.capacity);
+        // The messages that fit the lane and a slot, from the front.
+        let mut taken = 0;
+        match payloads {
+            RunPayloads::Fixed(_, len) => {
+                check_payload_fits(len, self.slot_size)?;
+                taken = payloads.count().min(room);
+            }
+            RunPayloads::Each(list) => {
+                for p in list.iter().take(room) {
+                    if let Err(e) = check_payload_fits(p.len(), self.slot_size) {
+                        if taken == 0 {
+                            return Err(e);
+                        }
+                        break;
+                    }
+                    taken += 1;
+                }
+            }
+        }
+        if taken == 0 && payloads.count() > 0 {
+            // The caller may wait for room and come back (see `Host::sender_waiting`).
+            h.sender_waiting = self.sender_fills && room == 0;
+            return Err(Error::QueueFull {
+                capacity: self.capacity,
+            });
+        }
+        // Counted before any of them can reach a pass (and be processed).
+        self.counters
+            .received
+            .fetch_add(taken as u64, Ordering::Relaxed);
+        let run = payloads.part(0, taken);
+        let direct = first.flags & flags::CHECKSUM == 0 && first.is_valid() && h.waiting() == 0;
+        if direct && taken > 0 {
+            // Nothing waits: the passes that can start now take the run from `run`
+            // itself, and only the rest is queued (in order: it waits alone).
+            let mut direct = Some(DirectRun {
+                first: *first,
+                payloads: run,
+                taken: 0,
+            });
+            self.kick_with(&mut h, &mut direct);
+            let done = direct.map_or(0, |d| d.taken);
+            if done < taken {
+                let rest = first.nth_of_run(done as u64, run.len_at(done));
+                push_run(&mut h.lanes[lane], &rest, run.part(done, taken - done));
+            }
+        } else if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
+            // Headers of their own (a checksum each; an invalid header kept as it is).
+            for i in 0..taken {
+                let p = run.get(i);
+                let mut hdr = first.nth_of_run(i as u64, p.len());
+                if hdr.flags & flags::CHECKSUM != 0 {
+                    hdr.checksum = ringkernel_core::message::fnv1a32(p);
+                }
+                h.lanes[lane].push(&hdr, p);
+            }
+        } else {
+            push_run(&mut h.lanes[lane], first, run);
+        }
+        self.kick(&mut h);
+        Ok(taken)
+    }
 }
 
 impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
@@ -1380,71 +1497,19 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     /// One host lock and one pass kick for the whole run, kept in the waiting lane as a
     /// run ([`Records::push_run`]: one header, then the payloads).
     fn try_enqueue_run(&self, first: &MessageHeader, payloads: &[Payload<'_>]) -> Result<usize> {
-        let mut h = lock(&self.host);
-        self.check_accepting(&h)?;
-        // A pass a completion left to this sender (`Host::sender_waiting`): started
-        // before the run is queued, so it takes the messages waiting ahead of it and
-        // makes room in the lane.
-        if self.sender_fills {
-            h.sender_waiting = false;
-            if h.waiting() > 0 {
-                self.kick(&mut h);
-            }
-        }
-        let lane = priority::lane(first.priority());
-        let room = self.capacity - h.lanes[lane].len().min(self.capacity);
-        // The messages that fit the lane and a slot, from the front.
-        let mut taken = 0;
-        for p in payloads.iter().take(room) {
-            if let Err(e) = check_payload_fits(p.len(), self.slot_size) {
-                if taken == 0 {
-                    return Err(e);
-                }
-                break;
-            }
-            taken += 1;
-        }
-        if taken == 0 && !payloads.is_empty() {
-            // The caller may wait for room and come back (see `Host::sender_waiting`).
-            h.sender_waiting = self.sender_fills && room == 0;
-            return Err(Error::QueueFull {
-                capacity: self.capacity,
-            });
-        }
-        // Counted before any of them can reach a pass (and be processed).
-        self.counters
-            .received
-            .fetch_add(taken as u64, Ordering::Relaxed);
-        let run = &payloads[..taken];
-        let direct = first.flags & flags::CHECKSUM == 0 && first.is_valid() && h.waiting() == 0;
-        if direct && !run.is_empty() {
-            // Nothing waits: the passes that can start now take the run from `run`
-            // itself, and only the rest is queued (in order: it waits alone).
-            let mut direct = Some(DirectRun {
-                first: *first,
-                payloads: run,
-                taken: 0,
-            });
-            self.kick_with(&mut h, &mut direct);
-            let done = direct.map_or(0, |d| d.taken);
-            if done < run.len() {
-                let rest = first.nth_of_run(done as u64, run[done].len());
-                h.lanes[lane].push_run(&rest, &run[done..]);
-            }
-        } else if first.flags & flags::CHECKSUM != 0 || !first.is_valid() {
-            // Headers of their own (a checksum each; an invalid header kept as it is).
-            for (i, p) in run.iter().enumerate() {
-                let mut hdr = first.nth_of_run(i as u64, p.len());
-                if hdr.flags & flags::CHECKSUM != 0 {
-                    hdr.checksum = ringkernel_core::message::fnv1a32(p);
-                }
-                h.lanes[lane].push(&hdr, p);
-            }
-        } else {
-            h.lanes[lane].push_run(first, run);
-        }
-        self.kick(&mut h);
-        Ok(taken)
+        self.enqueue_run(first, RunPayloads::Each(payloads))
+    }
+
+    /// As `try_enqueue_run`, with one payload size check for the run and, where the
+    /// run waits, one copy of its bytes ([`Records::push_fixed_run`]).
+    fn try_enqueue_fixed_run(
+        &self,
+        first: &MessageHeader,
+        bytes: &[u8],
+        len: usize,
+    ) -> Result<usize> {
+        check_fixed_run(bytes, len)?;
+        self.enqueue_run(first, RunPayloads::Fixed(bytes, len))
     }
 
     fn try_dequeue(&self) -> Result<Option<Envelope>> {

@@ -127,34 +127,76 @@ impl Chunk {
         len: usize,
     ) {
         let stride = len.next_multiple_of(8);
-        let bytes = HEADER_SIZE + payloads.len() * stride;
+        // SAFETY: `push_run_with` hands over room for `payloads.len()` strides; each
+        // stride is initialised by a zero word at its end (the padding, under 8 bytes,
+        // lies in it) and the payload's `len` bytes. Unaligned writes make no
+        // alignment claim.
+        unsafe {
+            self.push_run_with(first, payloads.len(), len, |mut at| {
+                for p in payloads {
+                    debug_assert_eq!(p.len(), len);
+                    if stride > 0 {
+                        std::ptr::write_unaligned(at.add(stride - 8).cast::<u64>(), 0);
+                    }
+                    std::ptr::copy_nonoverlapping(p.as_ptr(), at, len);
+                    at = at.add(stride);
+                }
+            });
+        }
+    }
+
+    /// [`push_run`](Self::push_run) of the payloads of `len` bytes (not 0) back to back
+    /// in `bytes`: one copy when `len` is a multiple of 8 (then they lie as the chunk
+    /// keeps them).
+    fn push_fixed(&mut self, first: &MessageHeader, bytes: &[u8], len: usize) {
+        let n = bytes.len() / len;
+        if !len.is_multiple_of(8) {
+            self.push_run(first, &bytes.chunks_exact(len).collect::<Vec<_>>(), len);
+            return;
+        }
+        // SAFETY: `push_run_with` hands over room for `n` strides of `len` bytes
+        // (a multiple of 8): `bytes` initialises all of them.
+        unsafe {
+            self.push_run_with(first, n, len, |at| {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
+            });
+        }
+    }
+
+    /// Appends the header of a run of `n` payloads of `len` bytes stamped from `first`
+    /// and calls `fill` with where the payloads go (`n` strides of `len` rounded up to
+    /// 8 bytes). The buffer must have room (`run_room`).
+    ///
+    /// # Safety
+    ///
+    /// `fill` initialises every byte of the `n` strides (and writes nothing else).
+    unsafe fn push_run_with(
+        &mut self,
+        first: &MessageHeader,
+        n: usize,
+        len: usize,
+        fill: impl FnOnce(*mut u8),
+    ) {
+        let stride = len.next_multiple_of(8);
+        let bytes = HEADER_SIZE + n * stride;
         debug_assert!(self.buf.capacity() - self.buf.len() >= bytes);
         let mut h = first.nth_of_run(0, len);
         h.magic = RUN_MAGIC;
-        h.version = payloads.len() as u32;
+        h.version = n as u32;
         let start = self.buf.len();
         // SAFETY: the buffer has room for `bytes` more bytes after `start` (checked by
         // the caller through `run_room`, asserted above in debug builds). The header
-        // initialises the first 64; each payload's 8-byte-aligned stride is initialised
-        // by a zero word at its end (the padding, under 8 bytes, lies in it) and the
-        // payload's `len` bytes: together every byte `set_len` then covers. Unaligned
-        // writes make no alignment claim.
+        // initialises the first 64 and `fill` the strides (the caller's promise):
+        // together every byte `set_len` then covers. Unaligned writes make no
+        // alignment claim.
         unsafe {
             let dst = self.buf.as_mut_ptr().add(start);
             std::ptr::write_unaligned(dst.cast::<MessageHeader>(), h);
-            let mut at = dst.add(HEADER_SIZE);
-            for p in payloads {
-                debug_assert_eq!(p.len(), len);
-                if stride > 0 {
-                    std::ptr::write_unaligned(at.add(stride - 8).cast::<u64>(), 0);
-                }
-                std::ptr::copy_nonoverlapping(p.as_ptr(), at, len);
-                at = at.add(stride);
-            }
+            fill(dst.add(HEADER_SIZE));
             self.buf.set_len(start + bytes);
         }
-        self.count += payloads.len();
-        self.open = Some((start, first.nth_of_run(payloads.len() as u64, len)));
+        self.count += n;
+        self.open = Some((start, first.nth_of_run(n as u64, len)));
     }
 
     /// Whether a record of `payload_len` bytes fits without growing the buffer.
@@ -359,18 +401,7 @@ impl Records {
                 .iter()
                 .take_while(|p| p.len() == len)
                 .count();
-            let room = self.chunks.back().map_or(0, |c| c.run_room(len));
-            if room == 0 {
-                let need = HEADER_SIZE + len.next_multiple_of(8);
-                let buf = self
-                    .spare
-                    .pop()
-                    .filter(|b| b.capacity() >= need)
-                    .unwrap_or_else(|| Vec::with_capacity(need.max(CHUNK_BYTES)));
-                self.chunks.push_back(Chunk::from_buffer(buf));
-                continue;
-            }
-            let n = same.min(room);
+            let n = same.min(self.run_room(len));
             let at = first.nth_of_run(done as u64, len);
             if let Some(c) = self.chunks.back_mut() {
                 c.push_run(&at, &payloads[done..done + n], len);
@@ -378,6 +409,40 @@ impl Records {
             self.len += n;
             done += n;
         }
+    }
+
+    /// [`push_run`](Self::push_run) for payloads of `len` bytes each (not 0), back to
+    /// back in `bytes`: a whole piece is one copy when `len` is a multiple of 8 (the
+    /// stride the chunks keep).
+    pub fn push_fixed_run(&mut self, first: &MessageHeader, bytes: &[u8], len: usize) {
+        let count = bytes.len() / len;
+        let mut done = 0;
+        while done < count {
+            let n = self.run_room(len).min(count - done);
+            let at = first.nth_of_run(done as u64, len);
+            if let Some(c) = self.chunks.back_mut() {
+                c.push_fixed(&at, &bytes[done * len..(done + n) * len], len);
+            }
+            self.len += n;
+            done += n;
+        }
+    }
+
+    /// Room for payloads of `len` bytes in the last chunk, after adding a chunk
+    /// where it has none (so at least 1).
+    fn run_room(&mut self, len: usize) -> usize {
+        let room = self.chunks.back().map_or(0, |c| c.run_room(len));
+        if room > 0 {
+            return room;
+        }
+        let need = HEADER_SIZE + len.next_multiple_of(8);
+        let buf = self
+            .spare
+            .pop()
+            .filter(|b| b.capacity() >= need)
+            .unwrap_or_else(|| Vec::with_capacity(need.max(CHUNK_BYTES)));
+        self.chunks.push_back(Chunk::from_buffer(buf));
+        self.chunks.back().map_or(0, |c| c.run_room(len))
     }
 
     /// Appends every message of `other`, in order, without copying them; its spare
@@ -572,6 +637,35 @@ mod tests {
         q.push_run(&first, &payloads);
         q.push(&header(2, 1), &[7]);
         (q, first, payloads)
+    }
+
+    #[test]
+    fn a_fixed_run_comes_out_as_push_run_puts_it() {
+        // Lengths a multiple of 8 (one copy a piece) and not (a stride with padding),
+        // runs long enough to span several chunks, behind a waiting record.
+        for len in [72usize, 8, 13, 1] {
+            let n = 2 * CHUNK_BYTES / len.next_multiple_of(8) + 7;
+            let bytes: Vec<u8> = (0..n * len).map(|i| (i * 7 + len) as u8).collect();
+            let list: Vec<&[u8]> = bytes.chunks_exact(len).collect();
+            let mut first = header(5, len);
+            (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 9000);
+            let (mut a, mut b) = (Records::default(), Records::default());
+            for q in [&mut a, &mut b] {
+                q.push(&header(1, 2), &[1, 2]);
+            }
+            a.push_run(&first, &list);
+            b.push_fixed_run(&first, &bytes, len);
+            for q in [&mut a, &mut b] {
+                q.push(&header(2, 1), &[7]);
+            }
+            assert_eq!(b.len(), n + 2, "len {len}");
+            assert!(b.chunks.len() >= 3, "len {len}: {} chunks", b.chunks.len());
+            let (a, b) = (take_all(&mut a), take_all(&mut b));
+            assert_eq!(a, b, "len {len}");
+            assert_eq!(b[1].0, first.nth_of_run(0, len));
+            assert_eq!(b[n].0, first.nth_of_run(n as u64 - 1, len));
+            assert_eq!(b[n].1, &bytes[(n - 1) * len..]);
+        }
     }
 
     #[test]
