@@ -50,7 +50,7 @@ case "${1:-}" in
     done
   done
   wait
-  RINGKERNEL_CUDA_PROFILE=65536 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors
+  RINGKERNEL_CUDA_PROFILE=65536 BENCH_K2K_PROFILE=1 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors
   grep -v '^\[bench\]' "$O/cuda-bench.txt" | tail -40
   # K2K at scale: a sink of 16 blocks, each sender 16 messages a call (rk_send_many_to).
   BENCH_K2K_SINK_GRID=16 BENCH_K2K_BATCH=16 BENCH_WATCHDOG_S=60 r 70 cuda-k2k .gpu/bin/ringkernel-cuda-cuda_bench --only k2k

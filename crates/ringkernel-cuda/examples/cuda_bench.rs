@@ -233,7 +233,8 @@ impl ringkernel_core::message::RingMessage for Trigger {
 /// (128), BENCH_K2K_PER (5,000 messages a sender), BENCH_K2K_SINK_BLOCK (512),
 /// BENCH_K2K_SINK_GRID (1), BENCH_K2K_SINK_SLOT (128 bytes: a probe is 96),
 /// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1), BENCH_K2K_BATCH (1: each sender
-/// sends one message a call; up to 16 with `rk_send_many_to`).
+/// sends one message a call; up to 16 with `rk_send_many_to`), BENCH_K2K_PROFILE (1,
+/// with RINGKERNEL_CUDA_PROFILE: the sink's inbox rounds and one-message loop).
 async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     eprintln!("[bench] k2k");
     let senders = knob("BENCH_K2K_SENDERS", 128);
@@ -300,8 +301,14 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         max as f64 / 1e3
     ));
     // With RINGKERNEL_CUDA_PROFILE=<entries> and BENCH_K2K_PROFILE=1: the sink's inbox
-    // rounds (block 0) during the flood.
-    let prof = rt.round_profile(&sink)?;
+    // rounds (block 0) during the flood. (Without BENCH_K2K_PROFILE its profile holds
+    // its host rounds, which say nothing about K2K.)
+    let inbox_profiled = std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1");
+    let prof = if inbox_profiled {
+        rt.round_profile(&sink)?
+    } else {
+        Vec::new()
+    };
     if !prof.is_empty() {
         let took: Vec<&ringkernel_cuda::RoundProfile> =
             prof.iter().filter(|r| r.taken > 0).collect();
@@ -355,11 +362,14 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
     // Where it goes: the sender's rk_send_to, and (with the sink's inbox rounds
     // profiled) the sink's one-message loop.
-    let fast: Vec<ringkernel_cuda::RoundProfile> = rt
-        .round_profile(&sink)?
-        .into_iter()
-        .filter(|r| r.mode == 3)
-        .collect();
+    let fast: Vec<ringkernel_cuda::RoundProfile> = if inbox_profiled {
+        rt.round_profile(&sink)?
+            .into_iter()
+            .filter(|r| r.mode == 3)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let step = |i: usize| phase_p50(fast.iter(), i);
     rep.line(format!(
         "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
