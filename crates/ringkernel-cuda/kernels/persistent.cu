@@ -415,12 +415,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     claimed_p = &S->inbox_claimed;
                     known_p = &S->inbox_known;
                 }
-                // With several blocks, block 0 alone reads a slot speculatively; the
-                // others look (without the lock) whether more is announced than claimed
-                // and take the lock only then, so idle blocks do not crowd the claims.
-                const bool look = !multi || block0 || *(volatile rk_u64*)known_p > *(volatile rk_u64*)claimed_p;
-                if (look) {
-                    if (multi) rk_lock(&S->claim_lock[src]);
+                if (!multi) {
                     const rk_u64 claimed = *(volatile rk_u64*)claimed_p;
                     const rk_u64 known = *(volatile rk_u64*)known_p;
                     rk_u32 want = known > claimed ? (rk_u32)(known - claimed < W ? known - claimed : W) : 0u;
@@ -432,17 +427,42 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         g->first = claimed;
                         g->n = want;
                         rk_xg_st64(claimed_p, claimed + want);
-                        if (multi) {
-                            g->ticket = S->ticket[src];
-                            *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
-                            atomicAdd(&S->busy, 1u);
-                        }
-                    } else if (known <= claimed && (!multi || block0)) {
+                    } else if (known <= claimed) {
                         g->mode = RK_MODE_SPEC;
                         g->first = claimed;
                         g->n = 1;
                     }
-                    if (multi) rk_unlock(&S->claim_lock[src]);
+                } else if (*(volatile rk_u64*)known_p > *(volatile rk_u64*)claimed_p) {
+                    // Several blocks: claims are numbered under the claim lock, which
+                    // every block's rounds contend for, so it covers only the claim and
+                    // its ticket. The output slots and the busy count are taken before
+                    // (a whole window's worth) and what the claim did not use goes back
+                    // after.
+                    const rk_u32 promised = rk_promise_output(S, p, W);
+                    atomicAdd(&S->busy, 1u);
+                    rk_lock(&S->claim_lock[src]);
+                    const rk_u64 claimed = *(volatile rk_u64*)claimed_p;
+                    const rk_u64 known = *(volatile rk_u64*)known_p;
+                    rk_u32 want = known > claimed ? (rk_u32)(known - claimed < W ? known - claimed : W) : 0u;
+                    if (want > promised) want = promised;
+                    if (want) {
+                        g->mode = RK_MODE_CLAIMED;
+                        g->first = claimed;
+                        g->n = want;
+                        rk_xg_st64(claimed_p, claimed + want);
+                        g->ticket = S->ticket[src];
+                        *(volatile rk_u64*)&S->ticket[src] = g->ticket + 1;
+                    }
+                    rk_unlock(&S->claim_lock[src]);
+                    if (promised > want)
+                        atomicAdd((unsigned long long*)&S->out_promised, (unsigned long long)(-(long long)(promised - want)));
+                    if (!want) atomicSub(&S->busy, 1u);
+                } else if (block0) {
+                    // Nothing announced beyond the claims: block 0 alone reads the next
+                    // slot speculatively (decide claims it under the lock if complete).
+                    g->mode = RK_MODE_SPEC;
+                    g->first = *(volatile rk_u64*)claimed_p;
+                    g->n = 1;
                 }
                 if (host_src) cur_lane = g->lane;
             }
