@@ -23,10 +23,12 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+pub use decoder::{BlockWeights, DecoderDims, DecoderLayer, DecoderScratch};
 pub use dtype::DType;
 pub use quant::WeightFormat;
 
 pub mod checks;
+pub mod decoder;
 pub mod dtype;
 pub mod quant;
 pub mod reference;
@@ -691,6 +693,24 @@ pub trait ComputeBackend: Send + Sync + 'static {
     ) -> Result<()> {
         self.rope_kv(qkv, positions, q, k_cache, v_cache, dims)?;
         self.attention_kv(q, k_cache, v_cache, positions, out, dims)
+    }
+
+    /// One pre-norm decoder layer of a llama-style model over `dims.kv.tokens` tokens at
+    /// `positions`: `x` (`tokens × dim`, the residual stream) gets the attention's and
+    /// the feed-forward block's outputs added, and the new keys and values go into the
+    /// layer's caches (see [`decoder`]). The default runs the five ops of
+    /// [`decoder::run_ops`]; CUDA runs a decode step (one token) in four kernels. The
+    /// scratch buffers' contents afterwards are unspecified.
+    fn decoder_layer(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        layer: &DecoderLayer,
+        scratch: &DecoderScratch,
+        dims: DecoderDims,
+    ) -> Result<()> {
+        decoder::check(scratch, &dims)?;
+        decoder::run_ops(self, x, positions, layer, scratch, dims)
     }
 
     /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA

@@ -237,9 +237,11 @@ template <int F, bool PDL> struct QmPre { static const int N = !PDL ? 0 : F == 0
 
 // One octet (words r, and r2 of the gate's second matrix) against QM_TOKENS tokens' x.
 template <int F, bool GATED, bool NORM>
+// copy: when not null, x's values are also stored there (the row-0 warp of
+// rk_qmatmul_norm_copy_*: the values it loads anyway).
 __device__ __forceinline__ void qm_octet(const u32* r, const u32* r2, const float* x, const float* __restrict__ g,
                                          u64 cols, u64 blk, int o, u64 t0, int nt, float* acc, float* acc2,
-                                         float* ss) {
+                                         float* ss, float* copy) {
     float4 g0, g1;
     if (NORM) {
         g0 = *(const float4*)(g + blk * 32 + o * 8);
@@ -250,6 +252,11 @@ __device__ __forceinline__ void qm_octet(const u32* r, const u32* r2, const floa
         if (t < nt) {
             const float* xt = x + (t0 + t) * cols + blk * 32 + o * 8;
             float4 x0 = *(const float4*)xt, x1 = *(const float4*)(xt + 4);
+            if (copy) {
+                float* ct = copy + (xt - x);
+                *(float4*)ct = x0;
+                *(float4*)(ct + 4) = x1;
+            }
             if (NORM) {
                 ss[t] += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
                 ss[t] += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
@@ -262,11 +269,17 @@ __device__ __forceinline__ void qm_octet(const u32* r, const u32* r2, const floa
     }
 }
 
+//
+// The result of token t goes to out[t·rows + at] (at: the row itself unless given), and
+// also to keep[...] when keep is not null (a second copy of a residual stream); with copy,
+// the warp stores the x rows it reads there (qm_octet).
 template <int F, bool GATED, bool NORM, bool PDL = false>
 __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32* __restrict__ w2,
                                             const float* x, const float* __restrict__ g, float eps,
                                             float* out, u64 batch, u64 rows, u64 cols, int accumulate,
-                                            u64 row, u64 t0, int early = 0) {
+                                            u64 row, u64 t0, int early = 0, float* keep = 0, u64 at = ~0ull,
+                                            float* copy = 0) {
+    if (at == ~0ull) at = row;
     const int lane = threadIdx.x % WARP;
     const int nt = (int)(batch - t0 < QM_TOKENS ? batch - t0 : QM_TOKENS);
     const u64 nb = cols / 32, noct = nb * 4;
@@ -297,7 +310,7 @@ __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32
         const u64 oc = lane + (u64)k * WARP;
         if (oc < noct)
             qm_octet<F, GATED, NORM>(pw[k], pu[GATED ? k : 0], x, g, cols, oc / 4, (int)(oc % 4), t0, nt, acc, acc2,
-                                     ss);
+                                     ss, copy);
     }
     // QM_OCTETS octets a lane per round, unrolled so that their loads go out together.
 #pragma unroll 1
@@ -309,7 +322,7 @@ __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32
             u32 r[Fmt<F>::OCT], r2[Fmt<F>::OCT];
             octet_load<F, false>(wr + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), r);
             if (GATED) octet_load<F, false>(ur + (oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), r2);
-            qm_octet<F, GATED, NORM>(r, r2, x, g, cols, oc / 4, (int)(oc % 4), t0, nt, acc, acc2, ss);
+            qm_octet<F, GATED, NORM>(r, r2, x, g, cols, oc / 4, (int)(oc % 4), t0, nt, acc, acc2, ss, copy);
         }
     }
 #pragma unroll
@@ -324,7 +337,9 @@ __device__ __forceinline__ void qmatmul_row(const u32* __restrict__ w, const u32
             if (t < nt) {
                 float v = acc[t];
                 if (GATED) v = v / (1.0f + expf(-v)) * acc2[t];
-                out[(t0 + t) * rows + row] = accumulate ? old[t] + v : v;
+                v = accumulate ? old[t] + v : v;
+                out[(t0 + t) * rows + at] = v;
+                if (keep) keep[(t0 + t) * rows + at] = v;
             }
         }
     }
@@ -335,20 +350,27 @@ template <int F, bool GATED, bool NORM>
 __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u32* __restrict__ w2,
                                              const float* __restrict__ x, const float* __restrict__ g, float eps,
                                              float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate,
-                                             int early) {
+                                             int early, float* __restrict__ keep = 0, float* copy = 0) {
     const u64 row = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP;
     if (row >= rows) return;
     qmatmul_row<F, GATED, NORM, true>(w, w2, x, g, eps, out, batch, rows, cols, accumulate, row,
-                                      (u64)blockIdx.y * QM_TOKENS, early);
+                                      (u64)blockIdx.y * QM_TOKENS, early, keep, ~0ull, row == 0 ? copy : 0);
 }
 
 // rk_qmatmul_<format>[_swiglu], and rk_qmatmul_norm_<format>[_swiglu] with the RMSNorm
-// (weights g, epsilon eps) fused in. `early`: see qmatmul_row.
+// (weights g, epsilon eps) fused in. `early`: see qmatmul_row. rk_qmatmul_keep_<format>
+// also writes its output to keep, rk_qmatmul_norm_copy_<format> its input x to copy (the
+// decoder layer's second copy of the residual stream).
 #define QMATMUL(name, F)                                                                                          \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name(                                \
         const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 batch, u64 rows,     \
         u64 cols, int accumulate, int early) {                                                                    \
         qmatmul_body<F, false, false>(w, w, x, x, 0.0f, out, batch, rows, cols, accumulate, early);               \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_keep_##name(                           \
+        const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 batch, u64 rows,     \
+        u64 cols, int accumulate, int early, float* __restrict__ keep) {                                          \
+        qmatmul_body<F, false, false>(w, w, x, x, 0.0f, out, batch, rows, cols, accumulate, early, keep);         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_##name##_swiglu(                       \
         const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x, float* __restrict__ out, \
@@ -360,6 +382,12 @@ __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u3
         float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate, int early) {                      \
         qmatmul_body<F, false, true>(w, w, x, g, eps, out, batch, rows, cols, accumulate, early);                 \
     }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_copy_##name(                      \
+        const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
+        float* __restrict__ out, u64 batch, u64 rows, u64 cols, int accumulate, int early,                        \
+        float* __restrict__ copy) {                                                                               \
+        qmatmul_body<F, false, true>(w, w, x, g, eps, out, batch, rows, cols, accumulate, early, 0, copy);        \
+    }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatmul_norm_##name##_swiglu(                  \
         const u32* __restrict__ w, const u32* __restrict__ w2, const float* __restrict__ x,                       \
         const float* __restrict__ g, float eps, float* __restrict__ out, u64 batch, u64 rows, u64 cols,           \
@@ -369,6 +397,59 @@ __device__ __forceinline__ void qmatmul_body(const u32* __restrict__ w, const u3
 QMATMUL(f32, 0)
 QMATMUL(q4_1, 1)
 QMATMUL(q8_0, 2)
+
+// A decoder layer's feed-forward block for one token in one kernel:
+//   out[r] += Σ_j Wd[r, j] · silu((G·n(x))[j]) · (U·n(x))[j],   n(x) = rms_norm(x, g)
+// Block b computes the 8 hidden values [8b, 8b + 8) (one octet of Wd's columns), a warp
+// each as rk_qmatmul_norm_*_swiglu does, into shared memory; then every thread takes rows
+// r = tid, tid + FF_THREADS, ... of Wd against those 8 values and adds its product to
+// out[r] with a reduction (red.global.add: the blocks' shares land in no fixed order, so
+// the sum's last bits vary from run to run). out must not be x: other blocks may still be
+// reading x. With `early`, the block's weights (gate, up, and its octet of each row of
+// Wd, the first FF_PRE rows a thread) are loaded before the wait on the kernel ahead.
+#define FF_THREADS 256
+#define FF_PRE 3
+template <int F>
+__device__ __forceinline__ void ffn_body(const u32* __restrict__ wg, const u32* __restrict__ wu,
+                                         const u32* __restrict__ wd, const float* __restrict__ x,
+                                         const float* __restrict__ g, float eps, float* __restrict__ out, u64 dim,
+                                         u64 hidden, int early) {
+    __shared__ __align__(16) float sh_h[FF_THREADS / WARP];
+    const int tid = threadIdx.x, warp = tid / WARP;
+    const u64 b = blockIdx.x, nbd = hidden / 32, blk = b / 4;
+    const int o = (int)(b % 4);
+    if (!early) rk_pdl_enter();
+    u32 dw[FF_PRE][Fmt<F>::OCT];
+#pragma unroll
+    for (int k = 0; k < FF_PRE; k++) {
+        const u64 r = tid + (u64)k * FF_THREADS;
+        if (r < dim) octet_load<F, true>(wd + (r * nbd + blk) * Fmt<F>::WORDS, o, dw[k]);
+    }
+    // (with early = 0 the wait above already happened; a second one returns at once)
+    qmatmul_row<F, true, true, true>(wg, wu, x, g, eps, sh_h, 1, hidden, dim, 0, b * (FF_THREADS / WARP) + warp, 0,
+                                     1, 0, (u64)warp);
+    __syncthreads();
+    const float4 h0 = *(const float4*)sh_h, h1 = *(const float4*)(sh_h + 4);
+#pragma unroll
+    for (int k = 0; k < FF_PRE; k++) {
+        const u64 r = tid + (u64)k * FF_THREADS;
+        if (r < dim) atomicAdd(out + r, octet_dot_words<F>(dw[k], o, h0, h1));
+    }
+#pragma unroll 1
+    for (u64 r = tid + (u64)FF_PRE * FF_THREADS; r < dim; r += FF_THREADS)
+        atomicAdd(out + r, octet_dot<F>(wd + (r * nbd + blk) * Fmt<F>::WORDS, o, h0, h1));
+}
+
+#define FFN(name, F)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(FF_THREADS) rk_ffn_##name(                                     \
+        const u32* __restrict__ wg, const u32* __restrict__ wu, const u32* __restrict__ wd,                     \
+        const float* __restrict__ x, const float* __restrict__ g, float eps, float* __restrict__ out, u64 dim,  \
+        u64 hidden, int early) {                                                                                \
+        ffn_body<F>(wg, wu, wd, x, g, eps, out, dim, hidden, early);                                            \
+    }
+FFN(f32, 0)
+FFN(q4_1, 1)
+FFN(q8_0, 2)
 
 // Rows r0, r0 + step, ... (R of them, those below rows) of a matvec (one token, no gate)
 // by one warp: x is loaded (and normalised) once for all R rows and their weight loads go
@@ -759,10 +840,39 @@ extern "C" __global__ void __launch_bounds__(KV_THREADS) rk_rope_attention_kv(
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
-extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
+// With WO (rk_rope_attention_wo_split_*), the kernel also applies the layer's output
+// projection: x[r] += Σ_c Wo[r, h·hd + c]·att_h[c] for every row r, and the same to x2.
+// Block (h, s) takes rows [s·per, (s + 1)·per) of Wo (per = ⌈dim / ns⌉) for its head's hd
+// columns, their first WoPre octets loaded early. Every block of a head then needs the
+// head's merged row, so instead of the last block merging alone, each block counts its
+// part in ticket[h] (a 64-bit count that is never reset: the head's blocks of one call
+// take tickets [k·ns, k·ns + ns)) and waits until the count reaches the call's end, then
+// merges the parts into shared memory itself and adds its rows' products to x and x2 with
+// reductions (their order, and so the sums' last bits, vary from run to run). The host
+// launches it only when every block can be resident at once (heads·ns ≤ SMs): a waiting
+// block needs the others of its head to run. out is left unwritten.
+template <int F> struct WoPre { static const int N = F == 0 ? 2 : 8; };
+
+template <int F, bool WO>
+__device__ __forceinline__ void split_attention_body(
     const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
     float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale, float* part,
-    u32* done, u64 ns, int early) {
+    u32* done, u64 ns, int early, const u32* __restrict__ wo, float* x, float* x2, u64 dim,
+    unsigned long long* ticket) {
+    const u64 h0 = blockIdx.x / ns, s0 = blockIdx.x % ns;
+    // WO: this block's rows of Wo, and their first octets (one row a thread).
+    // (dim is 0 without WO)
+    const u64 wo_per = (dim + ns - 1) / ns, wo_r0 = s0 * wo_per;
+    const u64 wo_r1 = wo_r0 + wo_per < dim ? wo_r0 + wo_per : dim;
+    const u64 wo_nb = heads * hd / 32, wo_oct = hd / 8, wo_c0 = h0 * hd / 8;
+    u32 ww[WO ? WoPre<F>::N : 1][Fmt<F>::OCT];
+    if (WO && early) {
+        const u64 r = wo_r0 + threadIdx.x;
+#pragma unroll
+        for (int j = 0; j < WoPre<F>::N; j++)
+            if (r < wo_r1 && (u64)j < wo_oct)
+                octet_load<F, true>(wo + (r * wo_nb + (wo_c0 + j) / 4) * Fmt<F>::WORDS, (int)((wo_c0 + j) % 4), ww[j]);
+    }
     if (!early) rk_pdl_enter();
     __shared__ __align__(16) float sh_q[AS_MAXD];
     __shared__ float sh_p[AS_THREADS];
@@ -876,15 +986,55 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
     for (u64 d = tid; d < hd; d += AS_THREADS) {
         float a = 0.0f;
         for (int gi = 0; gi < groups; gi++) a += sh_acc[gi * hd + d];
-        if (ns == 1)
+        if (ns == 1 && !WO)
             out[h * hd + d] = l > 0.0f ? a / l : 0.0f;
         else
             mine[2 + d] = a;
     }
-    if (ns == 1) return;
+    if (ns == 1 && !WO) return;
     if (tid == 0) {
         mine[0] = m;
         mine[1] = l;
+    }
+    if (WO) {
+        // The part before the ticket (the barrier, then thread 0's release, as below); the
+        // wait's acquire before the block's reads of the other parts.
+        __syncthreads();
+        if (tid == 0) {
+            unsigned long long t, now;
+            asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(t) : "l"(ticket + h) : "memory");
+            const unsigned long long target = t - t % ns + ns;
+            do {
+                asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(ticket + h) : "memory");
+            } while (now < target);
+        }
+        __syncthreads();
+        float* sh_att = sh_acc;  // free again: the sums above were read before the barrier
+        attention_combine(part + h * ns * stride, ns, stride, hd, sh_att);
+        __syncthreads();
+        const float4* a4 = (const float4*)sh_att;
+#pragma unroll 1
+        for (u64 r = wo_r0 + tid; r < wo_r1; r += AS_THREADS) {
+            const bool first = early && r == wo_r0 + tid;
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < WoPre<F>::N; j++) {
+                if ((u64)j < wo_oct) {
+                    const u64 c = wo_c0 + j;
+                    v += first ? octet_dot_words<F>(ww[j], (int)(c % 4), a4[2 * j], a4[2 * j + 1])
+                               : octet_dot<F>(wo + (r * wo_nb + c / 4) * Fmt<F>::WORDS, (int)(c % 4), a4[2 * j],
+                                              a4[2 * j + 1]);
+                }
+            }
+#pragma unroll 1
+            for (u64 j = WoPre<F>::N; j < wo_oct; j++) {
+                const u64 c = wo_c0 + j;
+                v += octet_dot<F>(wo + (r * wo_nb + c / 4) * Fmt<F>::WORDS, (int)(c % 4), a4[2 * j], a4[2 * j + 1]);
+            }
+            atomicAdd(x + r, v);
+            atomicAdd(x2 + r, v);
+        }
+        return;
     }
     // The block's part before its count: the barrier orders every thread's writes before
     // thread 0's release (cumulative, as rk_program's grid barrier), and thread 0's
@@ -902,3 +1052,24 @@ extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_sp
         if (tid == 0) done[h] = 0;  // for the next call, which waits for this kernel
     }
 }
+
+extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_kv_split(
+    const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc,
+    float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale, float* part,
+    u32* done, u64 ns, int early) {
+    split_attention_body<1, false>(qkv, pos, q, kc, vc, out, heads, kv_heads, hd, cap, base, scale, part, done, ns,
+                                   early, 0, 0, 0, 0, 0);
+}
+
+#define ATTENTION_WO(name, F)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(AS_THREADS) rk_rope_attention_wo_split_##name(                  \
+        const float* __restrict__ qkv, const u32* __restrict__ pos, float* __restrict__ q, float* kc, float* vc, \
+        float* __restrict__ out, u64 heads, u64 kv_heads, u64 hd, u64 cap, float base, float scale, float* part, \
+        u32* done, u64 ns, int early, const u32* __restrict__ wo, float* x, float* x2, u64 dim,                  \
+        unsigned long long* ticket) {                                                                            \
+        split_attention_body<F, true>(qkv, pos, q, kc, vc, out, heads, kv_heads, hd, cap, base, scale, part,     \
+                                      done, ns, early, wo, x, x2, dim, ticket);                                  \
+    }
+ATTENTION_WO(f32, 0)
+ATTENTION_WO(q4_1, 1)
+ATTENTION_WO(q8_0, 2)

@@ -572,3 +572,141 @@ fn early_loads_see_every_write_but_the_kernel_ahead() {
         }
     }
 }
+
+/// A decoder layer for one token (`decoder_layer`: four kernels, the feed-forward block in
+/// one with its down projection added by reductions) against the same layer as its five
+/// ops one by one (`decoder::run_ops`), step after step at growing positions, run
+/// directly and replayed from a CUDA graph: the residual stream and both caches agree.
+/// Awkward sizes: a residual wider than the attention, a hidden width of 7 blocks, and a
+/// residual wider than a block's preloaded rows (800 > 3 · 256).
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn decoder_layer_fused_matches_its_ops_one_by_one() {
+    use ringkernel_core::compute::{
+        decoder, dtype, quant, BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratch,
+        KvDims, WeightFormat,
+    };
+    let g = gpu();
+    let mut rng = SplitMix64::from_entropy();
+    for (dim, hidden, heads, kv_heads, head_dim, format) in [
+        (160, 224, 4, 2, 16, WeightFormat::Q4_1),
+        (800, 96, 2, 1, 32, WeightFormat::Q8_0),
+        (96, 64, 3, 3, 32, WeightFormat::F32),
+    ] {
+        let cap = 8;
+        let kv = KvDims {
+            tokens: 1,
+            heads,
+            kv_heads,
+            head_dim,
+            capacity: cap,
+            rope_base: 10000.0,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let d = DecoderDims {
+            kv,
+            dim,
+            hidden,
+            eps: 1e-5,
+        };
+        let att = heads * head_dim;
+        let mut matrix = |rows: usize, cols: usize| -> BufferRef {
+            let v = rng.vec(rows * cols, -0.5, 0.5);
+            let words = quant::quantize(format, &v).unwrap();
+            g.upload(dtype::words_as_f32(&words)).unwrap()
+        };
+        let (qkv_w, wo, gate, up, down) = (
+            matrix((heads + 2 * kv_heads) * head_dim, dim),
+            matrix(dim, att),
+            matrix(hidden, dim),
+            matrix(hidden, dim),
+            matrix(dim, hidden),
+        );
+        let attn_norm = g.upload(&rng.vec(dim, 0.5, 1.5)).unwrap();
+        let ffn_norm = g.upload(&rng.vec(dim, 0.5, 1.5)).unwrap();
+        let x0 = rng.vec(dim, -1.0, 1.0);
+        // Two of everything that a layer writes: [0] the fused path, [1] the ops.
+        let side = || {
+            (
+                g.upload(&x0).unwrap(),
+                // zeros: the rows after the position are compared too (both unwritten)
+                g.upload(&vec![0.0; kv_heads * cap * head_dim]).unwrap(),
+                g.upload(&vec![0.0; kv_heads * cap * head_dim]).unwrap(),
+            )
+        };
+        let (a, b) = (side(), side());
+        let scratch: Vec<BufferRef> = [
+            dim,
+            (heads + 2 * kv_heads) * head_dim,
+            att,
+            att,
+            hidden,
+            dim,
+        ]
+        .iter()
+        .map(|&n| g.upload(&vec![f32::NAN; n]).unwrap())
+        .collect();
+        let s = DecoderScratch {
+            normed: &*scratch[0],
+            qkv: &*scratch[1],
+            q: &*scratch[2],
+            att: &*scratch[3],
+            hidden: &*scratch[4],
+            residual: &*scratch[5],
+        };
+        let pos = g.alloc(1).unwrap();
+        let la = DecoderLayer {
+            attn_norm: &*attn_norm,
+            qkv: BlockWeights {
+                buffer: &*qkv_w,
+                format,
+            },
+            wo: BlockWeights {
+                buffer: &*wo,
+                format,
+            },
+            ffn_norm: &*ffn_norm,
+            gate: BlockWeights {
+                buffer: &*gate,
+                format,
+            },
+            up: &*up,
+            down: BlockWeights {
+                buffer: &*down,
+                format,
+            },
+            k_cache: &*a.1,
+            v_cache: &*a.2,
+        };
+        let lb = DecoderLayer {
+            k_cache: &*b.1,
+            v_cache: &*b.2,
+            ..la
+        };
+        let graph = g
+            .capture(|c| c.decoder_layer(&*a.0, &*pos, &la, &s, d))
+            .expect("the fused layer records");
+        for p in 0..6u32 {
+            g.write(&*pos, 0, dtype::words_as_f32(&[p])).unwrap();
+            if p < 3 {
+                g.decoder_layer(&*a.0, &*pos, &la, &s, d).unwrap();
+            } else {
+                graph.launch().unwrap();
+            }
+            decoder::run_ops(&g, &*b.0, &*pos, &lb, &s, d).unwrap();
+            let n = kv_heads * cap * head_dim;
+            for (what, fa, fb, len) in [
+                ("x", &a.0, &b.0, dim),
+                ("k cache", &a.1, &b.1, n),
+                ("v cache", &a.2, &b.2, n),
+            ] {
+                let want: Vec<f64> = read(&g, fb, len).iter().map(|&v| v as f64).collect();
+                let err = rel_error(&read(&g, fa, len), &want);
+                assert!(
+                    err < 1e-5,
+                    "{format:?} dim {dim}, step {p}: {what} differs by {err:.2e}"
+                );
+            }
+        }
+    }
+}

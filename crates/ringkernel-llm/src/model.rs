@@ -33,8 +33,8 @@ use crate::gguf::GgufFile;
 use crate::quant::{dequantize, GgmlType};
 use crate::weights::{half_split_order, joined_format, HostMatrix};
 use ringkernel::compute::{
-    BufferRef, ComputeBackend, Device, EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay,
-    WeightFormat,
+    BlockWeights, BufferRef, ComputeBackend, DecoderDims, DecoderLayer, DecoderScratch, Device,
+    EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay, WeightFormat,
 };
 use ringkernel::BackendKind;
 use ringkernel_core::compute::dtype::words_as_f32;
@@ -238,6 +238,8 @@ struct Scratch {
     pos: BufferRef,
     /// Residual stream `[rows, dim]`.
     x: BufferRef,
+    /// A second copy of it (scratch of `decoder_layer`).
+    x2: BufferRef,
     /// Normed `[rows, dim]`.
     xb: BufferRef,
     /// Projections `[rows, dim + 2·kv_dim]`.
@@ -474,6 +476,7 @@ impl Model {
             ids: alloc(rows)?,
             pos: alloc(rows)?,
             x: alloc(rows * c.dim)?,
+            x2: alloc(rows * c.dim)?,
             xb: alloc(rows * c.dim)?,
             qkv: alloc(rows * (c.dim + 2 * c.kv_dim()))?,
             q: alloc(rows * c.dim)?,
@@ -525,7 +528,7 @@ impl Model {
     fn run(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
         let b: &dyn ComputeBackend = &**self.device.backend();
         let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
-        let (d, kvd, eps) = (c.dim, c.kv_dim(), c.eps);
+        let (d, eps) = (c.dim, c.eps);
         let mm = |batch, rows, cols, accumulate| QMatmulDims {
             batch,
             rows,
@@ -552,43 +555,39 @@ impl Model {
             rope_base: c.rope_base,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
+        let scratch = DecoderScratch {
+            normed: &*s.xb,
+            qkv: &*s.qkv,
+            q: &*s.q,
+            att: &*s.att,
+            hidden: &*s.hb,
+            residual: &*s.x2,
+        };
+        let dims = DecoderDims {
+            kv,
+            dim: d,
+            hidden: c.hidden,
+            eps,
+        };
+        fn bw(m: &QuantMatrix) -> BlockWeights<'_> {
+            BlockWeights {
+                buffer: &**m.buffer(),
+                format: m.format(),
+            }
+        }
         for (l, lw) in w.layers.iter().enumerate() {
-            let (kc, vc) = (&*cache.k[l], &*cache.v[l]);
-            b.rms_norm_qmatmul(
-                &*s.x,
-                &*lw.attn_norm,
-                eps,
-                &*s.xb,
-                &[&**lw.qkv.buffer()],
-                lw.qkv.format(),
-                &*s.qkv,
-                mm(n, d + 2 * kvd, d, false),
-            )?;
-            b.rope_attention_kv(&*s.qkv, &*s.pos, &*s.q, kc, vc, &*s.att, kv)?;
-            b.qmatmul(
-                &**lw.wo.buffer(),
-                lw.wo.format(),
-                &*s.att,
-                &*s.x,
-                mm(n, d, d, true),
-            )?;
-            b.rms_norm_qmatmul(
-                &*s.x,
-                &*lw.ffn_norm,
-                eps,
-                &*s.xb,
-                &[&**lw.gate.buffer(), &**lw.up.buffer()],
-                lw.gate.format(),
-                &*s.hb,
-                mm(n, c.hidden, d, false),
-            )?;
-            b.qmatmul(
-                &**lw.down.buffer(),
-                lw.down.format(),
-                &*s.hb,
-                &*s.x,
-                mm(n, d, c.hidden, true),
-            )?;
+            let layer = DecoderLayer {
+                attn_norm: &*lw.attn_norm,
+                qkv: bw(&lw.qkv),
+                wo: bw(&lw.wo),
+                ffn_norm: &*lw.ffn_norm,
+                gate: bw(&lw.gate),
+                up: &**lw.up.buffer(),
+                down: bw(&lw.down),
+                k_cache: &*cache.k[l],
+                v_cache: &*cache.v[l],
+            };
+            b.decoder_layer(&*s.x, &*s.pos, &layer, &scratch, dims)?;
         }
         // The output head sees the last token only.
         let last: &BufferRef = if n == 1 {

@@ -16,8 +16,8 @@
 //! ```
 
 use super::{
-    dtype, quant, AttentionDims, BinaryOp, BroadcastDims, DType, EmbeddingDims, KvDims, MatmulDims,
-    QMatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp, WeightFormat,
+    dtype, quant, AttentionDims, BinaryOp, BroadcastDims, DType, DecoderDims, EmbeddingDims,
+    KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, RopeDims, UnaryOp, WeightFormat,
 };
 
 /// An element type the references accept: `f32` or `f64`.
@@ -625,4 +625,54 @@ mod tests {
         let s = attention_scores(&[1.0f32, 1.0], &[0.5f32, 0.5, 9.0], dims);
         assert_eq!(s[1], f64::NEG_INFINITY);
     }
+}
+
+/// One decoder layer's weights on the host, for [`decoder_layer`] (shapes as
+/// [`DecoderLayer`](crate::compute::DecoderLayer)'s).
+#[derive(Debug, Clone, Copy)]
+pub struct HostDecoderLayer<'a> {
+    /// RMSNorm weights before the attention.
+    pub attn_norm: &'a [f32],
+    /// The QKV projection's blocks.
+    pub qkv: (WeightFormat, &'a [u32]),
+    /// The output projection's blocks.
+    pub wo: (WeightFormat, &'a [u32]),
+    /// RMSNorm weights before the feed-forward block.
+    pub ffn_norm: &'a [f32],
+    /// The gate's blocks.
+    pub gate: (WeightFormat, &'a [u32]),
+    /// The up projection's blocks, in the gate's format.
+    pub up: &'a [u32],
+    /// The down projection's blocks.
+    pub down: (WeightFormat, &'a [u32]),
+}
+
+/// `decoder_layer`: the residual stream after the layer, then both caches after its
+/// writes (see [`crate::compute::decoder`]).
+pub fn decoder_layer(
+    x: &[f32],
+    positions: &[u32],
+    l: &HostDecoderLayer,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    d: DecoderDims,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let t = d.kv.tokens;
+    let plain = |m: QMatmulDims| QMatmulDims {
+        accumulate: false,
+        ..m
+    };
+    let [pqkv, po, pgu, pdown] = d.projections().map(plain);
+    let xn = rms_norm(x, l.attn_norm, t, d.dim, d.eps);
+    let qkv = qmatmul(l.qkv.0, l.qkv.1, &xn, &[], pqkv);
+    let (q, kc, vc) = rope_kv(&qkv, positions, k_cache, v_cache, d.kv);
+    let att = attention_kv(&q, &kc, &vc, positions, d.kv);
+    let add =
+        |a: &[f64], b: Vec<f64>| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a + b).collect() };
+    let x0: Vec<f64> = x.iter().map(|&v| f(v)).collect();
+    let x1 = add(&x0, qmatmul(l.wo.0, l.wo.1, &att, &[], po));
+    let xn = rms_norm(&x1, l.ffn_norm, t, d.dim, d.eps);
+    let h = qmatmul_swiglu(l.gate.0, l.gate.1, l.up, &xn, &[], pgu);
+    let x2 = add(&x1, qmatmul(l.down.0, l.down.1, &h, &[], pdown));
+    (x2, kc, vc)
 }

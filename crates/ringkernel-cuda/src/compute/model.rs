@@ -6,8 +6,9 @@
 use super::program::{field, Instr, OP_EMBED, OP_QM, OP_ROPE_ATT};
 use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
 use ringkernel_core::compute::{
-    checks, BinaryOp, BroadcastDims, ComputeBackend, DType, DeviceBuffer, EmbeddingDims, KvDims,
-    QMatmulDims, Replay, WeightFormat, MAX_BROADCAST_RANK,
+    checks, decoder, BinaryOp, BlockWeights, BroadcastDims, ComputeBackend, DType, DecoderDims,
+    DecoderLayer, DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, Replay,
+    WeightFormat, MAX_BROADCAST_RANK,
 };
 use ringkernel_core::{Error, Result};
 
@@ -27,14 +28,17 @@ const KV_MAX_HEAD_DIM: usize = 256;
 /// The split decode attention (`rk_rope_attention_kv_split`): threads a block
 /// (`AS_THREADS`), the largest head (`AS_MAXD`), and what its scratch holds: parts for
 /// up to `ATTN_SPLIT_HEADS` query heads of `ATTN_SPLIT_MAX` blocks each, then a counter
-/// per head.
+/// per head, then a 64-bit ticket count per head.
 const AS_THREADS: u32 = 128;
 const AS_MAX_HEAD_DIM: usize = 128;
 const ATTN_SPLIT_HEADS: usize = 64;
 const ATTN_SPLIT_MAX: usize = 16;
 const ATTN_PARTS_BYTES: usize = ATTN_SPLIT_HEADS * ATTN_SPLIT_MAX * (AS_MAX_HEAD_DIM + 2) * 4;
-/// Bytes of the split attention's scratch (allocated with the backend).
-pub(super) const ATTN_SCRATCH_BYTES: usize = ATTN_PARTS_BYTES + ATTN_SPLIT_HEADS * 4;
+/// Where the 64-bit tickets a head of `rk_rope_attention_wo_split_*` start, after the
+/// parts and the counters.
+const ATTN_TICKETS_AT: usize = ATTN_PARTS_BYTES + ATTN_SPLIT_HEADS * 4;
+/// Bytes of the split attention's scratch (allocated with the backend, zeroed).
+pub(super) const ATTN_SCRATCH_BYTES: usize = ATTN_TICKETS_AT + ATTN_SPLIT_HEADS * 8;
 /// Blocks a query head in the split decode attention when `RINGKERNEL_CUDA_ATTN_SPLIT`
 /// does not say (`0` there: the one-block-a-head kernel, `rk_rope_attention_kv`).
 const ATTN_SPLIT_DEFAULT: usize = 8;
@@ -62,6 +66,35 @@ fn parse_attn_split(value: Option<&str>) -> usize {
             ATTN_SPLIT_DEFAULT
         }
     }
+}
+
+/// Threads of an `rk_ffn_*` block (`FF_THREADS`: a warp for each of an octet's 8 hidden
+/// values).
+const FF_THREADS: u32 = 256;
+
+/// A switch read from the environment once: on unless the variable is `0`.
+struct Switch(&'static str, std::sync::OnceLock<bool>);
+
+/// Whether a decode step's feed-forward block runs as one kernel (`rk_ffn_*`).
+static FUSED_FFN: Switch = Switch("RINGKERNEL_CUDA_FUSED_FFN", std::sync::OnceLock::new());
+/// Whether a decode step's attention applies the output projection itself
+/// (`rk_rope_attention_wo_split_*`).
+static FUSED_WO: Switch = Switch("RINGKERNEL_CUDA_FUSED_WO", std::sync::OnceLock::new());
+
+fn switch_on(s: &Switch) -> bool {
+    *s.1.get_or_init(|| std::env::var(s.0).map_or(true, |v| v != "0"))
+}
+
+/// The split decode attention's blocks a head for these heads (caches at addresses whose
+/// OR is `cache_bits`), or `None` where it does not take them (or the split is off).
+fn split_fits(d: &KvDims, cache_bits: u64) -> Option<usize> {
+    let split = attn_split();
+    (split > 0
+        && d.head_dim.is_multiple_of(4)
+        && d.head_dim <= AS_MAX_HEAD_DIM
+        && d.heads <= ATTN_SPLIT_HEADS
+        && cache_bits.is_multiple_of(16))
+        .then_some(split)
 }
 
 /// The attention kernels take heads of up to `KV_MAX_HEAD_DIM` values.
@@ -248,6 +281,23 @@ impl CudaCompute {
         d: QMatmulDims,
         norm: Option<(&dyn DeviceBuffer, f32)>,
     ) -> Result<()> {
+        self.qmatmul_keeping(w, format, x, out, d, norm, None)
+    }
+
+    /// [`Self::qmatmul_impl`] that also writes a copy to `keep`, for the decoder layer:
+    /// of its output (`rk_qmatmul_keep_*`), or with `norm` of its input x
+    /// (`rk_qmatmul_norm_copy_*`). One matrix, up to `QM_TOKENS` tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn qmatmul_keeping(
+        &self,
+        w: &[&dyn DeviceBuffer],
+        format: WeightFormat,
+        x: &dyn DeviceBuffer,
+        out: &dyn DeviceBuffer,
+        d: QMatmulDims,
+        norm: Option<(&dyn DeviceBuffer, f32)>,
+        keep: Option<&dyn DeviceBuffer>,
+    ) -> Result<()> {
         let gated = w.len() == 2;
         let needs = if gated {
             checks::qmatmul_swiglu(format, d)?
@@ -293,6 +343,25 @@ impl CudaCompute {
         // One token through a tall matrix (an output head): QM_ROWS rows a warp, in
         // rk_qmatvec_rows_* (no batch parameter).
         let tall = !gated && d.batch == 1 && d.rows >= QM_ROWS_FROM;
+        let mut keep_ptr = match keep {
+            None => 0,
+            Some(k) if !gated && !tall && d.batch <= QM_TOKENS && !self.in_program() => {
+                // with a norm, a copy of the input; without, of the output
+                let len = if norm.is_some() {
+                    needs.elems(1)
+                } else {
+                    needs.elems(2)
+                };
+                ringkernel_core::compute::check_len(k, len, "qmatmul copy")?;
+                checks::distinct("qmatmul", k, &args)?;
+                self.buf(k)?.ptr
+            }
+            Some(_) => {
+                return Err(Error::invalid(
+                    "qmatmul: a copy of the output needs the plain kernel",
+                ))
+            }
+        };
         let (gx, gy) = if tall {
             (d.rows.div_ceil(QM_ROWS * QM_WARPS), 1)
         } else {
@@ -317,7 +386,12 @@ impl CudaCompute {
             format!("rk_qmatvec_rows_{norm_part}{}", format.name())
         } else {
             format!(
-                "rk_qmatmul_{norm_part}{}{}",
+                "rk_qmatmul_{norm_part}{}{}{}",
+                match (keep.is_some(), norm.is_some()) {
+                    (false, _) => "",
+                    (true, true) => "copy_",
+                    (true, false) => "keep_",
+                },
                 format.name(),
                 if gated { "_swiglu" } else { "" }
             )
@@ -352,7 +426,132 @@ impl CudaCompute {
         if !tall {
             params.push(arg(&mut early));
         }
-        self.launch_writing(&name, grid, block, &mut params, &[self.span(out)?])
+        let mut writes = vec![self.span(out)?];
+        if let Some(k) = keep {
+            params.push(arg(&mut keep_ptr));
+            writes.push(self.span(k)?);
+        }
+        self.launch_writing(&name, grid, block, &mut params, &writes)
+    }
+
+    /// `ComputeBackend::decoder_layer`. A decode step (one token, outside a program) runs
+    /// in three kernels where it can:
+    /// 1. the norm + QKV matvec, which also copies `x` into the scratch `residual`;
+    /// 2. the attention with the output projection (`rk_rope_attention_wo_split_*`),
+    ///    adding its products to `x` and `residual`;
+    /// 3. `rk_ffn_*`: norm + gate/up + SwiGLU + down projection, reading `residual` and
+    ///    adding its products to `x` (the three matrices in one format).
+    ///
+    /// Where 2 does not fit (see `rope_attention_wo`, or `RINGKERNEL_CUDA_FUSED_WO=0`) the
+    /// attention and the output projection are two kernels, the projection writing its sum
+    /// to `residual` as well; where 3 does not (or `RINGKERNEL_CUDA_FUSED_FFN=0`) the
+    /// feed-forward block is its two ops. Other calls run `decoder::run_ops`.
+    pub(super) fn decoder_layer_impl(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        l: &DecoderLayer,
+        s: &DecoderScratch,
+        d: DecoderDims,
+    ) -> Result<()> {
+        decoder::check(s, &d)?;
+        if d.kv.tokens != 1 || self.in_program() {
+            return decoder::run_ops(self, x, positions, l, s, d);
+        }
+        let [qkv, wo, gate_up, down] = d.projections();
+        let fuse_ffn = switch_on(&FUSED_FFN) && l.gate.format == l.down.format;
+        // 1, copying x where 2 will add to both, then 2.
+        let copy = self.wo_split(l.k_cache, l.v_cache, &d.kv).is_some();
+        self.qmatmul_keeping(
+            &[l.qkv.buffer],
+            l.qkv.format,
+            x,
+            s.qkv,
+            qkv,
+            Some((l.attn_norm, d.eps)),
+            copy.then_some(s.residual),
+        )?;
+        let fused = self.rope_attention_wo(
+            s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, l.wo, x, s.residual, d.kv, d.dim,
+        );
+        match fused {
+            Some(r) => r?,
+            None => {
+                self.rope_attention_kv_impl(
+                    s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, d.kv,
+                )?;
+                let keep = fuse_ffn.then_some(s.residual);
+                self.qmatmul_keeping(&[l.wo.buffer], l.wo.format, s.att, x, wo, None, keep)?;
+            }
+        }
+        if !fuse_ffn {
+            let ffn = [l.gate.buffer, l.up];
+            self.rms_norm_qmatmul_impl(
+                x,
+                l.ffn_norm,
+                d.eps,
+                s.normed,
+                &ffn,
+                l.gate.format,
+                s.hidden,
+                gate_up,
+            )?;
+            return self.qmatmul_impl(&[l.down.buffer], l.down.format, s.hidden, x, down, None);
+        }
+        self.ffn(l, s, x, d, gate_up, down)
+    }
+
+    /// `rk_ffn_*` (see `decoder_layer_impl`), with the checks of the ops it stands for.
+    fn ffn(
+        &self,
+        l: &DecoderLayer,
+        s: &DecoderScratch,
+        x: &dyn DeviceBuffer,
+        d: DecoderDims,
+        gate_up: QMatmulDims,
+        down: QMatmulDims,
+    ) -> Result<()> {
+        let format = l.gate.format;
+        checks::rms_norm(1, d.dim)?.check(&[s.residual, l.ffn_norm, s.normed])?;
+        checks::qmatmul_swiglu(format, gate_up)?.check(&[
+            l.gate.buffer,
+            l.up,
+            s.residual,
+            s.hidden,
+        ])?;
+        checks::qmatmul(format, down)?.check(&[l.down.buffer, s.hidden, x])?;
+        let inputs = [l.gate.buffer, l.up, l.down.buffer, s.residual, l.ffn_norm];
+        let mut p = self.device_ptrs(&inputs)?;
+        checks::distinct("decoder_layer", x, &inputs)?;
+        let mut px = self.buf(x)?.ptr;
+        let (mut eps, mut dim, mut hidden) = (d.eps, d.dim as u64, d.hidden as u64);
+        let mut early = self.early_loads(&[
+            self.span(l.gate.buffer)?,
+            self.span(l.up)?,
+            self.span(l.down.buffer)?,
+        ]);
+        let (wg, rest) = p.split_at_mut(1);
+        let (wu, rest) = rest.split_at_mut(1);
+        let (wd, rest) = rest.split_at_mut(1);
+        let (xin, g) = rest.split_at_mut(1);
+        self.launch_writing(
+            &format!("rk_ffn_{}", format.name()),
+            ((d.hidden / 8) as u32, 1, 1),
+            (FF_THREADS, 1, 1),
+            &mut [
+                arg(&mut wg[0]),
+                arg(&mut wu[0]),
+                arg(&mut wd[0]),
+                arg(&mut xin[0]),
+                arg(&mut g[0]),
+                arg(&mut eps),
+                arg(&mut px),
+                arg(&mut dim),
+                arg(&mut hidden),
+                arg(&mut early),
+            ],
+            &[self.span(x)?],
+        )
     }
 
     /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
@@ -425,40 +624,26 @@ impl CudaCompute {
             arg(&mut base),
             arg(&mut sc),
         ];
-        let mut writes = [q, k_cache, v_cache, out]
+        let writes = [q, k_cache, v_cache, out]
             .iter()
             .map(|b| self.span(*b))
             .collect::<Result<Vec<_>>>()?;
-        let split = attn_split();
-        if split > 0
-            && d.head_dim.is_multiple_of(4)
-            && d.head_dim <= AS_MAX_HEAD_DIM
-            && d.heads <= ATTN_SPLIT_HEADS
-            && (pk | pv) % 16 == 0
-        {
-            let scratch = self.inner.attn_scratch.ptr();
-            let (mut part, mut done, mut ns) =
-                (scratch, scratch + ATTN_PARTS_BYTES as u64, split as u64);
+        if let Some(split) = split_fits(&d, pk | pv) {
             // The position and the cached keys and values are loaded before the wait
             // where the kernel ahead writes none of them (see `early_loads`).
-            let mut early = self.early_loads(&[
+            let early = self.early_loads(&[
                 self.span(positions)?,
                 self.span(k_cache)?,
                 self.span(v_cache)?,
             ]);
-            args.extend([
-                arg(&mut part),
-                arg(&mut done),
-                arg(&mut ns),
-                arg(&mut early),
-            ]);
-            writes.push((scratch, ATTN_SCRATCH_BYTES as u64));
-            return self.launch_writing(
+            return self.launch_split_attention(
                 "rk_rope_attention_kv_split",
-                ((d.heads * split) as u32, 1, 1),
-                (AS_THREADS, 1, 1),
-                &mut args,
-                &writes,
+                args,
+                split,
+                early,
+                &mut [],
+                writes,
+                d.heads,
             );
         }
         self.launch_writing(
@@ -467,6 +652,169 @@ impl CudaCompute {
             (KV_THREADS, 1, 1),
             &mut args,
             &writes,
+        )
+    }
+
+    /// Launches a split decode attention kernel (`heads · split` blocks): `args` are the
+    /// leading parameters every such kernel takes (as `rope_attention_kv_impl` builds
+    /// them), then the scratch parts and counters, the split, `early`, and `extra`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_split_attention(
+        &self,
+        name: &str,
+        mut args: Vec<*mut std::ffi::c_void>,
+        split: usize,
+        mut early: i32,
+        extra: &mut [*mut std::ffi::c_void],
+        mut writes: Vec<(u64, u64)>,
+        heads: usize,
+    ) -> Result<()> {
+        let scratch = self.inner.attn_scratch.ptr();
+        let (mut part, mut done, mut ns) =
+            (scratch, scratch + ATTN_PARTS_BYTES as u64, split as u64);
+        args.extend([
+            arg(&mut part),
+            arg(&mut done),
+            arg(&mut ns),
+            arg(&mut early),
+        ]);
+        args.extend_from_slice(extra);
+        writes.push((scratch, ATTN_SCRATCH_BYTES as u64));
+        self.launch_writing(
+            name,
+            ((heads * split) as u32, 1, 1),
+            (AS_THREADS, 1, 1),
+            &mut args,
+            &writes,
+        )
+    }
+
+    /// `rope_attention_kv` and then `x += att · Woᵀ` for one token in one kernel
+    /// (`rk_rope_attention_wo_split_*`), adding the same products to `x2`; `att` is left
+    /// unwritten. `None` (nothing queued) where that kernel does not fit: no split
+    /// attention for these heads, a head width not a multiple of 8, or more blocks than
+    /// SMs (its blocks wait for each other, so all must be resident at once).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention_wo(
+        &self,
+        qkv: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        q: &dyn DeviceBuffer,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        att: &dyn DeviceBuffer,
+        wo: BlockWeights,
+        x: &dyn DeviceBuffer,
+        x2: &dyn DeviceBuffer,
+        d: KvDims,
+        dim: usize,
+    ) -> Option<Result<()>> {
+        let split = self.wo_split(k_cache, v_cache, &d)?;
+        Some(self.rope_attention_wo_launch(
+            [qkv, positions, q, k_cache, v_cache, att],
+            wo,
+            [x, x2],
+            d,
+            dim,
+            split,
+        ))
+    }
+
+    /// The split of `rk_rope_attention_wo_split_*` for these heads and caches, or `None`
+    /// where it does not fit (see [`Self::rope_attention_wo`]).
+    fn wo_split(
+        &self,
+        k_cache: &dyn DeviceBuffer,
+        v_cache: &dyn DeviceBuffer,
+        d: &KvDims,
+    ) -> Option<usize> {
+        if d.tokens != 1 || !d.head_dim.is_multiple_of(8) || !switch_on(&FUSED_WO) {
+            return None;
+        }
+        let p = self.device_ptrs(&[k_cache, v_cache]).ok()?;
+        let split = split_fits(d, p[0] | p[1])?;
+        (d.heads * split <= self.sms() as usize).then_some(split)
+    }
+
+    /// [`Self::rope_attention_wo`] once it fits: `io` are qkv, positions, q, the caches
+    /// and att; `out` x and x2.
+    fn rope_attention_wo_launch(
+        &self,
+        io: [&dyn DeviceBuffer; 6],
+        wo: BlockWeights,
+        out: [&dyn DeviceBuffer; 2],
+        d: KvDims,
+        dim: usize,
+        split: usize,
+    ) -> Result<()> {
+        let [qkv, positions, q, k_cache, v_cache, att] = io;
+        let [x, x2] = out;
+        let wo_d = QMatmulDims {
+            batch: 1,
+            rows: dim,
+            cols: d.heads * d.head_dim,
+            accumulate: true,
+        };
+        checks::rope_kv(&d)?.check(&[qkv, positions, q, k_cache, v_cache])?;
+        checks::attention_kv(&d)?.check(&[q, k_cache, v_cache, positions, att])?;
+        checks::qmatmul(wo.format, wo_d)?.check(&[wo.buffer, att, x])?;
+        ringkernel_core::compute::check_len(x2, dim, "decoder_layer residual")?;
+        let all = [qkv, positions, q, k_cache, v_cache, wo.buffer, x, x2];
+        let p = self.device_ptrs(&all)?;
+        for i in [2, 3, 4, 6, 7] {
+            checks::distinct_from_others("decoder_layer", &all, i)?;
+        }
+        let (mut px, mut pp, mut pq, mut pk, mut pv) = (p[0], p[1], p[2], p[3], p[4]);
+        let mut po = self.buf(att)?.ptr;
+        let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
+            d.heads as u64,
+            d.kv_heads as u64,
+            d.head_dim as u64,
+            d.capacity as u64,
+            d.rope_base,
+            d.scale,
+        );
+        let args = vec![
+            arg(&mut px),
+            arg(&mut pp),
+            arg(&mut pq),
+            arg(&mut pk),
+            arg(&mut pv),
+            arg(&mut po),
+            arg(&mut h),
+            arg(&mut kh),
+            arg(&mut hd),
+            arg(&mut cap),
+            arg(&mut base),
+            arg(&mut sc),
+        ];
+        let (mut pw, mut pxx, mut px2, mut dm) = (p[5], p[6], p[7], dim as u64);
+        let mut ticket = self.inner.attn_scratch.ptr() + ATTN_TICKETS_AT as u64;
+        // The Wo rows are loaded early too.
+        let early = self.early_loads(&[
+            self.span(positions)?,
+            self.span(k_cache)?,
+            self.span(v_cache)?,
+            self.span(wo.buffer)?,
+        ]);
+        let writes = [q, k_cache, v_cache, x, x2]
+            .iter()
+            .map(|b| self.span(*b))
+            .collect::<Result<Vec<_>>>()?;
+        self.launch_split_attention(
+            &format!("rk_rope_attention_wo_split_{}", wo.format.name()),
+            args,
+            split,
+            early,
+            &mut [
+                arg(&mut pw),
+                arg(&mut pxx),
+                arg(&mut px2),
+                arg(&mut dm),
+                arg(&mut ticket),
+            ],
+            writes,
+            d.heads,
         )
     }
 
@@ -680,6 +1028,16 @@ macro_rules! model_ops {
             dims: KvDims,
         ) -> Result<()> {
             self.rope_attention_kv_impl(qkv, positions, q, k_cache, v_cache, out, dims)
+        }
+        fn decoder_layer(
+            &self,
+            x: &dyn DeviceBuffer,
+            positions: &dyn DeviceBuffer,
+            layer: &ringkernel_core::compute::DecoderLayer,
+            scratch: &ringkernel_core::compute::DecoderScratch,
+            dims: ringkernel_core::compute::DecoderDims,
+        ) -> Result<()> {
+            self.decoder_layer_impl(x, positions, layer, scratch, dims)
         }
         fn record(
             &self,

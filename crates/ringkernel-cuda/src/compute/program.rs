@@ -102,6 +102,11 @@ impl CudaCompute {
             .map(f)
     }
 
+    /// Whether this thread records a program (ops become its instructions).
+    pub(super) fn in_program(&self) -> bool {
+        self.with_own_recording(|_| ()).is_some()
+    }
+
     /// In program mode on this thread: appends the instruction `make` builds and returns
     /// `Some(Ok)`, or the refusal when `make` gives nothing (the op's sizes do not fit an
     /// instruction). Outside program mode: `None`, and the op launches.

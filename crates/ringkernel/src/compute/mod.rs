@@ -43,7 +43,7 @@ pub use ringkernel_codegen::launch::{GpuKernel, KernelArg};
 pub use tensor::Tensor;
 
 pub use ringkernel_core::compute::{
-    reference, AttentionDims, BinaryOp, BroadcastDims, BufferRef, ComputeBackend, DType,
-    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, Replay,
-    RopeDims, UnaryOp, WeightFormat,
+    decoder, reference, AttentionDims, BinaryOp, BlockWeights, BroadcastDims, BufferRef,
+    ComputeBackend, DType, DecoderDims, DecoderLayer, DecoderScratch, DeviceBuffer, EmbeddingDims,
+    KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, Replay, RopeDims, UnaryOp, WeightFormat,
 };

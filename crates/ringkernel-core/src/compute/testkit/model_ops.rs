@@ -448,6 +448,7 @@ impl Kit<'_> {
         }
         self.decode_loop();
         self.recorded_step();
+        self.decoder_layer_loop();
         // a position past the cache writes nothing there
         let d = KvDims {
             tokens: 1,

@@ -10,7 +10,11 @@
 use super::{compare, Kit, Outcome};
 use crate::compute::dtype;
 use crate::compute::quant::{self, WeightFormat};
-use crate::compute::{checks, BufferRef, EmbeddingDims, KvDims, QMatmulDims};
+use crate::compute::reference::{self, HostDecoderLayer};
+use crate::compute::{
+    checks, BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratch, EmbeddingDims,
+    KvDims, QMatmulDims,
+};
 use crate::error::Result;
 
 /// Sizes of the step: model width, feed-forward width, vocabulary, layers, positions.
@@ -232,6 +236,163 @@ impl Kit<'_> {
                 self.b.read(&**b, 0, &mut out)?;
                 want.extend(out.iter().map(|&v| v as f64));
             }
+        }
+        Ok((got, want))
+    }
+}
+
+/// Tokens of the prompt that [`Kit::decoder_layer_loop`] runs before its decode steps.
+const PROMPT: usize = 3;
+
+impl Kit<'_> {
+    /// `decoder_layer` against [`reference::decoder_layer`]: a prompt of [`PROMPT`]
+    /// tokens in one call, then one token a step (recorded once where the backend
+    /// records, and replayed) up to the cache's capacity; the residual stream after every
+    /// call, then both caches. Twice: every matrix in Q4_1, and mixed formats (the
+    /// feed-forward block in f32, its down projection in Q8_0).
+    pub(super) fn decoder_layer_loop(&mut self) {
+        for (name, f) in [
+            ("Q4_1", [WeightFormat::Q4_1; 4]),
+            (
+                "mixed",
+                [
+                    WeightFormat::Q8_0,
+                    WeightFormat::Q4_1,
+                    WeightFormat::F32,
+                    WeightFormat::Q8_0,
+                ],
+            ),
+        ] {
+            let outcome = match self.run_decoder_layer_loop(f) {
+                Err(e) => Outcome::Failed(format!("error: {e}")),
+                Ok((got, want)) => {
+                    compare(&got, &want, 4.0 * self.tol.attention.max(self.tol.linear))
+                }
+            };
+            self.record(
+                "decoder_layer",
+                &format!(
+                    "{name}: a {PROMPT}-token prompt, then {} recorded steps, vs f64",
+                    STEPS - PROMPT
+                ),
+                outcome,
+            );
+        }
+    }
+
+    /// Formats `f`: QKV, output projection, gate/up, down.
+    fn run_decoder_layer_loop(&mut self, f: [WeightFormat; 4]) -> Result<(Vec<f32>, Vec<f64>)> {
+        let b = self.b;
+        let kvd = KV.kv_heads * KV.head_dim;
+        let att = KV.heads * KV.head_dim;
+        let host =
+            |k: &mut Self, format: WeightFormat, rows: usize, cols: usize| -> Result<Vec<u32>> {
+                let x = k.rng.vec(rows * cols, -0.5, 0.5);
+                quant::quantize(format, &x)
+            };
+        let w = [
+            host(self, f[0], att + 2 * kvd, DIM)?,
+            host(self, f[1], DIM, att)?,
+            host(self, f[2], HIDDEN, DIM)?,
+            host(self, f[2], HIDDEN, DIM)?,
+            host(self, f[3], DIM, HIDDEN)?,
+        ];
+        let (attn_norm, ffn_norm) = (self.rng.vec(DIM, 0.5, 1.5), self.rng.vec(DIM, 0.5, 1.5));
+        let dev: Vec<BufferRef> = w
+            .iter()
+            .map(|m| b.upload(dtype::words_as_f32(m)))
+            .collect::<Result<_>>()?;
+        let (an, fnm) = (b.upload(&attn_norm)?, b.upload(&ffn_norm)?);
+        let cache = checks::kv_sizes(&KV)?.cache;
+        let zeros = vec![0.0f32; cache];
+        let (kc, vc) = (b.upload(&zeros)?, b.upload(&zeros)?);
+        let bw = |i: usize, format| BlockWeights {
+            buffer: &*dev[i],
+            format,
+        };
+        let layer = DecoderLayer {
+            attn_norm: &*an,
+            qkv: bw(0, f[0]),
+            wo: bw(1, f[1]),
+            ffn_norm: &*fnm,
+            gate: bw(2, f[2]),
+            up: &*dev[3],
+            down: bw(4, f[3]),
+            k_cache: &*kc,
+            v_cache: &*vc,
+        };
+        let nan = |n: usize| b.upload(&vec![f32::NAN; n]);
+        let scratch_bufs = [
+            nan(PROMPT * DIM)?,
+            nan(PROMPT * (att + 2 * kvd))?,
+            nan(PROMPT * att)?,
+            nan(PROMPT * att)?,
+            nan(PROMPT * HIDDEN)?,
+            nan(PROMPT * DIM)?,
+        ];
+        let s = DecoderScratch {
+            normed: &*scratch_bufs[0],
+            qkv: &*scratch_bufs[1],
+            q: &*scratch_bufs[2],
+            att: &*scratch_bufs[3],
+            hidden: &*scratch_bufs[4],
+            residual: &*scratch_bufs[5],
+        };
+        let dims = |tokens| DecoderDims {
+            kv: KvDims { tokens, ..KV },
+            dim: DIM,
+            hidden: HIDDEN,
+            eps: EPS,
+        };
+        let hl = HostDecoderLayer {
+            attn_norm: &attn_norm,
+            qkv: (f[0], &w[0]),
+            wo: (f[1], &w[1]),
+            ffn_norm: &ffn_norm,
+            gate: (f[2], &w[2]),
+            up: &w[3],
+            down: (f[3], &w[4]),
+        };
+        let (x, pos) = (b.alloc(PROMPT * DIM)?, b.alloc(PROMPT)?);
+        let (mut hk, mut hv) = (zeros.clone(), zeros);
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        // the prompt, in one call
+        let x0 = self.rng.vec(PROMPT * DIM, -1.0, 1.0);
+        let positions: Vec<u32> = (0..PROMPT as u32).collect();
+        b.write(&*x, 0, &x0)?;
+        b.write(&*pos, 0, dtype::words_as_f32(&positions))?;
+        b.decoder_layer(&*x, &*pos, &layer, &s, dims(PROMPT))?;
+        let mut out = vec![0.0f32; PROMPT * DIM];
+        b.read(&*x, 0, &mut out)?;
+        got.extend(out);
+        let (rx, rk, rv) = reference::decoder_layer(&x0, &positions, &hl, &hk, &hv, dims(PROMPT));
+        want.extend(rx);
+        hk = rk.iter().map(|&v| v as f32).collect();
+        hv = rv.iter().map(|&v| v as f32).collect();
+        // then one token a step
+        let mut step = || b.decoder_layer(&*x, &*pos, &layer, &s, dims(1));
+        let recorded = b.record(&mut step)?;
+        for p in PROMPT..STEPS {
+            let xs = self.rng.vec(DIM, -1.0, 1.0);
+            b.write(&*x, 0, &xs)?;
+            b.write(&*pos, 0, dtype::words_as_f32(&[p as u32]))?;
+            match &recorded {
+                Some(r) => r.replay()?,
+                None => step()?,
+            }
+            let mut out = vec![0.0f32; DIM];
+            b.read(&*x, 0, &mut out)?;
+            got.extend(out);
+            let (rx, rk, rv) = reference::decoder_layer(&xs, &[p as u32], &hl, &hk, &hv, dims(1));
+            want.extend(rx);
+            hk = rk.iter().map(|&v| v as f32).collect();
+            hv = rv.iter().map(|&v| v as f32).collect();
+        }
+        for (c, r) in [(&kc, &hk), (&vc, &hv)] {
+            let mut out = vec![0.0f32; cache];
+            b.read(&**c, 0, &mut out)?;
+            got.extend(out);
+            want.extend(r.iter().map(|&v| v as f64));
         }
         Ok((got, want))
     }
