@@ -709,7 +709,7 @@ pub trait ComputeBackend: Send + Sync + 'static {
         scratch: &DecoderScratch,
         dims: DecoderDims,
     ) -> Result<()> {
-        decoder::check(scratch, &dims)?;
+        decoder::check(x, scratch, &dims)?;
         decoder::run_ops(self, x, positions, layer, scratch, dims)
     }
 

@@ -140,10 +140,10 @@ pub fn run_ops<B: ComputeBackend + ?Sized>(
     b.qmatmul(l.down.buffer, l.down.format, s.hidden, x, down)
 }
 
-/// The size checks of [`ComputeBackend::decoder_layer`] that its ops do not make
-/// themselves: `dim` and `hidden` multiples of 32, and the residual copy's length (the
-/// ops check every other buffer).
-pub fn check(s: &DecoderScratch, d: &DecoderDims) -> Result<()> {
+/// The checks of [`ComputeBackend::decoder_layer`] that its ops do not make themselves:
+/// `dim` and `hidden` positive multiples of 32, and the residual copy long enough and
+/// apart from `x` (the ops check every other buffer).
+pub fn check(x: &dyn DeviceBuffer, s: &DecoderScratch, d: &DecoderDims) -> Result<()> {
     for (v, what) in [(d.dim, "dim"), (d.hidden, "hidden")] {
         if v == 0 || !v.is_multiple_of(32) {
             return Err(crate::Error::invalid(format!(
@@ -152,5 +152,6 @@ pub fn check(s: &DecoderScratch, d: &DecoderDims) -> Result<()> {
         }
     }
     let need = checks::product(&[d.kv.tokens, d.dim], "decoder_layer residual")?;
-    check_len(s.residual, need, "decoder_layer residual")
+    check_len(s.residual, need, "decoder_layer residual")?;
+    checks::distinct("decoder_layer", s.residual, &[x])
 }

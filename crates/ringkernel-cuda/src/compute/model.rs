@@ -94,7 +94,7 @@ fn split_fits(d: &KvDims, cache_bits: u64) -> Option<usize> {
         && d.head_dim <= AS_MAX_HEAD_DIM
         && d.heads <= ATTN_SPLIT_HEADS
         && cache_bits.is_multiple_of(16))
-        .then_some(split)
+    .then_some(split)
 }
 
 /// The attention kernels take heads of up to `KV_MAX_HEAD_DIM` values.
@@ -454,7 +454,7 @@ impl CudaCompute {
         s: &DecoderScratch,
         d: DecoderDims,
     ) -> Result<()> {
-        decoder::check(s, &d)?;
+        decoder::check(x, s, &d)?;
         if d.kv.tokens != 1 || self.in_program() {
             return decoder::run_ops(self, x, positions, l, s, d);
         }

@@ -5,7 +5,8 @@ use super::{compare, ErrKind, ForeignBuffer, Kit, Outcome, GUARD};
 use crate::compute::dtype::{self, DType};
 use crate::compute::quant::{self, WeightFormat};
 use crate::compute::{
-    checks, reference, BinaryOp, BufferRef, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
+    checks, reference, BinaryOp, BlockWeights, BufferRef, DecoderDims, DecoderLayer,
+    DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
 };
 use crate::error::Result;
 
@@ -755,6 +756,64 @@ impl Kit<'_> {
             Device,
             b.attention_kv(g, g, f, g, g, kd),
         );
+        let layer = DecoderLayer {
+            attn_norm: g,
+            qkv: BlockWeights {
+                buffer: g,
+                format: WeightFormat::F32,
+            },
+            wo: BlockWeights {
+                buffer: g,
+                format: WeightFormat::F32,
+            },
+            ffn_norm: g,
+            gate: BlockWeights {
+                buffer: g,
+                format: WeightFormat::F32,
+            },
+            up: g,
+            down: BlockWeights {
+                buffer: g,
+                format: WeightFormat::F32,
+            },
+            k_cache: g,
+            v_cache: g,
+        };
+        let scratch = |residual| DecoderScratch {
+            normed: g,
+            qkv: g,
+            q: g,
+            att: g,
+            hidden: g,
+            residual,
+        };
+        let dd = DecoderDims {
+            kv: KvDims { tokens: 1, ..kd },
+            dim: 32,
+            hidden: 32,
+            eps: NORM_EPS,
+        };
+        if let Ok(x) = b.upload(&[1.0; 64]) {
+            let x = &*x;
+            self.expect_err(
+                "decoder_layer",
+                "dim 48 (not a multiple of 32)",
+                Any,
+                b.decoder_layer(x, g, &layer, &scratch(g), DecoderDims { dim: 48, ..dd }),
+            );
+            self.expect_err(
+                "decoder_layer",
+                "residual copy is x",
+                Any,
+                b.decoder_layer(x, g, &layer, &scratch(x), dd),
+            );
+            self.expect_err(
+                "decoder_layer",
+                "residual copy too short",
+                Shape,
+                b.decoder_layer(x, g, &layer, &scratch(s), DecoderDims { dim: 64, ..dd }),
+            );
+        }
         if let (Ok(q), Ok(kc), Ok(vc)) = (
             b.upload(&[1.0; 64]),
             b.upload(&[1.0; 64]),
