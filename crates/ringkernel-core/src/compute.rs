@@ -713,6 +713,23 @@ pub trait ComputeBackend: Send + Sync + 'static {
         decoder::run_ops(self, x, positions, layer, scratch, dims)
     }
 
+    /// [`decoder_layer`](Self::decoder_layer) for each of `layers` in turn, on the same
+    /// `x`, scratch and sizes (a model's stack of layers). The default calls it once a
+    /// layer; CUDA runs a decode step's stack with one kernel fewer a layer boundary (the
+    /// feed-forward block of a layer and the next layer's norm + QKV projection in one).
+    fn decoder_layers(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        layers: &[DecoderLayer],
+        scratch: &DecoderScratch,
+        dims: DecoderDims,
+    ) -> Result<()> {
+        layers
+            .iter()
+            .try_for_each(|l| self.decoder_layer(x, positions, l, scratch, dims))
+    }
+
     /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA
     /// graph), or returns `Ok(None)` when the backend has no such thing; the ops are then
     /// not run (call them directly instead). Recorded ops keep their buffers and scalar

@@ -451,6 +451,72 @@ FFN(f32, 0)
 FFN(q4_1, 1)
 FFN(q8_0, 2)
 
+// Every block of the grid past this point only after every block reached it: thread 0
+// takes a ticket from a 64-bit count that is never reset (the blocks of one call take
+// tickets [k·n, k·n + n)) and waits for the call's last; the barrier before orders the
+// block's writes (reductions included) before the ticket's release, and the one after
+// the acquire before the block's reads. Every block of the grid must be resident at once
+// (the host checks the occupancy).
+__device__ __forceinline__ void grid_meet(unsigned long long* ticket) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long n = gridDim.x;
+        unsigned long long t, now;
+        asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(t) : "l"(ticket) : "memory");
+        const unsigned long long target = t - t % n + n;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(ticket) : "memory");
+        } while (now < target);
+    }
+    __syncthreads();
+}
+
+// rk_ffn_<format> of one decoder layer, then the next layer's norm + QKV matvec in the
+// same kernel (after grid_meet: it needs every block's share of out): warp w of block b
+// takes row 8b + w of Wq (rows_q ≤ the grid's warps, which the host checks: a loop over
+// further rows measured 23 µs a decode step slower), normalised with gq, the row-0 warp
+// also copying out into copy (as rk_qmatmul_norm_copy_*: the next attention adds to
+// both). Each warp prefetches its Wq row into L2 first. x (the FFN's input) and copy may be one buffer:
+// every block has read x before the meeting.
+template <int F, int FQ>
+__device__ __forceinline__ void ffn_qkv_body(const u32* __restrict__ wg, const u32* __restrict__ wu,
+                                             const u32* __restrict__ wd, const float* x, const float* __restrict__ g,
+                                             float eps, float* out, u64 dim, u64 hidden, int early,
+                                             const u32* __restrict__ wq, const float* __restrict__ gq, float* qkv,
+                                             u64 rows_q, float* copy, unsigned long long* ticket) {
+    const u64 row = (u64)blockIdx.x * (FF_THREADS / WARP) + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (row < rows_q) {
+        const u64 bytes = dim / 32 * Fmt<FQ>::WORDS * 4;
+        const char* base = (const char*)(wq + row * (dim / 32) * Fmt<FQ>::WORDS);
+        for (u64 off = (u64)lane * 128; off < bytes; off += WARP * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+    }
+    ffn_body<F>(wg, wu, wd, x, g, eps, out, dim, hidden, early);
+    grid_meet(ticket);
+    if (row < rows_q)
+        qmatmul_row<FQ, false, true, false>(wq, wq, out, gq, eps, qkv, 1, rows_q, dim, 0, row, 0, 0, 0, ~0ull,
+                                            row == 0 ? copy : 0);
+}
+
+#define FFN_QKV(name, F, nameq, FQ)                                                                             \
+    extern "C" __global__ void __launch_bounds__(FF_THREADS) rk_ffn_qkv_##name##_##nameq(                       \
+        const u32* __restrict__ wg, const u32* __restrict__ wu, const u32* __restrict__ wd, const float* x,     \
+        const float* __restrict__ g, float eps, float* out, u64 dim, u64 hidden, int early,                     \
+        const u32* __restrict__ wq, const float* __restrict__ gq, float* qkv, u64 rows_q, float* copy,          \
+        unsigned long long* ticket) {                                                                           \
+        ffn_qkv_body<F, FQ>(wg, wu, wd, x, g, eps, out, dim, hidden, early, wq, gq, qkv, rows_q, copy, ticket); \
+    }
+FFN_QKV(f32, 0, f32, 0)
+FFN_QKV(f32, 0, q4_1, 1)
+FFN_QKV(f32, 0, q8_0, 2)
+FFN_QKV(q4_1, 1, f32, 0)
+FFN_QKV(q4_1, 1, q4_1, 1)
+FFN_QKV(q4_1, 1, q8_0, 2)
+FFN_QKV(q8_0, 2, f32, 0)
+FFN_QKV(q8_0, 2, q4_1, 1)
+FFN_QKV(q8_0, 2, q8_0, 2)
+
 // Rows r0, r0 + step, ... (R of them, those below rows) of a matvec (one token, no gate)
 // by one warp: x is loaded (and normalised) once for all R rows and their weight loads go
 // out together, so a warp with many rows (an output head) waits for memory once per R
@@ -501,14 +567,14 @@ __device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const fl
         int accumulate) {                                                                                         \
         rk_pdl_enter();                                                                                           \
         const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
-        if (r0 < rows) qmatvec_rows<F, false, QM_ROWS>(w, x, x, 0.0f, out, rows, cols, accumulate, r0, 1);      \
+        if (r0 < rows) qmatvec_rows<F, false, QM_ROWS>(w, x, x, 0.0f, out, rows, cols, accumulate, r0, 1); \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_norm_##name(                    \
         const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
         float* __restrict__ out, u64 rows, u64 cols, int accumulate) {                                            \
         rk_pdl_enter();                                                                                           \
         const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
-        if (r0 < rows) qmatvec_rows<F, true, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, r0, 1);        \
+        if (r0 < rows) qmatvec_rows<F, true, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, r0, 1); \
     }
 QMATVEC_ROWS(f32, 0)
 QMATVEC_ROWS(q4_1, 1)

@@ -575,8 +575,11 @@ impl Model {
                 format: m.format(),
             }
         }
-        for (l, lw) in w.layers.iter().enumerate() {
-            let layer = DecoderLayer {
+        let layers: Vec<DecoderLayer> = w
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, lw)| DecoderLayer {
                 attn_norm: &*lw.attn_norm,
                 qkv: bw(&lw.qkv),
                 wo: bw(&lw.wo),
@@ -586,9 +589,9 @@ impl Model {
                 down: bw(&lw.down),
                 k_cache: &*cache.k[l],
                 v_cache: &*cache.v[l],
-            };
-            b.decoder_layer(&*s.x, &*s.pos, &layer, &scratch, dims)?;
-        }
+            })
+            .collect();
+        b.decoder_layers(&*s.x, &*s.pos, &layers, &scratch, dims)?;
         // The output head sees the last token only.
         let last: &BufferRef = if n == 1 {
             &s.x

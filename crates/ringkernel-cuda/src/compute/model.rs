@@ -28,7 +28,7 @@ const KV_MAX_HEAD_DIM: usize = 256;
 /// The split decode attention (`rk_rope_attention_kv_split`): threads a block
 /// (`AS_THREADS`), the largest head (`AS_MAXD`), and what its scratch holds: parts for
 /// up to `ATTN_SPLIT_HEADS` query heads of `ATTN_SPLIT_MAX` blocks each, then a counter
-/// per head, then a 64-bit ticket count per head.
+/// per head, then a 64-bit ticket count per head and one for `rk_ffn_qkv_*`.
 const AS_THREADS: u32 = 128;
 const AS_MAX_HEAD_DIM: usize = 128;
 const ATTN_SPLIT_HEADS: usize = 64;
@@ -37,8 +37,10 @@ const ATTN_PARTS_BYTES: usize = ATTN_SPLIT_HEADS * ATTN_SPLIT_MAX * (AS_MAX_HEAD
 /// Where the 64-bit tickets a head of `rk_rope_attention_wo_split_*` start, after the
 /// parts and the counters.
 const ATTN_TICKETS_AT: usize = ATTN_PARTS_BYTES + ATTN_SPLIT_HEADS * 4;
+/// Where the 64-bit ticket count of `rk_ffn_qkv_*`'s meeting is, after those.
+const GRID_TICKET_AT: usize = ATTN_TICKETS_AT + ATTN_SPLIT_HEADS * 8;
 /// Bytes of the split attention's scratch (allocated with the backend, zeroed).
-pub(super) const ATTN_SCRATCH_BYTES: usize = ATTN_TICKETS_AT + ATTN_SPLIT_HEADS * 8;
+pub(super) const ATTN_SCRATCH_BYTES: usize = GRID_TICKET_AT + 8;
 /// Blocks a query head in the split decode attention when `RINGKERNEL_CUDA_ATTN_SPLIT`
 /// does not say (`0` there: the one-block-a-head kernel, `rk_rope_attention_kv`).
 const ATTN_SPLIT_DEFAULT: usize = 8;
@@ -83,6 +85,15 @@ static FUSED_WO: Switch = Switch("RINGKERNEL_CUDA_FUSED_WO", std::sync::OnceLock
 
 fn switch_on(s: &Switch) -> bool {
     *s.1.get_or_init(|| std::env::var(s.0).map_or(true, |v| v != "0"))
+}
+
+/// Whether a decode step's feed-forward kernel goes on with the next layer's norm + QKV
+/// (`rk_ffn_qkv_*`).
+static FUSED_CHAIN: Switch = Switch("RINGKERNEL_CUDA_FUSED_CHAIN", std::sync::OnceLock::new());
+
+/// The name of `rk_ffn_qkv_*` for a feed-forward block in `ffn` and a QKV matrix in `qkv`.
+fn ffn_qkv_name(ffn: WeightFormat, qkv: WeightFormat) -> String {
+    format!("rk_ffn_qkv_{}_{}", ffn.name(), qkv.name())
 }
 
 /// The split decode attention's blocks a head for these heads (caches at addresses whose
@@ -498,10 +509,13 @@ impl CudaCompute {
             )?;
             return self.qmatmul_impl(&[l.down.buffer], l.down.format, s.hidden, x, down, None);
         }
-        self.ffn(l, s, x, d, gate_up, down)
+        self.ffn(l, s, x, d, gate_up, down, None)
     }
 
-    /// `rk_ffn_*` (see `decoder_layer_impl`), with the checks of the ops it stands for.
+    /// `rk_ffn_*` (see `decoder_layer_impl`), with the checks of the ops it stands for;
+    /// with `next` (the next layer and its QKV sizes), `rk_ffn_qkv_*`, which goes on with
+    /// that layer's norm + QKV matvec (as `decoder_layers_impl` chains them).
+    #[allow(clippy::too_many_arguments)]
     fn ffn(
         &self,
         l: &DecoderLayer,
@@ -510,6 +524,7 @@ impl CudaCompute {
         d: DecoderDims,
         gate_up: QMatmulDims,
         down: QMatmulDims,
+        next: Option<(&DecoderLayer, QMatmulDims)>,
     ) -> Result<()> {
         let format = l.gate.format;
         checks::rms_norm(1, d.dim)?.check(&[s.residual, l.ffn_norm, s.normed])?;
@@ -534,24 +549,134 @@ impl CudaCompute {
         let (wu, rest) = rest.split_at_mut(1);
         let (wd, rest) = rest.split_at_mut(1);
         let (xin, g) = rest.split_at_mut(1);
+        let mut params = vec![
+            arg(&mut wg[0]),
+            arg(&mut wu[0]),
+            arg(&mut wd[0]),
+            arg(&mut xin[0]),
+            arg(&mut g[0]),
+            arg(&mut eps),
+            arg(&mut px),
+            arg(&mut dim),
+            arg(&mut hidden),
+            arg(&mut early),
+        ];
+        let mut writes = vec![self.span(x)?];
+        let Some((n, qd)) = next else {
+            return self.launch_writing(
+                &format!("rk_ffn_{}", format.name()),
+                ((d.hidden / 8) as u32, 1, 1),
+                (FF_THREADS, 1, 1),
+                &mut params,
+                &writes,
+            );
+        };
+        checks::rms_norm(1, d.dim)?.check(&[x, n.attn_norm, s.normed])?;
+        checks::qmatmul(n.qkv.format, qd)?.check(&[n.qkv.buffer, x, s.qkv])?;
+        let q_in = [n.qkv.buffer, n.attn_norm, x, s.residual];
+        checks::distinct("decoder_layer", s.qkv, &q_in)?;
+        let mut q = self.device_ptrs(&[n.qkv.buffer, n.attn_norm, s.qkv, s.residual])?;
+        let (mut rows_q, mut ticket) = (
+            qd.rows as u64,
+            self.inner.attn_scratch.ptr() + GRID_TICKET_AT as u64,
+        );
+        let (wq, rest) = q.split_at_mut(1);
+        let (gq, rest) = rest.split_at_mut(1);
+        let (pq, copy) = rest.split_at_mut(1);
+        params.extend([
+            arg(&mut wq[0]),
+            arg(&mut gq[0]),
+            arg(&mut pq[0]),
+            arg(&mut rows_q),
+            arg(&mut copy[0]),
+            arg(&mut ticket),
+        ]);
+        writes.extend([self.span(s.qkv)?, self.span(s.residual)?, (ticket, 8)]);
         self.launch_writing(
-            &format!("rk_ffn_{}", format.name()),
+            &ffn_qkv_name(format, n.qkv.format),
             ((d.hidden / 8) as u32, 1, 1),
             (FF_THREADS, 1, 1),
-            &mut [
-                arg(&mut wg[0]),
-                arg(&mut wu[0]),
-                arg(&mut wd[0]),
-                arg(&mut xin[0]),
-                arg(&mut g[0]),
-                arg(&mut eps),
-                arg(&mut px),
-                arg(&mut dim),
-                arg(&mut hidden),
-                arg(&mut early),
-            ],
-            &[self.span(x)?],
+            &mut params,
+            &writes,
         )
+    }
+
+    /// `ComputeBackend::decoder_layers`. A decode step's stack of layers that each run in
+    /// three kernels (see `decoder_layer_impl`) runs with the feed-forward kernel of each
+    /// layer but the last also doing the next layer's norm + QKV matvec
+    /// (`rk_ffn_qkv_*`): 2 kernels a layer and one more. That kernel's blocks meet in the
+    /// middle, so it is used only where all of them fit on the device at once
+    /// (`RINGKERNEL_CUDA_FUSED_CHAIN=0` turns it off); otherwise one layer at a time.
+    pub(super) fn decoder_layers_impl(
+        &self,
+        x: &dyn DeviceBuffer,
+        positions: &dyn DeviceBuffer,
+        layers: &[DecoderLayer],
+        s: &DecoderScratch,
+        d: DecoderDims,
+    ) -> Result<()> {
+        if !self.chain_fits(layers, &d)? {
+            return layers
+                .iter()
+                .try_for_each(|l| self.decoder_layer_impl(x, positions, l, s, d));
+        }
+        decoder::check(x, s, &d)?;
+        let [qkv, _, gate_up, down] = d.projections();
+        let first = &layers[0];
+        self.qmatmul_keeping(
+            &[first.qkv.buffer],
+            first.qkv.format,
+            x,
+            s.qkv,
+            qkv,
+            Some((first.attn_norm, d.eps)),
+            Some(s.residual),
+        )?;
+        for (i, l) in layers.iter().enumerate() {
+            self.rope_attention_wo(
+                s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, l.wo, x, s.residual, d.kv,
+                d.dim,
+            )
+            .ok_or_else(|| {
+                Error::Device("decoder_layers: the fused attention stopped fitting".into())
+            })??;
+            let next = layers.get(i + 1).map(|n| (n, qkv));
+            self.ffn(l, s, x, d, gate_up, down, next)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `decoder_layers_impl` chains these layers: more than one, one token,
+    /// outside a program, every layer taking the fused attention and feed-forward kernels,
+    /// no more QKV rows than `rk_ffn_qkv_*` has warps (one a row: `hidden`), and every
+    /// block of each `rk_ffn_qkv_*` it would launch resident at once.
+    fn chain_fits(&self, layers: &[DecoderLayer], d: &DecoderDims) -> Result<bool> {
+        let [qkv, ..] = d.projections();
+        if layers.len() < 2
+            || qkv.rows > d.hidden
+            || d.kv.tokens != 1
+            || !switch_on(&FUSED_CHAIN)
+            || !switch_on(&FUSED_FFN)
+            || self.in_program()
+        {
+            return Ok(false);
+        }
+        for (l, n) in layers.iter().zip(&layers[1..]) {
+            if l.gate.format != l.down.format || n.gate.format != n.down.format {
+                return Ok(false);
+            }
+            if self.wo_split(l.k_cache, l.v_cache, &d.kv).is_none()
+                || self.wo_split(n.k_cache, n.v_cache, &d.kv).is_none()
+            {
+                return Ok(false);
+            }
+            let per_sm =
+                self.blocks_per_sm(&ffn_qkv_name(l.gate.format, n.qkv.format), FF_THREADS)?;
+            if (d.hidden / 8) as u64 > u64::from(per_sm) * u64::from(self.sms()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
@@ -1038,6 +1163,16 @@ macro_rules! model_ops {
             dims: ringkernel_core::compute::DecoderDims,
         ) -> Result<()> {
             self.decoder_layer_impl(x, positions, layer, scratch, dims)
+        }
+        fn decoder_layers(
+            &self,
+            x: &dyn DeviceBuffer,
+            positions: &dyn DeviceBuffer,
+            layers: &[ringkernel_core::compute::DecoderLayer],
+            scratch: &ringkernel_core::compute::DecoderScratch,
+            dims: ringkernel_core::compute::DecoderDims,
+        ) -> Result<()> {
+            self.decoder_layers_impl(x, positions, layers, scratch, dims)
         }
         fn record(
             &self,

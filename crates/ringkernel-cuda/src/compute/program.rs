@@ -207,7 +207,14 @@ impl CudaCompute {
     /// Blocks of a program launch: as many as fit on the device at once (cooperative
     /// launches need every block resident), at most one per SM; `None` if none fits.
     fn program_grid(&self) -> Result<Option<u32>> {
-        let f = self.func("rk_program")?;
+        let per_sm = self.blocks_per_sm("rk_program", PROG_THREADS)?;
+        Ok((per_sm > 0).then(|| self.sms()))
+    }
+
+    /// How many blocks of `threads` threads of the kernel `name` (no dynamic shared
+    /// memory) fit on one SM at once.
+    pub(super) fn blocks_per_sm(&self, name: &str, threads: u32) -> Result<u32> {
+        let f = self.func(name)?;
         self.inner.dev.bind()?;
         let mut per_sm: std::ffi::c_int = 0;
         // SAFETY: `f` is a kernel of our loaded module; `per_sm` outlives the call.
@@ -215,13 +222,13 @@ impl CudaCompute {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut per_sm,
                 f.0,
-                PROG_THREADS as std::ffi::c_int,
+                threads as std::ffi::c_int,
                 0,
             )
         }
         .result()
-        .map_err(|e| Error::Device(format!("occupancy of rk_program: {e}")))?;
-        Ok((per_sm > 0).then(|| self.sms()))
+        .map_err(|e| Error::Device(format!("occupancy of {name}: {e}")))?;
+        Ok(per_sm.max(0) as u32)
     }
 }
 
