@@ -128,6 +128,9 @@ llm)
     bench graph-host-argmax-$round RINGKERNEL_CUDA_PROGRAM=0 --host-argmax
     bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
   done
+  bench graph-no-chain RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_CHAIN=0
+  bench graph-no-wo RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_WO=0
+  bench graph-unfused RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_FFN=0
   bench graph-no-pdl RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_PDL=0
   bench graph-one-block RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_ATTN_SPLIT=0
   # (the program has no argmax instruction: a step with it records as a graph)

@@ -9,7 +9,7 @@
 //! and never an out-of-bounds access.
 //!
 //! The f64 reference implementations every backend is tested against are in
-//! [`reference`].
+//! [`reference`](mod@reference).
 //!
 //! Buffers hold 32-bit words: one f32 each for the float ops; [`dtype`] says how `f16`,
 //! `bf16` and `u32` elements are packed into them and [`quant`] how the block formats of

@@ -8,10 +8,12 @@
 //! ([`ComputeBackend::record`]: a CUDA graph, so a token costs one graph launch) and
 //! replayed at every position.
 //!
-//! One step, per layer: `rms_norm_qmatmul` (the norm, then q, k, v in one matrix) →
-//! `rope_attention_kv` (RoPE, the new row into the cache, attention) → `qmatmul`
-//! accumulating into the residual stream → `rms_norm_qmatmul` (the norm, then gate and
-//! up with SwiGLU) → `qmatmul` accumulating; then the final norm and the output projection (`rms_norm_qmatmul`).
+//! One step: the embedding, then every layer through one
+//! [`ComputeBackend::decoder_layers`] (per layer: the norm, then q, k, v in one matrix;
+//! RoPE, the new row into the cache, attention; the output projection added to the
+//! residual stream; the norm, gate and up with SwiGLU, the down projection added; CUDA
+//! fuses these into two kernels a layer for a decode step); then the final norm and the
+//! output projection (`rms_norm_qmatmul`).
 //!
 //! ```no_run
 //! use ringkernel::compute::Device;
@@ -27,6 +29,7 @@
 //!
 //! [`ComputeBackend::qmatmul`]: ringkernel::compute::ComputeBackend::qmatmul
 //! [`ComputeBackend::record`]: ringkernel::compute::ComputeBackend::record
+//! [`ComputeBackend::decoder_layers`]: ringkernel::compute::ComputeBackend::decoder_layers
 
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
