@@ -27,7 +27,7 @@ use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod model;
@@ -96,6 +96,10 @@ pub(crate) struct ComputeInner {
     /// is one (checked first, without the lock, by every op).
     recording: Mutex<Option<program::Recording>>,
     recording_any: AtomicBool,
+    /// The grid size of the chained feed-forward kernel (`rk_ffn_qkv_*`) on this backend,
+    /// 0 before the first: its blocks meet on one count in the scratch, which only works
+    /// for one size (see `model::claim_chain_grid`).
+    chain_grid: AtomicU32,
 }
 
 /// Threads of `rk_argmax`'s one block (`ARGMAX_THREADS` in `kernels/ops.cu`).
@@ -231,6 +235,7 @@ impl CudaCompute {
                 early: std::env::var("RINGKERNEL_CUDA_EARLY").map_or(true, |v| v != "0"),
                 recording: Mutex::new(None),
                 recording_any: AtomicBool::new(false),
+                chain_grid: AtomicU32::new(0),
             }),
         })
     }

@@ -91,6 +91,21 @@ fn switch_on(s: &Switch) -> bool {
 /// (`rk_ffn_qkv_*`).
 static FUSED_CHAIN: Switch = Switch("RINGKERNEL_CUDA_FUSED_CHAIN", std::sync::OnceLock::new());
 
+/// Whether a chained feed-forward kernel of `blocks` blocks may run on a backend whose
+/// chain grid is `slot` (0: none yet, then claimed). Its blocks meet on one 64-bit count
+/// that each launch raises by its block count, and a block waits for the next multiple
+/// of that count: a second grid size would meet on a count that is not a multiple of it
+/// and let blocks pass early. A backend therefore chains one size only (the first); the
+/// layers of another size run one at a time.
+pub(super) fn claim_chain_grid(slot: &std::sync::atomic::AtomicU32, blocks: u32) -> bool {
+    use std::sync::atomic::Ordering;
+    blocks > 0
+        && match slot.compare_exchange(0, blocks, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => true,
+            Err(current) => current == blocks,
+        }
+}
+
 /// The name of `rk_ffn_qkv_*` for a feed-forward block in `ffn` and a QKV matrix in `qkv`.
 fn ffn_qkv_name(ffn: WeightFormat, qkv: WeightFormat) -> String {
     format!("rk_ffn_qkv_{}_{}", ffn.name(), qkv.name())
@@ -648,8 +663,9 @@ impl CudaCompute {
 
     /// Whether `decoder_layers_impl` chains these layers: more than one, one token,
     /// outside a program, every layer taking the fused attention and feed-forward kernels,
-    /// no more QKV rows than `rk_ffn_qkv_*` has warps (one a row: `hidden`), and every
-    /// block of each `rk_ffn_qkv_*` it would launch resident at once.
+    /// no more QKV rows than `rk_ffn_qkv_*` has warps (one a row: `hidden`), every
+    /// block of each `rk_ffn_qkv_*` it would launch resident at once, and its grid size
+    /// the one this backend chains (`claim_chain_grid`).
     fn chain_fits(&self, layers: &[DecoderLayer], d: &DecoderDims) -> Result<bool> {
         let [qkv, ..] = d.projections();
         if layers.len() < 2
@@ -676,7 +692,7 @@ impl CudaCompute {
                 return Ok(false);
             }
         }
-        Ok(true)
+        Ok(u32::try_from(d.hidden / 8).is_ok_and(|n| claim_chain_grid(&self.inner.chain_grid, n)))
     }
 
     /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
@@ -1190,6 +1206,16 @@ pub(super) use model_ops;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_chains_the_first_grid_size_only() {
+        let slot = std::sync::atomic::AtomicU32::new(0);
+        assert!(!claim_chain_grid(&slot, 0));
+        assert!(claim_chain_grid(&slot, 192));
+        assert!(claim_chain_grid(&slot, 192));
+        assert!(!claim_chain_grid(&slot, 100));
+        assert!(claim_chain_grid(&slot, 192));
+    }
 
     #[test]
     fn the_attention_split_switch_reads_numbers_caps_them_and_keeps_the_default_otherwise() {
