@@ -699,7 +699,7 @@ pub trait ComputeBackend: Send + Sync + 'static {
     /// `positions`: `x` (`tokens × dim`, the residual stream) gets the attention's and
     /// the feed-forward block's outputs added, and the new keys and values go into the
     /// layer's caches (see [`decoder`]). The default runs the five ops of
-    /// [`decoder::run_ops`]; CUDA runs a decode step (one token) in four kernels. The
+    /// [`decoder::run_ops`]; CUDA runs a decode step (one token) in three kernels. The
     /// scratch buffers' contents afterwards are unspecified.
     fn decoder_layer(
         &self,

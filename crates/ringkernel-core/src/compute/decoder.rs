@@ -11,9 +11,9 @@
 //! x  += h · W_downᵀ
 //! ```
 //!
-//! A backend may run them with fewer kernels (CUDA folds the down projection into the
-//! gate/up kernel for a decode step); the result is the same up to the order of float
-//! additions.
+//! A backend may run them with fewer kernels (CUDA, for a decode step: the attention with
+//! the output projection, and the feed-forward block with its down projection, each one
+//! kernel); the result is the same up to the order of float additions.
 
 use super::{check_len, checks, ComputeBackend, DeviceBuffer, KvDims, QMatmulDims, WeightFormat};
 use crate::Result;
