@@ -69,6 +69,10 @@ case "${1:-}" in
       echo "portable_handler: $b output DIFFERS from cpu"
     fi
   done
+  for b in cuda wgpu; do
+    r 60 "decoder-layers-$b" .gpu/bin/ringkernel-decoder_layers --device $b
+    tail -1 "$O/decoder-layers-$b.txt"
+  done
   r 120 codegen-bench .gpu/bin/ringkernel-codegen_bench --backends cuda,wgpu --scale large --iters 200
   tail -14 "$O/codegen-bench.txt"
   ;;

@@ -52,7 +52,7 @@ cargo test --release --no-run --message-format=json -p ringkernel-wavesim --test
 cargo test --release --no-run --message-format=json -p ringkernel --features cuda,wgpu \
   --test portable_handler --test gpu_struct_kernels --test gpu_kernel_grids | stage_json .gpu/tests
 cargo build --release --message-format=json -p ringkernel --features cuda,wgpu \
-  --example codegen_bench --example portable_handler | stage_json .gpu/bin
+  --example codegen_bench --example portable_handler --example decoder_layers | stage_json .gpu/bin
 cargo build --release --message-format=json -p ringkernel-cli | stage_json .gpu/bin
 for f in .gpu/tests/* .gpu/bin/*; do
   case "$f" in *.gz) ;; *) gzip -9 -f "$f" ;; esac

@@ -183,7 +183,7 @@ examples() {
       echo "---- example $ex --backend wgpu (--features wgpu)"
       cargo run -q -p ringkernel --features wgpu --example "$ex" -- --backend wgpu
     done
-    for ex in tensor_ops transformer_block; do
+    for ex in tensor_ops transformer_block decoder_layers; do
       echo "---- example $ex --device wgpu (--features wgpu)"
       cargo run -q -p ringkernel --features wgpu --example "$ex" -- --device wgpu
     done
