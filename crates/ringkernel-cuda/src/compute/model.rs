@@ -83,8 +83,9 @@ static FUSED_FFN: Switch = Switch("RINGKERNEL_CUDA_FUSED_FFN", std::sync::OnceLo
 /// (`rk_rope_attention_wo_split_*`).
 static FUSED_WO: Switch = Switch("RINGKERNEL_CUDA_FUSED_WO", std::sync::OnceLock::new());
 
+/// [`super::program::switch`], read once.
 fn switch_on(s: &Switch) -> bool {
-    *s.1.get_or_init(|| std::env::var(s.0).map_or(true, |v| v != "0"))
+    *s.1.get_or_init(|| super::program::switch(s.0))
 }
 
 /// Whether a decode step's feed-forward kernel goes on with the next layer's norm + QKV

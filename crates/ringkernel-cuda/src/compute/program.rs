@@ -78,7 +78,7 @@ pub(super) struct Recording {
 }
 
 /// Whether the switch `name` is on (anything but `0`; on when unset).
-fn switch(name: &str) -> bool {
+pub(super) fn switch(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
 
