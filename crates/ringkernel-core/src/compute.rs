@@ -395,6 +395,33 @@ pub struct KvDims {
     pub scale: f32,
 }
 
+/// A read queued by [`ComputeBackend::read_async`]: [`PendingRead::wait`] returns the
+/// elements as they were when the work queued before the read had finished.
+pub struct PendingRead(Box<dyn FnOnce() -> Result<Vec<f32>> + Send>);
+
+impl PendingRead {
+    /// A read whose data is already on the host.
+    pub fn ready(data: Vec<f32>) -> Self {
+        Self(Box::new(move || Ok(data)))
+    }
+
+    /// A read that `wait` finishes (a backend's own completion: an event, a fence).
+    pub fn from_fn(wait: impl FnOnce() -> Result<Vec<f32>> + Send + 'static) -> Self {
+        Self(Box::new(wait))
+    }
+
+    /// Blocks until the data is on the host and returns it.
+    pub fn wait(self) -> Result<Vec<f32>> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PendingRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingRead")
+    }
+}
+
 /// Ops recorded by [`ComputeBackend::record`], replayed as one unit.
 pub trait Replay: Send + Sync {
     /// Queues the recorded ops again, in order, like any op (asynchronously).
@@ -424,6 +451,33 @@ pub trait ComputeBackend: Send + Sync + 'static {
     fn write(&self, buf: &dyn DeviceBuffer, offset: usize, data: &[f32]) -> Result<()>;
     /// Reads `out.len()` elements from `offset`, after all queued work.
     fn read(&self, buf: &dyn DeviceBuffer, offset: usize, out: &mut [f32]) -> Result<()>;
+    /// Queues a read of `len` elements from `offset`, taken after all work queued so far,
+    /// and returns without waiting for it; [`PendingRead::wait`] returns them. Work
+    /// queued after this call does not delay the wait where the backend can keep them
+    /// apart (CUDA: a copy into pinned memory and an event), so a host can queue the
+    /// next step before it looks at this one's result. The default reads at once.
+    fn read_async(&self, buf: &dyn DeviceBuffer, offset: usize, len: usize) -> Result<PendingRead> {
+        let mut out = vec![0f32; len];
+        self.read(buf, offset, &mut out)?;
+        Ok(PendingRead::ready(out))
+    }
+    /// Adds `by` (wrapping) to each of the `len` words at `offset` of `buf`, read as
+    /// `u32` bit patterns (as [`ComputeBackend::argmax`] writes them): a counter on the
+    /// device, such as a decode step's position, that a recorded step advances itself at
+    /// every replay. The default goes through the host (a read, then a write), which
+    /// waits for queued work and cannot be recorded; CUDA runs it as a kernel.
+    fn increment(&self, buf: &dyn DeviceBuffer, offset: usize, len: usize, by: u32) -> Result<()> {
+        checks::range(buf, offset, len, "increment")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let mut words = vec![0f32; len];
+        self.read(buf, offset, &mut words)?;
+        for w in &mut words {
+            *w = f32::from_bits(w.to_bits().wrapping_add(by));
+        }
+        self.write(buf, offset, &words)
+    }
     /// Copies `len` elements between (or within non-overlapping parts of) buffers.
     fn copy(
         &self,

@@ -84,6 +84,15 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const flo
     }
 }
 
+// ------------------------------------------------------------------ counters
+
+// words[i] += by (wrapping) for i < n: a counter on the device (ComputeBackend::increment),
+// such as a decode step's position, which a recorded step advances at each replay.
+extern "C" __global__ void rk_increment(unsigned* __restrict__ words, u64 n, unsigned by) {
+    rk_pdl_enter();
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) words[i] += by;
+}
+
 // ------------------------------------------------------------------ elementwise
 
 struct OpNeg { __device__ static float f(float x) { return -x; } };

@@ -15,13 +15,15 @@
 //! (a decode step is hundreds of small kernels). `RINGKERNEL_CUDA_PDL=0` launches them
 //! plainly, for measuring the difference.
 
-use crate::driver::{dev_err, ensure_cublas, ensure_nvrtc, Device, DeviceMemory, Module, Stream};
+use crate::driver::{
+    dev_err, ensure_cublas, ensure_nvrtc, Device, DeviceMemory, MappedMemory, Module, Stream,
+};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as cu, sys};
 use ringkernel_core::compute::{
     checks, downcast, AttentionDims, BinaryOp, BroadcastDims, BufferRef, ComputeBackend, DType,
-    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, RopeDims,
-    UnaryOp, WeightFormat,
+    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, PendingRead, QMatmulDims, ReduceDims,
+    ReduceOp, RopeDims, UnaryOp, WeightFormat,
 };
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
@@ -76,6 +78,8 @@ pub(crate) struct ComputeInner {
     /// partial results and a counter per head), allocated with the backend so that a
     /// captured graph can use it; freed in the order of `stream`.
     attn_scratch: DeviceMemory,
+    /// Pinned buffers and events of finished `read_async`s, for the next ones.
+    staging: Mutex<Vec<Staging>>,
     stream: Arc<Stream>,
     dev: Arc<Device>,
     tf32: AtomicBool,
@@ -100,6 +104,57 @@ pub(crate) struct ComputeInner {
     /// 0 before the first: its blocks meet on one count in the scratch, which only works
     /// for one size (see `model::claim_chain_grid`).
     chain_grid: AtomicU32,
+}
+
+/// A pinned host buffer and an event: where one `read_async` lands and how its reader
+/// knows it has.
+struct Staging {
+    host: MappedMemory,
+    event: sys::CUevent,
+    dev: Arc<Device>,
+}
+
+// SAFETY: the event handle is only used through the driver API, which is thread-safe;
+// the host memory is written by the copy and read after the event, one reader at a time
+// (a Staging is owned by one pending read or sits in the pool).
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// Kept at most this many in the pool.
+    const POOL: usize = 8;
+
+    fn new(dev: &Arc<Device>, bytes: usize) -> Result<Staging> {
+        let host = MappedMemory::new(dev, bytes.max(256))?;
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: the context is bound (MappedMemory::new bound it); the out pointer is a
+        // local.
+        unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        }
+        .result()
+        .map_err(dev_err("cuEventCreate"))?;
+        Ok(Staging {
+            host,
+            event,
+            dev: dev.clone(),
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: the event was created by Staging::new and is destroyed once, here;
+            // any read that recorded it has waited for it (or was dropped, which the
+            // driver allows: destroying a recorded event defers its release).
+            unsafe {
+                let _ = sys::cuEventDestroy_v2(self.event);
+            }
+        }
+    }
 }
 
 /// Threads of `rk_argmax`'s one block (`ARGMAX_THREADS` in `kernels/ops.cu`).
@@ -227,6 +282,7 @@ impl CudaCompute {
                 funcs: Mutex::new(HashMap::new()),
                 module,
                 attn_scratch,
+                staging: Mutex::new(Vec::new()),
                 stream,
                 dev,
                 tf32: AtomicBool::new(false),
@@ -814,6 +870,91 @@ impl ComputeBackend for CudaCompute {
         unsafe { cu::memcpy_dtoh_async(out, b.ptr + (offset * 4) as u64, self.inner.stream_op()) }
             .map_err(dev_err("read"))?;
         self.synchronize()
+    }
+
+    fn read_async(&self, buf: &dyn DeviceBuffer, offset: usize, len: usize) -> Result<PendingRead> {
+        let b = self.buf(buf)?;
+        checks::range(buf, offset, len, "read_async")?;
+        self.refuse_in_program("read_async")?;
+        self.inner.dev.bind()?;
+        let stream = self.inner.stream_op();
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: valid stream; the out pointer is a local.
+        unsafe { sys::cuStreamIsCapturing(stream, &mut status) }
+            .result()
+            .map_err(dev_err("cuStreamIsCapturing"))?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::invalid("read_async cannot be recorded"));
+        }
+        if len == 0 {
+            return Ok(PendingRead::ready(Vec::new()));
+        }
+        let bytes = len * 4;
+        let pooled = {
+            let mut pool = lock(&self.inner.staging);
+            let at = pool.iter().position(|s| s.host.len() >= bytes);
+            at.map(|i| pool.swap_remove(i))
+        };
+        let st = match pooled {
+            Some(s) => s,
+            None => Staging::new(&self.inner.dev, bytes)?,
+        };
+        // SAFETY: the source range was checked above; the destination is pinned memory of
+        // at least `bytes` owned by `st`, which the pending read holds until the event
+        // after the copy has completed; the event belongs to this context.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                st.host.host_ptr() as *mut c_void,
+                b.ptr + (offset * 4) as u64,
+                bytes,
+                stream,
+            )
+            .result()
+            .map_err(dev_err("read_async copy"))?;
+            sys::cuEventRecord(st.event, stream)
+                .result()
+                .map_err(dev_err("read_async event"))?;
+        }
+        let inner = self.inner.clone();
+        Ok(PendingRead::from_fn(move || {
+            inner.dev.bind()?;
+            // SAFETY: the event was recorded after the copy on this backend's stream.
+            unsafe { sys::cuEventSynchronize(st.event) }
+                .result()
+                .map_err(dev_err("read_async wait"))?;
+            let mut out = vec![0f32; len];
+            // SAFETY: the copy into the first `bytes` bytes of the pinned buffer has
+            // completed (the event above); `out` holds `len` floats = `bytes` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    st.host.host_ptr() as *const u8,
+                    out.as_mut_ptr() as *mut u8,
+                    bytes,
+                )
+            };
+            let mut pool = lock(&inner.staging);
+            if pool.len() < Staging::POOL {
+                pool.push(st);
+            }
+            Ok(out)
+        }))
+    }
+
+    fn increment(&self, buf: &dyn DeviceBuffer, offset: usize, len: usize, by: u32) -> Result<()> {
+        let b = self.buf(buf)?;
+        checks::range(buf, offset, len, "increment")?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (mut p, mut n, mut by) = (b.ptr + (offset * 4) as u64, len as u64, by);
+        let blocks = len.div_ceil(256).min(self.sms() as usize * 8) as u32;
+        self.launch_writing(
+            "rk_increment",
+            (blocks, 1, 1),
+            (256, 1, 1),
+            &mut [arg(&mut p), arg(&mut n), arg(&mut by)],
+            &[(p, len as u64 * 4)],
+        )
     }
 
     fn copy(

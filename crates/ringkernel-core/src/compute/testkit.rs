@@ -253,6 +253,7 @@ pub fn check_all_with(backend: &dyn ComputeBackend, tol: &Tolerances) -> Result<
     k.linear();
     k.reductions();
     k.argmax();
+    k.counters();
     k.normalization();
     k.rope();
     k.attention();
@@ -296,6 +297,11 @@ family!(
 family!(
     /// argmax: ties, NaNs, every value -inf, the largest first or last; its errors.
     check_argmax => argmax
+);
+family!(
+    /// increment (offsets, wrap-around, queued twice) and read_async (later work does
+    /// not reach it); their errors.
+    check_counters => counters
 );
 family!(
     /// softmax (including rows far from zero), RMSNorm, LayerNorm.

@@ -149,6 +149,128 @@ impl Kit<'_> {
         );
     }
 
+    /// `increment` on words near `u32::MAX` (wrap-around) at an offset, twice in a row,
+    /// with the words around the range unchanged; `read_async` of a range followed by a
+    /// write to it (the read sees the data from before the write). Then their errors.
+    pub(super) fn counters(&mut self) {
+        for n in [1usize, 5, 1000, 4099] {
+            let words: Vec<u32> = (0..n + 6)
+                .map(|_| {
+                    let v = self.rng.below(1 << 32) as u32;
+                    if v % 3 == 0 {
+                        u32::MAX - v % 5
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let (at, by) = (3usize, 1 + self.rng.below(1000) as u32);
+            let want: Vec<u32> = words
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| {
+                    if (at..at + n).contains(&i) {
+                        w.wrapping_add(by).wrapping_add(1)
+                    } else {
+                        w
+                    }
+                })
+                .collect();
+            let got = (|| -> Result<Vec<u32>> {
+                let buf = self.upload_words(&words, true)?;
+                self.b.increment(&*buf, at, n, by)?;
+                self.b.increment(&*buf, at, n, 1)?;
+                self.fetch_words(&buf, words.len())
+            })();
+            let outcome = match got {
+                Err(e) => Outcome::Failed(format!("error: {e}")),
+                Ok(got) => match got.iter().zip(&want).position(|(g, w)| g != w) {
+                    None => Outcome::Passed {
+                        rel_error: 0.0,
+                        tolerance: 0.0,
+                    },
+                    Some(i) => Outcome::Failed(format!("word {i} is {}, want {}", got[i], want[i])),
+                },
+            };
+            self.record("increment", &format!("len={n} by={by}+1"), outcome);
+
+            let data = self.rng.vec(n + 6, -1.0, 1.0);
+            let got = (|| -> Result<Vec<f32>> {
+                let buf = self.b.upload(&data)?;
+                let pending = self.b.read_async(&*buf, at, n)?;
+                self.b.write(&*buf, 0, &vec![f32::NAN; n + 6])?;
+                self.b.increment(&*buf, at, n, 1)?;
+                pending.wait()
+            })();
+            let outcome = match got {
+                Err(e) => Outcome::Failed(format!("error: {e}")),
+                Ok(got) if got.len() != n => {
+                    Outcome::Failed(format!("{} elements, want {n}", got.len()))
+                }
+                Ok(got) => match got
+                    .iter()
+                    .zip(&data[at..])
+                    .position(|(g, w)| g.to_bits() != w.to_bits())
+                {
+                    None => Outcome::Passed {
+                        rel_error: 0.0,
+                        tolerance: 0.0,
+                    },
+                    Some(i) => Outcome::Failed(format!(
+                        "element {i} is {}, want {} (read after a later write?)",
+                        got[i],
+                        data[at + i]
+                    )),
+                },
+            };
+            self.record("read_async", &format!("len={n} offset={at}"), outcome);
+        }
+        let b = self.b;
+        let buf = match b.alloc(8) {
+            Ok(v) => v,
+            Err(e) => {
+                self.record(
+                    "increment",
+                    "errors setup",
+                    Outcome::Failed(format!("error: {e}")),
+                );
+                return;
+            }
+        };
+        use ErrKind::Shape;
+        self.expect_err(
+            "increment",
+            "past the end",
+            Shape,
+            b.increment(&*buf, 5, 4, 1),
+        );
+        self.expect_err(
+            "increment",
+            "offset overflows",
+            Shape,
+            b.increment(&*buf, usize::MAX, 2, 1),
+        );
+        self.expect_err(
+            "read_async",
+            "past the end",
+            Shape,
+            b.read_async(&*buf, 7, 2).map(drop),
+        );
+        let empty = (|| -> Result<Vec<f32>> {
+            b.increment(&*buf, 8, 0, 1)?;
+            b.read_async(&*buf, 8, 0)?.wait()
+        })();
+        let outcome = match empty {
+            Ok(v) if v.is_empty() => Outcome::Passed {
+                rel_error: 0.0,
+                tolerance: 0.0,
+            },
+            Ok(v) => Outcome::Failed(format!("{} elements from an empty read", v.len())),
+            Err(e) => Outcome::Failed(format!("error: {e}")),
+        };
+        self.record("increment/read_async", "len=0 at the end", outcome);
+    }
+
     fn run_argmax(&self, x: &[f32], n: usize) -> Result<u32> {
         let mut padded = x.to_vec();
         padded.extend([f32::INFINITY; GUARD]);
