@@ -248,6 +248,10 @@ pub struct LlmBenchArgs {
     /// it on the device and reads back the index).
     #[arg(long)]
     pub host_argmax: bool,
+    /// Read each step's token back before queueing the next step (the default queues
+    /// step k+1, which takes its input from step k on the device, before reading token k).
+    #[arg(long, conflicts_with = "host_argmax")]
+    pub no_overlap: bool,
 }
 
 /// Runs `ringkernel bench llm`: one line per run, then the medians.
@@ -265,6 +269,8 @@ pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
     let mut s = margs.open()?;
     let sampling = if a.host_argmax {
         bench::Argmax::Host
+    } else if a.no_overlap {
+        bench::Argmax::DeviceEachStep
     } else {
         bench::Argmax::Device
     };

@@ -559,22 +559,48 @@ __device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const fl
 
 #define QM_ROWS 4
 
+// L2 prefetches (prefetch.global.L2) of `bytes` from p, the warp's lanes taking 128-byte
+// lines in turn. A prefetch is a hint that brings nothing into registers or L1, so it may
+// go before the wait on the kernel ahead whatever that kernel writes: L2 is where the
+// device's writes meet, and the loads after the wait read what is there then.
+__device__ __forceinline__ void warp_prefetch_l2(const void* p, u64 bytes) {
+    const int lane = threadIdx.x % WARP;
+    for (u64 off = (u64)lane * 128; off < bytes; off += (u64)WARP * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
+}
+
+// rk_qmatvec_rows_*: each warp takes the QM_ROWS-row groups q = its index, + the grid's
+// warps, ... (a grid of one wave of resident blocks walks the whole matrix). With
+// `prefetch`, the warp first asks L2 for all its groups' weights, before the wait on the
+// kernel ahead: an output head's weights stream in while the last layer runs.
+template <int F, bool NORM>
+__device__ __forceinline__ void qmatvec_rows_body(const u32* __restrict__ w, const float* x,
+                                                  const float* __restrict__ g, float eps, float* out, u64 rows,
+                                                  u64 cols, int accumulate, int prefetch) {
+    const u64 first = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP, stride = (u64)gridDim.x * QM_WARPS;
+    const u64 row_words = cols / 32 * Fmt<F>::WORDS;
+    if (prefetch)
+        for (u64 q = first; q * QM_ROWS < rows; q += stride) {
+            const u64 r0 = q * QM_ROWS, n = rows - r0 < QM_ROWS ? rows - r0 : QM_ROWS;
+            warp_prefetch_l2(w + r0 * row_words, n * row_words * 4);
+        }
+    rk_pdl_enter();
+    for (u64 q = first; q * QM_ROWS < rows; q += stride)
+        qmatvec_rows<F, NORM, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, q * QM_ROWS, 1);
+}
+
 // rk_qmatvec_rows_<format> and rk_qmatvec_rows_norm_<format>: one token, no gate, QM_ROWS
 // consecutive rows a warp (for matrices with many rows, such as an output head).
 #define QMATVEC_ROWS(name, F)                                                                                     \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_##name(                         \
         const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 rows, u64 cols,      \
-        int accumulate) {                                                                                         \
-        rk_pdl_enter();                                                                                           \
-        const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
-        if (r0 < rows) qmatvec_rows<F, false, QM_ROWS>(w, x, x, 0.0f, out, rows, cols, accumulate, r0, 1); \
+        int accumulate, int prefetch) {                                                                           \
+        qmatvec_rows_body<F, false>(w, x, x, 0.0f, out, rows, cols, accumulate, prefetch);                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_norm_##name(                    \
         const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
-        float* __restrict__ out, u64 rows, u64 cols, int accumulate) {                                            \
-        rk_pdl_enter();                                                                                           \
-        const u64 r0 = ((u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP) * QM_ROWS;                               \
-        if (r0 < rows) qmatvec_rows<F, true, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, r0, 1); \
+        float* __restrict__ out, u64 rows, u64 cols, int accumulate, int prefetch) {                              \
+        qmatvec_rows_body<F, true>(w, x, g, eps, out, rows, cols, accumulate, prefetch);                          \
     }
 QMATVEC_ROWS(f32, 0)
 QMATVEC_ROWS(q4_1, 1)

@@ -78,8 +78,12 @@ pub fn prompt_ids(s: &Session, n: usize) -> Vec<u32> {
 /// Where a decode step's greedy token is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Argmax {
-    /// On the device, reading back the index ([`Model::forward_greedy`](crate::model::Model::forward_greedy)).
+    /// On the device, each step feeding the next and the host reading the index of step
+    /// k after queueing step k+1 ([`Model::decode_greedy`](crate::model::Model::decode_greedy)).
     Device,
+    /// On the device, the host reading back each step's index before it queues the next
+    /// ([`Model::forward_greedy`](crate::model::Model::forward_greedy)).
+    DeviceEachStep,
     /// On the host, from the logits read back ([`Model::forward`](crate::model::Model::forward)).
     Host,
 }
@@ -118,12 +122,23 @@ pub fn run_with(
     let ttft = t0.elapsed();
     let mut tokens = vec![next];
     let t1 = Instant::now();
-    for _ in 1..new_tokens {
-        next = match argmax_on {
-            Argmax::Device => model.forward_greedy(next, cache)?,
-            Argmax::Host => argmax(&model.forward(next, cache)?) as u32,
-        };
-        tokens.push(next);
+    match argmax_on {
+        Argmax::Device => {
+            model.decode_greedy(next, cache, new_tokens - 1, |t| {
+                tokens.push(t);
+                true
+            })?;
+        }
+        Argmax::DeviceEachStep | Argmax::Host => {
+            for _ in 1..new_tokens {
+                next = if argmax_on == Argmax::Host {
+                    argmax(&model.forward(next, cache)?) as u32
+                } else {
+                    model.forward_greedy(next, cache)?
+                };
+                tokens.push(next);
+            }
+        }
     }
     let decode = t1.elapsed();
     let step_mode = cache.step_mode();

@@ -275,9 +275,45 @@ impl Session {
             ..Default::default()
         };
         let mut t_first = None;
-        // Greedy decoding takes the argmax on the device (one word read back a step).
-        let greedy = sampling.is_greedy();
         let mut next = sampler.sample(&logits);
+        if sampling.is_greedy() && max_tokens > 0 {
+            // Greedy decoding takes the argmax on the device, each step feeding the next
+            // there (Model::decode_greedy): one word read back a step, after the next
+            // step is queued.
+            stats.prefill = t0.elapsed();
+            let t_first = Instant::now();
+            stats.generated += 1;
+            on_token(&self.tokenizer, next);
+            let mut last = next;
+            if !self.stop.contains(&next) && max_tokens > 1 {
+                let mut produced = Vec::new();
+                let stop = &self.stop;
+                let tokenizer = &self.tokenizer;
+                self.model
+                    .decode_greedy(next, &mut self.cache, max_tokens - 1, |t| {
+                        on_token(tokenizer, t);
+                        produced.push(t);
+                        !stop.contains(&t)
+                    })?;
+                stats.generated += produced.len();
+                // The cache ran the first token and every new one but the last.
+                self.history.push(next);
+                if let Some((&l, run)) = produced.split_last() {
+                    self.history.extend_from_slice(run);
+                    last = l;
+                }
+            }
+            if self.stop.contains(&last) {
+                stats.stopped = true;
+                // Keep the end-of-turn token in the conversation.
+                if self.cache.len() < self.cache.capacity() {
+                    self.model.forward(last, &mut self.cache)?;
+                    self.history.push(last);
+                }
+            }
+            stats.decode = t_first.elapsed();
+            return Ok(stats);
+        }
         for i in 0..max_tokens {
             if i == 0 {
                 stats.prefill = t0.elapsed();
@@ -296,12 +332,8 @@ impl Session {
             }
             if i + 1 < max_tokens {
                 let token = next;
-                next = if greedy {
-                    self.model.forward_greedy(token, &mut self.cache)?
-                } else {
-                    logits = self.model.forward(token, &mut self.cache)?;
-                    sampler.sample(&logits)
-                };
+                logits = self.model.forward(token, &mut self.cache)?;
+                next = sampler.sample(&logits);
                 self.history.push(token);
             }
         }

@@ -37,7 +37,7 @@ use crate::quant::{dequantize, GgmlType};
 use crate::weights::{half_split_order, joined_format, HostMatrix};
 use ringkernel::compute::{
     BlockWeights, BufferRef, ComputeBackend, DecoderDims, DecoderLayer, DecoderScratch, Device,
-    EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay, WeightFormat,
+    DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay, WeightFormat,
 };
 use ringkernel::BackendKind;
 use ringkernel_core::compute::dtype::words_as_f32;
@@ -302,6 +302,15 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Where the greedy step leaves its token: the input of the next step when the step
+    /// is recorded (it feeds itself), else its own word.
+    fn greedy_word(&self) -> &dyn DeviceBuffer {
+        match self.greedy_step {
+            Step::Recorded { .. } => &*self.scratch.ids,
+            _ => &*self.scratch.next,
+        }
+    }
+
     /// The step that has run: the plain one ([`Model::forward`]) once it has, else the
     /// greedy one ([`Model::forward_greedy`]).
     fn active_step(&self) -> &Step {
@@ -669,29 +678,108 @@ impl Model {
         let mut word = [0f32; 1];
         self.device
             .backend()
-            .read(&*cache.scratch.next, 0, &mut word)?;
+            .read(cache.greedy_word(), 0, &mut word)?;
         Ok(word[0].to_bits())
+    }
+
+    /// Greedy decoding from `token`: runs it at the next position of `cache`, then each
+    /// step's greedy token after it, handing every new token to `on_token`, which
+    /// returns whether to go on. Stops after `max_tokens` new tokens or where the cache
+    /// is full, and returns how many it produced. The cache then holds what a loop of
+    /// [`Self::forward_greedy`] would leave: `token` and every new token but the last.
+    ///
+    /// Where the step is recorded ([`KvCache::step_mode`]), the step itself feeds its
+    /// token to the next one and advances the position on the device, so the host
+    /// queues step k+1 before it reads token k
+    /// ([`ComputeBackend::read_async`](ringkernel::compute::ComputeBackend::read_async)):
+    /// its work (the read, `on_token`, the next launch) overlaps the device's. When
+    /// `on_token` stops, the step queued ahead has run past the cache's length, which
+    /// ignores it.
+    pub fn decode_greedy(
+        &self,
+        token: u32,
+        cache: &mut KvCache,
+        max_tokens: usize,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<usize> {
+        let steps = max_tokens.min(cache.capacity - cache.len);
+        if steps == 0 {
+            if max_tokens > 0 {
+                self.check_cache(cache, &[token])?;
+            }
+            return Ok(0);
+        }
+        self.decode_step(token, cache, true)?;
+        let Step::Recorded { replay, .. } = &cache.greedy_step else {
+            // Op by op: the host stages every step.
+            let mut word = [0f32; 1];
+            self.device
+                .backend()
+                .read(cache.greedy_word(), 0, &mut word)?;
+            let mut t = word[0].to_bits();
+            let mut produced = 1;
+            while on_token(t) && produced < steps {
+                t = self.forward_greedy(t, cache)?;
+                produced += 1;
+            }
+            return Ok(produced);
+        };
+        let b = self.device.backend();
+        let ids = &*cache.scratch.ids;
+        let mut pending = b.read_async(ids, 0, 1)?;
+        let mut produced = 0;
+        loop {
+            let ahead = produced + 1 < steps;
+            let next = if ahead {
+                replay.replay()?;
+                Some(b.read_async(ids, 0, 1)?)
+            } else {
+                None
+            };
+            let t = pending.wait()?[0].to_bits();
+            produced += 1;
+            let go_on = on_token(t);
+            match next {
+                Some(p) if go_on => {
+                    cache.len += 1;
+                    pending = p;
+                }
+                Some(p) => {
+                    // The step queued ahead ran past what the cache keeps.
+                    p.wait()?;
+                    break;
+                }
+                None => break,
+            }
+        }
+        Ok(produced)
     }
 
     /// One decode step of `token`, recorded on the first call (per kind: with or without
     /// the greedy argmax) and replayed after, or op by op where the backend records
-    /// nothing.
+    /// nothing. A recorded greedy step writes its token where the next step reads its
+    /// input and advances the position (see [`Self::decode_greedy`]).
     fn decode_step(&self, token: u32, cache: &mut KvCache, greedy: bool) -> Result<()> {
         self.check_cache(cache, &[token])?;
         self.stage(cache, &[token])?;
         let vocab = self.cfg.vocab;
-        let ops = |c: &KvCache| -> ringkernel::Result<()> {
+        let ops = |c: &KvCache, feed: bool| -> ringkernel::Result<()> {
             self.run(c, 1)?;
             if greedy {
-                let s = &c.scratch;
-                self.device.backend().argmax(&*s.logits, vocab, &*s.next)?;
+                let (s, b) = (&c.scratch, self.device.backend());
+                if feed {
+                    b.argmax(&*s.logits, vocab, &*s.ids)?;
+                    b.increment(&*s.pos, 0, 1, 1)?;
+                } else {
+                    b.argmax(&*s.logits, vocab, &*s.next)?;
+                }
             }
             Ok(())
         };
         if matches!(cache.step_for(greedy), Step::Untried) {
             let recorded = {
                 let c = &*cache;
-                self.device.backend().record(&mut || ops(c))
+                self.device.backend().record(&mut || ops(c, true))
             };
             let step = match recorded {
                 Ok(Some(replay)) => Step::Recorded {
@@ -714,7 +802,7 @@ impl Model {
             Step::Recorded { replay, .. } => replay.replay()?,
             _ => {
                 let c = &*cache;
-                self.device.backend().batch(&mut || ops(c))?
+                self.device.backend().batch(&mut || ops(c, false))?
             }
         }
         cache.len += 1;
@@ -722,20 +810,31 @@ impl Model {
     }
 
     /// The device time of one recorded decode step: the step replayed `n` times back to
-    /// back, then one synchronisation, over `n`. Each replay runs the cache's last
-    /// position again with the same token, so the cache is left as it was. `None` when
-    /// the steps are not recorded (the first [`Self::forward`] or
-    /// [`Self::forward_greedy`] on a cache records them, where the backend can) or `n` is
-    /// 0. What a decode step takes beyond this is host work: staging the token, reading
-    /// back the logits or the token, sampling.
+    /// back, then one synchronisation, over `n`. The plain step ([`Self::forward`]) runs
+    /// the cache's last position again with the same token each time; the greedy one
+    /// ([`Self::forward_greedy`]) feeds itself, so its replays run the positions after
+    /// the cache's length, each with the token before (`n` is capped at the free
+    /// positions). The cache's length is unchanged either way. `None` when the steps are
+    /// not recorded (the first [`Self::forward`] or [`Self::forward_greedy`] on a cache
+    /// records them, where the backend can) or `n` is 0. What a decode step takes beyond
+    /// this is host work: staging the token, reading back the logits or the token,
+    /// sampling.
     pub fn replay_time(&self, cache: &KvCache, n: usize) -> Result<Option<std::time::Duration>> {
         let Step::Recorded { replay, .. } = cache.active_step() else {
             return Ok(None);
         };
+        let b = self.device.backend();
+        let n = if std::ptr::eq(cache.active_step(), &cache.greedy_step) {
+            // The replays start at the cache's length (the token there is whatever the
+            // last step left: a greedy token, inside the vocabulary).
+            b.write(&*cache.scratch.pos, 0, words_as_f32(&[cache.len as u32]))?;
+            n.min(cache.capacity - cache.len)
+        } else {
+            n
+        };
         if n == 0 {
             return Ok(None);
         }
-        let b = self.device.backend();
         b.synchronize()?;
         let t = std::time::Instant::now();
         for _ in 0..n {

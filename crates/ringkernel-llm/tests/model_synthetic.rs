@@ -291,6 +291,86 @@ fn decoder_matches_an_f64_reference_on_cuda() {
     decoder_matches_the_reference_on(&dev);
 }
 
+/// `decode_greedy` (each step feeding the next on the device where the step is recorded)
+/// gives the tokens and the cache of a `forward_greedy` loop, stopped early or not, and
+/// stops where the cache is full.
+fn overlapped_greedy_matches_step_by_step_on(device: &Device) {
+    let model = Model::load_on(device, Arc::new(file()), CTX).unwrap();
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 53 % 258) as u32).collect();
+    let fresh = || {
+        let mut c = model.new_cache(CTX).unwrap();
+        let first = ringkernel_llm::sample::argmax(&model.prefill(&prompt, &mut c).unwrap());
+        (c, first as u32)
+    };
+    let (mut a, first) = fresh();
+    let mut want = Vec::new();
+    let mut t = first;
+    for _ in 0..14 {
+        t = model.forward_greedy(t, &mut a).unwrap();
+        want.push(t);
+    }
+    let (mut b, _) = fresh();
+    let mut got = Vec::new();
+    let n = model
+        .decode_greedy(first, &mut b, 14, |t| {
+            got.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!((n, &got), (14, &want), "{device}: {}", b.step_mode());
+    assert_eq!(b.len(), a.len());
+    // Timing the greedy step's replays leaves the cache usable.
+    let timed = model.replay_time(&b, 4).unwrap();
+    assert_eq!(timed.is_some(), b.step_mode().starts_with("recorded"));
+
+    // Stopped after 5 tokens: the cache holds the first token and 4 new ones, and
+    // decoding on from there (one step, then overlapped again) continues the same text.
+    let (mut c, _) = fresh();
+    let mut seen = Vec::new();
+    let n = model
+        .decode_greedy(first, &mut c, 14, |t| {
+            seen.push(t);
+            seen.len() < 5
+        })
+        .unwrap();
+    assert_eq!((n, &seen[..]), (5, &want[..5]), "{device}");
+    assert_eq!(c.len(), prompt.len() + 5);
+    assert_eq!(model.forward_greedy(want[4], &mut c).unwrap(), want[5]);
+    let mut rest = Vec::new();
+    model
+        .decode_greedy(want[5], &mut c, 8, |t| {
+            rest.push(t);
+            true
+        })
+        .unwrap();
+    assert_eq!(rest, want[6..14], "{device}");
+
+    // Up to the cache's end: as many tokens as there are free positions, then an error.
+    let free = CTX - c.len();
+    let last = *rest.last().unwrap();
+    let n = model.decode_greedy(last, &mut c, CTX, |_| true).unwrap();
+    assert_eq!((n, c.len()), (free, CTX), "{device}");
+    assert!(model.decode_greedy(last, &mut c, 1, |_| true).is_err());
+    assert_eq!(model.decode_greedy(last, &mut c, 0, |_| true).unwrap(), 0);
+}
+
+#[test]
+fn overlapped_greedy_matches_step_by_step_on_the_cpu() {
+    overlapped_greedy_matches_step_by_step_on(&Device::cpu());
+}
+
+#[test]
+fn overlapped_greedy_matches_step_by_step_on_wgpu() {
+    let dev = Device::wgpu().expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)");
+    overlapped_greedy_matches_step_by_step_on(&dev);
+}
+
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn overlapped_greedy_matches_step_by_step_on_cuda() {
+    overlapped_greedy_matches_step_by_step_on(&Device::cuda(0).expect("CUDA device 0"));
+}
+
 #[test]
 fn session_streams_and_respects_limits() {
     let mut s = Session::from_file(Arc::new(file()), 40).unwrap();

@@ -92,6 +92,10 @@ fn switch_on(s: &Switch) -> bool {
 /// (`rk_ffn_qkv_*`).
 static FUSED_CHAIN: Switch = Switch("RINGKERNEL_CUDA_FUSED_CHAIN", std::sync::OnceLock::new());
 
+/// Whether `rk_qmatvec_rows_*` (an output head) prefetches its weights into L2 before
+/// its wait on the kernel ahead.
+static HEAD_PREFETCH: Switch = Switch("RINGKERNEL_CUDA_HEAD_PREFETCH", std::sync::OnceLock::new());
+
 /// Whether a chained feed-forward kernel of `blocks` blocks may run on a backend whose
 /// chain grid is `slot` (0: none yet, then claimed). Its blocks meet on one 64-bit count
 /// that each launch raises by its block count, and a block waits for the next multiple
@@ -389,24 +393,6 @@ impl CudaCompute {
                 ))
             }
         };
-        let (gx, gy) = if tall {
-            (d.rows.div_ceil(QM_ROWS * QM_WARPS), 1)
-        } else {
-            (d.rows.div_ceil(QM_WARPS), d.batch.div_ceil(QM_TOKENS))
-        };
-        if gx > i32::MAX as usize || gy > MAX_GRID_YZ {
-            return Err(Error::invalid(format!(
-                "qmatmul: {} rows x {} inputs exceed one launch's grid",
-                d.rows, d.batch
-            )));
-        }
-        let (mut b, mut r, mut c, mut acc) = (
-            d.batch as u64,
-            d.rows as u64,
-            d.cols as u64,
-            d.accumulate as i32,
-        );
-        let grid = (gx as u32, gy as u32, 1);
         let block = ((QM_WARPS * 32) as u32, 1, 1);
         let norm_part = if norm.is_some() { "norm_" } else { "" };
         let name = if tall {
@@ -423,6 +409,28 @@ impl CudaCompute {
                 if gated { "_swiglu" } else { "" }
             )
         };
+        let (gx, gy) = if tall {
+            // One wave of resident blocks at most; the warps walk the rows (see
+            // qmatvec_rows_body in model.cu).
+            let wave = self.sms() as usize
+                * self.blocks_per_sm(&name, (QM_WARPS * 32) as u32)?.max(1) as usize;
+            (d.rows.div_ceil(QM_ROWS * QM_WARPS).min(wave), 1)
+        } else {
+            (d.rows.div_ceil(QM_WARPS), d.batch.div_ceil(QM_TOKENS))
+        };
+        if gx > i32::MAX as usize || gy > MAX_GRID_YZ {
+            return Err(Error::invalid(format!(
+                "qmatmul: {} rows x {} inputs exceed one launch's grid",
+                d.rows, d.batch
+            )));
+        }
+        let (mut b, mut r, mut c, mut acc) = (
+            d.batch as u64,
+            d.rows as u64,
+            d.cols as u64,
+            d.accumulate as i32,
+        );
+        let grid = (gx as u32, gy as u32, 1);
         // The pointers in the kernels' order: weights (one or two), x, then with a norm
         // its weights and epsilon, then out and the sizes.
         let mut eps = norm.map_or(0.0f32, |(_, e)| e);
@@ -450,9 +458,10 @@ impl CudaCompute {
             reads.push(self.span(out)?);
         }
         let mut early = self.early_loads(&reads);
-        if !tall {
-            params.push(arg(&mut early));
-        }
+        // The tall kernel's L2 prefetch before its wait (RINGKERNEL_CUDA_HEAD_PREFETCH=0:
+        // off, to measure it) is a hint, allowed whatever the kernel ahead writes.
+        let mut prefetch = i32::from(switch_on(&HEAD_PREFETCH));
+        params.push(arg(if tall { &mut prefetch } else { &mut early }));
         let mut writes = vec![self.span(out)?];
         if let Some(k) = keep {
             params.push(arg(&mut keep_ptr));
