@@ -557,50 +557,87 @@ __device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const fl
     }
 }
 
-#define QM_ROWS 4
-
-// L2 prefetches (prefetch.global.L2) of `bytes` from p, the warp's lanes taking 128-byte
-// lines in turn. A prefetch is a hint that brings nothing into registers or L1, so it may
-// go before the wait on the kernel ahead whatever that kernel writes: L2 is where the
-// device's writes meet, and the loads after the wait read what is there then.
-__device__ __forceinline__ void warp_prefetch_l2(const void* p, u64 bytes) {
+// qmatvec_rows (step 1) for rows of at most K·WARP octets (a quantised row of up to
+// K·256 columns): every weight word of the warp's R rows is loaded into registers first,
+// in one round of loads, then x (normalised) meets them, so a row group waits for memory
+// once instead of once per K.
+template <int F, bool NORM, int R, int K>
+__device__ __forceinline__ void qmatvec_rows_pre(const u32* __restrict__ w, const float* x,
+                                                 const float* __restrict__ g, float eps, float* out, u64 rows,
+                                                 u64 cols, int accumulate, u64 r0) {
     const int lane = threadIdx.x % WARP;
-    for (u64 off = (u64)lane * 128; off < bytes; off += (u64)WARP * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
+    const u64 nb = cols / 32, noct = nb * 4;
+    u32 wr[K][R][Fmt<F>::OCT];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const u64 oc = lane + (u64)k * WARP;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (oc < noct && r0 + r < rows)
+                octet_load<F, false>(w + ((r0 + r) * nb + oc / 4) * Fmt<F>::WORDS, (int)(oc % 4), wr[k][r]);
+    }
+    float acc[R], ss = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const u64 oc = lane + (u64)k * WARP;
+        if (oc < noct) {
+            const u64 blk = oc / 4;
+            const int o = (int)(oc % 4);
+            float4 x0 = *(const float4*)(x + blk * 32 + o * 8), x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
+            if (NORM) {
+                const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
+                ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
+                ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+                x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+                x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r0 + r < rows) acc[r] += octet_dot_words<F>(wr[k][r], o, x0, x1);
+        }
+    }
+    const float inv = NORM ? rsqrtf(warp_reduce<RSum>(ss) / (float)cols + eps) : 1.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const u64 row = r0 + r;
+        const float v = warp_reduce<RSum>(acc[r]) * inv;
+        if (lane == 0 && row < rows) out[row] = accumulate ? out[row] + v : v;
+    }
 }
 
-// rk_qmatvec_rows_*: each warp takes the QM_ROWS-row groups q = its index, + the grid's
-// warps, ... (a grid of one wave of resident blocks walks the whole matrix). With
-// `prefetch`, the warp first asks L2 for all its groups' weights, before the wait on the
-// kernel ahead: an output head's weights stream in while the last layer runs.
-template <int F, bool NORM>
+#define QM_ROWS 4
+#define QM_PRE_K 3
+
+// rk_qmatvec_rows_*: each warp takes the R-row groups q = its index, + the grid's warps,
+// ... (a grid of one wave of resident blocks walks the whole matrix).
+template <int F, bool NORM, int R>
 __device__ __forceinline__ void qmatvec_rows_body(const u32* __restrict__ w, const float* x,
                                                   const float* __restrict__ g, float eps, float* out, u64 rows,
-                                                  u64 cols, int accumulate, int prefetch) {
+                                                  u64 cols, int accumulate) {
     const u64 first = (u64)blockIdx.x * QM_WARPS + threadIdx.x / WARP, stride = (u64)gridDim.x * QM_WARPS;
-    const u64 row_words = cols / 32 * Fmt<F>::WORDS;
-    if (prefetch)
-        for (u64 q = first; q * QM_ROWS < rows; q += stride) {
-            const u64 r0 = q * QM_ROWS, n = rows - r0 < QM_ROWS ? rows - r0 : QM_ROWS;
-            warp_prefetch_l2(w + r0 * row_words, n * row_words * 4);
-        }
     rk_pdl_enter();
-    for (u64 q = first; q * QM_ROWS < rows; q += stride)
-        qmatvec_rows<F, NORM, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate, q * QM_ROWS, 1);
+    if (F != 0 && cols / 32 * 4 <= (u64)QM_PRE_K * WARP)
+        for (u64 q = first; q * R < rows; q += stride)
+            qmatvec_rows_pre<F, NORM, R, QM_PRE_K>(w, x, g, eps, out, rows, cols, accumulate, q * R);
+    else
+        for (u64 q = first; q * R < rows; q += stride)
+            qmatvec_rows<F, NORM, R>(w, x, g, eps, out, rows, cols, accumulate, q * R, 1);
 }
 
 // rk_qmatvec_rows_<format> and rk_qmatvec_rows_norm_<format>: one token, no gate, QM_ROWS
-// consecutive rows a warp (for matrices with many rows, such as an output head).
+// consecutive rows a warp at a time (for matrices with many rows, such as an output head).
 #define QMATVEC_ROWS(name, F)                                                                                     \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_##name(                         \
         const u32* __restrict__ w, const float* __restrict__ x, float* __restrict__ out, u64 rows, u64 cols,      \
-        int accumulate, int prefetch) {                                                                           \
-        qmatvec_rows_body<F, false>(w, x, x, 0.0f, out, rows, cols, accumulate, prefetch);                        \
+        int accumulate) {                                                                                         \
+        qmatvec_rows_body<F, false, QM_ROWS>(w, x, x, 0.0f, out, rows, cols, accumulate);                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * WARP) rk_qmatvec_rows_norm_##name(                    \
         const u32* __restrict__ w, const float* __restrict__ x, const float* __restrict__ g, float eps,           \
-        float* __restrict__ out, u64 rows, u64 cols, int accumulate, int prefetch) {                              \
-        qmatvec_rows_body<F, true>(w, x, g, eps, out, rows, cols, accumulate, prefetch);                          \
+        float* __restrict__ out, u64 rows, u64 cols, int accumulate) {                                            \
+        qmatvec_rows_body<F, true, QM_ROWS>(w, x, g, eps, out, rows, cols, accumulate);                           \
     }
 QMATVEC_ROWS(f32, 0)
 QMATVEC_ROWS(q4_1, 1)

@@ -66,7 +66,16 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const flo
     __shared__ unsigned si[ARGMAX_THREADS / WARP];
     float best = NEG_INF;
     unsigned at = 0xFFFFFFFFu;
-    for (u64 i = threadIdx.x; i < n; i += ARGMAX_THREADS) argmax_pick(best, at, x[i], (unsigned)i);
+    // 8 values a thread in flight at once, then the rest one at a time.
+    u64 i = threadIdx.x;
+    for (; i + 7 * ARGMAX_THREADS < n; i += 8 * ARGMAX_THREADS) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = x[i + k * ARGMAX_THREADS];
+#pragma unroll
+        for (int k = 0; k < 8; k++) argmax_pick(best, at, v[k], (unsigned)(i + k * ARGMAX_THREADS));
+    }
+    for (; i < n; i += ARGMAX_THREADS) argmax_pick(best, at, x[i], (unsigned)i);
     for (int o = WARP / 2; o > 0; o /= 2)
         argmax_pick(best, at, __shfl_down_sync(FULL_MASK, best, o), __shfl_down_sync(FULL_MASK, at, o));
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;

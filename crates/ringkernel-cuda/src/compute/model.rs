@@ -92,10 +92,6 @@ fn switch_on(s: &Switch) -> bool {
 /// (`rk_ffn_qkv_*`).
 static FUSED_CHAIN: Switch = Switch("RINGKERNEL_CUDA_FUSED_CHAIN", std::sync::OnceLock::new());
 
-/// Whether `rk_qmatvec_rows_*` (an output head) prefetches its weights into L2 before
-/// its wait on the kernel ahead.
-static HEAD_PREFETCH: Switch = Switch("RINGKERNEL_CUDA_HEAD_PREFETCH", std::sync::OnceLock::new());
-
 /// Whether a chained feed-forward kernel of `blocks` blocks may run on a backend whose
 /// chain grid is `slot` (0: none yet, then claimed). Its blocks meet on one 64-bit count
 /// that each launch raises by its block count, and a block waits for the next multiple
@@ -458,10 +454,9 @@ impl CudaCompute {
             reads.push(self.span(out)?);
         }
         let mut early = self.early_loads(&reads);
-        // The tall kernel's L2 prefetch before its wait (RINGKERNEL_CUDA_HEAD_PREFETCH=0:
-        // off, to measure it) is a hint, allowed whatever the kernel ahead writes.
-        let mut prefetch = i32::from(switch_on(&HEAD_PREFETCH));
-        params.push(arg(if tall { &mut prefetch } else { &mut early }));
+        if !tall {
+            params.push(arg(&mut early));
+        }
         let mut writes = vec![self.span(out)?];
         if let Some(k) = keep {
             params.push(arg(&mut keep_ptr));
