@@ -86,6 +86,8 @@ case "${1:-}" in
     r 90 llm-reference .gpu/tests/ringkernel-llm-generate_reference --include-ignored --nocapture
     r 60 llm-bench-cuda $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 5
     tail -1 "$O/llm-bench-cuda.txt"
+    r 60 llm-bench-cuda-no-overlap $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 --no-overlap
+    tail -1 "$O/llm-bench-cuda-no-overlap.txt"
     r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
     tail -2 "$O/hf-bench.txt"
     r 60 llm-bench-wgpu $CLI bench llm --device wgpu --model "$m" --prompt-tokens 128 --new-tokens 128 --runs 2
@@ -130,6 +132,7 @@ llm)
   for round in 1 2 3; do
     bench graph-$round RINGKERNEL_CUDA_PROGRAM=0
     bench graph-host-argmax-$round RINGKERNEL_CUDA_PROGRAM=0 --host-argmax
+    bench graph-no-overlap-$round RINGKERNEL_CUDA_PROGRAM=0 --no-overlap
     bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
   done
   bench graph-no-chain RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_CHAIN=0
