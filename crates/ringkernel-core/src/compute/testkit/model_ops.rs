@@ -157,7 +157,7 @@ impl Kit<'_> {
             let words: Vec<u32> = (0..n + 6)
                 .map(|_| {
                     let v = self.rng.below(1 << 32) as u32;
-                    if v % 3 == 0 {
+                    if v.is_multiple_of(3) {
                         u32::MAX - v % 5
                     } else {
                         v
