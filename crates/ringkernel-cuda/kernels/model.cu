@@ -517,6 +517,22 @@ FFN_QKV(q8_0, 2, f32, 0)
 FFN_QKV(q8_0, 2, q4_1, 1)
 FFN_QKV(q8_0, 2, q8_0, 2)
 
+// The 8 values of x at octet o of block blk into x0, x1; with NORM multiplied by the
+// norm's weights g, their squares (before) added to ss.
+template <bool NORM>
+__device__ __forceinline__ void octet_x(const float* x, const float* __restrict__ g, u64 blk, int o, float4& x0,
+                                        float4& x1, float& ss) {
+    x0 = *(const float4*)(x + blk * 32 + o * 8);
+    x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
+    if (NORM) {
+        const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
+        ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
+        ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
+        x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
+        x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
+    }
+}
+
 // Rows r0, r0 + step, ... (R of them, those below rows) of a matvec (one token, no gate)
 // by one warp: x is loaded (and normalised) once for all R rows and their weight loads go
 // out together, so a warp with many rows (an output head) waits for memory once per R
@@ -534,14 +550,8 @@ __device__ __forceinline__ void qmatvec_rows(const u32* __restrict__ w, const fl
     for (u64 oc = lane; oc < nb * 4; oc += WARP) {
         const u64 blk = oc / 4;
         const int o = (int)(oc % 4);
-        float4 x0 = *(const float4*)(x + blk * 32 + o * 8), x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
-        if (NORM) {
-            const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
-            ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
-            ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-            x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
-            x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
-        }
+        float4 x0, x1;
+        octet_x<NORM>(x, g, blk, o, x0, x1, ss);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const u64 row = r0 + r * step;
@@ -585,14 +595,8 @@ __device__ __forceinline__ void qmatvec_rows_pre(const u32* __restrict__ w, cons
         if (oc < noct) {
             const u64 blk = oc / 4;
             const int o = (int)(oc % 4);
-            float4 x0 = *(const float4*)(x + blk * 32 + o * 8), x1 = *(const float4*)(x + blk * 32 + o * 8 + 4);
-            if (NORM) {
-                const float4 g0 = *(const float4*)(g + blk * 32 + o * 8), g1 = *(const float4*)(g + blk * 32 + o * 8 + 4);
-                ss += x0.x * x0.x + x0.y * x0.y + x0.z * x0.z + x0.w * x0.w;
-                ss += x1.x * x1.x + x1.y * x1.y + x1.z * x1.z + x1.w * x1.w;
-                x0 = make_float4(x0.x * g0.x, x0.y * g0.y, x0.z * g0.z, x0.w * g0.w);
-                x1 = make_float4(x1.x * g1.x, x1.y * g1.y, x1.z * g1.z, x1.w * g1.w);
-            }
+            float4 x0, x1;
+            octet_x<NORM>(x, g, blk, o, x0, x1, ss);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (r0 + r < rows) acc[r] += octet_dot_words<F>(wr[k][r], o, x0, x1);
