@@ -451,16 +451,15 @@ FFN(f32, 0)
 FFN(q4_1, 1)
 FFN(q8_0, 2)
 
-// Every block of the grid past this point only after every block reached it: thread 0
-// takes a ticket from a 64-bit count that is never reset (the blocks of one call take
-// tickets [k·n, k·n + n)) and waits for the call's last; the barrier before orders the
-// block's writes (reductions included) before the ticket's release, and the one after
-// the acquire before the block's reads. Every block of the grid must be resident at once
-// (the host checks the occupancy).
-__device__ __forceinline__ void grid_meet(unsigned long long* ticket) {
+// A group of n blocks meets here: each goes past only after all n reached it. Thread 0
+// takes a ticket from a 64-bit count that is never reset (the group's blocks of one call
+// take tickets [k·n, k·n + n)) and waits for the call's last. The barrier before orders
+// the block's writes (reductions included) before the ticket's release, and the one after
+// orders the acquire before the block's reads. Every block of the group must be resident
+// at once (the host checks).
+__device__ __forceinline__ void ticket_meet(unsigned long long* ticket, unsigned long long n) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned long long n = gridDim.x;
         unsigned long long t, now;
         asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(t) : "l"(ticket) : "memory");
         const unsigned long long target = t - t % n + n;
@@ -470,6 +469,10 @@ __device__ __forceinline__ void grid_meet(unsigned long long* ticket) {
     }
     __syncthreads();
 }
+
+// Every block of the grid meets (ticket_meet over the whole grid; the host checks the
+// occupancy).
+__device__ __forceinline__ void grid_meet(unsigned long long* ticket) { ticket_meet(ticket, gridDim.x); }
 
 // rk_ffn_<format> of one decoder layer, then the next layer's norm + QKV matvec in the
 // same kernel (after grid_meet: it needs every block's share of out): warp w of block b
@@ -1130,18 +1133,8 @@ __device__ __forceinline__ void split_attention_body(
         mine[1] = l;
     }
     if (WO) {
-        // The part before the ticket (the barrier, then thread 0's release, as below); the
-        // wait's acquire before the block's reads of the other parts.
-        __syncthreads();
-        if (tid == 0) {
-            unsigned long long t, now;
-            asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(t) : "l"(ticket + h) : "memory");
-            const unsigned long long target = t - t % ns + ns;
-            do {
-                asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(ticket + h) : "memory");
-            } while (now < target);
-        }
-        __syncthreads();
+        // The head's blocks meet: their parts are written before, read after.
+        ticket_meet(ticket + h, ns);
         float* sh_att = sh_acc;  // free again: the sums above were read before the barrier
         attention_combine(part + h * ns * stride, ns, stride, hd, sh_att);
         __syncthreads();
