@@ -6,9 +6,9 @@
 use super::program::{field, Instr, OP_EMBED, OP_QM, OP_ROPE_ATT};
 use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
 use ringkernel_core::compute::{
-    checks, decoder, BinaryOp, BlockWeights, BroadcastDims, ComputeBackend, DType, DecoderDims,
-    DecoderLayer, DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, Replay,
-    WeightFormat, MAX_BROADCAST_RANK,
+    checks, decoder, BinaryOp, BroadcastDims, ComputeBackend, DType, DecoderDims, DecoderLayer,
+    DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, Replay, WeightFormat,
+    MAX_BROADCAST_RANK,
 };
 use ringkernel_core::{Error, Result};
 
@@ -67,6 +67,40 @@ fn parse_attn_split(value: Option<&str>) -> usize {
                 "RINGKERNEL_CUDA_ATTN_SPLIT is not a number of blocks; keeping the default");
             ATTN_SPLIT_DEFAULT
         }
+    }
+}
+
+/// The leading parameters every decode attention kernel takes, in order: the pointers of
+/// qkv, positions, q, the key and value caches and the output, then heads, key/value
+/// heads, head width, capacity (u64 each), the RoPE base and the score scale (f32).
+struct AttnArgs {
+    ptrs: [u64; 6],
+    sizes: [u64; 4],
+    rope_base: f32,
+    scale: f32,
+}
+
+impl AttnArgs {
+    fn new(ptrs: [u64; 6], d: &KvDims) -> Self {
+        AttnArgs {
+            ptrs,
+            sizes: [
+                d.heads as u64,
+                d.kv_heads as u64,
+                d.head_dim as u64,
+                d.capacity as u64,
+            ],
+            rope_base: d.rope_base,
+            scale: d.scale,
+        }
+    }
+
+    /// The kernel argument pointers (into `self`, which must outlive the launch).
+    fn args(&mut self) -> Vec<*mut std::ffi::c_void> {
+        let mut v: Vec<_> = self.ptrs.iter_mut().map(arg).collect();
+        v.extend(self.sizes.iter_mut().map(arg));
+        v.extend([arg(&mut self.rope_base), arg(&mut self.scale)]);
+        v
     }
 }
 
@@ -473,7 +507,7 @@ impl CudaCompute {
     /// 3. `rk_ffn_*`: norm + gate/up + SwiGLU + down projection, reading `residual` and
     ///    adding its products to `x` (the three matrices in one format).
     ///
-    /// Where 2 does not fit (see `rope_attention_wo`, or `RINGKERNEL_CUDA_FUSED_WO=0`) the
+    /// Where 2 does not fit (see `wo_split`, or `RINGKERNEL_CUDA_FUSED_WO=0`) the
     /// attention and the output projection are two kernels, the projection writing its sum
     /// to `residual` as well; where 3 does not (or `RINGKERNEL_CUDA_FUSED_FFN=0`) the
     /// feed-forward block is its two ops. Other calls run `decoder::run_ops`.
@@ -492,7 +526,7 @@ impl CudaCompute {
         let [qkv, wo, gate_up, down] = d.projections();
         let fuse_ffn = switch_on(&FUSED_FFN) && l.gate.format == l.down.format;
         // 1, copying x where 2 will add to both, then 2.
-        let copy = self.wo_split(l.k_cache, l.v_cache, &d.kv).is_some();
+        let split = self.wo_split(l.k_cache, l.v_cache, &d.kv);
         self.qmatmul_keeping(
             &[l.qkv.buffer],
             l.qkv.format,
@@ -500,13 +534,10 @@ impl CudaCompute {
             s.qkv,
             qkv,
             Some((l.attn_norm, d.eps)),
-            copy.then_some(s.residual),
+            split.is_some().then_some(s.residual),
         )?;
-        let fused = self.rope_attention_wo(
-            s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, l.wo, x, s.residual, d.kv, d.dim,
-        );
-        match fused {
-            Some(r) => r?,
+        match split {
+            Some(split) => self.rope_attention_wo(positions, l, s, x, d, split)?,
             None => {
                 self.rope_attention_kv_impl(
                     s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, d.kv,
@@ -635,11 +666,11 @@ impl CudaCompute {
         s: &DecoderScratch,
         d: DecoderDims,
     ) -> Result<()> {
-        if !self.chain_fits(layers, &d)? {
+        let Some(splits) = self.chain_fits(layers, &d)? else {
             return layers
                 .iter()
                 .try_for_each(|l| self.decoder_layer_impl(x, positions, l, s, d));
-        }
+        };
         decoder::check(x, s, &d)?;
         let [qkv, _, gate_up, down] = d.projections();
         let first = &layers[0];
@@ -652,14 +683,8 @@ impl CudaCompute {
             Some((first.attn_norm, d.eps)),
             Some(s.residual),
         )?;
-        for (i, l) in layers.iter().enumerate() {
-            self.rope_attention_wo(
-                s.qkv, positions, s.q, l.k_cache, l.v_cache, s.att, l.wo, x, s.residual, d.kv,
-                d.dim,
-            )
-            .ok_or_else(|| {
-                Error::Device("decoder_layers: the fused attention stopped fitting".into())
-            })??;
+        for (i, (l, &split)) in layers.iter().zip(&splits).enumerate() {
+            self.rope_attention_wo(positions, l, s, x, d, split)?;
             let next = layers.get(i + 1).map(|n| (n, qkv));
             self.ffn(l, s, x, d, gate_up, down, next)?;
         }
@@ -670,8 +695,9 @@ impl CudaCompute {
     /// outside a program, every layer taking the fused attention and feed-forward kernels,
     /// no more QKV rows than `rk_ffn_qkv_*` has warps (one a row: `hidden`), every
     /// block of each `rk_ffn_qkv_*` it would launch resident at once, and its grid size
-    /// the one this backend chains (`claim_chain_grid`).
-    fn chain_fits(&self, layers: &[DecoderLayer], d: &DecoderDims) -> Result<bool> {
+    /// the one this backend chains (`claim_chain_grid`). `Some`: each layer's attention
+    /// split (`wo_split`).
+    fn chain_fits(&self, layers: &[DecoderLayer], d: &DecoderDims) -> Result<Option<Vec<usize>>> {
         let [qkv, ..] = d.projections();
         if layers.len() < 2
             || qkv.rows > d.hidden
@@ -679,25 +705,27 @@ impl CudaCompute {
             || !switch_on(&FUSED_CHAIN)
             || !switch_on(&FUSED_FFN)
             || self.in_program()
+            || layers.iter().any(|l| l.gate.format != l.down.format)
         {
-            return Ok(false);
+            return Ok(None);
         }
+        let Some(splits) = layers
+            .iter()
+            .map(|l| self.wo_split(l.k_cache, l.v_cache, &d.kv))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
         for (l, n) in layers.iter().zip(&layers[1..]) {
-            if l.gate.format != l.down.format || n.gate.format != n.down.format {
-                return Ok(false);
-            }
-            if self.wo_split(l.k_cache, l.v_cache, &d.kv).is_none()
-                || self.wo_split(n.k_cache, n.v_cache, &d.kv).is_none()
-            {
-                return Ok(false);
-            }
             let per_sm =
                 self.blocks_per_sm(&ffn_qkv_name(l.gate.format, n.qkv.format), FF_THREADS)?;
             if (d.hidden / 8) as u64 > u64::from(per_sm) * u64::from(self.sms()) {
-                return Ok(false);
+                return Ok(None);
             }
         }
-        Ok(u32::try_from(d.hidden / 8).is_ok_and(|n| claim_chain_grid(&self.inner.chain_grid, n)))
+        let claimed =
+            u32::try_from(d.hidden / 8).is_ok_and(|n| claim_chain_grid(&self.inner.chain_grid, n));
+        Ok(claimed.then_some(splits))
     }
 
     /// `ComputeBackend::rope_attention_kv`: one kernel for a single token, else
@@ -746,35 +774,13 @@ impl CudaCompute {
         }) {
             return r;
         }
-        let (mut px, mut pp, mut pq, mut pk, mut pv, mut po) = (p[0], p[1], p[2], p[3], p[4], p[5]);
-        let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
-            d.heads as u64,
-            d.kv_heads as u64,
-            d.head_dim as u64,
-            d.capacity as u64,
-            d.rope_base,
-            d.scale,
-        );
-        // Both kernels' leading parameters, in order.
-        let mut args = vec![
-            arg(&mut px),
-            arg(&mut pp),
-            arg(&mut pq),
-            arg(&mut pk),
-            arg(&mut pv),
-            arg(&mut po),
-            arg(&mut h),
-            arg(&mut kh),
-            arg(&mut hd),
-            arg(&mut cap),
-            arg(&mut base),
-            arg(&mut sc),
-        ];
+        let mut leading = AttnArgs::new([p[0], p[1], p[2], p[3], p[4], p[5]], &d);
+        let mut args = leading.args();
         let writes = [q, k_cache, v_cache, out]
             .iter()
             .map(|b| self.span(*b))
             .collect::<Result<Vec<_>>>()?;
-        if let Some(split) = split_fits(&d, pk | pv) {
+        if let Some(split) = split_fits(&d, p[3] | p[4]) {
             // The position and the cached keys and values are loaded before the wait
             // where the kernel ahead writes none of them (see `early_loads`).
             let early = self.early_loads(&[
@@ -835,39 +841,10 @@ impl CudaCompute {
         )
     }
 
-    /// `rope_attention_kv` and then `x += att · Woᵀ` for one token in one kernel
-    /// (`rk_rope_attention_wo_split_*`), adding the same products to `x2`; `att` is left
-    /// unwritten. `None` (nothing queued) where that kernel does not fit: no split
-    /// attention for these heads, a head width not a multiple of 8, or more blocks than
-    /// SMs (its blocks wait for each other, so all must be resident at once).
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention_wo(
-        &self,
-        qkv: &dyn DeviceBuffer,
-        positions: &dyn DeviceBuffer,
-        q: &dyn DeviceBuffer,
-        k_cache: &dyn DeviceBuffer,
-        v_cache: &dyn DeviceBuffer,
-        att: &dyn DeviceBuffer,
-        wo: BlockWeights,
-        x: &dyn DeviceBuffer,
-        x2: &dyn DeviceBuffer,
-        d: KvDims,
-        dim: usize,
-    ) -> Option<Result<()>> {
-        let split = self.wo_split(k_cache, v_cache, &d)?;
-        Some(self.rope_attention_wo_launch(
-            [qkv, positions, q, k_cache, v_cache, att],
-            wo,
-            [x, x2],
-            d,
-            dim,
-            split,
-        ))
-    }
-
     /// The split of `rk_rope_attention_wo_split_*` for these heads and caches, or `None`
-    /// where it does not fit (see [`Self::rope_attention_wo`]).
+    /// where it does not fit: no split attention for these heads, a head width not a
+    /// multiple of 8, or more blocks than SMs (its blocks wait for each other, so all must
+    /// be resident at once).
     fn wo_split(
         &self,
         k_cache: &dyn DeviceBuffer,
@@ -882,19 +859,22 @@ impl CudaCompute {
         (d.heads * split <= self.sms() as usize).then_some(split)
     }
 
-    /// [`Self::rope_attention_wo`] once it fits: `io` are qkv, positions, q, the caches
-    /// and att; `out` x and x2.
-    fn rope_attention_wo_launch(
+    /// `rope_attention_kv` and then `x += att · Woᵀ` for one token in one kernel
+    /// (`rk_rope_attention_wo_split_*`) with `split` blocks a head (from `wo_split`), of
+    /// layer `l`'s attention, adding the same products to the scratch residual; the
+    /// scratch `att` is left unwritten.
+    fn rope_attention_wo(
         &self,
-        io: [&dyn DeviceBuffer; 6],
-        wo: BlockWeights,
-        out: [&dyn DeviceBuffer; 2],
-        d: KvDims,
-        dim: usize,
+        positions: &dyn DeviceBuffer,
+        l: &DecoderLayer,
+        s: &DecoderScratch,
+        x: &dyn DeviceBuffer,
+        dd: DecoderDims,
         split: usize,
     ) -> Result<()> {
-        let [qkv, positions, q, k_cache, v_cache, att] = io;
-        let [x, x2] = out;
+        let (qkv, q, k_cache, v_cache, att, wo, x2) =
+            (s.qkv, s.q, l.k_cache, l.v_cache, s.att, l.wo, s.residual);
+        let (d, dim) = (dd.kv, dd.dim);
         let wo_d = QMatmulDims {
             batch: 1,
             rows: dim,
@@ -910,30 +890,8 @@ impl CudaCompute {
         for i in [2, 3, 4, 6, 7] {
             checks::distinct_from_others("decoder_layer", &all, i)?;
         }
-        let (mut px, mut pp, mut pq, mut pk, mut pv) = (p[0], p[1], p[2], p[3], p[4]);
-        let mut po = self.buf(att)?.ptr;
-        let (mut h, mut kh, mut hd, mut cap, mut base, mut sc) = (
-            d.heads as u64,
-            d.kv_heads as u64,
-            d.head_dim as u64,
-            d.capacity as u64,
-            d.rope_base,
-            d.scale,
-        );
-        let args = vec![
-            arg(&mut px),
-            arg(&mut pp),
-            arg(&mut pq),
-            arg(&mut pk),
-            arg(&mut pv),
-            arg(&mut po),
-            arg(&mut h),
-            arg(&mut kh),
-            arg(&mut hd),
-            arg(&mut cap),
-            arg(&mut base),
-            arg(&mut sc),
-        ];
+        let mut leading = AttnArgs::new([p[0], p[1], p[2], p[3], p[4], self.buf(att)?.ptr], &d);
+        let args = leading.args();
         let (mut pw, mut pxx, mut px2, mut dm) = (p[5], p[6], p[7], dim as u64);
         let mut ticket = self.inner.attn_scratch.ptr() + ATTN_TICKETS_AT as u64;
         // The Wo rows are loaded early too.
