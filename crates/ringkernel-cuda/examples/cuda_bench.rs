@@ -303,7 +303,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     // With RINGKERNEL_CUDA_PROFILE=<entries> and BENCH_K2K_PROFILE=1: the sink's inbox
     // rounds (block 0) during the flood. (Without BENCH_K2K_PROFILE its profile holds
     // its host rounds, which say nothing about K2K.)
-    let inbox_profiled = std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1");
+    let inbox_profiled = k2k_inbox_profiled();
     let prof = if inbox_profiled {
         rt.round_profile(&sink)?
     } else {
@@ -371,18 +371,34 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         Vec::new()
     };
     let step = |i: usize| phase_p50(fast.iter(), i);
+    let sink_loop = if fast.is_empty() {
+        "; the sink's one-message loop is measured with BENCH_K2K_PROFILE=1".to_string()
+    } else {
+        format!(
+            "; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
+            fast.len(),
+            step(0),
+            step(1),
+            step(2),
+            step(3)
+        )
+    };
     rep.line(format!(
-        "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
-        if in_send.is_empty() { f64::NAN } else { pct(&mut in_send, 0.5) },
-        fast.len(),
-        step(0),
-        step(1),
-        step(2),
-        step(3)
+        "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}{sink_loop}",
+        if in_send.is_empty() {
+            f64::NAN
+        } else {
+            pct(&mut in_send, 0.5)
+        },
     ));
     sink.terminate().await?;
     src.terminate().await?;
     Ok(())
+}
+
+/// Whether the K2K sink is built with its inbox rounds profiled (`BENCH_K2K_PROFILE=1`).
+fn k2k_inbox_profiled() -> bool {
+    std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1")
 }
 
 async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
@@ -399,13 +415,11 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
     reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
     reg.register_gpu(
         GpuHandler::new("bench.k2k_sink")
-            .with_cuda(
-                if std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1") {
-                    format!("#define RK_PROFILE_INBOX 1\n{K2K_SINK_SRC}")
-                } else {
-                    K2K_SINK_SRC.to_string()
-                },
-            )
+            .with_cuda(if k2k_inbox_profiled() {
+                format!("#define RK_PROFILE_INBOX 1\n{K2K_SINK_SRC}")
+            } else {
+                K2K_SINK_SRC.to_string()
+            })
             .with_state_bytes(48),
     );
     let rt = CudaRuntime::with_registry(reg).await?;
