@@ -23,7 +23,7 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-pub use decoder::{BlockWeights, DecoderDims, DecoderLayer, DecoderScratch};
+pub use decoder::{BlockWeights, DecoderDims, DecoderLayer, DecoderScratch, DecoderScratchBuffers};
 pub use dtype::DType;
 pub use quant::WeightFormat;
 

@@ -585,8 +585,8 @@ fn early_loads_see_every_write_but_the_kernel_ahead() {
 #[ignore = "needs CUDA GPU"]
 fn decoder_layers_fused_match_their_ops_one_by_one() {
     use ringkernel_core::compute::{
-        decoder, dtype, quant, BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratch,
-        KvDims, WeightFormat,
+        decoder, dtype, quant, BlockWeights, BufferRef, DecoderDims, DecoderLayer,
+        DecoderScratchBuffers, KvDims, WeightFormat,
     };
     let g = gpu();
     let mut rng = SplitMix64::from_entropy();
@@ -639,25 +639,8 @@ fn decoder_layers_fused_match_their_ops_one_by_one() {
             .collect();
         let x0 = rng.vec(dim, -1.0, 1.0);
         let (xa, xb) = (g.upload(&x0).unwrap(), g.upload(&x0).unwrap());
-        let scratch: Vec<BufferRef> = [
-            dim,
-            (heads + 2 * kv_heads) * head_dim,
-            att,
-            att,
-            hidden,
-            dim,
-        ]
-        .iter()
-        .map(|&n| g.upload(&vec![f32::NAN; n]).unwrap())
-        .collect();
-        let s = DecoderScratch {
-            normed: &*scratch[0],
-            qkv: &*scratch[1],
-            q: &*scratch[2],
-            att: &*scratch[3],
-            hidden: &*scratch[4],
-            residual: &*scratch[5],
-        };
+        let scratch = DecoderScratchBuffers::new(&g, 1, &d).unwrap();
+        let s = scratch.view();
         let pos = g.alloc(1).unwrap();
         let layer = |l: usize, side: usize| {
             let w = &weights[l];

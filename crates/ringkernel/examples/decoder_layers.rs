@@ -21,7 +21,7 @@ mod common;
 
 use ringkernel::compute::reference::{self, HostDecoderLayer};
 use ringkernel::compute::{
-    BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratch, KvDims, WeightFormat,
+    BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratchBuffers, KvDims, WeightFormat,
 };
 use ringkernel::core::compute::{dtype, quant};
 use ringkernel::core::util::{rel_error, SplitMix64};
@@ -128,25 +128,15 @@ fn run() -> Result<bool> {
             down: (FORMAT, &l.blocks[4]),
         })
         .collect();
-    // Scratch for up to PROMPT tokens: normed, qkv, q, att, hidden, the residual copy.
-    let scratch = [DIM, qkv_rows, att, att, HIDDEN, DIM]
-        .iter()
-        .map(|n| b.alloc(PROMPT * n))
-        .collect::<Result<Vec<_>>>()?;
-    let s = DecoderScratch {
-        normed: &*scratch[0],
-        qkv: &*scratch[1],
-        q: &*scratch[2],
-        att: &*scratch[3],
-        hidden: &*scratch[4],
-        residual: &*scratch[5],
-    };
     let dims = |tokens| DecoderDims {
         kv: KvDims { tokens, ..KV },
         dim: DIM,
         hidden: HIDDEN,
         eps: 1e-5,
     };
+    // Scratch for up to PROMPT tokens.
+    let scratch = DecoderScratchBuffers::new(&**b, PROMPT, &dims(PROMPT))?;
+    let s = scratch.view();
     let (x, pos) = (b.alloc(PROMPT * DIM)?, b.alloc(PROMPT)?);
     // The reference's caches, one pair a layer.
     let mut host_caches = vec![(vec![0.0f32; cache_len], vec![0.0f32; cache_len]); LAYERS];

@@ -15,7 +15,9 @@
 //! the output projection, and the feed-forward block with its down projection, each one
 //! kernel); the result is the same up to the order of float additions.
 
-use super::{check_len, checks, ComputeBackend, DeviceBuffer, KvDims, QMatmulDims, WeightFormat};
+use super::{
+    check_len, checks, BufferRef, ComputeBackend, DeviceBuffer, KvDims, QMatmulDims, WeightFormat,
+};
 use crate::Result;
 
 /// A weight matrix stored in blocks of a [`WeightFormat`].
@@ -70,6 +72,51 @@ pub struct DecoderScratch<'a> {
     /// A second copy of the residual stream, `t · dim` (CUDA reads the feed-forward
     /// block's input from it while the block adds its output to `x`).
     pub residual: &'a dyn DeviceBuffer,
+}
+
+/// The six buffers of a [`DecoderScratch`], owned: allocate them once for the most
+/// tokens a call will run and lend them to every call with [`Self::view`].
+pub struct DecoderScratchBuffers([BufferRef; 6]);
+
+impl DecoderScratchBuffers {
+    /// Allocates the scratch for up to `tokens` tokens of layers shaped like `d` (its
+    /// `kv.tokens` is not used), filled with NaN: a fused op that reads what it did not
+    /// write shows in its output.
+    pub fn new(b: &dyn ComputeBackend, tokens: usize, d: &DecoderDims) -> Result<Self> {
+        let kv = &d.kv;
+        let att = checks::product(&[kv.heads, kv.head_dim], "decoder scratch")?;
+        let qkv = checks::product(
+            &[kv.heads + 2 * kv.kv_heads, kv.head_dim],
+            "decoder scratch",
+        )?;
+        let nan = |n: usize| -> Result<BufferRef> {
+            b.upload(&vec![
+                f32::NAN;
+                checks::product(&[tokens, n], "decoder scratch")?
+            ])
+        };
+        Ok(Self([
+            nan(d.dim)?,
+            nan(qkv)?,
+            nan(att)?,
+            nan(att)?,
+            nan(d.hidden)?,
+            nan(d.dim)?,
+        ]))
+    }
+
+    /// The buffers as the ops take them.
+    pub fn view(&self) -> DecoderScratch<'_> {
+        let [normed, qkv, q, att, hidden, residual] = &self.0;
+        DecoderScratch {
+            normed: &**normed,
+            qkv: &**qkv,
+            q: &**q,
+            att: &**att,
+            hidden: &**hidden,
+            residual: &**residual,
+        }
+    }
 }
 
 /// Sizes of [`ComputeBackend::decoder_layer`].

@@ -12,8 +12,8 @@ use crate::compute::dtype;
 use crate::compute::quant::{self, WeightFormat};
 use crate::compute::reference::{self, HostDecoderLayer};
 use crate::compute::{
-    checks, BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratch, EmbeddingDims,
-    KvDims, QMatmulDims,
+    checks, BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratchBuffers,
+    EmbeddingDims, KvDims, QMatmulDims,
 };
 use crate::error::Result;
 
@@ -321,29 +321,14 @@ impl Kit<'_> {
             k_cache: &*kc,
             v_cache: &*vc,
         };
-        let nan = |n: usize| b.upload(&vec![f32::NAN; n]);
-        let scratch_bufs = [
-            nan(PROMPT * DIM)?,
-            nan(PROMPT * (att + 2 * kvd))?,
-            nan(PROMPT * att)?,
-            nan(PROMPT * att)?,
-            nan(PROMPT * HIDDEN)?,
-            nan(PROMPT * DIM)?,
-        ];
-        let s = DecoderScratch {
-            normed: &*scratch_bufs[0],
-            qkv: &*scratch_bufs[1],
-            q: &*scratch_bufs[2],
-            att: &*scratch_bufs[3],
-            hidden: &*scratch_bufs[4],
-            residual: &*scratch_bufs[5],
-        };
         let dims = |tokens| DecoderDims {
             kv: KvDims { tokens, ..KV },
             dim: DIM,
             hidden: HIDDEN,
             eps: EPS,
         };
+        let scratch = DecoderScratchBuffers::new(b, PROMPT, &dims(PROMPT))?;
+        let s = scratch.view();
         let hl = HostDecoderLayer {
             attn_norm: &attn_norm,
             qkv: (f[0], &w[0]),
