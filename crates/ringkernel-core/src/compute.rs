@@ -23,7 +23,9 @@ use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-pub use decoder::{BlockWeights, DecoderDims, DecoderLayer, DecoderScratch, DecoderScratchBuffers};
+pub use decoder::{
+    BlockWeights, DecoderDims, DecoderLayer, DecoderScratch, DecoderScratchBuffers, GreedyFeed,
+};
 pub use dtype::DType;
 pub use quant::WeightFormat;
 
@@ -782,6 +784,16 @@ pub trait ComputeBackend: Send + Sync + 'static {
         layers
             .iter()
             .try_for_each(|l| self.decoder_layer(x, positions, l, scratch, dims))
+    }
+
+    /// The end of a greedy decode step that feeds the next one (see
+    /// [`decoder::GreedyFeed`]): the argmax of the logits to the token word, that
+    /// token's row of the embedding table to the next input, and the position advanced
+    /// by one. The size and aliasing checks are made before anything runs
+    /// ([`decoder::GreedyFeed::check`]). The default is `argmax`,
+    /// `embedding` and `increment`; CUDA runs one kernel.
+    fn greedy_feed(&self, feed: &decoder::GreedyFeed) -> Result<()> {
+        feed.run_ops(self)
     }
 
     /// Records the ops that `ops` queues on this backend into a [`Replay`] (a CUDA

@@ -27,6 +27,7 @@ fn check_all_on_the_global_pool() {
         "attention_scores",
         "attention_weighted_sum",
         "attention",
+        "greedy_feed",
     ] {
         assert!(report.checks.iter().any(|c| c.op == op), "no check of {op}");
     }

@@ -471,6 +471,31 @@ pub fn embedding(format: WeightFormat, d: EmbeddingDims) -> Result<Needs> {
     ))
 }
 
+/// `greedy_feed`'s buffers (see `decoder::GreedyFeed`): logits `[rows]`, the table,
+/// the token word, the next input `[cols]` and the position word; `rows` as for
+/// [`argmax`], `cols` as for [`embedding`].
+pub fn greedy_feed(format: WeightFormat, rows: usize, cols: usize) -> Result<Needs> {
+    argmax(rows)?;
+    let e = embedding(
+        format,
+        EmbeddingDims {
+            rows,
+            cols,
+            count: 1,
+        },
+    )?;
+    Ok(Needs::new(
+        "greedy_feed",
+        &[
+            (rows, "logits"),
+            (e.elems(0), "table"),
+            (1, "token"),
+            (cols, "next input"),
+            (1, "position"),
+        ],
+    ))
+}
+
 /// `qmatmul(w, format, x, out, dims)`.
 pub fn qmatmul(format: WeightFormat, d: QMatmulDims) -> Result<Needs> {
     let w = format.words(d.rows, d.cols)?;

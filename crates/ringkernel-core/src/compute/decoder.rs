@@ -16,7 +16,8 @@
 //! kernel); the result is the same up to the order of float additions.
 
 use super::{
-    check_len, checks, BufferRef, ComputeBackend, DeviceBuffer, KvDims, QMatmulDims, WeightFormat,
+    check_len, checks, BufferRef, ComputeBackend, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
+    WeightFormat,
 };
 use crate::Result;
 
@@ -201,4 +202,71 @@ pub fn check(x: &dyn DeviceBuffer, s: &DecoderScratch, d: &DecoderDims) -> Resul
     let need = checks::product(&[d.kv.tokens, d.dim], "decoder_layer residual")?;
     check_len(s.residual, need, "decoder_layer residual")?;
     checks::distinct("decoder_layer", s.residual, &[x])
+}
+
+/// The end of a greedy decode step that feeds the next step
+/// ([`ComputeBackend::greedy_feed`]): the token with the largest logit, its embedding as
+/// the next step's input, and the position advanced. With it a recorded step (a CUDA
+/// graph) can run again and again without the host, and several steps can be recorded
+/// into one replay, each writing its token to its own word.
+#[derive(Clone, Copy)]
+pub struct GreedyFeed<'a> {
+    /// The step's logits, `[rows]`.
+    pub logits: &'a dyn DeviceBuffer,
+    /// The embedding table, `rows × cols` in its format.
+    pub table: BlockWeights<'a>,
+    /// Rows of the table: the vocabulary, and the logits' length.
+    pub rows: usize,
+    /// Columns of the table: the model's width (a multiple of 32).
+    pub cols: usize,
+    /// Word 0 receives the token, as [`ComputeBackend::argmax`] writes it.
+    pub token: &'a dyn DeviceBuffer,
+    /// The next step's input, `[cols]`: the token's row of the table.
+    pub x: &'a dyn DeviceBuffer,
+    /// Word 0 (a `u32` bit pattern) is advanced by one.
+    pub position: &'a dyn DeviceBuffer,
+}
+
+impl GreedyFeed<'_> {
+    /// Every check of the op, made before anything runs: the sizes, each buffer long
+    /// enough, and the three outputs apart from each other and from the inputs.
+    pub fn check(&self) -> Result<()> {
+        let needs = checks::greedy_feed(self.table.format, self.rows, self.cols)?;
+        let bufs = self.buffers();
+        needs.check(&bufs)?;
+        for i in 2..bufs.len() {
+            checks::distinct_from_others("greedy_feed", &bufs, i)?;
+        }
+        Ok(())
+    }
+
+    /// The buffers in [`checks::greedy_feed`]'s order: logits, table, token, x, position.
+    pub fn buffers(&self) -> [&dyn DeviceBuffer; 5] {
+        [
+            self.logits,
+            self.table.buffer,
+            self.token,
+            self.x,
+            self.position,
+        ]
+    }
+
+    /// [`ComputeBackend::greedy_feed`] as three ops: `argmax`, `embedding` and
+    /// `increment` (the trait's default).
+    pub fn run_ops<B: ComputeBackend + ?Sized>(&self, b: &B) -> Result<()> {
+        self.check()?;
+        b.argmax(self.logits, self.rows, self.token)?;
+        b.embedding(
+            self.table.buffer,
+            self.table.format,
+            self.token,
+            self.x,
+            EmbeddingDims {
+                rows: self.rows,
+                cols: self.cols,
+                count: 1,
+            },
+        )?;
+        b.increment(self.position, 0, 1, 1)
+    }
 }

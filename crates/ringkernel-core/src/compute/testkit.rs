@@ -254,6 +254,7 @@ pub fn check_all_with(backend: &dyn ComputeBackend, tol: &Tolerances) -> Result<
     k.reductions();
     k.argmax();
     k.counters();
+    k.greedy_feed();
     k.normalization();
     k.rope();
     k.attention();
@@ -302,6 +303,11 @@ family!(
     /// increment (offsets, wrap-around, queued twice) and read_async (later work does
     /// not reach it); their errors.
     check_counters => counters
+);
+family!(
+    /// greedy_feed (the argmax, the token's embedding row and the position advanced by
+    /// one op) in every weight format; its errors.
+    check_greedy_feed => greedy_feed
 );
 family!(
     /// softmax (including rows far from zero), RMSNorm, LayerNorm.

@@ -45,6 +45,6 @@ pub use tensor::Tensor;
 pub use ringkernel_core::compute::{
     decoder, reference, AttentionDims, BinaryOp, BlockWeights, BroadcastDims, BufferRef,
     ComputeBackend, DType, DecoderDims, DecoderLayer, DecoderScratch, DecoderScratchBuffers,
-    DeviceBuffer, EmbeddingDims, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp, Replay,
-    RopeDims, UnaryOp, WeightFormat,
+    DeviceBuffer, EmbeddingDims, GreedyFeed, KvDims, MatmulDims, QMatmulDims, ReduceDims, ReduceOp,
+    Replay, RopeDims, UnaryOp, WeightFormat,
 };

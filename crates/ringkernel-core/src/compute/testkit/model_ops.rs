@@ -6,7 +6,7 @@ use crate::compute::dtype::{self, DType};
 use crate::compute::quant::{self, WeightFormat};
 use crate::compute::{
     checks, reference, BinaryOp, BlockWeights, BufferRef, DecoderDims, DecoderLayer,
-    DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims,
+    DecoderScratch, DeviceBuffer, EmbeddingDims, GreedyFeed, KvDims, QMatmulDims,
 };
 use crate::error::Result;
 
@@ -269,6 +269,175 @@ impl Kit<'_> {
             Err(e) => Outcome::Failed(format!("error: {e}")),
         };
         self.record("increment/read_async", "len=0 at the end", outcome);
+    }
+
+    /// `greedy_feed` in every weight format: the token against [`reference::argmax`]
+    /// (logits with ties, a NaN, +inf after them), the next input against
+    /// [`reference::embedding`] of that token, the position word advanced (also across
+    /// `u32::MAX`); a second feed on the same buffers advances it again. Then its errors.
+    pub(super) fn greedy_feed(&mut self) {
+        let sizes = [(1usize, 32usize), (37, 96), (1000, 64), (4099, 576)];
+        for format in [WeightFormat::F32, WeightFormat::Q4_1, WeightFormat::Q8_0] {
+            for (case, &(rows, cols)) in sizes.iter().enumerate() {
+                let size = format!("{format} rows={rows} cols={cols}");
+                let mut logits: Vec<f32> = self
+                    .rng
+                    .vec(rows, 0.0, 6.0)
+                    .iter()
+                    .map(|v| v.floor())
+                    .collect();
+                logits[self.rng.below(rows as u64) as usize] = f32::NAN;
+                let pos = match case {
+                    0 => u32::MAX,
+                    _ => self.rng.below(1 << 32) as u32,
+                };
+                let twice = case == 2;
+                let got = (|| -> Result<(u32, Vec<f32>, u32)> {
+                    let table = self.weights(format, rows, cols)?;
+                    let want = reference::argmax(&logits) as u32;
+                    let want_x = reference::embedding(
+                        format,
+                        &table,
+                        &[want],
+                        EmbeddingDims {
+                            rows,
+                            cols,
+                            count: 1,
+                        },
+                    );
+                    let mut padded = logits.clone();
+                    padded.extend([f32::INFINITY; GUARD]);
+                    let l = self.b.upload(&padded)?;
+                    let t = self.upload_words(&table, false)?;
+                    let (tok, x) = (self.poisoned(1)?, self.poisoned(cols)?);
+                    let p = self.upload_words(&[pos], true)?;
+                    let feed = GreedyFeed {
+                        logits: &*l,
+                        table: BlockWeights {
+                            buffer: &*t,
+                            format,
+                        },
+                        rows,
+                        cols,
+                        token: &*tok,
+                        x: &*x,
+                        position: &*p,
+                    };
+                    self.b.greedy_feed(&feed)?;
+                    if twice {
+                        self.b.greedy_feed(&feed)?;
+                    }
+                    let got_tok = self.fetch_words(&tok, 1)?[0];
+                    let got_x = self.fetch(&x, cols)?;
+                    let got_pos = self.fetch_words(&p, 1)?[0];
+                    if got_tok != want {
+                        return Err(crate::Error::Device(format!(
+                            "token {got_tok}, want {want}"
+                        )));
+                    }
+                    let want_pos = pos.wrapping_add(1 + u32::from(twice));
+                    if got_pos != want_pos {
+                        return Err(crate::Error::Device(format!(
+                            "position {got_pos}, want {want_pos}"
+                        )));
+                    }
+                    match compare(&got_x, &want_x, self.tol.exact) {
+                        Outcome::Failed(why) => {
+                            Err(crate::Error::Device(format!("next input: {why}")))
+                        }
+                        _ => Ok((got_tok, got_x, got_pos)),
+                    }
+                })();
+                let outcome = match got {
+                    Err(e) => Outcome::Failed(format!("{e}")),
+                    Ok(_) => Outcome::Passed {
+                        rel_error: 0.0,
+                        tolerance: self.tol.exact,
+                    },
+                };
+                let what = if twice { " (fed twice)" } else { "" };
+                self.record("greedy_feed", &format!("{size}{what}"), outcome);
+            }
+        }
+        self.greedy_feed_errors();
+    }
+
+    fn greedy_feed_errors(&mut self) {
+        let b = self.b;
+        let bufs = (|| -> Result<[BufferRef; 5]> {
+            let table = self.weights(WeightFormat::Q8_0, 8, 96)?;
+            Ok([
+                b.upload(&[0.5; 8])?,
+                self.upload_words(&table, false)?,
+                b.alloc(1)?,
+                b.alloc(64)?,
+                b.alloc(1)?,
+            ])
+        })();
+        let [l, t, tok, x, p] = match bufs {
+            Ok(v) => v,
+            Err(e) => {
+                self.record(
+                    "greedy_feed",
+                    "errors setup",
+                    Outcome::Failed(format!("error: {e}")),
+                );
+                return;
+            }
+        };
+        let feed = GreedyFeed {
+            logits: &*l,
+            table: BlockWeights {
+                buffer: &*t,
+                format: WeightFormat::Q8_0,
+            },
+            rows: 8,
+            cols: 64,
+            token: &*tok,
+            x: &*x,
+            position: &*p,
+        };
+        use ErrKind::{Any, Shape};
+        let cases: [(&str, ErrKind, GreedyFeed); 6] = [
+            ("no rows", Any, GreedyFeed { rows: 0, ..feed }),
+            ("logits too short", Shape, GreedyFeed { rows: 9, ..feed }),
+            (
+                "cols not a multiple of 32",
+                Any,
+                GreedyFeed { cols: 48, ..feed },
+            ),
+            (
+                "next input too short",
+                Shape,
+                GreedyFeed { cols: 96, ..feed },
+            ),
+            (
+                "token aliases the logits",
+                Any,
+                GreedyFeed { token: &*l, ..feed },
+            ),
+            (
+                "position aliases the token",
+                Any,
+                GreedyFeed {
+                    position: &*tok,
+                    ..feed
+                },
+            ),
+        ];
+        for (case, kind, f) in cases {
+            self.expect_err("greedy_feed", case, kind, b.greedy_feed(&f));
+        }
+        let foreign = ForeignBuffer::new(64, b.kind());
+        self.expect_err(
+            "greedy_feed",
+            "foreign next input",
+            ErrKind::Device,
+            b.greedy_feed(&GreedyFeed {
+                x: &foreign,
+                ..feed
+            }),
+        );
     }
 
     fn run_argmax(&self, x: &[f32], n: usize) -> Result<u32> {
