@@ -682,6 +682,29 @@ EMBEDDING(f32, 0)
 EMBEDDING(q4_1, 1)
 EMBEDDING(q8_0, 2)
 
+// ComputeBackend::greedy_feed, one block of ARGMAX_THREADS: token[0] = argmax(logits[0..rows]),
+// x = that row of the table (the next decode step's input), pos[0] += 1.
+#define GREEDY_FEED(name, F)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)                                             \
+        rk_greedy_feed_##name(const float* __restrict__ logits, u64 rows, const u32* __restrict__ w, u64 cols, \
+                              unsigned* __restrict__ token, float* __restrict__ x, unsigned* __restrict__ pos) { \
+        rk_pdl_enter();                                                                                      \
+        __shared__ unsigned picked;                                                                          \
+        const unsigned t = argmax_block(logits, rows);                                                       \
+        if (threadIdx.x == 0) {                                                                              \
+            picked = t;                                                                                      \
+            token[0] = t;                                                                                    \
+            pos[0] += 1u;                                                                                    \
+        }                                                                                                    \
+        __syncthreads();                                                                                     \
+        const u32* row = w + (u64)picked * (cols / 32) * Fmt<F>::WORDS;                                      \
+        for (u64 c = threadIdx.x; c < cols; c += ARGMAX_THREADS)                                             \
+            x[c] = block_value<F>(row + (c / 32) * Fmt<F>::WORDS, (int)(c % 32));                            \
+    }
+GREEDY_FEED(f32, 0)
+GREEDY_FEED(q4_1, 1)
+GREEDY_FEED(q8_0, 2)
+
 // ------------------------------------------------------------------ KV cache
 
 // qkv: [tokens, (heads + 2·kv_heads)·hd]. A thread per rotated pair of a query or key head

@@ -59,9 +59,9 @@ __device__ __forceinline__ void argmax_pick(float& best, unsigned& at, float v, 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const float* __restrict__ x, u64 n,
-                                                                      unsigned* __restrict__ out) {
-    rk_pdl_enter();
+// The argmax of x[0..n] by one block of ARGMAX_THREADS threads (rk_argmax, and
+// rk_greedy_feed_* in model.cu); the result is valid in thread 0 only.
+__device__ __forceinline__ unsigned argmax_block(const float* __restrict__ x, u64 n) {
     __shared__ float sv[ARGMAX_THREADS / WARP];
     __shared__ unsigned si[ARGMAX_THREADS / WARP];
     float best = NEG_INF;
@@ -89,8 +89,15 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const flo
         at = lane < ARGMAX_THREADS / WARP ? si[lane] : 0xFFFFFFFFu;
         for (int o = WARP / 2; o > 0; o /= 2)
             argmax_pick(best, at, __shfl_down_sync(FULL_MASK, best, o), __shfl_down_sync(FULL_MASK, at, o));
-        if (lane == 0) out[0] = x[0] != x[0] || at == 0xFFFFFFFFu ? 0u : at;
     }
+    return x[0] != x[0] || at == 0xFFFFFFFFu ? 0u : at;
+}
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) rk_argmax(const float* __restrict__ x, u64 n,
+                                                                      unsigned* __restrict__ out) {
+    rk_pdl_enter();
+    const unsigned t = argmax_block(x, n);
+    if (threadIdx.x == 0) out[0] = t;
 }
 
 // ------------------------------------------------------------------ counters

@@ -158,7 +158,7 @@ impl Drop for Staging {
 }
 
 /// Threads of `rk_argmax`'s one block (`ARGMAX_THREADS` in `kernels/ops.cu`).
-const ARGMAX_THREADS: u32 = 1024;
+pub(super) const ARGMAX_THREADS: u32 = 1024;
 
 impl ComputeInner {
     /// The stream, for work other than an op kernel that declares its writes: what the

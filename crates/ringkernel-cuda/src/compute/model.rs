@@ -7,8 +7,8 @@ use super::program::{field, Instr, OP_EMBED, OP_QM, OP_ROPE_ATT};
 use super::{arg, grid_1d, CudaCompute, CudaGraph, MAX_GRID_YZ};
 use ringkernel_core::compute::{
     checks, decoder, BinaryOp, BroadcastDims, ComputeBackend, DType, DecoderDims, DecoderLayer,
-    DecoderScratch, DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, Replay, WeightFormat,
-    MAX_BROADCAST_RANK,
+    DecoderScratch, DeviceBuffer, EmbeddingDims, GreedyFeed, KvDims, QMatmulDims, Replay,
+    WeightFormat, MAX_BROADCAST_RANK,
 };
 use ringkernel_core::{Error, Result};
 
@@ -117,6 +117,9 @@ static FUSED_FFN: Switch = Switch("RINGKERNEL_CUDA_FUSED_FFN", std::sync::OnceLo
 /// (`rk_rope_attention_wo_split_*`).
 static FUSED_WO: Switch = Switch("RINGKERNEL_CUDA_FUSED_WO", std::sync::OnceLock::new());
 
+/// Whether `greedy_feed` runs as one kernel (`rk_greedy_feed_*`) rather than the trait's
+/// three ops.
+static FUSED_FEED: Switch = Switch("RINGKERNEL_CUDA_FUSED_FEED", std::sync::OnceLock::new());
 /// [`super::program::switch`], read once.
 fn switch_on(s: &Switch) -> bool {
     *s.1.get_or_init(|| super::program::switch(s.0))
@@ -305,6 +308,33 @@ impl CudaCompute {
                 arg(&mut k),
             ],
             &[self.span(out)?],
+        )
+    }
+
+    /// `ComputeBackend::greedy_feed`: one `rk_greedy_feed_*` kernel (one block: the
+    /// argmax, then the picked row of the table).
+    pub(super) fn greedy_feed_impl(&self, f: &GreedyFeed) -> Result<()> {
+        if !switch_on(&FUSED_FEED) {
+            return f.run_ops(self);
+        }
+        let p = self.device_ptrs(&f.buffers())?;
+        f.check()?;
+        let (mut pl, mut pw, mut pt, mut px, mut pp) = (p[0], p[1], p[2], p[3], p[4]);
+        let (mut rows, mut cols) = (f.rows as u64, f.cols as u64);
+        self.launch_writing(
+            &format!("rk_greedy_feed_{}", f.table.format.name()),
+            (1, 1, 1),
+            (super::ARGMAX_THREADS, 1, 1),
+            &mut [
+                arg(&mut pl),
+                arg(&mut rows),
+                arg(&mut pw),
+                arg(&mut cols),
+                arg(&mut pt),
+                arg(&mut px),
+                arg(&mut pp),
+            ],
+            &[self.span(f.token)?, self.span(f.x)?, self.span(f.position)?],
         )
     }
 
@@ -1064,6 +1094,9 @@ macro_rules! model_ops {
             dims: EmbeddingDims,
         ) -> Result<()> {
             self.embedding_impl(table, format, ids, out, dims)
+        }
+        fn greedy_feed(&self, feed: &ringkernel_core::compute::GreedyFeed) -> Result<()> {
+            self.greedy_feed_impl(feed)
         }
         fn qmatmul(
             &self,
