@@ -88,6 +88,8 @@ case "${1:-}" in
     tail -1 "$O/llm-bench-cuda.txt"
     r 60 llm-bench-cuda-no-overlap $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 --no-overlap
     tail -1 "$O/llm-bench-cuda-no-overlap.txt"
+    r 60 llm-bench-cuda-one-step $CLI bench llm --device cuda --model "$m" --prompt-tokens 128 --new-tokens 256 --runs 3 --steps-per-replay 1
+    tail -1 "$O/llm-bench-cuda-one-step.txt"
     r 120 hf-bench python3 scripts/llm_hf_peer.py bench --model "$m" --device cuda --dtypes float32,bfloat16
     tail -2 "$O/hf-bench.txt"
     r 60 llm-bench-wgpu $CLI bench llm --device wgpu --model "$m" --prompt-tokens 128 --new-tokens 128 --runs 2
@@ -134,6 +136,8 @@ llm)
     bench graph-host-argmax-$round RINGKERNEL_CUDA_PROGRAM=0 --host-argmax
     bench graph-no-overlap-$round RINGKERNEL_CUDA_PROGRAM=0 --no-overlap
     bench graph-no-early-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_EARLY=0
+    bench graph-one-step-$round RINGKERNEL_CUDA_PROGRAM=0 --steps-per-replay=1
+    bench graph-feed-ops-$round RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_FEED=0
   done
   bench graph-no-chain RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_CHAIN=0
   bench graph-no-wo RINGKERNEL_CUDA_PROGRAM=0 RINGKERNEL_CUDA_FUSED_WO=0

@@ -252,6 +252,10 @@ pub struct LlmBenchArgs {
     /// step k+1, which takes its input from step k on the device, before reading token k).
     #[arg(long, conflicts_with = "host_argmax")]
     pub no_overlap: bool,
+    /// Greedy decode steps recorded into one replay (a CUDA graph), 1 to 8; the default
+    /// is the library's (`ringkernel_llm::model::DEFAULT_STEPS_PER_REPLAY`).
+    #[arg(long)]
+    pub steps_per_replay: Option<usize>,
 }
 
 /// Runs `ringkernel bench llm`: one line per run, then the medians.
@@ -263,10 +267,18 @@ pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
         top_k: 0,
         top_p: 1.0,
         seed: 0,
-        context: a.prompt_tokens + a.new_tokens,
+        // Room for the replays that time the device step after each run.
+        context: a.prompt_tokens + a.new_tokens + bench::REPLAYS,
         system: None,
     };
     let mut s = margs.open()?;
+    if let Some(n) = a.steps_per_replay {
+        s.model_and_cache()
+            .1
+            .set_steps_per_replay(n)
+            .map_err(|e| e.to_string())?;
+    }
+    let per = s.model_and_cache().1.steps_per_replay();
     let sampling = if a.host_argmax {
         bench::Argmax::Host
     } else if a.no_overlap {
@@ -315,7 +327,7 @@ pub fn bench_llm(a: &LlmBenchArgs) -> Result<(), String> {
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
     println!(
-        "llm bench: device={} steps={} prompt_tokens={} new_tokens={} ttft_ms={:.2} decode_tokens_per_s={:.1}",
+        "llm bench: device={} steps={} steps_per_replay={per} prompt_tokens={} new_tokens={} ttft_ms={:.2} decode_tokens_per_s={:.1}",
         warm.device,
         warm.step_mode,
         a.prompt_tokens,

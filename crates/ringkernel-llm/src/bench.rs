@@ -24,6 +24,11 @@ Early computers filled rooms and ran one program at a time; today a phone holds 
 memory than all of them together, and graphics processors run thousands of threads at \
 once to train and serve language models. ";
 
+/// Replays of the decode step that time it after a run
+/// ([`BenchResult::step_device`]); greedy steps run the positions after the run's, so
+/// a cache with this many more positions than the run needs times all of them.
+pub const REPLAYS: usize = 64;
+
 /// One measured run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchResult {
@@ -43,7 +48,8 @@ pub struct BenchResult {
     /// The generated ids (greedy), the first one included.
     pub tokens: Vec<u32>,
     /// Device time of one decode step where steps are recorded
-    /// ([`crate::model::Model::replay_time`], 64 replays after the run).
+    /// ([`crate::model::Model::replay_time`], [`REPLAYS`] replays after the run, fewer
+    /// where the cache has fewer free positions).
     pub step_device: Option<Duration>,
 }
 
@@ -142,7 +148,7 @@ pub fn run_with(
     }
     let decode = t1.elapsed();
     let step_mode = cache.step_mode();
-    let step_device = model.replay_time(cache, 64)?;
+    let step_device = model.replay_time(cache, REPLAYS)?;
     s.reset();
     Ok(BenchResult {
         device: s.model().device().to_string(),

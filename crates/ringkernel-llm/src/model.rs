@@ -8,6 +8,11 @@
 //! ([`ComputeBackend::record`]: a CUDA graph, so a token costs one graph launch) and
 //! replayed at every position.
 //!
+//! Greedy decoding ([`Model::decode_greedy`]) records steps that feed each other on the
+//! device ([`ComputeBackend::greedy_feed`]: the argmax, the token's embedding, the next
+//! position), several to a replay ([`KvCache::set_steps_per_replay`]), and the host
+//! reads the tokens while the device runs the steps after them.
+//!
 //! One step: the embedding, then every layer through one
 //! [`ComputeBackend::decoder_layers`] (per layer: the norm, then q, k, v in one matrix;
 //! RoPE, the new row into the cache, attention; the output projection added to the
@@ -30,6 +35,7 @@
 //! [`ComputeBackend::qmatmul`]: ringkernel::compute::ComputeBackend::qmatmul
 //! [`ComputeBackend::record`]: ringkernel::compute::ComputeBackend::record
 //! [`ComputeBackend::decoder_layers`]: ringkernel::compute::ComputeBackend::decoder_layers
+//! [`ComputeBackend::greedy_feed`]: ringkernel::compute::ComputeBackend::greedy_feed
 
 use crate::error::{LlmError, Result};
 use crate::gguf::GgufFile;
@@ -37,7 +43,7 @@ use crate::quant::{dequantize, GgmlType};
 use crate::weights::{half_split_order, joined_format, HostMatrix};
 use ringkernel::compute::{
     BlockWeights, BufferRef, ComputeBackend, DecoderDims, DecoderLayer, DecoderScratch, Device,
-    DeviceBuffer, EmbeddingDims, KvDims, QMatmulDims, QuantMatrix, Replay, WeightFormat,
+    EmbeddingDims, GreedyFeed, KvDims, QMatmulDims, QuantMatrix, Replay, WeightFormat,
 };
 use ringkernel::BackendKind;
 use ringkernel_core::compute::dtype::words_as_f32;
@@ -122,6 +128,15 @@ impl LlamaConfig {
 
 /// Prompt tokens run as one batch (the activation buffers hold this many rows).
 pub const PREFILL_CHUNK: usize = 128;
+
+/// The most greedy decode steps one replay may hold ([`KvCache::set_steps_per_replay`]).
+pub const MAX_STEPS_PER_REPLAY: usize = 8;
+
+/// Greedy decode steps a replay holds unless set otherwise
+/// ([`KvCache::set_steps_per_replay`]). On an H100 (BENCHMARKS.md) 4 steps a replay
+/// decoded SmolLM2 about 3% faster than 1 and within 0.3% of 8, while a stop
+/// (an end-of-turn token) leaves fewer steps run for nothing.
+pub const DEFAULT_STEPS_PER_REPLAY: usize = 4;
 
 /// Bytes a model needs on its device, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,8 +271,9 @@ struct Scratch {
     /// The last row's normed state (a prompt's logits come from it).
     last: BufferRef,
     logits: BufferRef,
-    /// The greedy token of a step's logits (`argmax`, one word).
-    next: BufferRef,
+    /// The greedy tokens of the steps of one replay (`argmax`, one word each; the
+    /// first also of a step run op by op).
+    tokens: Vec<BufferRef>,
 }
 
 /// How decode steps run on a cache.
@@ -297,18 +313,36 @@ pub struct KvCache {
     kv_dim: usize,
     scratch: Scratch,
     step: Step,
-    /// The decode step followed by the argmax of its logits ([`Model::forward_greedy`]).
+    /// The decode step followed by the argmax of its logits ([`Model::forward_greedy`]);
+    /// recorded, it feeds the next step ([`ComputeBackend::greedy_feed`]).
     greedy_step: Step,
+    /// `steps_per_replay` fed greedy steps recorded as one ([`Model::decode_greedy`]).
+    greedy_steps: Step,
+    steps_per_replay: usize,
 }
 
 impl KvCache {
-    /// Where the greedy step leaves its token: the input of the next step when the step
-    /// is recorded (it feeds itself), else its own word.
-    fn greedy_word(&self) -> &dyn DeviceBuffer {
-        match self.greedy_step {
-            Step::Recorded { .. } => &*self.scratch.ids,
-            _ => &*self.scratch.next,
+    /// How many greedy decode steps [`Model::decode_greedy`] records into one replay
+    /// where the backend records (a CUDA graph of that many steps, each feeding the
+    /// next): fewer launches for the host and one boundary between replays every `n`
+    /// tokens. 1 to [`MAX_STEPS_PER_REPLAY`]; the default is
+    /// [`DEFAULT_STEPS_PER_REPLAY`]. The tokens are the same whatever `n`.
+    pub fn set_steps_per_replay(&mut self, n: usize) -> Result<()> {
+        if !(1..=MAX_STEPS_PER_REPLAY).contains(&n) {
+            return Err(LlmError::InvalidArgument(format!(
+                "steps per replay must be 1 to {MAX_STEPS_PER_REPLAY}, not {n}"
+            )));
         }
+        if n != self.steps_per_replay {
+            self.steps_per_replay = n;
+            self.greedy_steps = Step::Untried;
+        }
+        Ok(())
+    }
+
+    /// See [`Self::set_steps_per_replay`].
+    pub fn steps_per_replay(&self) -> usize {
+        self.steps_per_replay
     }
 
     /// The step that has run: the plain one ([`Model::forward`]) once it has, else the
@@ -496,7 +530,9 @@ impl Model {
             hb: alloc(rows * c.hidden)?,
             last: alloc(c.dim)?,
             logits: alloc(c.vocab)?,
-            next: alloc(1)?,
+            tokens: (0..MAX_STEPS_PER_REPLAY)
+                .map(|_| alloc(1))
+                .collect::<Result<_>>()?,
         };
         Ok(KvCache {
             device: self.device.clone(),
@@ -508,6 +544,8 @@ impl Model {
             scratch,
             step: Step::Untried,
             greedy_step: Step::Untried,
+            greedy_steps: Step::Untried,
+            steps_per_replay: DEFAULT_STEPS_PER_REPLAY,
         })
     }
 
@@ -538,6 +576,46 @@ impl Model {
     /// The ops of one step over the first `n` rows of the scratch buffers (ids and
     /// positions already written).
     fn run(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
+        self.embed(cache, n)?;
+        self.layers_and_head(cache, n)
+    }
+
+    /// The embeddings of the first `n` ids into the residual stream.
+    fn embed(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
+        let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
+        self.device.backend().embedding(
+            &**w.embed.buffer(),
+            w.embed.format(),
+            &*s.ids,
+            &*s.x,
+            EmbeddingDims {
+                rows: c.vocab,
+                cols: c.dim,
+                count: n,
+            },
+        )
+    }
+
+    /// A fed greedy step's end: its token to word `j` of the replay's tokens, that
+    /// token's embedding to the residual stream, the position advanced.
+    fn feed(&self, cache: &KvCache, j: usize) -> ringkernel::Result<()> {
+        let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
+        self.device.backend().greedy_feed(&GreedyFeed {
+            logits: &*s.logits,
+            table: BlockWeights {
+                buffer: &**w.embed.buffer(),
+                format: w.embed.format(),
+            },
+            rows: c.vocab,
+            cols: c.dim,
+            token: &*s.tokens[j],
+            x: &*s.x,
+            position: &*s.pos,
+        })
+    }
+
+    /// The layers and the output head over the first `n` rows of the residual stream.
+    fn layers_and_head(&self, cache: &KvCache, n: usize) -> ringkernel::Result<()> {
         let b: &dyn ComputeBackend = &**self.device.backend();
         let (c, s, w) = (&self.cfg, &cache.scratch, &*self.w);
         let (d, eps) = (c.dim, c.eps);
@@ -547,17 +625,6 @@ impl Model {
             cols,
             accumulate,
         };
-        b.embedding(
-            &**w.embed.buffer(),
-            w.embed.format(),
-            &*s.ids,
-            &*s.x,
-            EmbeddingDims {
-                rows: c.vocab,
-                cols: d,
-                count: n,
-            },
-        )?;
         let kv = KvDims {
             tokens: n,
             heads: c.n_heads,
@@ -672,13 +739,15 @@ impl Model {
     /// the `argmax` of its logits, and only that index is read back (one word instead of
     /// the vocabulary's logits). Returns the same token as
     /// [`argmax`](crate::sample::argmax) of [`Self::forward`]'s logits. Recorded and
-    /// replayed like `forward`'s step (a second recording, with the argmax).
+    /// replayed like `forward`'s step (a second recording, ending with
+    /// [`ComputeBackend::greedy_feed`]; the input's embedding is written before each
+    /// replay).
     pub fn forward_greedy(&self, token: u32, cache: &mut KvCache) -> Result<u32> {
         self.decode_step(token, cache, true)?;
         let mut word = [0f32; 1];
         self.device
             .backend()
-            .read(cache.greedy_word(), 0, &mut word)?;
+            .read(&*cache.scratch.tokens[0], 0, &mut word)?;
         Ok(word[0].to_bits())
     }
 
@@ -688,13 +757,14 @@ impl Model {
     /// is full, and returns how many it produced. The cache then holds what a loop of
     /// [`Self::forward_greedy`] would leave: `token` and every new token but the last.
     ///
-    /// Where the step is recorded ([`KvCache::step_mode`]), the step itself feeds its
-    /// token to the next one and advances the position on the device, so the host
-    /// queues step k+1 before it reads token k
-    /// ([`ComputeBackend::read_async`](ringkernel::compute::ComputeBackend::read_async)):
-    /// its work (the read, `on_token`, the next launch) overlaps the device's. When
-    /// `on_token` stops, the step queued ahead has run past the cache's length, which
-    /// ignores it.
+    /// Where the step is recorded ([`KvCache::step_mode`]), the step itself feeds the
+    /// next one (its token's embedding and the position, through
+    /// [`ComputeBackend::greedy_feed`]), so the host keeps a replay queued beyond the
+    /// tokens it reads ([`ComputeBackend::read_async`]): its work (the reads,
+    /// `on_token`, the next launch) overlaps the device's. A replay
+    /// holds [`KvCache::steps_per_replay`] steps while that many are left, one step
+    /// after. When `on_token` stops, the steps queued ahead have run past the cache's
+    /// length, which ignores them.
     pub fn decode_greedy(
         &self,
         token: u32,
@@ -709,13 +779,14 @@ impl Model {
             }
             return Ok(0);
         }
+        let start = cache.len;
         self.decode_step(token, cache, true)?;
-        let Step::Recorded { replay, .. } = &cache.greedy_step else {
+        if !matches!(cache.greedy_step, Step::Recorded { .. }) {
             // Op by op: the host stages every step.
             let mut word = [0f32; 1];
             self.device
                 .backend()
-                .read(cache.greedy_word(), 0, &mut word)?;
+                .read(&*cache.scratch.tokens[0], 0, &mut word)?;
             let mut t = word[0].to_bits();
             let mut produced = 1;
             while on_token(t) && produced < steps {
@@ -723,36 +794,84 @@ impl Model {
                 produced += 1;
             }
             return Ok(produced);
+        }
+        let per = cache.steps_per_replay;
+        if per > 1 && steps > per && matches!(cache.greedy_steps, Step::Untried) {
+            cache.greedy_steps = self.record_step(cache, |c| {
+                (0..per).try_for_each(|j| {
+                    self.layers_and_head(c, 1)?;
+                    self.feed(c, j)
+                })
+            });
+        }
+        let (Step::Recorded { replay: one, .. }, steps_n) =
+            (&cache.greedy_step, &cache.greedy_steps)
+        else {
+            unreachable!("checked above")
+        };
+        let many = match steps_n {
+            Step::Recorded { replay, .. } if per > 1 => Some(replay),
+            _ => None,
         };
         let b = self.device.backend();
-        let ids = &*cache.scratch.ids;
-        let mut pending = b.read_async(ids, 0, 1)?;
-        let mut produced = 0;
-        loop {
-            let ahead = produced + 1 < steps;
-            let next = if ahead {
-                replay.replay()?;
-                Some(b.read_async(ids, 0, 1)?)
-            } else {
-                None
+        let tokens = &cache.scratch.tokens;
+        // Reads of the tokens queued so far, oldest first; `queued` steps have been
+        // queued (the first by `decode_step`).
+        let mut pending = std::collections::VecDeque::from([b.read_async(&*tokens[0], 0, 1)?]);
+        let (mut queued, mut produced) = (1usize, 0usize);
+        let result = loop {
+            // Keep a replay queued beyond the tokens being read, so the device does not
+            // wait for the host.
+            if pending.len() <= per && queued < steps {
+                let k = match many {
+                    Some(r) if steps - queued >= per => {
+                        r.replay()?;
+                        per
+                    }
+                    _ => {
+                        one.replay()?;
+                        1
+                    }
+                };
+                for t in &tokens[..k] {
+                    pending.push_back(b.read_async(&**t, 0, 1)?);
+                }
+                queued += k;
+            }
+            let Some(next) = pending.pop_front() else {
+                break Ok(produced);
             };
-            let t = pending.wait()?[0].to_bits();
+            let t = next.wait()?[0].to_bits();
             produced += 1;
-            let go_on = on_token(t);
-            match next {
-                Some(p) if go_on => {
-                    cache.len += 1;
-                    pending = p;
-                }
-                Some(p) => {
-                    // The step queued ahead ran past what the cache keeps.
-                    p.wait()?;
-                    break;
-                }
-                None => break,
+            if !on_token(t) || produced == steps {
+                break Ok(produced);
+            }
+        };
+        // Steps queued past the last token read ran beyond what the cache keeps.
+        for p in pending {
+            p.wait()?;
+        }
+        cache.len = start + produced;
+        result
+    }
+
+    /// Records `ops` into a replay where the backend can (see [`Step`]).
+    fn record_step(
+        &self,
+        cache: &KvCache,
+        ops: impl Fn(&KvCache) -> ringkernel::Result<()>,
+    ) -> Step {
+        match self.device.backend().record(&mut || ops(cache)) {
+            Ok(Some(replay)) => Step::Recorded {
+                replay,
+                _weights: self.w.clone(),
+            },
+            Ok(None) => Step::Direct(None),
+            Err(e) => {
+                tracing::warn!("decode step not recorded, running it op by op: {e}");
+                Step::Direct(Some(e.to_string()))
             }
         }
-        Ok(produced)
     }
 
     /// One decode step of `token`, recorded on the first call (per kind: with or without
@@ -762,36 +881,17 @@ impl Model {
     fn decode_step(&self, token: u32, cache: &mut KvCache, greedy: bool) -> Result<()> {
         self.check_cache(cache, &[token])?;
         self.stage(cache, &[token])?;
-        let vocab = self.cfg.vocab;
-        let ops = |c: &KvCache, feed: bool| -> ringkernel::Result<()> {
-            self.run(c, 1)?;
-            if greedy {
-                let (s, b) = (&c.scratch, self.device.backend());
-                if feed {
-                    b.argmax(&*s.logits, vocab, &*s.ids)?;
-                    b.increment(&*s.pos, 0, 1, 1)?;
-                } else {
-                    b.argmax(&*s.logits, vocab, &*s.next)?;
-                }
-            }
-            Ok(())
-        };
         if matches!(cache.step_for(greedy), Step::Untried) {
-            let recorded = {
-                let c = &*cache;
-                self.device.backend().record(&mut || ops(c, true))
-            };
-            let step = match recorded {
-                Ok(Some(replay)) => Step::Recorded {
-                    replay,
-                    _weights: self.w.clone(),
-                },
-                Ok(None) => Step::Direct(None),
-                Err(e) => {
-                    tracing::warn!("decode step not recorded, running it op by op: {e}");
-                    Step::Direct(Some(e.to_string()))
+            let step = self.record_step(cache, |c| {
+                if greedy {
+                    // The input's embedding is written before the replay (below); the
+                    // step leaves the next one's in its place.
+                    self.layers_and_head(c, 1)?;
+                    self.feed(c, 0)
+                } else {
+                    self.run(c, 1)
                 }
-            };
+            });
             if greedy {
                 cache.greedy_step = step;
             } else {
@@ -799,10 +899,22 @@ impl Model {
             }
         }
         match cache.step_for(greedy) {
-            Step::Recorded { replay, .. } => replay.replay()?,
+            Step::Recorded { replay, .. } => {
+                if greedy {
+                    self.embed(cache, 1)?;
+                }
+                replay.replay()?
+            }
             _ => {
                 let c = &*cache;
-                self.device.backend().batch(&mut || ops(c, false))?
+                let (b, vocab) = (self.device.backend(), self.cfg.vocab);
+                b.batch(&mut || {
+                    self.run(c, 1)?;
+                    if greedy {
+                        b.argmax(&*c.scratch.logits, vocab, &*c.scratch.tokens[0])?;
+                    }
+                    Ok(())
+                })?
             }
         }
         cache.len += 1;
@@ -814,7 +926,9 @@ impl Model {
     /// the cache's last position again with the same token each time; the greedy one
     /// ([`Self::forward_greedy`]) feeds itself, so its replays run the positions after
     /// the cache's length, each with the token before (`n` is capped at the free
-    /// positions). The cache's length is unchanged either way. `None` when the steps are
+    /// positions), as a replay of [`KvCache::steps_per_replay`] steps where
+    /// [`Self::decode_greedy`] recorded one (then `n` rounds down to a multiple of it).
+    /// The cache's length is unchanged either way. `None` when the steps are
     /// not recorded (the first [`Self::forward`] or [`Self::forward_greedy`] on a cache
     /// records them, where the backend can) or `n` is 0. What a decode step takes beyond
     /// this is host work: staging the token, reading back the logits or the token,
@@ -824,13 +938,17 @@ impl Model {
             return Ok(None);
         };
         let b = self.device.backend();
-        let n = if std::ptr::eq(cache.active_step(), &cache.greedy_step) {
-            // The replays start at the cache's length (the token there is whatever the
-            // last step left: a greedy token, inside the vocabulary).
+        let (replay, per, n) = if std::ptr::eq(cache.active_step(), &cache.greedy_step) {
+            // The replays start at the cache's length (the input there is whatever the
+            // last step fed: a greedy token's embedding).
             b.write(&*cache.scratch.pos, 0, words_as_f32(&[cache.len as u32]))?;
-            n.min(cache.capacity - cache.len)
+            let (n, per) = (n.min(cache.capacity - cache.len), cache.steps_per_replay);
+            match &cache.greedy_steps {
+                Step::Recorded { replay: many, .. } if per > 1 && n >= per => (many, per, n / per),
+                _ => (replay, 1, n),
+            }
         } else {
-            n
+            (replay, 1, n)
         };
         if n == 0 {
             return Ok(None);
@@ -841,7 +959,7 @@ impl Model {
             replay.replay()?;
         }
         b.synchronize()?;
-        Ok(Some(t.elapsed() / n as u32))
+        Ok(Some(t.elapsed() / (n * per) as u32))
     }
 
     /// Which kind of device the weights are on.

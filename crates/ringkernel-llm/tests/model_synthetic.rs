@@ -291,14 +291,21 @@ fn decoder_matches_an_f64_reference_on_cuda() {
     decoder_matches_the_reference_on(&dev);
 }
 
-/// `decode_greedy` (each step feeding the next on the device where the step is recorded)
-/// gives the tokens and the cache of a `forward_greedy` loop, stopped early or not, and
-/// stops where the cache is full.
+/// `decode_greedy` (each step feeding the next on the device where the step is recorded,
+/// one to three steps a replay) gives the tokens and the cache of a `forward_greedy`
+/// loop, stopped early or not, and stops where the cache is full.
 fn overlapped_greedy_matches_step_by_step_on(device: &Device) {
+    for per in [1, 2, 3] {
+        overlapped_greedy_matches_step_by_step(device, per);
+    }
+}
+
+fn overlapped_greedy_matches_step_by_step(device: &Device, per: usize) {
     let model = Model::load_on(device, Arc::new(file()), CTX).unwrap();
     let prompt: Vec<u32> = (0..11).map(|i| (i * 53 % 258) as u32).collect();
     let fresh = || {
         let mut c = model.new_cache(CTX).unwrap();
+        c.set_steps_per_replay(per).unwrap();
         let first = ringkernel_llm::sample::argmax(&model.prefill(&prompt, &mut c).unwrap());
         (c, first as u32)
     };
@@ -317,7 +324,12 @@ fn overlapped_greedy_matches_step_by_step_on(device: &Device) {
             true
         })
         .unwrap();
-    assert_eq!((n, &got), (14, &want), "{device}: {}", b.step_mode());
+    assert_eq!(
+        (n, &got),
+        (14, &want),
+        "{device}, {per} a replay: {}",
+        b.step_mode()
+    );
     assert_eq!(b.len(), a.len());
     // Timing the greedy step's replays leaves the cache usable.
     let timed = model.replay_time(&b, 4).unwrap();
@@ -333,7 +345,7 @@ fn overlapped_greedy_matches_step_by_step_on(device: &Device) {
             seen.len() < 5
         })
         .unwrap();
-    assert_eq!((n, &seen[..]), (5, &want[..5]), "{device}");
+    assert_eq!((n, &seen[..]), (5, &want[..5]), "{device}, {per} a replay");
     assert_eq!(c.len(), prompt.len() + 5);
     assert_eq!(model.forward_greedy(want[4], &mut c).unwrap(), want[5]);
     let mut rest = Vec::new();
@@ -343,15 +355,23 @@ fn overlapped_greedy_matches_step_by_step_on(device: &Device) {
             true
         })
         .unwrap();
-    assert_eq!(rest, want[6..14], "{device}");
+    assert_eq!(rest, want[6..14], "{device}, {per} a replay");
 
     // Up to the cache's end: as many tokens as there are free positions, then an error.
     let free = CTX - c.len();
     let last = *rest.last().unwrap();
     let n = model.decode_greedy(last, &mut c, CTX, |_| true).unwrap();
-    assert_eq!((n, c.len()), (free, CTX), "{device}");
+    assert_eq!((n, c.len()), (free, CTX), "{device}, {per} a replay");
     assert!(model.decode_greedy(last, &mut c, 1, |_| true).is_err());
     assert_eq!(model.decode_greedy(last, &mut c, 0, |_| true).unwrap(), 0);
+    // Steps a replay: 1 to MAX_STEPS_PER_REPLAY.
+    for bad in [0, ringkernel_llm::model::MAX_STEPS_PER_REPLAY + 1] {
+        assert!(matches!(
+            c.set_steps_per_replay(bad),
+            Err(LlmError::InvalidArgument(_))
+        ));
+    }
+    assert_eq!(c.steps_per_replay(), per);
 }
 
 #[test]
