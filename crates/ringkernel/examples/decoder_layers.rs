@@ -5,7 +5,9 @@
 //! Three random layers run a 4-token prompt in one call, then decode 8 tokens one at a
 //! time with their KV caches on the device. The decode step is recorded once where the
 //! backend records (a CUDA graph) and replayed, with the position in a device buffer.
-//! Prints the relative error of every call and exits non-zero above the tolerance.
+//! Last, `ComputeBackend::greedy_feed` ends a greedy step: the argmax of random logits,
+//! that token's embedding as the next input, the position advanced. Prints the relative
+//! error of every call and exits non-zero above the tolerance or at a wrong token.
 //!
 //! ```text
 //! cargo run -p ringkernel --example decoder_layers                              # CPU
@@ -21,7 +23,8 @@ mod common;
 
 use ringkernel::compute::reference::{self, HostDecoderLayer};
 use ringkernel::compute::{
-    BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratchBuffers, KvDims, WeightFormat,
+    BlockWeights, BufferRef, DecoderDims, DecoderLayer, DecoderScratchBuffers, EmbeddingDims,
+    GreedyFeed, KvDims, WeightFormat,
 };
 use ringkernel::core::compute::{dtype, quant};
 use ringkernel::core::util::{rel_error, SplitMix64};
@@ -34,6 +37,8 @@ const HIDDEN: usize = 256;
 const PROMPT: usize = 4;
 const STEPS: usize = 8;
 const TOLERANCE: f64 = 1e-4;
+/// Rows of the embedding table of the greedy feed at the end.
+const VOCAB: usize = 1000;
 const FORMAT: WeightFormat = WeightFormat::Q4_1;
 
 const KV: KvDims = KvDims {
@@ -192,8 +197,48 @@ fn run() -> Result<bool> {
         let want = reference_stack(&xs, &[p as u32], 1, &mut host_caches);
         report(&format!("decode at position {p}"), &got, &want);
     }
+
+    // The end of a greedy step that feeds the next: the argmax of some logits, that
+    // token's row of a Q8_0 embedding table as the next input, the position advanced.
+    let table = quant::quantize(WeightFormat::Q8_0, &rng.vec(VOCAB * DIM, -1.0, 1.0))?;
+    let logits = rng.vec(VOCAB, -4.0, 4.0);
+    let (dev_table, dev_logits, token) = (
+        b.upload(dtype::words_as_f32(&table))?,
+        b.upload(&logits)?,
+        b.alloc(1)?,
+    );
+    b.greedy_feed(&GreedyFeed {
+        logits: &*dev_logits,
+        table: BlockWeights {
+            buffer: &*dev_table,
+            format: WeightFormat::Q8_0,
+        },
+        rows: VOCAB,
+        cols: DIM,
+        token: &*token,
+        x: &*x,
+        position: &*pos,
+    })?;
+    let (mut t, mut p, mut next) = ([0f32; 1], [0f32; 1], vec![0f32; DIM]);
+    b.read(&*token, 0, &mut t)?;
+    b.read(&*pos, 0, &mut p)?;
+    b.read(&*x, 0, &mut next)?;
+    let want_t = reference::argmax(&logits) as u32;
+    let fed = EmbeddingDims {
+        rows: VOCAB,
+        cols: DIM,
+        count: 1,
+    };
+    let want_x = reference::embedding(WeightFormat::Q8_0, &table, &[want_t], fed);
+    let (t, p) = (t[0].to_bits(), p[0].to_bits());
+    println!(
+        "greedy feed: token {t} (want {want_t}), position {p} (want {})",
+        PROMPT + STEPS
+    );
+    report("greedy feed's next input", &next, &want_x);
+    let fed_ok = t == want_t && p as usize == PROMPT + STEPS;
     println!("worst relative error {worst:.2e} (tolerance {TOLERANCE:.0e})");
-    Ok(worst <= TOLERANCE)
+    Ok(worst <= TOLERANCE && fed_ok)
 }
 
 fn main() -> ExitCode {
