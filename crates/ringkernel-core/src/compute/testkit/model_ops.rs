@@ -292,7 +292,7 @@ impl Kit<'_> {
                     _ => self.rng.below(1 << 32) as u32,
                 };
                 let twice = case == 2;
-                let got = (|| -> Result<(u32, Vec<f32>, u32)> {
+                let outcome = (|| -> Result<Outcome> {
                     let table = self.weights(format, rows, cols)?;
                     let want = reference::argmax(&logits) as u32;
                     let want_x = reference::embedding(
@@ -330,31 +330,16 @@ impl Kit<'_> {
                     let got_tok = self.fetch_words(&tok, 1)?[0];
                     let got_x = self.fetch(&x, cols)?;
                     let got_pos = self.fetch_words(&p, 1)?[0];
-                    if got_tok != want {
-                        return Err(crate::Error::Device(format!(
-                            "token {got_tok}, want {want}"
-                        )));
-                    }
                     let want_pos = pos.wrapping_add(1 + u32::from(twice));
-                    if got_pos != want_pos {
-                        return Err(crate::Error::Device(format!(
-                            "position {got_pos}, want {want_pos}"
-                        )));
-                    }
-                    match compare(&got_x, &want_x, self.tol.exact) {
-                        Outcome::Failed(why) => {
-                            Err(crate::Error::Device(format!("next input: {why}")))
-                        }
-                        _ => Ok((got_tok, got_x, got_pos)),
-                    }
-                })();
-                let outcome = match got {
-                    Err(e) => Outcome::Failed(format!("{e}")),
-                    Ok(_) => Outcome::Passed {
-                        rel_error: 0.0,
-                        tolerance: self.tol.exact,
-                    },
-                };
+                    Ok(if got_tok != want {
+                        Outcome::Failed(format!("token {got_tok}, want {want}"))
+                    } else if got_pos != want_pos {
+                        Outcome::Failed(format!("position {got_pos}, want {want_pos}"))
+                    } else {
+                        compare(&got_x, &want_x, self.tol.exact)
+                    })
+                })()
+                .unwrap_or_else(|e| Outcome::Failed(format!("error: {e}")));
                 let what = if twice { " (fed twice)" } else { "" };
                 self.record("greedy_feed", &format!("{size}{what}"), outcome);
             }
