@@ -147,10 +147,13 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if self.dev.bind().is_ok() {
-            // SAFETY: the event was created by Staging::new and is destroyed once, here;
-            // any read that recorded it has waited for it (or was dropped, which the
-            // driver allows: destroying a recorded event defers its release).
+            // SAFETY: the event was created by Staging::new and is destroyed once, here.
+            // A pending read dropped without `wait` may still have its copy going into
+            // `host`, which is freed right after this body: waiting for the event first
+            // keeps the copy off freed memory (an event never recorded, or already
+            // waited for, returns at once).
             unsafe {
+                let _ = sys::cuEventSynchronize(self.event);
                 let _ = sys::cuEventDestroy_v2(self.event);
             }
         }
