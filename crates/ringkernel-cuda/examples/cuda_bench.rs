@@ -2,12 +2,13 @@
 //!
 //! ```text
 //! cargo run --release -p ringkernel-cuda --example cuda_bench -- [--quick] [--out results.txt]
-//!     [--only compute|actors|k2k]
+//!     [--only compute|actors|k2k|rt]
 //! ```
 //!
 //! 1. One message host → GPU handler → host: round trip p50/p99 through a persistent
 //!    kernel (engine API, spinning; and `KernelHandle::call`), beside one kernel launch
-//!    per message + synchronise, and a CUDA-graph replay per message.
+//!    per message + synchronise, and a CUDA-graph replay per message (`--only rt`: the
+//!    persistent kernel's two alone).
 //! 2. Streaming 64-byte-payload messages through one persistent kernel (msgs/s).
 //! 3. K2K on the GPU: messages/s from one kernel to another through the device inbox,
 //!    and the one-way latency (device clock). `BENCH_K2K_*` variables shape it (see
@@ -401,7 +402,7 @@ fn k2k_inbox_profiled() -> bool {
     std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1")
 }
 
-async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
+async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) -> Result<()> {
     eprintln!("[bench] host link bandwidth");
     let (h2d, d2h) = ringkernel_cuda::baseline::host_link_bandwidth(0, 64 << 20)?;
     rep.line(format!(
@@ -573,6 +574,9 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool) -> Result<()> {
         "round trip, persistent kernel (KernelHandle::call): p50 {c50:.2} us  p99 {c99:.2} us"
     ));
     k.terminate().await?;
+    if rt_only {
+        return Ok(());
+    }
 
     let base = LaunchBaseline::new(0)?;
     let mut launch = Vec::with_capacity(n);
@@ -879,6 +883,8 @@ fn main() {
         }
     }
     let k2k_only = only.as_deref() == Some("k2k");
+    // `--only rt`: the round trip alone (engine and `call`, with the breakdown).
+    let rt_only = only.as_deref() == Some("rt");
     if only.as_deref() != Some("compute") {
         let exec = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -886,7 +892,12 @@ fn main() {
             .build()
             .unwrap();
         if let Err(e) = exec.block_on(async {
-            phase("actor benchmarks", 150, actors(&mut rep, quick, k2k_only)).await
+            phase(
+                "actor benchmarks",
+                150,
+                actors(&mut rep, quick, k2k_only, rt_only),
+            )
+            .await
         }) {
             rep.line(format!("actor benchmarks FAILED: {e}"));
             failed = true;
