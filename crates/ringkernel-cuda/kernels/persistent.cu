@@ -498,6 +498,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         // the poll by ~2 us on an H100).
         if (g->fast) {
             if (gt < 32u) {
+                // One block only (see the plan): RkShared is at the start of shared memory.
+                // Said so, the compiler emits shared-memory atomics; through the generic
+                // pointer each one first tried the global path (ATOM.E, then a fallback).
+                RkShared* const S = (RkShared*)rk_smem;
                 const rk_u32 lane_id = gt;
                 const rk_u32 ann0 = U <= 30u ? 31u : 0u, ann1 = U <= 30u ? 30u : 0u;
                 rk_u32 L = g->lane;
