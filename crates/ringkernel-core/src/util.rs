@@ -104,6 +104,40 @@ pub fn lock<T: ?Sized>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> 
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Asks the CPU to bring the cache lines of `bytes` bytes from `p` on into its caches
+/// (at most the first 256 bytes), for a loop that will read or write them soon: slot
+/// loops over memory another agent wrote (a device's readback) or that no core holds (a
+/// mapped upload buffer) otherwise wait for each slot's lines in turn. A hint only: it
+/// never faults, whatever the address, and does nothing on targets without one.
+///
+/// ```
+/// let v = vec![0u8; 512];
+/// ringkernel_core::util::prefetch(v.as_ptr(), v.len());
+/// ringkernel_core::util::prefetch(std::ptr::null(), 64); // any address is fine
+/// ```
+#[inline(always)]
+pub fn prefetch(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes.min(256) {
+        let at = p.wrapping_add(off);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: PREFETCHT0 (SSE, part of the x86_64 baseline) only hints the cache; it
+        // raises no fault and has no architectural effect for any address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at as *const i8)
+        };
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: PRFM is a hint: it raises no fault and has no architectural effect for
+        // any address; it reads no register but the address and writes none.
+        unsafe {
+            std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) at, options(nostack, readonly, preserves_flags))
+        };
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let _ = at;
+        off += 64;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

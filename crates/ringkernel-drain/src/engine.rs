@@ -231,12 +231,15 @@ use ringkernel_core::runtime::{
     RuntimeCore, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics};
-use ringkernel_core::util::{lock, BoxFuture};
+use ringkernel_core::util::{lock, prefetch, BoxFuture};
 use ringkernel_shaders::{drain, grid_for, params, Kernel};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
+
+/// How many slots ahead the host's slot loops (`fill_ring`, `finish_pass`) prefetch.
+const PREFETCH_SLOTS: usize = 8;
 
 /// Byte offset of slot `index` in a ring of `capacity` slots of `slot_size` bytes.
 pub fn slot_offset(index: u64, capacity: usize, slot_size: usize) -> usize {
@@ -979,6 +982,19 @@ impl<T: DrainTarget> DrainEngine<T> {
         // refuses it when its timestamp is too far ahead and keeps the latest.
         let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool| {
             let header = first.nth_of_run(i, payload.len());
+            // The slot PREFETCH_SLOTS ahead (of this pass), so its lines are in the cache
+            // when it is written (see `prefetch`).
+            if j + PREFETCH_SLOTS < count as usize {
+                let ahead = match staged {
+                    Some(base) => base.wrapping_add((j + PREFETCH_SLOTS) * self.slot_size),
+                    None => input.wrapping_add(slot_offset(
+                        *tail + PREFETCH_SLOTS as u64,
+                        self.capacity,
+                        self.slot_size,
+                    )),
+                };
+                prefetch(ahead, HEADER_SIZE + payload.len());
+            }
             let slot = match staged {
                 // SAFETY: `stage_input` returned `count · slot_size` writable bytes
                 // and `j < count` (the lanes' `pop_runs_with` and the direct run below
@@ -1142,6 +1158,13 @@ impl<T: DrainTarget> DrainEngine<T> {
         let ids = core.as_ref().map_or(0, |c| c.reserve_message_ids(count));
         let mut stamped = 0u64;
         for i in 0..count {
+            // A later slot of this pass, so that its lines arrive while this one is read
+            // (the reads of a pass's outputs otherwise wait for each slot in turn).
+            if i + (PREFETCH_SLOTS as u64) < count {
+                if let Some(ahead) = self.output_slot(&out, first, i + PREFETCH_SLOTS as u64) {
+                    prefetch(ahead.as_ptr(), ahead.len());
+                }
+            }
             let Some(slot) = self.output_slot(&out, first, i) else {
                 let e = Error::Device(format!(
                     "the outputs of a drain pass of {} do not cover slot {}",
