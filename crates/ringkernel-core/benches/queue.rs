@@ -8,6 +8,9 @@
 //! * `batches_128B`: 64-byte payloads in 128-byte slots, 256 per batch, through the
 //!   stamped ring (what the CUDA backend's host side does per message when streaming)
 //!   and the plain slot ring's batch calls.
+//! * `stamped_alone_64K`: the stamped ring's producer and consumer each alone, on a
+//!   ring of 65,536 128-byte slots (as the CUDA streaming bench's): nanoseconds a
+//!   message of each host thread's own work.
 //!
 //! Throughput is in messages per second (`Throughput::Elements`). A quick run:
 //!
@@ -356,11 +359,64 @@ batches_over!(
 );
 batches_over!(batches_plain, slot::slot_channel);
 
+/// Slots of the stamped ring in `alone`: the CUDA streaming bench's queue capacity, so
+/// the ring (11.5 MB) does not fit a core's caches, as there.
+const ALONE_CAP: usize = 1 << 16;
+
+/// One thread's work alone on a stamped ring of [`ALONE_CAP`] 128-byte slots: the
+/// producer filling the empty ring with 64-byte payloads in batches of 4,096 (`produce`
+/// true), or the consumer draining the full ring (the time of the other half is left
+/// out). What the CUDA backend's host threads each do per message when streaming.
+fn stamped_alone(iters: u64, produce: bool) -> Duration {
+    let (mut tx, mut rx) =
+        ringkernel_core::queue::stamped::stamped_channel(ALONE_CAP, 128).unwrap();
+    let (h, payload) = (MessageHeader::new(1, 64), [0x5Au8; 64]);
+    let mut spent = Duration::ZERO;
+    let mut done = 0u64;
+    let mut sum = 0u64;
+    while done < iters {
+        let n = (iters - done).min(ALONE_CAP as u64) as usize;
+        let t = Instant::now();
+        let mut sent = 0;
+        while sent < n {
+            sent += tx
+                .try_push_batch(std::iter::repeat_n(
+                    (&h, &payload[..]),
+                    (n - sent).min(4096),
+                ))
+                .unwrap();
+        }
+        if produce {
+            spent += t.elapsed();
+        }
+        let t = Instant::now();
+        let mut got = 0;
+        while got < n {
+            got += rx
+                .try_pop_batch_with(usize::MAX, |h, p| {
+                    sum = sum.wrapping_add(h.type_id as u64 ^ p[63] as u64)
+                })
+                .unwrap();
+        }
+        if !produce {
+            spent += t.elapsed();
+        }
+        done += n as u64;
+    }
+    black_box(sum);
+    spent
+}
+
 fn bench_batches(c: &mut Criterion) {
     let mut g = c.benchmark_group("batches_128B");
     g.throughput(Throughput::Elements(1));
     g.bench_function("stamped", |b| b.iter_custom(batches_stamped));
     g.bench_function("slot_ring", |b| b.iter_custom(batches_plain));
+    g.finish();
+    let mut g = c.benchmark_group("stamped_alone_64K");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("producer", |b| b.iter_custom(|n| stamped_alone(n, true)));
+    g.bench_function("consumer", |b| b.iter_custom(|n| stamped_alone(n, false)));
     g.finish();
 }
 

@@ -38,6 +38,7 @@ use super::slot::{check_slot, check_slot_size, fill_slot, AlignedBuf};
 use super::{check_capacity, QueueHeader};
 use crate::error::{Error, Result};
 use crate::message::{check_payload_fits, Envelope, MessageHeader, HEADER_SIZE};
+use crate::util::prefetch;
 use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -68,6 +69,9 @@ pub const fn units_used(payload_len: usize) -> usize {
 pub const fn stamp_of(index: u64) -> u32 {
     (index as u32).wrapping_add(1)
 }
+
+/// How many slots ahead the batch loops ask for a slot's lines.
+const PREFETCH_AHEAD: u64 = 8;
 
 /// Size in bytes of a whole stamped ring: the 128-byte [`QueueHeader`] followed by
 /// `capacity` stamped slots. Checks both values as [`slot::ring_bytes`](super::slot::ring_bytes) does.
@@ -167,6 +171,19 @@ impl Ring {
                 .as_ptr()
                 .add(i * stamped_slot_bytes(self.slot_size))
         }
+    }
+
+    /// Asks the CPU for the lines of the slot [`PREFETCH_AHEAD`] slots after `index`: a
+    /// consumer's batch loop over a ring too large for the caches (the CUDA backend's
+    /// output, which the device writes) otherwise waits for each slot's lines in turn.
+    /// (The 2-core development VM, `stamped_alone_64K`: the consumer 0.84-0.86x the time;
+    /// the producer showed no clear change, so it has none.)
+    #[inline(always)]
+    fn prefetch_ahead(&self, index: u64) {
+        prefetch(
+            self.slot_ptr(index.wrapping_add(PREFETCH_AHEAD)),
+            stamped_slot_bytes(self.slot_size),
+        );
     }
 
     /// The stamp word of unit `u` of the slot at `slot`.
@@ -470,6 +487,7 @@ impl StampedConsumer {
         let mut result = Ok(());
         while (self.head.wrapping_sub(start) as usize) < max {
             let index = self.head;
+            self.ring.prefetch_ahead(index);
             if self.decode_slot(index).is_none() {
                 break;
             }
