@@ -38,6 +38,12 @@
 #ifndef RK_POLL_STAGGER_CYCLES
 #define RK_POLL_STAGGER_CYCLES 1500
 #endif
+/* Units each thread of a group loads before it stages any, in a group round's read:
+ * the loads of a window are in flight together (8 rather than 4 took the read of 216
+ * 128-byte slots from 6.5 to 5.4 us on an H100, and streaming 1.05-1.10x). */
+#ifndef RK_READ_UNROLL
+#define RK_READ_UNROLL 8
+#endif
 /* A handler source may define RK_PROFILE_INBOX 1: the round profile
  * (LaunchParams::profile) then records block 0's inbox rounds instead of its host rounds. */
 #ifndef RK_PROFILE_INBOX
@@ -788,10 +794,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
             const rk_u32 ru = *(volatile rk_u32*)&g->ru;
             const rk_u32 total = n * ru;
             bool stale = false;
-            for (rk_u32 base = gt; base < total; base += 4 * gsize) {
-                uint4 v[4];
+            for (rk_u32 base = gt; base < total; base += RK_READ_UNROLL * gsize) {
+                uint4 v[RK_READ_UNROLL];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < RK_READ_UNROLL; j++) {
                     const rk_u32 u = base + (rk_u32)j * gsize;
                     if (u < total) {
                         const rk_u32 m = u / ru, w = u - m * ru;
@@ -799,7 +805,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     }
                 }
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < RK_READ_UNROLL; j++) {
                     const rk_u32 u = base + (rk_u32)j * gsize;
                     if (u < total) {
                         const rk_u32 m = u / ru, w = u - m * ru;
