@@ -2,14 +2,16 @@
 //!
 //! ```text
 //! cargo run --release -p ringkernel-cuda --example cuda_bench -- [--quick] [--out results.txt]
-//!     [--only compute|actors|k2k|rt]
+//!     [--only compute|actors|k2k|rt|stream]
 //! ```
 //!
 //! 1. One message host → GPU handler → host: round trip p50/p99 through a persistent
 //!    kernel (engine API, spinning; and `KernelHandle::call`), beside one kernel launch
 //!    per message + synchronise, and a CUDA-graph replay per message (`--only rt`: the
 //!    persistent kernel's two alone).
-//! 2. Streaming 64-byte-payload messages through one persistent kernel (msgs/s).
+//! 2. Streaming 64-byte-payload messages through one persistent kernel (msgs/s), with
+//!    each host thread's CPU a message (`--only stream`: this alone; `BENCH_STREAM_*`
+//!    variables shape it, see `stream`).
 //! 3. K2K on the GPU: messages/s from one kernel to another through the device inbox,
 //!    and the one-way latency (device clock). `BENCH_K2K_*` variables shape it (see
 //!    `k2k`).
@@ -402,7 +404,13 @@ fn k2k_inbox_profiled() -> bool {
     std::env::var("BENCH_K2K_PROFILE").is_ok_and(|v| v == "1")
 }
 
-async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) -> Result<()> {
+async fn actors(
+    rep: &mut Report,
+    quick: bool,
+    k2k_only: bool,
+    rt_only: bool,
+    stream_only: bool,
+) -> Result<()> {
     eprintln!("[bench] host link bandwidth");
     let (h2d, d2h) = ringkernel_cuda::baseline::host_link_bandwidth(0, 64 << 20)?;
     rep.line(format!(
@@ -412,7 +420,15 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
     ));
     // The runtime adds the CUDA built-ins itself.
     let reg = KernelRegistry::new();
-    reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(STREAM_SRC));
+    // BENCH_STREAM_DEFINES: `NAME=VALUE,...` compiled into the streaming kernel (the
+    // template's tuning macros, e.g. RK_READ_UNROLL).
+    let defines: String = std::env::var("BENCH_STREAM_DEFINES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|d| d.split_once('='))
+        .map(|(n, v)| format!("#define {n} {v}\n"))
+        .collect();
+    reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(format!("{defines}{STREAM_SRC}")));
     reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
     reg.register_gpu(
         GpuHandler::new("bench.k2k_sink")
@@ -430,6 +446,11 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
     }
     if k2k_only {
         return k2k(rep, &rt, quick).await;
+    }
+    if stream_only {
+        stream(rep, &rt, quick, h2d, d2h).await?;
+        rt.shutdown().await?;
+        return Ok(());
     }
 
     // ---- 1. round trip ----
@@ -613,27 +634,92 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
     // ---- 2. K2K on the GPU ----
     k2k(rep, &rt, quick).await?;
     // ---- 3. streaming 64-byte payloads ----
-    eprintln!("[bench] streaming");
+    stream(rep, &rt, quick, h2d, d2h).await?;
 
-    let total: u64 = if quick { 1_000_000 } else { 20_000_000 };
+    rt.shutdown().await?;
+    Ok(())
+}
+
+/// This thread's CPU time so far (ns), from `/proc/thread-self/schedstat`; `None`
+/// where there is none (off Linux).
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The CPU this thread last ran on (`/proc/thread-self/stat`, field 39); `None` off
+/// Linux.
+fn thread_on_cpu() -> Option<u32> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command's closing parenthesis start at field 3.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(36)?
+        .parse()
+        .ok()
+}
+
+/// CPU nanoseconds a message between two `thread_cpu_ns` readings, as text.
+fn cpu_per_msg(a: Option<u64>, b: Option<u64>, msgs: u64) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if msgs > 0 => format!("{:.1} ns", (b - a) as f64 / msgs as f64),
+        _ => "n/a".into(),
+    }
+}
+
+/// What the streaming consumer thread reports: messages, empty polls, its CPU time
+/// (ns) before and after, the CPU it ran on.
+type ConsumerRun = (u64, u64, Option<u64>, Option<u64>, Option<u32>);
+
+/// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
+/// from one producer thread, replies taken by one consumer thread; then the
+/// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (4),
+/// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
+/// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 slots in
+/// and out). Each thread's CPU time a message and
+/// how often it found nothing to do are printed, and with `RINGKERNEL_CUDA_PROFILE`
+/// the kernel's host rounds (block 0) during the stream.
+async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: f64) -> Result<()> {
+    eprintln!("[bench] streaming");
+    let total: u64 = std::env::var("BENCH_STREAM_MSGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 1_000_000 } else { 20_000_000 });
+    let (grid, block) = (
+        knob("BENCH_STREAM_GRID", 4),
+        knob("BENCH_STREAM_BLOCK", 512),
+    );
+    let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
+    let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
     let k = rt
         .launch(
             "bench.stream",
             LaunchOptions::default()
                 .with_slot_size(128)
-                .with_queue_capacity(1 << 16)
-                .with_output_capacity(1 << 16)
-                .with_block_size(512),
+                .with_queue_capacity(queue)
+                .with_output_capacity(queue)
+                .with_block_size(block)
+                .with_grid_size(grid),
         )
         .await?;
+    rep.line(format!(
+        "streaming kernel: grid {grid} x block {block}, 128-byte slots, queues of {queue}, batches of {batch}"
+    ));
     let payload = [0x5Au8; 64];
     let hs = MessageHeader::new(0x77, 64);
     let streamer = rt.streamer(&k)?;
     let consumer = {
         let streamer = streamer.clone();
-        std::thread::spawn(move || -> Result<u64> {
+        std::thread::spawn(move || -> Result<ConsumerRun> {
+            let cpu0 = thread_cpu_ns();
             let mut got = 0u64;
             let mut bad = 0u64;
+            let mut empty = 0u64;
             let start = Instant::now();
             while got < total {
                 let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
@@ -643,6 +729,7 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
                 })?;
                 got += n as u64;
                 if n == 0 {
+                    empty += 1;
                     if start.elapsed() > Duration::from_secs(60) {
                         return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
                     }
@@ -654,23 +741,29 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
                     "{bad} corrupt stream replies"
                 )));
             }
-            Ok(got)
+            Ok((got, empty, cpu0, thread_cpu_ns(), thread_on_cpu()))
         })
     };
+    let cpu0 = thread_cpu_ns();
     let t0 = Instant::now();
     let mut sent = 0u64;
+    let mut full = 0u64;
     while sent < total {
-        let want = (total - sent).min(4096) as usize;
+        let want = (total - sent).min(batch) as usize;
         let n = streamer.try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
         sent += n as u64;
         if n == 0 {
+            full += 1;
             if t0.elapsed() > Duration::from_secs(60) {
                 return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
             }
             std::hint::spin_loop();
         }
     }
-    let got = consumer
+    let sender_done = t0.elapsed().as_secs_f64();
+    let cpu1 = thread_cpu_ns();
+    let on = thread_on_cpu();
+    let (got, empty, c0, c1, c_on) = consumer
         .join()
         .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
     let secs = t0.elapsed().as_secs_f64();
@@ -688,6 +781,77 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
         100.0 * rate * units / h2d,
         100.0 * rate * (units + 8.0) / d2h
     ));
+    rep.line(format!(
+        "  host threads: producer {} CPU a message, found the input full {full} times, done after {:.3} s, on CPU {on:?}; consumer {} CPU a message, found nothing {empty} times, on CPU {c_on:?}",
+        cpu_per_msg(cpu0, cpu1, sent),
+        sender_done,
+        cpu_per_msg(c0, c1, got),
+    ));
+    let prof = rt.round_profile(&k)?;
+    let took: Vec<&ringkernel_cuda::RoundProfile> = prof.iter().filter(|r| r.taken > 0).collect();
+    if !took.is_empty() {
+        let mut taken: Vec<f64> = took.iter().map(|r| r.taken as f64).collect();
+        let mean = taken.iter().sum::<f64>() / taken.len() as f64;
+        let mut period = round_periods(&prof);
+        let names = [
+            "plan",
+            "read (PCIe)",
+            "validate",
+            "decide",
+            "handle",
+            "place",
+        ];
+        let phases: Vec<String> = (0..6)
+            .map(|i| format!("{} {:.3}", names[i], phase_p50(took.iter().copied(), i)))
+            .collect();
+        rep.line(format!(
+            "  kernel host rounds, block 0 ({} profiled, {} with messages): taken p50 {:.0} (mean {:.1}), period p50 {:.3} us; with messages (p50 us): {}",
+            prof.len(),
+            took.len(),
+            pct(&mut taken, 0.5),
+            mean,
+            pct(&mut period, 0.5),
+            phases.join(", ")
+        ));
+    }
+    // Each host thread's work alone, twice: the producer filling the input of the
+    // deactivated kernel, the consumer draining a full output.
+    let ring = queue as u64;
+    for rep_i in 0..2 {
+        k.deactivate().await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        let mut sent = 0u64;
+        while sent < ring {
+            let want = (ring - sent).min(batch) as usize;
+            let n = streamer.try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
+            if n == 0 {
+                return Err(ringkernel_core::Error::Device(
+                    "the idle kernel's input filled before it held a queue's worth".into(),
+                ));
+            }
+            sent += n as u64;
+        }
+        let fill = t.elapsed().as_secs_f64() / ring as f64 * 1e9;
+        k.activate().await?;
+        let t = Instant::now();
+        while k.engine().output_depth() < ring as usize {
+            if t.elapsed() > Duration::from_secs(10) {
+                return Err(ringkernel_core::Error::Timeout(Duration::from_secs(10)));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let t = Instant::now();
+        let mut got = 0u64;
+        while got < ring {
+            got += streamer.try_receive_batch(usize::MAX, &mut |_h, _p| {})? as u64;
+        }
+        let drain = t.elapsed().as_secs_f64() / ring as f64 * 1e9;
+        rep.line(format!(
+            "  host work alone ({}): producer {fill:.1} ns a message ({ring} into the idle kernel's input), consumer {drain:.1} ns a message (a full output drained)",
+            rep_i + 1
+        ));
+    }
     // The same through the per-message engine API (one index update per message).
     let per_msg: u64 = total / 10;
     let engine = k.engine().clone();
@@ -735,8 +899,6 @@ async fn actors(rep: &mut Report, quick: bool, k2k_only: bool, rt_only: bool) ->
     eprintln!("[bench] terminating the streaming kernel");
     k.terminate().await?;
     eprintln!("[bench] terminated");
-
-    rt.shutdown().await?;
     Ok(())
 }
 
@@ -885,6 +1047,8 @@ fn main() {
     let k2k_only = only.as_deref() == Some("k2k");
     // `--only rt`: the round trip alone (engine and `call`, with the breakdown).
     let rt_only = only.as_deref() == Some("rt");
+    // `--only stream`: streaming alone (`BENCH_STREAM_*` shape it, see `stream`).
+    let stream_only = only.as_deref() == Some("stream");
     if only.as_deref() != Some("compute") {
         let exec = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -895,7 +1059,7 @@ fn main() {
             phase(
                 "actor benchmarks",
                 150,
-                actors(&mut rep, quick, k2k_only, rt_only),
+                actors(&mut rep, quick, k2k_only, rt_only, stream_only),
             )
             .await
         }) {
