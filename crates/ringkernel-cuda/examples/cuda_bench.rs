@@ -174,6 +174,15 @@ fn pct(v: &mut [f64], q: f64) -> f64 {
 /// The median (us) of phase `i` of a kernel's profiled rounds (from `t[i]` to
 /// `t[i + 1]`) over those that recorded it; NaN when none did.
 fn phase_p50<'a>(rounds: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile>, i: usize) -> f64 {
+    phase_pct(rounds, i, 0.5)
+}
+
+/// As [`phase_p50`], at quantile `q`.
+fn phase_pct<'a>(
+    rounds: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile>,
+    i: usize,
+    q: f64,
+) -> f64 {
     let mut v: Vec<f64> = rounds
         .filter(|r| r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
         .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
@@ -181,7 +190,7 @@ fn phase_p50<'a>(rounds: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile>
     if v.is_empty() {
         f64::NAN
     } else {
-        pct(&mut v, 0.5)
+        pct(&mut v, q)
     }
 }
 
@@ -493,8 +502,31 @@ async fn actors(
             samples.push(dt);
         }
     }
+    // The tail: what the host's two calls took in the slowest 2% of the round trips,
+    // against the median ones (the samples line up with `enq` and `deq`).
+    let tail_line = {
+        let mut order: Vec<usize> = (0..samples.len()).collect();
+        order.sort_by(|&a, &b| samples[a].partial_cmp(&samples[b]).unwrap());
+        let slow = &order[order.len() * 98 / 100..];
+        let mid = &order[order.len() * 45 / 100..order.len() * 55 / 100];
+        let mean =
+            |idx: &[usize], v: &[f64]| idx.iter().map(|&i| v[i]).sum::<f64>() / idx.len() as f64;
+        format!(
+            "  tail (means, us): slowest 2%: round trip {:.2}, host enqueue {:.2}, host dequeue+decode {:.2}; middle 10%: round trip {:.2}, enqueue {:.2}, dequeue+decode {:.2}; p90 {:.2}, p95 {:.2}, p99.9 {:.2}",
+            mean(slow, &samples),
+            mean(slow, &enq),
+            mean(slow, &deq),
+            mean(mid, &samples),
+            mean(mid, &enq),
+            mean(mid, &deq),
+            samples[order[order.len() * 90 / 100]],
+            samples[order[order.len() * 95 / 100]],
+            samples[order[order.len() * 999 / 1000]],
+        )
+    };
     let (p50, p99) = (pct(&mut samples, 0.5), pct(&mut samples, 0.99));
     rep.line(format!("round trip, persistent kernel (engine, spin): p50 {p50:.2} us  p99 {p99:.2} us  ({n} msgs)"));
+    rep.line(tail_line);
     let (e50, d50) = (pct(&mut enq, 0.5), pct(&mut deq, 0.5));
     let dev = k.metrics().latency;
     let dev_us = dev.p50_ns as f64 / 1e3;
@@ -542,6 +574,15 @@ async fn actors(
                 step(2),
                 step(3),
                 pct(&mut gap, 0.5)
+            ));
+            let step99 = |i: usize| phase_pct(fast.iter().copied(), i, 0.99);
+            rep.line(format!(
+                "  one-message loop, p99 us: poll that found it {:.3}, take {:.3}, handler {:.3}, reply {:.3}; reply to next poll {:.3}",
+                step99(0),
+                step99(1),
+                step99(2),
+                step99(3),
+                pct(&mut gap, 0.99)
             ));
         }
         let mut mhz: Vec<f64> = prof
@@ -672,16 +713,18 @@ fn cpu_per_msg(a: Option<u64>, b: Option<u64>, msgs: u64) -> String {
     }
 }
 
-/// What the streaming consumer thread reports: messages, empty polls, its CPU time
-/// (ns) before and after, the CPU it ran on.
-type ConsumerRun = (u64, u64, Option<u64>, Option<u64>, Option<u32>);
+/// What the streaming consumer thread reports: messages, empty polls, calls that took
+/// some, its CPU time (ns) before and after, the CPU it ran on.
+type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
 
 /// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
 /// from one producer thread, replies taken by one consumer thread; then the
 /// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (4),
 /// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
-/// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 slots in
-/// and out). Each thread's CPU time a message and
+/// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
+/// slots), BENCH_STREAM_OUT (4,096 output slots: with 65,536, some runs fell into a
+/// mode where the output stayed full and the consumer, reading replies the device wrote
+/// 11 MB earlier, spent 75-130 ns a message instead of ~32; see BENCHMARKS.md). Each thread's CPU time a message and
 /// how often it found nothing to do are printed, and with `RINGKERNEL_CUDA_PROFILE`
 /// the kernel's host rounds (block 0) during the stream.
 async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: f64) -> Result<()> {
@@ -696,19 +739,20 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     );
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
+    let out_queue = knob("BENCH_STREAM_OUT", 4096) as usize;
     let k = rt
         .launch(
             "bench.stream",
             LaunchOptions::default()
                 .with_slot_size(128)
                 .with_queue_capacity(queue)
-                .with_output_capacity(queue)
+                .with_output_capacity(out_queue)
                 .with_block_size(block)
                 .with_grid_size(grid),
         )
         .await?;
     rep.line(format!(
-        "streaming kernel: grid {grid} x block {block}, 128-byte slots, queues of {queue}, batches of {batch}"
+        "streaming kernel: grid {grid} x block {block}, 128-byte slots, queues of {queue} in and {out_queue} out, batches of {batch}"
     ));
     let payload = [0x5Au8; 64];
     let hs = MessageHeader::new(0x77, 64);
@@ -720,6 +764,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
             let mut got = 0u64;
             let mut bad = 0u64;
             let mut empty = 0u64;
+            let mut calls = 0u64;
             let start = Instant::now();
             while got < total {
                 let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
@@ -728,6 +773,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
                     }
                 })?;
                 got += n as u64;
+                calls += u64::from(n > 0);
                 if n == 0 {
                     empty += 1;
                     if start.elapsed() > Duration::from_secs(60) {
@@ -741,7 +787,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
                     "{bad} corrupt stream replies"
                 )));
             }
-            Ok((got, empty, cpu0, thread_cpu_ns(), thread_on_cpu()))
+            Ok((got, empty, calls, cpu0, thread_cpu_ns(), thread_on_cpu()))
         })
     };
     let cpu0 = thread_cpu_ns();
@@ -763,7 +809,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let sender_done = t0.elapsed().as_secs_f64();
     let cpu1 = thread_cpu_ns();
     let on = thread_on_cpu();
-    let (got, empty, c0, c1, c_on) = consumer
+    let (got, empty, calls, c0, c1, c_on) = consumer
         .join()
         .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
     let secs = t0.elapsed().as_secs_f64();
@@ -782,10 +828,11 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         100.0 * rate * (units + 8.0) / d2h
     ));
     rep.line(format!(
-        "  host threads: producer {} CPU a message, found the input full {full} times, done after {:.3} s, on CPU {on:?}; consumer {} CPU a message, found nothing {empty} times, on CPU {c_on:?}",
+        "  host threads: producer {} CPU a message, found the input full {full} times, done after {:.3} s, on CPU {on:?}; consumer {} CPU a message, found nothing {empty} times, {:.1} replies a call that took some, on CPU {c_on:?}",
         cpu_per_msg(cpu0, cpu1, sent),
         sender_done,
         cpu_per_msg(c0, c1, got),
+        got as f64 / calls.max(1) as f64,
     ));
     let prof = rt.round_profile(&k)?;
     let took: Vec<&ringkernel_cuda::RoundProfile> = prof.iter().filter(|r| r.taken > 0).collect();
@@ -816,7 +863,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     }
     // Each host thread's work alone, twice: the producer filling the input of the
     // deactivated kernel, the consumer draining a full output.
-    let ring = queue as u64;
+    let ring = queue.min(out_queue) as u64;
     for rep_i in 0..2 {
         k.deactivate().await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
