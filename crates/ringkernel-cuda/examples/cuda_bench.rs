@@ -724,9 +724,9 @@ type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
 /// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
 /// slots), BENCH_STREAM_OUT (4,096 output slots: with 65,536, some runs fell into a
 /// mode where the output stayed full and the consumer, reading replies the device wrote
-/// 11 MB earlier, spent 75-130 ns a message instead of ~32; see BENCHMARKS.md). Each thread's CPU time a message and
-/// how often it found nothing to do are printed, and with `RINGKERNEL_CUDA_PROFILE`
-/// the kernel's host rounds (block 0) during the stream.
+/// 11 MB earlier, spent 75-130 ns a message instead of ~32; see BENCHMARKS.md). Each
+/// thread's CPU time a message and how often it found nothing to do are printed, and
+/// with `RINGKERNEL_CUDA_PROFILE` the kernel's host rounds (block 0) during the stream.
 async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: f64) -> Result<()> {
     eprintln!("[bench] streaming");
     let total: u64 = std::env::var("BENCH_STREAM_MSGS")
