@@ -722,9 +722,8 @@ type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
 /// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (4),
 /// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
 /// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
-/// slots), BENCH_STREAM_OUT (4,096 output slots: with 65,536, some runs fell into a
-/// mode where the output stayed full and the consumer, reading replies the device wrote
-/// 11 MB earlier, spent 75-130 ns a message instead of ~32; see BENCHMARKS.md). Each
+/// slots), BENCH_STREAM_OUT (4,096 output slots), BENCH_STREAM_BACKOFF_NS (0: how long
+/// the producer waits after finding the input full before it tries again). Each
 /// thread's CPU time a message and how often it found nothing to do are printed, and
 /// with `RINGKERNEL_CUDA_PROFILE` the kernel's host rounds (block 0) during the stream.
 async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: f64) -> Result<()> {
@@ -740,6 +739,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
     let out_queue = knob("BENCH_STREAM_OUT", 4096) as usize;
+    let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
     let k = rt
         .launch(
             "bench.stream",
@@ -802,6 +802,12 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
             full += 1;
             if t0.elapsed() > Duration::from_secs(60) {
                 return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
+            }
+            // BENCH_STREAM_BACKOFF_NS: how long the producer waits before it tries a
+            // full input again (0: at once).
+            let t = Instant::now();
+            while t.elapsed() < backoff {
+                std::hint::spin_loop();
             }
             std::hint::spin_loop();
         }
