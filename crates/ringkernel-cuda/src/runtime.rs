@@ -111,7 +111,7 @@ use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
 use ringkernel_core::control::{command, ControlBlock};
 use ringkernel_core::hlc::HlcTimestamp;
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
+use ringkernel_core::message::{Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::queue::stamped::{
@@ -344,55 +344,6 @@ pub fn stream_priority(priority: u8, range: (i32, i32)) -> i32 {
     (least + (greatest - least) * step / top) as i32
 }
 
-/// How long a lane found full is taken as still full without a look at its head
-/// ([`FullLanes`]).
-const FULL_LANE_RECHECK: Duration = Duration::from_micros(2);
-
-/// When each input lane was last found full. A full lane's head is the device's: the
-/// kernel writes it over PCIe once a round. A sender that retried a full lane at once,
-/// in a loop, read that line at a CPU's pace, and on an H100 host streaming then fell
-/// into runs at a quarter of its rate (the device's writes to host memory slowed, and
-/// replies with them); waiting 2 us before each retry removed those runs (BENCHMARKS.md,
-/// issue 12, streaming). So a lane found full is taken as still full for
-/// [`FULL_LANE_RECHECK`], without a read of its head.
-struct FullLanes {
-    epoch: Instant,
-    /// Nanoseconds after `epoch` when the lane was found full (at least 1); 0 once a
-    /// message was written into it after that.
-    at: [AtomicU64; LANES],
-    recheck_ns: u64,
-}
-
-impl FullLanes {
-    fn new(recheck: Duration) -> Self {
-        FullLanes {
-            epoch: Instant::now(),
-            at: std::array::from_fn(|_| AtomicU64::new(0)),
-            recheck_ns: u64::try_from(recheck.as_nanos()).unwrap_or(u64::MAX),
-        }
-    }
-
-    fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether `lane` was found full less than the recheck time ago.
-    fn still_full(&self, lane: usize) -> bool {
-        let t = self.at[lane].load(Ordering::Relaxed);
-        t != 0 && self.now_ns() < t.saturating_add(self.recheck_ns)
-    }
-
-    fn found_full(&self, lane: usize) {
-        self.at[lane].store(self.now_ns().max(1), Ordering::Relaxed);
-    }
-
-    fn wrote(&self, lane: usize) {
-        if self.at[lane].load(Ordering::Relaxed) != 0 {
-            self.at[lane].store(0, Ordering::Relaxed);
-        }
-    }
-}
-
 /// Writes as many of `msgs` as fit into `lanes` (one ring per priority lane, index =
 /// lane), each message into the lane of its header's priority ([`priority::lane`]).
 /// Every run of consecutive messages of one lane is written with one
@@ -400,24 +351,18 @@ impl FullLanes {
 /// `published(lane, new_tail)` is called. Stops at the first message whose lane is full,
 /// so what is written is always a prefix of `msgs`: returns its length and, for a
 /// payload that does not fit a slot, `MessageTooLarge` (the messages before it are
-/// written and published). A lane `full` says is still full counts as full without a
-/// look at its ring (see [`FullLanes`]). `lanes` must hold [`LANES`] rings.
+/// written and published). `lanes` must hold [`LANES`] rings.
 fn push_into_lanes<'a>(
     lanes: &mut [StampedProducer],
     msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
-    full: &FullLanes,
     mut published: impl FnMut(usize, u64),
 ) -> (usize, Result<()>) {
     debug_assert_eq!(lanes.len(), LANES);
     let mut msgs = msgs.into_iter().peekable();
     let mut written = 0usize;
-    while let Some(&(first, payload)) = msgs.peek() {
+    while let Some(&(first, _)) = msgs.peek() {
         let lane = priority::lane(first.priority());
         let ring = &mut lanes[lane];
-        if full.still_full(lane) {
-            // As the ring would: an oversized payload is `MessageTooLarge`, not full.
-            return (written, check_payload_fits(payload.len(), ring.slot_size()));
-        }
         // Local index reads only: the consumer's head is read by the ring only when it
         // looks full.
         let before = ring.position();
@@ -432,16 +377,12 @@ fn push_into_lanes<'a>(
         if n > 0 {
             published(lane, ring.position());
             written += n;
-            full.wrote(lane);
         }
         match r {
             Err(e) => return (written, Err(e)),
             // The lane is full: the message the ring took and could not write, and
             // everything after it, stay unsent.
-            Ok(_) if n < taken => {
-                full.found_full(lane);
-                break;
-            }
+            Ok(_) if n < taken => break,
             Ok(_) => {}
         }
     }
@@ -1030,7 +971,6 @@ impl CudaRuntime {
             _module: module,
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
             lanes: Mutex::new(lanes),
-            full_lanes: FullLanes::new(FULL_LANE_RECHECK),
             consumer: Mutex::new(Consumer {
                 ring: consumer,
                 spill: VecDeque::new(),
@@ -1372,8 +1312,6 @@ struct CudaEngine {
     lifecycle: AtomicLifecycle,
     /// The producer side of the input lanes ([`LANES`] rings, index = lane).
     lanes: Mutex<Vec<StampedProducer>>,
-    /// When each lane was last found full.
-    full_lanes: FullLanes,
     consumer: Mutex<Consumer>,
     /// Handler latency measured by the device (`%globaltimer`), folded in from the
     /// latency ring.
@@ -1649,13 +1587,12 @@ impl CudaEngine {
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
         }
-        let (written, result) =
-            push_into_lanes(&mut lanes, msgs, &self.full_lanes, |lane, tail| {
-                // After the ring's own release store of its tail (its slots are published);
-                // the low 32 bits are what the device compares with its head of the lane.
-                self.lane_tail_word(lane)
-                    .store(tail as u32, Ordering::Release);
-            });
+        let (written, result) = push_into_lanes(&mut lanes, msgs, |lane, tail| {
+            // After the ring's own release store of its tail (its slots are published);
+            // the low 32 bits are what the device compares with its head of the lane.
+            self.lane_tail_word(lane)
+                .store(tail as u32, Ordering::Release);
+        });
         drop(lanes);
         if written > 0 {
             self.received.fetch_add(written as u64, Ordering::Relaxed);
@@ -2072,12 +2009,10 @@ mod tests {
             .map(|(i, &p)| with_priority(p, i as u64))
             .collect();
         let payload = [0u8; 8];
-        let never_full = FullLanes::new(Duration::ZERO);
         let mut published = Vec::new();
         let (n, r) = push_into_lanes(
             &mut tx,
             hs.iter().map(|h| (h, &payload[..])),
-            &never_full,
             |lane, tail| published.push((lane, tail)),
         );
         r.unwrap();
@@ -2095,44 +2030,6 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_found_full_counts_as_full_until_the_recheck_time() {
-        let (mut tx, mut rx) = lanes(2);
-        let h = with_priority(priority::NORMAL, 0);
-        let payload = [0u8; 8];
-        let full = FullLanes::new(Duration::from_secs(3600));
-        let three = [(&h, &payload[..]); 3];
-        let (n, r) = push_into_lanes(&mut tx, three, &full, |_, _| {});
-        assert_eq!((n, r.is_ok()), (2, true));
-        let lane = priority::lane(priority::NORMAL);
-        assert_eq!(ids(&mut rx[lane]).len(), 2, "the lane is empty again");
-        // Room now, but the lane was found full within the recheck time.
-        let (n, r) = push_into_lanes(&mut tx, [(&h, &payload[..])], &full, |_, _| {
-            panic!("nothing written while the lane counts as full")
-        });
-        assert_eq!((n, r.is_ok()), (0, true));
-        // An oversized payload is still `MessageTooLarge`, not full.
-        let big = [0u8; 128];
-        let (n, r) = push_into_lanes(&mut tx, [(&h, &big[..])], &full, |_, _| {});
-        assert!(
-            n == 0 && matches!(r, Err(Error::MessageTooLarge { .. })),
-            "{r:?}"
-        );
-        // Other lanes are not held back.
-        let hi = with_priority(priority::HIGH, 1);
-        let (n, r) = push_into_lanes(&mut tx, [(&hi, &payload[..])], &full, |_, _| {});
-        assert_eq!((n, r.is_ok()), (1, true));
-        // Once the recheck time has passed, the lane's ring is looked at again.
-        let soon = FullLanes::new(Duration::from_millis(5));
-        soon.found_full(lane);
-        assert!(soon.still_full(lane));
-        std::thread::sleep(Duration::from_millis(10));
-        assert!(!soon.still_full(lane));
-        let (n, r) = push_into_lanes(&mut tx, [(&h, &payload[..])], &soon, |_, _| {});
-        assert_eq!((n, r.is_ok()), (1, true));
-        assert!(!soon.still_full(lane), "a write clears the mark");
-    }
-
-    #[test]
     fn a_full_lane_stops_the_batch_so_a_prefix_is_written() {
         let (mut tx, mut rx) = lanes(2);
         let hs: Vec<MessageHeader> = [priority::LOW; 3]
@@ -2142,12 +2039,10 @@ mod tests {
             .map(|(i, p)| with_priority(p, i as u64))
             .collect();
         let payload = [0u8; 8];
-        let never_full = FullLanes::new(Duration::ZERO);
         let mut published = Vec::new();
         let (n, r) = push_into_lanes(
             &mut tx,
             hs.iter().map(|h| (h, &payload[..])),
-            &never_full,
             |lane, tail| published.push((lane, tail)),
         );
         r.unwrap();
@@ -2158,7 +2053,7 @@ mod tests {
         assert_eq!(ids(&mut rx[0]), vec![0, 1]);
         assert!(ids(&mut rx[2]).is_empty());
         // A full lane does not block the others.
-        let (n, r) = push_into_lanes(&mut tx, [(&hs[3], &payload[..])], &never_full, |_, _| {});
+        let (n, r) = push_into_lanes(&mut tx, [(&hs[3], &payload[..])], |_, _| {});
         r.unwrap();
         assert_eq!(n, 1);
         assert_eq!(ids(&mut rx[2]), vec![3]);
@@ -2166,13 +2061,12 @@ mod tests {
         let (n, r) = push_into_lanes(
             &mut tx,
             [(&hs[0], &payload[..]), (&hs[0], &payload[..])],
-            &never_full,
             |_, _| {},
         );
         r.unwrap();
         assert_eq!(n, 2);
         // Nothing at all fits: 0, no publish.
-        let (n, r) = push_into_lanes(&mut tx, [(&hs[0], &payload[..])], &never_full, |_, _| {
+        let (n, r) = push_into_lanes(&mut tx, [(&hs[0], &payload[..])], |_, _| {
             panic!("nothing written, nothing published")
         });
         assert_eq!((n, r.is_ok()), (0, true));
@@ -2193,7 +2087,6 @@ mod tests {
                 (&big, &big_payload[..]),
                 (&after, &[3u8; 8][..]),
             ],
-            &FullLanes::new(Duration::ZERO),
             |lane, tail| published.push((lane, tail)),
         );
         assert!(matches!(r, Err(Error::MessageTooLarge { .. })), "{r:?}");
