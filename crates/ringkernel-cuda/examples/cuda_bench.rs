@@ -194,6 +194,16 @@ fn phase_pct<'a>(
     }
 }
 
+/// The phases of a profiled round, in order ([`ringkernel_cuda::RoundProfile::t`]).
+const PHASES: [&str; 6] = [
+    "plan",
+    "read (PCIe)",
+    "validate",
+    "decide",
+    "handle",
+    "place",
+];
+
 /// The times (us) from one profiled round's start to the next's.
 fn round_periods(prof: &[ringkernel_cuda::RoundProfile]) -> Vec<f64> {
     prof.windows(2)
@@ -542,14 +552,7 @@ async fn actors(
         let phase =
             |taken: bool, i: usize| phase_p50(prof.iter().filter(|r| (r.taken > 0) == taken), i);
         let mut period = round_periods(&prof);
-        let names = [
-            "plan",
-            "read (PCIe)",
-            "validate",
-            "decide",
-            "handle",
-            "place",
-        ];
+        let names = PHASES;
         let with: Vec<String> = (0..6)
             .map(|i| format!("{} {:.3}", names[i], phase(true, i)))
             .collect();
@@ -846,14 +849,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         let mut taken: Vec<f64> = took.iter().map(|r| r.taken as f64).collect();
         let mean = taken.iter().sum::<f64>() / taken.len() as f64;
         let mut period = round_periods(&prof);
-        let names = [
-            "plan",
-            "read (PCIe)",
-            "validate",
-            "decide",
-            "handle",
-            "place",
-        ];
+        let names = PHASES;
         let phases: Vec<String> = (0..6)
             .map(|i| format!("{} {:.3}", names[i], phase_p50(took.iter().copied(), i)))
             .collect();
