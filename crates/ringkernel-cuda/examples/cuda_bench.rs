@@ -552,12 +552,11 @@ async fn actors(
         let phase =
             |taken: bool, i: usize| phase_p50(prof.iter().filter(|r| (r.taken > 0) == taken), i);
         let mut period = round_periods(&prof);
-        let names = PHASES;
         let with: Vec<String> = (0..6)
-            .map(|i| format!("{} {:.3}", names[i], phase(true, i)))
+            .map(|i| format!("{} {:.3}", PHASES[i], phase(true, i)))
             .collect();
         let idle: Vec<String> = (0..3)
-            .map(|i| format!("{} {:.3}", names[i], phase(false, i)))
+            .map(|i| format!("{} {:.3}", PHASES[i], phase(false, i)))
             .collect();
         let took = prof.iter().filter(|r| r.taken > 0).count();
         // Warp 0's one-message loop (mode 3): poll, decide, handler, reply.
@@ -849,9 +848,8 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         let mut taken: Vec<f64> = took.iter().map(|r| r.taken as f64).collect();
         let mean = taken.iter().sum::<f64>() / taken.len() as f64;
         let mut period = round_periods(&prof);
-        let names = PHASES;
         let phases: Vec<String> = (0..6)
-            .map(|i| format!("{} {:.3}", names[i], phase_p50(took.iter().copied(), i)))
+            .map(|i| format!("{} {:.3}", PHASES[i], phase_p50(took.iter().copied(), i)))
             .collect();
         rep.line(format!(
             "  kernel host rounds, block 0 ({} profiled, {} with messages): taken p50 {:.0} (mean {:.1}), period p50 {:.3} us; with messages (p50 us): {}",

@@ -70,7 +70,7 @@ pub const fn stamp_of(index: u64) -> u32 {
     (index as u32).wrapping_add(1)
 }
 
-/// How many slots ahead the batch loops ask for a slot's lines.
+/// How many slots ahead a consumer's batch loop asks for a slot's lines.
 const PREFETCH_AHEAD: u64 = 8;
 
 /// Size in bytes of a whole stamped ring: the 128-byte [`QueueHeader`] followed by
@@ -92,10 +92,11 @@ pub fn stamped_ring_bytes(capacity: usize, slot_size: usize) -> Result<usize> {
 /// Whether a producer writes each unit with one 16-byte store (data and stamp at
 /// once) rather than the data and then the stamp, and a consumer reads it with one
 /// 16-byte load: on x86_64 CPUs with AVX, whose aligned 16-byte `MOVDQA` loads and
-/// stores are single-copy atomic (Intel's SDM, vol. 3,
-/// "Guaranteed Atomic Operations"; AMD's APM, vol. 2, "Access Atomicity"), so a reader that sees the stamp sees the unit's data. One
-/// store a unit instead of three lets more slots' cache-line fills overlap (a
-/// streaming producer's stores miss). Elsewhere, false.
+/// stores are single-copy atomic (Intel's SDM, vol. 3, "Guaranteed Atomic
+/// Operations"; AMD's APM, vol. 2, "Access Atomicity"), so a reader that sees the
+/// stamp sees the unit's data. Measured on an H100's host (`cuda_bench --only stream`,
+/// each thread's work alone, medians of 4 pairs): the consumer 0.75x the time, the
+/// producer 0.91x. Elsewhere, false.
 #[inline(always)]
 fn whole_units() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -263,8 +264,9 @@ impl Ring {
     /// Asks the CPU for the lines of the slot [`PREFETCH_AHEAD`] slots after `index`: a
     /// consumer's batch loop over a ring too large for the caches (the CUDA backend's
     /// output, which the device writes) otherwise waits for each slot's lines in turn.
-    /// (The 2-core development VM, `stamped_alone_64K`: the consumer 0.84-0.86x the time;
-    /// the producer showed no clear change, so it has none.)
+    /// (The 2-core development VM, `stamped_alone_64K`: the consumer 0.80-0.90x the time
+    /// in 2 pairs; no clear change on an H100's host. The producer showed none either
+    /// way, so it has none.)
     #[inline(always)]
     fn prefetch_ahead(&self, index: u64) {
         prefetch(
@@ -354,28 +356,22 @@ impl StampedProducer {
     }
 
     /// Encodes one message into slot `tail` and advances the local tail. Each used unit
-    /// gets its data, then its stamp: with `whole_units` ([`whole_units`]) both in
-    /// one 16-byte store, else the data, then the stamp with a release store.
+    /// gets its data, then its stamp: with `whole` ([`whole_units`]) both in one
+    /// 16-byte store, else the data, then the stamp with a release store.
     #[inline]
-    fn write_next(
-        &mut self,
-        header: &MessageHeader,
-        payload: &[u8],
-        whole_units: bool,
-    ) -> Result<()> {
+    fn write_next(&mut self, header: &MessageHeader, payload: &[u8], whole: bool) -> Result<()> {
         let slot_size = self.ring.slot_size;
         fill_slot(&mut self.staging[..slot_size], header, payload)?;
         let used = units_used(payload.len());
         let stamp = stamp_of(self.tail);
         let slot = self.ring.slot_ptr(self.tail);
-        if whole_units {
+        if whole {
             for u in 0..used {
                 // SAFETY: slot `tail` is free (the caller checked `has_room` against an
-                // acquire-loaded head) and its unit `u` is 16 bytes, 16-aligned (`Ring::new`
-                // checks the region, units are 16 bytes); `staging` holds
+                // acquire-loaded head) and its unit `u` is 16 bytes, 16-aligned
+                // (`Ring::new` checks the region, units are 16 bytes); `staging` holds
                 // `units_per_slot * UNIT_DATA + 4` bytes, so the 16 bytes from unit `u`'s
-                // data are in bounds; `whole_units` is only true where
-                // `whole_units` said so.
+                // data are in bounds; `whole` is only true where `whole_units` said so.
                 unsafe {
                     store_whole_unit(
                         slot.add(u * UNIT_BYTES),
