@@ -194,6 +194,32 @@ fn phase_pct<'a>(
     }
 }
 
+/// The one-message loop's take (mode 3 entries, from `t[1]` to `t[2]`) in its four
+/// parts, p50 us: to the decision, the output credit, the message index and clock
+/// range, staging the slot.
+fn take_split<'a>(fast: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile> + Clone) -> String {
+    let part = |a: &dyn Fn(&ringkernel_cuda::RoundProfile) -> u64,
+                b: &dyn Fn(&ringkernel_cuda::RoundProfile) -> u64| {
+        let mut v: Vec<f64> = fast
+            .clone()
+            .filter(|r| a(r) > 0 && b(r) >= a(r))
+            .map(|r| (b(r) - a(r)) as f64 / 1e3)
+            .collect();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            pct(&mut v, 0.5)
+        }
+    };
+    format!(
+        "take, p50 us: to the decision {:.3}, output credit {:.3}, index + clock {:.3}, staging {:.3}",
+        part(&|r| r.t[1], &|r| r.read[0]),
+        part(&|r| r.read[0], &|r| r.read[1]),
+        part(&|r| r.read[1], &|r| r.read[2]),
+        part(&|r| r.read[2], &|r| r.t[2]),
+    )
+}
+
 /// The phases of a profiled round, in order ([`ringkernel_cuda::RoundProfile::t`]).
 const PHASES: [&str; 6] = [
     "plan",
@@ -397,12 +423,13 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         "; the sink's one-message loop is measured with BENCH_K2K_PROFILE=1".to_string()
     } else {
         format!(
-            "; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}",
+            "; sink's one-message loop ({} messages): the poll that found it {:.3}, take {:.3}, handler {:.3}, after the handler {:.3}; {}",
             fast.len(),
             step(0),
             step(1),
             step(2),
-            step(3)
+            step(3),
+            take_split(fast.iter())
         )
     };
     rep.line(format!(
@@ -577,6 +604,7 @@ async fn actors(
                 step(3),
                 pct(&mut gap, 0.5)
             ));
+            rep.line(format!("  {}", take_split(fast.iter().copied())));
             let step99 = |i: usize| phase_pct(fast.iter().copied(), i, 0.99);
             rep.line(format!(
                 "  one-message loop, p99 us: poll that found it {:.3}, take {:.3}, handler {:.3}, reply {:.3}; reply to next poll {:.3}",

@@ -67,6 +67,8 @@ extern "C" __global__ void rk_layout(rk_u64* out) {
     out[i++] = RK_OFF(RkRoute, slots);
     out[i++] = RK_OFF(RkRoute, kernel_id);
     out[i++] = RK_OFF(RkRoute, valid);
+    out[i++] = RK_OFF(RkRoute, capacity);
+    out[i++] = RK_OFF(RkRoute, slot_size);
     out[i++] = sizeof(RkLaunchParams);
     out[i++] = RK_OFF(RkLaunchParams, control);
     out[i++] = RK_OFF(RkLaunchParams, in_queue);

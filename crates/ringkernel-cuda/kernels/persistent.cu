@@ -270,6 +270,8 @@ __device__ void rk_publish_route(const RkLaunchParams& p, rk_u32 valid) {
         r->inbox = p.inbox;
         r->slots = p.inbox_slots;
         r->kernel_id = (rk_u32)p.kernel_id;
+        r->capacity = (rk_u32)p.inbox_capacity;
+        r->slot_size = (rk_u32)p.slot_size;
     }
     if (valid) {
         if (p.peer_route_count) __threadfence_system();
@@ -520,6 +522,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 for (rk_u32 it = 0;; it++) {
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
+                    // Inside the take (lane 0, profiled): decided to take it, output
+                    // credit in hand, message index and clock range reserved.
+                    rk_u64 pt[3] = {0, 0, 0};
                     if (prof_me) pf[0] = rk_globaltimer_ns();
                     const unsigned char* ring;
                     rk_u64 mask;
@@ -628,6 +633,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             if (known > claimed + 1u) action = 2;      // a backlog: windows, in group rounds
                         }
                         if (action == 0 && complete) {
+                            if (prof_me) pt[0] = rk_globaltimer_ns();
                             bool go = true;
                             if (!host_src) {
                                 // An inbox message whose priority lane is below the highest
@@ -637,6 +643,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                 go = top <= box_lane + 1u;
                             }
                             if (go && credit == 0) credit = rk_promise_output(S, p, 16);
+                            if (prof_me) pt[1] = rk_globaltimer_ns();
                             if (go && credit > 0) {
                                 action = 1;
                                 credit--;
@@ -654,6 +661,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                 const bool drift = (hts >> RK_HLC_LOGICAL_BITS) > now + p.max_drift_ms;
                                 hlc = rk_hlc_reserve(S, drift ? 0ull : hts, now, 1, &hlc_guess);
                                 if (drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
+                                if (prof_me) pt[2] = rk_globaltimer_ns();
                             } else if (go) {
                                 action = 2;  // the output is full: the group round waits for room
                             }
@@ -747,6 +755,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             ((volatile rk_u64*)e)[5] = 0;
                             ((volatile rk_u64*)e)[6] = 0;
                             ((volatile rk_u64*)e)[7] = ((rk_u64)3 << 16) | 1u;
+#pragma unroll
+                            for (int i = 0; i < 3; i++) ((volatile rk_u64*)e)[8 + i] = pt[i];
                             prof_n++;
                             *(volatile rk_u64*)((rk_u64*)p.profile + pcap * 16u) = prof_n;
                         }

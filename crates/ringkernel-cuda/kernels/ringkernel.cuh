@@ -215,13 +215,17 @@ struct __align__(64) RkInbox {
     rk_u32 consumer_reserved[14];
 };
 
-/* Device routing table entry (ringkernel-cuda's DeviceRoute, 24 bytes), indexed by
- * kernel id. `valid` is 1 while the kernel accepts K2K messages. */
-struct __align__(8) RkRoute {
+/* Device routing table entry (ringkernel-cuda's DeviceRoute, 32 bytes), indexed by
+ * kernel id. `valid` is 1 while the kernel accepts K2K messages. The inbox's shape is
+ * repeated here, so a sender learns everything from the entry: two 16-byte loads in
+ * one round trip, and no dependent read of the inbox before its reservation. */
+struct __align__(16) RkRoute {
     rk_u64 inbox;      /* device address of the RkInbox */
     rk_u64 slots;      /* device address of its first stamped slot */
     rk_u32 kernel_id;
     rk_u32 valid;
+    rk_u32 capacity;   /* the inbox's slots (a power of two) */
+    rk_u32 slot_size;  /* bytes of a message in them (header included) */
 };
 
 /* Everything a persistent kernel is launched with (ringkernel-cuda's LaunchParams;
@@ -446,8 +450,8 @@ __device__ __forceinline__ rk_u32 rk_message_word(const rk_u32* header, const un
     return v;
 }
 
-/* Where K2K messages to one kernel go: its inbox and slots, and the inbox's shape (read
- * once, before the reservation's acquire, which makes later plain reads go to L2). */
+/* Where K2K messages to one kernel go: its inbox and slots, and the inbox's shape (all
+ * from its route entry). */
 struct RkK2kDest {
     RkInbox* ib;
     unsigned char* slots;
@@ -461,12 +465,15 @@ struct RkK2kDest {
 __device__ __forceinline__ bool rk_k2k_route(const RkContext* ctx, rk_u32 dest, rk_u32 len, RkK2kDest* d) {
     if (len > ctx->max_payload) return false;
     if ((rk_u64)dest >= ctx->route_count) return false;
-    const volatile RkRoute* r = (const volatile RkRoute*)&ctx->routes[dest];
-    if (r->valid != 1u || r->kernel_id != dest) return false;
-    d->ib = (RkInbox*)r->inbox;
-    d->slots = (unsigned char*)r->slots;
-    const rk_u32 slot_size = d->ib->slot_size;
-    d->cap = d->ib->capacity;
+    // Both halves of the entry in flight together (one round trip, where the inbox's
+    // shape used to be a second, dependent one).
+    const uint4 a = rk_ld_volatile_v4(&ctx->routes[dest]);
+    const uint4 b = rk_ld_volatile_v4((const unsigned char*)&ctx->routes[dest] + 16);
+    if (b.y != 1u || b.x != dest) return false;
+    d->ib = (RkInbox*)((rk_u64)a.x | ((rk_u64)a.y << 32));
+    d->slots = (unsigned char*)((rk_u64)a.z | ((rk_u64)a.w << 32));
+    const rk_u32 slot_size = b.w;
+    d->cap = b.z;
     d->slot_bytes = (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
     return len <= slot_size - RK_HEADER_SIZE;
 }
@@ -501,15 +508,25 @@ __device__ __forceinline__ rk_u32 rk_k2k_reserve(const RkK2kDest& d, rk_u32 want
     rk_u64 base = 0;
     rk_u32 got = 0;
     if (lane == leader) {
+        // The reservation and the consumer's head are read together (one round trip).
+        // A head read earlier is still a safe bound on the room (the consumer only moves
+        // it forward), so a lost race retries the compare-and-swap with the value it
+        // returned and reads the head again only when that bound says full.
         rk_u64 idx = *(volatile rk_u64*)&ib->reserve;
+        rk_u64 head = rk_k2k_ld_acquire(&ib->head);
+        bool fresh = true;
         for (;;) {
-            const rk_u64 head = rk_k2k_ld_acquire(&ib->head);
-            const rk_u64 room = d.cap - (idx - head);
+            rk_u64 room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
+            if (room < (rk_u64)total && !fresh) {
+                head = rk_k2k_ld_acquire(&ib->head);
+                room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
+            }
             got = room < (rk_u64)total ? (rk_u32)room : total;
             if (got == 0) break;
             const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
             if (seen == idx) break;
             idx = seen;
+            fresh = false;
         }
         base = idx;
     }

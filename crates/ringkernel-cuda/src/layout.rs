@@ -67,8 +67,8 @@ pub struct DeviceInbox {
     pub consumer_reserved: [u32; 14],
 }
 
-/// One entry of the device routing table (`RkRoute`, 24 bytes), indexed by kernel id.
-#[repr(C, align(8))]
+/// One entry of the device routing table (`RkRoute`, 32 bytes), indexed by kernel id.
+#[repr(C, align(16))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct DeviceRoute {
     /// Device address of the kernel's [`DeviceInbox`].
@@ -79,6 +79,10 @@ pub struct DeviceRoute {
     pub kernel_id: u32,
     /// 1 while the kernel accepts K2K messages.
     pub valid: u32,
+    /// Slots of the inbox (as its [`DeviceInbox::capacity`]).
+    pub capacity: u32,
+    /// Bytes of a message in them, header included (as [`DeviceInbox::slot_size`]).
+    pub slot_size: u32,
 }
 
 /// The one parameter of the persistent kernel (`RkLaunchParams`), passed by value.
@@ -162,7 +166,7 @@ pub struct LaunchParams {
 const _: () = {
     assert!(size_of::<DeviceInbox>() == 128);
     assert!(offset_of!(DeviceInbox, head) == 64);
-    assert!(size_of::<DeviceRoute>() == 24);
+    assert!(size_of::<DeviceRoute>() == 32);
     assert!(size_of::<LaunchParams>() == 31 * 8);
     assert!(size_of::<LaneTails>() == 128);
     assert!(ringkernel_core::priority::LANES == 4);
@@ -191,6 +195,8 @@ pub const DEVICE_ROUTE_FIELDS: &[(&str, usize)] = &[
     ("slots", offset_of!(DeviceRoute, slots)),
     ("kernel_id", offset_of!(DeviceRoute, kernel_id)),
     ("valid", offset_of!(DeviceRoute, valid)),
+    ("capacity", offset_of!(DeviceRoute, capacity)),
+    ("slot_size", offset_of!(DeviceRoute, slot_size)),
 ];
 
 /// See [`DEVICE_INBOX_FIELDS`].

@@ -1276,6 +1276,9 @@ pub struct RoundProfile {
     pub cycles: u32,
     /// Inside the read phase: when the announcements (lane tails, command line) were
     /// in, when the leader's own unit was staged, when the lane tails were processed.
+    /// In the one-message loop's entries (mode 3), inside the take instead: when it
+    /// decided to take the message, when it held an output slot, when it had reserved
+    /// the message index and the clock range.
     pub read: [u64; 3],
 }
 
