@@ -49,6 +49,13 @@
 #ifndef RK_PROFILE_INBOX
 #define RK_PROFILE_INBOX 0
 #endif
+/* The runtime defines RK_PROFILE 1 when it keeps a round profile
+ * (RINGKERNEL_CUDA_PROFILE). Without it the profile's code is compiled out: the
+ * one-message loop runs each message through its code once, so every instruction on
+ * that path costs fetch time (see DEVELOPERS.md). */
+#ifndef RK_PROFILE
+#define RK_PROFILE 0
+#endif
 
 /* At most 512 threads a block (the runtime refuses more): with 1024 the compiler would
  * have to fit every thread in 64 registers, and the loop's state would spill to local
@@ -157,11 +164,11 @@ __device__ __forceinline__ void rk_unlock(rk_u32* l) {
     atomicExch(l, 0u);
 }
 
-/* Adds x to the logical counter of a packed HLC time, carrying into the physical part. */
+/* Adds x to the logical counter of a packed HLC time, carrying into the physical part:
+ * with the counter in the low bits, that is the integer sum (a carry out of the counter
+ * is one more millisecond and a counter of 0, as rk_hlc_tick's overflow). */
 __device__ __forceinline__ rk_u64 rk_hlc_add(rk_u64 t, rk_u64 x) {
-    rk_u64 l = t >> RK_HLC_LOGICAL_BITS, c = (t & RK_HLC_LOGICAL_MASK) + x;
-    l += c >> RK_HLC_LOGICAL_BITS;
-    return rk_hlc_pack(l, c & RK_HLC_LOGICAL_MASK);
+    return t + x;
 }
 
 /* Reserves 2k consecutive clock values after merging `remote` (0: none): returns the
@@ -172,8 +179,7 @@ __device__ __forceinline__ rk_u64 rk_hlc_add(rk_u64 t, rk_u64 x) {
 __device__ rk_u64 rk_hlc_reserve(RkShared* S, rk_u64 remote, rk_u64 pt, rk_u32 k, rk_u64* guess) {
     rk_u64 old = *guess;
     for (;;) {
-        rk_u64 base = old;
-        if (remote == 0 || !rk_hlc_update(&base, remote, pt, ~0ull >> 1)) base = rk_hlc_tick(old, pt);
+        const rk_u64 base = rk_hlc_next(old, remote, pt);
         const rk_u64 last = rk_hlc_add(base, 2ull * k - 1ull);
         const rk_u64 seen = atomicCAS((unsigned long long*)&S->hlc, old, last);
         if (seen == old) {
@@ -322,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     const rk_u32 W = grp == 0 ? W0 : W1;
     const bool multi = p.shared != 0;  // several blocks: RkShared in device memory
     const bool block0 = blockIdx.x == 0;
-    const bool profiling = p.profile != 0;
+    const bool profiling = RK_PROFILE && p.profile != 0;
     const rk_u64 pcap = p.profile_capacity;
     // p.clock_offset_ns is the host's UNIX time (ns) at launch; the difference to
     // %globaltimer now maps device time to UNIX time (off by the launch latency).
@@ -669,8 +675,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         if (!two_groups && it >= 16u) action = action == 1 ? 1 : 2;  // the other source's turn
                     }
                     action = __shfl_sync(0xffffffffu, action, 0);
-                    if (action == 2) break;
-                    if (action == 0) {
+                    // One compare on the way to the take (two compares compiled to a
+                    // jump table through constant memory and an indirect branch).
+                    if (__builtin_expect(action != 1, 1)) {
+                        if (action == 2) break;
                         if (lane_id == 0 && ++idle > (host_src ? 4096u : 65536u)) {
                             const rk_u32 most = host_src ? 1024u : 256u;
                             backoff = backoff == 0 ? 32 : (backoff < most ? backoff * 2 : most);
@@ -708,16 +716,17 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     r = __shfl_sync(0xffffffffu, r, 0);
                     rk_u64 out_idx = 0;
                     if (lane_id == 0) {
+                        // One block: this leader is the only writer of processed[src] (a
+                        // group serves one source, or one group both), so it adds with a
+                        // plain read and an exchange (no compare-and-swap loop).
+                        if (r >= 0) rk_xg_st64(&S->processed[src], *(volatile rk_u64*)&S->processed[src] + 1ull);
                         if (r == 1) {
                             out_idx = atomicAdd((unsigned long long*)&S->out_tail, 1ull);
-                            atomicAdd((unsigned long long*)&S->processed[src], 1ull);
                         } else {
                             credit++;  // no reply: the promised slot stays for the next one
                             if (r < 0) {
                                 atomicAdd((unsigned long long*)&S->dropped[src], 1ull);
                                 rk_xg_st32(&S->last_error, (rk_u32)(-r));
-                            } else {
-                                atomicAdd((unsigned long long*)&S->processed[src], 1ull);
                             }
                         }
                     }

@@ -180,15 +180,21 @@ pub fn persistent_source(handler_cuda: &str) -> String {
 /// ([`CudaRuntimeGroup`](crate::CudaRuntimeGroup)) when `k2k_system`: K2K inboxes then
 /// use system-scope atomics (`RK_K2K_SYSTEM` in kernels/ringkernel.cuh), since kernels
 /// on other GPUs write them.
+///
+/// With a round profile (`RINGKERNEL_CUDA_PROFILE`), the source also defines
+/// `RK_PROFILE 1`: the template compiles its profile's code only then.
 pub fn persistent_source_for(handler_cuda: &str, k2k_system: bool) -> String {
-    if k2k_system {
-        format!(
-            "#define RK_K2K_SYSTEM 1\n{}",
-            persistent_source(handler_cuda)
-        )
+    let system = if k2k_system {
+        "#define RK_K2K_SYSTEM 1\n"
     } else {
-        persistent_source(handler_cuda)
-    }
+        ""
+    };
+    let profile = if profile_capacity() > 0 {
+        "#define RK_PROFILE 1\n"
+    } else {
+        ""
+    };
+    format!("{system}{profile}{}", persistent_source(handler_cuda))
 }
 
 /// The CUDA built-ins: (name, CUDA source, state bytes).
@@ -2189,6 +2195,85 @@ mod tests {
         let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
         h.flags = flags_;
         h
+    }
+
+    /// `rk_hlc_next` (the persistent kernel's clock merge in closed form) gives what
+    /// `rk_hlc_update` (no drift bound) or, for a remote time of 0, `rk_hlc_tick` give,
+    /// over times around counter overflow, equal and crossing milliseconds, and a
+    /// physical clock behind, equal to and ahead of both.
+    #[test]
+    #[ignore = "needs CUDA GPU"]
+    fn hlc_next_matches_the_merge() {
+        let reg = KernelRegistry::new();
+        reg.register_gpu(GpuHandler::new("hlc.check").with_cuda(
+            r#"
+// Payload: triples (state, remote, pt_ms). Reply: {mismatches, then the first one's
+// state, remote, pt_ms, merged, next}.
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)ctx; (void)state;
+    const rk_u64* in = (const rk_u64*)in_payload;
+    rk_u64* out = (rk_u64*)out_payload;
+    rk_u64 bad = 0;
+    for (rk_u32 i = 0; i < 6u; i++) out[i] = 0;
+    for (rk_u32 i = 0; i + 3u <= in_hdr->payload_len / 8u; i += 3u) {
+        const rk_u64 old = in[i], remote = in[i + 1], pt = in[i + 2];
+        rk_u64 merged = old;
+        if (remote == 0 || !rk_hlc_update(&merged, remote, pt, ~0ull >> 1)) merged = rk_hlc_tick(old, pt);
+        const rk_u64 next = rk_hlc_next(old, remote, pt);
+        if (merged != next) {
+            if (bad == 0) {
+                out[1] = old; out[2] = remote; out[3] = pt; out[4] = merged; out[5] = next;
+            }
+            bad++;
+        }
+    }
+    out[0] = bad;
+    out_hdr->payload_len = 48;
+    return 1;
+}
+"#,
+        ));
+        on_gpu(reg, |rt| async move {
+            let k = rt.launch("hlc.check", LaunchOptions::default()).await?;
+            // Packed times around one millisecond `ms`: counters 0, 1, a middle one, the
+            // last two before overflow.
+            const BITS: u32 = 20;
+            const MASK: u64 = (1 << BITS) - 1;
+            let ms = 1_790_000_000_000u64;
+            let times: Vec<u64> = (0..3)
+                .flat_map(|dl| [0, 1, 77_777, MASK - 1, MASK].map(move |c| ((ms + dl) << BITS) | c))
+                .collect();
+            let mut triples = Vec::new();
+            for &old in &times {
+                for remote in std::iter::once(0).chain(times.iter().copied()) {
+                    for pt in ms - 1..=ms + 3 {
+                        triples.extend([old, remote, pt]);
+                    }
+                }
+            }
+            let mut checked = 0;
+            for chunk in triples.chunks(24) {
+                let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
+                k.send_envelope(Envelope::from_bytes(0x51, &bytes)).await?;
+                let r = k.receive_envelope(Some(Duration::from_secs(10))).await?;
+                let w: Vec<u64> = r
+                    .payload
+                    .chunks(8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                assert_eq!(
+                    w[0],
+                    0,
+                    "rk_hlc_next differs (state, remote, pt_ms, merge, next): {:?}",
+                    &w[1..6]
+                );
+                checked += chunk.len() / 3;
+            }
+            assert_eq!(checked, times.len() * (times.len() + 1) * 5);
+            rt.shutdown().await?;
+            Ok(())
+        });
     }
 
     #[test]
