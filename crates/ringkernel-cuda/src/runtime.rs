@@ -401,16 +401,25 @@ struct KernelMemory {
     device: DeviceMemory,
 }
 
-/// Lets senders wake the pump thread cheaply (only when it is parked).
+/// Lets senders wake the pump thread cheaply (only when it is parked), and tells the
+/// pump when to stop and when the list of kernels changed.
 #[derive(Default)]
 struct PumpWaker {
     thread: Mutex<Option<std::thread::Thread>>,
     parked: AtomicBool,
+    /// Set when the runtime goes: the pump returns.
+    stop: AtomicBool,
+    /// Counts the changes of the runtime's kernel list: the pump keeps its own copy of
+    /// the list and takes a new one when this moves (so a round clones no `Arc`s, whose
+    /// counts share lines with the engines' fields).
+    generation: AtomicU64,
 }
 
 impl PumpWaker {
     fn wake(&self) {
-        if self.parked.swap(false, Ordering::AcqRel) {
+        // A plain load first: the swap (a locked instruction, which also waits for this
+        // thread's earlier stores to leave its store buffer) only when the pump parks.
+        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
             if let Some(t) = lock(&self.thread).as_ref() {
                 t.unpark();
             }
@@ -485,7 +494,6 @@ struct RtInner {
     memory: Mutex<Vec<Arc<KernelMemory>>>,
     pump: Mutex<Option<std::thread::JoinHandle<()>>>,
     waker: Arc<PumpWaker>,
-    stop: AtomicBool,
     desc: String,
     /// Whether this runtime belongs to a multi-GPU group whose kernels write each
     /// other's inboxes (its kernels are compiled with system-scope K2K atomics).
@@ -525,7 +533,7 @@ impl RtInner {
 
 impl Drop for RtInner {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.waker.stop.store(true, Ordering::Release);
         self.wake_pump();
         if let Some(h) = lock(&self.pump).take() {
             if h.thread().id() != std::thread::current().id() {
@@ -675,7 +683,6 @@ impl CudaRuntime {
             memory: Mutex::new(Vec::new()),
             pump: Mutex::new(None),
             waker: Arc::new(PumpWaker::default()),
-            stop: AtomicBool::new(false),
             desc,
             k2k_system,
             peer_tables: std::sync::OnceLock::new(),
@@ -721,6 +728,7 @@ impl CudaRuntime {
             Ok(engine) => {
                 rt.core.insert(engine.clone());
                 lock(&rt.kernels).push(engine.clone());
+                rt.waker.generation.fetch_add(1, Ordering::Release);
                 rt.wake_pump();
                 if opts.auto_activate {
                     engine.activate()?;
@@ -976,21 +984,26 @@ impl CudaRuntime {
             stream,
             _module: module,
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
-            lanes: Mutex::new(lanes),
-            consumer: Mutex::new(Consumer {
+            send: OwnLines(SendSide {
+                lanes: Mutex::new(lanes),
+                received: AtomicU64::new(0),
+            }),
+            consumer: OwnLines(Mutex::new(Consumer {
                 ring: consumer,
                 spill: VecDeque::new(),
-            }),
+            })),
             latency: LatencyHistogram::new(),
             latency_reader: Mutex::new(LatencyReader::new()),
             seen_dropped: AtomicU64::new(0),
             command: Mutex::new(0),
             events: KernelEvents::default(),
-            received: AtomicU64::new(0),
             watcher: consumer_watcher,
-            seen_ready: AtomicU64::new(u64::MAX),
-            seen_in_head: AtomicU64::new(0),
-            seen_state: AtomicU32::new(0),
+            seen: OwnLines(PumpSeen {
+                next_reply: AtomicU64::new(u64::MAX),
+                rounds: AtomicU32::new(0),
+                in_head: AtomicU64::new(0),
+                state: AtomicU32::new(0),
+            }),
             exited: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             inputs: h.inputs.clone(),
@@ -1288,6 +1301,38 @@ pub struct RoundProfile {
     pub read: [u64; 3],
 }
 
+/// A value on 128 bytes of its own (x86 fetches 64-byte lines in pairs), so that the
+/// threads writing it and the threads reading the engine's other fields do not take each
+/// other's cache lines on every message.
+#[repr(align(128))]
+struct OwnLines<T>(T);
+
+impl<T> std::ops::Deref for OwnLines<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The senders' side of a kernel's input.
+struct SendSide {
+    /// The producer side of the input lanes ([`LANES`] rings, index = lane).
+    lanes: Mutex<Vec<StampedProducer>>,
+    /// Messages the lanes took (written under `lanes`' lock).
+    received: AtomicU64,
+}
+
+/// What the pump thread last saw of a kernel. Only the pump reads and writes it.
+struct PumpSeen {
+    /// The next output index whose reply the pump has not announced (`u64::MAX`: not
+    /// yet read from the consumer's head).
+    next_reply: AtomicU64,
+    /// Rounds since the pump last read the consumer's head.
+    rounds: AtomicU32,
+    in_head: AtomicU64,
+    state: AtomicU32,
+}
+
 /// The host side of the output queue.
 struct Consumer {
     ring: StampedConsumer,
@@ -1319,9 +1364,9 @@ struct CudaEngine {
     stream: Arc<Stream>,
     _module: Arc<Module>,
     lifecycle: AtomicLifecycle,
-    /// The producer side of the input lanes ([`LANES`] rings, index = lane).
-    lanes: Mutex<Vec<StampedProducer>>,
-    consumer: Mutex<Consumer>,
+    /// The producer side of the input lanes, and what they took.
+    send: OwnLines<SendSide>,
+    consumer: OwnLines<Mutex<Consumer>>,
     /// Handler latency measured by the device (`%globaltimer`), folded in from the
     /// latency ring.
     latency: LatencyHistogram,
@@ -1331,13 +1376,10 @@ struct CudaEngine {
     /// Last command_seq written.
     command: Mutex<u32>,
     events: KernelEvents,
-    received: AtomicU64,
     /// Watches the output ring for the next reply (the pump thread).
     watcher: StampedWatcher,
-    /// The output index the pump last raised `output` for.
-    seen_ready: AtomicU64,
-    seen_in_head: AtomicU64,
-    seen_state: AtomicU32,
+    /// What the pump last saw (only the pump touches it).
+    seen: OwnLines<PumpSeen>,
     exited: AtomicBool,
     /// Whether this kernel is counted in RUNNING_PERSISTENT_KERNELS.
     counted: AtomicBool,
@@ -1573,7 +1615,7 @@ impl CudaEngine {
     /// Writes the host-side indices into the control block's host line (they are not
     /// written per message: the device polls that line for commands).
     fn mirror_host_indices(&self) {
-        let tail = lock(&self.lanes)
+        let tail = lock(&self.send.lanes)
             .iter()
             .map(StampedProducer::position)
             .fold(0u64, u64::wrapping_add);
@@ -1592,7 +1634,7 @@ impl CudaEngine {
         &self,
         msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
     ) -> Result<usize> {
-        let mut lanes = lock(&self.lanes);
+        let mut lanes = lock(&self.send.lanes);
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
         }
@@ -1602,9 +1644,16 @@ impl CudaEngine {
             self.lane_tail_word(lane)
                 .store(tail as u32, Ordering::Release);
         });
+        if written > 0 {
+            // Under the lock, so a load and a store (no locked instruction).
+            let r = &self.send.received;
+            r.store(
+                r.load(Ordering::Relaxed) + written as u64,
+                Ordering::Relaxed,
+            );
+        }
         drop(lanes);
         if written > 0 {
-            self.received.fetch_add(written as u64, Ordering::Relaxed);
             self.waker.wake();
         }
         result.map(|()| written)
@@ -1654,7 +1703,7 @@ impl CudaEngine {
     /// handled them in).
     fn take_undelivered(&self) -> Result<Vec<Envelope>> {
         debug_assert!(self.exited.load(Ordering::Acquire));
-        let _lanes = lock(&self.lanes);
+        let _lanes = lock(&self.send.lanes);
         let mut undelivered = Vec::new();
         for lane in (0..LANES).rev() {
             let off = self.lane_off(lane);
@@ -1684,7 +1733,7 @@ impl CudaEngine {
 
     async fn terminate_impl(&self) -> Result<TerminateReport> {
         let prev = {
-            let _lanes = lock(&self.lanes);
+            let _lanes = lock(&self.send.lanes);
             self.lifecycle.transition(LifecycleState::Terminating)?
         };
         self.events.state.notify(usize::MAX);
@@ -1732,6 +1781,7 @@ impl CudaEngine {
         self.lifecycle.transition(LifecycleState::Terminated)?;
         if let Some(rt) = self.rt.upgrade() {
             lock(&rt.kernels).retain(|k| k.id != self.id);
+            rt.waker.generation.fetch_add(1, Ordering::Release);
         }
         self.events.notify_all();
         Ok(TerminateReport {
@@ -1828,14 +1878,17 @@ impl KernelEngine for CudaEngine {
         let processed = self.cb_u64(std::mem::offset_of!(ControlBlock, processed));
         let dropped = self.cb_u64(std::mem::offset_of!(ControlBlock, dropped));
         let emitted = self.out_tail().load(Ordering::Acquire);
-        let queue_depth = lock(&self.lanes).iter().map(StampedProducer::depth).sum();
+        let queue_depth = lock(&self.send.lanes)
+            .iter()
+            .map(StampedProducer::depth)
+            .sum();
         self.mirror_host_indices();
         self.collect_metrics();
         KernelMetrics {
             id: self.id,
             name: self.name.clone(),
             state: self.state(),
-            received: self.received.load(Ordering::Relaxed),
+            received: self.send.received.load(Ordering::Relaxed),
             processed,
             dropped,
             emitted,
@@ -1851,33 +1904,61 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
     // Indices of the kernels that took messages in this round (reused: no allocation
     // per round).
     let mut moved: Vec<usize> = Vec::new();
+    // The pump's copy of the runtime's kernels, taken again when their list changes.
+    let mut kernels: Vec<Arc<CudaEngine>> = Vec::new();
+    let mut generation = u64::MAX;
+    // After a park: read every consumer's head this round (replies may have gone by).
+    let mut woke = false;
     loop {
-        let Some(inner) = rt.upgrade() else { return };
-        if inner.stop.load(Ordering::Acquire) {
+        if waker.stop.load(Ordering::Acquire) {
             return;
         }
-        let kernels: Vec<Arc<CudaEngine>> = lock(&inner.kernels).clone();
-        drop(inner);
+        let g = waker.generation.load(Ordering::Acquire);
+        if g != generation {
+            let Some(inner) = rt.upgrade() else { return };
+            kernels = lock(&inner.kernels).clone();
+            generation = g;
+        }
         let mut activity = false;
         moved.clear();
-        // Only device-written words are read here, so the pump never contends with
-        // the host threads that write the input side.
+        // The pump writes only its own lines (`PumpSeen`), and reads the words the
+        // device writes; the consumer's head (which the receiving thread writes after
+        // every reply) only every 256th round.
         for (i, k) in kernels.iter().enumerate() {
             let mut m = false;
-            // A reply has begun to arrive at the consumer's head (stamps, not an index:
-            // the device publishes no index ordered after its replies).
-            let head = k.watcher.head();
-            if k.watcher.started(head) && k.seen_ready.swap(head, Ordering::AcqRel) != head {
+            let seen = &k.seen;
+            // A reply that has begun to arrive (stamps, not an index: the device
+            // publishes no index ordered after its replies), followed index by index
+            // from where the pump last looked, one slot a round (each slot the pump
+            // reads is one more cache line the device's next write there must take
+            // back). The consumer's head only says where to start, and lets a pump that
+            // fell behind (streaming, or parked) catch up.
+            let mut next = seen.next_reply.load(Ordering::Relaxed);
+            let rounds = seen.rounds.load(Ordering::Relaxed);
+            if next == u64::MAX || rounds >= 256 || woke {
+                let head = k.watcher.head();
+                if next == u64::MAX || head > next {
+                    next = head;
+                }
+                seen.rounds.store(0, Ordering::Relaxed);
+            } else {
+                seen.rounds.store(rounds + 1, Ordering::Relaxed);
+            }
+            if k.watcher.started(next) {
+                next += 1;
                 k.events.output.notify(usize::MAX);
                 m = true;
             }
+            seen.next_reply.store(next, Ordering::Relaxed);
             let h = k.input_taken();
-            if k.seen_in_head.swap(h, Ordering::AcqRel) != h {
+            if seen.in_head.load(Ordering::Relaxed) != h {
+                seen.in_head.store(h, Ordering::Relaxed);
                 k.events.input_space.notify(usize::MAX);
                 m = true;
             }
             let s = k.device_state();
-            if k.seen_state.swap(s, Ordering::AcqRel) != s {
+            if seen.state.load(Ordering::Relaxed) != s {
+                seen.state.store(s, Ordering::Relaxed);
                 k.events.state.notify(usize::MAX);
             }
             if m {
@@ -1885,13 +1966,13 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
                 activity = true;
             }
         }
+        woke = false;
         // After every notification (off the reply path): fold the latency samples of
         // the kernels that took messages. `metrics()` folds too, so samples that
         // become visible after this pass are never missed.
         for &i in &moved {
             kernels[i].collect_metrics();
         }
-        drop(kernels);
         let now = Instant::now();
         if activity {
             idle_since = now;
@@ -1906,6 +1987,7 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
             // that arrive without a send (K2K pipelines, long handlers).
             waker.parked.store(true, Ordering::Release);
             std::thread::park_timeout(Duration::from_millis(1));
+            woke = true;
             // `parked` already false: a sender woke us, so work is coming: spin again.
             if !waker.parked.swap(false, Ordering::AcqRel) {
                 idle_since = Instant::now();
@@ -2382,7 +2464,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             k.deactivate().await?;
             assert_eq!(s.try_send_batch([(&h, bytemuck::bytes_of(&t))])?, 1);
             let lane = priority::lane(h.priority());
-            let idx = lock(&e.lanes)[lane].position() - 1;
+            let idx = lock(&e.send.lanes)[lane].position() - 1;
             let byte = slot_byte_addr(
                 &e,
                 e.lane_off(lane),
