@@ -76,7 +76,10 @@
 //! One pump thread per runtime watches every kernel and raises [`KernelEvents`]:
 //! `output` when a reply has begun to arrive (the stamp of the next output slot),
 //! `input_space` when the device frees input slots. It spins while work is in flight
-//! and parks when idle (a send wakes it). It also folds the device's handler-latency
+//! and parks when idle (a send wakes it). It writes only lines of its own and reads
+//! device-written words (the consumer's head, which the receiving thread writes after
+//! every reply, every 256th round), so it takes no cache line from the threads that
+//! send and receive. It also folds the device's handler-latency
 //! samples (timed with `%globaltimer`) into each kernel's histogram and logs dropped
 //! messages with their reason. The kernel publishes its counters without ordering
 //! them after its replies (that would cost a system fence per batch);
