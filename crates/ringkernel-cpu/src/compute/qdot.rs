@@ -183,7 +183,7 @@ mod x86 {
         for i in (0..nb / 2 * 2).step_by(2) {
             // Rows follow each other in memory: fetch ahead into the next rows (a hint;
             // an address past the buffer is never dereferenced).
-            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 20 + PREFETCH) as *const i8);
+            ringkernel_core::util::prefetch(row.as_ptr().wrapping_add(i * 20 + PREFETCH), 64);
             block(i, a0, m0);
             block(i + 1, a1, m1);
         }
@@ -220,10 +220,7 @@ mod x86 {
         let [a0, a1] = &mut acc;
         for i in (0..nb / 2 * 2).step_by(2) {
             // as in `dot_q4_1_512`
-            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(i * 36 + PREFETCH) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(
-                row.as_ptr().wrapping_add(i * 36 + PREFETCH + 64) as *const i8
-            );
+            ringkernel_core::util::prefetch(row.as_ptr().wrapping_add(i * 36 + PREFETCH), 128);
             block(i, a0);
             block(i + 1, a1);
         }
