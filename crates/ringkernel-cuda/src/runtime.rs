@@ -76,10 +76,11 @@
 //! One pump thread per runtime watches every kernel and raises [`KernelEvents`]:
 //! `output` when a reply has begun to arrive (the stamp of the next output slot),
 //! `input_space` when the device frees input slots. It spins while work is in flight
-//! and parks when idle (a send wakes it). It writes only lines of its own and reads
-//! device-written words (the consumer's head, which the receiving thread writes after
-//! every reply, every 256th round), so it takes no cache line from the threads that
-//! send and receive. It also folds the device's handler-latency
+//! and parks when idle (a send wakes it). Its per-round writes go to lines of its own,
+//! and besides device-written words it reads the consumer's head (which the receiving
+//! thread writes after every reply) only every 256th round: before, its writes beside
+//! the senders' and receivers' fields made every send and receive slower (BENCHMARKS.md,
+//! "The CUDA pump off the senders' and receivers' lines"). It also folds the device's handler-latency
 //! samples (timed with `%globaltimer`) into each kernel's histogram and logs dropped
 //! messages with their reason. The kernel publishes its counters without ordering
 //! them after its replies (that would cost a system fence per batch);
