@@ -14,19 +14,7 @@ pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Arc;
 
-/// Pads and aligns a value to 128 bytes so that two of them never share a cache line
-/// (x86 prefetches lines in adjacent pairs, hence 128 rather than 64).
-#[repr(C, align(128))]
-#[derive(Debug, Default)]
-pub(crate) struct CachePadded<T>(pub(crate) T);
-
-impl<T> std::ops::Deref for CachePadded<T> {
-    type Target = T;
-    #[inline(always)]
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
+pub(crate) use crate::util::CachePadded;
 
 /// An `UnsafeCell` with the closure-based access API of `loom::cell::UnsafeCell`, so the
 /// same queue code runs under both.

@@ -1,5 +1,5 @@
 //! Small shared utilities: boxed futures, a runtime-agnostic sleep, a seeded RNG for
-//! tests and examples.
+//! tests and examples, cache-line padding and prefetch.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +13,28 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// runtime's reactor.
 pub fn sleep(d: Duration) -> crate::timer::Deadline {
     crate::timer::Deadline::after(d)
+}
+
+/// Pads and aligns a value to 128 bytes so that two of them never share a cache line
+/// (x86 prefetches lines in adjacent pairs, hence 128 rather than 64): for values
+/// that different threads write, such as a queue's head and tail.
+///
+/// ```
+/// use ringkernel_core::util::CachePadded;
+/// let head = CachePadded(std::sync::atomic::AtomicU64::new(0));
+/// assert_eq!(std::mem::align_of_val(&head), 128);
+/// assert_eq!(head.load(std::sync::atomic::Ordering::Relaxed), 0);
+/// ```
+#[repr(C, align(128))]
+#[derive(Debug, Default)]
+pub struct CachePadded<T>(pub T);
+
+impl<T> std::ops::Deref for CachePadded<T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// SplitMix64: a tiny, fast, seedable generator for test inputs and examples.

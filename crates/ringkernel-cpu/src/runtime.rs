@@ -82,7 +82,6 @@
 //! # }).unwrap();
 //! ```
 
-use crossbeam_utils::CachePadded;
 use ringkernel_core::backend::BackendKind;
 use ringkernel_core::builtin;
 use ringkernel_core::context::{KernelContext, OutputSink, TurnRouter};
@@ -103,6 +102,7 @@ use ringkernel_core::runtime::{
     ShutdownReport, TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelCounters, KernelMetrics, LatencyHistogram};
+use ringkernel_core::util::CachePadded;
 use ringkernel_core::util::{lock, BoxFuture};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -632,8 +632,8 @@ fn spawn_kernel(
         name: name.to_string(),
         state: AtomicLifecycle::new(LifecycleState::Created),
         events: KernelEvents::default(),
-        counters: CachePadded::new(KernelCounters::default()),
-        hlc: CachePadded::new(HlcClock::new(core.kernel_node_id(id))),
+        counters: CachePadded(KernelCounters::default()),
+        hlc: CachePadded(HlcClock::new(core.kernel_node_id(id))),
         lanes,
         priority: opts.priority,
         sleeping: AtomicBool::new(false),

@@ -128,7 +128,7 @@ use ringkernel_core::runtime::{
     TerminateReport,
 };
 use ringkernel_core::telemetry::{KernelMetrics, LatencyHistogram};
-use ringkernel_core::util::{lock, BoxFuture};
+use ringkernel_core::util::{lock, BoxFuture, CachePadded};
 use ringkernel_core::{BackendKind, Error, Result};
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -988,11 +988,11 @@ impl CudaRuntime {
             stream,
             _module: module,
             lifecycle: AtomicLifecycle::new(LifecycleState::Created),
-            send: OwnLines(SendSide {
+            send: CachePadded(SendSide {
                 lanes: Mutex::new(lanes),
                 received: AtomicU64::new(0),
             }),
-            consumer: OwnLines(Mutex::new(Consumer {
+            consumer: CachePadded(Mutex::new(Consumer {
                 ring: consumer,
                 spill: VecDeque::new(),
             })),
@@ -1002,9 +1002,8 @@ impl CudaRuntime {
             command: Mutex::new(0),
             events: KernelEvents::default(),
             watcher: consumer_watcher,
-            seen: OwnLines(PumpSeen {
+            seen: CachePadded(PumpSeen {
                 next_reply: AtomicU64::new(u64::MAX),
-                rounds: AtomicU32::new(0),
                 in_head: AtomicU64::new(0),
                 state: AtomicU32::new(0),
             }),
@@ -1305,19 +1304,6 @@ pub struct RoundProfile {
     pub read: [u64; 3],
 }
 
-/// A value on 128 bytes of its own (x86 fetches 64-byte lines in pairs), so that the
-/// threads writing it and the threads reading the engine's other fields do not take each
-/// other's cache lines on every message.
-#[repr(align(128))]
-struct OwnLines<T>(T);
-
-impl<T> std::ops::Deref for OwnLines<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
 /// The senders' side of a kernel's input.
 struct SendSide {
     /// The producer side of the input lanes ([`LANES`] rings, index = lane).
@@ -1331,8 +1317,6 @@ struct PumpSeen {
     /// The next output index whose reply the pump has not announced (`u64::MAX`: not
     /// yet read from the consumer's head).
     next_reply: AtomicU64,
-    /// Rounds since the pump last read the consumer's head.
-    rounds: AtomicU32,
     in_head: AtomicU64,
     state: AtomicU32,
 }
@@ -1369,8 +1353,8 @@ struct CudaEngine {
     _module: Arc<Module>,
     lifecycle: AtomicLifecycle,
     /// The producer side of the input lanes, and what they took.
-    send: OwnLines<SendSide>,
-    consumer: OwnLines<Mutex<Consumer>>,
+    send: CachePadded<SendSide>,
+    consumer: CachePadded<Mutex<Consumer>>,
     /// Handler latency measured by the device (`%globaltimer`), folded in from the
     /// latency ring.
     latency: LatencyHistogram,
@@ -1383,7 +1367,7 @@ struct CudaEngine {
     /// Watches the output ring for the next reply (the pump thread).
     watcher: StampedWatcher,
     /// What the pump last saw (only the pump touches it).
-    seen: OwnLines<PumpSeen>,
+    seen: CachePadded<PumpSeen>,
     exited: AtomicBool,
     /// Whether this kernel is counted in RUNNING_PERSISTENT_KERNELS.
     counted: AtomicBool,
@@ -1913,6 +1897,8 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
     let mut generation = u64::MAX;
     // After a park: read every consumer's head this round (replies may have gone by).
     let mut woke = false;
+    // Rounds since the pump last read the consumers' heads (every 256th round).
+    let mut rounds = 0u32;
     loop {
         if waker.stop.load(Ordering::Acquire) {
             return;
@@ -1938,15 +1924,11 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
             // back). The consumer's head only says where to start, and lets a pump that
             // fell behind (streaming, or parked) catch up.
             let mut next = seen.next_reply.load(Ordering::Relaxed);
-            let rounds = seen.rounds.load(Ordering::Relaxed);
-            if next == u64::MAX || rounds >= 256 || woke {
+            if next == u64::MAX || rounds == 0 || woke {
                 let head = k.watcher.head();
                 if next == u64::MAX || head > next {
                     next = head;
                 }
-                seen.rounds.store(0, Ordering::Relaxed);
-            } else {
-                seen.rounds.store(rounds + 1, Ordering::Relaxed);
             }
             if k.watcher.started(next) {
                 next += 1;
@@ -1971,6 +1953,7 @@ fn pump_loop(rt: Weak<RtInner>, waker: Arc<PumpWaker>) {
             }
         }
         woke = false;
+        rounds = (rounds + 1) % 256;
         // After every notification (off the reply path): fold the latency samples of
         // the kernels that took messages. `metrics()` folds too, so samples that
         // become visible after this pass are never missed.
