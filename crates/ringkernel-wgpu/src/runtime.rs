@@ -66,9 +66,29 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 const PASSES_IN_FLIGHT: usize = 3;
 
 /// Environment variable: `0` makes the drain engine write a pass's slots into the host
-/// ring and `launch` copy them into the mapped upload buffer in one go, instead of
-/// writing them into the mapped buffer directly (see `WgpuDrainTarget::stage`).
+/// ring and `launch` copy them into the mapped upload buffer in one go, `1` makes it
+/// write them into the mapped buffer directly; unset, the adapter decides
+/// ([`stage_directly`]).
 const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
+
+/// Whether the drain engine writes a pass's slots straight into the mapped upload
+/// buffer on an adapter of `device_type` ([`AdapterSummary::device_type`](crate::AdapterSummary)),
+/// when [`STAGE_ENV`] does not say. Not on a discrete GPU: wgpu places buffers mapped
+/// for writing in device-local, host-visible memory where the driver offers it (the
+/// PCIe BAR on NVIDIA), so the engine's writes of each slot's header and payload there
+/// cross the bus line piece by line piece, while one copy of the pass's whole slots
+/// from the (cached) host ring writes full lines. Measured on an H200 host
+/// (`wgpu_bench --actors-only --batched-only --msgs 4000000`, two alternating pairs):
+/// the batched echo made 14.5 / 14.2 M msgs/s through the host ring against 12.0 / 11.4
+/// directly (BENCHMARKS.md, 2026-11-28). Elsewhere (lavapipe, integrated and unified
+/// memory) the mapped memory is ordinary host memory and the extra copy costs: on
+/// lavapipe 0.89x.
+fn stage_directly(device_type: &str) -> bool {
+    match std::env::var(STAGE_ENV) {
+        Ok(v) => v.trim() != "0",
+        Err(_) => device_type != "DiscreteGpu",
+    }
+}
 
 /// A drain pass waiting for its readback, finished by the poller (or by a receiver
 /// helping it, see [`Poller::help`]).
@@ -358,8 +378,7 @@ struct WgpuDrainTarget {
     staged: Mutex<Option<Staged>>,
     /// Whether the engine writes slots straight into a mapped upload buffer
     /// (`stage_input`); without, it writes them into the host ring and `upload` copies
-    /// each pass's runs into the mapped buffer at once. `RINGKERNEL_WGPU_STAGE=0` turns
-    /// it off (a switch to measure what writing the mapped memory directly costs the sender).
+    /// each pass's runs into the mapped buffer at once ([`stage_directly`]).
     stage: bool,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
@@ -852,7 +871,7 @@ impl WgpuRuntime {
             upload_len,
             readback_len,
             staged: Mutex::new(None),
-            stage: std::env::var(STAGE_ENV).map_or(true, |v| v.trim() != "0"),
+            stage: stage_directly(&self.ctx.info.device_type),
             control_sent: Mutex::new(None),
             bind,
         })
