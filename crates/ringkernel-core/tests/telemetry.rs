@@ -118,6 +118,55 @@ fn record_n_equals_n_records() {
 }
 
 #[test]
+fn a_batch_records_what_records_one_by_one_do() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut rng = Rng(seed);
+    let (one_by_one, batched) = (LatencyHistogram::new(), LatencyHistogram::new());
+    let mut b = batched.batch();
+    // Runs of similar values (as a stream's samples come) and scattered ones.
+    for i in 0..20_011u64 {
+        let v = match i % 3 {
+            0 => 400 + rng.next() % 16,
+            1 => rng.next() % 5_000_000,
+            _ => rng.next() % 40,
+        };
+        one_by_one.record(v);
+        b.record(v);
+        if i == 10_000 {
+            b.flush();
+            assert_eq!(batched.count(), 10_001, "seed {seed}: flushed mid-way");
+        }
+    }
+    assert_eq!(
+        batched.count(),
+        10_001,
+        "seed {seed}: the rest waits for the flush"
+    );
+    drop(b);
+    assert_eq!(batched.count(), one_by_one.count(), "seed {seed}");
+    assert_eq!(batched.max(), one_by_one.max(), "seed {seed}");
+    for q in [0.0, 0.001, 0.1, 0.5, 0.9, 0.999, 1.0] {
+        assert_eq!(
+            batched.percentile(q),
+            one_by_one.percentile(q),
+            "seed {seed}, q {q}"
+        );
+    }
+    assert_eq!(
+        batched.summary().mean_ns,
+        one_by_one.summary().mean_ns,
+        "seed {seed}"
+    );
+    // An empty batch changes nothing.
+    drop(batched.batch());
+    assert_eq!(batched.count(), one_by_one.count());
+}
+
+#[test]
 fn concurrent_recording_loses_nothing() {
     let h = Arc::new(LatencyHistogram::new());
     let threads: Vec<_> = (0..4u64)

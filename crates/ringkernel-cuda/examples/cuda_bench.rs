@@ -789,37 +789,43 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let streamer = rt.streamer(&k)?;
     let consumer = {
         let streamer = streamer.clone();
-        std::thread::spawn(move || -> Result<ConsumerRun> {
-            let cpu0 = thread_cpu_ns();
-            let mut got = 0u64;
-            let mut bad = 0u64;
-            let mut empty = 0u64;
-            let mut calls = 0u64;
-            let start = Instant::now();
-            while got < total {
-                let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
-                    if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
-                        bad += 1;
+        // Named, as the producer below, so that a profile (perf) tells the two apart.
+        std::thread::Builder::new()
+            .name("bench-consumer".into())
+            .spawn(move || -> Result<ConsumerRun> {
+                let cpu0 = thread_cpu_ns();
+                let mut got = 0u64;
+                let mut bad = 0u64;
+                let mut empty = 0u64;
+                let mut calls = 0u64;
+                let start = Instant::now();
+                while got < total {
+                    let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
+                        if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
+                            bad += 1;
+                        }
+                    })?;
+                    got += n as u64;
+                    calls += u64::from(n > 0);
+                    if n == 0 {
+                        empty += 1;
+                        if start.elapsed() > Duration::from_secs(60) {
+                            return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
+                        }
+                        std::hint::spin_loop();
                     }
-                })?;
-                got += n as u64;
-                calls += u64::from(n > 0);
-                if n == 0 {
-                    empty += 1;
-                    if start.elapsed() > Duration::from_secs(60) {
-                        return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
-                    }
-                    std::hint::spin_loop();
                 }
-            }
-            if bad > 0 {
-                return Err(ringkernel_core::Error::Device(format!(
-                    "{bad} corrupt stream replies"
-                )));
-            }
-            Ok((got, empty, calls, cpu0, thread_cpu_ns(), thread_on_cpu()))
-        })
+                if bad > 0 {
+                    return Err(ringkernel_core::Error::Device(format!(
+                        "{bad} corrupt stream replies"
+                    )));
+                }
+                Ok((got, empty, calls, cpu0, thread_cpu_ns(), thread_on_cpu()))
+            })
+            .map_err(|e| ringkernel_core::Error::Device(format!("consumer thread: {e}")))?
     };
+    // This thread produces: its name in a profile (Linux; elsewhere nothing happens).
+    let _ = std::fs::write("/proc/thread-self/comm", "bench-producer");
     let cpu0 = thread_cpu_ns();
     let t0 = Instant::now();
     let mut sent = 0u64;
