@@ -25,6 +25,15 @@ impl Rng {
     }
 }
 
+/// A seed from the clock (never 0, which xorshift would keep at 0).
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1
+}
+
 fn exact(sorted: &[u64], q: f64) -> u64 {
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
@@ -32,11 +41,7 @@ fn exact(sorted: &[u64], q: f64) -> u64 {
 
 #[test]
 fn percentiles_are_within_the_error_bound() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
+    let seed = fresh_seed();
     let mut rng = Rng(seed);
     // Three shapes: uniform, log-uniform over 12 decades, and a few huge outliers.
     let datasets: Vec<Vec<u64>> = vec![
@@ -119,11 +124,7 @@ fn record_n_equals_n_records() {
 
 #[test]
 fn a_batch_records_what_records_one_by_one_do() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
+    let seed = fresh_seed();
     let mut rng = Rng(seed);
     let (one_by_one, batched) = (LatencyHistogram::new(), LatencyHistogram::new());
     let mut b = batched.batch();
