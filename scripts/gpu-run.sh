@@ -54,8 +54,11 @@ case "${1:-}" in
   wait
   RINGKERNEL_CUDA_PROFILE=65536 BENCH_K2K_PROFILE=1 BENCH_WATCHDOG_S=100 r 110 cuda-bench .gpu/bin/ringkernel-cuda-cuda_bench --only actors
   grep -v '^\[bench\]' "$O/cuda-bench.txt" | tail -40
-  # K2K at scale: a sink of 16 blocks, each sender 16 messages a call (rk_send_many_to).
-  BENCH_K2K_SINK_GRID=16 BENCH_K2K_BATCH=16 BENCH_WATCHDOG_S=60 r 70 cuda-k2k .gpu/bin/ringkernel-cuda-cuda_bench --only k2k
+  # K2K at scale: 128 senders on 4 blocks of 64 threads (32 serve the host's input in
+  # each), 16 messages a call (rk_send_many_to), into a sink of 8 blocks that gives 480
+  # of each block's 512 threads to its inbox (inbox_threads).
+  BENCH_K2K_SINK_GRID=8 BENCH_K2K_SINK_INBOX=480 BENCH_K2K_SRC_BLOCK=64 BENCH_K2K_SRC_GRID=4 \
+    BENCH_K2K_BATCH=16 BENCH_K2K_PER=20000 BENCH_WATCHDOG_S=60 r 70 cuda-k2k .gpu/bin/ringkernel-cuda-cuda_bench --only k2k
   grep -E "K2K|breakdown|retried" "$O/cuda-k2k.txt"
   timeout 30 /tmp/pingpong 30000 >"$O/pingpong.txt" 2>&1
   cat "$O/pingpong.txt"

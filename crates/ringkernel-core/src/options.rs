@@ -26,12 +26,22 @@ pub struct LaunchOptions {
     /// Slot size in bytes: 64-byte header plus payload (power of two, at least 128).
     pub slot_size: usize,
     /// Threads of each block of the kernel on CUDA: a whole number of warps (a multiple
-    /// of 32 there, at most 512); a quarter of them (at least one warp, when there are two or more)
-    /// serve the K2K inbox, the rest the host's input, one message per thread. Must be
-    /// in 1..=1024 on every backend ([`validate`](Self::validate)), but only CUDA uses
-    /// it: the CPU handles one message at a time per kernel, and the WebGPU and Metal
-    /// drain passes use the workgroup size fixed in their WGSL, whatever this says.
+    /// of 32 there, at most 512); a quarter of them (at least one warp, when there are
+    /// two or more; [`inbox_threads`](Self::inbox_threads) sets it) serve the K2K inbox,
+    /// the rest the host's input, one message per thread. Must be in 1..=1024 on every
+    /// backend ([`validate`](Self::validate)), but only CUDA uses it: the CPU handles one
+    /// message at a time per kernel, and the WebGPU and Metal drain passes use the
+    /// workgroup size fixed in their WGSL, whatever this says.
     pub block_size: u32,
+    /// Threads of each block that serve the K2K inbox on CUDA, the rest serving the
+    /// host's input (`None`: a quarter of `block_size`, at least one warp). A kernel that
+    /// mostly receives K2K messages (a sink or aggregator behind other kernels) takes
+    /// more of them per round with more: each group's window of slots grows with its
+    /// threads, in a shared-memory budget the two groups split. On CUDA it must be a
+    /// whole number of warps and leave at least one warp for the host's input; every
+    /// backend checks that it is below `block_size` ([`validate`](Self::validate)), and
+    /// only CUDA uses it.
+    pub inbox_threads: Option<u32>,
     /// Blocks in the grid. Must be at least 1 everywhere. On CUDA every block of the
     /// persistent kernel takes messages of the same queues (replies still leave in
     /// input order); at most one block per multiprocessor, all resident at once
@@ -72,6 +82,7 @@ impl Default for LaunchOptions {
             output_capacity: 1024,
             slot_size: DEFAULT_SLOT_SIZE,
             block_size: 128,
+            inbox_threads: None,
             grid_size: 1,
             auto_activate: true,
             wait_when_full: true,
@@ -104,6 +115,20 @@ impl LaunchOptions {
     /// WebGPU and Metal backends).
     pub fn with_block_size(mut self, threads: u32) -> Self {
         self.block_size = threads;
+        self
+    }
+    /// Sets the threads of each block that serve the K2K inbox
+    /// ([`inbox_threads`](Self::inbox_threads): CUDA only).
+    ///
+    /// ```
+    /// use ringkernel_core::options::LaunchOptions;
+    /// // A K2K sink: 15 of its 16 warps take inbox messages, one the host's input.
+    /// let o = LaunchOptions::default().with_block_size(512).with_inbox_threads(480);
+    /// assert!(o.validate().is_ok());
+    /// assert!(LaunchOptions::default().with_inbox_threads(128).validate().is_err());
+    /// ```
+    pub fn with_inbox_threads(mut self, threads: u32) -> Self {
+        self.inbox_threads = Some(threads);
         self
     }
     /// Sets the grid size ([`grid_size`](Self::grid_size): blocks of a CUDA kernel,
@@ -183,6 +208,14 @@ impl LaunchOptions {
                 self.block_size
             )));
         }
+        if let Some(n) = self.inbox_threads {
+            if n == 0 || n >= self.block_size {
+                return Err(Error::invalid(format!(
+                    "inbox_threads must be in 1..block_size ({}), got {n}: some of the block must serve the host's input",
+                    self.block_size
+                )));
+            }
+        }
         if matches!(&self.name, Some(n) if n.is_empty()) {
             return Err(Error::invalid("instance name must not be empty"));
         }
@@ -226,5 +259,16 @@ mod tests {
             .validate()
             .is_err());
         assert!(LaunchOptions::default().validate().is_ok());
+        for bad in [0, 128, 200] {
+            let e = LaunchOptions::default()
+                .with_inbox_threads(bad)
+                .validate()
+                .unwrap_err();
+            assert!(e.to_string().contains("inbox_threads"), "{bad}: {e}");
+        }
+        assert!(LaunchOptions::default()
+            .with_inbox_threads(96)
+            .validate()
+            .is_ok());
     }
 }

@@ -280,6 +280,7 @@ impl ringkernel_core::message::RingMessage for Trigger {
 /// the one-way latency one message at a time. Knobs (environment): BENCH_K2K_SENDERS
 /// (128), BENCH_K2K_PER (5,000 messages a sender), BENCH_K2K_SINK_BLOCK (512),
 /// BENCH_K2K_SINK_GRID (1), BENCH_K2K_SINK_SLOT (128 bytes: a probe is 96),
+/// BENCH_K2K_SINK_INBOX (0: the default split; else the sink's `inbox_threads`),
 /// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1), BENCH_K2K_BATCH (1: each sender
 /// sends one message a call; up to 16 with `rk_send_many_to`), BENCH_K2K_PROFILE (1,
 /// with RINGKERNEL_CUDA_PROFILE: the sink's inbox rounds and one-message loop).
@@ -292,22 +293,20 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         knob("BENCH_K2K_SINK_GRID", 1),
     );
     let sink_slot = knob("BENCH_K2K_SINK_SLOT", 128) as usize;
+    let sink_inbox = Some(knob("BENCH_K2K_SINK_INBOX", 0)).filter(|&n| n > 0);
     // Messages a sender thread sends with one reservation (1: `rk_send_to`).
     let batch = knob("BENCH_K2K_BATCH", 1);
     let (src_block, src_grid) = (
         knob("BENCH_K2K_SRC_BLOCK", 256),
         knob("BENCH_K2K_SRC_GRID", 1),
     );
-    let sink = rt
-        .launch(
-            "bench.k2k_sink",
-            LaunchOptions::default()
-                .with_queue_capacity(1 << 14)
-                .with_slot_size(sink_slot)
-                .with_block_size(sink_block)
-                .with_grid_size(sink_grid),
-        )
-        .await?;
+    let mut sink_opts = LaunchOptions::default()
+        .with_queue_capacity(1 << 14)
+        .with_slot_size(sink_slot)
+        .with_block_size(sink_block)
+        .with_grid_size(sink_grid);
+    sink_opts.inbox_threads = sink_inbox;
+    let sink = rt.launch("bench.k2k_sink", sink_opts).await?;
     let src = rt
         .launch(
             "bench.k2k_src",
@@ -342,7 +341,8 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     let [count, sum, max, first, last] = read(&r);
     let span = last.saturating_sub(first) as f64 / 1e9;
     rep.line(format!(
-        "K2K on the GPU ({senders} sender threads -> one kernel's inbox, {batch} a call; sink {sink_grid}x{sink_block}, {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
+        "K2K on the GPU ({senders} sender threads -> one kernel's inbox, {batch} a call; sink {sink_grid}x{sink_block} ({} inbox threads a block), {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
+        sink_inbox.map_or("default".to_string(), |n| n.to_string()),
         count as f64 / secs / 1e6,
         if span > 0.0 { count as f64 / span / 1e6 } else { 0.0 },
         sum as f64 / count.max(1) as f64 / 1e3,

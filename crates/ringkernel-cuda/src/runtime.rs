@@ -18,8 +18,9 @@
 //! Inside the kernel, warp 0 of each block's host group polls one slot at a time and
 //! handles a lone message itself (registers and warp votes only); when the lane tails
 //! announce a backlog, the whole group takes windows of slots per round (one message
-//! per thread). A quarter of the block (at least a warp) serves the K2K inbox the same
-//! way, concurrently, so device-side K2K never waits behind a PCIe read. The measured
+//! per thread). A quarter of the block (at least a warp; `LaunchOptions::inbox_threads`
+//! sets it) serves the K2K inbox the same way, concurrently, so device-side K2K never
+//! waits behind a PCIe read. The measured
 //! costs behind these choices are in BENCHMARKS.md (issue 12) and
 //! `notes/cuda_stamped_floor.cu`.
 //!
@@ -263,8 +264,10 @@ pub const MAX_BLOCK_SIZE: u32 = 512;
 
 /// The launch options CUDA cannot honour: `block_size` must be a whole number of warps
 /// (multiples of 32: a kernel's threads are split into warp groups, see the module
-/// docs), at most [`MAX_BLOCK_SIZE`]. `grid_size` is checked against the device when launching (its blocks must all
-/// be resident at once). The options' own checks come first.
+/// docs), at most [`MAX_BLOCK_SIZE`]; so must `inbox_threads`, where set, leaving at
+/// least one warp for the host's input. `grid_size` is checked against the device when
+/// launching (its blocks must all be resident at once). The options' own checks come
+/// first.
 pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
     opts.validate()?;
     if !opts.block_size.is_multiple_of(32) || opts.block_size > MAX_BLOCK_SIZE {
@@ -274,21 +277,34 @@ pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
             opts.block_size
         )));
     }
+    if let Some(n) = opts.inbox_threads {
+        if !n.is_multiple_of(32) || n + 32 > opts.block_size {
+            return Err(Error::invalid(format!(
+                "inbox_threads must be a multiple of 32 (whole warps) leaving at least one warp of the block ({}) for the host's input on CUDA, got {n}",
+                opts.block_size
+            )));
+        }
+    }
     Ok(())
 }
 
 /// How a kernel's block is divided and how much it stages per round (see the module
 /// docs): `(host_threads, host_window, inbox_window, stage_stride, smem_bytes,
-/// stage_in_shared)`. `smem_limit` is the dynamic shared memory a block may use.
+/// stage_in_shared)`. `smem_limit` is the dynamic shared memory a block may use;
+/// `inbox` the threads that serve the K2K inbox (`None`: a quarter of the block, at
+/// least a warp), whole warps leaving at least one for the host lanes
+/// ([`check_launch_options`]).
 pub fn block_plan(
     block: usize,
     slot_size: usize,
     smem_limit: usize,
+    inbox: Option<usize>,
 ) -> (usize, usize, usize, usize, usize, bool) {
     // One warp: one group serving both sources in turns. Otherwise a quarter of the
-    // block (at least a warp) serves the K2K inbox, the rest the host lanes.
+    // block (at least a warp), or what the options say, serves the K2K inbox, the rest
+    // the host lanes.
     let inbox_threads = if block >= 64 {
-        (block / 4).max(32) / 32 * 32
+        inbox.unwrap_or((block / 4).max(32) / 32 * 32)
     } else {
         0
     };
@@ -812,7 +828,12 @@ impl CudaRuntime {
         }
         let smem_limit = (rt.dev.info.max_smem_optin as usize).min(SMEM_BUDGET);
         let (host_threads, host_window, inbox_window, stage_stride, smem_bytes, stage_in_shared) =
-            block_plan(block, slot, smem_limit);
+            block_plan(
+                block,
+                slot,
+                smem_limit,
+                opts.inbox_threads.map(|n| n as usize),
+            );
 
         // Mapped host memory: control block | lane tails | input lanes 0..LANES (each a
         // queue header + stamped slots) | output queue (stamped) | latency ring.
@@ -1999,6 +2020,15 @@ mod tests {
                 other => panic!("block_size {bad} must be refused, got {other:?}"),
             }
         }
+        // inbox_threads: whole warps, one warp left for the host's input.
+        let sink = LaunchOptions::default().with_block_size(512);
+        check_launch_options(&sink.clone().with_inbox_threads(480)).unwrap();
+        for bad in [48, 500, 512] {
+            match check_launch_options(&sink.clone().with_inbox_threads(bad)) {
+                Err(Error::InvalidArgument(m)) => assert!(m.contains("inbox_threads"), "{m}"),
+                other => panic!("inbox_threads {bad} must be refused, got {other:?}"),
+            }
+        }
         // The options' own checks still come first.
         assert!(matches!(
             check_launch_options(&LaunchOptions::default().with_block_size(0)),
@@ -2032,21 +2062,30 @@ mod tests {
     #[test]
     fn the_block_plan_splits_warps_and_fits_its_staging() {
         // (host threads, host window, inbox window, stride, bytes, in shared memory)
-        let (h, hw, iw, stride, bytes, shared) = block_plan(128, 256, 96 * 1024);
+        let (h, hw, iw, stride, bytes, shared) = block_plan(128, 256, 96 * 1024, None);
         assert_eq!((h, hw, iw, stride, shared), (96, 96, 32, 272, true));
         assert!(bytes <= 96 * 1024);
         // One warp: one group, no inbox group.
-        let (h, _, iw, ..) = block_plan(32, 256, 96 * 1024);
+        let (h, _, iw, ..) = block_plan(32, 256, 96 * 1024, None);
         assert_eq!((h, iw), (32, 0));
         // A quarter of a big block serves the inbox; windows shrink to fit.
-        let (h, hw, iw, _, bytes, shared) = block_plan(512, 256, 64 * 1024);
+        let (h, hw, iw, _, bytes, shared) = block_plan(512, 256, 64 * 1024, None);
         assert_eq!(h, 384);
         assert!(
             shared && bytes <= 64 * 1024 && hw < 384 && iw <= 128 && hw > iw,
             "{hw} {iw}"
         );
+        // A K2K sink (inbox_threads 480 of 512): the inbox's window is the larger, and
+        // larger than the default split gives it, in the same budget.
+        let (_, _, iw_default, ..) = block_plan(512, 128, 96 * 1024, None);
+        let (h, hw, iw, _, bytes, shared) = block_plan(512, 128, 96 * 1024, Some(480));
+        assert_eq!(h, 32);
+        assert!(
+            shared && bytes <= 96 * 1024 && iw > hw && iw > 2 * iw_default && iw <= 480,
+            "{hw} {iw} (default {iw_default})"
+        );
         // Slots too big for shared memory: staged in device memory, a small window.
-        let (_, hw, iw, _, bytes, shared) = block_plan(128, 1 << 16, 96 * 1024);
+        let (_, hw, iw, _, bytes, shared) = block_plan(128, 1 << 16, 96 * 1024, None);
         assert!(
             !shared && hw >= 1 && iw >= 1 && bytes <= 96 * 1024,
             "{hw} {iw} {bytes}"

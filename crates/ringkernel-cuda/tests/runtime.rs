@@ -724,7 +724,9 @@ fn k2k_payload(i: u32, max: u32, per: u32) -> Vec<u8> {
 /// laps, full-inbox retries), reach a copying kernel of one block and of several, whole
 /// and in order. The windows read only the units the last window's
 /// slots used, and take the complete prefix of a window still being written; a longer
-/// message than the window read is taken by the next round.
+/// message than the window read is taken by the next round. Two sinks give most of
+/// their block to the inbox (`inbox_threads`: larger windows, one warp left for the
+/// host's input, which still answers after the stream).
 #[test]
 #[ignore = "needs CUDA GPU"]
 fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
@@ -744,24 +746,23 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
         let gen = rt
             .launch("k2k-gen", LaunchOptions::default().with_slot_size(512))
             .await?;
-        for (slot, grid, block, per) in [
-            (256usize, 1u32, 128u32, 1u32),
-            (512, 1, 512, 1),
-            (256, 4, 128, 1),
-            (256, 1, 128, 4),
-            (512, 4, 128, 2),
+        for (slot, grid, block, per, inbox) in [
+            (256usize, 1u32, 128u32, 1u32, None),
+            (512, 1, 512, 1, None),
+            (256, 4, 128, 1, None),
+            (256, 1, 128, 4, None),
+            (512, 4, 128, 2, None),
+            (256, 1, 512, 4, Some(480u32)),
+            (128, 4, 128, 1, Some(96)),
         ] {
-            let sink = rt
-                .launch(
-                    "copy",
-                    LaunchOptions::default()
-                        .with_slot_size(slot)
-                        .with_grid_size(grid)
-                        .with_block_size(block)
-                        .with_queue_capacity(64)
-                        .with_output_capacity(4096),
-                )
-                .await?;
+            let mut opts = LaunchOptions::default()
+                .with_slot_size(slot)
+                .with_grid_size(grid)
+                .with_block_size(block)
+                .with_queue_capacity(64)
+                .with_output_capacity(4096);
+            opts.inbox_threads = inbox;
+            let sink = rt.launch("copy", opts).await?;
             let max = (slot - ringkernel_core::message::HEADER_SIZE) as u32;
             let count = 6_000u32;
             let g = Gen {
@@ -791,6 +792,15 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
             }
             let done = gen.receive_envelope(Some(Duration::from_secs(20))).await?;
             assert_eq!(done.payload.len(), 0);
+            // The host's input is still served (by one warp, for the sinks above).
+            sink.send_envelope(Envelope::from_bytes(0x63, &[2, 4, 6]))
+                .await?;
+            let r = sink.receive_envelope(Some(Duration::from_secs(20))).await?;
+            assert_eq!(
+                (r.header.type_id, r.payload.as_slice()),
+                (0x63, &[2u8, 4, 6][..]),
+                "slot {slot}, grid {grid}, inbox {inbox:?}: the host's message"
+            );
             let m = sink.metrics();
             assert_eq!(m.dropped, 0, "{m:?}");
             sink.terminate().await?;

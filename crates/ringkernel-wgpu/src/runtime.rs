@@ -11,8 +11,9 @@
 //!   and output ring, handler state) and host copies of the rings and control block
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
 //! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots (which the engine
-//!   wrote straight into a mapped upload buffer, [`DrainTarget::stage_input`], not into
-//!   the host ring) and the host line of the control block, records one dispatch and
+//!   wrote straight into a mapped upload buffer, [`DrainTarget::stage_input`], or on a
+//!   discrete GPU into the host ring, copied into the upload buffer at once: see
+//!   `stage_directly`) and the host line of the control block, records one dispatch and
 //!   the copies of the output slots and the device-written control fields into a
 //!   readback buffer of its own, submits, and asks for the bytes of that pass in the
 //!   readback buffer to be mapped. Up to three passes of a kernel are in flight at once
