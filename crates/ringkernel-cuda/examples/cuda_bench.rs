@@ -752,7 +752,8 @@ type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
 /// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (4),
 /// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
 /// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
-/// slots), BENCH_STREAM_OUT (4,096 output slots), BENCH_STREAM_BACKOFF_NS (0: how long
+/// slots), BENCH_STREAM_OUT (4,096 output slots), BENCH_STREAM_INBOX (0: the kernel's default
+/// `inbox_threads`; else that many), BENCH_STREAM_BACKOFF_NS (0: how long
 /// the producer waits after finding the input full before it tries again). Each
 /// thread's CPU time a message and how often it found nothing to do are printed, and
 /// with `RINGKERNEL_CUDA_PROFILE` the kernel's host rounds (block 0) during the stream.
@@ -769,20 +770,20 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
     let out_queue = knob("BENCH_STREAM_OUT", 4096) as usize;
+    // BENCH_STREAM_INBOX: the kernel's `inbox_threads` (0: the default split).
+    let inbox = Some(knob("BENCH_STREAM_INBOX", 0)).filter(|&n| n > 0);
     let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
-    let k = rt
-        .launch(
-            "bench.stream",
-            LaunchOptions::default()
-                .with_slot_size(128)
-                .with_queue_capacity(queue)
-                .with_output_capacity(out_queue)
-                .with_block_size(block)
-                .with_grid_size(grid),
-        )
-        .await?;
+    let mut opts = LaunchOptions::default()
+        .with_slot_size(128)
+        .with_queue_capacity(queue)
+        .with_output_capacity(out_queue)
+        .with_block_size(block)
+        .with_grid_size(grid);
+    opts.inbox_threads = inbox;
+    let k = rt.launch("bench.stream", opts).await?;
     rep.line(format!(
-        "streaming kernel: grid {grid} x block {block}, 128-byte slots, queues of {queue} in and {out_queue} out, batches of {batch}"
+        "streaming kernel: grid {grid} x block {block} ({} inbox threads a block), 128-byte slots, queues of {queue} in and {out_queue} out, batches of {batch}",
+        inbox.map_or("default".to_string(), |n| n.to_string())
     ));
     let payload = [0x5Au8; 64];
     let hs = MessageHeader::new(0x77, 64);
