@@ -232,43 +232,21 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let e = LaunchOptions::default()
-            .with_queue_capacity(1000)
-            .validate()
-            .unwrap_err();
-        assert!(e.to_string().contains("queue_capacity"), "{e}");
-        let e = LaunchOptions::default()
-            .with_slot_size(100)
-            .validate()
-            .unwrap_err();
-        assert!(e.to_string().contains("slot_size"), "{e}");
-        assert!(LaunchOptions::default()
-            .with_slot_size(64)
-            .validate()
-            .is_err());
-        assert!(LaunchOptions::default()
-            .with_block_size(0)
-            .validate()
-            .is_err());
-        assert!(LaunchOptions::default()
-            .with_grid_size(0)
-            .validate()
-            .is_err());
-        assert!(LaunchOptions::default()
-            .with_queue_capacity(1)
-            .validate()
-            .is_err());
-        assert!(LaunchOptions::default().validate().is_ok());
+        let d = LaunchOptions::default;
+        let refused = |o: LaunchOptions, field: &str| {
+            let e = o.validate().unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        };
+        refused(d().with_queue_capacity(1000), "queue_capacity");
+        refused(d().with_queue_capacity(1), "queue_capacity");
+        refused(d().with_slot_size(100), "slot_size");
+        refused(d().with_slot_size(64), "slot_size");
+        refused(d().with_block_size(0), "block_size");
+        refused(d().with_grid_size(0), "grid_size");
         for bad in [0, 128, 200] {
-            let e = LaunchOptions::default()
-                .with_inbox_threads(bad)
-                .validate()
-                .unwrap_err();
-            assert!(e.to_string().contains("inbox_threads"), "{bad}: {e}");
+            refused(d().with_inbox_threads(bad), "inbox_threads");
         }
-        assert!(LaunchOptions::default()
-            .with_inbox_threads(96)
-            .validate()
-            .is_ok());
+        assert!(d().validate().is_ok());
+        assert!(d().with_inbox_threads(96).validate().is_ok());
     }
 }
