@@ -293,7 +293,8 @@ pub fn check_launch_options(opts: &LaunchOptions) -> Result<()> {
 /// stage_in_shared)`. `smem_limit` is the dynamic shared memory a block may use;
 /// `inbox` the threads that serve the K2K inbox (`None`: a quarter of the block, at
 /// least a warp), whole warps leaving at least one for the host lanes
-/// ([`check_launch_options`]).
+/// ([`check_launch_options`] refuses other values; here they are rounded down to whole
+/// warps and capped to leave one).
 pub fn block_plan(
     block: usize,
     slot_size: usize,
@@ -304,7 +305,7 @@ pub fn block_plan(
     // block (at least a warp), or what the options say, serves the K2K inbox, the rest
     // the host lanes.
     let inbox_threads = if block >= 64 {
-        inbox.unwrap_or((block / 4).max(32) / 32 * 32)
+        inbox.unwrap_or(block / 4).clamp(32, block / 32 * 32 - 32) / 32 * 32
     } else {
         0
     };
@@ -2084,6 +2085,16 @@ mod tests {
             shared && bytes <= 96 * 1024 && iw > hw && iw > 2 * iw_default && iw <= 480,
             "{hw} {iw} (default {iw_default})"
         );
+        // Values the launch refuses are not trusted here either: whole warps, one left
+        // for the host lanes, none of the sizes underflowing.
+        for (inbox, host) in [
+            (Some(1000), 32),
+            (Some(500), 32),
+            (Some(0), 96),
+            (Some(40), 96),
+        ] {
+            assert_eq!(block_plan(128, 256, 96 * 1024, inbox).0, host, "{inbox:?}");
+        }
         // Slots too big for shared memory: staged in device memory, a small window.
         let (_, hw, iw, _, bytes, shared) = block_plan(128, 1 << 16, 96 * 1024, None);
         assert!(

@@ -77,17 +77,22 @@ const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
 /// when [`STAGE_ENV`] does not say. Not on a discrete GPU: wgpu places buffers mapped
 /// for writing in device-local, host-visible memory where the driver offers it (the
 /// PCIe BAR on NVIDIA), so the engine's writes of each slot's header and payload there
-/// cross the bus line piece by line piece, while one copy of the pass's whole slots
-/// from the (cached) host ring writes full lines. Measured on an H200 host
+/// cross the bus as partial lines, while one copy of the pass's whole slots from the
+/// (cached) host ring writes full lines. Measured on an H200 host
 /// (`wgpu_bench --actors-only --batched-only --msgs 4000000`, two alternating pairs):
 /// the batched echo made 14.5 / 14.2 M msgs/s through the host ring against 12.0 / 11.4
 /// directly (BENCHMARKS.md, 2026-11-28). Elsewhere (lavapipe, integrated and unified
 /// memory) the mapped memory is ordinary host memory and the extra copy costs: on
 /// lavapipe 0.89x.
 fn stage_directly(device_type: &str) -> bool {
-    match std::env::var(STAGE_ENV) {
-        Ok(v) => v.trim() != "0",
-        Err(_) => device_type != "DiscreteGpu",
+    stage_rule(std::env::var(STAGE_ENV).ok().as_deref(), device_type)
+}
+
+/// [`stage_directly`] for the value of [`STAGE_ENV`] (`None`: unset).
+fn stage_rule(env: Option<&str>, device_type: &str) -> bool {
+    match env {
+        Some(v) => v.trim() != "0",
+        None => device_type != format!("{:?}", wgpu::DeviceType::DiscreteGpu),
     }
 }
 
@@ -890,7 +895,18 @@ fn _assert_send_sync() {
 
 #[cfg(test)]
 mod tests {
-    use super::serve_order;
+    use super::{serve_order, stage_rule};
+
+    #[test]
+    fn discrete_gpus_stage_through_the_host_ring_unless_told() {
+        // As `AdapterSummary::device_type` names them.
+        let discrete = format!("{:?}", wgpu::DeviceType::DiscreteGpu);
+        let cpu = format!("{:?}", wgpu::DeviceType::Cpu);
+        assert!(!stage_rule(None, &discrete));
+        assert!(stage_rule(None, &cpu));
+        assert!(stage_rule(Some("1"), &discrete));
+        assert!(!stage_rule(Some(" 0 "), &cpu));
+    }
 
     #[test]
     fn passes_of_higher_priority_kernels_are_finished_first() {
