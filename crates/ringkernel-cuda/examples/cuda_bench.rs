@@ -261,6 +261,17 @@ fn knob(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// A kernel's `inbox_threads` from the environment variable `name` (unset or 0: the
+/// default split).
+fn inbox_knob(name: &str) -> Option<u32> {
+    Some(knob(name, 0)).filter(|&n| n > 0)
+}
+
+/// How the bench's lines name an `inbox_threads` setting.
+fn inbox_label(inbox: Option<u32>) -> String {
+    inbox.map_or("default".to_string(), |n| n.to_string())
+}
+
 /// The K2K trigger: kernel `dest` gets `count` probes from the handling thread.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -293,7 +304,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         knob("BENCH_K2K_SINK_GRID", 1),
     );
     let sink_slot = knob("BENCH_K2K_SINK_SLOT", 128) as usize;
-    let sink_inbox = Some(knob("BENCH_K2K_SINK_INBOX", 0)).filter(|&n| n > 0);
+    let sink_inbox = inbox_knob("BENCH_K2K_SINK_INBOX");
     // Messages a sender thread sends with one reservation (1: `rk_send_to`).
     let batch = knob("BENCH_K2K_BATCH", 1);
     let (src_block, src_grid) = (
@@ -342,7 +353,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     let span = last.saturating_sub(first) as f64 / 1e9;
     rep.line(format!(
         "K2K on the GPU ({senders} sender threads -> one kernel's inbox, {batch} a call; sink {sink_grid}x{sink_block} ({} inbox threads a block), {sink_slot}-byte slots, source {src_grid}x{src_block}): {:.2} M msgs/s ({count} msgs in {secs:.4} s); between the first and the last arrival (device clock) {:.2} M msgs/s; under load one-way mean {:.2} us, max {:.2} us",
-        sink_inbox.map_or("default".to_string(), |n| n.to_string()),
+        inbox_label(sink_inbox),
         count as f64 / secs / 1e6,
         if span > 0.0 { count as f64 / span / 1e6 } else { 0.0 },
         sum as f64 / count.max(1) as f64 / 1e3,
@@ -770,8 +781,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
     let out_queue = knob("BENCH_STREAM_OUT", 4096) as usize;
-    // BENCH_STREAM_INBOX: the kernel's `inbox_threads` (0: the default split).
-    let inbox = Some(knob("BENCH_STREAM_INBOX", 0)).filter(|&n| n > 0);
+    let inbox = inbox_knob("BENCH_STREAM_INBOX");
     let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
     let mut opts = LaunchOptions::default()
         .with_slot_size(128)
@@ -783,7 +793,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let k = rt.launch("bench.stream", opts).await?;
     rep.line(format!(
         "streaming kernel: grid {grid} x block {block} ({} inbox threads a block), 128-byte slots, queues of {queue} in and {out_queue} out, batches of {batch}",
-        inbox.map_or("default".to_string(), |n| n.to_string())
+        inbox_label(inbox)
     ));
     let payload = [0x5Au8; 64];
     let hs = MessageHeader::new(0x77, 64);
@@ -825,7 +835,9 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
             })
             .map_err(|e| ringkernel_core::Error::Device(format!("consumer thread: {e}")))?
     };
-    // This thread produces: its name in a profile (Linux; elsewhere nothing happens).
+    // This thread produces: its name in a profile while it does (Linux; elsewhere
+    // nothing happens), restored after the stream.
+    let own_name = std::fs::read_to_string("/proc/thread-self/comm").ok();
     let _ = std::fs::write("/proc/thread-self/comm", "bench-producer");
     let cpu0 = thread_cpu_ns();
     let t0 = Instant::now();
@@ -852,6 +864,9 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let sender_done = t0.elapsed().as_secs_f64();
     let cpu1 = thread_cpu_ns();
     let on = thread_on_cpu();
+    if let Some(name) = own_name {
+        let _ = std::fs::write("/proc/thread-self/comm", name.trim_end());
+    }
     let (got, empty, calls, c0, c1, c_on) = consumer
         .join()
         .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;

@@ -165,15 +165,10 @@ __device__ __forceinline__ void rk_unlock(rk_u32* l) {
     atomicExch(l, 0u);
 }
 
-/* Adds x to the logical counter of a packed HLC time, carrying into the physical part:
- * with the counter in the low bits, that is the integer sum (a carry out of the counter
- * is one more millisecond and a counter of 0, as rk_hlc_tick's overflow). */
-__device__ __forceinline__ rk_u64 rk_hlc_add(rk_u64 t, rk_u64 x) {
-    return t + x;
-}
-
 /* Reserves 2k consecutive clock values after merging `remote` (0: none): returns the
- * first; message m receives at base + 2m and sends at base + 2m + 1. `*guess` is the
+ * first; message m receives at base + 2m and sends at base + 2m + 1 (packed times add as
+ * integers: with the counter in the low bits, a carry out of it is one more millisecond
+ * and a counter of 0, as rk_hlc_tick's overflow). `*guess` is the
  * caller's last known value of the clock (a register): the first compare-and-swap tries
  * it, a failed one returns the current value (no separate read of S->hlc, which the
  * other group changes with atomics). */
@@ -181,7 +176,7 @@ __device__ rk_u64 rk_hlc_reserve(RkShared* S, rk_u64 remote, rk_u64 pt, rk_u32 k
     rk_u64 old = *guess;
     for (;;) {
         const rk_u64 base = rk_hlc_next(old, remote, pt);
-        const rk_u64 last = rk_hlc_add(base, 2ull * k - 1ull);
+        const rk_u64 last = base + (2ull * k - 1ull);
         const rk_u64 seen = atomicCAS((unsigned long long*)&S->hlc, old, last);
         if (seen == old) {
             *guess = last;
@@ -223,8 +218,8 @@ __device__ __forceinline__ int rk_run_handler(const RkLaunchParams& p, const uns
     if ((ih->flags & RK_FLAG_CHECKSUM) &&
         rk_fnv1a32((const unsigned char*)(ih + 1), ih->payload_len) != ih->checksum)
         return -(int)RK_ERR_CHECKSUM;
-    const rk_u64 recv_ts = rk_hlc_add(hlc_base, 2ull * m);
-    const rk_u64 send_ts = rk_hlc_add(recv_ts, 1);
+    const rk_u64 recv_ts = hlc_base + 2ull * m;  // packed times add as integers (rk_hlc_reserve)
+    const rk_u64 send_ts = recv_ts + 1ull;
     RkContext ctx;
     ctx.kernel_id = (rk_u32)p.kernel_id;
     ctx.max_payload = slot - RK_HEADER_SIZE;
