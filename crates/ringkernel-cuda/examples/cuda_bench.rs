@@ -760,10 +760,10 @@ type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
 
 /// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
 /// from one producer thread, replies taken by one consumer thread; then the
-/// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (4),
+/// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (8),
 /// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
 /// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
-/// slots), BENCH_STREAM_OUT (4,096 output slots), BENCH_STREAM_INBOX (0: the kernel's default
+/// slots), BENCH_STREAM_OUT (65,536 output slots), BENCH_STREAM_INBOX (0: the kernel's default
 /// `inbox_threads`; else that many), BENCH_STREAM_BACKOFF_NS (0: how long
 /// the producer waits after finding the input full before it tries again). Each
 /// thread's CPU time a message and how often it found nothing to do are printed, and
@@ -775,12 +775,15 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 1_000_000 } else { 20_000_000 });
     let (grid, block) = (
-        knob("BENCH_STREAM_GRID", 4),
+        knob("BENCH_STREAM_GRID", 8),
         knob("BENCH_STREAM_BLOCK", 512),
     );
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
-    let out_queue = knob("BENCH_STREAM_OUT", 4096) as usize;
+    // 8 blocks and an output as deep as the input: with 4 blocks and 4,096 output
+    // slots (the shape before 2026-11-28) the stream was slower in every same-call
+    // comparison on the H200 (BENCHMARKS.md).
+    let out_queue = knob("BENCH_STREAM_OUT", 1 << 16) as usize;
     let inbox = inbox_knob("BENCH_STREAM_INBOX");
     let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
     let mut opts = LaunchOptions::default()
