@@ -781,8 +781,8 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let batch = knob("BENCH_STREAM_BATCH", 4096).max(1) as u64;
     let queue = knob("BENCH_STREAM_QUEUE", 1 << 16) as usize;
     // 8 blocks and an output as deep as the input: with 4 blocks and 4,096 output
-    // slots (the shape before 2026-11-28) the stream was slower in every same-call
-    // comparison on the H200 (BENCHMARKS.md).
+    // slots (the shape before 2026-11-28) the stream was slower in 4 of 5 same-call
+    // pairs on an H200, its median 0.82x (BENCHMARKS.md).
     let out_queue = knob("BENCH_STREAM_OUT", 1 << 16) as usize;
     let inbox = inbox_knob("BENCH_STREAM_INBOX");
     let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
