@@ -97,6 +97,8 @@ pub struct AdapterSummary {
     pub driver: String,
     /// Whether it is a software (CPU) adapter.
     pub software: bool,
+    /// Whether it is a discrete GPU (its own memory, across a bus from the host).
+    pub discrete: bool,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -122,6 +124,7 @@ fn summary(info: &wgpu::AdapterInfo) -> AdapterSummary {
         device_type: format!("{:?}", info.device_type),
         driver,
         software: info.device_type == wgpu::DeviceType::Cpu,
+        discrete: info.device_type == wgpu::DeviceType::DiscreteGpu,
     }
 }
 

@@ -73,8 +73,8 @@ const PASSES_IN_FLIGHT: usize = 3;
 const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
 
 /// Whether the drain engine writes a pass's slots straight into the mapped upload
-/// buffer on an adapter of `device_type` ([`AdapterSummary::device_type`](crate::AdapterSummary)),
-/// when [`STAGE_ENV`] does not say. Not on a discrete GPU: wgpu places buffers mapped
+/// buffer, when [`STAGE_ENV`] does not say: not on a `discrete` adapter
+/// ([`AdapterSummary::discrete`](crate::AdapterSummary)). There wgpu places buffers mapped
 /// for writing in device-local, host-visible memory where the driver offers it (the
 /// PCIe BAR on NVIDIA), so the engine's writes of each slot's header and payload there
 /// cross the bus as partial lines, while one copy of the pass's whole slots from the
@@ -84,15 +84,15 @@ const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
 /// directly (BENCHMARKS.md, 2026-11-28). Elsewhere (lavapipe, integrated and unified
 /// memory) the mapped memory is ordinary host memory and the extra copy costs: on
 /// lavapipe 0.89x.
-fn stage_directly(device_type: &str) -> bool {
-    stage_rule(std::env::var(STAGE_ENV).ok().as_deref(), device_type)
+fn stage_directly(discrete: bool) -> bool {
+    stage_rule(std::env::var(STAGE_ENV).ok().as_deref(), discrete)
 }
 
 /// [`stage_directly`] for the value of [`STAGE_ENV`] (`None`: unset).
-fn stage_rule(env: Option<&str>, device_type: &str) -> bool {
+fn stage_rule(env: Option<&str>, discrete: bool) -> bool {
     match env {
         Some(v) => v.trim() != "0",
-        None => device_type != format!("{:?}", wgpu::DeviceType::DiscreteGpu),
+        None => !discrete,
     }
 }
 
@@ -877,7 +877,7 @@ impl WgpuRuntime {
             upload_len,
             readback_len,
             staged: Mutex::new(None),
-            stage: stage_directly(&self.ctx.info.device_type),
+            stage: stage_directly(self.ctx.info.discrete),
             control_sent: Mutex::new(None),
             bind,
         })
@@ -899,13 +899,10 @@ mod tests {
 
     #[test]
     fn discrete_gpus_stage_through_the_host_ring_unless_told() {
-        // As `AdapterSummary::device_type` names them.
-        let discrete = format!("{:?}", wgpu::DeviceType::DiscreteGpu);
-        let cpu = format!("{:?}", wgpu::DeviceType::Cpu);
-        assert!(!stage_rule(None, &discrete));
-        assert!(stage_rule(None, &cpu));
-        assert!(stage_rule(Some("1"), &discrete));
-        assert!(!stage_rule(Some(" 0 "), &cpu));
+        assert!(!stage_rule(None, true));
+        assert!(stage_rule(None, false));
+        assert!(stage_rule(Some("1"), true));
+        assert!(!stage_rule(Some(" 0 "), false));
     }
 
     #[test]
