@@ -756,7 +756,7 @@ fn cpu_per_msg(a: Option<u64>, b: Option<u64>, msgs: u64) -> String {
 
 /// What the streaming consumer thread reports: messages, empty polls, calls that took
 /// some, its CPU time (ns) before and after, the CPU it ran on.
-type ConsumerRun = (u64, u64, u64, Option<u64>, Option<u64>, Option<u32>);
+type ConsumerRun = (u64, u64, u64, Duration, Option<u64>, Option<u64>, Option<u32>);
 
 /// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
 /// from one producer thread, replies taken by one consumer thread; then the
@@ -812,13 +812,21 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
                 let mut bad = 0u64;
                 let mut empty = 0u64;
                 let mut calls = 0u64;
+                // Time inside the calls that took replies: the thread's work without
+                // its spinning (both threads spin while they wait, so their CPU time is
+                // the run's wall time).
+                let mut busy = Duration::ZERO;
                 let start = Instant::now();
                 while got < total {
+                    let t = Instant::now();
                     let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
                         if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
                             bad += 1;
                         }
                     })?;
+                    if n > 0 {
+                        busy += t.elapsed();
+                    }
                     got += n as u64;
                     calls += u64::from(n > 0);
                     if n == 0 {
@@ -834,7 +842,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
                         "{bad} corrupt stream replies"
                     )));
                 }
-                Ok((got, empty, calls, cpu0, thread_cpu_ns(), thread_on_cpu()))
+                Ok((got, empty, calls, busy, cpu0, thread_cpu_ns(), thread_on_cpu()))
             })
             .map_err(|e| ringkernel_core::Error::Device(format!("consumer thread: {e}")))?
     };
@@ -846,9 +854,14 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let t0 = Instant::now();
     let mut sent = 0u64;
     let mut full = 0u64;
+    let mut busy = Duration::ZERO; // inside the calls that wrote messages
     while sent < total {
         let want = (total - sent).min(batch) as usize;
+        let t = Instant::now();
         let n = streamer.try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
+        if n > 0 {
+            busy += t.elapsed();
+        }
         sent += n as u64;
         if n == 0 {
             full += 1;
@@ -870,7 +883,7 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     if let Some(name) = own_name {
         let _ = std::fs::write("/proc/thread-self/comm", name.trim_end());
     }
-    let (got, empty, calls, c0, c1, c_on) = consumer
+    let (got, empty, calls, c_busy, c0, c1, c_on) = consumer
         .join()
         .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
     let secs = t0.elapsed().as_secs_f64();
@@ -894,6 +907,11 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         sender_done,
         cpu_per_msg(c0, c1, got),
         got as f64 / calls.max(1) as f64,
+    ));
+    rep.line(format!(
+        "  host threads' work without their spinning (inside the calls that moved messages): producer {:.1} ns a message, consumer {:.1} ns a message",
+        busy.as_secs_f64() * 1e9 / sent.max(1) as f64,
+        c_busy.as_secs_f64() * 1e9 / got.max(1) as f64,
     ));
     let prof = rt.round_profile(&k)?;
     let took: Vec<&ringkernel_cuda::RoundProfile> = prof.iter().filter(|r| r.taken > 0).collect();
