@@ -168,6 +168,60 @@ impl MessageHeader {
         }
     }
 
+    /// Writes [`nth_of_run`](Self::nth_of_run)`(i, payload_len)` to `dst` without
+    /// building it first: this header's bytes, then the four fields that differ. (A
+    /// header built in a local and copied out at once is read back in 16-byte pieces
+    /// right after it was written field by field, and the CPU cannot forward those
+    /// reads from the narrower stores: each waits for them to reach the cache, once per
+    /// message.)
+    ///
+    /// ```
+    /// use ringkernel_core::message::{MessageHeader, HEADER_SIZE};
+    /// let mut first = MessageHeader::new(7, 8);
+    /// (first.message_id, first.correlation_id, first.timestamp) = (100, 100, 5000);
+    /// let mut out = [0u8; HEADER_SIZE];
+    /// // SAFETY: `out` holds HEADER_SIZE writable bytes.
+    /// unsafe { first.write_nth_of_run(out.as_mut_ptr(), 3, 16) };
+    /// assert_eq!(out, bytemuck::bytes_of(&first.nth_of_run(3, 16)));
+    /// assert_eq!(first.nth_hlc(3), first.nth_of_run(3, 16).hlc());
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of [`HEADER_SIZE`] bytes (any alignment) and does not
+    /// overlap `self`.
+    #[inline(always)]
+    pub unsafe fn write_nth_of_run(&self, dst: *mut u8, i: u64, payload_len: usize) {
+        use std::mem::offset_of;
+        // SAFETY: the caller's promise: HEADER_SIZE writable bytes at `dst`, apart from
+        // `self` (HEADER_SIZE readable bytes); every field offset plus its size lies
+        // within the header (the layout asserts above); unaligned writes make no
+        // alignment claim.
+        unsafe {
+            std::ptr::copy_nonoverlapping((self as *const Self).cast::<u8>(), dst, HEADER_SIZE);
+            let at = |off: usize| dst.add(off);
+            std::ptr::write_unaligned(at(offset_of!(Self, payload_len)).cast(), payload_len as u32);
+            std::ptr::write_unaligned(
+                at(offset_of!(Self, message_id)).cast(),
+                self.message_id.wrapping_add(i),
+            );
+            std::ptr::write_unaligned(
+                at(offset_of!(Self, correlation_id)).cast(),
+                self.correlation_id.wrapping_add(i),
+            );
+            std::ptr::write_unaligned(
+                at(offset_of!(Self, timestamp)).cast(),
+                self.timestamp.wrapping_add(i),
+            );
+        }
+    }
+
+    /// The HLC timestamp of [`nth_of_run`](Self::nth_of_run)`(i, _)`.
+    #[inline]
+    pub fn nth_hlc(&self, i: u64) -> crate::hlc::HlcTimestamp {
+        crate::hlc::HlcTimestamp::from_parts(self.timestamp.wrapping_add(i), self.node_id)
+    }
+
     /// Whether magic and version are the ones this build writes.
     pub fn is_valid(&self) -> bool {
         self.magic == MESSAGE_MAGIC && self.version == MESSAGE_VERSION

@@ -981,7 +981,6 @@ impl<T: DrainTarget> DrainEngine<T> {
         // `first.nth_of_run(i, payload.len())`) into the next slot; with `check`,
         // refuses it when its timestamp is too far ahead and keeps the latest.
         let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool| {
-            let header = first.nth_of_run(i, payload.len());
             // The slot PREFETCH_SLOTS ahead (of this pass), so its lines are in the cache
             // when it is written (see `prefetch`).
             if j + PREFETCH_SLOTS < count as usize {
@@ -1006,11 +1005,13 @@ impl<T: DrainTarget> DrainEngine<T> {
                 // pass.
                 None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
             };
-            // SAFETY: `slot` addresses `slot_size` writable bytes (above) and the
-            // header and payload fit them (the payload was checked in
-            // `try_enqueue*`). Unaligned writes make no alignment claim.
+            // SAFETY: `slot` addresses `slot_size` writable bytes (above), apart from
+            // `first` and `payload` (host-side records and the caller's buffers), and
+            // the header and payload fit them (the payload was checked in
+            // `try_enqueue*`). The header is written in place, not built and copied
+            // (see `write_nth_of_run`).
             unsafe {
-                std::ptr::write_unaligned(slot.cast::<MessageHeader>(), header);
+                first.write_nth_of_run(slot, i, payload.len());
                 std::ptr::copy_nonoverlapping(
                     payload.as_ptr(),
                     slot.add(HEADER_SIZE),
@@ -1018,8 +1019,9 @@ impl<T: DrainTarget> DrainEngine<T> {
                 );
             }
             if check {
-                let ts = header.hlc();
+                let ts = first.nth_hlc(i);
                 if ts.physical_ms() > too_far {
+                    let header = first.nth_of_run(i, payload.len());
                     // SAFETY: as above: the slot's header was just written there.
                     unsafe { self.refuse(&header, slot, pt) };
                 } else if latest.get().is_none_or(|l| ts > l) {
