@@ -19,6 +19,14 @@
 //! its `tail` there after each batch, for readers on its own side (metrics, and
 //! [`StampedConsumer`], which reads messages back once the device consumer is gone).
 //!
+//! Several threads can share one half: a producer [`reserve`](StampedProducer::reserve)s
+//! slots under its owner's lock and each thread encodes its own through a
+//! [`StampedSlotWriter`] outside it, then [`finish`](StampedProducer::finish)es them; a
+//! consumer [`claim`](StampedConsumer::claim)s announced slots and reads them through a
+//! [`StampedSlotReader`], then [`release`](StampedConsumer::release)s them. Ranges are
+//! published (the tail) and freed (the head) in index order, whatever order they finish
+//! in.
+//!
 //! Stamps never repeat within 2^32 messages of one slot position, and a position's old
 //! stamp differs from the next expected one (the capacity is below 2^32), so zeroed or
 //! stale memory is never mistaken for a message.
@@ -40,6 +48,7 @@ use crate::error::{Error, Result};
 use crate::message::{check_payload_fits, Envelope, MessageHeader, HEADER_SIZE};
 use crate::util::prefetch;
 use std::any::Any;
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -177,6 +186,87 @@ unsafe fn load_whole_unit(src: *const u8, dst: *mut u8, stamp: u32) -> bool {
     unreachable!("whole-unit loads are x86_64 only");
 }
 
+/// Index ranges handed out in order and finished in any order: what a half may
+/// publish is the end of the finished prefix.
+#[derive(Debug, Default)]
+struct InOrder {
+    /// The end of every range handed out and not yet published, in order, and whether
+    /// it is finished.
+    open: VecDeque<(u64, bool)>,
+}
+
+impl InOrder {
+    /// The range ending at `end` finished: the new end of the finished prefix, if it
+    /// moved. A range nobody handed out (the half's own, taken and finished at once)
+    /// is handed out first.
+    fn finish(&mut self, end: u64) -> Option<u64> {
+        match self.open.iter_mut().find(|e| e.0 == end) {
+            Some(e) => e.1 = true,
+            None => self.open.push_back((end, true)),
+        }
+        let mut moved = None;
+        while let Some(&(e, true)) = self.open.front() {
+            self.open.pop_front();
+            moved = Some(e);
+        }
+        moved
+    }
+}
+
+/// Encodes one message into the stamped slot at `slot` (the ring's `slot_size`), each
+/// used unit carrying `stamp`: with `whole` ([`whole_units`]) data and stamp in one
+/// 16-byte store, else the data, then the stamp with a release store. `staging` holds
+/// `units_per_slot(slot_size) * UNIT_DATA + 4` bytes. `MessageTooLarge` (nothing
+/// written) for a payload that does not fit.
+///
+/// # Safety
+///
+/// `slot` is a 16-aligned stamped slot of `slot_size` logical bytes, writable, and no
+/// one else writes it or reads it as complete meanwhile (its index is the caller's
+/// until it publishes it).
+unsafe fn encode_slot(
+    slot: *mut u8,
+    staging: &mut [u8],
+    slot_size: usize,
+    stamp: u32,
+    header: &MessageHeader,
+    payload: &[u8],
+    whole: bool,
+) -> Result<()> {
+    fill_slot(&mut staging[..slot_size], header, payload)?;
+    let used = units_used(payload.len());
+    if whole {
+        for u in 0..used {
+            // SAFETY: unit `u` of the slot is 16 bytes, 16-aligned and the caller's (the
+            // contract above); `staging` holds every unit's data and 4 bytes more, so
+            // the 16 bytes from unit `u`'s data are in bounds; `whole` is only true
+            // where `whole_units` said so.
+            unsafe {
+                store_whole_unit(
+                    slot.add(u * UNIT_BYTES),
+                    staging.as_ptr().add(u * UNIT_DATA),
+                    stamp,
+                )
+            };
+        }
+    } else {
+        for u in 0..used {
+            // SAFETY: the unit lies inside the caller's slot, and `staging` holds
+            // `units_per_slot * UNIT_DATA` bytes, so both ranges are in bounds.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    staging.as_ptr().add(u * UNIT_DATA),
+                    slot.add(u * UNIT_BYTES),
+                    UNIT_DATA,
+                );
+            }
+            // Release: a reader that sees the stamp sees the data above.
+            Ring::stamp(slot, u).store(stamp, Ordering::Release);
+        }
+    }
+    Ok(())
+}
+
 /// The view of one stamped ring shared by both halves.
 struct Ring {
     header: NonNull<QueueHeader>,
@@ -288,7 +378,12 @@ impl Ring {
 /// Producing half of a stamped ring (the host side of a device-consumed queue).
 pub struct StampedProducer {
     ring: Ring,
+    /// The next index to write or reserve.
     tail: u64,
+    /// The tail last published (stored in the header).
+    published: u64,
+    /// Reserved ranges not yet published.
+    open: InOrder,
     cached_head: u64,
     /// The logical slot being encoded (`units_per_slot * UNIT_DATA` bytes, and 4 more).
     staging: Vec<u8>,
@@ -315,6 +410,8 @@ impl StampedProducer {
         StampedProducer {
             ring,
             tail,
+            published: tail,
+            open: InOrder::default(),
             cached_head,
             staging,
             whole: whole_units(),
@@ -355,49 +452,40 @@ impl StampedProducer {
         self.tail.wrapping_sub(self.cached_head) < cap
     }
 
-    /// Encodes one message into slot `tail` and advances the local tail. Each used unit
-    /// gets its data, then its stamp: with `whole` ([`whole_units`]) both in one
-    /// 16-byte store, else the data, then the stamp with a release store.
+    /// Encodes one message into slot `tail` and advances the local tail
+    /// ([`encode_slot`]).
     #[inline]
     fn write_next(&mut self, header: &MessageHeader, payload: &[u8], whole: bool) -> Result<()> {
-        let slot_size = self.ring.slot_size;
-        fill_slot(&mut self.staging[..slot_size], header, payload)?;
-        let used = units_used(payload.len());
-        let stamp = stamp_of(self.tail);
         let slot = self.ring.slot_ptr(self.tail);
-        if whole {
-            for u in 0..used {
-                // SAFETY: slot `tail` is free (the caller checked `has_room` against an
-                // acquire-loaded head) and its unit `u` is 16 bytes, 16-aligned
-                // (`Ring::new` checks the region, units are 16 bytes); `staging` holds
-                // `units_per_slot * UNIT_DATA + 4` bytes, so the 16 bytes from unit `u`'s
-                // data are in bounds; `whole` is only true where `whole_units` said so.
-                unsafe {
-                    store_whole_unit(
-                        slot.add(u * UNIT_BYTES),
-                        self.staging.as_ptr().add(u * UNIT_DATA),
-                        stamp,
-                    )
-                };
-            }
-        } else {
-            for u in 0..used {
-                // SAFETY: slot `tail` is free (the caller checked `has_room` against an
-                // acquire-loaded head), the unit lies inside it, and `staging` holds
-                // `units_per_slot * UNIT_DATA` bytes, so both ranges are in bounds.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.staging.as_ptr().add(u * UNIT_DATA),
-                        slot.add(u * UNIT_BYTES),
-                        UNIT_DATA,
-                    );
-                }
-                // Release: a reader that sees the stamp sees the data above.
-                Ring::stamp(slot, u).store(stamp, Ordering::Release);
-            }
-        }
+        // SAFETY: slot `tail` is free (the caller checked `has_room` against an
+        // acquire-loaded head), lies inside the region and is 16-aligned (`Ring::new`
+        // checks the region; stamped slots are whole units), and only this producer
+        // writes slots at its tail.
+        unsafe {
+            encode_slot(
+                slot,
+                &mut self.staging,
+                self.ring.slot_size,
+                stamp_of(self.tail),
+                header,
+                payload,
+                whole,
+            )?
+        };
         self.tail = self.tail.wrapping_add(1);
         Ok(())
+    }
+
+    /// Publishes slots `..end`, which this producer wrote itself, once every reserved
+    /// range before them is finished ([`InOrder`]).
+    fn publish_own(&mut self, end: u64) {
+        if self.open.open.is_empty() {
+            self.published = end;
+            self.ring.index(false).store(end, Ordering::Release);
+        } else if let Some(e) = self.open.finish(end) {
+            self.published = e;
+            self.ring.index(false).store(e, Ordering::Release);
+        }
     }
 
     /// Writes one message. `MessageTooLarge` if it does not fit a slot, `QueueFull` if
@@ -410,7 +498,7 @@ impl StampedProducer {
             });
         }
         self.write_next(header, payload, self.whole)?;
-        self.ring.index(false).store(self.tail, Ordering::Release);
+        self.publish_own(self.tail);
         Ok(())
     }
 
@@ -441,14 +529,67 @@ impl StampedProducer {
         }
         let written = self.tail.wrapping_sub(start) as usize;
         if written > 0 {
-            self.ring.index(false).store(self.tail, Ordering::Release);
+            self.publish_own(self.tail);
         }
         result.map(|()| written)
+    }
+
+    /// Reserves up to `n` free slots for writers outside this producer (other threads,
+    /// through [`slot_writer`](Self::slot_writer)): returns the first index and how
+    /// many (0 when the ring is full). Every reserved slot must be written and then
+    /// [`finish`](Self::finish)ed: the consumer waits at a slot that never is, and the
+    /// slots after it are not published before it.
+    pub fn reserve(&mut self, n: usize) -> (u64, usize) {
+        let cap = self.ring.capacity as u64;
+        let mut room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
+        if room < n as u64 {
+            self.cached_head = self.ring.index(true).load(Ordering::Acquire);
+            room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
+        }
+        let got = room.min(n as u64);
+        let first = self.tail;
+        if got > 0 {
+            self.tail = first.wrapping_add(got);
+            self.open.open.push_back((self.tail, false));
+        }
+        (first, got as usize)
+    }
+
+    /// The `count` slots from `first` (one [`reserve`](Self::reserve)d range) are
+    /// written: publishes the tail up to the end of every range finished in order.
+    /// Returns the published tail.
+    pub fn finish(&mut self, first: u64, count: usize) -> u64 {
+        if count > 0 {
+            if let Some(e) = self.open.finish(first.wrapping_add(count as u64)) {
+                self.published = e;
+                self.ring.index(false).store(e, Ordering::Release);
+            }
+        }
+        self.published
+    }
+
+    /// A writer for slots this producer [`reserve`](Self::reserve)d, for use on
+    /// another thread.
+    pub fn slot_writer(&self) -> StampedSlotWriter {
+        StampedSlotWriter {
+            units: self.ring.units,
+            mask: self.ring.mask,
+            slot_size: self.ring.slot_size,
+            whole: self.whole,
+            staging: vec![0u8; units_per_slot(self.ring.slot_size) * UNIT_DATA + 4],
+            _keep: self.ring._keep.clone(),
+        }
     }
 
     /// The index the next message gets.
     pub fn position(&self) -> u64 {
         self.tail
+    }
+
+    /// The tail published to the consumer: every slot before it is written (at most
+    /// [`position`](Self::position), less while reserved ranges are being written).
+    pub fn published(&self) -> u64 {
+        self.published
     }
 
     /// Messages written and not yet freed by the consumer.
@@ -472,7 +613,10 @@ impl StampedProducer {
 /// (tests, and the messages a device consumer left behind when it exited).
 pub struct StampedConsumer {
     ring: Ring,
+    /// The next index to take or claim.
     head: u64,
+    /// Claimed ranges not yet freed.
+    open: InOrder,
     staging: Vec<u8>,
     /// Units are read with one 16-byte load ([`whole_units`]).
     whole: bool,
@@ -495,6 +639,7 @@ impl StampedConsumer {
         StampedConsumer {
             ring,
             head,
+            open: InOrder::default(),
             staging,
             whole: whole_units(),
         }
@@ -520,6 +665,7 @@ impl StampedConsumer {
     /// Decodes units `from..to` of the slot at `slot` into `staging` if all their
     /// stamps are `stamp`; false as soon as one is not. With `whole` ([`whole_units`]),
     /// one 16-byte load a unit.
+    #[inline(always)]
     fn decode(
         staging: &mut [u8],
         slot: *mut u8,
@@ -570,25 +716,75 @@ impl StampedConsumer {
     /// carries the stamp of `index`: `Some(payload_len)` then, `None` while it is not
     /// complete (nothing consumed).
     fn decode_slot(&mut self, index: u64) -> Option<usize> {
-        let stamp = stamp_of(index);
-        let slot = self.ring.slot_ptr(index);
-        let header_units = units_used(0);
-        if !Self::decode(&mut self.staging, slot, 0, header_units, stamp, self.whole) {
-            return None;
-        }
-        let h: MessageHeader = bytemuck::pod_read_unaligned(&self.staging[..HEADER_SIZE]);
-        let used = units_used(h.payload_len as usize).min(units_per_slot(self.ring.slot_size));
-        if !Self::decode(
+        decode_slot_at(
             &mut self.staging,
-            slot,
-            header_units,
-            used,
-            stamp,
+            self.ring.slot_ptr(index),
+            self.ring.slot_size,
+            stamp_of(index),
             self.whole,
-        ) {
-            return None;
+        )
+    }
+
+    /// Frees slots `..end`, which this consumer took itself, once every claimed range
+    /// before them is released ([`InOrder`]).
+    fn free_own(&mut self, end: u64) {
+        if self.open.open.is_empty() {
+            self.ring.index(true).store(end, Ordering::Release);
+        } else if let Some(e) = self.open.finish(end) {
+            self.ring.index(true).store(e, Ordering::Release);
         }
-        Some(h.payload_len as usize)
+    }
+
+    /// The producer's tail as it last published it (a device producer stores it
+    /// without ordering it after the slots: every slot before it was handed out, not
+    /// necessarily written yet).
+    pub fn announced(&self) -> u64 {
+        self.ring.index(false).load(Ordering::Acquire)
+    }
+
+    /// Claims up to `max` slots from [`position`](Self::position) on, but none at or
+    /// past `upto` (e.g. [`announced`](Self::announced)), for readers outside this
+    /// consumer (other threads, through [`slot_reader`](Self::slot_reader)): returns
+    /// the first index and how many (0 when `upto` is not ahead). Every claimed slot
+    /// must be [`release`](Self::release)d: the head does not pass it before.
+    pub fn claim(&mut self, max: usize, upto: u64) -> (u64, usize) {
+        let ahead = upto.wrapping_sub(self.head);
+        // (`upto` behind the head reads as a huge distance: nothing to claim.)
+        let n = if ahead > self.ring.capacity as u64 {
+            0
+        } else {
+            ahead.min(max as u64)
+        };
+        let first = self.head;
+        if n > 0 {
+            self.head = first.wrapping_add(n);
+            self.open.open.push_back((self.head, false));
+        }
+        (first, n as usize)
+    }
+
+    /// The `count` slots from `first` (one [`claim`](Self::claim)ed range) are read:
+    /// frees them, and what was released in order before them, with one store of the
+    /// head.
+    pub fn release(&mut self, first: u64, count: usize) {
+        if count > 0 {
+            if let Some(e) = self.open.finish(first.wrapping_add(count as u64)) {
+                self.ring.index(true).store(e, Ordering::Release);
+            }
+        }
+    }
+
+    /// A reader for slots this consumer [`claim`](Self::claim)ed, for use on another
+    /// thread.
+    pub fn slot_reader(&self) -> StampedSlotReader {
+        StampedSlotReader {
+            units: self.ring.units,
+            mask: self.ring.mask,
+            slot_size: self.ring.slot_size,
+            whole: self.whole,
+            staging: vec![0u8; units_per_slot(self.ring.slot_size) * UNIT_DATA + 4],
+            _keep: self.ring._keep.clone(),
+        }
     }
 
     /// Takes the next message if its stamps say it is complete. A complete slot whose
@@ -604,7 +800,7 @@ impl StampedConsumer {
             payload: bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize].to_vec(),
         });
         self.head = index.wrapping_add(1);
-        self.ring.index(true).store(self.head, Ordering::Release);
+        self.free_own(self.head);
         res.map(Some)
     }
 
@@ -658,7 +854,7 @@ impl StampedConsumer {
         }
         let taken = self.head.wrapping_sub(start);
         if taken > 0 {
-            self.ring.index(true).store(self.head, Ordering::Release);
+            self.free_own(self.head);
         }
         result.map(|()| taken as usize)
     }
@@ -692,6 +888,158 @@ impl StampedConsumer {
             mask: self.ring.mask,
             _keep: self.ring._keep.clone(),
         }
+    }
+}
+
+/// Decodes the stamped slot at `slot` into `staging` if every unit its header says is
+/// used carries `stamp`: `Some(payload_len)` then, else `None`.
+#[inline(always)]
+fn decode_slot_at(
+    staging: &mut [u8],
+    slot: *mut u8,
+    slot_size: usize,
+    stamp: u32,
+    whole: bool,
+) -> Option<usize> {
+    let header_units = units_used(0);
+    if !StampedConsumer::decode(staging, slot, 0, header_units, stamp, whole) {
+        return None;
+    }
+    let h: MessageHeader = bytemuck::pod_read_unaligned(&staging[..HEADER_SIZE]);
+    let used = units_used(h.payload_len as usize).min(units_per_slot(slot_size));
+    if !StampedConsumer::decode(staging, slot, header_units, used, stamp, whole) {
+        return None;
+    }
+    Some(h.payload_len as usize)
+}
+
+/// Writes slots a [`StampedProducer`] reserved, on any thread (see
+/// [`StampedProducer::reserve`]). Holds its own staging buffer.
+pub struct StampedSlotWriter {
+    units: NonNull<u8>,
+    mask: u64,
+    slot_size: usize,
+    whole: bool,
+    staging: Vec<u8>,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: the writer touches only the slots its caller reserved (the contract of
+// `write`) and keeps the memory alive as the producer does (`_keep`, or the producer's
+// own guarantee, which `write`'s caller extends).
+unsafe impl Send for StampedSlotWriter {}
+
+impl std::fmt::Debug for StampedSlotWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedSlotWriter")
+            .field("slot_size", &self.slot_size)
+            .finish()
+    }
+}
+
+impl StampedSlotWriter {
+    /// Encodes one message into the slot of `index`, as the producer's own pushes do.
+    /// `MessageTooLarge` (nothing written) for a payload that does not fit a slot:
+    /// check payloads before reserving, since a reserved slot left unwritten stops the
+    /// consumer there.
+    ///
+    /// # Safety
+    ///
+    /// `index` lies in a range the producer this writer came from
+    /// [`reserve`](StampedProducer::reserve)d for the caller and has not yet
+    /// [`finish`](StampedProducer::finish)ed, no other writer writes it, and the
+    /// ring's memory is still valid (the producer's own contract).
+    pub unsafe fn write(
+        &mut self,
+        index: u64,
+        header: &MessageHeader,
+        payload: &[u8],
+    ) -> Result<()> {
+        let i = (index & self.mask) as usize;
+        // SAFETY: slot `i` lies inside the region (i <= mask < capacity) and is
+        // 16-aligned (the region is, and stamped slots are whole units); it is the
+        // caller's alone until it finishes the range (the contract above).
+        unsafe {
+            encode_slot(
+                self.units
+                    .as_ptr()
+                    .add(i * stamped_slot_bytes(self.slot_size)),
+                &mut self.staging,
+                self.slot_size,
+                stamp_of(index),
+                header,
+                payload,
+                self.whole,
+            )
+        }
+    }
+}
+
+/// Reads slots a [`StampedConsumer`] claimed, on any thread (see
+/// [`StampedConsumer::claim`]). Holds its own staging buffer.
+pub struct StampedSlotReader {
+    units: NonNull<u8>,
+    mask: u64,
+    slot_size: usize,
+    whole: bool,
+    staging: Vec<u8>,
+    _keep: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: the reader touches only the slots its caller claimed (the contract of
+// `try_read_with`) and keeps the memory alive as the consumer does.
+unsafe impl Send for StampedSlotReader {}
+
+impl std::fmt::Debug for StampedSlotReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StampedSlotReader")
+            .field("slot_size", &self.slot_size)
+            .finish()
+    }
+}
+
+impl StampedSlotReader {
+    /// Calls `f` on the message in the slot of `index` (header and payload as decoded,
+    /// valid during the call) if its stamps say it is complete: `Ok(Some(_))` then,
+    /// `Ok(None)` while it is not (call again). A complete slot with a corrupt header is
+    /// an error, as in [`StampedConsumer::try_pop`].
+    ///
+    /// # Safety
+    ///
+    /// `index` lies in a range the consumer this reader came from
+    /// [`claim`](StampedConsumer::claim)ed for the caller and has not yet
+    /// [`release`](StampedConsumer::release)d, and the ring's memory is still valid
+    /// (the consumer's own contract).
+    pub unsafe fn try_read_with<R>(
+        &mut self,
+        index: u64,
+        f: impl FnOnce(&MessageHeader, &[u8]) -> R,
+    ) -> Result<Option<R>> {
+        let bytes = stamped_slot_bytes(self.slot_size);
+        let at = |index: u64| {
+            // SAFETY: slot `index & mask` lies inside the region (mask < capacity).
+            unsafe {
+                self.units
+                    .as_ptr()
+                    .add((index & self.mask) as usize * bytes)
+            }
+        };
+        // As the consumer's own batch loop does (`Ring::prefetch_ahead`): a hint only,
+        // harmless for a slot nobody claimed.
+        prefetch(at(index.wrapping_add(PREFETCH_AHEAD)), bytes);
+        // The producer does not reuse this slot before the head passes it, which needs
+        // the caller's release (the contract above).
+        let slot = at(index);
+        let stamp = stamp_of(index);
+        if decode_slot_at(&mut self.staging, slot, self.slot_size, stamp, self.whole).is_none() {
+            return Ok(None);
+        }
+        let bytes = &self.staging[..self.slot_size];
+        let h = check_slot(bytes, index)?;
+        Ok(Some(f(
+            &h,
+            &bytes[HEADER_SIZE..HEADER_SIZE + h.payload_len as usize],
+        )))
     }
 }
 
@@ -896,6 +1244,137 @@ mod tests {
             .map(|e| e.payload[0])
             .collect();
         assert_eq!(rest, b"bcdf");
+    }
+
+    #[test]
+    fn reserved_ranges_publish_in_order_and_claimed_ranges_free_in_order() {
+        let (mut tx, mut rx) = stamped_channel(8, 128).unwrap();
+        let h = MessageHeader::new(1, 0);
+        let (a, na) = tx.reserve(2);
+        let (b, nb) = tx.reserve(3);
+        assert_eq!((a, na, b, nb), (0, 2, 2, 3));
+        // Only 3 free slots are left of 8.
+        assert_eq!(tx.reserve(4), (5, 3));
+        tx.finish(5, 3);
+        let (mut wa, mut wb) = (tx.slot_writer(), tx.slot_writer());
+        // SAFETY: each index lies in a range reserved above and not yet finished; the
+        // ring outlives the writers.
+        unsafe {
+            for i in 0..3 {
+                wb.write(b + i, &h, &[b'b', i as u8]).unwrap();
+            }
+        }
+        // B is written and finished, but A before it is not: nothing is published, and
+        // the consumer sees nothing at its head.
+        assert_eq!(tx.finish(b, nb), 0);
+        assert_eq!(rx.announced(), 0);
+        assert!(rx.try_pop().unwrap().is_none());
+        unsafe {
+            for i in 0..2 {
+                wa.write(a + i, &h, &[b'a', i as u8]).unwrap();
+            }
+        }
+        // A's end publishes B's and the last range's (finished before it was written:
+        // its slots are not stamped, so the consumer stops there).
+        assert_eq!(tx.finish(a, na), 8);
+        assert_eq!(rx.announced(), 8);
+        let (c1, n1) = rx.claim(2, rx.announced());
+        let (c2, n2) = rx.claim(2, rx.announced());
+        assert_eq!((c1, n1, c2, n2), (0, 2, 2, 2));
+        let mut r = rx.slot_reader();
+        let mut read = |i: u64| {
+            // SAFETY: `i` lies in a range claimed above and not yet released.
+            unsafe { r.try_read_with(i, |_, p| p.to_vec()) }.unwrap()
+        };
+        assert_eq!(read(2), Some(b"b\0".to_vec()));
+        assert_eq!(read(0), Some(b"a\0".to_vec()));
+        // The second claim is released first: the head stays until the first is.
+        rx.release(c2, n2);
+        assert_eq!(tx.depth(), 8);
+        rx.release(c1, n1);
+        assert_eq!(tx.depth(), 4);
+        // A pop goes on from the claims' end, and frees in order too.
+        assert_eq!(rx.try_pop().unwrap().unwrap().payload, b"b\x02");
+        assert_eq!(tx.depth(), 3);
+        assert!(
+            rx.try_pop().unwrap().is_none(),
+            "slot 5 was reserved, never written"
+        );
+    }
+
+    #[test]
+    fn several_threads_write_and_read_one_ring_without_loss() {
+        use std::sync::Mutex;
+        const PER: u64 = 20_000;
+        const THREADS: u64 = 3;
+        let (tx, rx) = stamped_channel(64, 128).unwrap();
+        let (tx, rx) = (Arc::new(Mutex::new(tx)), Arc::new(Mutex::new(rx)));
+        let seen = Arc::new(Mutex::new(vec![0u8; (PER * THREADS) as usize]));
+        let taken = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let mut w = tx.lock().unwrap().slot_writer();
+                    let mut next = 0u64;
+                    while next < PER {
+                        let want = ((t + 1) * 3).min(PER - next) as usize;
+                        let (first, n) = tx.lock().unwrap().reserve(want);
+                        for k in 0..n as u64 {
+                            let id = t * PER + next + k;
+                            let h = MessageHeader::new(2, 8);
+                            // SAFETY: reserved above, finished below; the ring lives
+                            // in the scope.
+                            unsafe { w.write(first + k, &h, &id.to_le_bytes()).unwrap() };
+                        }
+                        next += n as u64;
+                        tx.lock().unwrap().finish(first, n);
+                        if n == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                });
+            }
+            for _ in 0..2 {
+                let (rx, seen, taken) = (rx.clone(), seen.clone(), taken.clone());
+                s.spawn(move || {
+                    let mut r = rx.lock().unwrap().slot_reader();
+                    let total = (PER * THREADS) as usize;
+                    while (taken.load(Ordering::Relaxed) as usize) < total {
+                        let (first, n) = {
+                            let mut c = rx.lock().unwrap();
+                            let upto = c.announced();
+                            c.claim(5, upto)
+                        };
+                        for k in 0..n as u64 {
+                            // SAFETY: claimed above, released below.
+                            let id = loop {
+                                if let Some(id) = unsafe {
+                                    r.try_read_with(first + k, |_, p| {
+                                        u64::from_le_bytes(p.try_into().unwrap())
+                                    })
+                                }
+                                .unwrap()
+                                {
+                                    break id;
+                                }
+                            };
+                            seen.lock().unwrap()[id as usize] += 1;
+                        }
+                        rx.lock().unwrap().release(first, n);
+                        taken.fetch_add(n as u64, Ordering::Relaxed);
+                        if n == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                });
+            }
+        });
+        // Every message arrived exactly once.
+        assert!(seen.lock().unwrap().iter().all(|&c| c == 1));
+        assert_eq!(taken.load(Ordering::Relaxed), PER * THREADS);
+        assert_eq!(rx.lock().unwrap().announced(), PER * THREADS);
+        assert_eq!(tx.lock().unwrap().depth(), 0);
     }
 
     #[test]
