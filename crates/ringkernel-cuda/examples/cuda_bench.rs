@@ -29,6 +29,8 @@ use ringkernel_core::Result;
 use ringkernel_cuda::baseline::{check_echo, LaunchBaseline};
 use ringkernel_cuda::{CudaCompute, CudaRuntime};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const STREAM_SRC: &str = r#"
@@ -756,7 +758,28 @@ fn cpu_per_msg(a: Option<u64>, b: Option<u64>, msgs: u64) -> String {
 
 /// What the streaming consumer thread reports: messages, empty polls, calls that took
 /// some, its CPU time (ns) before and after, the CPU it ran on.
-type ConsumerRun = (u64, u64, u64, Duration, Option<u64>, Option<u64>, Option<u32>);
+type ConsumerRun = (
+    u64,
+    u64,
+    u64,
+    Duration,
+    Option<u64>,
+    Option<u64>,
+    Option<u32>,
+);
+
+/// What a streaming producer thread reports: messages, calls that found the input
+/// full, time inside the calls that wrote, when it was done (s after the start), its
+/// CPU time (ns) before and after, the CPU it ran on.
+type ProducerRun = (
+    u64,
+    u64,
+    Duration,
+    f64,
+    Option<u64>,
+    Option<u64>,
+    Option<u32>,
+);
 
 /// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
 /// from one producer thread, replies taken by one consumer thread; then the
@@ -784,6 +807,8 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     // slots (the shape before 2026-11-28) the stream was slower in 4 of 5 same-call
     // pairs on an H200, its median 0.82x (BENCHMARKS.md).
     let out_queue = knob("BENCH_STREAM_OUT", 1 << 16) as usize;
+    let producers = u64::from(knob("BENCH_STREAM_PRODUCERS", 2).max(1));
+    let consumers = knob("BENCH_STREAM_CONSUMERS", 2).max(1) as usize;
     let inbox = inbox_knob("BENCH_STREAM_INBOX");
     let backoff = Duration::from_nanos(knob("BENCH_STREAM_BACKOFF_NS", 0).into());
     let mut opts = LaunchOptions::default()
@@ -801,98 +826,136 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
     let payload = [0x5Au8; 64];
     let hs = MessageHeader::new(0x77, 64);
     let streamer = rt.streamer(&k)?;
-    let consumer = {
-        let streamer = streamer.clone();
-        // Named, as the producer below, so that a profile (perf) tells the two apart.
-        std::thread::Builder::new()
-            .name("bench-consumer".into())
-            .spawn(move || -> Result<ConsumerRun> {
-                let cpu0 = thread_cpu_ns();
-                let mut got = 0u64;
-                let mut bad = 0u64;
-                let mut empty = 0u64;
-                let mut calls = 0u64;
-                // Time inside the calls that took replies: the thread's work without
-                // its spinning (both threads spin while they wait, so their CPU time is
-                // the run's wall time).
-                let mut busy = Duration::ZERO;
-                let start = Instant::now();
-                while got < total {
-                    let t = Instant::now();
-                    let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
-                        if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
-                            bad += 1;
-                        }
-                    })?;
-                    if n > 0 {
-                        busy += t.elapsed();
-                    }
-                    got += n as u64;
-                    calls += u64::from(n > 0);
-                    if n == 0 {
-                        empty += 1;
-                        if start.elapsed() > Duration::from_secs(60) {
-                            return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
-                        }
-                        std::hint::spin_loop();
-                    }
-                }
-                if bad > 0 {
-                    return Err(ringkernel_core::Error::Device(format!(
-                        "{bad} corrupt stream replies"
-                    )));
-                }
-                Ok((got, empty, calls, busy, cpu0, thread_cpu_ns(), thread_on_cpu()))
-            })
-            .map_err(|e| ringkernel_core::Error::Device(format!("consumer thread: {e}")))?
-    };
-    // This thread produces: its name in a profile while it does (Linux; elsewhere
-    // nothing happens), restored after the stream.
-    let own_name = std::fs::read_to_string("/proc/thread-self/comm").ok();
-    let _ = std::fs::write("/proc/thread-self/comm", "bench-producer");
-    let cpu0 = thread_cpu_ns();
+    // Replies taken by all consumers together: each stops when the stream is done.
+    let got_all = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
-    let mut sent = 0u64;
-    let mut full = 0u64;
-    let mut busy = Duration::ZERO; // inside the calls that wrote messages
-    while sent < total {
-        let want = (total - sent).min(batch) as usize;
-        let t = Instant::now();
-        let n = streamer.try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
-        if n > 0 {
-            busy += t.elapsed();
-        }
-        sent += n as u64;
-        if n == 0 {
-            full += 1;
-            if t0.elapsed() > Duration::from_secs(60) {
-                return Err(ringkernel_core::Error::Timeout(Duration::from_secs(60)));
-            }
-            // BENCH_STREAM_BACKOFF_NS: how long the producer waits before it tries a
-            // full input again (0: at once).
-            let t = Instant::now();
-            while t.elapsed() < backoff {
-                std::hint::spin_loop();
-            }
-            std::hint::spin_loop();
-        }
-    }
-    let sender_done = t0.elapsed().as_secs_f64();
-    let cpu1 = thread_cpu_ns();
-    let on = thread_on_cpu();
-    if let Some(name) = own_name {
-        let _ = std::fs::write("/proc/thread-self/comm", name.trim_end());
-    }
-    let (got, empty, calls, c_busy, c0, c1, c_on) = consumer
-        .join()
-        .map_err(|_| ringkernel_core::Error::Device("consumer panicked".into()))??;
+    let consumer_threads = (0..consumers)
+        .map(|i| {
+            let streamer = streamer.clone();
+            let got_all = got_all.clone();
+            // Named, as the producers below, so that a profile (perf) tells them apart.
+            std::thread::Builder::new()
+                .name(format!("bench-consumer{i}"))
+                .spawn(move || -> Result<ConsumerRun> {
+                    let cpu0 = thread_cpu_ns();
+                    let mut got = 0u64;
+                    let mut bad = 0u64;
+                    let mut empty = 0u64;
+                    let mut calls = 0u64;
+                    // Time inside the calls that took replies: the thread's work without
+                    // its spinning (every thread spins while it waits, so its CPU time
+                    // is the run's wall time).
+                    let mut busy = Duration::ZERO;
+                    let start = Instant::now();
+                    while got_all.load(Ordering::Relaxed) < total {
+                        let t = Instant::now();
+                        let n = streamer.try_receive_batch(usize::MAX, &mut |_h, p| {
+                            if p.len() != 64 || p[0] != 0x5A || p[63] != 0x5A {
+                                bad += 1;
+                            }
+                        })?;
+                        if n > 0 {
+                            busy += t.elapsed();
+                            got_all.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                        got += n as u64;
+                        calls += u64::from(n > 0);
+                        if n == 0 {
+                            empty += 1;
+                            if start.elapsed() > Duration::from_secs(60) {
+                                return Err(ringkernel_core::Error::Timeout(Duration::from_secs(
+                                    60,
+                                )));
+                            }
+                            std::hint::spin_loop();
+                        }
+                    }
+                    if bad > 0 {
+                        return Err(ringkernel_core::Error::Device(format!(
+                            "{bad} corrupt stream replies"
+                        )));
+                    }
+                    Ok((
+                        got,
+                        empty,
+                        calls,
+                        busy,
+                        cpu0,
+                        thread_cpu_ns(),
+                        thread_on_cpu(),
+                    ))
+                })
+                .map_err(|e| ringkernel_core::Error::Device(format!("consumer thread: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let producer_threads = (0..producers)
+        .map(|i| {
+            let streamer = streamer.clone();
+            let share = total / producers + u64::from(i < total % producers);
+            std::thread::Builder::new()
+                .name(format!("bench-producer{i}"))
+                .spawn(move || -> Result<ProducerRun> {
+                    let cpu0 = thread_cpu_ns();
+                    let mut sent = 0u64;
+                    let mut full = 0u64;
+                    let mut busy = Duration::ZERO; // inside the calls that wrote messages
+                    while sent < share {
+                        let want = (share - sent).min(batch) as usize;
+                        let t = Instant::now();
+                        let n = streamer
+                            .try_send_batch(std::iter::repeat_n((&hs, &payload[..]), want))?;
+                        if n > 0 {
+                            busy += t.elapsed();
+                        }
+                        sent += n as u64;
+                        if n == 0 {
+                            full += 1;
+                            if t0.elapsed() > Duration::from_secs(60) {
+                                return Err(ringkernel_core::Error::Timeout(Duration::from_secs(
+                                    60,
+                                )));
+                            }
+                            // BENCH_STREAM_BACKOFF_NS: how long a producer waits before it
+                            // tries a full input again (0: at once).
+                            let t = Instant::now();
+                            while t.elapsed() < backoff {
+                                std::hint::spin_loop();
+                            }
+                            std::hint::spin_loop();
+                        }
+                    }
+                    let done = t0.elapsed().as_secs_f64();
+                    Ok((
+                        sent,
+                        full,
+                        busy,
+                        done,
+                        cpu0,
+                        thread_cpu_ns(),
+                        thread_on_cpu(),
+                    ))
+                })
+                .map_err(|e| ringkernel_core::Error::Device(format!("producer thread: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let join = |e: &str| ringkernel_core::Error::Device(format!("{e} panicked"));
+    let prod: Vec<ProducerRun> = producer_threads
+        .into_iter()
+        .map(|t| t.join().map_err(|_| join("producer"))?)
+        .collect::<Result<_>>()?;
+    let cons: Vec<ConsumerRun> = consumer_threads
+        .into_iter()
+        .map(|t| t.join().map_err(|_| join("consumer"))?)
+        .collect::<Result<_>>()?;
     let secs = t0.elapsed().as_secs_f64();
+    let got: u64 = cons.iter().map(|c| c.0).sum();
+    let sent: u64 = prod.iter().map(|p| p.0).sum();
     let rate = got as f64 / secs;
     // What crosses the link per message: the request's and the reply's stamped units
     // (16 bytes per 12 of the 128-byte slot), and the latency sample.
     let units = ringkernel_core::queue::stamped::stamped_slot_bytes(128) as f64;
     rep.line(format!(
-        "streaming 64-B payloads through one persistent kernel: {:.2} M msgs/s ({got} msgs in {secs:.3} s; CudaStreamer batches, one producer + one consumer thread)",
+        "streaming 64-B payloads through one persistent kernel: {:.2} M msgs/s ({got} msgs in {secs:.3} s; CudaStreamer batches, {producers} producer + {consumers} consumer threads)",
         rate / 1e6
     ));
     rep.line(format!(
@@ -901,18 +964,31 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         100.0 * rate * units / h2d,
         100.0 * rate * (units + 8.0) / d2h
     ));
+    let per_thread = |busy: Duration, cpu: (Option<u64>, Option<u64>), n: u64| {
+        format!(
+            "busy {:.1} ns, CPU {} a message of its {n}",
+            busy.as_secs_f64() * 1e9 / n.max(1) as f64,
+            cpu_per_msg(cpu.0, cpu.1, n)
+        )
+    };
     rep.line(format!(
-        "  host threads: producer {} CPU a message, found the input full {full} times, done after {:.3} s, on CPU {on:?}; consumer {} CPU a message, found nothing {empty} times, {:.1} replies a call that took some, on CPU {c_on:?}",
-        cpu_per_msg(cpu0, cpu1, sent),
-        sender_done,
-        cpu_per_msg(c0, c1, got),
-        got as f64 / calls.max(1) as f64,
+        "  host threads' work without their spinning (busy: inside the calls that moved messages; CPU includes the spinning): producers [{}], found the input full {} times, done after {:.3} s; consumers [{}], found nothing {} times, {:.1} replies a call that took some; on CPUs {:?} / {:?}",
+        prod.iter()
+            .map(|p| per_thread(p.2, (p.4, p.5), p.0))
+            .collect::<Vec<_>>()
+            .join("; "),
+        prod.iter().map(|p| p.1).sum::<u64>(),
+        prod.iter().map(|p| p.3).fold(0.0, f64::max),
+        cons.iter()
+            .map(|c| per_thread(c.3, (c.4, c.5), c.0))
+            .collect::<Vec<_>>()
+            .join("; "),
+        cons.iter().map(|c| c.1).sum::<u64>(),
+        got as f64 / cons.iter().map(|c| c.2).sum::<u64>().max(1) as f64,
+        prod.iter().map(|p| p.6).collect::<Vec<_>>(),
+        cons.iter().map(|c| c.6).collect::<Vec<_>>(),
     ));
-    rep.line(format!(
-        "  host threads' work without their spinning (inside the calls that moved messages): producer {:.1} ns a message, consumer {:.1} ns a message",
-        busy.as_secs_f64() * 1e9 / sent.max(1) as f64,
-        c_busy.as_secs_f64() * 1e9 / got.max(1) as f64,
-    ));
+    let _ = sent;
     let prof = rt.round_profile(&k)?;
     let took: Vec<&ringkernel_cuda::RoundProfile> = prof.iter().filter(|r| r.taken > 0).collect();
     if !took.is_empty() {

@@ -116,11 +116,12 @@ use ringkernel_core::builtin::{COUNTER, ECHO, STAGE};
 use ringkernel_core::control::{command, ControlBlock};
 use ringkernel_core::hlc::HlcTimestamp;
 use ringkernel_core::lifecycle::{AtomicLifecycle, LifecycleState};
-use ringkernel_core::message::{Envelope, MessageHeader};
+use ringkernel_core::message::{check_payload_fits, Envelope, MessageHeader};
 use ringkernel_core::options::LaunchOptions;
 use ringkernel_core::priority::{self, LANES};
 use ringkernel_core::queue::stamped::{
-    stamped_slot_bytes, units_per_slot, StampedConsumer, StampedProducer, StampedWatcher, UNIT_DATA,
+    stamped_slot_bytes, units_per_slot, StampedConsumer, StampedProducer, StampedSlotReader,
+    StampedWatcher, UNIT_DATA,
 };
 use ringkernel_core::queue::QueueHeader;
 use ringkernel_core::registry::{check_accepts, GpuHandler, KernelRegistry, MessageInput};
@@ -171,6 +172,18 @@ const SMEM_BUDGET: usize = 96 * 1024;
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `terminate` waits for the kernel to exit.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// A [`CudaStreamer`] batch of at least this many messages (or replies waiting) is
+/// encoded (decoded) outside the lanes' (the output's) lock, so that several threads
+/// can stream through one kernel at once; a shorter one under it, without the second
+/// lock round the split needs.
+const SPLIT_BATCH: usize = 256;
+/// The most replies one call claims on the split path: a long backlog is shared out
+/// between the threads that read it rather than taken by the first.
+const SPLIT_CLAIM_MAX: usize = 8192;
+/// How long a reader of claimed replies waits for one the device has handed out an
+/// index for but not yet written: far beyond any write in flight, so only a kernel
+/// that stopped mid-reply reaches it.
+const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub(crate) const HEADER_SRC: &str = include_str!("../kernels/ringkernel.cuh");
 pub(crate) const TOKEN_SRC: &str = include_str!("../kernels/token.cuh");
@@ -402,7 +415,9 @@ fn push_into_lanes<'a>(
         let r = ring.try_push_batch(run);
         let n = ring.position().wrapping_sub(before) as usize;
         if n > 0 {
-            published(lane, ring.position());
+            // The published tail: below the position while another thread still
+            // writes slots it reserved there (`CudaEngine::send_split`).
+            published(lane, ring.published());
             written += n;
         }
         match r {
@@ -414,6 +429,65 @@ fn push_into_lanes<'a>(
         }
     }
     (written, Ok(()))
+}
+
+/// Reads the `n` claimed replies from `first` on through `reader`, calling `f` on each
+/// in order; a reply whose index the device handed out but whose units have not all
+/// arrived is waited for (up to [`REPLY_WRITE_TIMEOUT`]). A corrupt reply is an error,
+/// returned with the replies after it (read, not passed to `f`); a reply still
+/// incomplete after the timeout is an error too, and it and those after it are lost
+/// (the kernel stopped while writing them).
+fn read_claimed(
+    reader: &mut StampedSlotReader,
+    first: u64,
+    n: usize,
+    f: &mut dyn FnMut(&MessageHeader, &[u8]),
+) -> std::result::Result<(), (Error, Vec<Envelope>)> {
+    let mut error = None;
+    let mut rest = Vec::new();
+    for i in (0..n as u64).map(|k| first.wrapping_add(k)) {
+        let mut since: Option<Instant> = None;
+        loop {
+            // SAFETY: `i` lies in the range the caller claimed and releases only after
+            // this returns; the output ring lives as long as its engine, which the
+            // caller borrows.
+            let r = unsafe {
+                reader.try_read_with(i, |h, p| {
+                    if error.is_none() {
+                        f(h, p);
+                    } else {
+                        rest.push(Envelope {
+                            header: *h,
+                            payload: p.to_vec(),
+                        });
+                    }
+                })
+            };
+            match r {
+                Ok(Some(())) => break,
+                Err(e) => {
+                    error.get_or_insert(e);
+                    break;
+                }
+                Ok(None) => {
+                    let t = *since.get_or_insert_with(Instant::now);
+                    if t.elapsed() > REPLY_WRITE_TIMEOUT {
+                        let lost = first.wrapping_add(n as u64).wrapping_sub(i);
+                        let e = Error::Device(format!(
+                            "reply {i} was not complete {REPLY_WRITE_TIMEOUT:?} after the kernel handed out its slot; it and the {} after it are lost",
+                            lost - 1
+                        ));
+                        return Err((error.unwrap_or(e), rest));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+    match error {
+        None => Ok(()),
+        Some(e) => Err((e, rest)),
+    }
 }
 
 /// All memory of one kernel; kept by the runtime until it is dropped.
@@ -1013,6 +1087,7 @@ impl CudaRuntime {
             send: CachePadded(SendSide {
                 lanes: Mutex::new(lanes),
                 received: AtomicU64::new(0),
+                writing: AtomicU32::new(0),
             }),
             consumer: CachePadded(Mutex::new(Consumer {
                 ring: consumer,
@@ -1202,6 +1277,14 @@ impl CudaRuntime {
 /// in place. The same queues as the kernel's [`KernelHandle`]; use one or the other for
 /// receiving (both take replies out of the same output queue).
 ///
+/// Clones may send and receive from several threads at once. A batch of at least 256
+/// messages is encoded outside the input's lock (its slots are reserved under it, and
+/// published in index order once written), and a backlog of at least 256 replies is
+/// read outside the output's lock (claimed under it, up to 8,192 a call, and freed in
+/// order), so threads share the encoding and decoding work. Messages of one thread keep
+/// their order; the replies one thread takes are in the kernel's output order. Which
+/// thread takes which reply is not defined.
+///
 /// ```no_run
 /// # async fn demo(rt: &ringkernel_cuda::CudaRuntime, k: &ringkernel_core::runtime::KernelHandle) -> ringkernel_core::Result<()> {
 /// use ringkernel_core::message::MessageHeader;
@@ -1332,6 +1415,8 @@ struct SendSide {
     lanes: Mutex<Vec<StampedProducer>>,
     /// Messages the lanes took (written under `lanes`' lock).
     received: AtomicU64,
+    /// Senders writing slots they reserved, outside the lock (changed under it).
+    writing: AtomicU32,
 }
 
 /// What the pump thread last saw of a kernel. Only the pump reads and writes it.
@@ -1627,7 +1712,7 @@ impl CudaEngine {
     fn mirror_host_indices(&self) {
         let tail = lock(&self.send.lanes)
             .iter()
-            .map(StampedProducer::position)
+            .map(StampedProducer::published)
             .fold(0u64, u64::wrapping_add);
         let head = lock(&self.consumer).ring.position();
         self.u64_at(std::mem::offset_of!(ControlBlock, input_tail))
@@ -1644,6 +1729,10 @@ impl CudaEngine {
         &self,
         msgs: impl IntoIterator<Item = (&'a MessageHeader, &'a [u8])>,
     ) -> Result<usize> {
+        let msgs: Vec<(&MessageHeader, &[u8])> = msgs.into_iter().collect();
+        if msgs.len() >= SPLIT_BATCH {
+            return self.send_split(&msgs);
+        }
         let mut lanes = lock(&self.send.lanes);
         if !self.lifecycle.get().accepts_messages() {
             return Err(Error::KernelTerminated(self.name.clone()));
@@ -1667,6 +1756,83 @@ impl CudaEngine {
             self.waker.wake();
         }
         result.map(|()| written)
+    }
+
+    /// [`send_batch`](Self::send_batch) for a long batch: each run of one lane is
+    /// reserved under the lanes' lock, encoded outside it (so several threads encode at
+    /// once), then published under it again, in index order ([`StampedProducer::finish`]:
+    /// a run finished before an earlier one waits for it). Same result as the short
+    /// path: a prefix, stopped by a full lane or an oversized payload.
+    fn send_split(&self, msgs: &[(&MessageHeader, &[u8])]) -> Result<usize> {
+        let mut written = 0usize;
+        while written < msgs.len() {
+            let lane = priority::lane(msgs[written].0.priority());
+            // The run: this lane's messages, up to the first that does not fit a slot
+            // (checked before reserving: a reserved slot must be written).
+            let mut end = written;
+            let mut too_large = None;
+            while end < msgs.len() && priority::lane(msgs[end].0.priority()) == lane {
+                if let Err(e) = check_payload_fits(msgs[end].1.len(), self.slot) {
+                    too_large = Some(e);
+                    break;
+                }
+                end += 1;
+            }
+            let run = end - written;
+            if run == 0 {
+                // The first message of the run does not fit a slot.
+                return too_large.map_or(Ok(written), Err);
+            }
+            let (first, n, mut writer) = {
+                let mut lanes = lock(&self.send.lanes);
+                if !self.lifecycle.get().accepts_messages() {
+                    return if written == 0 {
+                        Err(Error::KernelTerminated(self.name.clone()))
+                    } else {
+                        Ok(written)
+                    };
+                }
+                let ring = &mut lanes[lane];
+                let (first, n) = ring.reserve(run);
+                if n == 0 {
+                    // The lane is full.
+                    return Ok(written);
+                }
+                self.send.writing.fetch_add(1, Ordering::Relaxed);
+                (first, n, ring.slot_writer())
+            };
+            let mut failed = None;
+            for (k, (h, p)) in msgs[written..written + n].iter().enumerate() {
+                // SAFETY: `first + k` lies in the range reserved above, finished only
+                // below; the ring lives in `self.mem` as long as `self`.
+                if let Err(e) = unsafe { writer.write(first + k as u64, h, p) } {
+                    // Not reached: every payload of the run was checked to fit.
+                    failed.get_or_insert(e);
+                }
+            }
+            {
+                let mut lanes = lock(&self.send.lanes);
+                let tail = lanes[lane].finish(first, n);
+                self.lane_tail_word(lane)
+                    .store(tail as u32, Ordering::Release);
+                let r = &self.send.received;
+                r.store(r.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
+                self.send.writing.fetch_sub(1, Ordering::Release);
+            }
+            self.waker.wake();
+            written += n;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if n < run {
+                // The lane filled up before the run's end.
+                return Ok(written);
+            }
+            if let Some(e) = too_large {
+                return Err(e);
+            }
+        }
+        Ok(written)
     }
 
     /// Takes up to `max` replies out of the output queue, calling `f` on each in place
@@ -1693,12 +1859,35 @@ impl CudaEngine {
             g(&env.header, &env.payload);
             taken += 1;
         }
-        let result = if taken < max {
-            c.ring.try_pop_batch_with(max - taken, &mut g)
-        } else {
+        // The device's tail hint: every slot before it has been handed out (a hint
+        // behind the head, which a slower block's store can leave, reads as far ahead).
+        let upto = c.ring.announced();
+        let ahead = upto.wrapping_sub(c.ring.position());
+        let result = if taken == max {
+            drop(c);
             Ok(0)
+        } else if (SPLIT_BATCH as u64..=self.out_cap as u64).contains(&ahead) {
+            // A long backlog: claimed under the lock, read outside it, so several
+            // threads read replies at once.
+            let (first, n) = c.ring.claim((max - taken).min(SPLIT_CLAIM_MAX), upto);
+            let mut reader = c.ring.slot_reader();
+            drop(c);
+            let r = read_claimed(&mut reader, first, n, &mut g);
+            let mut c = lock(&self.consumer);
+            c.ring.release(first, n);
+            match r {
+                Ok(()) => Ok(n),
+                Err((e, rest)) => {
+                    // Replies after a corrupt one wait in the spill, first in line.
+                    for env in rest.into_iter().rev() {
+                        c.spill.push_front(env);
+                    }
+                    Err(e)
+                }
+            }
+        } else {
+            c.ring.try_pop_batch_with(max - taken, &mut g)
         };
-        drop(c);
         if let (Some(ts), Some(rt)) = (latest, self.rt.upgrade()) {
             if let Err(e) = rt.core.hlc().update(&ts) {
                 tracing::warn!(kernel = %self.name, error = %e, "reply timestamp not merged into the host clock");
@@ -1713,7 +1902,17 @@ impl CudaEngine {
     /// handled them in).
     fn take_undelivered(&self) -> Result<Vec<Envelope>> {
         debug_assert!(self.exited.load(Ordering::Acquire));
-        let _lanes = lock(&self.send.lanes);
+        // Senders that reserved slots before the kernel began terminating may still be
+        // writing them outside the lock (`send_split`): what they write is handed back
+        // too, so wait for them (no new reservation is made once terminating).
+        let _lanes = loop {
+            let lanes = lock(&self.send.lanes);
+            if self.send.writing.load(Ordering::Acquire) == 0 {
+                break lanes;
+            }
+            drop(lanes);
+            std::thread::yield_now();
+        };
         let mut undelivered = Vec::new();
         for lane in (0..LANES).rev() {
             let off = self.lane_off(lane);

@@ -634,6 +634,108 @@ fn stamped_slots_of_every_size_arrive_whole_and_in_order() {
     });
 }
 
+/// Several threads stream through one kernel at once with `CudaStreamer` batches long
+/// enough to be encoded and decoded outside the locks: every message comes back exactly
+/// once, and each consumer thread sees each producer's replies in the order it sent
+/// them (a claim is a run of the output in order). Then the kernel terminates with
+/// nothing left behind.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn several_threads_stream_through_one_kernel_without_loss() {
+    const PRODUCERS: u32 = 3;
+    const PER: u32 = 40_000;
+    let reg = KernelRegistry::new();
+    reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
+    with_registry(reg, |rt| async move {
+        let k = rt
+            .launch(
+                "copy",
+                LaunchOptions::default()
+                    .with_slot_size(128)
+                    .with_grid_size(2)
+                    .with_block_size(128)
+                    .with_queue_capacity(1024)
+                    .with_output_capacity(1024),
+            )
+            .await?;
+        let s = rt.streamer(&k)?;
+        let total = u64::from(PRODUCERS * PER);
+        let taken = std::sync::atomic::AtomicU64::new(0);
+        let seen = Mutex::new(vec![0u8; total as usize]);
+        std::thread::scope(|scope| {
+            for p in 0..PRODUCERS {
+                let s = s.clone();
+                scope.spawn(move || {
+                    let mut next = 0u32;
+                    let start = std::time::Instant::now();
+                    while next < PER {
+                        // Batches of 300..=1,000 (all past the split length), sizes varied.
+                        let n = (300 + (next * 7 + p * 131) % 701).min(PER - next);
+                        let batch: Vec<(MessageHeader, Vec<u8>)> = (next..next + n)
+                            .map(|i| {
+                                let mut b = [p.to_le_bytes(), i.to_le_bytes()].concat();
+                                b.resize(8 + (i % 50) as usize, (i % 251) as u8);
+                                (MessageHeader::new(0x51, b.len()), b)
+                            })
+                            .collect();
+                        next += s
+                            .try_send_batch(batch.iter().map(|(h, b)| (h, &b[..])))
+                            .unwrap() as u32;
+                        assert!(
+                            start.elapsed() < Duration::from_secs(60),
+                            "producer {p} stuck at {next}"
+                        );
+                    }
+                });
+            }
+            for c in 0..2 {
+                let (s, taken, seen) = (s.clone(), &taken, &seen);
+                scope.spawn(move || {
+                    let mut last = [None::<u32>; PRODUCERS as usize];
+                    let start = std::time::Instant::now();
+                    while taken.load(std::sync::atomic::Ordering::Relaxed) < total {
+                        let mut ids = Vec::new();
+                        let n = s
+                            .try_receive_batch(usize::MAX, &mut |_h, b| {
+                                let p = u32::from_le_bytes(b[..4].try_into().unwrap());
+                                let i = u32::from_le_bytes(b[4..8].try_into().unwrap());
+                                assert_eq!(b.len(), 8 + (i % 50) as usize, "reply {p}/{i} length");
+                                assert!(
+                                    b[8..].iter().all(|&x| x == (i % 251) as u8),
+                                    "reply {p}/{i} torn"
+                                );
+                                ids.push((p, i));
+                            })
+                            .unwrap();
+                        let mut seen = seen.lock().unwrap();
+                        for (p, i) in ids {
+                            let l = &mut last[p as usize];
+                            assert!(l.is_none_or(|l| l < i), "consumer {c}: {p}/{i} after {l:?}");
+                            *l = Some(i);
+                            seen[(p * PER + i) as usize] += 1;
+                        }
+                        taken.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                        assert!(
+                            start.elapsed() < Duration::from_secs(60),
+                            "consumer {c} stuck"
+                        );
+                    }
+                });
+            }
+        });
+        let seen = seen.into_inner().unwrap();
+        let missing = seen.iter().filter(|&&c| c == 0).count();
+        let twice = seen.iter().filter(|&&c| c > 1).count();
+        assert_eq!((missing, twice), (0, 0), "messages missing, seen twice");
+        let m = k.metrics();
+        assert_eq!((m.processed, m.dropped), (total, 0), "{m:?}");
+        let report = k.terminate().await?;
+        assert!(report.undelivered.is_empty());
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
+
 /// A kernel of several blocks: every block takes messages from the same lanes, handlers
 /// finish out of order, and the replies still leave in input order, none lost.
 #[test]
