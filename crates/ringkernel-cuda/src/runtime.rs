@@ -432,20 +432,24 @@ fn push_into_lanes<'a>(
 }
 
 /// Reads the `n` claimed replies from `first` on through `reader`, calling `f` on each
-/// in order; a reply whose index the device handed out but whose units have not all
-/// arrived is waited for (up to [`REPLY_WRITE_TIMEOUT`]). A corrupt reply is an error,
-/// returned with the replies after it (read, not passed to `f`); a reply still
-/// incomplete after the timeout is an error too, and it and those after it are lost
-/// (the kernel stopped while writing them).
+/// in order, and returns how many it read. The device hands out a reply's index (and
+/// moves the tail hint) before it writes the reply: without `wait`, the first reply not
+/// yet complete ends the read; with it, such a reply is waited for (up to
+/// [`REPLY_WRITE_TIMEOUT`]). A corrupt reply is an error, returned with the replies
+/// after it (read, not passed to `f`); a reply still incomplete after the timeout is an
+/// error too, and it and those after it are lost (the kernel stopped while writing
+/// them).
 fn read_claimed(
     reader: &mut StampedSlotReader,
     first: u64,
     n: usize,
+    wait: bool,
     f: &mut dyn FnMut(&MessageHeader, &[u8]),
-) -> std::result::Result<(), (Error, Vec<Envelope>)> {
+) -> std::result::Result<usize, (Error, Vec<Envelope>)> {
     let mut error = None;
     let mut rest = Vec::new();
-    for i in (0..n as u64).map(|k| first.wrapping_add(k)) {
+    for k in 0..n {
+        let i = first.wrapping_add(k as u64);
         let mut since: Option<Instant> = None;
         loop {
             // SAFETY: `i` lies in the range the caller claimed and releases only after
@@ -469,13 +473,13 @@ fn read_claimed(
                     error.get_or_insert(e);
                     break;
                 }
+                Ok(None) if !wait && error.is_none() => return Ok(k),
                 Ok(None) => {
                     let t = *since.get_or_insert_with(Instant::now);
                     if t.elapsed() > REPLY_WRITE_TIMEOUT {
-                        let lost = first.wrapping_add(n as u64).wrapping_sub(i);
                         let e = Error::Device(format!(
                             "reply {i} was not complete {REPLY_WRITE_TIMEOUT:?} after the kernel handed out its slot; it and the {} after it are lost",
-                            lost - 1
+                            n - k - 1
                         ));
                         return Err((error.unwrap_or(e), rest));
                     }
@@ -485,7 +489,7 @@ fn read_claimed(
         }
     }
     match error {
-        None => Ok(()),
+        None => Ok(n),
         Some(e) => Err((e, rest)),
     }
 }
@@ -1872,11 +1876,28 @@ impl CudaEngine {
             let (first, n) = c.ring.claim((max - taken).min(SPLIT_CLAIM_MAX), upto);
             let mut reader = c.ring.slot_reader();
             drop(c);
-            let r = read_claimed(&mut reader, first, n, &mut g);
+            let mut r = read_claimed(&mut reader, first, n, false, &mut g);
             let mut c = lock(&self.consumer);
-            c.ring.release(first, n);
+            let mut count = n;
+            if let Ok(done) = r {
+                if done < n {
+                    // The rest is still being written: give it back if no later claim
+                    // follows, else wait for it (a later claim's replies cannot be freed
+                    // before these).
+                    if c.ring.shrink_claim(first, n, done) {
+                        count = done;
+                    } else {
+                        drop(c);
+                        let start = first.wrapping_add(done as u64);
+                        r = read_claimed(&mut reader, start, n - done, true, &mut g)
+                            .map(|more| done + more);
+                        c = lock(&self.consumer);
+                    }
+                }
+            }
+            c.ring.release(first, count);
             match r {
-                Ok(()) => Ok(n),
+                Ok(done) => Ok(done),
                 Err((e, rest)) => {
                     // Replies after a corrupt one wait in the spill, first in line.
                     for env in rest.into_iter().rev() {

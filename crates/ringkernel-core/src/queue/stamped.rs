@@ -224,6 +224,7 @@ impl InOrder {
 /// `slot` is a 16-aligned stamped slot of `slot_size` logical bytes, writable, and no
 /// one else writes it or reads it as complete meanwhile (its index is the caller's
 /// until it publishes it).
+#[inline(always)]
 unsafe fn encode_slot(
     slot: *mut u8,
     staging: &mut [u8],
@@ -774,6 +775,29 @@ impl StampedConsumer {
         }
     }
 
+    /// Gives back the end of the last claim, `count` slots from `first`, keeping its
+    /// first `keep` (e.g. those read, when the next was not complete yet): true if it
+    /// was the last claim, so the rest is claimable again (the caller then releases only
+    /// `keep`), false if a later claim follows it (nothing changes).
+    pub fn shrink_claim(&mut self, first: u64, count: usize, keep: usize) -> bool {
+        let end = first.wrapping_add(count as u64);
+        if self.head != end || keep > count {
+            return false;
+        }
+        match self.open.open.back_mut() {
+            Some(e) if e.0 == end && !e.1 => {
+                if keep == 0 {
+                    self.open.open.pop_back();
+                } else {
+                    e.0 = first.wrapping_add(keep as u64);
+                }
+            }
+            _ => return false,
+        }
+        self.head = first.wrapping_add(keep as u64);
+        true
+    }
+
     /// A reader for slots this consumer [`claim`](Self::claim)ed, for use on another
     /// thread.
     pub fn slot_reader(&self) -> StampedSlotReader {
@@ -949,6 +973,7 @@ impl StampedSlotWriter {
     /// [`reserve`](StampedProducer::reserve)d for the caller and has not yet
     /// [`finish`](StampedProducer::finish)ed, no other writer writes it, and the
     /// ring's memory is still valid (the producer's own contract).
+    #[inline]
     pub unsafe fn write(
         &mut self,
         index: u64,
@@ -1287,6 +1312,12 @@ mod tests {
             unsafe { r.try_read_with(i, |_, p| p.to_vec()) }.unwrap()
         };
         assert_eq!(read(2), Some(b"b\0".to_vec()));
+        // Not the last claim: it cannot shrink. The last one can.
+        assert!(!rx.shrink_claim(c1, n1, 1));
+        let (c3, n3) = rx.claim(4, 8);
+        assert_eq!((c3, n3), (4, 4));
+        assert!(rx.shrink_claim(c3, n3, 0));
+        assert_eq!(rx.position(), 4);
         assert_eq!(read(0), Some(b"a\0".to_vec()));
         // The second claim is released first: the head stays until the first is.
         rx.release(c2, n2);
