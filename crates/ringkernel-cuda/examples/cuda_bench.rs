@@ -782,8 +782,10 @@ type ProducerRun = (
 );
 
 /// Streaming 64-byte payloads through one persistent kernel: `CudaStreamer` batches
-/// from one producer thread, replies taken by one consumer thread; then the
-/// per-message engine API. Knobs (environment): BENCH_STREAM_GRID (8),
+/// from producer threads (BENCH_STREAM_PRODUCERS, 2), replies taken by consumer threads
+/// (BENCH_STREAM_CONSUMERS, 2): with one of each the stream made 28-31 M msgs/s, with
+/// two 48-52 (H200, 5 alternating pairs, BENCHMARKS.md 2026-11-28); then the
+/// per-message engine API. Other knobs (environment): BENCH_STREAM_GRID (8),
 /// BENCH_STREAM_BLOCK (512), BENCH_STREAM_BATCH (4,096 messages a `try_send_batch`),
 /// BENCH_STREAM_MSGS (20M; 1M with `--quick`), BENCH_STREAM_QUEUE (65,536 input
 /// slots), BENCH_STREAM_OUT (65,536 output slots), BENCH_STREAM_INBOX (0: the kernel's default

@@ -540,6 +540,33 @@ impl StampedProducer {
     /// many (0 when the ring is full). Every reserved slot must be written and then
     /// [`finish`](Self::finish)ed: the consumer waits at a slot that never is, and the
     /// slots after it are not published before it.
+    ///
+    /// ```
+    /// use ringkernel_core::message::MessageHeader;
+    /// use ringkernel_core::queue::stamped::stamped_channel;
+    ///
+    /// let (mut tx, mut rx) = stamped_channel(8, 128).unwrap();
+    /// let h = MessageHeader::new(1, 1);
+    /// // Under the producer's lock: reserve. On any thread: write. Then finish.
+    /// let (first, n) = tx.reserve(3);
+    /// let mut w = tx.slot_writer();
+    /// for i in 0..n as u64 {
+    ///     // SAFETY: reserved above and not finished yet; the ring outlives the writer.
+    ///     unsafe { w.write(first + i, &h, &[i as u8]).unwrap() };
+    /// }
+    /// assert_eq!(tx.finish(first, n), 3);
+    /// // The consumer side: claim what is announced, read it anywhere, release it.
+    /// let (first, n) = rx.claim(usize::MAX, rx.announced());
+    /// let mut r = rx.slot_reader();
+    /// let mut got = Vec::new();
+    /// for i in 0..n as u64 {
+    ///     // SAFETY: claimed above and not released yet.
+    ///     unsafe { r.try_read_with(first + i, |_, p| got.push(p[0])) }.unwrap();
+    /// }
+    /// rx.release(first, n);
+    /// assert_eq!(got, [0, 1, 2]);
+    /// assert_eq!(tx.depth(), 0);
+    /// ```
     pub fn reserve(&mut self, n: usize) -> (u64, usize) {
         let cap = self.ring.capacity as u64;
         let mut room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
