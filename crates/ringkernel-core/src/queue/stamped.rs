@@ -599,14 +599,7 @@ impl StampedProducer {
     /// A writer for slots this producer [`reserve`](Self::reserve)d, for use on
     /// another thread.
     pub fn slot_writer(&self) -> StampedSlotWriter {
-        StampedSlotWriter {
-            units: self.ring.units,
-            mask: self.ring.mask,
-            slot_size: self.ring.slot_size,
-            whole: self.whole,
-            staging: vec![0u8; units_per_slot(self.ring.slot_size) * UNIT_DATA + 4],
-            _keep: self.ring._keep.clone(),
-        }
+        StampedSlotWriter(Detached::new(&self.ring, self.whole))
     }
 
     /// The index the next message gets.
@@ -828,14 +821,7 @@ impl StampedConsumer {
     /// A reader for slots this consumer [`claim`](Self::claim)ed, for use on another
     /// thread.
     pub fn slot_reader(&self) -> StampedSlotReader {
-        StampedSlotReader {
-            units: self.ring.units,
-            mask: self.ring.mask,
-            slot_size: self.ring.slot_size,
-            whole: self.whole,
-            staging: vec![0u8; units_per_slot(self.ring.slot_size) * UNIT_DATA + 4],
-            _keep: self.ring._keep.clone(),
-        }
+        StampedSlotReader(Detached::new(&self.ring, self.whole))
     }
 
     /// Takes the next message if its stamps say it is complete. A complete slot whose
@@ -964,9 +950,10 @@ fn decode_slot_at(
     Some(h.payload_len as usize)
 }
 
-/// Writes slots a [`StampedProducer`] reserved, on any thread (see
-/// [`StampedProducer::reserve`]). Holds its own staging buffer.
-pub struct StampedSlotWriter {
+/// A ring's slots apart from its half, for a thread outside the half's lock: the
+/// region, its shape and a staging buffer of its own (what [`StampedSlotWriter`] and
+/// [`StampedSlotReader`] hold).
+struct Detached {
     units: NonNull<u8>,
     mask: u64,
     slot_size: usize,
@@ -975,18 +962,50 @@ pub struct StampedSlotWriter {
     _keep: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-// SAFETY: the writer touches only the slots its caller reserved (the contract of
-// `write`) and keeps the memory alive as the producer does (`_keep`, or the producer's
-// own guarantee, which `write`'s caller extends).
-unsafe impl Send for StampedSlotWriter {}
+// SAFETY: a writer or reader touches only the slots its caller reserved or claimed (the
+// contracts of `write` and `try_read_with`) and keeps the memory alive as its half does
+// (`_keep`, or the half's own guarantee, which those contracts extend).
+unsafe impl Send for Detached {}
 
-impl std::fmt::Debug for StampedSlotWriter {
+impl std::fmt::Debug for Detached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StampedSlotWriter")
+        f.debug_struct("Detached")
             .field("slot_size", &self.slot_size)
             .finish()
     }
 }
+
+impl Detached {
+    fn new(ring: &Ring, whole: bool) -> Self {
+        Detached {
+            units: ring.units,
+            mask: ring.mask,
+            slot_size: ring.slot_size,
+            whole,
+            // 4 spare bytes: a whole unit moves 16 bytes for each unit's 12.
+            staging: vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA + 4],
+            _keep: ring._keep.clone(),
+        }
+    }
+
+    /// The first unit of the slot of `index` (16-aligned: the region is, and stamped
+    /// slots are whole units).
+    #[inline(always)]
+    fn slot(&self, index: u64) -> *mut u8 {
+        let i = (index & self.mask) as usize;
+        // SAFETY: slot `i` lies inside the region (i <= mask < capacity).
+        unsafe {
+            self.units
+                .as_ptr()
+                .add(i * stamped_slot_bytes(self.slot_size))
+        }
+    }
+}
+
+/// Writes slots a [`StampedProducer`] reserved, on any thread (see
+/// [`StampedProducer::reserve`]). Holds its own staging buffer.
+#[derive(Debug)]
+pub struct StampedSlotWriter(Detached);
 
 impl StampedSlotWriter {
     /// Encodes one message into the slot of `index`, as the producer's own pushes do.
@@ -1007,21 +1026,18 @@ impl StampedSlotWriter {
         header: &MessageHeader,
         payload: &[u8],
     ) -> Result<()> {
-        let i = (index & self.mask) as usize;
-        // SAFETY: slot `i` lies inside the region (i <= mask < capacity) and is
-        // 16-aligned (the region is, and stamped slots are whole units); it is the
-        // caller's alone until it finishes the range (the contract above).
+        let d = &mut self.0;
+        // SAFETY: the slot lies inside the region, 16-aligned (`Detached::slot`), and is
+        // the caller's alone until it finishes the range (the contract above).
         unsafe {
             encode_slot(
-                self.units
-                    .as_ptr()
-                    .add(i * stamped_slot_bytes(self.slot_size)),
-                &mut self.staging,
-                self.slot_size,
+                d.slot(index),
+                &mut d.staging,
+                d.slot_size,
                 stamp_of(index),
                 header,
                 payload,
-                self.whole,
+                d.whole,
             )
         }
     }
@@ -1029,26 +1045,8 @@ impl StampedSlotWriter {
 
 /// Reads slots a [`StampedConsumer`] claimed, on any thread (see
 /// [`StampedConsumer::claim`]). Holds its own staging buffer.
-pub struct StampedSlotReader {
-    units: NonNull<u8>,
-    mask: u64,
-    slot_size: usize,
-    whole: bool,
-    staging: Vec<u8>,
-    _keep: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-// SAFETY: the reader touches only the slots its caller claimed (the contract of
-// `try_read_with`) and keeps the memory alive as the consumer does.
-unsafe impl Send for StampedSlotReader {}
-
-impl std::fmt::Debug for StampedSlotReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StampedSlotReader")
-            .field("slot_size", &self.slot_size)
-            .finish()
-    }
-}
+#[derive(Debug)]
+pub struct StampedSlotReader(Detached);
 
 impl StampedSlotReader {
     /// Calls `f` on the message in the slot of `index` (header and payload as decoded,
@@ -1067,26 +1065,20 @@ impl StampedSlotReader {
         index: u64,
         f: impl FnOnce(&MessageHeader, &[u8]) -> R,
     ) -> Result<Option<R>> {
-        let bytes = stamped_slot_bytes(self.slot_size);
-        let at = |index: u64| {
-            // SAFETY: slot `index & mask` lies inside the region (mask < capacity).
-            unsafe {
-                self.units
-                    .as_ptr()
-                    .add((index & self.mask) as usize * bytes)
-            }
-        };
+        let d = &mut self.0;
         // As the consumer's own batch loop does (`Ring::prefetch_ahead`): a hint only,
         // harmless for a slot nobody claimed.
-        prefetch(at(index.wrapping_add(PREFETCH_AHEAD)), bytes);
+        prefetch(
+            d.slot(index.wrapping_add(PREFETCH_AHEAD)),
+            stamped_slot_bytes(d.slot_size),
+        );
         // The producer does not reuse this slot before the head passes it, which needs
         // the caller's release (the contract above).
-        let slot = at(index);
-        let stamp = stamp_of(index);
-        if decode_slot_at(&mut self.staging, slot, self.slot_size, stamp, self.whole).is_none() {
+        let slot = d.slot(index);
+        if decode_slot_at(&mut d.staging, slot, d.slot_size, stamp_of(index), d.whole).is_none() {
             return Ok(None);
         }
-        let bytes = &self.staging[..self.slot_size];
+        let bytes = &d.staging[..d.slot_size];
         let h = check_slot(bytes, index)?;
         Ok(Some(f(
             &h,
