@@ -756,8 +756,8 @@ fn cpu_per_msg(a: Option<u64>, b: Option<u64>, msgs: u64) -> String {
     }
 }
 
-/// What the streaming consumer thread reports: messages, empty polls, calls that took
-/// some, its CPU time (ns) before and after, the CPU it ran on.
+/// What a streaming consumer thread reports: messages, empty polls, calls that took
+/// some, time inside those calls, its CPU time (ns) before and after, the CPU it ran on.
 type ConsumerRun = (
     u64,
     u64,
@@ -951,7 +951,6 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         .collect::<Result<_>>()?;
     let secs = t0.elapsed().as_secs_f64();
     let got: u64 = cons.iter().map(|c| c.0).sum();
-    let sent: u64 = prod.iter().map(|p| p.0).sum();
     let rate = got as f64 / secs;
     // What crosses the link per message: the request's and the reply's stamped units
     // (16 bytes per 12 of the 128-byte slot), and the latency sample.
@@ -990,7 +989,6 @@ async fn stream(rep: &mut Report, rt: &CudaRuntime, quick: bool, h2d: f64, d2h: 
         prod.iter().map(|p| p.6).collect::<Vec<_>>(),
         cons.iter().map(|c| c.6).collect::<Vec<_>>(),
     ));
-    let _ = sent;
     let prof = rt.round_profile(&k)?;
     let took: Vec<&ringkernel_cuda::RoundProfile> = prof.iter().filter(|r| r.taken > 0).collect();
     if !took.is_empty() {

@@ -199,7 +199,12 @@ impl InOrder {
     /// The range ending at `end` finished: the new end of the finished prefix, if it
     /// moved. A range nobody handed out (the half's own, taken and finished at once)
     /// is handed out first.
+    #[inline]
     fn finish(&mut self, end: u64) -> Option<u64> {
+        if self.open.is_empty() {
+            // Nothing else open (one thread): published at once.
+            return Some(end);
+        }
         match self.open.iter_mut().find(|e| e.0 == end) {
             Some(e) => e.1 = true,
             None => self.open.push_back((end, true)),
@@ -406,8 +411,7 @@ impl StampedProducer {
     fn from_ring(ring: Ring) -> Self {
         let tail = ring.index(false).load(Ordering::Relaxed);
         let cached_head = ring.index(true).load(Ordering::Acquire);
-        // 4 spare bytes: a whole-unit store loads 16 bytes from each unit's 12.
-        let staging = vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA + 4];
+        let staging = staging_for(ring.slot_size);
         StampedProducer {
             ring,
             tail,
@@ -443,14 +447,22 @@ impl StampedProducer {
         }))
     }
 
+    /// Free slots from the tail on, at least `want` if there are: the consumer's head
+    /// is read only when the cached one says fewer.
     #[inline(always)]
-    fn has_room(&mut self) -> bool {
+    fn room(&mut self, want: u64) -> u64 {
         let cap = self.ring.capacity as u64;
-        if self.tail.wrapping_sub(self.cached_head) < cap {
-            return true;
+        let room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
+        if room >= want {
+            return room;
         }
         self.cached_head = self.ring.index(true).load(Ordering::Acquire);
-        self.tail.wrapping_sub(self.cached_head) < cap
+        cap - self.tail.wrapping_sub(self.cached_head).min(cap)
+    }
+
+    #[inline(always)]
+    fn has_room(&mut self) -> bool {
+        self.room(1) > 0
     }
 
     /// Encodes one message into slot `tail` and advances the local tail
@@ -477,13 +489,10 @@ impl StampedProducer {
         Ok(())
     }
 
-    /// Publishes slots `..end`, which this producer wrote itself, once every reserved
-    /// range before them is finished ([`InOrder`]).
-    fn publish_own(&mut self, end: u64) {
-        if self.open.open.is_empty() {
-            self.published = end;
-            self.ring.index(false).store(end, Ordering::Release);
-        } else if let Some(e) = self.open.finish(end) {
+    /// The range of slots ending at `end` is written (a reserved one, or the producer's
+    /// own): publishes the tail once every range before it is ([`InOrder`]).
+    fn publish(&mut self, end: u64) {
+        if let Some(e) = self.open.finish(end) {
             self.published = e;
             self.ring.index(false).store(e, Ordering::Release);
         }
@@ -499,7 +508,7 @@ impl StampedProducer {
             });
         }
         self.write_next(header, payload, self.whole)?;
-        self.publish_own(self.tail);
+        self.publish(self.tail);
         Ok(())
     }
 
@@ -530,7 +539,7 @@ impl StampedProducer {
         }
         let written = self.tail.wrapping_sub(start) as usize;
         if written > 0 {
-            self.publish_own(self.tail);
+            self.publish(self.tail);
         }
         result.map(|()| written)
     }
@@ -568,13 +577,7 @@ impl StampedProducer {
     /// assert_eq!(tx.depth(), 0);
     /// ```
     pub fn reserve(&mut self, n: usize) -> (u64, usize) {
-        let cap = self.ring.capacity as u64;
-        let mut room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
-        if room < n as u64 {
-            self.cached_head = self.ring.index(true).load(Ordering::Acquire);
-            room = cap - self.tail.wrapping_sub(self.cached_head).min(cap);
-        }
-        let got = room.min(n as u64);
+        let got = self.room(n as u64).min(n as u64);
         let first = self.tail;
         if got > 0 {
             self.tail = first.wrapping_add(got);
@@ -588,10 +591,7 @@ impl StampedProducer {
     /// Returns the published tail.
     pub fn finish(&mut self, first: u64, count: usize) -> u64 {
         if count > 0 {
-            if let Some(e) = self.open.finish(first.wrapping_add(count as u64)) {
-                self.published = e;
-                self.ring.index(false).store(e, Ordering::Release);
-            }
+            self.publish(first.wrapping_add(count as u64));
         }
         self.published
     }
@@ -655,8 +655,7 @@ impl std::fmt::Debug for StampedConsumer {
 impl StampedConsumer {
     fn from_ring(ring: Ring) -> Self {
         let head = ring.index(true).load(Ordering::Acquire);
-        // 4 spare bytes: a whole-unit load writes 16 bytes for each unit's 12.
-        let staging = vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA + 4];
+        let staging = staging_for(ring.slot_size);
         StampedConsumer {
             ring,
             head,
@@ -746,12 +745,10 @@ impl StampedConsumer {
         )
     }
 
-    /// Frees slots `..end`, which this consumer took itself, once every claimed range
-    /// before them is released ([`InOrder`]).
-    fn free_own(&mut self, end: u64) {
-        if self.open.open.is_empty() {
-            self.ring.index(true).store(end, Ordering::Release);
-        } else if let Some(e) = self.open.finish(end) {
+    /// The range of slots ending at `end` is read (a claimed one, or the consumer's
+    /// own): frees them once every range before it is ([`InOrder`]).
+    fn free(&mut self, end: u64) {
+        if let Some(e) = self.open.finish(end) {
             self.ring.index(true).store(e, Ordering::Release);
         }
     }
@@ -789,9 +786,7 @@ impl StampedConsumer {
     /// head.
     pub fn release(&mut self, first: u64, count: usize) {
         if count > 0 {
-            if let Some(e) = self.open.finish(first.wrapping_add(count as u64)) {
-                self.ring.index(true).store(e, Ordering::Release);
-            }
+            self.free(first.wrapping_add(count as u64));
         }
     }
 
@@ -837,7 +832,7 @@ impl StampedConsumer {
             payload: bytes[HEADER_SIZE..HEADER_SIZE + header.payload_len as usize].to_vec(),
         });
         self.head = index.wrapping_add(1);
-        self.free_own(self.head);
+        self.free(self.head);
         res.map(Some)
     }
 
@@ -891,7 +886,7 @@ impl StampedConsumer {
         }
         let taken = self.head.wrapping_sub(start);
         if taken > 0 {
-            self.free_own(self.head);
+            self.free(self.head);
         }
         result.map(|()| taken as usize)
     }
@@ -926,6 +921,12 @@ impl StampedConsumer {
             _keep: self.ring._keep.clone(),
         }
     }
+}
+
+/// A staging buffer for one logical slot of `slot_size` bytes: every unit's data and 4
+/// spare bytes (a whole-unit store or load moves 16 bytes for each unit's 12).
+fn staging_for(slot_size: usize) -> Vec<u8> {
+    vec![0u8; units_per_slot(slot_size) * UNIT_DATA + 4]
 }
 
 /// Decodes the stamped slot at `slot` into `staging` if every unit its header says is
@@ -982,8 +983,7 @@ impl Detached {
             mask: ring.mask,
             slot_size: ring.slot_size,
             whole,
-            // 4 spare bytes: a whole unit moves 16 bytes for each unit's 12.
-            staging: vec![0u8; units_per_slot(ring.slot_size) * UNIT_DATA + 4],
+            staging: staging_for(ring.slot_size),
             _keep: ring._keep.clone(),
         }
     }
