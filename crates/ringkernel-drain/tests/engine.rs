@@ -1107,3 +1107,84 @@ async fn a_sender_that_stops_waiting_does_not_stall_the_passes_left_to_it() {
     assert_eq!(k.metrics().processed, accepted);
     terminate_clean(&k).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_of_one_pass_keep_their_own_ids_across_runs_and_k2k() {
+    // One pass holds a batch (consecutive correlation ids: its replies are queued as a
+    // run), a K2K send in its middle (which breaks the run and takes an id and a
+    // timestamp of its own) and single sends whose ids are not consecutive: every reply
+    // answers its own request, and ids and timestamps stay distinct and increasing.
+    let core = core();
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(32)
+        .with_auto_activate(false);
+    let (a, engine) = launch(&core, "a", Handler::Stage, opts);
+    let (b, _) = launch(
+        &core,
+        "b",
+        Handler::Echo,
+        LaunchOptions::default().with_queue_capacity(32),
+    );
+    let to_b = [a.id(), b.id()];
+    let mut batch: Vec<Token> = (0..4)
+        .map(|i| Token::routed(i, i as f64, &[a.id()]).unwrap())
+        .collect();
+    batch.push(Token::routed(4, 4.0, &to_b).unwrap());
+    batch.extend((5..9).map(|i| Token::routed(i, i as f64, &[a.id()]).unwrap()));
+    let mut requests: Vec<u64> = a.send_batch(&batch).await.unwrap().collect();
+    for i in 9..12 {
+        // An id taken in between: these requests' ids are not consecutive.
+        b.send(Token::new(100 + i, 0.0)).await.unwrap();
+        requests.push(
+            a.send(Token::routed(i, i as f64, &[a.id()]).unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    a.activate().await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 11 {
+        got.extend(
+            a.receive_batch(11 - got.len(), Some(Duration::from_secs(5)))
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(engine.target().passes.load(Ordering::SeqCst), 1, "one pass");
+    let want: Vec<(u64, u64)> = (0..12u64)
+        .filter(|&i| i != 4)
+        .map(|i| (i, requests[i as usize]))
+        .collect();
+    let seen: Vec<(u64, u64)> = got
+        .iter()
+        .map(|e| (e.decode::<Token>().unwrap().id, e.header.correlation_id))
+        .collect();
+    assert_eq!(seen, want, "each reply answers its own request, in order");
+    for e in &got {
+        let t: Token = e.decode().unwrap();
+        assert_eq!((t.value, t.hops), (t.id as f64 + 1.0, 1));
+    }
+    assert!(got
+        .windows(2)
+        .all(|w| w[1].header.message_id > w[0].header.message_id));
+    assert!(got
+        .windows(2)
+        .all(|w| w[1].header.hlc() > w[0].header.hlc()));
+    // The K2K send reached b (echoed there), with an id none of the replies has.
+    let mut from_b = Vec::new();
+    while from_b.len() < 4 {
+        from_b.extend(
+            b.receive_batch(4 - from_b.len(), Some(Duration::from_secs(5)))
+                .await
+                .unwrap(),
+        );
+    }
+    let routed = from_b
+        .iter()
+        .find(|e| e.decode::<Token>().unwrap().id == 4)
+        .expect("the K2K send arrived");
+    assert_eq!(routed.decode::<Token>().unwrap().value, 10.0);
+    assert_eq!(a.metrics().processed, 12);
+    terminate_clean(&a).await;
+    terminate_clean(&b).await;
+}

@@ -12,7 +12,10 @@
 //! batched echo alone (for profiling). The actor figures come with the **floor** of the
 //! same run, measured on the same device as `wgpu-floor` does: the round trip of the
 //! smallest useful pass (write the inputs, one dispatch that transforms them, copy back,
-//! map, read) over 4 words, and the same pass over 65,536 words.
+//! map, read) over 4 words, and the same pass over 65,536 words. Beside the floor, the
+//! echo kernel's own pass over 65,536 `Token` requests already on the device (dispatch
+//! and wait, nothing copied, no host work): the device's share of a batched echo
+//! message, checked reply by reply against its request.
 //!
 //! Timing: each op is recorded `REPS` times back to back (the backend's batching: it
 //! submits as it goes), and two figures are taken per run of `REPS`: the wall time from
@@ -296,6 +299,203 @@ impl Floor {
             self.pass()?;
         }
         (0..n).map(|_| self.pass()).collect()
+    }
+}
+
+/// The echo kernel's own pass, without the host: `rk.echo`'s drain module (the one the
+/// runtime compiles) dispatched over `count` valid `Token` requests already on the
+/// device, waited for, nothing copied. The device's share of a batched echo message.
+struct EchoPass {
+    ctx: Arc<ringkernel_wgpu::GpuContext>,
+    count: u32,
+    pipe: wgpu::ComputePipeline,
+    bind: wgpu::BindGroup,
+    output: wgpu::Buffer,
+    ring_bytes: u64,
+}
+
+/// Slot size of the echo pass (a `Token` request needs 256 bytes, as in the runtime).
+const ECHO_SLOT: usize = 256;
+
+impl EchoPass {
+    fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, count: u32) -> Result<Self, Error> {
+        use ringkernel_core::message::{MessageHeader, RingMessage, HEADER_SIZE};
+        let dev = &ctx.device;
+        let wgsl = ringkernel_shaders::drain::builtin_handlers()
+            .into_iter()
+            .find(|(name, _, _)| *name == ECHO)
+            .map(|(_, wgsl, _)| ringkernel_shaders::drain::compose(&wgsl))
+            .ok_or_else(|| Error::Device("no WGSL rk.echo".into()))?;
+        let capacity = (count as usize).next_power_of_two();
+        let words = ECHO_SLOT / 4;
+        let params = ringkernel_shaders::params::Drain {
+            kernel_id: 7,
+            count,
+            hlc_lo: 1000,
+            slot_words: words as u32,
+            mask: capacity as u32 - 1,
+            state_words: 4,
+            ..Default::default()
+        };
+        // The rings: a 128-byte queue header, then the slots.
+        let ring_bytes = 128 + capacity * ECHO_SLOT;
+        let mut input = vec![0u8; ring_bytes];
+        for i in 0..count as usize {
+            let at = 128 + i * ECHO_SLOT;
+            let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
+            h.correlation_id = i as u64;
+            input[at..at + HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&h));
+            let t = Token::new(i as u64, i as f64 + 0.5);
+            input[at + HEADER_SIZE..at + HEADER_SIZE + 72].copy_from_slice(bytemuck::bytes_of(&t));
+        }
+        let storage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let init = |contents: &[u8], usage| {
+            dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("echo pass"),
+                contents,
+                usage,
+            })
+        };
+        let uniform = init(bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM);
+        let control = init(&[0u8; 128], storage);
+        let in_ring = init(&input, storage);
+        // Poisoned, so that a pass that wrote nothing cannot pass the check.
+        let output = init(&vec![0xA5u8; ring_bytes], storage);
+        let state = init(&[0u8; 16], storage);
+        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let rw = wgpu::BufferBindingType::Storage { read_only: false };
+        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("echo pass"),
+            entries: &[
+                entry(0, wgpu::BufferBindingType::Uniform),
+                entry(1, rw),
+                entry(2, wgpu::BufferBindingType::Storage { read_only: true }),
+                entry(3, rw),
+                entry(4, rw),
+            ],
+        });
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("echo pass"),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+        });
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("echo pass"),
+            layout: Some(
+                &dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some("echo pass"),
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                }),
+            ),
+            module: &module,
+            entry_point: Some("rk_drain"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("echo pass"),
+            layout: &layout,
+            entries: &[&uniform, &control, &in_ring, &output, &state]
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect::<Vec<_>>(),
+        });
+        ctx.take_error()?;
+        Ok(EchoPass {
+            ctx: ctx.clone(),
+            count,
+            pipe,
+            bind,
+            output,
+            ring_bytes: ring_bytes as u64,
+        })
+    }
+
+    /// One pass (dispatch, wait); its time in µs.
+    fn pass(&self) -> Result<f64, Error> {
+        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        let t = Instant::now();
+        let mut enc = dev.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&self.pipe);
+            pass.set_bind_group(0, &self.bind, &[]);
+            let [x, y, z] = ringkernel_shaders::grid_for(
+                u64::from(self.count)
+                    .div_ceil(u64::from(ringkernel_shaders::drain::DRAIN_WORKGROUP_SIZE)),
+            );
+            pass.dispatch_workgroups(x, y, z);
+        }
+        q.submit([enc.finish()]);
+        dev.poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| dev_err(&e))?;
+        Ok(t.elapsed().as_secs_f64() * 1e6)
+    }
+
+    /// `n` passes after a few warm-up ones, then a check of every reply; the passes'
+    /// times in µs.
+    fn passes(&self, n: usize) -> Result<Vec<f64>, Error> {
+        for _ in 0..3 {
+            self.pass()?;
+        }
+        let times = (0..n).map(|_| self.pass()).collect::<Result<Vec<_>, _>>()?;
+        self.check()?;
+        Ok(times)
+    }
+
+    /// Every reply is the echo of its request (value doubled, one hop, a reply header).
+    fn check(&self) -> Result<(), Error> {
+        use ringkernel_core::message::{MessageHeader, HEADER_SIZE};
+        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
+        let back = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("echo pass readback"),
+            size: self.ring_bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = dev.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&self.output, 0, &back, 0, self.ring_bytes);
+        q.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        back.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        dev.poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| dev_err(&e))?;
+        rx.recv()
+            .map_err(|e| dev_err(&e))?
+            .map_err(|e| dev_err(&e))?;
+        let m = back.get_mapped_range(..).map_err(|e| dev_err(&e))?;
+        for i in 0..self.count as usize {
+            let at = 128 + i * ECHO_SLOT;
+            let h: MessageHeader = bytemuck::pod_read_unaligned(&m[at..at + HEADER_SIZE]);
+            let t: Token =
+                bytemuck::pod_read_unaligned(&m[at + HEADER_SIZE..at + HEADER_SIZE + 72]);
+            if !h.is_valid()
+                || h.correlation_id != i as u64
+                || t.id != i as u64
+                || t.value != 2.0 * (i as f64 + 0.5)
+                || t.hops != 1
+            {
+                return Err(Error::Device(format!("echo pass: reply {i} wrong: {t:?}")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -666,6 +866,12 @@ fn actors(
     println!(
         "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
         65536.0 / b50
+    );
+    // The device's share of a batched echo message: the echo kernel's pass alone.
+    let (e50, _) = p50_p99(&mut EchoPass::new(g.context(), 65536)?.passes(20)?);
+    println!(
+        "echo kernel alone, 65,536 requests per pass (dispatch and wait, no copies, no host work): p50 {e50:.1} us = {:.1} M msgs/s",
+        65536.0 / e50
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
