@@ -591,6 +591,7 @@ fn per_thread(
         ("receiver (main)", 0.0),
         ("sender (tokio workers)", 0.0),
         ("wgpu poller", 0.0),
+        ("wgpu launcher", 0.0),
     ];
     let mut others: std::collections::BTreeMap<String, f64> = Default::default();
     // Threads started without a name carry the process's (lavapipe's do).
@@ -604,6 +605,8 @@ fn per_thread(
             ours[1].1 += per;
         } else if "ringkernel-wgpu-poll".starts_with(name.as_str()) {
             ours[2].1 += per;
+        } else if ringkernel_wgpu::runtime::LAUNCHER_THREAD.starts_with(name.as_str()) {
+            ours[3].1 += per;
         } else if *name == process {
             *others.entry("unnamed".into()).or_default() += per;
         } else {

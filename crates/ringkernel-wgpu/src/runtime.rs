@@ -19,6 +19,17 @@
 //!   readback buffer to be mapped. Up to three passes of a kernel are in flight at once
 //!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
 //!   device across them.
+//! * The engine calls `launch` with its host lock held. For a pass of at least
+//!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
+//!   (its staged slots, the control block's host line when it changed) and hands the
+//!   rest (the upload copy, recording, submission) to the runtime's **launcher** thread
+//!   ([`LAUNCHER_THREAD`]), which runs them in the order they came; smaller passes (a
+//!   `call`) are launched on the calling thread unless passes wait for the launcher.
+//!   So the thread that fills the next pass and the one that finishes the last do not
+//!   wait for the lock while a pass's slots cross to the device (on an H200 through
+//!   Vulkan the batched echo made 1.26× the messages a second at the median of five
+//!   alternating pairs, BENCHMARKS.md, 2026-11-28); on lavapipe, whose submission runs
+//!   the pass, they no longer wait for the pass either.
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`, waiting for the oldest pass in
 //!   flight, so each pass is finished as soon as it is done while the device runs the
@@ -196,6 +207,22 @@ struct Poller {
     /// as soon as it is done and its successor starts while the device still runs the
     /// passes launched after it.
     submissions: Mutex<VecDeque<wgpu::SubmissionIndex>>,
+    /// Passes waiting for the launcher thread, in launch order, and whether it is
+    /// running one (see [`Poller::defer`]).
+    launches: Mutex<Launches>,
+    launch_wake: Event,
+    /// Whether the launcher thread runs (started with the first deferred pass).
+    launcher: Mutex<bool>,
+    /// Whether large passes go to the launcher thread ([`LAUNCHER_ENV`]).
+    defers: bool,
+}
+
+/// The launcher thread's queue.
+#[derive(Default)]
+struct Launches {
+    jobs: VecDeque<Job>,
+    /// Set while the launcher thread runs a job taken from `jobs`.
+    busy: bool,
 }
 
 impl Poller {
@@ -211,6 +238,10 @@ impl Poller {
             finishing: Mutex::new(()),
             submitted: AtomicU64::new(0),
             submissions: Mutex::new(VecDeque::new()),
+            launches: Mutex::new(Launches::default()),
+            launch_wake: Event::new(),
+            launcher: Mutex::new(false),
+            defers: std::env::var(LAUNCHER_ENV).map_or(true, |v| v.trim() != "0"),
         })
     }
 
@@ -225,6 +256,68 @@ impl Poller {
             *started = true;
         }
         Ok(())
+    }
+
+    /// Queues `job` for the launcher thread when it is a large pass ([`DEFER_MIN`]) or
+    /// passes are queued there already (so that a kernel's passes keep their order);
+    /// else hands it back, to be run on the calling thread. A job that cannot be queued
+    /// (the thread does not start) is handed back too.
+    fn defer(self: &Arc<Self>, job: Job) -> Option<Job> {
+        if !self.defers {
+            return Some(job);
+        }
+        let mut q = lock(&self.launches);
+        if job.p.count < DEFER_MIN && q.jobs.is_empty() && !q.busy {
+            return Some(job);
+        }
+        if let Err(e) = self.ensure_launcher() {
+            tracing::warn!(error = %e, "no launcher thread: the pass is launched here");
+            if q.jobs.is_empty() && !q.busy {
+                return Some(job);
+            }
+        }
+        q.jobs.push_back(job);
+        drop(q);
+        self.launch_wake.notify(usize::MAX);
+        None
+    }
+
+    fn ensure_launcher(self: &Arc<Self>) -> Result<()> {
+        let mut started = lock(&self.launcher);
+        if !*started {
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(LAUNCHER_THREAD.into())
+                .spawn(move || Poller::launch_loop(weak))
+                .map_err(|e| Error::Device(format!("could not start the wgpu launcher: {e}")))?;
+            *started = true;
+        }
+        Ok(())
+    }
+
+    /// The launcher thread: runs the deferred jobs in the order they came. Ends once the
+    /// poller is unused (a queued job keeps it alive through its kernel's buffers).
+    fn launch_loop(weak: Weak<Poller>) {
+        loop {
+            let Some(p) = weak.upgrade() else { return };
+            let listener = p.launch_wake.listen();
+            let job = {
+                let mut q = lock(&p.launches);
+                let job = q.jobs.pop_front();
+                q.busy = job.is_some();
+                job
+            };
+            match job {
+                Some(job) => {
+                    drop(p);
+                    job.run_deferred();
+                }
+                None => {
+                    drop(p);
+                    listener.wait_timeout(Duration::from_millis(200));
+                }
+            }
+        }
     }
 
     /// Maps `c.staging` once the pass submitted as `submission` is done; `c` is
@@ -341,6 +434,141 @@ fn serve_order<T>(ready: &mut [T], key: impl Fn(&T) -> (u8, u64)) {
     });
 }
 
+/// Passes of at least this many messages are recorded and submitted on the runtime's
+/// launcher thread instead of the launching one (see the [module docs](self)): their upload copy and
+/// submission (on lavapipe the submission runs the pass) then happen outside the
+/// drain engine's host lock. Smaller passes (a single `call`) are launched at once, on
+/// the calling thread, unless passes are queued for the launcher (order).
+pub const DEFER_MIN: u32 = 1024;
+
+/// Name of the launcher thread (under the 15 bytes Linux keeps of a thread's name).
+pub const LAUNCHER_THREAD: &str = "rk-wgpu-launch";
+
+/// Environment variable: `0` launches every pass on the thread that starts it (under
+/// the drain engine's host lock), as before the launcher thread; for measuring it.
+pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
+
+/// A pass prepared by `launch` under the drain engine's host lock (its staged slots and
+/// the control block's host line taken there) and recorded, submitted and handed to the
+/// poller by [`run`](Job::run): on the launching thread, or for a large pass on the
+/// runtime's launcher thread ([`Poller::defer`]), which runs the jobs in the order they
+/// came, so a kernel's passes reach the device in launch order either way.
+struct Job {
+    inner: Arc<Inner>,
+    p: params::Drain,
+    done: PassDone,
+    /// The mapped upload buffer the engine wrote this pass's slots into, if any.
+    staged: Option<Staged>,
+    /// The host line of the control block, when it changed since the last upload.
+    control: Option<Vec<u8>>,
+}
+
+impl Job {
+    /// Records the pass (its input slots and parameters up, the dispatch, its output
+    /// slots and the device-written control fields into a readback buffer of its own),
+    /// submits it and hands its completion to the poller. On an error nothing was
+    /// submitted, and `done` comes back uncalled with it.
+    fn run(self) -> std::result::Result<(), (Error, PassDone)> {
+        let Job {
+            inner: me,
+            p,
+            done,
+            staged,
+            control,
+        } = self;
+        let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
+        let runs = slot_runs(first, u64::from(p.count), me.capacity, me.slot_size);
+        let (dev, q) = (&me.ctx.device, &me.ctx.queue);
+        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        // The engine launches at most `max_in_flight` passes at once, and a finishing
+        // pass gives its readback buffer back just after its `done`: one buffer more
+        // than that is kept, and another made should they all be in use (or a pass be
+        // larger than they are).
+        let need = (p.count as usize * me.slot_size + DEVICE_WRITTEN.len()) as u64;
+        let staging = match lock(&me.staging).pop() {
+            Some(b) if b.size() >= need => b,
+            _ => readback_buffer(dev, need.max(me.readback_len as u64)),
+        };
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("rk drain"),
+        });
+        let upload = match me.upload(&runs, bytemuck::bytes_of(&p), staged, &mut enc) {
+            Ok(u) => u,
+            Err(e) => {
+                lock(&me.staging).push(staging);
+                return Err((e, done));
+            }
+        };
+        if let Some(control) = control {
+            q.write_buffer(&me.control, 0, &control);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("rk drain"),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&me.compiled.pipeline);
+            pass.set_bind_group(0, &me.bind, &[]);
+            let [x, y, z] = me.compiled.module.groups(p.count);
+            pass.dispatch_workgroups(x, y, z);
+        }
+        // The pass's output slots go to the readback buffer in pass order (a run where
+        // the pass wraps follows the one before it), the device-written control fields
+        // after them, and only those bytes are mapped.
+        let mut control_at = 0;
+        for run in &runs {
+            enc.copy_buffer_to_buffer(
+                &me.output,
+                run.start as u64,
+                &staging,
+                control_at as u64,
+                run.len() as u64,
+            );
+            control_at += run.len();
+        }
+        let mapped = 0..control_at + DEVICE_WRITTEN.len();
+        enc.copy_buffer_to_buffer(
+            &me.control,
+            DEVICE_WRITTEN.start as u64,
+            &staging,
+            control_at as u64,
+            DEVICE_WRITTEN.len() as u64,
+        );
+        let submission = q.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            lock(&me.staging).push(staging);
+            if let Some(u) = upload {
+                remap_upload(u, me.uploads.clone());
+            }
+            let e = Error::Device(format!("drain pass on {}: {e}", me.ctx.info.name));
+            return Err((e, done));
+        }
+        me.poller.watch(
+            Completion {
+                staging,
+                pool: me.staging.clone(),
+                upload: upload.map(|u| (u, me.uploads.clone())),
+                rings: me.rings.clone(),
+                control_at,
+                mapped,
+                priority: me.priority,
+                seq: 0,
+                done,
+            },
+            submission,
+        );
+        Ok(())
+    }
+
+    /// [`run`](Self::run) off the launching thread: an error goes to the pass's `done`.
+    fn run_deferred(self) {
+        if let Err((e, done)) = self.run() {
+            tracing::error!(error = %e, "drain pass could not be launched");
+            done(Err(e));
+        }
+    }
+}
+
 /// A compiled drain handler: pipeline and bind group layout.
 struct Compiled {
     pipeline: wgpu::ComputePipeline,
@@ -358,8 +586,9 @@ struct Staged {
     slots: usize,
 }
 
-/// The device buffers of one kernel and its host copies.
-struct WgpuDrainTarget {
+/// The device buffers of one kernel and its host copies (shared with the runtime's
+/// launcher thread, which records and submits large passes, see [`Job`]).
+struct Inner {
     ctx: Arc<GpuContext>,
     poller: Arc<Poller>,
     compiled: Arc<Compiled>,
@@ -391,114 +620,46 @@ struct WgpuDrainTarget {
     bind: wgpu::BindGroup,
 }
 
+/// A kernel's drain target: its buffers, shared with the launcher thread.
+struct WgpuDrainTarget {
+    rings: Arc<HostRings>,
+    inner: Arc<Inner>,
+}
+
 // SAFETY: `input`/`output`/`control` are the host copies in `rings` (owned through an
 // `Arc`, alive as long as the target and every pending completion): rings of
 // `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
 // The "device" side (the poller's copy-out) writes only the output slots of the pass and
 // the device-written control fields, after the pass finished and before `done`. `done`
-// runs on the poller thread, never inside `launch`. `stage_input` hands out the mapped
-// range of an upload buffer taken from the pool (so no pass in flight uses it), whose
-// view stays in `staged` until the following `launch` unmaps it: `count · slot_size`
-// bytes the host may write, nothing else addressing them meanwhile.
+// runs on the poller thread (or, for a pass whose deferred launch failed, on the
+// launcher thread), never inside `launch`. `stage_input` hands out the mapped range of
+// an upload buffer taken from the pool (so no pass in flight uses it), whose view stays
+// in `staged` until the following `launch` takes it into that pass's job, which unmaps
+// it: `count · slot_size` bytes the host may write, nothing else addressing them
+// meanwhile. A job reads the pass's input slots of the host ring (`Inner::upload`)
+// after `launch` returned, possibly on the launcher thread: those slots stay the pass's
+// until its `done` (the engine counts them busy), so nothing writes them meanwhile.
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
     fn launch(&self, p: params::Drain, done: PassDone) -> Result<()> {
-        self.poller.ensure_thread()?;
-        let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
-        let runs = slot_runs(first, u64::from(p.count), self.capacity, self.slot_size);
-        let (dev, q) = (&self.ctx.device, &self.ctx.queue);
-        let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        // The engine launches at most `max_in_flight` passes at once, and a finishing
-        // pass gives its readback buffer back just after its `done`: one buffer more
-        // than that is kept, and another made should they all be in use (or a pass be
-        // larger than they are).
-        let need = (p.count as usize * self.slot_size + DEVICE_WRITTEN.len()) as u64;
-        let staging = match lock(&self.staging).pop() {
-            Some(b) if b.size() >= need => b,
-            _ => readback_buffer(dev, need.max(self.readback_len as u64)),
+        let inner = &self.inner;
+        inner.poller.ensure_thread()?;
+        // Taken now, under the engine's host lock: the slots the engine staged for this
+        // pass, and the host line of the control block when it changed.
+        let staged = lock(&inner.staged).take();
+        let control = inner.control_to_send();
+        let job = Job {
+            inner: inner.clone(),
+            p,
+            done,
+            staged,
+            control,
         };
-        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("rk drain"),
-        });
-        let upload = self.upload(&runs, bytemuck::bytes_of(&p), &mut enc)?;
-        // Only the host-written part of the control block goes up, and only when it
-        // changed (a lifecycle change): the drain template reads none of it, so the
-        // input tail the engine writes before each pass (which the pass gets in its
-        // parameters) is not worth an upload of its own. The device-written part lives
-        // on the device across passes (a pass in flight may be updating it).
-        // SAFETY: the host writes the control block only under the engine's host lock
-        // (held now); the copy-out of a completion writes only `DEVICE_WRITTEN`.
-        let control =
-            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
-        {
-            let mut sent = lock(&self.control_sent);
-            let tail = std::mem::offset_of!(ControlBlock, input_tail);
-            let same =
-                |a: &[u8], b: &[u8]| a[..tail] == b[..tail] && a[tail + 8..] == b[tail + 8..];
-            if !sent.as_deref().is_some_and(|s| same(s, control)) {
-                q.write_buffer(&self.control, 0, control);
-                *sent = Some(control.to_vec());
-            }
+        match inner.poller.defer(job) {
+            None => Ok(()),
+            Some(job) => job.run().map_err(|(e, _)| e),
         }
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("rk drain"),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&self.compiled.pipeline);
-            pass.set_bind_group(0, &self.bind, &[]);
-            let [x, y, z] = self.compiled.module.groups(p.count);
-            pass.dispatch_workgroups(x, y, z);
-        }
-        // The pass's output slots go to the readback buffer in pass order (a run where
-        // the pass wraps follows the one before it), the device-written control fields
-        // after them, and only those bytes are mapped.
-        let mut control_at = 0;
-        for run in &runs {
-            enc.copy_buffer_to_buffer(
-                &self.output,
-                run.start as u64,
-                &staging,
-                control_at as u64,
-                run.len() as u64,
-            );
-            control_at += run.len();
-        }
-        let mapped = 0..control_at + DEVICE_WRITTEN.len();
-        enc.copy_buffer_to_buffer(
-            &self.control,
-            DEVICE_WRITTEN.start as u64,
-            &staging,
-            control_at as u64,
-            DEVICE_WRITTEN.len() as u64,
-        );
-        let submission = q.submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            lock(&self.staging).push(staging);
-            if let Some(u) = upload {
-                remap_upload(u, self.uploads.clone());
-            }
-            return Err(Error::Device(format!(
-                "drain pass on {}: {e}",
-                self.ctx.info.name
-            )));
-        }
-        self.poller.watch(
-            Completion {
-                staging,
-                pool: self.staging.clone(),
-                upload: upload.map(|u| (u, self.uploads.clone())),
-                rings: self.rings.clone(),
-                control_at,
-                mapped,
-                priority: self.priority,
-                seq: 0,
-                done,
-            },
-            submission,
-        );
-        Ok(())
     }
 
     fn max_in_flight(&self) -> usize {
@@ -509,31 +670,52 @@ unsafe impl DrainTarget for WgpuDrainTarget {
     /// writes the pass's slots there, not into the host ring, and `launch` copies them
     /// to the device ring from it (see [`upload`](WgpuDrainTarget::upload)).
     fn stage_input(&self, count: usize) -> Option<*mut u8> {
-        let slots = count * self.slot_size;
-        if !self.stage || slots == 0 || slots > self.upload_len {
+        let slots = count * self.inner.slot_size;
+        if !self.inner.stage || slots == 0 || slots > self.inner.upload_len {
             return None;
         }
-        let buf = lock(&self.uploads).pop()?;
+        let buf = lock(&self.inner.uploads).pop()?;
         let end = (slots + std::mem::size_of::<params::Drain>()) as u64;
         let mut view = match buf.get_mapped_range_mut(..end) {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "upload buffer not mapped: the pass goes through the host ring");
-                lock(&self.uploads).push(buf);
+                lock(&self.inner.uploads).push(buf);
                 return None;
             }
         };
         let ptr = view.slice(..slots).as_raw_element_ptr().as_ptr();
-        *lock(&self.staged) = Some(Staged { buf, view, slots });
+        *lock(&self.inner.staged) = Some(Staged { buf, view, slots });
         Some(ptr)
     }
 
     fn progress(&self) -> bool {
-        self.poller.help()
+        self.inner.poller.help()
     }
 }
 
-impl WgpuDrainTarget {
+impl Inner {
+    /// The host-written part of the control block, when it changed since it last went
+    /// up (a lifecycle change): the drain template reads none of it, so the input tail
+    /// the engine writes before each pass (which the pass gets in its parameters) is
+    /// not worth an upload of its own. The device-written part lives on the device
+    /// across passes (a pass in flight may be updating it). Called by `launch`, with
+    /// the engine's host lock held.
+    fn control_to_send(&self) -> Option<Vec<u8>> {
+        // SAFETY: the host writes the control block only under the engine's host lock
+        // (held now); the copy-out of a completion writes only `DEVICE_WRITTEN`.
+        let control =
+            unsafe { std::slice::from_raw_parts(self.rings.control(), DEVICE_WRITTEN.start) };
+        let mut sent = lock(&self.control_sent);
+        let tail = std::mem::offset_of!(ControlBlock, input_tail);
+        let same = |a: &[u8], b: &[u8]| a[..tail] == b[..tail] && a[tail + 8..] == b[tail + 8..];
+        if sent.as_deref().is_some_and(|s| same(s, control)) {
+            return None;
+        }
+        *sent = Some(control.to_vec());
+        Some(control.to_vec())
+    }
+
     /// Moves the pass's input slots (`runs` of the host ring) and its parameter block to
     /// the device: written into an upload buffer that stays allocated (mapped for
     /// writing while no pass uses it) and copied by `enc` ahead of the dispatch, so that
@@ -546,6 +728,7 @@ impl WgpuDrainTarget {
         &self,
         runs: &[Range<usize>],
         params: &[u8],
+        staged: Option<Staged>,
         enc: &mut wgpu::CommandEncoder,
     ) -> Result<Option<wgpu::Buffer>> {
         let total: usize = runs.iter().map(|r| r.len()).sum();
@@ -553,7 +736,7 @@ impl WgpuDrainTarget {
             buf,
             mut view,
             slots,
-        }) = lock(&self.staged).take()
+        }) = staged
         {
             // The engine wrote the pass's slots into `buf` already (`stage_input`).
             if slots != total {
@@ -577,8 +760,10 @@ impl WgpuDrainTarget {
         let Some(buf) = buf else {
             self.ctx.queue.write_buffer(&self.params, 0, params);
             for run in runs {
-                // SAFETY: the engine calls `launch` with its host lock held, under which
-                // alone input slots are written; `run` lies in the input ring.
+                // SAFETY: `run` lies in the input ring and holds this pass's slots, which
+                // the engine wrote before `launch` and writes again only after the
+                // pass's `done` (its slots stay busy until then); other passes' slots,
+                // which the engine may be writing meanwhile, lie outside `run`.
                 let bytes = unsafe {
                     std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
                 };
@@ -860,11 +1045,11 @@ impl WgpuRuntime {
                 self.ctx.info.name
             )));
         }
-        Ok(WgpuDrainTarget {
+        let inner = Arc::new(Inner {
             ctx: self.ctx.clone(),
             poller: self.poller.clone(),
             compiled,
-            rings,
+            rings: rings.clone(),
             capacity: opts.queue_capacity,
             slot_size: opts.slot_size,
             priority: opts.priority,
@@ -880,7 +1065,8 @@ impl WgpuRuntime {
             stage: stage_directly(self.ctx.info.discrete),
             control_sent: Mutex::new(None),
             bind,
-        })
+        });
+        Ok(WgpuDrainTarget { rings, inner })
     }
 }
 

@@ -396,3 +396,90 @@ async fn a_request_too_far_ahead_of_the_clock_is_dropped() {
     assert!(k.try_receive::<Token>().unwrap().is_none());
     rt.shutdown().await.unwrap();
 }
+
+/// Names of this process's threads (Linux; empty elsewhere).
+fn thread_names() -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+/// Passes of at least a thousand messages are recorded and submitted on the runtime's
+/// launcher thread, small ones on the calling thread unless passes wait there. Large
+/// batches through a serial counter (each reply carries how many messages the kernel
+/// had seen, so a pass run out of order on the device shows) while another kernel of
+/// the same runtime answers calls: every reply comes back, in order and right, and the
+/// calls are answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_passes_on_the_launcher_thread_keep_order_beside_calls() {
+    let rt = runtime();
+    let big = rt
+        .launch(COUNTER, LaunchOptions::default().with_queue_capacity(16384))
+        .await
+        .unwrap();
+    let small = rt
+        .launch(ECHO, LaunchOptions::default().with_name("small"))
+        .await
+        .unwrap();
+    let n = 30_000u64;
+    let sender = {
+        let k = big.clone();
+        tokio::spawn(async move {
+            let msgs: Vec<Token> = (0..n).map(|i| Token::new(i, i as f64 + 0.25)).collect();
+            let mut ids = Vec::new();
+            for chunk in msgs.chunks(8192) {
+                ids.extend(k.send_batch(chunk).await.unwrap());
+            }
+            ids
+        })
+    };
+    let caller = {
+        let k = small.clone();
+        tokio::spawn(async move {
+            for i in 0..40u64 {
+                let r: Token = k
+                    .call(Token::new(i, i as f64), Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                assert_eq!((r.id, r.value, r.hops), (i, 2.0 * i as f64, 1), "call {i}");
+            }
+        })
+    };
+    let mut got = Vec::new();
+    while (got.len() as u64) < n {
+        let envs = big
+            .receive_batch(n as usize - got.len(), Some(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        got.extend(envs);
+    }
+    let ids = sender.await.unwrap();
+    caller.await.unwrap();
+    for (i, env) in got.iter().enumerate() {
+        let t: Token = env.decode().unwrap();
+        assert_eq!(
+            (t.id, t.value, t.hops),
+            (i as u64, (i + 1) as f64, 1),
+            "reply {i}"
+        );
+        assert_eq!(env.header.correlation_id, ids[i]);
+    }
+    assert!(got
+        .windows(2)
+        .all(|w| w[1].header.hlc() > w[0].header.hlc()));
+    let m = big.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (n, n, 0));
+    if cfg!(target_os = "linux") {
+        let names = thread_names();
+        assert!(
+            names
+                .iter()
+                .any(|t| t == ringkernel_wgpu::runtime::LAUNCHER_THREAD),
+            "large passes went through the launcher thread: {names:?}"
+        );
+    }
+    rt.shutdown().await.unwrap();
+}
