@@ -895,8 +895,12 @@ impl<T: DrainTarget> DrainEngine<T> {
         let ring_room = self.capacity as u64 - busy;
         // While a pass runs, a further one must be worth it (else the completion,
         // which starts the next pass anyway, takes these messages).
+        // (Never more than a pass may take: with many passes in flight over a small
+        // ring, a quarter of the ring is more than one pass's share.)
         let min_batch = if h.in_flight > 0 {
-            OVERLAP_MIN_BATCH.min((self.capacity as u64 / 4).max(1))
+            OVERLAP_MIN_BATCH
+                .min((self.capacity as u64 / 4).max(1))
+                .min(self.pass_limit())
         } else {
             1
         };

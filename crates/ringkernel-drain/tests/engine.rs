@@ -1188,3 +1188,30 @@ async fn replies_of_one_pass_keep_their_own_ids_across_runs_and_k2k() {
     terminate_clean(&a).await;
     terminate_clean(&b).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_passes_in_flight_over_a_small_ring_still_overlap() {
+    // Six passes allowed over 16 slots: a pass takes at most 2 messages (its share of
+    // the ring), so a further pass must not wait for more than that (a quarter of the
+    // ring, 4, is more than a pass may ever take).
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch_overlapped(&core, "counter", Handler::Counter, opts, 6);
+    let target = engine.target();
+    target.hold.store(true, Ordering::SeqCst);
+    for i in 0..12 {
+        k.send(Token::new(i, 0.0)).await.unwrap();
+    }
+    assert!(
+        target.running.load(Ordering::SeqCst) >= 2,
+        "passes overlap: {} running",
+        target.running.load(Ordering::SeqCst)
+    );
+    target.hold.store(false, Ordering::SeqCst);
+    for i in 0..12 {
+        let t: Token = k.receive_timeout_as(Duration::from_secs(10)).await.unwrap();
+        assert_eq!((t.id, t.value), (i, (i + 1) as f64), "reply {i}");
+    }
+    assert!(target.most_running.load(Ordering::SeqCst) <= 6);
+    terminate_clean(&k).await;
+}

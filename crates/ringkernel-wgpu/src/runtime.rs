@@ -16,7 +16,7 @@
 //!   `stage_directly`) and the host line of the control block, records one dispatch and
 //!   the copies of the output slots and the device-written control fields into a
 //!   readback buffer of its own, submits, and asks for the bytes of that pass in the
-//!   readback buffer to be mapped. Up to three passes of a kernel are in flight at once
+//!   readback buffer to be mapped. Up to six passes of a kernel are in flight at once
 //!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
 //!   device across them.
 //! * The engine calls `launch` with its host lock held. For a pass of at least
@@ -74,8 +74,12 @@ pub use ringkernel_drain::engine::register_builtins as register_wgsl_builtins;
 const CB: usize = std::mem::size_of::<ControlBlock>();
 
 /// Drain passes of one kernel in flight at once: while the poller finishes one pass
-/// (readback, replies) the device runs the next. Each has its own readback buffer.
-const PASSES_IN_FLIGHT: usize = 3;
+/// (readback, replies), the launcher uploads another and the device runs a third. Each
+/// has its own readback and upload buffer, and takes at most this share of the ring.
+/// Six rather than three (the same ring, in smaller passes): the batched echo on an
+/// H200 made 1.16x the messages a second (medians of three alternating runs,
+/// BENCHMARKS.md, 2026-11-28).
+const PASSES_IN_FLIGHT: usize = 6;
 
 /// Environment variable: `0` makes the drain engine write a pass's slots into the host
 /// ring and `launch` copy them into the mapped upload buffer in one go, `1` makes it
