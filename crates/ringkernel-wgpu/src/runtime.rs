@@ -468,15 +468,66 @@ struct Job {
 }
 
 impl Job {
+    /// Launches the pass on the calling thread ([`record`](Self::record)). On an
+    /// error nothing was submitted, and `done` comes back uncalled with it.
+    fn run(self) -> std::result::Result<(), (Error, PassDone)> {
+        let mut done = Some(self.done);
+        let job = Parts {
+            inner: self.inner,
+            p: self.p,
+            staged: self.staged,
+            control: self.control,
+        };
+        match job.record(&mut done) {
+            Ok(()) => Ok(()),
+            Err(e) => match done {
+                Some(done) => Err((e, done)),
+                // `record` takes `done` only once nothing can fail any more.
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// [`run`](Self::run) on the launcher thread: an error, or a panic while the pass is
+    /// recorded, goes to the pass's `done` (so its kernel fails instead of waiting for
+    /// it), and the thread goes on with the next job.
+    fn run_deferred(self) {
+        let mut done = Some(self.done);
+        let job = Parts {
+            inner: self.inner,
+            p: self.p,
+            staged: self.staged,
+            control: self.control,
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.record(&mut done)))
+            .unwrap_or_else(|_| Err(Error::Device("the launch of a drain pass panicked".into())));
+        if let Err(e) = r {
+            tracing::error!(error = %e, "drain pass could not be launched");
+            if let Some(done) = done.take() {
+                done(Err(e));
+            }
+        }
+    }
+}
+
+/// A [`Job`] without its `done`, which [`record`](Parts::record) takes only when it
+/// hands the pass to the poller.
+struct Parts {
+    inner: Arc<Inner>,
+    p: params::Drain,
+    staged: Option<Staged>,
+    control: Option<Vec<u8>>,
+}
+
+impl Parts {
     /// Records the pass (its input slots and parameters up, the dispatch, its output
     /// slots and the device-written control fields into a readback buffer of its own),
-    /// submits it and hands its completion to the poller. On an error nothing was
-    /// submitted, and `done` comes back uncalled with it.
-    fn run(self) -> std::result::Result<(), (Error, PassDone)> {
-        let Job {
+    /// submits it and hands its completion, with `done`, to the poller. On an error
+    /// nothing was submitted and `done` is left where it was.
+    fn record(self, done: &mut Option<PassDone>) -> Result<()> {
+        let Parts {
             inner: me,
             p,
-            done,
             staged,
             control,
         } = self;
@@ -500,7 +551,7 @@ impl Job {
             Ok(u) => u,
             Err(e) => {
                 lock(&me.staging).push(staging);
-                return Err((e, done));
+                return Err(e);
             }
         };
         if let Some(control) = control {
@@ -544,9 +595,14 @@ impl Job {
             if let Some(u) = upload {
                 remap_upload(u, me.uploads.clone());
             }
-            let e = Error::Device(format!("drain pass on {}: {e}", me.ctx.info.name));
-            return Err((e, done));
+            return Err(Error::Device(format!(
+                "drain pass on {}: {e}",
+                me.ctx.info.name
+            )));
         }
+        let Some(done) = done.take() else {
+            return Err(Error::Device("a drain pass launched twice".into()));
+        };
         me.poller.watch(
             Completion {
                 staging,
@@ -562,14 +618,6 @@ impl Job {
             submission,
         );
         Ok(())
-    }
-
-    /// [`run`](Self::run) off the launching thread: an error goes to the pass's `done`.
-    fn run_deferred(self) {
-        if let Err((e, done)) = self.run() {
-            tracing::error!(error = %e, "drain pass could not be launched");
-            done(Err(e));
-        }
     }
 }
 
