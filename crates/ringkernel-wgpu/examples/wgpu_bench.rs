@@ -211,6 +211,17 @@ fn dev_err(e: &dyn std::fmt::Display) -> Error {
     Error::Device(format!("floor pass: {e}"))
 }
 
+/// Maps `buf` for reading and waits until it is mapped (after the work submitted so far).
+fn map_read(dev: &wgpu::Device, buf: &wgpu::Buffer) -> Result<(), Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    buf.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    dev.poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| dev_err(&e))?;
+    rx.recv().map_err(|e| dev_err(&e))?.map_err(|e| dev_err(&e))
+}
+
 impl Floor {
     fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, words: u64) -> Self {
         let dev = &ctx.device;
@@ -273,15 +284,7 @@ impl Floor {
         let half = self.words * 4;
         enc.copy_buffer_to_buffer(&self.buf, half, &self.staging, 0, half);
         q.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        dev.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| dev_err(&e))?;
-        rx.recv()
-            .map_err(|e| dev_err(&e))?
-            .map_err(|e| dev_err(&e))?;
+        map_read(dev, &self.staging)?;
         let ok = {
             let m = self.staging.get_mapped_range(..).map_err(|e| dev_err(&e))?;
             u32::from_le_bytes([m[4], m[5], m[6], m[7]]) == 3
@@ -471,15 +474,7 @@ impl EchoPass {
         let mut enc = dev.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&self.output, 0, &back, 0, self.ring_bytes);
         q.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        back.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        dev.poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| dev_err(&e))?;
-        rx.recv()
-            .map_err(|e| dev_err(&e))?
-            .map_err(|e| dev_err(&e))?;
+        map_read(dev, &back)?;
         let m = back.get_mapped_range(..).map_err(|e| dev_err(&e))?;
         for i in 0..self.count as usize {
             let at = 128 + i * ECHO_SLOT;

@@ -271,7 +271,7 @@ impl Poller {
             return Some(job);
         }
         let mut q = lock(&self.launches);
-        if job.p.count < DEFER_MIN && q.jobs.is_empty() && !q.busy {
+        if job.parts.p.count < DEFER_MIN && q.jobs.is_empty() && !q.busy {
             return Some(job);
         }
         if let Err(e) = self.ensure_launcher() {
@@ -458,27 +458,16 @@ pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 /// runtime's launcher thread ([`Poller::defer`]), which runs the jobs in the order they
 /// came, so a kernel's passes reach the device in launch order either way.
 struct Job {
-    inner: Arc<Inner>,
-    p: params::Drain,
+    parts: Parts,
     done: PassDone,
-    /// The mapped upload buffer the engine wrote this pass's slots into, if any.
-    staged: Option<Staged>,
-    /// The host line of the control block, when it changed since the last upload.
-    control: Option<Vec<u8>>,
 }
 
 impl Job {
-    /// Launches the pass on the calling thread ([`record`](Self::record)). On an
-    /// error nothing was submitted, and `done` comes back uncalled with it.
+    /// Launches the pass on the calling thread ([`Parts::record`]). On an error nothing
+    /// was submitted, and `done` comes back uncalled with it.
     fn run(self) -> std::result::Result<(), (Error, PassDone)> {
         let mut done = Some(self.done);
-        let job = Parts {
-            inner: self.inner,
-            p: self.p,
-            staged: self.staged,
-            control: self.control,
-        };
-        match job.record(&mut done) {
+        match self.parts.record(&mut done) {
             Ok(()) => Ok(()),
             Err(e) => match done {
                 Some(done) => Err((e, done)),
@@ -493,13 +482,8 @@ impl Job {
     /// it), and the thread goes on with the next job.
     fn run_deferred(self) {
         let mut done = Some(self.done);
-        let job = Parts {
-            inner: self.inner,
-            p: self.p,
-            staged: self.staged,
-            control: self.control,
-        };
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.record(&mut done)))
+        let parts = self.parts;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parts.record(&mut done)))
             .unwrap_or_else(|_| Err(Error::Device("the launch of a drain pass panicked".into())));
         if let Err(e) = r {
             tracing::error!(error = %e, "drain pass could not be launched");
@@ -510,12 +494,14 @@ impl Job {
     }
 }
 
-/// A [`Job`] without its `done`, which [`record`](Parts::record) takes only when it
-/// hands the pass to the poller.
+/// What a [`Job`] records, without its `done` (which [`record`](Parts::record) takes
+/// only when it hands the pass to the poller).
 struct Parts {
     inner: Arc<Inner>,
     p: params::Drain,
+    /// The mapped upload buffer the engine wrote this pass's slots into, if any.
     staged: Option<Staged>,
+    /// The host line of the control block, when it changed since the last upload.
     control: Option<Vec<u8>>,
 }
 
@@ -702,11 +688,13 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         let staged = lock(&inner.staged).take();
         let control = inner.control_to_send();
         let job = Job {
-            inner: inner.clone(),
-            p,
+            parts: Parts {
+                inner: inner.clone(),
+                p,
+                staged,
+                control,
+            },
             done,
-            staged,
-            control,
         };
         match inner.poller.defer(job) {
             None => Ok(()),
