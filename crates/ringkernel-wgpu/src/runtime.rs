@@ -439,10 +439,10 @@ fn serve_order<T>(ready: &mut [T], key: impl Fn(&T) -> (u8, u64)) {
 }
 
 /// Passes of at least this many messages are recorded and submitted on the runtime's
-/// launcher thread instead of the launching one (see the [module docs](self)): their upload copy and
-/// submission (on lavapipe the submission runs the pass) then happen outside the
-/// drain engine's host lock. Smaller passes (a single `call`) are launched at once, on
-/// the calling thread, unless passes are queued for the launcher (order).
+/// launcher thread instead of the launching one (see the [module docs](self)): their
+/// upload copy and submission (on lavapipe the submission runs the pass) then happen
+/// outside the drain engine's host lock. Smaller passes (a single `call`) are launched
+/// at once, on the calling thread, unless passes are queued for the launcher (order).
 pub const DEFER_MIN: u32 = 1024;
 
 /// Name of the launcher thread (under the 15 bytes Linux keeps of a thread's name).
