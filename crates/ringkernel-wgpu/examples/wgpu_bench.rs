@@ -367,27 +367,7 @@ impl EchoPass {
         // Poisoned, so that a pass that wrote nothing cannot pass the check.
         let output = init(&vec![0xA5u8; ring_bytes], storage);
         let state = init(&[0u8; 16], storage);
-        let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let rw = wgpu::BufferBindingType::Storage { read_only: false };
-        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("echo pass"),
-            entries: &[
-                entry(0, wgpu::BufferBindingType::Uniform),
-                entry(1, rw),
-                entry(2, wgpu::BufferBindingType::Storage { read_only: true }),
-                entry(3, rw),
-                entry(4, rw),
-            ],
-        });
+        let layout = ringkernel_wgpu::runtime::drain_bind_group_layout(dev);
         let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("echo pass"),
             source: wgpu::ShaderSource::Wgsl(wgsl.into()),

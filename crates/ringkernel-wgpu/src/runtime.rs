@@ -607,6 +607,35 @@ impl Parts {
     }
 }
 
+/// The bind group layout of every drain pass, from the template's binding table
+/// ([`drain::BINDINGS`]): what a compiled drain module is bound with. Public for tools
+/// that dispatch a drain module themselves (`wgpu_bench` times the echo kernel alone
+/// with it).
+pub fn drain_bind_group_layout(dev: &wgpu::Device) -> wgpu::BindGroupLayout {
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = drain::BINDINGS
+        .iter()
+        .map(|b| wgpu::BindGroupLayoutEntry {
+            binding: b.binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b.access {
+                    Access::Uniform => wgpu::BufferBindingType::Uniform,
+                    access => wgpu::BufferBindingType::Storage {
+                        read_only: access == Access::Read,
+                    },
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("rk drain"),
+        entries: &entries,
+    })
+}
+
 /// A compiled drain handler: pipeline and bind group layout.
 struct Compiled {
     pipeline: wgpu::ComputePipeline,
@@ -941,32 +970,7 @@ impl WgpuRuntime {
     fn compile_module(&self, name: &str, module: DrainModule) -> Result<Compiled> {
         let dev = &self.ctx.device;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
-        let entries: Vec<wgpu::BindGroupLayoutEntry> = drain::BINDINGS
-            .iter()
-            .map(|b| wgpu::BindGroupLayoutEntry {
-                binding: b.binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: match b.access {
-                    Access::Uniform => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    access => wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Storage {
-                            read_only: access == Access::Read,
-                        },
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                },
-                count: None,
-            })
-            .collect();
-        let layout = dev.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("rk drain"),
-            entries: &entries,
-        });
+        let layout = drain_bind_group_layout(dev);
         let pipeline_layout = dev.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some("rk drain"),
             bind_group_layouts: &[Some(&layout)],
