@@ -342,26 +342,27 @@ pub enum PassOutputs<'a> {
 /// The completion of one pass ([`DrainTarget::launch`]).
 pub type PassDone = Box<dyn for<'a> FnOnce(Result<PassOutputs<'a>>) + Send>;
 
-/// A pass's outputs kept until the passes launched before it are finished.
-enum KeptOutputs {
-    InRing,
-    Slots(Vec<u8>),
+/// One pass's outputs as read by [`DrainEngine::build_pass`] (on whichever thread
+/// completes the pass, without the host lock): its replies, stamped and ready to append,
+/// its K2K sends and its counts. Applied in launch order ([`DrainEngine::apply_pass`]).
+struct Built {
+    replies: Records,
+    routes: Vec<Route>,
+    processed: u64,
 }
 
-impl KeptOutputs {
-    fn keep(o: PassOutputs<'_>) -> Self {
-        match o {
-            PassOutputs::InRing => KeptOutputs::InRing,
-            PassOutputs::Slots(bytes) => KeptOutputs::Slots(bytes.to_vec()),
-        }
-    }
-
-    fn view(&self) -> PassOutputs<'_> {
-        match self {
-            KeptOutputs::InRing => PassOutputs::InRing,
-            KeptOutputs::Slots(bytes) => PassOutputs::Slots(bytes),
-        }
-    }
+/// What a pass needs once it completes: where it lies in the ring, when it started, and
+/// the output stamps reserved for it at launch (so its outputs can be stamped on any
+/// thread, in parallel with other passes, and still keep launch order).
+#[derive(Clone, Copy)]
+struct PassInfo {
+    first: u64,
+    count: u64,
+    started: Instant,
+    /// The first of `count` consecutive timestamps for the pass's outputs.
+    stamps: HlcTimestamp,
+    /// The first of `count` message ids for its outputs (none without a runtime).
+    ids: Option<u64>,
 }
 
 /// While a pass is in flight, a further one starts only once it can take this many
@@ -571,9 +572,9 @@ struct Host {
     completed: u64,
     /// Passes launched and not completed yet.
     in_flight: usize,
-    /// Completions that arrived before those of earlier passes: (first, count, pass
-    /// time, result), finished in launch order.
-    early: Vec<(u64, u64, std::time::Duration, Result<KeptOutputs>)>,
+    /// Passes completed (and built) before earlier ones: (first, count, outputs),
+    /// applied in launch order.
+    early: Vec<(u64, u64, Result<Built>)>,
     drained_after_terminate: u64,
     /// Set when an active kernel is terminated: passes keep running until the input is
     /// empty. A kernel terminated while inactive runs no more passes.
@@ -938,13 +939,21 @@ impl<T: DrainTarget> DrainEngine<T> {
             node_hi: (self.clock.node_id() >> 32) as u32,
             _pad: 0,
         };
+        // The outputs' timestamps and ids, taken now (after the requests' clocks were
+        // merged in `fill_ring` and after their receive timestamps), in launch order.
+        let pass = PassInfo {
+            first,
+            count,
+            started: Instant::now(),
+            stamps: self.clock.reserve(u32::try_from(count).unwrap_or(u32::MAX)),
+            ids: self.core.upgrade().map(|c| c.reserve_message_ids(count)),
+        };
         h.in_flight += 1;
         h.dispatched = first + count;
-        let started = Instant::now();
         let me = self.me.clone();
         let done: PassDone = Box::new(move |r| {
             if let Some(e) = me.upgrade() {
-                e.complete(first, count, started, r);
+                e.complete(pass, r);
             }
         });
         if let Err(e) = self.target.launch(p, done) {
@@ -1135,33 +1144,30 @@ impl<T: DrainTarget> DrainEngine<T> {
         }
     }
 
-    /// Reads the outputs of one completed pass (the next in launch order): replies are
-    /// queued for the host (one record each, stamped, built without the replies lock
-    /// and appended under it at once), K2K sends queued for delivery (see `route`),
-    /// metrics counted. Both queues are extended in the step that marks the pass
-    /// complete, so a later pass finished on another thread queues after this one.
-    fn finish_pass(
+    /// Reads the outputs of one completed pass: replies are stamped with the timestamps
+    /// and ids reserved for the pass at launch and built into a queue of their own
+    /// (one record each), K2K sends collected, drops and latency counted. Runs on the
+    /// thread that completes the pass, without the host lock, so the passes in flight
+    /// are read in parallel; [`apply_pass`](Self::apply_pass) then queues the result in
+    /// launch order. The pass's slots stay its own meanwhile: until `completed`
+    /// advances past them (in `apply_pass`), no pass takes them (`kick` counts them as
+    /// busy).
+    fn build_pass(
         &self,
-        first: u64,
-        count: u64,
+        pass: &PassInfo,
         elapsed: std::time::Duration,
-        result: Result<PassOutputs<'_>>,
-    ) {
-        let out = match result {
-            Ok(out) => out,
-            Err(e) => return self.fail_pass(first, count, e),
-        };
-        // The outputs are read without the host lock (senders and receivers go on
-        // meanwhile): until `completed` advances below, no pass takes the slots of this
-        // one (`kick` counts them as busy).
+        out: PassOutputs<'_>,
+    ) -> Result<Built> {
+        let PassInfo {
+            first,
+            count,
+            stamps,
+            ids,
+            ..
+        } = *pass;
         let mut replies = lock(&self.replies).builder(count as usize * self.slot_size);
-        let core = self.core.upgrade();
         let (mut processed, mut handled) = (0u64, 0u64);
         let mut routes: Vec<Route> = Vec::new();
-        // One block of consecutive timestamps and one of message ids for the pass's
-        // outputs (one clock operation and one counter update per pass, not per message).
-        let stamps = self.clock.reserve(u32::try_from(count).unwrap_or(u32::MAX));
-        let ids = core.as_ref().map_or(0, |c| c.reserve_message_ids(count));
         let mut stamped = 0u64;
         for i in 0..count {
             // A later slot of this pass, so that its lines arrive while this one is read
@@ -1172,12 +1178,11 @@ impl<T: DrainTarget> DrainEngine<T> {
                 }
             }
             let Some(slot) = self.output_slot(&out, first, i) else {
-                let e = Error::Device(format!(
+                return Err(Error::Device(format!(
                     "the outputs of a drain pass of {} do not cover slot {}",
                     self.name,
                     first + i
-                ));
-                return self.fail_pass(first, count, e);
+                )));
             };
             let mut hdr: MessageHeader = bytemuck::pod_read_unaligned(&slot[..HEADER_SIZE]);
             if !hdr.is_valid() {
@@ -1204,7 +1209,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             let payload = &slot[HEADER_SIZE..HEADER_SIZE + len];
             // The device writes the routing fields only (see the drain template): the
             // id, the timestamp and the checksum are the host's.
-            hdr.message_id = if core.is_some() { ids + stamped } else { 0 };
+            hdr.message_id = ids.map_or(0, |ids| ids + stamped);
             hdr.checksum = 0;
             hdr.set_hlc(HlcTimestamp::from_parts(
                 stamps.packed() + stamped,
@@ -1225,28 +1230,42 @@ impl<T: DrainTarget> DrainEngine<T> {
         // handler gets the pass time shared over the pass.
         let per = u64::try_from(elapsed.as_nanos() / u128::from(count.max(1))).unwrap_or(u64::MAX);
         self.counters.latency.record_n(per, handled);
-        {
-            // The K2K queue first: `route` holds it while it delivers, which may take a
-            // destination's host lock (this kernel's too), so it is never taken inside
-            // the host lock.
-            let mut k2k = lock(&self.k2k);
-            let mut h = lock(&self.host);
-            h.in_flight -= 1;
-            h.completed = first + count;
-            if self.lifecycle.get() == LifecycleState::Terminating {
-                h.drained_after_terminate += count;
-            }
-            self.counters
-                .emitted
-                .fetch_add(replies.len() as u64, Ordering::Relaxed);
-            self.counters
-                .processed
-                .fetch_add(processed, Ordering::Relaxed);
-            lock(&self.replies).append(replies);
-            if !routes.is_empty() {
-                k2k.extend(routes);
-                self.k2k_backlog.store(k2k.len(), Ordering::Release);
-            }
+        Ok(Built {
+            replies,
+            routes,
+            processed,
+        })
+    }
+
+    /// Queues the outputs of the pass over `[first, first + count)`, the next in launch
+    /// order, and marks it complete (a pass that failed stops the kernel). Both queues
+    /// are extended in the step that marks the pass complete, so a later pass applied
+    /// on another thread queues after this one.
+    fn apply_pass(&self, first: u64, count: u64, built: Result<Built>) {
+        let built = match built {
+            Ok(b) => b,
+            Err(e) => return self.fail_pass(first, count, e),
+        };
+        // The K2K queue first: `route` holds it while it delivers, which may take a
+        // destination's host lock (this kernel's too), so it is never taken inside the
+        // host lock.
+        let mut k2k = lock(&self.k2k);
+        let mut h = lock(&self.host);
+        h.in_flight -= 1;
+        h.completed = first + count;
+        if self.lifecycle.get() == LifecycleState::Terminating {
+            h.drained_after_terminate += count;
+        }
+        self.counters
+            .emitted
+            .fetch_add(built.replies.len() as u64, Ordering::Relaxed);
+        self.counters
+            .processed
+            .fetch_add(built.processed, Ordering::Relaxed);
+        lock(&self.replies).append(built.replies);
+        if !built.routes.is_empty() {
+            k2k.extend(built.routes);
+            self.k2k_backlog.store(k2k.len(), Ordering::Release);
         }
     }
 
@@ -1261,41 +1280,39 @@ impl<T: DrainTarget> DrainEngine<T> {
         self.events.notify_all();
     }
 
-    /// Completion of the pass over `[first, first + count)`, launched at `started`.
-    /// Passes are finished in launch order: a completion that arrives before an earlier
-    /// pass's waits in `Host::early` (its outputs copied, when they are not in the
-    /// ring) and is finished right after that one.
-    fn complete(&self, first: u64, count: u64, started: Instant, result: Result<PassOutputs<'_>>) {
-        let elapsed = started.elapsed();
+    /// Completion of `pass`. Its outputs are read at once, on the completing thread
+    /// (so the passes in flight are read in parallel where the target completes them
+    /// on several threads), and queued in launch order: a pass read before an earlier
+    /// one waits in `Host::early` and is queued right after it, by the thread that
+    /// queues that one.
+    fn complete(&self, pass: PassInfo, result: Result<PassOutputs<'_>>) {
+        let elapsed = pass.started.elapsed();
         // Smoothed pass time (1/8 of the new sample), for `reply_wait`.
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let old = self.pass_ns.load(Ordering::Relaxed);
         let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
         self.pass_ns.store(new, Ordering::Relaxed);
+        let built = result.and_then(|out| self.build_pass(&pass, elapsed, out));
         {
             let mut h = lock(&self.host);
-            if first != h.completed {
-                h.early
-                    .push((first, count, elapsed, result.map(KeptOutputs::keep)));
+            if pass.first != h.completed {
+                h.early.push((pass.first, pass.count, built));
                 return;
             }
         }
-        self.finish_pass(first, count, elapsed, result);
+        self.apply_pass(pass.first, pass.count, built);
         loop {
             // A completion that arrives meanwhile either sees `completed` at its
-            // `first` (and finishes itself: this pass's replies are queued by then) or
+            // `first` (and applies itself: this pass's replies are queued by then) or
             // was parked in `early` before `completed` advanced and is found here.
-            let (first, count, elapsed, kept) = {
+            let (first, count, built) = {
                 let mut h = lock(&self.host);
                 let Some(i) = h.early.iter().position(|e| e.0 == h.completed) else {
                     break;
                 };
                 h.early.swap_remove(i)
             };
-            match &kept {
-                Ok(k) => self.finish_pass(first, count, elapsed, Ok(k.view())),
-                Err(e) => self.finish_pass(first, count, elapsed, Err(e.clone())),
-            }
+            self.apply_pass(first, count, built);
         }
         // Route K2K sends without holding the host lock (the destination may be us).
         let delivered_all = self.route();

@@ -66,6 +66,8 @@ pub struct CpuTarget {
     staged: std::sync::Mutex<Option<Vec<u8>>>,
     /// Passes whose slots came staged.
     pub staged_passes: Arc<AtomicU64>,
+    /// The launch order (0, 1, ...) of the passes in the order their `done` was called.
+    pub done_order: Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
 // SAFETY (test stand-in): `state` addresses the boxed memory owned by `_state`, which
@@ -96,6 +98,7 @@ impl CpuTarget {
             stage: false,
             staged: std::sync::Mutex::new(None),
             staged_passes: Arc::new(AtomicU64::new(0)),
+            done_order: Arc::default(),
         }
     }
 }
@@ -237,6 +240,7 @@ unsafe impl DrainTarget for CpuTarget {
         let ptrs = Ptrs(self.input(), self.output(), self.control(), self.state);
         let (handler, slot) = (self.handler, self.slot_size);
         let (hold, order, running) = (self.hold.clone(), self.order.clone(), self.running.clone());
+        let done_order = self.done_order.clone();
         let late = self.in_flight > 1 && ticket.is_multiple_of(3);
         let as_bytes = ticket % 2 == 1;
         std::thread::spawn(move || {
@@ -259,6 +263,7 @@ unsafe impl DrainTarget for CpuTarget {
                 std::thread::sleep(Duration::from_millis(2));
             }
             running.fetch_sub(1, Ordering::SeqCst);
+            done_order.lock().unwrap().push(ticket);
             match &bytes {
                 Some(b) => done(Ok(PassOutputs::Slots(b))),
                 None => done(Ok(PassOutputs::InRing)),
