@@ -22,9 +22,10 @@
 //! * The engine calls `launch` with its host lock held. For a pass of at least
 //!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
 //!   (its staged slots, the control block's host line when it changed) and hands the
-//!   rest (the upload copy, recording, submission) to the runtime's **launcher** thread
-//!   ([`LAUNCHER_THREAD`]), which runs them in the order they came; smaller passes (a
-//!   `call`) are launched on the calling thread unless passes wait for the launcher.
+//!   rest (the upload copy, recording, submission) to the runtime's **launcher** threads
+//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them), which record passes in parallel and
+//!   submit them in the order they were launched; smaller passes (a `call`) are
+//!   launched on the calling thread unless passes wait for the launchers.
 //!   So the thread that fills the next pass and the one that finishes the last do not
 //!   wait for the lock while a pass's slots cross to the device (on an H200 through
 //!   Vulkan the batched echo made 1.26× the messages a second at the median of five
@@ -33,9 +34,11 @@
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`, waiting for the oldest pass in
 //!   flight, so each pass is finished as soon as it is done while the device runs the
-//!   later ones) while passes are outstanding and finishes them: it copies the
-//!   readback into the host copies, unmaps, and calls the engine's completion, which
-//!   may start the next pass. Completions never run inside a wgpu call made with an
+//!   later ones) while passes are outstanding and finishes them, beside a **finisher**
+//!   thread ([`FINISHER_THREAD`]) and any receiver waiting for a reply: each pass is
+//!   finished on one of them (its control fields copied into the host copy, its
+//!   outputs read by the engine's completion, which queues them in launch order and
+//!   may start the next pass), several passes at once. Completions never run inside a wgpu call made with an
 //!   engine lock held (a map callback can run on any thread that polls or submits on
 //!   the device), and a callback run by another thread's poll (a
 //!   [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
@@ -81,6 +84,18 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 /// BENCHMARKS.md, 2026-11-28).
 const PASSES_IN_FLIGHT: usize = 6;
 
+/// Environment variable: passes of a kernel in flight at once (1 to 32;
+/// [`PASSES_IN_FLIGHT`] when unset). For measuring the pipeline's depth.
+pub const IN_FLIGHT_ENV: &str = "RINGKERNEL_WGPU_IN_FLIGHT";
+
+/// Passes in flight for the value of [`IN_FLIGHT_ENV`] (`None`: unset; a value that is
+/// not a number: the default).
+fn passes_in_flight(env: Option<&str>) -> usize {
+    env.and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(PASSES_IN_FLIGHT)
+        .clamp(1, 32)
+}
+
 /// Environment variable: `0` makes the drain engine write a pass's slots into the host
 /// ring and `launch` copy them into the mapped upload buffer in one go, `1` makes it
 /// write them into the mapped buffer directly; unset, the adapter decides
@@ -120,6 +135,10 @@ struct Completion {
     /// The pass's upload buffer and its pool, to be mapped again for the next pass.
     upload: Option<(wgpu::Buffer, Arc<Mutex<Vec<wgpu::Buffer>>>)>,
     rings: Arc<HostRings>,
+    /// The submission order of the kernel's pass whose device-written control fields
+    /// are in the host copy (see `finish`): passes of a kernel may finish in parallel,
+    /// and an earlier one must not overwrite a later one's fields.
+    control_seq: Arc<Mutex<Option<u64>>>,
     /// Where in `staging` the device-written control fields are (after the slots).
     control_at: usize,
     /// The part of `staging` that is mapped: the pass's output slots in pass order,
@@ -142,8 +161,10 @@ impl Completion {
             pool,
             upload,
             rings,
+            control_seq,
             control_at,
             mapped: range,
+            seq,
             done,
             ..
         } = self;
@@ -164,17 +185,23 @@ impl Completion {
                     control_at - range.start..control_at - range.start + DEVICE_WRITTEN.len();
                 match view.get(control) {
                     Some(src) => {
-                        // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control block
-                        // and holds only fields the host never writes; the poller (or
-                        // one helper at a time) finishes a kernel's passes, and no
-                        // other code writes these bytes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                src.as_ptr(),
-                                rings.control().add(DEVICE_WRITTEN.start),
-                                src.len(),
-                            )
-                        };
+                        let mut latest = lock(&control_seq);
+                        if latest.is_none_or(|l| l < seq) {
+                            *latest = Some(seq);
+                            // SAFETY: `DEVICE_WRITTEN` lies in the 128-byte control
+                            // block and holds only fields the host never writes; the
+                            // completions of a kernel's passes write them only here,
+                            // under `control_seq` (held), and no other code writes
+                            // these bytes.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    src.as_ptr(),
+                                    rings.control().add(DEVICE_WRITTEN.start),
+                                    src.len(),
+                                )
+                            };
+                        }
+                        drop(latest);
                         done(Ok(PassOutputs::Slots(&view[..control_at - range.start])));
                     }
                     None => done(Err(Error::Device("readback buffer too small".into()))),
@@ -188,8 +215,9 @@ impl Completion {
     }
 }
 
-/// Drives the device for a runtime's passes and finishes them, on one OS thread (a
-/// receiver waiting for a reply finishes them too, see [`Poller::help`]).
+/// Drives the device for a runtime's passes and finishes them: its thread polls the
+/// device and finishes passes, a second thread ([`FINISHER_THREAD`]) finishes passes
+/// beside it, and a receiver waiting for a reply finishes them too ([`Poller::help`]).
 struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
@@ -197,13 +225,11 @@ struct Poller {
     /// Passes submitted and not finished yet.
     outstanding: AtomicUsize,
     wake: Event,
-    /// Whether the thread runs (started with the first pass).
+    /// Whether the poller and finisher threads run (started with the first pass).
     started: Mutex<bool>,
-    /// Held by the thread finishing passes (the poller, or one receiver helping it, see
-    /// [`Poller::help`]): passes are finished one thread at a time, in submission order,
-    /// so the engine rarely sees a pass complete before an earlier one (which costs a
-    /// copy of its outputs).
-    finishing: Mutex<()>,
+    /// Held by a receiver polling the device without blocking ([`Poller::help`]): one
+    /// at a time.
+    polling: Mutex<()>,
     /// Submissions so far (for `Completion::seq`).
     submitted: AtomicU64,
     /// The submissions of the passes in flight, oldest first: the poller waits for the
@@ -211,22 +237,30 @@ struct Poller {
     /// as soon as it is done and its successor starts while the device still runs the
     /// passes launched after it.
     submissions: Mutex<VecDeque<wgpu::SubmissionIndex>>,
-    /// Passes waiting for the launcher thread, in launch order, and whether it is
-    /// running one (see [`Poller::defer`]).
+    /// Passes waiting for the launcher threads, in launch order, and how many passes are
+    /// being launched (see [`Poller::defer`]).
     launches: Mutex<Launches>,
     launch_wake: Event,
-    /// Whether the launcher thread runs (started with the first deferred pass).
+    /// The launch order of the next pass to be submitted: passes are recorded on
+    /// several threads at once but submitted in launch order ([`Poller::submit_in_turn`]).
+    turn: Mutex<u64>,
+    turn_wake: std::sync::Condvar,
+    /// Whether the launcher threads run (started with the first deferred pass).
     launcher: Mutex<bool>,
-    /// Whether large passes go to the launcher thread ([`LAUNCHER_ENV`]).
-    defers: bool,
+    /// Launcher threads ([`LAUNCHER_ENV`]); 0: every pass is launched on the thread
+    /// that starts it.
+    launchers: usize,
 }
 
-/// The launcher thread's queue.
+/// The launcher threads' queue.
 #[derive(Default)]
 struct Launches {
-    jobs: VecDeque<Job>,
-    /// Set while the launcher thread runs a job taken from `jobs`.
-    busy: bool,
+    /// Jobs waiting, with their launch order.
+    jobs: VecDeque<(u64, Job)>,
+    /// Jobs taken from `jobs` (or run on the launching thread) and not submitted yet.
+    busy: usize,
+    /// The launch order of the next job.
+    next: u64,
 }
 
 impl Poller {
@@ -239,13 +273,15 @@ impl Poller {
             outstanding: AtomicUsize::new(0),
             wake: Event::new(),
             started: Mutex::new(false),
-            finishing: Mutex::new(()),
+            polling: Mutex::new(()),
             submitted: AtomicU64::new(0),
             submissions: Mutex::new(VecDeque::new()),
             launches: Mutex::new(Launches::default()),
             launch_wake: Event::new(),
+            turn: Mutex::new(0),
+            turn_wake: std::sync::Condvar::new(),
             launcher: Mutex::new(false),
-            defers: std::env::var(LAUNCHER_ENV).map_or(true, |v| v.trim() != "0"),
+            launchers: launcher_threads(std::env::var(LAUNCHER_ENV).ok().as_deref()),
         })
     }
 
@@ -258,49 +294,87 @@ impl Poller {
                 .spawn(move || Poller::run(weak))
                 .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
             *started = true;
+            if finishers() {
+                let weak = Arc::downgrade(self);
+                let spawned = std::thread::Builder::new()
+                    .name(FINISHER_THREAD.into())
+                    .spawn(move || Poller::finish_loop(weak));
+                if let Err(e) = spawned {
+                    // The poller finishes every pass without it.
+                    tracing::warn!(error = %e, "no wgpu finisher thread");
+                }
+            }
         }
         Ok(())
     }
 
-    /// Queues `job` for the launcher thread when it is a large pass ([`DEFER_MIN`]) or
-    /// passes are queued there already (so that a kernel's passes keep their order);
-    /// else hands it back, to be run on the calling thread. A job that cannot be queued
-    /// (the thread does not start) is handed back too.
-    fn defer(self: &Arc<Self>, job: Job) -> Option<Job> {
-        if !self.defers {
-            return Some(job);
-        }
-        let mut q = lock(&self.launches);
-        if job.parts.p.count < DEFER_MIN && q.jobs.is_empty() && !q.busy {
-            return Some(job);
-        }
-        if let Err(e) = self.ensure_launcher() {
-            tracing::warn!(error = %e, "no launcher thread: the pass is launched here");
-            if q.jobs.is_empty() && !q.busy {
-                return Some(job);
+    /// The finisher thread: finishes passes whose readback is mapped, beside the
+    /// poller (which also waits on the device). Ends once the poller is unused.
+    fn finish_loop(weak: Weak<Poller>) {
+        loop {
+            let Some(p) = weak.upgrade() else { return };
+            let listener = p.wake.listen();
+            if p.finish_ready() {
+                continue;
             }
+            drop(p);
+            listener.wait_timeout(Duration::from_millis(200));
         }
-        q.jobs.push_back(job);
+    }
+
+    /// Queues `job` for the launcher threads when it is a large pass ([`DEFER_MIN`]) or
+    /// passes are being launched already (so that a kernel's passes keep their order);
+    /// else runs it on the calling thread. A job that cannot be queued (no launcher
+    /// thread starts) runs here too. An error of a pass run here comes back with its
+    /// `done`, uncalled (nothing was submitted).
+    fn launch(self: &Arc<Self>, job: Job) -> std::result::Result<(), (Error, PassDone)> {
+        let mut q = lock(&self.launches);
+        let seq = q.next;
+        q.next += 1;
+        let idle = q.jobs.is_empty() && q.busy == 0;
+        let here = self.launchers == 0
+            || (job.parts.p.count < DEFER_MIN && idle)
+            || match self.ensure_launcher() {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no launcher thread: the pass is launched here");
+                    true
+                }
+            };
+        if !here {
+            q.jobs.push_back((seq, job));
+            drop(q);
+            self.launch_wake.notify(usize::MAX);
+            return Ok(());
+        }
+        q.busy += 1;
         drop(q);
-        self.launch_wake.notify(usize::MAX);
-        None
+        let r = job.run(self, seq);
+        lock(&self.launches).busy -= 1;
+        r
     }
 
     fn ensure_launcher(self: &Arc<Self>) -> Result<()> {
         let mut started = lock(&self.launcher);
         if !*started {
-            let weak = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name(LAUNCHER_THREAD.into())
-                .spawn(move || Poller::launch_loop(weak))
-                .map_err(|e| Error::Device(format!("could not start the wgpu launcher: {e}")))?;
-            *started = true;
+            for _ in 0..self.launchers {
+                let weak = Arc::downgrade(self);
+                std::thread::Builder::new()
+                    .name(LAUNCHER_THREAD.into())
+                    .spawn(move || Poller::launch_loop(weak))
+                    .map_err(|e| {
+                        Error::Device(format!("could not start the wgpu launcher: {e}"))
+                    })?;
+                *started = true;
+            }
         }
         Ok(())
     }
 
-    /// The launcher thread: runs the deferred jobs in the order they came. Ends once the
-    /// poller is unused (a queued job keeps it alive through its kernel's buffers).
+    /// A launcher thread: takes the deferred jobs in the order they came and records
+    /// them, beside the other launcher threads; each job is submitted in its turn. Ends
+    /// once the poller is unused (a queued job keeps it alive through its kernel's
+    /// buffers).
     fn launch_loop(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
@@ -308,13 +382,16 @@ impl Poller {
             let job = {
                 let mut q = lock(&p.launches);
                 let job = q.jobs.pop_front();
-                q.busy = job.is_some();
+                if job.is_some() {
+                    q.busy += 1;
+                }
                 job
             };
             match job {
-                Some(job) => {
+                Some((seq, job)) => {
+                    job.run_deferred(&p, seq);
+                    lock(&p.launches).busy -= 1;
                     drop(p);
-                    job.run_deferred();
                 }
                 None => {
                     drop(p);
@@ -322,6 +399,30 @@ impl Poller {
                 }
             }
         }
+    }
+
+    /// Runs `submit` once every job launched before the one of launch order `seq` has
+    /// been submitted (or has failed), then lets the next one go: passes are recorded
+    /// in parallel, submitted in launch order.
+    fn submit_in_turn<R>(&self, seq: u64, submit: impl FnOnce() -> R) -> R {
+        let mut turn = lock(&self.turn);
+        while *turn != seq {
+            turn = self
+                .turn_wake
+                .wait(turn)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        // The turn moves on even if `submit` panics (the job's `done` then gets the
+        // error, see `Job::run_deferred`).
+        struct Next<'a>(std::sync::MutexGuard<'a, u64>, &'a std::sync::Condvar);
+        impl Drop for Next<'_> {
+            fn drop(&mut self) {
+                *self.0 += 1;
+                self.1.notify_all();
+            }
+        }
+        let _next = Next(turn, &self.turn_wake);
+        submit()
     }
 
     /// Maps `c.staging` once the pass submitted as `submission` is done; `c` is
@@ -342,21 +443,29 @@ impl Poller {
         self.wake.notify(usize::MAX);
     }
 
-    /// Finishes the passes whose readback is mapped (higher kernel priority first,
-    /// then in submission order); returns whether there were any. The caller holds
-    /// `finishing`. Never called with an engine lock held.
-    fn finish_ready(&self, _finishing: &std::sync::MutexGuard<'_, ()>) -> bool {
-        let mut ready = std::mem::take(&mut *lock(&self.ready));
-        if ready.is_empty() {
-            return false;
-        }
-        serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
-        let n = ready.len();
-        for (c, r) in ready {
+    /// Finishes the passes whose readback is mapped, one at a time, the next one
+    /// each time ([`serve_order`]: higher kernel priority first, then in submission
+    /// order), until none is left; returns whether there were any. Several threads
+    /// finish passes at once (the poller, the finisher, a helping receiver): the engine
+    /// reads each pass's outputs on the thread that finishes it and queues them in
+    /// launch order. Never called with an engine lock held.
+    fn finish_ready(&self) -> bool {
+        let mut any = false;
+        loop {
+            let next = {
+                let mut ready = lock(&self.ready);
+                if ready.is_empty() {
+                    None
+                } else {
+                    serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
+                    Some(ready.remove(0))
+                }
+            };
+            let Some((c, r)) = next else { return any };
             c.finish(r);
+            self.outstanding.fetch_sub(1, Ordering::AcqRel);
+            any = true;
         }
-        self.outstanding.fetch_sub(n, Ordering::AcqRel);
-        true
     }
 
     /// What a receiver waiting for a reply does while it spins
@@ -364,26 +473,25 @@ impl Poller {
     /// looks, without blocking, whether the device has finished a pass, and finishes
     /// the passes whose readback is mapped on the calling thread, so that a short
     /// pass's reply is queued without a hand-off to the poller thread. One receiver at
-    /// a time (the others return at once); the poller thread keeps finishing passes
-    /// too, whichever looks first.
+    /// a time polls (the others only finish what is mapped); the poller and finisher
+    /// threads keep finishing passes too, each pass on whichever thread takes it.
     fn help(&self) -> bool {
         if self.outstanding.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let Ok(finishing) = self.finishing.try_lock() else {
-            return false;
-        };
-        if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
-            tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
+        if let Ok(_polling) = self.polling.try_lock() {
+            if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
+                tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
+            }
         }
-        self.finish_ready(&finishing)
+        self.finish_ready()
     }
 
     fn run(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
             let listener = p.wake.listen();
-            if p.finish_ready(&lock(&p.finishing)) {
+            if p.finish_ready() {
                 continue;
             }
             if p.outstanding.load(Ordering::Acquire) == 0 {
@@ -439,52 +547,94 @@ fn serve_order<T>(ready: &mut [T], key: impl Fn(&T) -> (u8, u64)) {
 }
 
 /// Passes of at least this many messages are recorded and submitted on the runtime's
-/// launcher thread instead of the launching one (see the [module docs](self)): their
+/// launcher threads instead of the launching one (see the [module docs](self)): their
 /// upload copy and submission (on lavapipe the submission runs the pass) then happen
 /// outside the drain engine's host lock. Smaller passes (a single `call`) are launched
 /// at once, on the calling thread, unless passes are queued for the launcher (order).
 pub const DEFER_MIN: u32 = 1024;
 
-/// Name of the launcher thread (under the 15 bytes Linux keeps of a thread's name).
+/// Name of the launcher threads (under the 15 bytes Linux keeps of a thread's name).
 pub const LAUNCHER_THREAD: &str = "rk-wgpu-launch";
 
-/// Environment variable: `0` launches every pass on the thread that starts it (under
-/// the drain engine's host lock), as before the launcher thread; for measuring it.
+/// Name of the finisher thread, which finishes passes beside the poller (see
+/// [`Poller::finish_ready`]).
+pub const FINISHER_THREAD: &str = "rk-wgpu-finish";
+
+/// Environment variable: `0` runs no finisher thread (the poller and helping receivers
+/// finish every pass); for measuring it.
+pub const FINISHER_ENV: &str = "RINGKERNEL_WGPU_FINISHER";
+
+/// Whether a runtime starts the finisher thread ([`FINISHER_ENV`]).
+fn finishers() -> bool {
+    std::env::var(FINISHER_ENV).map_or(true, |v| v.trim() != "0")
+}
+
+/// Environment variable: the number of launcher threads ([`LAUNCHERS`] when unset);
+/// `0` launches every pass on the thread that starts it (under the drain engine's host
+/// lock), as before the launcher threads. For measuring them.
 pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 
+/// Launcher threads a runtime starts: two record passes in parallel (each copies its
+/// pass's slots into the mapped upload buffer), submitted in launch order.
+pub const LAUNCHERS: usize = 2;
+
+/// Launcher threads for the value of [`LAUNCHER_ENV`] (`None`: unset; a value that is
+/// not a number: the default), at most 8.
+fn launcher_threads(env: Option<&str>) -> usize {
+    env.and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(LAUNCHERS)
+        .min(8)
+}
+
 /// A pass prepared by `launch` under the drain engine's host lock (its staged slots and
-/// the control block's host line taken there) and recorded, submitted and handed to the
-/// poller by [`run`](Job::run): on the launching thread, or for a large pass on the
-/// runtime's launcher thread ([`Poller::defer`]), which runs the jobs in the order they
-/// came, so a kernel's passes reach the device in launch order either way.
+/// the control block's host line taken there), then recorded, submitted and handed to
+/// the poller by [`run`](Job::run): on the launching thread, or for a large pass on one
+/// of the runtime's launcher threads ([`Poller::launch`]). Jobs are recorded in
+/// parallel and submitted in the order they were launched
+/// ([`Poller::submit_in_turn`]), so a kernel's passes reach the device in launch order
+/// either way.
 struct Job {
     parts: Parts,
     done: PassDone,
 }
 
 impl Job {
-    /// Launches the pass on the calling thread ([`Parts::record`]). On an error nothing
-    /// was submitted, and `done` comes back uncalled with it.
-    fn run(self) -> std::result::Result<(), (Error, PassDone)> {
+    /// Launches the pass of launch order `seq` on the calling thread. On an error
+    /// nothing was submitted, and `done` comes back uncalled with it.
+    fn run(self, poller: &Poller, seq: u64) -> std::result::Result<(), (Error, PassDone)> {
         let mut done = Some(self.done);
-        match self.parts.record(&mut done) {
+        let recorded = self.parts.record();
+        let r = poller.submit_in_turn(seq, || recorded.and_then(|r| r.submit(&mut done)));
+        match r {
             Ok(()) => Ok(()),
             Err(e) => match done {
                 Some(done) => Err((e, done)),
-                // `record` takes `done` only once nothing can fail any more.
+                // `submit` takes `done` only once nothing can fail any more.
                 None => Ok(()),
             },
         }
     }
 
-    /// [`run`](Self::run) on the launcher thread: an error, or a panic while the pass is
-    /// recorded, goes to the pass's `done` (so its kernel fails instead of waiting for
-    /// it), and the thread goes on with the next job.
-    fn run_deferred(self) {
+    /// [`run`](Self::run) on a launcher thread: an error, or a panic while the pass is
+    /// recorded or submitted, goes to the pass's `done` (so its kernel fails instead of
+    /// waiting for it), and the thread goes on with the next job.
+    fn run_deferred(self, poller: &Poller, seq: u64) {
         let mut done = Some(self.done);
         let parts = self.parts;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parts.record(&mut done)))
-            .unwrap_or_else(|_| Err(Error::Device("the launch of a drain pass panicked".into())));
+        let caught = |r: std::thread::Result<Result<()>>| {
+            r.unwrap_or_else(|_| Err(Error::Device("the launch of a drain pass panicked".into())))
+        };
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parts.record()));
+        let r = poller.submit_in_turn(seq, || {
+            let submit = || match recorded {
+                Ok(Ok(rec)) => rec.submit(&mut done),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(Error::Device("the launch of a drain pass panicked".into())),
+            };
+            caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                submit,
+            )))
+        });
         if let Err(e) = r {
             tracing::error!(error = %e, "drain pass could not be launched");
             if let Some(done) = done.take() {
@@ -494,8 +644,8 @@ impl Job {
     }
 }
 
-/// What a [`Job`] records, without its `done` (which [`record`](Parts::record) takes
-/// only when it hands the pass to the poller).
+/// What a [`Job`] records, without its `done` (which [`Recorded::submit`] takes only
+/// when it hands the pass to the poller).
 struct Parts {
     inner: Arc<Inner>,
     p: params::Drain,
@@ -505,12 +655,29 @@ struct Parts {
     control: Option<Vec<u8>>,
 }
 
+/// A pass recorded into a command buffer, ready to submit (on the thread that recorded
+/// it: its error scope is the thread's).
+struct Recorded {
+    inner: Arc<Inner>,
+    /// Writes to queue just before the submission ([`Inner::write_up`]): the
+    /// parameters and input runs when no upload buffer carried them, and the control
+    /// block's host line when it changed.
+    write_up: Option<(params::Drain, Vec<Range<usize>>)>,
+    control: Option<Vec<u8>>,
+    cmd: wgpu::CommandBuffer,
+    scope: wgpu::ErrorScopeGuard,
+    staging: wgpu::Buffer,
+    upload: Option<wgpu::Buffer>,
+    control_at: usize,
+    mapped: Range<usize>,
+}
+
 impl Parts {
-    /// Records the pass (its input slots and parameters up, the dispatch, its output
-    /// slots and the device-written control fields into a readback buffer of its own),
-    /// submits it and hands its completion, with `done`, to the poller. On an error
-    /// nothing was submitted and `done` is left where it was.
-    fn record(self, done: &mut Option<PassDone>) -> Result<()> {
+    /// Records the pass: its input slots and parameters up (the upload copy into a
+    /// mapped upload buffer happens here, on the recording thread), the dispatch, its
+    /// output slots and the device-written control fields into a readback buffer of its
+    /// own. Writes through the queue wait for the submission ([`Recorded::submit`]).
+    fn record(self) -> Result<Recorded> {
         let Parts {
             inner: me,
             p,
@@ -519,7 +686,7 @@ impl Parts {
         } = self;
         let first = u64::from(p.first_lo) | (u64::from(p.first_hi) << 32);
         let runs = slot_runs(first, u64::from(p.count), me.capacity, me.slot_size);
-        let (dev, q) = (&me.ctx.device, &me.ctx.queue);
+        let dev = &me.ctx.device;
         let scope = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         // The engine launches at most `max_in_flight` passes at once, and a finishing
         // pass gives its readback buffer back just after its `done`: one buffer more
@@ -540,9 +707,7 @@ impl Parts {
                 return Err(e);
             }
         };
-        if let Some(control) = control {
-            q.write_buffer(&me.control, 0, &control);
-        }
+        let write_up = upload.is_none().then(|| (p, runs.clone()));
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("rk drain"),
@@ -575,7 +740,42 @@ impl Parts {
             control_at as u64,
             DEVICE_WRITTEN.len() as u64,
         );
-        let submission = q.submit([enc.finish()]);
+        Ok(Recorded {
+            cmd: enc.finish(),
+            write_up,
+            control,
+            inner: me,
+            scope,
+            staging,
+            upload,
+            control_at,
+            mapped,
+        })
+    }
+}
+
+impl Recorded {
+    /// Submits the pass and hands its completion, with `done`, to the poller. On an
+    /// error nothing was submitted and `done` is left where it was.
+    fn submit(self, done: &mut Option<PassDone>) -> Result<()> {
+        let Recorded {
+            inner: me,
+            write_up,
+            control,
+            cmd,
+            scope,
+            staging,
+            upload,
+            control_at,
+            mapped,
+        } = self;
+        if let Some(control) = control {
+            me.ctx.queue.write_buffer(&me.control, 0, &control);
+        }
+        if let Some((p, runs)) = write_up {
+            me.write_up(&runs, bytemuck::bytes_of(&p));
+        }
+        let submission = me.ctx.queue.submit([cmd]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&me.staging).push(staging);
             if let Some(u) = upload {
@@ -595,6 +795,7 @@ impl Parts {
                 pool: me.staging.clone(),
                 upload: upload.map(|u| (u, me.uploads.clone())),
                 rings: me.rings.clone(),
+                control_seq: me.control_seq.clone(),
                 control_at,
                 mapped,
                 priority: me.priority,
@@ -654,7 +855,7 @@ struct Staged {
 }
 
 /// The device buffers of one kernel and its host copies (shared with the runtime's
-/// launcher thread, which records and submits large passes, see [`Job`]).
+/// launcher threads, which record and submits large passes, see [`Job`]).
 struct Inner {
     ctx: Arc<GpuContext>,
     poller: Arc<Poller>,
@@ -673,6 +874,8 @@ struct Inner {
     uploads: Arc<Mutex<Vec<wgpu::Buffer>>>,
     /// Bytes of each upload buffer: the largest pass the engine hands out.
     upload_len: usize,
+    /// Passes in flight at once ([`DrainTarget::max_in_flight`]).
+    in_flight: usize,
     /// Bytes of each readback buffer: the largest pass's slots and the control fields.
     readback_len: usize,
     /// The upload buffer the engine is writing the next pass's slots into
@@ -684,10 +887,13 @@ struct Inner {
     stage: bool,
     /// The host line of the control block as last uploaded.
     control_sent: Mutex<Option<Vec<u8>>>,
+    /// The pass whose device-written control fields the host copy holds
+    /// ([`Completion::control_seq`]).
+    control_seq: Arc<Mutex<Option<u64>>>,
     bind: wgpu::BindGroup,
 }
 
-/// A kernel's drain target: its buffers, shared with the launcher thread.
+/// A kernel's drain target: its buffers, shared with the launcher threads.
 struct WgpuDrainTarget {
     rings: Arc<HostRings>,
     inner: Arc<Inner>,
@@ -696,15 +902,15 @@ struct WgpuDrainTarget {
 // SAFETY: `input`/`output`/`control` are the host copies in `rings` (owned through an
 // `Arc`, alive as long as the target and every pending completion): rings of
 // `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
-// The "device" side (the poller's copy-out) writes only the output slots of the pass and
-// the device-written control fields, after the pass finished and before `done`. `done`
-// runs on the poller thread (or, for a pass whose deferred launch failed, on the
-// launcher thread), never inside `launch`. `stage_input` hands out the mapped range of
+// The "device" side (a completion's copy-out) writes only the device-written control
+// fields (under the kernel's `control_seq`), after the pass finished and before `done`.
+// `done` runs on the poller, the finisher or a helping receiver (or, for a pass whose
+// deferred launch failed, on a launcher thread), never inside `launch`. `stage_input` hands out the mapped range of
 // an upload buffer taken from the pool (so no pass in flight uses it), whose view stays
 // in `staged` until the following `launch` takes it into that pass's job, which unmaps
 // it: `count · slot_size` bytes the host may write, nothing else addressing them
 // meanwhile. A job reads the pass's input slots of the host ring (`Inner::upload`)
-// after `launch` returned, possibly on the launcher thread: those slots stay the pass's
+// after `launch` returned, possibly on a launcher thread: those slots stay the pass's
 // until its `done` (the engine counts them busy), so nothing writes them meanwhile.
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
@@ -725,14 +931,11 @@ unsafe impl DrainTarget for WgpuDrainTarget {
             },
             done,
         };
-        match inner.poller.defer(job) {
-            None => Ok(()),
-            Some(job) => job.run().map_err(|(e, _)| e),
-        }
+        inner.poller.launch(job).map_err(|(e, _)| e)
     }
 
     fn max_in_flight(&self) -> usize {
-        PASSES_IN_FLIGHT
+        self.inner.in_flight
     }
 
     /// A mapped upload buffer (when one is free and the pass fits it): the engine
@@ -791,8 +994,9 @@ impl Inner {
     /// a pass allocates no staging memory (and faults in no fresh pages) of its own, and
     /// its submission carries no separate command buffer of queued writes. Returns the
     /// buffer, which goes back to the pool once its pass is done ([`remap_upload`]).
-    /// When none is mapped yet, or the pass is larger than one, `queue.write_buffer`
-    /// moves the bytes instead.
+    /// When none is mapped yet, or the pass is larger than one, it returns `None`, and
+    /// [`write_up`](Self::write_up) moves the bytes with `queue.write_buffer` just before
+    /// the pass's submission.
     fn upload(
         &self,
         runs: &[Range<usize>],
@@ -827,19 +1031,6 @@ impl Inner {
             .then(|| lock(&self.uploads).pop())
             .flatten();
         let Some(buf) = buf else {
-            self.ctx.queue.write_buffer(&self.params, 0, params);
-            for run in runs {
-                // SAFETY: `run` lies in the input ring and holds this pass's slots, which
-                // the engine wrote before `launch` and writes again only after the
-                // pass's `done` (its slots stay busy until then); other passes' slots,
-                // which the engine may be writing meanwhile, lie outside `run`.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
-                };
-                self.ctx
-                    .queue
-                    .write_buffer(&self.input, run.start as u64, bytes);
-            }
             return Ok(None);
         };
         // Slots first (a multiple of the 16-byte aligned slot size), then the parameters.
@@ -850,7 +1041,10 @@ impl Inner {
                 .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
             let mut at = 0;
             for run in runs {
-                // SAFETY: as above.
+                // SAFETY: `run` lies in the input ring and holds this pass's slots, which
+                // the engine wrote before `launch` and writes again only after the
+                // pass's `done` (its slots stay busy until then); other passes' slots,
+                // which the engine may be writing meanwhile, lie outside `run`.
                 let bytes = unsafe {
                     std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
                 };
@@ -862,6 +1056,23 @@ impl Inner {
         buf.unmap();
         self.copy_up(&buf, runs, total, params.len(), enc);
         Ok(Some(buf))
+    }
+
+    /// The pass's parameters and input slots (`runs` of the host ring) through
+    /// `queue.write_buffer`, which the next submission carries ahead of its commands:
+    /// called in the pass's turn, just before it is submitted, so that no other pass's
+    /// submission takes these writes (the parameters buffer is shared by the kernel's
+    /// passes).
+    fn write_up(&self, runs: &[Range<usize>], params: &[u8]) {
+        self.ctx.queue.write_buffer(&self.params, 0, params);
+        for run in runs {
+            // SAFETY: as in `upload`: the pass's own slots, not written until its `done`.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(self.rings.input().add(run.start), run.len()) };
+            self.ctx
+                .queue
+                .write_buffer(&self.input, run.start as u64, bytes);
+        }
     }
 
     /// Records the copies out of an upload buffer holding the pass's slots in pass
@@ -1043,17 +1254,18 @@ impl WgpuRuntime {
         let output = mk("rk output", ring_len, storage);
         let state = mk("rk state", state_bytes as u64, storage);
         // The engine hands a pass at most a share of the ring (`pass_limit`).
+        let in_flight = passes_in_flight(std::env::var(IN_FLIGHT_ENV).ok().as_deref());
         let upload_len = opts
             .queue_capacity
-            .div_ceil(PASSES_IN_FLIGHT)
+            .div_ceil(in_flight)
             .min(ringkernel_drain::engine::MAX_PASS as usize)
             .max(1)
             * opts.slot_size;
         let readback_len = upload_len + DEVICE_WRITTEN.len();
-        let staging = (0..=PASSES_IN_FLIGHT)
+        let staging = (0..=in_flight)
             .map(|_| readback_buffer(dev, readback_len as u64))
             .collect();
-        let uploads = (0..=PASSES_IN_FLIGHT)
+        let uploads = (0..=in_flight)
             .map(|_| {
                 dev.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("rk upload"),
@@ -1104,10 +1316,12 @@ impl WgpuRuntime {
             staging: Arc::new(Mutex::new(staging)),
             uploads: Arc::new(Mutex::new(uploads)),
             upload_len,
+            in_flight,
             readback_len,
             staged: Mutex::new(None),
             stage: stage_directly(self.ctx.info.discrete),
             control_sent: Mutex::new(None),
+            control_seq: Arc::new(Mutex::new(None)),
             bind,
         });
         Ok(WgpuDrainTarget { rings, inner })
@@ -1125,7 +1339,22 @@ fn _assert_send_sync() {
 
 #[cfg(test)]
 mod tests {
-    use super::{serve_order, stage_rule};
+    use super::{
+        launcher_threads, passes_in_flight, serve_order, stage_rule, LAUNCHERS, PASSES_IN_FLIGHT,
+    };
+
+    #[test]
+    fn thread_and_pass_counts_follow_the_environment() {
+        assert_eq!(launcher_threads(None), LAUNCHERS);
+        assert_eq!(launcher_threads(Some("0")), 0);
+        assert_eq!(launcher_threads(Some(" 3 ")), 3);
+        assert_eq!(launcher_threads(Some("64")), 8);
+        assert_eq!(launcher_threads(Some("many")), LAUNCHERS);
+        assert_eq!(passes_in_flight(None), PASSES_IN_FLIGHT);
+        assert_eq!(passes_in_flight(Some("12")), 12);
+        assert_eq!(passes_in_flight(Some("0")), 1);
+        assert_eq!(passes_in_flight(Some("100")), 32);
+    }
 
     #[test]
     fn discrete_gpus_stage_through_the_host_ring_unless_told() {

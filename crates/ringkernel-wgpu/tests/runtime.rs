@@ -407,10 +407,11 @@ fn thread_names() -> Vec<String> {
         .collect()
 }
 
-/// Passes of at least a thousand messages are recorded and submitted on the runtime's
-/// launcher thread, small ones on the calling thread unless passes wait there. Large
+/// Passes of at least a thousand messages are recorded on the runtime's launcher
+/// threads (two at once) and submitted in launch order, small ones on the calling
+/// thread unless passes wait there; passes are finished on several threads. Large
 /// batches through a serial counter (each reply carries how many messages the kernel
-/// had seen, so a pass run out of order on the device shows) while another kernel of
+/// had seen, so a pass submitted or queued out of order shows) while another kernel of
 /// the same runtime answers calls: every reply comes back, in order and right, and the
 /// calls are answered meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,13 +473,21 @@ async fn large_passes_on_the_launcher_thread_keep_order_beside_calls() {
         .all(|w| w[1].header.hlc() > w[0].header.hlc()));
     let m = big.metrics();
     assert_eq!((m.received, m.processed, m.dropped), (n, n, 0));
-    if cfg!(target_os = "linux") {
+    // (Unless the environment turns the threads off, for measuring them.)
+    let unset = |v: &str| std::env::var_os(v).is_none();
+    if cfg!(target_os = "linux")
+        && unset(ringkernel_wgpu::runtime::LAUNCHER_ENV)
+        && unset(ringkernel_wgpu::runtime::FINISHER_ENV)
+    {
         let names = thread_names();
+        let count = |name: &str| names.iter().filter(|t| *t == name).count();
         assert!(
-            names
-                .iter()
-                .any(|t| t == ringkernel_wgpu::runtime::LAUNCHER_THREAD),
-            "large passes went through the launcher thread: {names:?}"
+            count(ringkernel_wgpu::runtime::LAUNCHER_THREAD) >= ringkernel_wgpu::runtime::LAUNCHERS,
+            "large passes went through the launcher threads: {names:?}"
+        );
+        assert!(
+            count(ringkernel_wgpu::runtime::FINISHER_THREAD) >= 1,
+            "a finisher thread: {names:?}"
         );
     }
     rt.shutdown().await.unwrap();
