@@ -146,6 +146,9 @@ struct Completion {
     mapped: Range<usize>,
     /// The kernel's priority: the poller finishes higher ones first.
     priority: u8,
+    /// Whether the pass is small (under [`DEFER_MIN`] messages: a `call`), which a
+    /// waiting receiver polls the device for ([`Poller::help`]).
+    small: bool,
     /// Order of submission (set by `watch`): among passes of one priority, the poller
     /// finishes earlier ones first.
     seq: u64,
@@ -222,8 +225,10 @@ struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
     ready: Mutex<Vec<(Completion, std::result::Result<(), wgpu::BufferAsyncError>)>>,
-    /// Passes submitted and not finished yet.
+    /// Passes submitted and not finished yet, and how many of them are small
+    /// ([`Completion::small`]).
     outstanding: AtomicUsize,
+    small: AtomicUsize,
     wake: Event,
     /// Whether the poller and finisher threads run (started with the first pass).
     started: Mutex<bool>,
@@ -271,6 +276,7 @@ impl Poller {
             ctx,
             ready: Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
+            small: AtomicUsize::new(0),
             wake: Event::new(),
             started: Mutex::new(false),
             polling: Mutex::new(()),
@@ -430,6 +436,9 @@ impl Poller {
     fn watch(self: &Arc<Self>, mut c: Completion, submission: wgpu::SubmissionIndex) {
         lock(&self.submissions).push_back(submission);
         self.outstanding.fetch_add(1, Ordering::AcqRel);
+        if c.small {
+            self.small.fetch_add(1, Ordering::AcqRel);
+        }
         c.seq = self.submitted.fetch_add(1, Ordering::Relaxed);
         let staging = c.staging.clone();
         let me = self.clone();
@@ -462,7 +471,11 @@ impl Poller {
                 }
             };
             let Some((c, r)) = next else { return any };
+            let small = c.small;
             c.finish(r);
+            if small {
+                self.small.fetch_sub(1, Ordering::AcqRel);
+            }
             self.outstanding.fetch_sub(1, Ordering::AcqRel);
             any = true;
         }
@@ -478,6 +491,13 @@ impl Poller {
     fn help(&self) -> bool {
         if self.outstanding.load(Ordering::Acquire) == 0 {
             return false;
+        }
+        // The device is polled for a small pass only (a `call`, whose latency the poll
+        // saves): a large one is finished as soon as the poller thread, which waits on
+        // the device, has it, and a receiver's poll is a system call. In the batched
+        // echo on an H200 this left the rate as it was (BENCHMARKS.md, 2026-11-28).
+        if self.small.load(Ordering::Acquire) == 0 {
+            return self.finish_ready();
         }
         if let Ok(_polling) = self.polling.try_lock() {
             if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
@@ -659,6 +679,7 @@ struct Parts {
 /// it: its error scope is the thread's).
 struct Recorded {
     inner: Arc<Inner>,
+    small: bool,
     /// Writes to queue just before the submission ([`Inner::write_up`]): the
     /// parameters and input runs when no upload buffer carried them, and the control
     /// block's host line when it changed.
@@ -741,6 +762,7 @@ impl Parts {
             DEVICE_WRITTEN.len() as u64,
         );
         Ok(Recorded {
+            small: p.count < DEFER_MIN,
             cmd: enc.finish(),
             write_up,
             control,
@@ -760,6 +782,7 @@ impl Recorded {
     fn submit(self, done: &mut Option<PassDone>) -> Result<()> {
         let Recorded {
             inner: me,
+            small,
             write_up,
             control,
             cmd,
@@ -799,6 +822,7 @@ impl Recorded {
                 control_at,
                 mapped,
                 priority: me.priority,
+                small,
                 seq: 0,
                 done,
             },
