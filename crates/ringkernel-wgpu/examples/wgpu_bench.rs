@@ -2,17 +2,19 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--capacity N] [--actors-only] [--ops-only] [--batched-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--senders N] [--capacity N] [--actors-only] [--ops-only] [--batched-only]
 //! ```
 //!
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
-//! (16,384), `--capacity N` the queue capacity of the echo kernels (65,536; a pass
-//! takes at most a third of it). `--ops-only` skips the actors. `--actors-only` skips the compute ops
+//! (16,384) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
+//! capacity of the echo kernels (65,536; a pass takes at most a sixth of it). `--ops-only` skips the actors. `--actors-only` skips the compute ops
 //! (matmul 4096³ takes minutes on a software adapter). `--batched-only` runs the
 //! batched echo alone (for profiling). The actor figures come with the **floor** of the
 //! same run, measured on the same device as `wgpu-floor` does: the round trip of the
 //! smallest useful pass (write the inputs, one dispatch that transforms them, copy back,
-//! map, read) over 4 words, and the same pass over 65,536 words. Beside the floor, the
+//! map, read) over 4 words, the same pass over 65,536 words, and over the bytes 16,384
+//! echo messages move (a 256-byte slot each way, as the runtime's rings hold them: the
+//! batched echo's floor for its data). Beside the floor, the
 //! echo kernel's own pass over 65,536 `Token` requests already on the device (dispatch
 //! and wait, nothing copied, no host work): the device's share of a batched echo
 //! message, checked reply by reply against its request.
@@ -500,7 +502,8 @@ fn main() -> Result<(), Error> {
     }
     let batched_only = std::env::args().any(|a| a == "--batched-only");
     let capacity = arg("--capacity", 65536);
-    actors(&g, msgs, calls, batch, capacity, batched_only)
+    let senders = arg("--senders", 1);
+    actors(&g, msgs, calls, batch, senders, capacity, batched_only)
 }
 
 /// CPU time this process has used (user + system) in seconds, from `/proc/self/stat`
@@ -748,48 +751,65 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
     Ok(())
 }
 
-/// The echo through the batched API: one task sends `batch` messages per
-/// `send_batch`, another takes the replies with `receive_batch`, in order.
+/// The echo through the batched API: `senders` tasks send `batch` messages per
+/// `send_batch` (sender `s` the ids of its own share of `0..msgs`, in order), another
+/// takes the replies with `receive_batch_into`: each sender's replies in its order.
 async fn echo_batched(
     runtime: &WgpuRuntime,
     msgs: usize,
     batch: usize,
     capacity: usize,
+    senders: usize,
 ) -> Result<(), Error> {
     let opts = LaunchOptions::default().with_queue_capacity(capacity);
     let k = runtime.launch(ECHO, opts).await?;
     let batch = batch.max(1);
+    let senders = senders.clamp(1, msgs.max(1));
+    // Sender `s` sends the ids `share * s ..` (the last one the rest as well).
+    let share = msgs / senders;
+    let range = move |s: usize| {
+        let end = if s + 1 == senders {
+            msgs
+        } else {
+            share * (s + 1)
+        };
+        (share * s) as u64..end as u64
+    };
     let start = Instant::now();
     let cpu0 = cpu_seconds();
     let threads0 = thread_cpu();
-    let sender = {
-        let k = k.clone();
-        tokio::spawn(async move {
-            let mut busy = Duration::ZERO;
-            let mut next = 0u64;
-            // The batch's tokens are made once and only their id and value change
-            // from one batch to the next: building each token anew (`Token::new`,
-            // returned through the stack and copied) took a fifth to a third of this
-            // thread's time on the development VM, which is the bench's, not the
-            // runtime's.
-            let mut buf = vec![Token::default(); batch];
-            while (next as usize) < msgs {
-                let n = batch.min(msgs - next as usize);
-                buf.truncate(n);
-                for (t, i) in buf.iter_mut().zip(next..) {
-                    (t.id, t.value) = (i, i as f64);
+    let tasks: Vec<_> = (0..senders)
+        .map(|s| {
+            let k = k.clone();
+            let ids = range(s);
+            tokio::spawn(async move {
+                let mut busy = Duration::ZERO;
+                let mut next = ids.start;
+                // The batch's tokens are made once and only their id and value change
+                // from one batch to the next: building each token anew (`Token::new`,
+                // returned through the stack and copied) took a fifth to a third of this
+                // thread's time on the development VM, which is the bench's, not the
+                // runtime's.
+                let mut buf = vec![Token::default(); batch];
+                while next < ids.end {
+                    let n = batch.min((ids.end - next) as usize);
+                    buf.truncate(n);
+                    for (t, i) in buf.iter_mut().zip(next..) {
+                        (t.id, t.value) = (i, i as f64);
+                    }
+                    let t = Instant::now();
+                    k.send_batch(&buf).await?;
+                    busy += t.elapsed();
+                    next += n as u64;
                 }
-                let n = n as u64;
-                let t = Instant::now();
-                k.send_batch(&buf).await?;
-                busy += t.elapsed();
-                next += n;
-            }
-            Ok::<_, Error>(busy)
+                Ok::<_, Error>(busy)
+            })
         })
-    };
+        .collect();
     let (mut got, mut calls, mut recv_busy) = (0usize, 0usize, Duration::ZERO);
     let mut replies: Vec<Token> = Vec::with_capacity(msgs.min(1 << 20));
+    // The next id expected from each sender.
+    let mut next: Vec<u64> = (0..senders).map(|s| range(s).start).collect();
     while got < msgs {
         let t = Instant::now();
         replies.clear();
@@ -798,20 +818,27 @@ async fn echo_batched(
         recv_busy += t.elapsed();
         calls += 1;
         for t in &replies {
-            let i = got as u64;
-            if t.id != i || t.value != 2.0 * i as f64 {
-                return Err(Error::Device(format!("batched reply {i} wrong: {t:?}")));
+            let s = ((t.id as usize) / share.max(1)).min(senders - 1);
+            if t.id != next[s] || t.value != 2.0 * t.id as f64 {
+                return Err(Error::Device(format!(
+                    "batched reply {got} wrong (sender {s} expected id {}): {t:?}",
+                    next[s]
+                )));
             }
+            next[s] += 1;
             got += 1;
         }
     }
-    let send_busy = sender.await.map_err(|e| Error::Device(e.to_string()))??;
+    let mut send_busy = Duration::ZERO;
+    for t in tasks {
+        send_busy += t.await.map_err(|e| Error::Device(e.to_string()))??;
+    }
     let s = start.elapsed().as_secs_f64();
     let cpu = cpu0.zip(cpu_seconds()).map(|(a, b)| b - a);
     let threads = per_thread(&threads0, msgs);
     let m = k.metrics();
     println!(
-        "actor echo, {msgs} messages, batched API (send_batch of {batch}, receive_batch_into): {:.3} s, {:.0} msgs/s",
+        "actor echo, {msgs} messages, batched API ({senders} sender(s), send_batch of {batch}, receive_batch_into): {:.3} s, {:.0} msgs/s",
         s,
         msgs as f64 / s,
     );
@@ -835,6 +862,7 @@ fn actors(
     msgs: usize,
     calls: usize,
     batch: usize,
+    senders: usize,
     capacity: usize,
     batched_only: bool,
 ) -> Result<(), Error> {
@@ -845,6 +873,19 @@ fn actors(
         "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
         65536.0 / b50
     );
+    // The same pass over the bytes a batched echo message moves: a 256-byte slot up and
+    // one down (the echo's `Token` request needs a 256-byte slot, `ECHO_SLOT`), for
+    // 16,384 messages (4 MiB each way; the floor's one-dimensional dispatch allows at
+    // most 65,535 groups of 64 words), about the size of the batched echo's passes.
+    let slot_words = (ECHO_SLOT / 4) as u64;
+    let floor_slots = Floor::new(g.context(), 16384 * slot_words);
+    let (s50, _) = p50_p99(&mut floor_slots.passes(20)?);
+    println!(
+        "floor, 16,384 echo slots of {ECHO_SLOT} bytes each way per pass: p50 {s50:.1} us = {:.1} M msgs/s ({:.1} GB/s each way)",
+        16384.0 / s50,
+        16384.0 * ECHO_SLOT as f64 / s50 / 1e3
+    );
+    drop(floor_slots);
     // The device's share of a batched echo message: the echo kernel's pass alone.
     let (e50, _) = p50_p99(&mut EchoPass::new(g.context(), 65536)?.passes(20)?);
     println!(
@@ -861,7 +902,7 @@ fn actors(
         let runtime = WgpuRuntime::with_context(KernelRegistry::new(), g.context().clone());
         let opts = LaunchOptions::default().with_queue_capacity(capacity);
         if batched_only {
-            return echo_batched(&runtime, msgs, batch, capacity).await;
+            return echo_batched(&runtime, msgs, batch, capacity, senders).await;
         }
         let k = runtime.launch(ECHO, opts).await?;
         // Throughput: one task sends, another receives, as fast as they can.
@@ -886,7 +927,7 @@ fn actors(
         let m = k.metrics();
         println!("actor echo, {msgs} messages, one send/receive per message (drain passes batch them): {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         k.terminate().await?;
-        echo_batched(&runtime, msgs, batch, capacity).await?;
+        echo_batched(&runtime, msgs, batch, capacity, senders).await?;
         // Round trip: one call at a time, on a kernel with the default options, in
         // blocks alternating with blocks of floor passes (so both see the same load).
         let k = runtime.launch(ECHO, LaunchOptions::default()).await?;
