@@ -140,6 +140,9 @@ llm_model() {
 # `-p ringkernel` alone is its default build: CPU only, the GPU backends "not compiled in".
 tests() {
   cargo test --workspace --no-fail-fast
+  # The wgpu runtime with three launcher threads recording passes at once (one by
+  # default): large passes must still reach the device in launch order.
+  RINGKERNEL_WGPU_LAUNCHER=3 cargo test -p ringkernel-wgpu --test runtime -- large_passes
 }
 
 tests_default() {

@@ -23,8 +23,8 @@
 //!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
 //!   (its staged slots, the control block's host line when it changed) and hands the
 //!   rest (the upload copy, recording, submission) to the runtime's **launcher** threads
-//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them), which record passes in parallel and
-//!   submit them in the order they were launched; smaller passes (a `call`) are
+//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them; several record passes in parallel),
+//!   which submit them in the order they were launched; smaller passes (a `call`) are
 //!   launched on the calling thread unless passes wait for the launchers.
 //!   So the thread that fills the next pass and the one that finishes the last do not
 //!   wait for the lock while a pass's slots cross to the device (on an H200 through
@@ -594,9 +594,12 @@ fn finishers() -> bool {
 /// lock), as before the launcher threads. For measuring them.
 pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 
-/// Launcher threads a runtime starts: two record passes in parallel (each copies its
-/// pass's slots into the mapped upload buffer), submitted in launch order.
-pub const LAUNCHERS: usize = 2;
+/// Launcher threads a runtime starts. Several record passes in parallel (each copies
+/// its pass's slots into the mapped upload buffer) and submit them in launch order, but
+/// on an H200 two or three made no difference to the batched echo, against one
+/// (BENCHMARKS.md, 2026-11-28): their copies into the mapped buffer, which lies across
+/// the PCIe bus, share the same ~7–10 GB/s.
+pub const LAUNCHERS: usize = 1;
 
 /// Launcher threads for the value of [`LAUNCHER_ENV`] (`None`: unset; a value that is
 /// not a number: the default), at most 8.

@@ -408,7 +408,8 @@ fn thread_names() -> Vec<String> {
 }
 
 /// Passes of at least a thousand messages are recorded on the runtime's launcher
-/// threads (two at once) and submitted in launch order, small ones on the calling
+/// threads (several at once with `RINGKERNEL_WGPU_LAUNCHER=N`, as `scripts/test.sh`
+/// runs this test too) and submitted in launch order, small ones on the calling
 /// thread unless passes wait there; passes are finished on several threads. Large
 /// batches through a serial counter (each reply carries how many messages the kernel
 /// had seen, so a pass submitted or queued out of order shows) while another kernel of
