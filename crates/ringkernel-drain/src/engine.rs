@@ -31,9 +31,14 @@
 //! pass's outputs while the device runs the next. A pass then takes at most the ring's
 //! capacity divided by the passes allowed in flight (and never more than [`MAX_PASS`]),
 //! so a burst of messages becomes overlapping passes rather than one that holds the
-//! whole ring. Passes are finished in launch order
+//! whole ring. A pass's outputs are read on the thread that completes it (a target
+//! may complete several passes at once on several threads: wgpu does), stamped with
+//! timestamps and ids reserved for the pass at launch, and queued in launch order
 //! whatever the order of their completions, so replies, a serial handler's state and
-//! every count keep the order of a single pass at a time.
+//! every count keep the order of a single pass at a time. Completions queue under a
+//! lock of their own, not the host lock that a sender holds while it copies a pass's
+//! messages into their slots; the next pass a completion would start is started by
+//! whoever holds the host lock when it lets go.
 //!
 //! Runs stay runs on the way out too: a pass's replies join one run in the reply queue
 //! (consecutive ids and timestamps), and a receiver takes them a run at a time

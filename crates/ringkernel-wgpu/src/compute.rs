@@ -749,7 +749,7 @@ mod tuning {
             Ok(times)
         }
 
-        /// The shape a matmul of `dims` runs with (see the [module docs](self)); may time
+        /// The shape a matmul of `dims` runs with (see the [module docs](crate::matmul_tune)); may time
         /// the candidates on the first large product.
         pub fn matmul_tile_for(&self, dims: MatmulDims) -> Result<MatmulTile> {
             let (forced, tuned) = {

@@ -1,7 +1,7 @@
-//! Which tile shape of the register-tiled matmul ([`MatmulTile`]) a [`WgpuCompute`] uses.
+//! Which tile shape of the register-tiled matmul ([`MatmulTile`]) a [`WgpuCompute`](crate::WgpuCompute) uses.
 //!
 //! * `RINGKERNEL_WGPU_MATMUL_TILE=BMxBNxBK/TMxTN` forces one shape (also
-//!   [`WgpuCompute::set_matmul_tile`]).
+//!   [`WgpuCompute::set_matmul_tile`](crate::WgpuCompute::set_matmul_tile)).
 //! * Small products (fewer than [`TUNE_MIN_WORK`] multiply-adds) take
 //!   [`MatmulTile::LARGE`] when it gives at least [`LARGE_MIN_TILES`] workgroups and
 //!   [`MatmulTile::SMALL`] otherwise.

@@ -85,7 +85,7 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 const PASSES_IN_FLIGHT: usize = 6;
 
 /// Environment variable: passes of a kernel in flight at once (1 to 32;
-/// [`PASSES_IN_FLIGHT`] when unset). For measuring the pipeline's depth.
+/// 6 when unset). For measuring the pipeline's depth.
 pub const IN_FLIGHT_ENV: &str = "RINGKERNEL_WGPU_IN_FLIGHT";
 
 /// Passes in flight for the value of [`IN_FLIGHT_ENV`] (`None`: unset; a value that is
@@ -576,8 +576,8 @@ pub const DEFER_MIN: u32 = 1024;
 /// Name of the launcher threads (under the 15 bytes Linux keeps of a thread's name).
 pub const LAUNCHER_THREAD: &str = "rk-wgpu-launch";
 
-/// Name of the finisher thread, which finishes passes beside the poller (see
-/// [`Poller::finish_ready`]).
+/// Name of the finisher thread, which finishes passes beside the poller (see the
+/// [module docs](self)).
 pub const FINISHER_THREAD: &str = "rk-wgpu-finish";
 
 /// Environment variable: `0` runs no finisher thread (the poller and helping receivers
@@ -598,7 +598,7 @@ pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 /// its pass's slots into the mapped upload buffer) and submit them in launch order, but
 /// on an H200 two or three made no difference to the batched echo, against one
 /// (BENCHMARKS.md, 2026-11-28): their copies into the mapped buffer, which lies across
-/// the PCIe bus, share the same ~7–10 GB/s.
+/// the PCIe bus, share the same 7–13 GB/s.
 pub const LAUNCHERS: usize = 1;
 
 /// Launcher threads for the value of [`LAUNCHER_ENV`] (`None`: unset; a value that is
