@@ -946,6 +946,20 @@ async fn the_default_batch_methods_loop_over_single_messages() {
 }
 
 /// The next `n` replies, taken with `receive_batch` (10 s each at most).
+/// Sends the tokens `0..n` (each valued as its id) in batches of `chunk` from a task of
+/// its own, which returns the messages' ids.
+fn spawn_sends(k: &KernelHandle, n: u64, chunk: usize) -> tokio::task::JoinHandle<Vec<u64>> {
+    let k = k.clone();
+    tokio::spawn(async move {
+        let msgs: Vec<Token> = (0..n).map(|i| Token::new(i, i as f64)).collect();
+        let mut ids = Vec::new();
+        for part in msgs.chunks(chunk) {
+            ids.extend(k.send_batch(part).await.unwrap());
+        }
+        ids
+    })
+}
+
 async fn receive_n(k: &KernelHandle, n: usize) -> Vec<ringkernel_core::message::Envelope> {
     let mut got = Vec::new();
     while got.len() < n {
@@ -1033,17 +1047,7 @@ async fn passes_completed_out_of_order_are_queued_in_launch_order() {
     let core = core();
     let opts = LaunchOptions::default().with_queue_capacity(256);
     let (k, engine) = launch_overlapped(&core, "echo", Handler::Echo, opts, 4);
-    let msgs: Vec<Token> = (0..3000).map(|i| Token::new(i, i as f64)).collect();
-    let sender = {
-        let k = k.clone();
-        tokio::spawn(async move {
-            let mut ids = Vec::new();
-            for part in msgs.chunks(250) {
-                ids.extend(k.send_batch(part).await.unwrap());
-            }
-            ids
-        })
-    };
+    let sender = spawn_sends(&k, 3000, 250);
     let got = receive_n(&k, 3000).await;
     let ids = sender.await.unwrap();
     for (i, env) in got.iter().enumerate() {
@@ -1076,15 +1080,7 @@ async fn receive_batch_into_takes_runs_in_pieces_in_order() {
     let core = core();
     let opts = LaunchOptions::default().with_queue_capacity(256);
     let (k, _engine) = launch_overlapped(&core, "echo", Handler::Echo, opts, 3);
-    let msgs: Vec<Token> = (0..1500).map(|i| Token::new(i, i as f64)).collect();
-    let sender = {
-        let k = k.clone();
-        tokio::spawn(async move {
-            for part in msgs.chunks(333) {
-                k.send_batch(part).await.unwrap();
-            }
-        })
-    };
+    let sender = spawn_sends(&k, 1500, 333);
     let mut got: Vec<Token> = Vec::new();
     let mut calls = 0;
     while got.len() < 1500 {
