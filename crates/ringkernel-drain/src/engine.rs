@@ -591,7 +591,8 @@ struct Host {
 /// The passes in flight, under a lock of their own ([`DrainEngine::flight`]): a
 /// completion queues its pass's outputs without the host lock, which a sender holds
 /// while it copies a pass's messages into their slots (on an H200 the batched echo's
-/// completions waited up to 1.2 ms for it, with the ring full of finished passes).
+/// completions waited up to 1.2 ms for it while finished passes held their slots;
+/// BENCHMARKS.md, 2026-11-28).
 #[derive(Default)]
 struct Flight {
     /// Passes launched and not completed yet.
@@ -645,10 +646,9 @@ impl<T: DrainTarget> Drop for HostGuard<'_, T> {
             if !e.kick_owed.load(Ordering::SeqCst) {
                 return;
             }
-            g = match e.host.try_lock() {
-                Ok(g) => g,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return,
+            g = match e.try_host_lock() {
+                Some(g) => g,
+                None => return,
             };
         }
     }
@@ -867,6 +867,16 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// The drain target (for backend-specific inspection).
     pub fn target(&self) -> &T {
         &self.target
+    }
+
+    /// The host lock when no other thread holds it (a poisoned lock is taken as it is,
+    /// as `lock` does).
+    fn try_host_lock(&self) -> Option<std::sync::MutexGuard<'_, Host>> {
+        match self.host.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Takes the host lock (see [`HostGuard`]).
@@ -1413,16 +1423,12 @@ impl<T: DrainTarget> DrainEngine<T> {
         // holding it, when it releases it (`HostGuard`), so that this thread goes on
         // finishing passes instead of waiting for a sender's fill.
         self.kick_owed.store(true, Ordering::SeqCst);
-        match self.host.try_lock() {
-            Ok(g) => drop(HostGuard {
+        if let Some(g) = self.try_host_lock() {
+            // Released at once: the release starts the pass owed.
+            drop(HostGuard {
                 engine: self,
                 guard: Some(g),
-            }),
-            Err(std::sync::TryLockError::Poisoned(p)) => drop(HostGuard {
-                engine: self,
-                guard: Some(p.into_inner()),
-            }),
-            Err(std::sync::TryLockError::WouldBlock) => {}
+            });
         }
         if !delivered_all {
             self.retry_k2k_later();

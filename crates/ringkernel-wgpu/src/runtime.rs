@@ -38,10 +38,10 @@
 //!   thread ([`FINISHER_THREAD`]) and any receiver waiting for a reply: each pass is
 //!   finished on one of them (its control fields copied into the host copy, its
 //!   outputs read by the engine's completion, which queues them in launch order and
-//!   may start the next pass), several passes at once. Completions never run inside a wgpu call made with an
-//!   engine lock held (a map callback can run on any thread that polls or submits on
-//!   the device), and a callback run by another thread's poll (a
-//!   [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
+//!   may start the next pass), several passes at once. Completions never run inside a
+//!   wgpu call made with an engine lock held (a map callback can run on any thread
+//!   that polls or submits on the device), and a callback run by another thread's poll
+//!   (a [`WgpuCompute`](crate::WgpuCompute) on the same device, another runtime) still
 //!   reaches its poller.
 //!
 //! Priority: within a kernel, the drain engine fills each pass highest priority lane
@@ -243,7 +243,7 @@ struct Poller {
     /// passes launched after it.
     submissions: Mutex<VecDeque<wgpu::SubmissionIndex>>,
     /// Passes waiting for the launcher threads, in launch order, and how many passes are
-    /// being launched (see [`Poller::defer`]).
+    /// being launched (see [`Poller::launch`]).
     launches: Mutex<Launches>,
     launch_wake: Event,
     /// The launch order of the next pass to be submitted: passes are recorded on
@@ -622,47 +622,42 @@ struct Job {
 }
 
 impl Job {
-    /// Launches the pass of launch order `seq` on the calling thread. On an error
-    /// nothing was submitted, and `done` comes back uncalled with it.
+    /// Records the pass of launch order `seq` on the calling thread and submits it in
+    /// its turn. An error, or a panic while the pass is recorded or submitted, comes
+    /// back with `done` uncalled when nothing was submitted; the turn moves on either
+    /// way, so the passes launched after this one are not held up.
     fn run(self, poller: &Poller, seq: u64) -> std::result::Result<(), (Error, PassDone)> {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let panicked = || Error::Device("the launch of a drain pass panicked".into());
         let mut done = Some(self.done);
-        let recorded = self.parts.record();
-        let r = poller.submit_in_turn(seq, || recorded.and_then(|r| r.submit(&mut done)));
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => match done {
-                Some(done) => Err((e, done)),
-                // `submit` takes `done` only once nothing can fail any more.
-                None => Ok(()),
-            },
+        let parts = self.parts;
+        let recorded =
+            catch_unwind(AssertUnwindSafe(|| parts.record())).unwrap_or_else(|_| Err(panicked()));
+        let r = poller.submit_in_turn(seq, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                recorded.and_then(|rec| rec.submit(&mut done))
+            }))
+            .unwrap_or_else(|_| Err(panicked()))
+        });
+        match (r, done) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Some(done)) => Err((e, done)),
+            (Err(e), None) => {
+                // `submit` takes `done` only once nothing can fail any more; only a panic
+                // in `watch` gets here, and then the pass's `done` is gone with it.
+                tracing::error!(error = %e, "drain pass could not be handed to the poller");
+                Ok(())
+            }
         }
     }
 
-    /// [`run`](Self::run) on a launcher thread: an error, or a panic while the pass is
-    /// recorded or submitted, goes to the pass's `done` (so its kernel fails instead of
-    /// waiting for it), and the thread goes on with the next job.
+    /// [`run`](Self::run) on a launcher thread: an error goes to the pass's `done` (so
+    /// its kernel fails instead of waiting for it), and the thread goes on with the next
+    /// job.
     fn run_deferred(self, poller: &Poller, seq: u64) {
-        let mut done = Some(self.done);
-        let parts = self.parts;
-        let caught = |r: std::thread::Result<Result<()>>| {
-            r.unwrap_or_else(|_| Err(Error::Device("the launch of a drain pass panicked".into())))
-        };
-        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parts.record()));
-        let r = poller.submit_in_turn(seq, || {
-            let submit = || match recorded {
-                Ok(Ok(rec)) => rec.submit(&mut done),
-                Ok(Err(e)) => Err(e),
-                Err(_) => Err(Error::Device("the launch of a drain pass panicked".into())),
-            };
-            caught(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                submit,
-            )))
-        });
-        if let Err(e) = r {
+        if let Err((e, done)) = self.run(poller, seq) {
             tracing::error!(error = %e, "drain pass could not be launched");
-            if let Some(done) = done.take() {
-                done(Err(e));
-            }
+            done(Err(e));
         }
     }
 }
@@ -872,8 +867,8 @@ struct Compiled {
 }
 
 /// An upload buffer handed to the engine for the slots of the pass it is filling: the
-/// view keeps the mapped range registered until the pass's `launch` writes the
-/// parameters after the slots and unmaps it.
+/// view keeps the mapped range registered until the pass is recorded (`Inner::upload`
+/// writes the parameters after the slots and unmaps it).
 struct Staged {
     buf: wgpu::Buffer,
     view: wgpu::BufferViewMut,
@@ -882,7 +877,7 @@ struct Staged {
 }
 
 /// The device buffers of one kernel and its host copies (shared with the runtime's
-/// launcher threads, which record and submits large passes, see [`Job`]).
+/// launcher threads, which record and submit large passes, see [`Job`]).
 struct Inner {
     ctx: Arc<GpuContext>,
     poller: Arc<Poller>,
@@ -932,10 +927,10 @@ struct WgpuDrainTarget {
 // The "device" side (a completion's copy-out) writes only the device-written control
 // fields (under the kernel's `control_seq`), after the pass finished and before `done`.
 // `done` runs on the poller, the finisher or a helping receiver (or, for a pass whose
-// deferred launch failed, on a launcher thread), never inside `launch`. `stage_input` hands out the mapped range of
-// an upload buffer taken from the pool (so no pass in flight uses it), whose view stays
-// in `staged` until the following `launch` takes it into that pass's job, which unmaps
-// it: `count · slot_size` bytes the host may write, nothing else addressing them
+// deferred launch failed, on a launcher thread), never inside `launch`. `stage_input`
+// hands out the mapped range of an upload buffer taken from the pool (so no pass in
+// flight uses it), whose view stays in `staged` until the following `launch` takes it
+// into that pass's job, which unmaps it: `count · slot_size` bytes the host may write, nothing else addressing them
 // meanwhile. A job reads the pass's input slots of the host ring (`Inner::upload`)
 // after `launch` returned, possibly on a launcher thread: those slots stay the pass's
 // until its `done` (the engine counts them busy), so nothing writes them meanwhile.
