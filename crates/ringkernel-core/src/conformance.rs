@@ -352,11 +352,46 @@ pub async fn call_correlation(
 /// receiving): every reply arrives, in order, with the right value.
 pub async fn echo_many(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
     const T: &str = "echo_many";
-    let opts = LaunchOptions::default().with_queue_capacity(1024);
-    let window = opts.output_capacity as u64;
+    let k = launch(
+        rt,
+        T,
+        ECHO,
+        LaunchOptions::default().with_queue_capacity(1024),
+    )
+    .await?;
+    echo_through(T, &k, n, 1024).await
+}
+
+/// [`echo_many`] through a kernel whose slots are fitted to a [`Token`] (144 bytes:
+/// not a power of two) in a ring of 64, so the ring wraps many times at that stride:
+/// every reply arrives in order with the right value, and a payload one byte over the
+/// fitted slot is [`Error::MessageTooLarge`] with the slot's own maximum.
+pub async fn fitted_slot(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
+    const T: &str = "fitted_slot";
+    let slot = (HEADER_SIZE + std::mem::size_of::<Token>()).next_multiple_of(16);
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(64)
+        .with_slot_size(slot);
     let k = launch(rt, T, ECHO, opts).await?;
-    let kernels = [k.clone()];
-    with_cleanup(&kernels, async {
+    let max = slot - HEADER_SIZE;
+    let big = Envelope::from_bytes(Token::TYPE_ID, &vec![0x5Au8; max + 1]);
+    if let Err(e) = expect_err(
+        T,
+        "send of a payload one byte over the slot",
+        k.send_envelope(&big).await,
+        |e| *e == Error::MessageTooLarge { size: max + 1, max },
+    ) {
+        cleanup(std::slice::from_ref(&k)).await;
+        return Err(e);
+    }
+    echo_through(T, &k, n, 64).await
+}
+
+/// Sends `n` tokens to the echo kernel `k` (at most `window` ahead of the replies) and
+/// checks every reply, in order; terminates `k`.
+async fn echo_through(test: &'static str, k: &KernelHandle, n: usize, window: usize) -> Result<()> {
+    let window = window as u64;
+    with_cleanup(std::slice::from_ref(k), async {
         let n = n as u64;
         let (mut sent, mut received) = (0u64, 0u64);
         while received < n {
@@ -365,26 +400,26 @@ pub async fn echo_many(rt: &dyn RingKernelRuntime, n: usize) -> Result<()> {
                 match k.try_send(&Token::new(sent, sent as f64)) {
                     Ok(_) => sent += 1,
                     Err(Error::QueueFull { .. }) => break,
-                    Err(e) => return Err(fail(T, format!("try_send of message {sent}: {e}"))),
+                    Err(e) => return Err(fail(test, format!("try_send of message {sent}: {e}"))),
                 }
             }
             // Every reply so far is in, so the kernel has taken every message out of
             // its input queue: a full queue now would be a queue bug (never wait on it).
-            ensure!(T, sent > received, "input queue refuses message {sent} although all {received} sent messages were answered");
+            ensure!(test, sent > received, "input queue refuses message {sent} although all {received} sent messages were answered");
             let t: Token = k
                 .receive_timeout_as(ARRIVAL_TIMEOUT)
                 .await
-                .map_err(|e| fail(T, format!("waiting for reply {received} of {n} ({sent} sent): {e}")))?;
-            check_echo(T, &t, received, received as f64)?;
+                .map_err(|e| fail(test, format!("waiting for reply {received} of {n} ({sent} sent): {e}")))?;
+            check_echo(test, &t, received, received as f64)?;
             received += 1;
-            while let Some(t) = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))? {
-                ensure!(T, received < sent, "more replies than messages sent");
-                check_echo(T, &t, received, received as f64)?;
+            while let Some(t) = k.try_receive::<Token>().map_err(ctx(test, "try_receive"))? {
+                ensure!(test, received < sent, "more replies than messages sent");
+                check_echo(test, &t, received, received as f64)?;
                 received += 1;
             }
         }
-        let extra = k.try_receive::<Token>().map_err(ctx(T, "try_receive"))?;
-        ensure!(T, extra.is_none(), "a reply beyond the {n} messages sent: {extra:?}");
+        let extra = k.try_receive::<Token>().map_err(ctx(test, "try_receive"))?;
+        ensure!(test, extra.is_none(), "a reply beyond the {n} messages sent: {extra:?}");
         Ok(())
     })
     .await
@@ -1175,6 +1210,8 @@ pub enum Case {
     BadCapacity,
     /// [`oversized_payload`].
     OversizedPayload,
+    /// [`fitted_slot`] with [`Scale::echo_messages`], at most 20,000.
+    FittedSlot,
     /// [`receive_timeout`].
     ReceiveTimeout,
     /// [`k2k_pipeline`] with [`Scale::pipeline_messages`].
@@ -1193,7 +1230,7 @@ pub enum Case {
 
 impl Case {
     /// Every case, in the order [`run_all`] runs them.
-    pub const ALL: [Case; 15] = [
+    pub const ALL: [Case; 16] = [
         Case::Lifecycle,
         Case::CallCorrelation,
         Case::EchoMany,
@@ -1202,6 +1239,7 @@ impl Case {
         Case::UnknownKernel,
         Case::BadCapacity,
         Case::OversizedPayload,
+        Case::FittedSlot,
         Case::ReceiveTimeout,
         Case::K2kPipeline,
         Case::PubsubFanout,
@@ -1224,6 +1262,7 @@ impl Case {
             Case::UnknownKernel => unknown_kernel(rt).await,
             Case::BadCapacity => bad_capacity(rt).await,
             Case::OversizedPayload => oversized_payload(rt).await,
+            Case::FittedSlot => fitted_slot(rt, scale.echo_messages.min(20_000)).await,
             Case::ReceiveTimeout => receive_timeout(rt).await,
             Case::K2kPipeline => k2k_pipeline(rt, scale.pipeline_messages).await,
             Case::PubsubFanout => pubsub_fanout(rt).await,
@@ -1319,6 +1358,7 @@ macro_rules! conformance_tests {
             unknown_kernel UnknownKernel,
             bad_capacity BadCapacity,
             oversized_payload OversizedPayload,
+            fitted_slot FittedSlot,
             receive_timeout ReceiveTimeout,
             k2k_pipeline K2kPipeline,
             pubsub_fanout PubsubFanout,

@@ -1,9 +1,9 @@
 //! Message model: a 64-byte [`MessageHeader`] followed by the payload, written straight
 //! into a queue slot.
 //!
-//! A slot is `slot_size` bytes (a power of two, default 256): the header, then up to
-//! `slot_size - 64` payload bytes. The layout is shared bit for bit with the CUDA header
-//! (`ringkernel.cuh`) and the WGSL struct in `ringkernel-shaders`.
+//! A slot is `slot_size` bytes (a multiple of 16 in 128..=65536, default 256): the
+//! header, then up to `slot_size - 64` payload bytes. The layout is shared bit for bit
+//! with the CUDA header (`ringkernel.cuh`) and the WGSL struct in `ringkernel-shaders`.
 //!
 //! A payload has one of two [`Encoding`]s, told apart by [`flags::RKYV`]:
 //!

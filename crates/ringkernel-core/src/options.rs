@@ -1,7 +1,7 @@
 //! [`LaunchOptions`]: how a kernel is launched.
 
 use crate::error::{Error, Result};
-use crate::message::{DEFAULT_SLOT_SIZE, HEADER_SIZE};
+use crate::message::DEFAULT_SLOT_SIZE;
 
 /// Options for [`RingKernelRuntime::launch`](crate::runtime::RingKernelRuntime::launch).
 ///
@@ -23,7 +23,10 @@ pub struct LaunchOptions {
     pub queue_capacity: usize,
     /// Output queue capacity in slots (power of two).
     pub output_capacity: usize,
-    /// Slot size in bytes: 64-byte header plus payload (power of two, at least 128).
+    /// Slot size in bytes: 64-byte header plus payload, a multiple of 16 in
+    /// 128..=65536 ([`check_slot_size`]). Every message of the kernel takes a whole slot
+    /// on every crossing, so a slot fitted to the largest message moves the fewest bytes
+    /// (a [`Token`](crate::builtin::Token), 72 bytes: 144).
     pub slot_size: usize,
     /// Threads of each block of the kernel on CUDA: a whole number of warps (a multiple
     /// of 32 there, at most 512); a quarter of them (at least one warp, when there are
@@ -193,15 +196,7 @@ impl LaunchOptions {
                 )));
             }
         }
-        if !self.slot_size.is_power_of_two()
-            || self.slot_size < 2 * HEADER_SIZE
-            || self.slot_size > 65536
-        {
-            return Err(Error::invalid(format!(
-                "slot_size must be a power of two in 128..=65536, got {}",
-                self.slot_size
-            )));
-        }
+        check_slot_size(self.slot_size)?;
         if self.block_size == 0 || self.block_size > 1024 {
             return Err(Error::invalid(format!(
                 "block_size must be in 1..=1024, got {}",
@@ -226,6 +221,22 @@ impl LaunchOptions {
     }
 }
 
+/// Largest [`LaunchOptions::slot_size`].
+pub const MAX_LAUNCH_SLOT_SIZE: usize = 65536;
+
+/// The rule for [`LaunchOptions::slot_size`], shared by every backend that checks a
+/// kernel's slot size: a multiple of [`SLOT_ALIGN`](crate::queue::slot::SLOT_ALIGN) in
+/// 128..=65536 (room for the 64-byte header and at least 64 payload bytes).
+///
+/// ```
+/// use ringkernel_core::options::check_slot_size;
+/// assert!(check_slot_size(144).is_ok());
+/// assert!(check_slot_size(100).is_err() && check_slot_size(112).is_err());
+/// ```
+pub fn check_slot_size(slot_size: usize) -> Result<()> {
+    crate::queue::slot::check_slot_size_up_to(slot_size, MAX_LAUNCH_SLOT_SIZE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,12 +252,17 @@ mod tests {
         refused(d().with_queue_capacity(1), "queue_capacity");
         refused(d().with_slot_size(100), "slot_size");
         refused(d().with_slot_size(64), "slot_size");
+        refused(d().with_slot_size(136), "slot_size");
+        refused(d().with_slot_size(65536 + 16), "slot_size");
         refused(d().with_block_size(0), "block_size");
         refused(d().with_grid_size(0), "grid_size");
         for bad in [0, 128, 200] {
             refused(d().with_inbox_threads(bad), "inbox_threads");
         }
         assert!(d().validate().is_ok());
+        for fitted in [128, 144, 208, 65536] {
+            assert!(d().with_slot_size(fitted).validate().is_ok(), "{fitted}");
+        }
         assert!(d().with_inbox_threads(96).validate().is_ok());
     }
 }

@@ -778,15 +778,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// A kernel in state `Launched`: writes the ring headers and the control block.
     pub fn new(cfg: DrainConfig, target: T, core: &Arc<RuntimeCore>) -> Result<Arc<Self>> {
         ringkernel_core::queue::check_capacity(cfg.capacity)?;
-        if !cfg.slot_size.is_power_of_two()
-            || cfg.slot_size < 2 * HEADER_SIZE
-            || cfg.slot_size > 1 << 16
-        {
-            return Err(Error::invalid(format!(
-                "slot_size must be a power of two in 128..=65536, got {}",
-                cfg.slot_size
-            )));
-        }
+        ringkernel_core::options::check_slot_size(cfg.slot_size)?;
         let need = cfg
             .capacity
             .checked_mul(cfg.slot_size)

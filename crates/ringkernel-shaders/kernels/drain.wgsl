@@ -98,7 +98,7 @@ const RK_ERR_OUTPUT_TOO_LARGE: u32 = 4u;
 @group(0) @binding(0) var<uniform> rk_params: RkDrainParams;
 @group(0) @binding(1) var<storage, read_write> rk_control: RkControlBlock;
 // The rings as 16-byte units: a slot starts on a 16-byte boundary (the queue header is
-// 128 bytes, slots a power of two of at least 128), so a header is 4 units and a payload
+// 128 bytes, slots a multiple of 16 bytes), so a header is 4 units and a payload
 // word `w` of the slot at word `s` is component (s + w) % 4 of unit (s + w) / 4. Whole
 // units move in one access (a fourth of the accesses of word by word; on a GPU a
 // 16-byte transaction instead of four, on a CPU adapter one per lane instead of four).

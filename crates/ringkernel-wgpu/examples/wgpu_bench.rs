@@ -2,12 +2,13 @@
 //! matmul GFLOP/s, actor throughput with batching and single-message round trips.
 //!
 //! ```text
-//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--senders N] [--capacity N] [--actors-only] [--ops-only] [--batched-only]
+//! cargo run --release -p ringkernel-wgpu --example wgpu_bench -- [--elems N] [--cols C] [--matmul N] [--msgs N] [--calls N] [--batch N] [--senders N] [--capacity N] [--slot B] [--actors-only] [--ops-only] [--batched-only]
 //! ```
 //!
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
 //! (16,384) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
-//! capacity of the echo kernels (65,536; a pass takes at most a sixth of it). `--ops-only` skips the actors. `--actors-only` skips the compute ops
+//! capacity of the echo kernels (65,536; a pass takes at most a sixth of it), `--slot B`
+//! their slot size in bytes (256, the default; a `Token` request fits 144). `--ops-only` skips the actors. `--actors-only` skips the compute ops
 //! (matmul 4096³ takes minutes on a software adapter). `--batched-only` runs the
 //! batched echo alone (for profiling). The actor figures come with the **floor** of the
 //! same run, measured on the same device as `wgpu-floor` does: the round trip of the
@@ -317,13 +318,14 @@ struct EchoPass {
     bind: wgpu::BindGroup,
     output: wgpu::Buffer,
     ring_bytes: u64,
+    slot: usize,
 }
 
-/// Slot size of the echo pass (a `Token` request needs 256 bytes, as in the runtime).
-const ECHO_SLOT: usize = 256;
+/// Default slot size of the echo kernels (`--slot`): the runtime's default.
+const ECHO_SLOT: usize = ringkernel_core::message::DEFAULT_SLOT_SIZE;
 
 impl EchoPass {
-    fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, count: u32) -> Result<Self, Error> {
+    fn new(ctx: &Arc<ringkernel_wgpu::GpuContext>, count: u32, slot: usize) -> Result<Self, Error> {
         use ringkernel_core::message::{MessageHeader, RingMessage, HEADER_SIZE};
         let dev = &ctx.device;
         let wgsl = ringkernel_shaders::drain::builtin_handlers()
@@ -332,7 +334,7 @@ impl EchoPass {
             .map(|(_, wgsl, _)| ringkernel_shaders::drain::compose(&wgsl))
             .ok_or_else(|| Error::Device("no WGSL rk.echo".into()))?;
         let capacity = (count as usize).next_power_of_two();
-        let words = ECHO_SLOT / 4;
+        let words = slot / 4;
         let params = ringkernel_shaders::params::Drain {
             kernel_id: 7,
             count,
@@ -343,10 +345,10 @@ impl EchoPass {
             ..Default::default()
         };
         // The rings: a 128-byte queue header, then the slots.
-        let ring_bytes = 128 + capacity * ECHO_SLOT;
+        let ring_bytes = 128 + capacity * slot;
         let mut input = vec![0u8; ring_bytes];
         for i in 0..count as usize {
-            let at = 128 + i * ECHO_SLOT;
+            let at = 128 + i * slot;
             let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
             h.correlation_id = i as u64;
             input[at..at + HEADER_SIZE].copy_from_slice(bytemuck::bytes_of(&h));
@@ -408,6 +410,7 @@ impl EchoPass {
             bind,
             output,
             ring_bytes: ring_bytes as u64,
+            slot,
         })
     }
 
@@ -459,7 +462,7 @@ impl EchoPass {
         map_read(dev, &back)?;
         let m = back.get_mapped_range(..).map_err(|e| dev_err(&e))?;
         for i in 0..self.count as usize {
-            let at = 128 + i * ECHO_SLOT;
+            let at = 128 + i * self.slot;
             let h: MessageHeader = bytemuck::pod_read_unaligned(&m[at..at + HEADER_SIZE]);
             let t: Token =
                 bytemuck::pod_read_unaligned(&m[at + HEADER_SIZE..at + HEADER_SIZE + 72]);
@@ -503,7 +506,16 @@ fn main() -> Result<(), Error> {
     let batched_only = std::env::args().any(|a| a == "--batched-only");
     let capacity = arg("--capacity", 65536);
     let senders = arg("--senders", 1);
-    actors(&g, msgs, calls, batch, senders, capacity, batched_only)
+    let slot = arg("--slot", ECHO_SLOT);
+    let shape = Shape {
+        msgs,
+        calls,
+        batch,
+        senders,
+        capacity,
+        slot,
+    };
+    actors(&g, shape, batched_only)
 }
 
 /// CPU time this process has used (user + system) in seconds, from `/proc/self/stat`
@@ -754,14 +766,18 @@ fn ops(g: &WgpuCompute, elems: usize, cols: usize, mm: usize) -> Result<(), Erro
 /// The echo through the batched API: `senders` tasks send `batch` messages per
 /// `send_batch` (sender `s` the ids of its own share of `0..msgs`, in order), another
 /// takes the replies with `receive_batch_into`: each sender's replies in its order.
-async fn echo_batched(
-    runtime: &WgpuRuntime,
-    msgs: usize,
-    batch: usize,
-    capacity: usize,
-    senders: usize,
-) -> Result<(), Error> {
-    let opts = LaunchOptions::default().with_queue_capacity(capacity);
+async fn echo_batched(runtime: &WgpuRuntime, shape: Shape) -> Result<(), Error> {
+    let Shape {
+        msgs,
+        batch,
+        capacity,
+        senders,
+        slot,
+        ..
+    } = shape;
+    let opts = LaunchOptions::default()
+        .with_queue_capacity(capacity)
+        .with_slot_size(slot);
     let k = runtime.launch(ECHO, opts).await?;
     let batch = batch.max(1);
     let senders = senders.clamp(1, msgs.max(1));
@@ -857,15 +873,31 @@ async fn echo_batched(
     Ok(())
 }
 
-fn actors(
-    g: &WgpuCompute,
+/// The actor benches' sizes (their command-line flags).
+#[derive(Clone, Copy)]
+struct Shape {
+    /// Messages of each throughput run (`--msgs`).
     msgs: usize,
+    /// Round trips (`--calls`).
     calls: usize,
+    /// Messages per `send_batch` (`--batch`).
     batch: usize,
+    /// Tasks sending the batched echo at once (`--senders`).
     senders: usize,
+    /// Queue capacity of the throughput kernels (`--capacity`).
     capacity: usize,
-    batched_only: bool,
-) -> Result<(), Error> {
+    /// Slot size of the throughput kernels (`--slot`).
+    slot: usize,
+}
+
+fn actors(g: &WgpuCompute, shape: Shape, batched_only: bool) -> Result<(), Error> {
+    let Shape {
+        msgs,
+        calls,
+        capacity,
+        slot,
+        ..
+    } = shape;
     // The floor of this run, as `wgpu-floor` measures it.
     let (floor_one, floor_batch) = (Floor::new(g.context(), 4), Floor::new(g.context(), 65536));
     let (b50, b99) = p50_p99(&mut floor_batch.passes(if batched_only { 20 } else { 200 })?);
@@ -873,21 +905,21 @@ fn actors(
         "floor, 65,536 messages per pass: p50 {b50:.1} us, p99 {b99:.1} us = {:.1} M msgs/s",
         65536.0 / b50
     );
-    // The same pass over the bytes a batched echo message moves: a 256-byte slot up and
-    // one down (the echo's `Token` request needs a 256-byte slot, `ECHO_SLOT`), for
-    // 16,384 messages (4 MiB each way; the floor's one-dimensional dispatch allows at
-    // most 65,535 groups of 64 words), about the size of the batched echo's passes.
-    let slot_words = (ECHO_SLOT / 4) as u64;
+    // The same pass over the bytes a batched echo message moves: a slot up and one down
+    // (`--slot`: 256 bytes by default; a `Token` request fits 144), for 16,384 messages
+    // (4 MiB each way at 256 bytes; the floor's one-dimensional dispatch allows at most
+    // 65,535 groups of 64 words), about the size of the batched echo's passes.
+    let slot_words = (slot / 4) as u64;
     let floor_slots = Floor::new(g.context(), 16384 * slot_words);
     let (s50, _) = p50_p99(&mut floor_slots.passes(20)?);
     println!(
-        "floor, 16,384 echo slots of {ECHO_SLOT} bytes each way per pass: p50 {s50:.1} us = {:.1} M msgs/s ({:.1} GB/s each way)",
+        "floor, 16,384 echo slots of {slot} bytes each way per pass: p50 {s50:.1} us = {:.1} M msgs/s ({:.1} GB/s each way)",
         16384.0 / s50,
-        16384.0 * ECHO_SLOT as f64 / s50 / 1e3
+        16384.0 * slot as f64 / s50 / 1e3
     );
     drop(floor_slots);
     // The device's share of a batched echo message: the echo kernel's pass alone.
-    let (e50, _) = p50_p99(&mut EchoPass::new(g.context(), 65536)?.passes(20)?);
+    let (e50, _) = p50_p99(&mut EchoPass::new(g.context(), 65536, slot)?.passes(20)?);
     println!(
         "echo kernel alone, 65,536 requests per pass (dispatch and wait, no copies, no host work): p50 {e50:.1} us = {:.1} M msgs/s",
         65536.0 / e50
@@ -900,9 +932,11 @@ fn actors(
         .map_err(|e| Error::Device(e.to_string()))?;
     rt.block_on(async {
         let runtime = WgpuRuntime::with_context(KernelRegistry::new(), g.context().clone());
-        let opts = LaunchOptions::default().with_queue_capacity(capacity);
+        let opts = LaunchOptions::default()
+            .with_queue_capacity(capacity)
+            .with_slot_size(slot);
         if batched_only {
-            return echo_batched(&runtime, msgs, batch, capacity, senders).await;
+            return echo_batched(&runtime, shape).await;
         }
         let k = runtime.launch(ECHO, opts).await?;
         // Throughput: one task sends, another receives, as fast as they can.
@@ -927,7 +961,7 @@ fn actors(
         let m = k.metrics();
         println!("actor echo, {msgs} messages, one send/receive per message (drain passes batch them): {:.3} s, {:.0} msgs/s (handler latency p50 {} ns/msg amortised)", s, msgs as f64 / s, m.latency.p50_ns);
         k.terminate().await?;
-        echo_batched(&runtime, msgs, batch, capacity, senders).await?;
+        echo_batched(&runtime, shape).await?;
         // Round trip: one call at a time, on a kernel with the default options, in
         // blocks alternating with blocks of floor passes (so both see the same load).
         let k = runtime.launch(ECHO, LaunchOptions::default()).await?;

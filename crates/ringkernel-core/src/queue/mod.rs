@@ -57,7 +57,7 @@ pub struct QueueHeader {
     pub tail: u64,
     /// Capacity in slots (power of two).
     pub capacity: u32,
-    /// Slot size in bytes (power of two, >= 128).
+    /// Slot size in bytes (a multiple of 16, >= 128).
     pub slot_size: u32,
     /// `capacity - 1`.
     pub mask: u32,

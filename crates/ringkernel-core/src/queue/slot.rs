@@ -42,11 +42,25 @@ pub const MAX_SLOT_SIZE: usize = 1 << 24;
 /// Alignment of the shared ring layout (header and slot region).
 pub const RING_ALIGN: usize = 64;
 
-/// Checks that `slot_size` is a power of two in `MIN_SLOT_SIZE..=MAX_SLOT_SIZE`.
+/// A slot size is a multiple of this many bytes, so every slot (and the payload after
+/// its 64-byte header) starts on a 16-byte boundary: the GPU templates move slots in
+/// 16-byte units, and a payload of 8-byte fields is read in place.
+pub const SLOT_ALIGN: usize = 16;
+
+/// Checks that `slot_size` is a multiple of [`SLOT_ALIGN`] in
+/// `MIN_SLOT_SIZE..=MAX_SLOT_SIZE`. It need not be a power of two: a slot fitted to its
+/// message (144 bytes for a 72-byte payload, not 256) moves fewer bytes a message.
 pub fn check_slot_size(slot_size: usize) -> Result<()> {
-    if !slot_size.is_power_of_two() || !(MIN_SLOT_SIZE..=MAX_SLOT_SIZE).contains(&slot_size) {
+    check_slot_size_up_to(slot_size, MAX_SLOT_SIZE)
+}
+
+/// [`check_slot_size`] with a lower maximum (`max`, at most [`MAX_SLOT_SIZE`]).
+pub fn check_slot_size_up_to(slot_size: usize, max: usize) -> Result<()> {
+    if !slot_size.is_multiple_of(SLOT_ALIGN)
+        || !(MIN_SLOT_SIZE..=max.min(MAX_SLOT_SIZE)).contains(&slot_size)
+    {
         Err(Error::invalid(format!(
-            "slot size must be a power of two between {MIN_SLOT_SIZE} and {MAX_SLOT_SIZE} bytes, got {slot_size}"
+            "slot_size must be a multiple of {SLOT_ALIGN} in {MIN_SLOT_SIZE}..={max}, got {slot_size}"
         )))
     } else {
         Ok(())
@@ -86,7 +100,7 @@ pub fn new_header(capacity: usize, slot_size: usize) -> Result<QueueHeader> {
 }
 
 /// Creates an SPSC slot ring: `capacity` slots (power of two) of `slot_size` bytes
-/// (power of two, at least 128).
+/// (a multiple of 16, at least 128).
 pub fn slot_channel(capacity: usize, slot_size: usize) -> Result<(SlotProducer, SlotConsumer)> {
     let bytes = ring_bytes(capacity, slot_size)?;
     let header = new_header(capacity, slot_size)?;

@@ -1139,7 +1139,7 @@ impl StampedWatcher {
 }
 
 /// A stamped ring in host memory: `capacity` slots (power of two) of `slot_size`
-/// logical bytes (power of two, at least 128).
+/// logical bytes (a multiple of 16, at least 128).
 pub fn stamped_channel(
     capacity: usize,
     slot_size: usize,
