@@ -8,17 +8,18 @@
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
 //! (16,384) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
 //! capacity of the echo kernels (65,536; a pass takes at most a sixth of it), `--slot B`
-//! their slot size in bytes (256, the default; a `Token` request fits 144). `--ops-only` skips the actors. `--actors-only` skips the compute ops
-//! (matmul 4096³ takes minutes on a software adapter). `--batched-only` runs the
-//! batched echo alone (for profiling). The actor figures come with the **floor** of the
-//! same run, measured on the same device as `wgpu-floor` does: the round trip of the
-//! smallest useful pass (write the inputs, one dispatch that transforms them, copy back,
-//! map, read) over 4 words, the same pass over 65,536 words, and over the bytes 16,384
-//! echo messages move (a 256-byte slot each way, as the runtime's rings hold them: the
-//! batched echo's floor for its data). Beside the floor, the
-//! echo kernel's own pass over 65,536 `Token` requests already on the device (dispatch
-//! and wait, nothing copied, no host work): the device's share of a batched echo
-//! message, checked reply by reply against its request.
+//! their slot size in bytes (256, the default; a `Token` request fits 144).
+//! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³
+//! takes minutes on a software adapter). `--batched-only` runs the batched echo alone
+//! (for profiling). The actor figures come with the **floor** of the same run, measured
+//! on the same device as `wgpu-floor` does: the round trip of the smallest useful pass
+//! (write the inputs, one dispatch that transforms them, copy back, map, read) over 4
+//! words, the same pass over 65,536 words, and over the bytes 16,384 echo messages move
+//! (a slot of `--slot` bytes each way, as the runtime's rings hold them: the batched
+//! echo's floor for its data). Beside the floor, the echo kernel's own pass over 65,536
+//! `Token` requests already on the device (dispatch and wait, nothing copied, no host
+//! work): the device's share of a batched echo message, checked reply by reply against
+//! its request.
 //!
 //! Timing: each op is recorded `REPS` times back to back (the backend's batching: it
 //! submits as it goes), and two figures are taken per run of `REPS`: the wall time from
