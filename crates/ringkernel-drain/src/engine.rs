@@ -243,7 +243,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-/// How many slots ahead the host's slot loops (`fill_ring`, `finish_pass`) prefetch.
+/// How many slots ahead the host's slot loops (`fill_ring`, `build_pass`) prefetch.
 const PREFETCH_SLOTS: usize = 8;
 
 /// Byte offset of slot `index` in a ring of `capacity` slots of `slot_size` bytes.
@@ -1378,7 +1378,7 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// Completion of `pass`. Its outputs are read at once, on the completing thread
     /// (so the passes in flight are read in parallel where the target completes them
     /// on several threads), and queued in launch order: a pass read before an earlier
-    /// one waits in `Host::early` and is queued right after it, by the thread that
+    /// one waits in `Flight::early` and is queued right after it, by the thread that
     /// queues that one.
     fn complete(&self, pass: PassInfo, result: Result<PassOutputs<'_>>) {
         let elapsed = pass.started.elapsed();
@@ -1430,7 +1430,7 @@ impl<T: DrainTarget> DrainEngine<T> {
         self.events.state.notify(usize::MAX);
     }
 
-    /// Delivers the K2K queue (the sends of finished passes, queued by `finish_pass` in
+    /// Delivers the K2K queue (the sends of finished passes, queued by `apply_pass` in
     /// pass order, whichever thread finished them) in order, stopping at the first
     /// full destination (so messages keep their order). Returns whether nothing is
     /// left. While a backlog exists no new pass starts (backpressure, as a full output
@@ -1697,7 +1697,7 @@ impl<T: DrainTarget> KernelEngine for DrainEngine<T> {
     }
 
     /// One lock of the reply queue for the whole batch; a run of replies (a pass's,
-    /// see `finish_pass`) is handed over as one piece, read in place.
+    /// see `build_pass`) is handed over as one piece, read in place.
     fn try_dequeue_runs_with(
         &self,
         max: usize,
