@@ -35,6 +35,7 @@ pub mod compute;
 pub mod halo;
 pub mod matmul_tune;
 pub mod runtime;
+pub mod upload;
 
 pub use compute::{WgpuBuffer, WgpuCompute, WgslPipeline, WgslResource};
 pub use halo::{HaloExchangeConfig, WgpuHaloExchange};

@@ -11,9 +11,10 @@
 //!   and output ring, handler state) and host copies of the rings and control block
 //!   ([`HostRings`]): wgpu has no memory the host and the device share.
 //! * A pass ([`DrainTarget::launch`]) uploads the pass's input slots (which the engine
-//!   wrote straight into a mapped upload buffer, [`DrainTarget::stage_input`], or on a
-//!   discrete GPU into the host ring, copied into the upload buffer at once: see
-//!   `stage_directly`) and the host line of the control block, records one dispatch and
+//!   wrote straight into an upload buffer, [`DrainTarget::stage_input`], or where that
+//!   is wgpu's mapped buffer on a discrete GPU, into the host ring, copied into the
+//!   upload buffer at once: see `stage_directly`; on Vulkan the upload buffers are host
+//!   memory of the runtime's own, [`crate::upload`]) and the host line of the control block, records one dispatch and
 //!   the copies of the output slots and the device-written control fields into a
 //!   readback buffer of its own, submits, and asks for the bytes of that pass in the
 //!   readback buffer to be mapped. Up to six passes of a kernel are in flight at once
@@ -55,6 +56,7 @@
 //! process-wide [`GpuContext::shared`] one), and one runtime may be used from any number
 //! of tasks.
 
+use crate::upload::{host_uploads_wanted, upload_buffers, Upload, UPLOAD_ENV};
 use crate::{AdapterSelection, GpuContext};
 use event_listener::{Event, Listener};
 use ringkernel_core::control::ControlBlock;
@@ -102,27 +104,27 @@ fn passes_in_flight(env: Option<&str>) -> usize {
 /// ([`stage_directly`]).
 const STAGE_ENV: &str = "RINGKERNEL_WGPU_STAGE";
 
-/// Whether the drain engine writes a pass's slots straight into the mapped upload
-/// buffer, when [`STAGE_ENV`] does not say: not on a `discrete` adapter
-/// ([`AdapterSummary::discrete`](crate::AdapterSummary)). There wgpu places buffers mapped
-/// for writing in device-local, host-visible memory where the driver offers it (the
-/// PCIe BAR on NVIDIA), so the engine's writes of each slot's header and payload there
-/// cross the bus as partial lines, while one copy of the pass's whole slots from the
-/// (cached) host ring writes full lines. Measured on an H200 host
-/// (`wgpu_bench --actors-only --batched-only --msgs 4000000`, two alternating pairs):
-/// the batched echo made 14.5 / 14.2 M msgs/s through the host ring against 12.0 / 11.4
-/// directly (BENCHMARKS.md, 2026-11-28). Elsewhere (lavapipe, integrated and unified
-/// memory) the mapped memory is ordinary host memory and the extra copy costs: on
-/// lavapipe 0.89x.
-fn stage_directly(discrete: bool) -> bool {
-    stage_rule(std::env::var(STAGE_ENV).ok().as_deref(), discrete)
+/// Whether the drain engine writes a pass's slots straight into the upload buffer,
+/// when [`STAGE_ENV`] does not say: not when `bar` (the upload buffers are wgpu's own,
+/// mapped buffers on a `discrete` adapter, [`AdapterSummary::discrete`](crate::AdapterSummary)).
+/// There wgpu places buffers mapped for writing in device-local, host-visible memory
+/// where the driver offers it (the PCIe BAR on NVIDIA), so the engine's writes of each
+/// slot's header and payload there cross the bus as partial lines, while one copy of
+/// the pass's whole slots from the (cached) host ring writes full lines. Measured on an
+/// H200 host (`wgpu_bench --actors-only --batched-only --msgs 4000000`, two alternating
+/// pairs): the batched echo made 14.5 / 14.2 M msgs/s through the host ring against
+/// 12.0 / 11.4 directly (BENCHMARKS.md, 2026-11-28). Elsewhere (host-memory upload
+/// buffers, [`crate::upload`]; lavapipe, integrated and unified memory) the upload
+/// buffer is ordinary host memory and the extra copy costs: on lavapipe 0.89x.
+fn stage_directly(bar: bool) -> bool {
+    stage_rule(std::env::var(STAGE_ENV).ok().as_deref(), bar)
 }
 
 /// [`stage_directly`] for the value of [`STAGE_ENV`] (`None`: unset).
-fn stage_rule(env: Option<&str>, discrete: bool) -> bool {
+fn stage_rule(env: Option<&str>, bar: bool) -> bool {
     match env {
         Some(v) => v.trim() != "0",
-        None => !discrete,
+        None => !bar,
     }
 }
 
@@ -132,8 +134,8 @@ struct Completion {
     staging: wgpu::Buffer,
     /// Where `staging` goes back once unmapped.
     pool: Arc<Mutex<Vec<wgpu::Buffer>>>,
-    /// The pass's upload buffer and its pool, to be mapped again for the next pass.
-    upload: Option<(wgpu::Buffer, Arc<Mutex<Vec<wgpu::Buffer>>>)>,
+    /// The pass's upload buffer and its pool, where it goes back for the next pass.
+    upload: Option<(Upload, Arc<Mutex<Vec<Upload>>>)>,
     rings: Arc<HostRings>,
     /// The submission order of the kernel's pass whose device-written control fields
     /// are in the host copy (see `finish`): passes of a kernel may finish in parallel,
@@ -171,9 +173,9 @@ impl Completion {
             done,
             ..
         } = self;
-        // The pass is over: its upload buffer may be mapped for the next one.
-        if let Some((buf, uploads)) = upload {
-            remap_upload(buf, uploads);
+        // The pass is over: its upload buffer may take the next one.
+        if let Some((up, uploads)) = upload {
+            up.recycle(uploads);
         }
         let view = mapped
             .map_err(|e| Error::Device(format!("readback of a drain pass: {e}")))
@@ -686,7 +688,7 @@ struct Recorded {
     cmd: wgpu::CommandBuffer,
     scope: wgpu::ErrorScopeGuard,
     staging: wgpu::Buffer,
-    upload: Option<wgpu::Buffer>,
+    upload: Option<Upload>,
     control_at: usize,
     mapped: Range<usize>,
 }
@@ -800,7 +802,7 @@ impl Recorded {
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&me.staging).push(staging);
             if let Some(u) = upload {
-                remap_upload(u, me.uploads.clone());
+                u.recycle(me.uploads.clone());
             }
             return Err(Error::Device(format!(
                 "drain pass on {}: {e}",
@@ -866,12 +868,13 @@ struct Compiled {
     module: DrainModule,
 }
 
-/// An upload buffer handed to the engine for the slots of the pass it is filling: the
-/// view keeps the mapped range registered until the pass is recorded (`Inner::upload`
-/// writes the parameters after the slots and unmaps it).
+/// An upload buffer handed to the engine for the slots of the pass it is filling. For
+/// a buffer wgpu maps, the view keeps the mapped range registered until the pass is
+/// recorded (`Inner::upload` writes the parameters after the slots and unmaps it);
+/// host memory needs none.
 struct Staged {
-    buf: wgpu::Buffer,
-    view: wgpu::BufferViewMut,
+    up: Upload,
+    view: Option<wgpu::BufferViewMut>,
     /// Bytes of slots (`count · slot_size`).
     slots: usize,
 }
@@ -892,8 +895,9 @@ struct Inner {
     output: wgpu::Buffer,
     /// Readback buffers not in use by a pass (one per pass in flight, and one more).
     staging: Arc<Mutex<Vec<wgpu::Buffer>>>,
-    /// Upload buffers mapped for writing and not in use by a pass (see `upload`).
-    uploads: Arc<Mutex<Vec<wgpu::Buffer>>>,
+    /// Upload buffers writable by the host and not in use by a pass (see `upload` and
+    /// [`crate::upload`]).
+    uploads: Arc<Mutex<Vec<Upload>>>,
     /// Bytes of each upload buffer: the largest pass the engine hands out.
     upload_len: usize,
     /// Passes in flight at once ([`DrainTarget::max_in_flight`]).
@@ -968,18 +972,24 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         if !self.inner.stage || slots == 0 || slots > self.inner.upload_len {
             return None;
         }
-        let buf = lock(&self.inner.uploads).pop()?;
-        let end = (slots + std::mem::size_of::<params::Drain>()) as u64;
-        let mut view = match buf.get_mapped_range_mut(..end) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "upload buffer not mapped: the pass goes through the host ring");
-                lock(&self.inner.uploads).push(buf);
-                return None;
+        let up = lock(&self.inner.uploads).pop()?;
+        let (view, ptr) = match &up {
+            Upload::Host(_) => (None, up.host_ptr()?.as_ptr()),
+            Upload::Mapped(buf) => {
+                let end = (slots + std::mem::size_of::<params::Drain>()) as u64;
+                let mut view = match buf.get_mapped_range_mut(..end) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "upload buffer not mapped: the pass goes through the host ring");
+                        lock(&self.inner.uploads).push(up);
+                        return None;
+                    }
+                };
+                let ptr = view.slice(..slots).as_raw_element_ptr().as_ptr();
+                (Some(view), ptr)
             }
         };
-        let ptr = view.slice(..slots).as_raw_element_ptr().as_ptr();
-        *lock(&self.inner.staged) = Some(Staged { buf, view, slots });
+        *lock(&self.inner.staged) = Some(Staged { up, view, slots });
         Some(ptr)
     }
 
@@ -1025,42 +1035,48 @@ impl Inner {
         params: &[u8],
         staged: Option<Staged>,
         enc: &mut wgpu::CommandEncoder,
-    ) -> Result<Option<wgpu::Buffer>> {
+    ) -> Result<Option<Upload>> {
         let total: usize = runs.iter().map(|r| r.len()).sum();
         if let Some(Staged {
-            buf,
-            mut view,
+            mut up,
+            view,
             slots,
         }) = staged
         {
-            // The engine wrote the pass's slots into `buf` already (`stage_input`).
+            // The engine wrote the pass's slots into `up` already (`stage_input`).
             if slots != total {
-                drop(view);
-                buf.unmap();
-                remap_upload(buf, self.uploads.clone());
+                if let Some(view) = view {
+                    drop(view);
+                    up.buffer().unmap();
+                }
+                up.recycle(self.uploads.clone());
                 return Err(Error::Device(format!(
                     "staged {slots} bytes of slots for a pass of {total}"
                 )));
             }
-            view.slice(total..total + params.len())
-                .copy_from_slice(params);
-            drop(view);
-            buf.unmap();
-            self.copy_up(&buf, runs, total, params.len(), enc);
-            return Ok(Some(buf));
+            let end = total + params.len();
+            match view {
+                Some(mut view) => {
+                    view.slice(total..end).copy_from_slice(params);
+                    drop(view);
+                    up.buffer().unmap();
+                }
+                None => up
+                    .fill(end, |put| put(total, params))
+                    .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?,
+            }
+            self.copy_up(up.buffer(), runs, total, params.len(), enc);
+            return Ok(Some(up));
         }
-        let buf = (total > 0 && total <= self.upload_len)
+        let up = (total > 0 && total <= self.upload_len)
             .then(|| lock(&self.uploads).pop())
             .flatten();
-        let Some(buf) = buf else {
+        let Some(mut up) = up else {
             return Ok(None);
         };
         // Slots first (a multiple of the 16-byte aligned slot size), then the parameters.
         let end = total + params.len();
-        {
-            let mut view = buf
-                .get_mapped_range_mut(..end as u64)
-                .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
+        up.fill(end, |put| {
             let mut at = 0;
             for run in runs {
                 // SAFETY: `run` lies in the input ring and holds this pass's slots, which
@@ -1070,14 +1086,14 @@ impl Inner {
                 let bytes = unsafe {
                     std::slice::from_raw_parts(self.rings.input().add(run.start), run.len())
                 };
-                view.slice(at..at + run.len()).copy_from_slice(bytes);
+                put(at, bytes);
                 at += run.len();
             }
-            view.slice(total..end).copy_from_slice(params);
-        }
-        buf.unmap();
-        self.copy_up(&buf, runs, total, params.len(), enc);
-        Ok(Some(buf))
+            put(total, params);
+        })
+        .map_err(|e| Error::Device(format!("upload of a drain pass: {e}")))?;
+        self.copy_up(up.buffer(), runs, total, params.len(), enc);
+        Ok(Some(up))
     }
 
     /// The pass's parameters and input slots (`runs` of the host ring) through
@@ -1120,18 +1136,6 @@ impl Inner {
             at += run.len();
         }
     }
-}
-
-/// Maps an upload buffer for writing again (once the device is done with it) and then
-/// returns it to `pool`; a failed map drops it (the pool falls back on
-/// `queue.write_buffer`).
-fn remap_upload(buf: wgpu::Buffer, pool: Arc<Mutex<Vec<wgpu::Buffer>>>) {
-    let b = buf.clone();
-    buf.map_async(wgpu::MapMode::Write, .., move |r| {
-        if r.is_ok() {
-            lock(&pool).push(b);
-        }
-    });
 }
 
 /// A readback buffer of `size` bytes for the passes of a kernel.
@@ -1287,16 +1291,14 @@ impl WgpuRuntime {
         let staging = (0..=in_flight)
             .map(|_| readback_buffer(dev, readback_len as u64))
             .collect();
-        let uploads = (0..=in_flight)
-            .map(|_| {
-                dev.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("rk upload"),
-                    size: (upload_len + std::mem::size_of::<params::Drain>()) as u64,
-                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: true,
-                })
-            })
-            .collect();
+        let uploads = upload_buffers(
+            dev,
+            in_flight + 1,
+            (upload_len + std::mem::size_of::<params::Drain>()) as u64,
+            self.ctx.info.discrete,
+            host_uploads_wanted(std::env::var(UPLOAD_ENV).ok().as_deref()),
+        );
+        let host_uploads = matches!(uploads.first(), Some(Upload::Host(_)));
         // Buffers start zeroed in WebGPU; the state is written anyway so that nothing
         // depends on how the allocator initialises memory.
         self.ctx
@@ -1341,7 +1343,7 @@ impl WgpuRuntime {
             in_flight,
             readback_len,
             staged: Mutex::new(None),
-            stage: stage_directly(self.ctx.info.discrete),
+            stage: stage_directly(self.ctx.info.discrete && !host_uploads),
             control_sent: Mutex::new(None),
             control_seq: Arc::new(Mutex::new(None)),
             bind,
@@ -1379,7 +1381,7 @@ mod tests {
     }
 
     #[test]
-    fn discrete_gpus_stage_through_the_host_ring_unless_told() {
+    fn bar_uploads_stage_through_the_host_ring_unless_told() {
         assert!(!stage_rule(None, true));
         assert!(stage_rule(None, false));
         assert!(stage_rule(Some("1"), true));
