@@ -17,7 +17,7 @@
 //!   memory of the runtime's own, [`crate::upload`]) and the host line of the control block, records one dispatch and
 //!   the copies of the output slots and the device-written control fields into a
 //!   readback buffer of its own, submits, and asks for the bytes of that pass in the
-//!   readback buffer to be mapped. Up to six passes of a kernel are in flight at once
+//!   readback buffer to be mapped. Up to eight passes of a kernel are in flight at once
 //!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
 //!   device across them.
 //! * The engine calls `launch` with its host lock held. For a pass of at least
@@ -83,11 +83,13 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 /// has its own readback and upload buffer, and takes at most this share of the ring.
 /// Six rather than three (the same ring, in smaller passes): the batched echo on an
 /// H200 made 1.16x the messages a second (medians of three alternating runs,
-/// BENCHMARKS.md, 2026-11-28).
-const PASSES_IN_FLIGHT: usize = 6;
+/// BENCHMARKS.md, 2026-11-28). Eight rather than six once the upload buffers were host
+/// memory ([`crate::upload`]): 1.11x (medians of four alternating runs, H200,
+/// BENCHMARKS.md, 2026-11-28 22:00); no change on lavapipe.
+const PASSES_IN_FLIGHT: usize = 8;
 
 /// Environment variable: passes of a kernel in flight at once (1 to 32;
-/// 6 when unset). For measuring the pipeline's depth.
+/// 8 when unset). For measuring the pipeline's depth.
 pub const IN_FLIGHT_ENV: &str = "RINGKERNEL_WGPU_IN_FLIGHT";
 
 /// Passes in flight for the value of [`IN_FLIGHT_ENV`] (`None`: unset; a value that is
