@@ -397,6 +397,17 @@ pub trait MessageCodec: Sized {
         let _ = msgs;
         None
     }
+    /// Appends the `count` values of a run whose payloads lie back to back in
+    /// `payloads`, `len` bytes each at a stride of `len` rounded up to 8 (as
+    /// [`run_payload`](crate::runtime::run_payload) reads them), with one copy, when
+    /// they are plain data of exactly `size_of::<Self>()` bytes at that stride (the
+    /// receiving side of [`run_bytes`](Self::run_bytes)). Returns whether it did;
+    /// `false` appends nothing (decode each with [`from_payload`](Self::from_payload)).
+    #[inline]
+    fn extend_from_run(out: &mut Vec<Self>, payloads: &[u8], len: usize, count: usize) -> bool {
+        let _ = (out, payloads, len, count);
+        false
+    }
 }
 
 impl<T: Pod> MessageCodec for T {
@@ -420,6 +431,32 @@ impl<T: Pod> MessageCodec for T {
     #[inline]
     fn run_bytes(msgs: &[Self]) -> Option<&[u8]> {
         (std::mem::size_of::<T>() > 0).then(|| bytemuck::cast_slice(msgs))
+    }
+    #[inline]
+    fn extend_from_run(out: &mut Vec<Self>, payloads: &[u8], len: usize, count: usize) -> bool {
+        let size = std::mem::size_of::<T>();
+        // The stride is `len` itself only when `len` is a multiple of 8.
+        let Some(bytes) = count.checked_mul(size) else {
+            return false;
+        };
+        if size == 0 || len != size || !len.is_multiple_of(8) || payloads.len() < bytes {
+            return false;
+        }
+        out.reserve(count);
+        // SAFETY: `reserve` made room for `count` more values after `out.len()`;
+        // `payloads` has `bytes = count · size_of::<T>()` readable bytes and cannot
+        // overlap `out`'s buffer (a shared borrow beside a unique one); `T: Pod`, so
+        // any bytes are a valid `T` (and a byte copy has no alignment needs), and the
+        // first `count` values after the old length are then initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                payloads.as_ptr(),
+                out.as_mut_ptr().add(out.len()).cast::<u8>(),
+                bytes,
+            );
+            out.set_len(out.len() + count);
+        }
+        true
     }
 }
 
@@ -772,6 +809,41 @@ pub fn read_slot(slot: &[u8]) -> Result<Envelope> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_plain_data_decodes_with_one_copy_as_one_by_one() {
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+        struct Nine([u64; 9]);
+        let mut rng = crate::util::SplitMix64::new(0x72_u64 ^ std::process::id() as u64);
+        let count = 37;
+        // One byte in, so that the payloads are not aligned for `Nine`.
+        let bytes: Vec<u8> = (0..count * 72 + 1).map(|_| rng.next_u64() as u8).collect();
+        let run = &bytes[1..];
+        let mut out = vec![Nine([7; 9])];
+        assert!(Nine::extend_from_run(&mut out, run, 72, count));
+        assert_eq!(out.len(), count + 1);
+        assert_eq!(out[0], Nine([7; 9]));
+        for i in 0..count {
+            let one = Nine::from_payload(crate::runtime::run_payload(run, 72, i), "Nine").unwrap();
+            assert_eq!(out[i + 1], one, "value {i}");
+        }
+        // Not this type's size, too few bytes, a stride that is not the size: nothing.
+        let mut none: Vec<Nine> = Vec::new();
+        assert!(!Nine::extend_from_run(&mut none, run, 64, count));
+        assert!(!Nine::extend_from_run(
+            &mut none,
+            &run[..72 * count - 1],
+            72,
+            count
+        ));
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+        struct Twelve([u32; 3]);
+        let mut twelve: Vec<Twelve> = Vec::new();
+        assert!(!Twelve::extend_from_run(&mut twelve, run, 12, 4));
+        assert!(none.is_empty() && twelve.is_empty());
+    }
 
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]

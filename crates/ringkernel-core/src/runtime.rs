@@ -1257,7 +1257,13 @@ impl KernelHandle {
                     check_header(first, M::TYPE_ID, M::NAME, <M as MessageCodec>::ENCODING)
                         .err()
                         .map(|e| (0, e));
-                if bad.is_none() {
+                let before = out.len();
+                if bad.is_none() && M::extend_from_run(out, payloads, len, count) {
+                    // Plain data copied at once; the ids as `M::decode` sets them.
+                    for (i, m) in out[before..].iter_mut().enumerate() {
+                        m.set_message_id(MessageId(first.message_id.wrapping_add(i as u64)));
+                    }
+                } else if bad.is_none() {
                     out.reserve(count);
                     let stride = len.next_multiple_of(8);
                     for i in 0..count {

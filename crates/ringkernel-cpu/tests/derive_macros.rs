@@ -281,3 +281,57 @@ async fn ring_kernel_handlers_run_on_the_cpu_runtime() {
     assert_eq!((r.id, r.hops), (5, 10));
     rt.shutdown().await.unwrap();
 }
+
+/// Plain data with an id field: a batch receive copies a run of them at once and still
+/// sets each id from its header.
+#[derive(Clone, Copy, Debug, PartialEq, RingMessage)]
+#[message(type_id = 0x0D00_0020)]
+#[repr(C)]
+struct Tagged {
+    #[message(id)]
+    id: ringkernel_core::message::MessageId,
+    n: u64,
+}
+
+/// Replies `n + 1` with an id of 0 (the receiver's decode sets the real one).
+#[ring_kernel(name = "derive.tagged_next")]
+fn tagged_next(_ctx: &mut KernelContext<'_>, t: Tagged) -> Option<Tagged> {
+    Some(Tagged {
+        id: ringkernel_core::message::MessageId(0),
+        n: t.n + 1,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_receive_sets_the_ids_of_plain_data_messages() {
+    let rt = CpuRuntime::with_registry(KernelRegistry::new())
+        .await
+        .unwrap();
+    let k = rt
+        .launch("derive.tagged_next", LaunchOptions::default())
+        .await
+        .unwrap();
+    const N: u64 = 777;
+    let batch: Vec<Tagged> = (0..N)
+        .map(|n| Tagged {
+            id: ringkernel_core::message::MessageId(0),
+            n,
+        })
+        .collect();
+    k.send_batch(&batch).await.unwrap();
+    let mut got: Vec<Tagged> = Vec::new();
+    while (got.len() as u64) < N {
+        let left = N as usize - got.len();
+        k.receive_batch_into(&mut got, left, Some(Duration::from_secs(10)))
+            .await
+            .unwrap();
+    }
+    for (i, t) in got.iter().enumerate() {
+        assert_eq!(t.n, i as u64 + 1, "reply {i}");
+        assert_ne!(t.id.0, 0, "reply {i} has no id");
+        if i > 0 {
+            assert!(t.id.0 > got[i - 1].id.0, "ids rise: {:?}", &got[i - 1..=i]);
+        }
+    }
+    rt.shutdown().await.unwrap();
+}
