@@ -14,12 +14,12 @@
 //!   wrote straight into an upload buffer, [`DrainTarget::stage_input`], or where that
 //!   is wgpu's mapped buffer on a discrete GPU, into the host ring, copied into the
 //!   upload buffer at once: see `stage_directly`; on Vulkan the upload buffers are host
-//!   memory of the runtime's own, [`crate::upload`]) and the host line of the control block, records one dispatch and
-//!   the copies of the output slots and the device-written control fields into a
-//!   readback buffer of its own, submits, and asks for the bytes of that pass in the
-//!   readback buffer to be mapped. Up to eight passes of a kernel are in flight at once
-//!   ([`DrainTarget::max_in_flight`]); the device-written control fields live on the
-//!   device across them.
+//!   memory of the runtime's own, [`crate::upload`]) and the host line of the control
+//!   block, records one dispatch and the copies of the output slots and the
+//!   device-written control fields into a readback buffer of its own, submits, and asks
+//!   for the bytes of that pass in the readback buffer to be mapped. Up to eight passes
+//!   of a kernel are in flight at once ([`DrainTarget::max_in_flight`]); the
+//!   device-written control fields live on the device across them.
 //! * The engine calls `launch` with its host lock held. For a pass of at least
 //!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
 //!   (its staged slots, the control block's host line when it changed) and hands the
