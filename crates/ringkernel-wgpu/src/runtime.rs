@@ -84,8 +84,8 @@ const CB: usize = std::mem::size_of::<ControlBlock>();
 /// Six rather than three (the same ring, in smaller passes): the batched echo on an
 /// H200 made 1.16x the messages a second (medians of three alternating runs,
 /// BENCHMARKS.md, 2026-11-28). Eight rather than six once the upload buffers were host
-/// memory ([`crate::upload`]): 1.11x (medians of four alternating runs, H200,
-/// BENCHMARKS.md, 2026-11-28 22:00); no change on lavapipe.
+/// memory ([`crate::upload`]): 1.11x (medians of four alternating runs, H200, call 3 of
+/// the 21:53–22:29 runs, BENCHMARKS.md, 2026-11-28); no change on lavapipe.
 const PASSES_IN_FLIGHT: usize = 8;
 
 /// Environment variable: passes of a kernel in flight at once (1 to 32;
