@@ -8,9 +8,10 @@
 //! (`map_async`) after every pass. Where the device is Vulkan, the runtime instead
 //! allocates its upload buffers itself ([`Upload::Host`]): ordinary host memory
 //! (host-visible, coherent, cached where the driver offers it, and on a discrete GPU
-//! never device-local), mapped once for the buffer's life and handed to wgpu as a
-//! buffer it copies from. The CPU then writes at cache speed and the device's copy
-//! engine moves the bytes across the bus.
+//! never device-local; one allocation for all of a kernel's upload buffers), mapped
+//! once for the buffers' life and handed to wgpu as buffers it copies from. The CPU
+//! then writes at cache speed and the device's copy engine moves the bytes across the
+//! bus.
 //!
 //! [`UPLOAD_ENV`] chooses: `mapped` keeps wgpu's buffers; anything else (or unset)
 //! takes host memory where the device is Vulkan and offers a fitting memory type.
@@ -45,12 +46,15 @@ pub(crate) struct HostBuffer {
     len: usize,
 }
 
-// SAFETY: `ptr` addresses `len` bytes of host memory owned by `buf` (freed only when
-// wgpu destroys it, after `buf` is dropped and the device is done with it). The bytes
-// are written only through `&mut` access to the `Upload` (a pool hands each buffer to
-// one pass at a time), so moving or sharing the handle between threads is sound.
+// SAFETY: `ptr` addresses `len` bytes of host memory that stays allocated and mapped
+// while `buf` lives (it is freed only after wgpu has destroyed every buffer bound to
+// it, once they are dropped and the device is done with them: `HostBlock`). The bytes
+// are written only by the holder of the `Upload`, once it is out of the pool (a pool
+// hands each buffer to one pass at a time): through `fill` (`&mut`), or through
+// `host_ptr`'s pointer by the engine filling the pass it was staged for (an unsafe
+// write whose caller answers for it). So moving the handle between threads is sound.
 unsafe impl Send for HostBuffer {}
-// SAFETY: as above; `&HostBuffer` gives no access to the bytes.
+// SAFETY: as above; `&HostBuffer` itself reads and writes none of the bytes.
 unsafe impl Sync for HostBuffer {}
 
 impl Upload {
@@ -132,18 +136,10 @@ pub(crate) fn upload_buffers(
     discrete: bool,
     host: bool,
 ) -> Vec<Upload> {
-    let mut out = Vec::with_capacity(count);
-    if host {
-        for _ in 0..count {
-            match host_buffer(dev, size, discrete) {
-                Some(h) => out.push(Upload::Host(h)),
-                None => break,
-            }
+    if host && count > 0 {
+        if let Some(bufs) = host_buffers(dev, count, size, discrete) {
+            return bufs.into_iter().map(Upload::Host).collect();
         }
-        if out.len() == count {
-            return out;
-        }
-        out.clear();
     }
     (0..count)
         .map(|_| {
@@ -190,15 +186,43 @@ pub(crate) fn pick_host_type(types: &[MemoryType], allowed: u32, discrete: bool)
     find(true).or_else(|| find(false))
 }
 
+/// Host memory a kernel's upload buffers share: one allocation, freed when the last of
+/// them is destroyed (each holds it, see `host_buffers`).
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
-fn host_buffer(dev: &wgpu::Device, size: u64, discrete: bool) -> Option<HostBuffer> {
+struct HostBlock {
+    device: ash::Device,
+    memory: ash::vk::DeviceMemory,
+}
+
+#[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: every buffer bound to `memory` was destroyed before its hold on this
+        // block was dropped (see `host_buffers`), so nothing uses the memory; freeing a
+        // mapped allocation unmaps it.
+        unsafe { self.device.free_memory(self.memory, None) };
+    }
+}
+
+/// `count` upload buffers of `size` bytes each in one allocation of host memory (the
+/// [module docs](self)), mapped once; `None` where the device is not Vulkan or offers
+/// no fitting memory type, or a Vulkan call fails (nothing is left allocated then).
+/// One allocation for the kernel, not one a buffer: drivers limit allocations (the
+/// Vulkan minimum is 4,096), and each costs a call into the kernel driver.
+#[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
+fn host_buffers(
+    dev: &wgpu::Device,
+    count: usize,
+    size: u64,
+    discrete: bool,
+) -> Option<Vec<HostBuffer>> {
     use ash::vk;
     use wgpu::hal::api::Vulkan;
     let len = usize::try_from(size).ok()?;
-    let hal_buffer = {
-        // SAFETY: the guard is used only to create, bind and map memory of a buffer of
-        // our own and is dropped before the buffer is handed to wgpu; nothing wgpu owns
-        // is destroyed through it.
+    let (hal_buffers, base, stride) = {
+        // SAFETY: the guard is used only to create, bind and map objects of our own and
+        // is dropped before they are handed to wgpu; nothing wgpu owns is destroyed
+        // through it.
         let hal = unsafe { dev.as_hal::<Vulkan>() }?;
         let raw = hal.raw_device();
         let instance = hal.shared_instance().raw_instance();
@@ -206,10 +230,29 @@ fn host_buffer(dev: &wgpu::Device, size: u64, discrete: bool) -> Option<HostBuff
             .size(size)
             .usage(vk::BufferUsageFlags::TRANSFER_SRC)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
-        // SAFETY: a valid create info on the device's own handle.
-        let buffer = unsafe { raw.create_buffer(&info, None) }.ok()?;
-        // SAFETY: `buffer` was just created on `raw`.
-        let req = unsafe { raw.get_buffer_memory_requirements(buffer) };
+        let mut buffers: Vec<vk::Buffer> = Vec::with_capacity(count);
+        // Destroys what was made so far (on a failure, before any memory is bound).
+        let undo = |buffers: &[vk::Buffer]| {
+            for &b in buffers {
+                // SAFETY: each is ours, unused by any queue.
+                unsafe { raw.destroy_buffer(b, None) };
+            }
+        };
+        for _ in 0..count {
+            // SAFETY: a valid create info on the device's own handle.
+            match unsafe { raw.create_buffer(&info, None) } {
+                Ok(b) => buffers.push(b),
+                Err(_) => {
+                    undo(&buffers);
+                    return None;
+                }
+            }
+        }
+        // Buffers of one create info have the same requirements.
+        // SAFETY: `buffers[0]` was just created on `raw` (`count > 0`).
+        let req = unsafe { raw.get_buffer_memory_requirements(buffers[0]) };
+        let stride = req.size.checked_next_multiple_of(req.alignment.max(1));
+        let total = stride.and_then(|s| s.checked_mul(count as u64));
         // SAFETY: the physical device of this logical device.
         let props =
             unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
@@ -230,66 +273,103 @@ fn host_buffer(dev: &wgpu::Device, size: u64, discrete: bool) -> Option<HostBuff
                 }
             })
             .collect();
-        let memory = pick_host_type(&types, req.memory_type_bits, discrete).and_then(|index| {
-            let alloc = vk::MemoryAllocateInfo::default()
-                .allocation_size(req.size)
-                .memory_type_index(index);
-            // SAFETY: a valid allocate info for a type the buffer allows.
-            unsafe { raw.allocate_memory(&alloc, None) }.ok()
-        });
-        let Some(memory) = memory else {
-            // SAFETY: `buffer` is ours, unbound and unused.
-            unsafe { raw.destroy_buffer(buffer, None) };
+        let memory = pick_host_type(&types, req.memory_type_bits, discrete)
+            .zip(total.zip(stride))
+            .and_then(|(index, (total, stride))| {
+                let alloc = vk::MemoryAllocateInfo::default()
+                    .allocation_size(total)
+                    .memory_type_index(index);
+                // SAFETY: a valid allocate info for a type the buffers allow.
+                let memory = unsafe { raw.allocate_memory(&alloc, None) }.ok()?;
+                Some((memory, stride))
+            });
+        let Some((memory, stride)) = memory else {
+            undo(&buffers);
             return None;
         };
-        // SAFETY: `memory` was allocated for `buffer`'s requirements (offset 0 is
-        // aligned) and both are ours; a mapped host-visible allocation stays mapped
-        // until it is freed (`vkFreeMemory` unmaps it).
+        // From here on the block frees the memory when the last buffer lets go of it
+        // (or now, on a failure below, once the buffers are destroyed).
+        let block = Arc::new(HostBlock {
+            device: raw.clone(),
+            memory,
+        });
+        // SAFETY: buffer `i` is bound at `i · stride`, a multiple of the required
+        // alignment, with `req.size` bytes left for it (`total = count · stride`); a
+        // host-visible allocation is mapped until it is freed.
         let mapped = unsafe {
-            raw.bind_buffer_memory(buffer, memory, 0).and_then(|()| {
-                raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+            buffers
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, &b)| raw.bind_buffer_memory(b, memory, i as u64 * stride))
+                .and_then(|()| {
+                    raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                })
+        };
+        let Some(base) = mapped.ok().and_then(|p| NonNull::new(p.cast::<u8>())) else {
+            undo(&buffers);
+            drop(block);
+            return None;
+        };
+        let hal_buffers: Vec<_> = buffers
+            .into_iter()
+            .map(|b| {
+                let hold = block.clone();
+                let release: wgpu::hal::DropCallback = Box::new(move || {
+                    // SAFETY: wgpu-hal runs this when wgpu destroys its buffer over `b`
+                    // (after the device is done with it): nothing uses the handle any
+                    // more. The memory goes with the last hold.
+                    unsafe { hold.device.destroy_buffer(b, None) };
+                    drop(hold);
+                });
+                // SAFETY: `b` is ours and bound to memory `release` keeps alive;
+                // wgpu-hal neither destroys it nor maps it (its usage below has no MAP
+                // flag), and runs `release` once, when the buffer is destroyed.
+                unsafe { wgpu::hal::vulkan::Buffer::from_raw_externally_owned(b, release) }
             })
-        };
-        let ptr = match mapped.ok().and_then(|p| NonNull::new(p.cast::<u8>())) {
-            Some(p) => p,
-            None => {
-                // SAFETY: both are ours and unused by any queue.
-                unsafe {
-                    raw.destroy_buffer(buffer, None);
-                    raw.free_memory(memory, None);
+            .collect();
+        (hal_buffers, base, stride)
+    };
+    let stride = usize::try_from(stride).ok()?;
+    Some(
+        hal_buffers
+            .into_iter()
+            .enumerate()
+            .map(|(i, hal_buffer)| {
+                // SAFETY: `hal_buffer` was created on this device's handle with exactly
+                // this size and a `TRANSFER_SRC` usage (what `COPY_SRC` needs), is bound
+                // to memory and non-empty (the caller's passes are at least one slot);
+                // its bytes count as initialised (host memory the engine writes before
+                // every copy).
+                let buf = unsafe {
+                    dev.create_buffer_from_hal::<Vulkan>(
+                        hal_buffer,
+                        &wgpu::BufferDescriptor {
+                            label: Some("rk upload (host)"),
+                            size,
+                            usage: wgpu::BufferUsages::COPY_SRC,
+                            mapped_at_creation: false,
+                        },
+                    )
+                };
+                HostBuffer {
+                    buf,
+                    // SAFETY: buffer `i`'s bytes start `i · stride` into the mapped
+                    // allocation, inside it (`i · stride < count · stride = total`).
+                    ptr: unsafe { base.add(i * stride) },
+                    len,
                 }
-                return None;
-            }
-        };
-        // SAFETY: `buffer` is bound to all of `memory` (offset 0, `req.size` bytes),
-        // whose ownership passes to wgpu-hal here (it destroys both when the wgpu
-        // buffer is destroyed); wgpu never maps it (its usage below has no MAP flag).
-        (
-            unsafe { wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, req.size) },
-            ptr,
-        )
-    };
-    let (hal_buffer, ptr) = hal_buffer;
-    // SAFETY: `hal_buffer` was created on this device's handle with exactly this size
-    // and a `TRANSFER_SRC` usage (what `COPY_SRC` needs), is bound to memory and
-    // non-empty (the caller's passes are at least one slot); its bytes count as
-    // initialised (host memory the engine writes before every copy).
-    let buf = unsafe {
-        dev.create_buffer_from_hal::<Vulkan>(
-            hal_buffer,
-            &wgpu::BufferDescriptor {
-                label: Some("rk upload (host)"),
-                size,
-                usage: wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            },
-        )
-    };
-    Some(HostBuffer { buf, ptr, len })
+            })
+            .collect(),
+    )
 }
 
 #[cfg(any(target_arch = "wasm32", target_vendor = "apple"))]
-fn host_buffer(_dev: &wgpu::Device, _size: u64, _discrete: bool) -> Option<HostBuffer> {
+fn host_buffers(
+    _dev: &wgpu::Device,
+    _count: usize,
+    _size: u64,
+    _discrete: bool,
+) -> Option<Vec<HostBuffer>> {
     None
 }
 
