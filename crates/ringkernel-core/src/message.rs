@@ -825,7 +825,8 @@ mod tests {
         assert_eq!(out.len(), count + 1);
         assert_eq!(out[0], Nine([7; 9]));
         for i in 0..count {
-            let one = Nine::from_payload(crate::runtime::run_payload(run, 72, i), "Nine").unwrap();
+            // The stride of 72-byte payloads is 72 (`runtime::run_payload`).
+            let one = Nine::from_payload(&run[i * 72..(i + 1) * 72], "Nine").unwrap();
             assert_eq!(out[i + 1], one, "value {i}");
         }
         // Not this type's size, too few bytes, a stride that is not the size: nothing.

@@ -803,7 +803,10 @@ impl Recorded {
         let submission = me.ctx.queue.submit([cmd]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             lock(&me.staging).push(staging);
-            if let Some(u) = upload {
+            // A mapped buffer goes back once the device is done with it (its map
+            // waits); host memory has no such wait, so it is dropped (wgpu frees it
+            // after the device), not handed to a later pass while this one may read it.
+            if let Some(u @ Upload::Mapped(_)) = upload {
                 u.recycle(me.uploads.clone());
             }
             return Err(Error::Device(format!(
