@@ -129,6 +129,14 @@ fn summary(info: &wgpu::AdapterInfo) -> AdapterSummary {
     }
 }
 
+/// Held while this process creates (and drops) Vulkan instances, enumerates adapters
+/// or opens a device ([`probe`], [`GpuContext::new`]). NVIDIA's driver (580, H200)
+/// deadlocked when test threads opened devices at once: every test thread of the wgpu
+/// compute suite at 16 threads waited on a lock inside the driver (priority-inheritance
+/// futexes) and 13 of its 14 tests never finished, in 2 of 3 runs (BENCHMARKS.md,
+/// 2026-11-28, calls 15 and 16). Opening one device at a time costs only the opening.
+static OPENING: Mutex<()> = Mutex::new(());
+
 fn instance() -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = wgpu::Backends::PRIMARY;
@@ -142,6 +150,7 @@ fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 
 /// Lists the adapters wgpu can see (possibly none).
 pub fn probe() -> Result<Vec<AdapterSummary>> {
+    let _one_at_a_time = ringkernel_core::util::lock(&OPENING);
     Ok(adapters(&instance())
         .iter()
         .map(|a| summary(&a.get_info()))
@@ -231,6 +240,9 @@ impl fmt::Debug for GpuContext {
 impl GpuContext {
     /// Opens a device on the adapter chosen by `sel`.
     pub fn new(sel: &AdapterSelection) -> Result<Arc<Self>> {
+        // Declared first, so released last: after the instance and the adapters not
+        // picked are dropped.
+        let _one_at_a_time = ringkernel_core::util::lock(&OPENING);
         let inst = instance();
         let list = adapters(&inst);
         let i = pick(&list, sel)?;

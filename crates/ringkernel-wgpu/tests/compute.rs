@@ -8,18 +8,26 @@ use ringkernel_core::compute::{
 };
 use ringkernel_core::util::{rel_error, SplitMix64};
 use ringkernel_core::Error;
-use ringkernel_wgpu::{AdapterSelection, MatmulTile, WgpuCompute};
+use ringkernel_wgpu::{AdapterSelection, GpuContext, MatmulTile, WgpuCompute};
 use std::sync::OnceLock;
 
 fn gpu() -> &'static WgpuCompute {
     static GPU: OnceLock<WgpuCompute> = OnceLock::new();
-    GPU.get_or_init(|| {
-        let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
-            .map(|s| AdapterSelection::parse(&s))
-            .unwrap_or(default_adapter());
-        WgpuCompute::with_selection(sel)
-            .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)")
-    })
+    GPU.get_or_init(fresh)
+}
+
+/// A backend of its own (its caches, its buffers) on the process's one device. The
+/// tests share that device: with a device each, opened and used from parallel test
+/// threads, NVIDIA's driver (580, H200) deadlocked inside itself in 1 of 5 to 2 of 3
+/// runs at 16 test threads (BENCHMARKS.md, 2026-11-28, calls 15–17).
+fn fresh() -> WgpuCompute {
+    let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
+        .map(|s| AdapterSelection::parse(&s))
+        .unwrap_or(default_adapter());
+    WgpuCompute::with_context(
+        GpuContext::shared(&sel)
+            .expect("a wgpu adapter (install mesa-vulkan-drivers for lavapipe)"),
+    )
 }
 
 fn poisoned(g: &WgpuCompute, len: usize) -> ringkernel_core::compute::BufferRef {
@@ -164,7 +172,7 @@ fn matmul_with_awkward_sizes_matches_reference() {
 /// are not multiples of any tile: 1×N, N×1, k = 1, k = 0, a ragged depth, batches.
 #[test]
 fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
-    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let g = fresh();
     let mut rng = SplitMix64::from_entropy();
     let cases = [
         mm(1, 131, 37, 133, false), // scalar accesses, ragged everywhere
@@ -236,7 +244,7 @@ fn every_matmul_tile_shape_matches_reference_on_awkward_sizes() {
 #[test]
 fn matmul_tuning_times_every_fitting_shape_and_caches_the_winner() {
     use ringkernel_wgpu::matmul_tune::{cached_tile, store_tile};
-    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let g = fresh();
     let times = g.time_matmul_tiles(mm(1, 256, 64, 256, false)).unwrap();
     assert_eq!(times.len(), g.matmul_tile_candidates().len());
     assert!(times.windows(2).all(|w| w[0].1 <= w[1].1), "{times:?}");
@@ -279,7 +287,7 @@ fn many_ops_in_one_batch_keep_their_order() {
 
 #[test]
 fn large_dispatches_are_submitted_at_once_small_ones_batched() {
-    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let g = fresh();
     // Elements for SUBMIT_THREADS threads: VEC4_PER_THREAD vec4s per thread.
     let n = 4
         * ringkernel_drain::plan::VEC4_PER_THREAD
@@ -300,7 +308,7 @@ fn large_dispatches_are_submitted_at_once_small_ones_batched() {
 
 #[test]
 fn pipelines_are_cached_per_specialisation() {
-    let g = WgpuCompute::with_selection(default_adapter()).unwrap();
+    let g = fresh();
     let x = g.upload(&[1.0, 4.0]).unwrap();
     let o = g.alloc(2).unwrap();
     g.unary(UnaryOp::Sqrt, &*x, &*o, 2).unwrap();
@@ -354,8 +362,8 @@ fn bad_calls_are_typed_errors() {
     let mut v = [0.0; 8];
     g.read(&*a, 0, &mut v).unwrap();
     assert_eq!(v, [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]);
-    // A buffer of another wgpu device is refused.
-    let other = WgpuCompute::with_selection(default_adapter()).unwrap();
+    // A buffer of another backend (on the same device) is refused.
+    let other = fresh();
     let ob = other.alloc(8).unwrap();
     assert!(matches!(
         g.unary(UnaryOp::Neg, &*ob, &*a, 8),
