@@ -91,7 +91,10 @@ impl WgpuCompute {
         Self::with_selection(AdapterSelection::Hardware)
     }
 
-    /// On the adapter chosen by `sel`.
+    /// On the adapter chosen by `sel`, on a device of its own. Several devices used from
+    /// parallel threads deadlocked inside NVIDIA's driver (580, H200; BENCHMARKS.md,
+    /// 2026-11-28): where a process runs several backends at once, give them one device
+    /// with [`with_context`](Self::with_context) and [`GpuContext::shared`].
     pub fn with_selection(sel: AdapterSelection) -> Result<Self> {
         Ok(Self::with_context(GpuContext::new(&sel)?))
     }

@@ -238,7 +238,9 @@ impl fmt::Debug for GpuContext {
 }
 
 impl GpuContext {
-    /// Opens a device on the adapter chosen by `sel`.
+    /// Opens a device on the adapter chosen by `sel`. Several devices used from parallel
+    /// threads deadlocked inside NVIDIA's driver (580, H200; BENCHMARKS.md, 2026-11-28):
+    /// prefer [`GpuContext::shared`] where one device will do.
     pub fn new(sel: &AdapterSelection) -> Result<Arc<Self>> {
         // Declared first, so released last: after the instance and the adapters not
         // picked are dropped.
