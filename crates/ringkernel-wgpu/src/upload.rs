@@ -155,6 +155,7 @@ pub(crate) fn upload_buffers(
 
 /// What [`pick_host_type`] reads of a Vulkan memory type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(any(target_arch = "wasm32", target_vendor = "apple"), allow(dead_code))]
 pub(crate) struct MemoryType {
     pub host_visible: bool,
     pub host_coherent: bool,
@@ -167,6 +168,7 @@ pub(crate) struct MemoryType {
 /// The memory type for a host upload buffer among `types` (those allowed by the bit
 /// mask `allowed`): host-visible and coherent, cached where one is, and on a discrete
 /// GPU not device-local (that is the BAR, what this avoids). `None`: no such type.
+#[cfg_attr(any(target_arch = "wasm32", target_vendor = "apple"), allow(dead_code))]
 pub(crate) fn pick_host_type(types: &[MemoryType], allowed: u32, discrete: bool) -> Option<u32> {
     let fits = |i: usize, t: &MemoryType| {
         i < 32
