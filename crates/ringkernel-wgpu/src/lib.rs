@@ -130,11 +130,12 @@ fn summary(info: &wgpu::AdapterInfo) -> AdapterSummary {
 }
 
 /// Held while this process creates (and drops) Vulkan instances, enumerates adapters
-/// or opens a device ([`probe`], [`GpuContext::new`]). NVIDIA's driver (580, H200)
-/// deadlocked when test threads opened devices at once: every test thread of the wgpu
-/// compute suite at 16 threads waited on a lock inside the driver (priority-inheritance
-/// futexes) and 13 of its 14 tests never finished, in 2 of 3 runs (BENCHMARKS.md,
-/// 2026-11-28, calls 15 and 16). Opening one device at a time costs only the opening.
+/// or opens a device ([`probe`], [`GpuContext::new`]): NVIDIA's driver crashed once
+/// when test threads opened and dropped instances at once (see this crate's lib
+/// tests), and one device at a time costs only the opening. It is not what ended the
+/// wgpu compute suite's deadlock at 16 threads (several devices in use from parallel
+/// threads, inside the driver): with it the suite still hung in 1 of 5 runs; sharing
+/// one device did (BENCHMARKS.md, 2026-11-28, calls 15–18).
 static OPENING: Mutex<()> = Mutex::new(());
 
 fn instance() -> wgpu::Instance {
