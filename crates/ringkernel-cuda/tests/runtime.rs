@@ -912,3 +912,145 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
         Ok(())
     });
 }
+
+/// A trigger {dest, sender, count, per} makes the handling thread send `count` K2K
+/// messages of type 0x53 to kernel `dest`, `per` a reservation (`rk_send_to` when `per`
+/// is 1, else `rk_send_many_to`), retrying what a full inbox refused. Message i carries
+/// {sender, i, check(sender, i), 0xA5A5A5A5}. It replies when all are delivered.
+const K2K_MANY_SRC: &str = r#"
+struct Many { unsigned dest; unsigned sender; unsigned count; unsigned per; };
+__device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
+                      RkMessageHeader* out_hdr, unsigned char* out_payload, void* state) {
+    (void)state; (void)out_payload;
+    if (ctx->from_inbox || in_hdr->payload_len != sizeof(Many)) return -(int)RK_ERR_HANDLER;
+    const Many g = *(const Many*)in_payload;
+    unsigned buf[8 * 4];
+    if (g.per == 0 || g.per > 8) return -(int)RK_ERR_HANDLER;
+    for (unsigned i = 0; i < g.count; i += g.per) {
+        const unsigned n = g.count - i < g.per ? g.count - i : g.per;
+        for (unsigned m = 0; m < n; m++) {
+            buf[m * 4] = g.sender;
+            buf[m * 4 + 1] = i + m;
+            buf[m * 4 + 2] = (g.sender * 2654435761u) ^ ((i + m) * 40503u);
+            buf[m * 4 + 3] = 0xA5A5A5A5u;
+        }
+        for (unsigned done = 0; done < n;) {
+            if (g.per == 1) {
+                const int r = rk_send_to(ctx, g.dest, 0x53u, buf, 16);
+                if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
+                if (r == RK_K2K_DELIVERED) done = 1;
+            } else {
+                const int r = rk_send_many_to(ctx, g.dest, 0x53u, buf + done * 4, 16, n - done);
+                if (r < 0) return -(int)RK_ERR_HANDLER;
+                done += (unsigned)r;
+            }
+            if (done < n) __nanosleep(64);
+        }
+    }
+    out_hdr->payload_len = 0;
+    return 1;
+}
+"#;
+
+/// Many warps of one sender block send to two small inboxes at once, one message and
+/// several a reservation: every message arrives once, whole, and in its sender's order.
+/// The warps' reservations race (compare-and-swap on the inbox's `reserve`) against each
+/// other and against the sinks moving their heads through many laps of 32 slots; a room
+/// computed from a wrong head would let a sender overwrite a slot before it is read, and
+/// a message would be lost or repeated.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_from_many_warps_into_small_inboxes_loses_nothing() {
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct Many {
+        dest: u32,
+        sender: u32,
+        count: u32,
+        per: u32,
+    }
+    let reg = KernelRegistry::new();
+    reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
+    reg.register_gpu(GpuHandler::new("k2k-many").with_cuda(K2K_MANY_SRC));
+    with_registry(reg, |rt| async move {
+        let gen = rt
+            .launch(
+                "k2k-many",
+                LaunchOptions::default()
+                    .with_block_size(256)
+                    .with_queue_capacity(256),
+            )
+            .await?;
+        let sink_opts = || {
+            LaunchOptions::default()
+                .with_block_size(128)
+                .with_queue_capacity(32)
+                // Every reply of a round fits: the host reads one sink after the other,
+                // and a sink whose output is full would stop taking from its inbox.
+                .with_output_capacity(16384)
+        };
+        let sinks = [
+            rt.launch("copy", sink_opts().with_name("sink-a")).await?,
+            rt.launch("copy", sink_opts().with_name("sink-b")).await?,
+        ];
+        for per in [1u32, 3] {
+            let (senders, count) = (96u32, 250u32);
+            for s in 0..senders {
+                let g = Many {
+                    dest: sinks[(s % 2) as usize].id().0,
+                    sender: s,
+                    count,
+                    per,
+                };
+                gen.send_envelope(Envelope::from_bytes(0x61, bytemuck::bytes_of(&g)))
+                    .await?;
+            }
+            for (k, sink) in sinks.iter().enumerate() {
+                // Next message expected from each sender of this sink.
+                let mut next = vec![0u32; senders as usize];
+                for n in 0..(senders / 2) * count {
+                    let r = match sink.receive_envelope(Some(Duration::from_secs(20))).await {
+                        Ok(r) => r,
+                        Err(e) => panic!("{per} a reservation, sink {k}: message {n}: {e}"),
+                    };
+                    let w: Vec<u32> = r
+                        .payload
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(w.len(), 4, "{per} a reservation, sink {k}: message {n}");
+                    let (s, i) = (w[0], w[1]);
+                    assert!(
+                        s < senders && s % 2 == k as u32,
+                        "{per} a reservation, sink {k}: message {n} from sender {s}"
+                    );
+                    assert_eq!(
+                        (i, w[2], w[3]),
+                        (
+                            next[s as usize],
+                            s.wrapping_mul(2654435761) ^ next[s as usize].wrapping_mul(40503),
+                            0xA5A5_A5A5
+                        ),
+                        "{per} a reservation, sink {k}: sender {s}'s next message"
+                    );
+                    next[s as usize] += 1;
+                }
+            }
+            for _ in 0..senders {
+                let done = gen.receive_envelope(Some(Duration::from_secs(20))).await?;
+                assert_eq!(done.payload.len(), 0, "a sender failed: {:?}", done.header);
+            }
+        }
+        for sink in &sinks {
+            let m = sink.metrics();
+            assert_eq!(m.dropped, 0, "{m:?}");
+        }
+        assert_eq!(gen.metrics().dropped, 0);
+        for sink in sinks {
+            sink.terminate().await?;
+        }
+        gen.terminate().await?;
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
