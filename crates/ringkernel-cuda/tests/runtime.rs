@@ -776,6 +776,29 @@ fn a_kernel_of_several_blocks_keeps_order_and_loses_nothing() {
     });
 }
 
+/// CUDA for the K2K senders below: `send_all` sends the `n` messages of `len` bytes at
+/// `buf` to kernel `dest`, one a call (`per` 1: `rk_send_to`, so `n` is 1) or as many as
+/// fit with one reservation a try (`rk_send_many_to`), retrying what a full inbox
+/// refused. False when `dest` takes no K2K messages.
+const K2K_SEND_ALL_SRC: &str = r#"
+__device__ bool send_all(RkContext* ctx, unsigned dest, unsigned type_id, const unsigned char* buf, unsigned len,
+                         unsigned n, unsigned per) {
+    for (unsigned done = 0; done < n;) {
+        if (per == 1) {
+            const int r = rk_send_to(ctx, dest, type_id, buf, len);
+            if (r == RK_K2K_NOT_FOUND) return false;
+            if (r == RK_K2K_DELIVERED) done = 1;
+        } else {
+            const int r = rk_send_many_to(ctx, dest, type_id, buf + done * len, len, n - done);
+            if (r < 0) return false;
+            done += (unsigned)r;
+        }
+        if (done < n) __nanosleep(128);
+    }
+    return true;
+}
+"#;
+
 /// A trigger {dest, count, max, per} makes the handling thread send `count` K2K messages
 /// of type 0x52 to kernel `dest`, `per` at a time: one by one through `rk_send_to` when
 /// `per` is 1, else with `rk_send_many_to`, retrying what did not fit a full inbox.
@@ -795,18 +818,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
         const unsigned len = ((i / g.per) * 37u + 11u) % (g.max + 1u);
         for (unsigned m = 0; m < n; m++)
             for (unsigned j = 0; j < len; j++) buf[m * len + j] = (unsigned char)((i + m) * 131u + j * 7u + 3u);
-        for (unsigned done = 0; done < n;) {
-            if (g.per == 1) {
-                const int r = rk_send_to(ctx, g.dest, 0x52u, buf, len);
-                if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
-                if (r == RK_K2K_DELIVERED) done = 1;
-            } else {
-                const int r = rk_send_many_to(ctx, g.dest, 0x52u, buf + done * len, len, n - done);
-                if (r < 0) return -(int)RK_ERR_HANDLER;
-                done += (unsigned)r;
-            }
-            if (done < n) __nanosleep(128);
-        }
+        if (!send_all(ctx, g.dest, 0x52u, buf, len, n, g.per)) return -(int)RK_ERR_HANDLER;
     }
     out_hdr->payload_len = 0;
     return 1;
@@ -842,7 +854,9 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
     }
     let reg = KernelRegistry::new();
     reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
-    reg.register_gpu(GpuHandler::new("k2k-gen").with_cuda(K2K_GEN_SRC));
+    reg.register_gpu(
+        GpuHandler::new("k2k-gen").with_cuda(format!("{K2K_SEND_ALL_SRC}{K2K_GEN_SRC}")),
+    );
     with_registry(reg, |rt| async move {
         // A sender's own slot bounds what it sends (`RkContext::max_payload`).
         let gen = rt
@@ -914,9 +928,9 @@ fn k2k_messages_of_every_size_arrive_whole_and_in_order() {
 }
 
 /// A trigger {dest, sender, count, per} makes the handling thread send `count` K2K
-/// messages of type 0x53 to kernel `dest`, `per` a reservation (`rk_send_to` when `per`
-/// is 1, else `rk_send_many_to`), retrying what a full inbox refused. Message i carries
-/// {sender, i, check(sender, i), 0xA5A5A5A5}. It replies when all are delivered.
+/// messages of type 0x53 to kernel `dest`, `per` a reservation (`send_all` above).
+/// Message i carries {sender, i, check(sender, i), 0xA5A5A5A5}. It replies when all are
+/// delivered.
 const K2K_MANY_SRC: &str = r#"
 struct Many { unsigned dest; unsigned sender; unsigned count; unsigned per; };
 __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsigned char* in_payload,
@@ -934,18 +948,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             buf[m * 4 + 2] = (g.sender * 2654435761u) ^ ((i + m) * 40503u);
             buf[m * 4 + 3] = 0xA5A5A5A5u;
         }
-        for (unsigned done = 0; done < n;) {
-            if (g.per == 1) {
-                const int r = rk_send_to(ctx, g.dest, 0x53u, buf, 16);
-                if (r == RK_K2K_NOT_FOUND) return -(int)RK_ERR_HANDLER;
-                if (r == RK_K2K_DELIVERED) done = 1;
-            } else {
-                const int r = rk_send_many_to(ctx, g.dest, 0x53u, buf + done * 4, 16, n - done);
-                if (r < 0) return -(int)RK_ERR_HANDLER;
-                done += (unsigned)r;
-            }
-            if (done < n) __nanosleep(64);
-        }
+        if (!send_all(ctx, g.dest, 0x53u, (const unsigned char*)buf, 16, n, g.per)) return -(int)RK_ERR_HANDLER;
     }
     out_hdr->payload_len = 0;
     return 1;
@@ -971,7 +974,9 @@ fn k2k_from_many_warps_into_small_inboxes_loses_nothing() {
     }
     let reg = KernelRegistry::new();
     reg.register_gpu(GpuHandler::new("copy").with_cuda(COPY_SRC));
-    reg.register_gpu(GpuHandler::new("k2k-many").with_cuda(K2K_MANY_SRC));
+    reg.register_gpu(
+        GpuHandler::new("k2k-many").with_cuda(format!("{K2K_SEND_ALL_SRC}{K2K_MANY_SRC}")),
+    );
     with_registry(reg, |rt| async move {
         let gen = rt
             .launch(
