@@ -16,8 +16,9 @@
 # compute-sanitizer instruments every memory access, so a persistent kernel runs far
 # slower under it; a test that does not finish within the limit is reported as TIMEOUT,
 # separately from failures. Each result is printed as it comes (tool, ok / FAILED /
-# TIMEOUT / NO-GPU, binary and test, the sanitizer's error count), then a count per tool
-# and outcome.
+# TIMEOUT / NO-GPU, binary and test, the sanitizer's error count and, for racecheck, its
+# warnings: potential hazards it does not count as errors), then a count per tool and
+# outcome.
 #
 # A test that makes no CUDA call (a host-only unit test) is reported as NO-GPU: the tool
 # exits with "terminated before first instrumented API call", which is not a finding.
@@ -135,15 +136,22 @@ run_one() { # tool binary test
   wait "$pid"
   rc=$?
   errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -Eo '[0-9]+' || true)
+  # racecheck prints its own summary, with warnings (potential hazards) beside errors.
+  local warnings="" race
+  race=$(grep -Eo 'RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?, [0-9]+ warnings?\)' "$log" | tail -1 || true)
+  if [ -n "$race" ]; then
+    errors=$(sed -E 's/.*\(([0-9]+) error.*/\1/' <<<"$race")
+    warnings=", warnings $(sed -E 's/.*, ([0-9]+) warning.*/\1/' <<<"$race")"
+  fi
   if [ "$rc" -eq 255 ] && grep -q 'terminated before first instrumented API call' "$log"; then
     note "$(printf '%-10s NO-GPU   %-60s (no CUDA call: nothing to check)' "$tool" "$(basename "$bin") $test")"
     return
   fi
   case $rc in
-    0) note "$(printf '%-10s ok       %-60s errors %s' "$tool" "$(basename "$bin") $test" "${errors:-0}")" ;;
+    0) note "$(printf '%-10s ok       %-60s errors %s%s' "$tool" "$(basename "$bin") $test" "${errors:-0}" "$warnings")" ;;
     124 | 137) note "$(printf '%-10s TIMEOUT  %-60s (no result within %ss)' "$tool" "$(basename "$bin") $test" "$limit")" ;;
     *)
-      note "$(printf '%-10s FAILED   %-60s exit %s, errors %s (see %s)' "$tool" "$(basename "$bin") $test" "$rc" "${errors:-?}" "$log")"
+      note "$(printf '%-10s FAILED   %-60s exit %s, errors %s%s (see %s)' "$tool" "$(basename "$bin") $test" "$rc" "${errors:-?}" "$warnings" "$log")"
       ;;
   esac
 }
