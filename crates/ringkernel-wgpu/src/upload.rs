@@ -307,7 +307,14 @@ fn host_buffers(
                     raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
                 })
         };
-        let Some(base) = mapped.ok().and_then(|p| NonNull::new(p.cast::<u8>())) else {
+        // The buffers' offsets in the mapping as `usize`, checked before any buffer is
+        // handed to wgpu-hal (whose handles a failure after that point would leak).
+        let stride_host = usize::try_from(stride).ok();
+        let Some((base, stride)) = mapped
+            .ok()
+            .and_then(|p| NonNull::new(p.cast::<u8>()))
+            .zip(stride_host)
+        else {
             undo(&buffers);
             drop(block);
             return None;
@@ -331,7 +338,6 @@ fn host_buffers(
             .collect();
         (hal_buffers, base, stride)
     };
-    let stride = usize::try_from(stride).ok()?;
     Some(
         hal_buffers
             .into_iter()
