@@ -359,6 +359,60 @@ fn higher_priorities_overtake_waiting_low_ones() {
     });
 }
 
+/// Requests that carry a payload checksum (`flags::CHECKSUM`, filled in by the host) are
+/// verified on the device and answered, one at a time (the one-message loop) and in a
+/// burst (group rounds); each reply carries its request's correlation id and goes back to
+/// the request's source. A header field the kernel read wrong (checksum, flags, payload
+/// length, correlation id, source) fails here: a checksum mismatch drops the message.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn checksummed_requests_are_verified_on_the_device_and_answered() {
+    with_runtime(|rt| async move {
+        let k = rt.launch(ECHO, LaunchOptions::default()).await?;
+        let send = |i: u64| {
+            let t = Token::new(i, i as f64 + 0.25);
+            let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
+            h.message_id = rt.core().next_message_id();
+            h.correlation_id = 0xC0DE_0000_0000 + i;
+            h.source_kernel = KernelId::HOST.0;
+            h.dest_kernel = k.id().0;
+            h.flags |= flags::CHECKSUM;
+            h.set_hlc(rt.core().hlc().tick());
+            k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))
+        };
+        let check = |env: &Envelope, i: u64| -> ringkernel_core::Result<()> {
+            assert_eq!(env.header.correlation_id, 0xC0DE_0000_0000 + i);
+            assert_eq!(
+                env.header.dest_kernel,
+                KernelId::HOST.0,
+                "back to its source"
+            );
+            assert_ne!(env.header.flags & flags::REPLY, 0);
+            let t: Token = env.decode()?;
+            assert_eq!((t.id, t.value, t.hops), (i, 2.0 * (i as f64 + 0.25), 1));
+            Ok(())
+        };
+        const ONE_BY_ONE: u64 = 100;
+        const BURST: u64 = 200;
+        for i in 0..ONE_BY_ONE {
+            send(i)?;
+            let env = k.receive_envelope(Some(Duration::from_secs(10))).await?;
+            check(&env, i)?;
+        }
+        for i in ONE_BY_ONE..ONE_BY_ONE + BURST {
+            send(i)?;
+        }
+        for i in ONE_BY_ONE..ONE_BY_ONE + BURST {
+            let env = k.receive_envelope(Some(Duration::from_secs(10))).await?;
+            check(&env, i)?;
+        }
+        let m = k.metrics();
+        assert_eq!((m.processed, m.dropped), (ONE_BY_ONE + BURST, 0), "{m:?}");
+        rt.shutdown().await?;
+        Ok(())
+    });
+}
+
 /// Messages left in several lanes of an inactive kernel come back from terminate,
 /// highest lane first and FIFO within a lane; a full lane refuses more while the
 /// others still accept.
