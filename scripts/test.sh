@@ -141,10 +141,10 @@ llm_model() {
 tests() {
   cargo test --workspace --no-fail-fast
   # The wgpu runtime with three launcher threads recording passes at once (one by
-  # default): large passes must still reach the device in launch order. Selected from
-  # the workspace build (`--workspace --test runtime`, the only test of that name in
-  # ringkernel-wgpu's suite) so that it runs the binary built above: `-p ringkernel-wgpu`
-  # alone resolves other features and rebuilt wgpu (CI time).
+  # default): large passes must still reach the device in launch order. Run from the
+  # workspace build (every crate's `runtime` test binary, filtered to `large_passes`,
+  # which only ringkernel-wgpu's has) so that it reuses the binaries built above:
+  # `-p ringkernel-wgpu` alone resolves other features and rebuilt wgpu (CI time).
   RINGKERNEL_WGPU_LAUNCHER=3 cargo test --workspace --test runtime -- large_passes
 }
 
