@@ -274,14 +274,21 @@ fn send_with_priority(
     t: Token,
     p: u8,
 ) -> ringkernel_core::Result<()> {
+    let mut h = host_header(rt, k);
+    h.set_priority(p);
+    k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))
+}
+
+/// The header of a `Token` request from the host to `k`, as `send` stamps one: a fresh
+/// message id (also the correlation id), the host as source, the runtime clock's tick.
+fn host_header(rt: &CudaRuntime, k: &KernelHandle) -> MessageHeader {
     let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
     h.message_id = rt.core().next_message_id();
     h.correlation_id = h.message_id;
     h.source_kernel = KernelId::HOST.0;
     h.dest_kernel = k.id().0;
     h.set_hlc(rt.core().hlc().tick());
-    h.set_priority(p);
-    k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))
+    h
 }
 
 /// Priority lanes: with the kernel not yet active, LOW messages then a HIGH and a
@@ -371,13 +378,9 @@ fn checksummed_requests_are_verified_on_the_device_and_answered() {
         let k = rt.launch(ECHO, LaunchOptions::default()).await?;
         let send = |i: u64| {
             let t = Token::new(i, i as f64 + 0.25);
-            let mut h = MessageHeader::new(Token::TYPE_ID, std::mem::size_of::<Token>());
-            h.message_id = rt.core().next_message_id();
+            let mut h = host_header(&rt, &k);
             h.correlation_id = 0xC0DE_0000_0000 + i;
-            h.source_kernel = KernelId::HOST.0;
-            h.dest_kernel = k.id().0;
             h.flags |= flags::CHECKSUM;
-            h.set_hlc(rt.core().hlc().tick());
             k.engine().try_enqueue(&h, bytemuck::bytes_of(&t))
         };
         let check = |env: &Envelope, i: u64| -> ringkernel_core::Result<()> {
