@@ -6,7 +6,9 @@
 //! ```
 //!
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
-//! (16,384) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
+//! (8,192: a batch of 576 KB of tokens stays in the sending core's cache between the
+//! bench filling it and `send_batch` copying it; 16,384 made 0.95× the throughput on
+//! the H200 host, BENCHMARKS.md) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
 //! capacity of the echo kernels (65,536; a pass takes at most a sixth of it), `--slot B`
 //! their slot size in bytes (256, the default; a `Token` request fits 144).
 //! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³
@@ -486,7 +488,7 @@ fn main() -> Result<(), Error> {
     let mm = arg("--matmul", 4096);
     let msgs = arg("--msgs", 1_000_000);
     let calls = arg("--calls", 2000);
-    let batch = arg("--batch", 16384);
+    let batch = arg("--batch", 8192);
     let actors_only = std::env::args().any(|a| a == "--actors-only");
     let g = match WgpuCompute::new() {
         Ok(g) => g,
