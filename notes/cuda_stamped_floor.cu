@@ -15,6 +15,12 @@
 //    checks stamps, echoes U stamped units into a host-memory reply ring; host polls.
 //    Variants: + a doorbell word read in the same poll; + full "runtime" work in the
 //    warp (header checks, HLC merge, reply header).
+//    Mode bit 2: a second snapshot of the slot, STAG cycles after the first (compile
+//    with -DSTAG=N, default 1500), as the runtime's one-message loop polls.
+// E7 E2 with 1-4 warps polling the same slot, one read at a time each, started a
+//    fraction of a read's round trip apart; the warp that finds the message claims it
+//    with a compare-and-swap and replies (notes/cuda-two-pollers.patch tried the same
+//    in the runtime).
 // E3 E2 inside a 256-thread block where warp 0 polls and the block synchronises twice
 //    per message (the cost of block-wide structure on the latency path).
 // E4 streaming: a producer thread writes stamped 128-byte slots (64-B payload) into a
@@ -32,6 +38,11 @@ typedef unsigned long long uint64_t;
 #endif
 
 #define UNIT 16
+#ifndef STAG
+#define STAG 1500
+#endif
+#define RK_STR2(x) #x
+#define RK_STR(x) RK_STR2(x)
 #define UDATA 12
 
 __device__ __forceinline__ uint4 ldv(const void* p) {
@@ -90,6 +101,15 @@ extern "C" __global__ void e2_stamped(const uint4* in, uint4* out, const uint32_
       uint32_t db = want;
       if ((mode & 1) && lane == 0) db = *(volatile const uint32_t*)doorbell;
       v = lane < U ? ldv(slot + lane) : make_uint4(0, 0, 0, want);
+      // mode bit 2: a second snapshot of the slot, issued STAG cycles after the first
+      // and used when the first is not complete (the runtime's staggered poll).
+      uint4 v2 = v;
+      if (mode & 4) {
+        const long long c0 = clock64();
+        while (clock64() - c0 < STAG) {
+        }
+        v2 = lane < U ? ldv(slot + lane) : make_uint4(0, 0, 0, want);
+      }
       // Header unit 1 holds payload_len (bytes 12..15 of the header = unit 1 word 0).
       uint32_t len = __shfl_sync(0xffffffffu, v.x, 1);
       int used = (int)((64 + len + UDATA - 1) / UDATA);
@@ -97,6 +117,14 @@ extern "C" __global__ void e2_stamped(const uint4* in, uint4* out, const uint32_
       // The doorbell only costs its read here (it is always nonzero once sent).
       bool ok = (lane >= used || v.w == want) && db != 0u;
       if (__all_sync(0xffffffffu, ok)) break;
+      if (mode & 4) {
+        v = v2;
+        len = __shfl_sync(0xffffffffu, v.x, 1);
+        used = (int)((64 + len + UDATA - 1) / UDATA);
+        if (used > U) used = U;
+        ok = (lane >= used || v.w == want) && db != 0u;
+        if (__all_sync(0xffffffffu, ok)) break;
+      }
     }
     uint64_t t0 = gtimer();
     if (mode & 2) {
@@ -433,6 +461,42 @@ extern "C" __global__ void e8_env(const uint4* in, uint4* out, uint64_t* lat, ui
   }
 }
 
+
+// E7: E2 (mode 0) with `warps` warps polling the same slot, each a single load at a
+// time; warp w starts w * `stag` cycles late, so their loads are spread over a read's
+// round trip. The warp whose load finds the message complete claims it (a
+// compare-and-swap of the shared next index) and replies; the others go on to the next.
+extern "C" __global__ void e7_warps(const uint4* in, uint4* out, int U, uint64_t n, uint64_t mask, int stag) {
+  __shared__ unsigned long long s_next;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) s_next = 0;
+  __syncthreads();
+  {
+    const long long c0 = clock64();
+    while (clock64() - c0 < (long long)warp * stag) {
+    }
+  }
+  for (;;) {
+    const uint64_t i = *(volatile unsigned long long*)&s_next;
+    if (i >= n) break;
+    const uint32_t want = (uint32_t)(i + 1);
+    const uint4* slot = in + (i & mask) * U;
+    uint4 v = lane < U ? ldv(slot + lane) : make_uint4(0, 0, 0, want);
+    const bool ok = lane >= U || v.w == want;
+    if (__all_sync(0xffffffffu, ok)) {
+      unsigned long long won = 0;
+      if (lane == 0) won = atomicCAS(&s_next, (unsigned long long)i, (unsigned long long)(i + 1)) == i;
+      won = __shfl_sync(0xffffffffu, won, 0);
+      if (won && lane < U) {
+        v.y += 1;
+        v.w = want;
+        stv(out + (i & mask) * U + lane, v);
+      }
+    }
+    __syncwarp();
+  }
+}
+
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <emmintrin.h>
@@ -528,6 +592,11 @@ int main(int argc, char** argv) {
               {22, 0, 0, "E2 stamped echo, 22 units (256-B slot), one warp"},
               {22, 1, 0, "E2 + doorbell read in the same poll"},
               {22, 2, 0, "E2 + runtime work (stage, checks, HLC, reply header)"},
+              {22, 4, 0, "E2 + staggered double poll (" RK_STR(STAG) " cycles apart)"},
+              {22, 6, 0, "E2 + staggered double poll + runtime work"},
+              {22, 0, 0, "E2 stamped echo, 22 units (again)"},
+              {22, 6, 0, "E2 + staggered double poll + runtime work (again)"},
+              {22, 2, 0, "E2 + runtime work (again)"},
               {22, 0, 1, "E3 22 units in a 256-thread block, 2 barriers/msg"}};
   for (auto& var : vars) {
     uint4 *din, *dout;
@@ -566,6 +635,38 @@ int main(int argc, char** argv) {
     CK(cudaFreeHost(hout));
     CK(cudaFreeHost(hdb));
     CK(cudaFreeHost(hns));
+  }
+
+  // ---- E7 ----
+  for (int warps : {1, 2, 3, 4}) {
+    const int U = 22;
+    const int stag = warps > 1 ? 2600 / warps : 0;
+    uint4 *din, *dout;
+    uint4* hin = mapped<uint4>((MASK + 1) * 32 * 16, &din);
+    uint4* hout = mapped<uint4>((MASK + 1) * 32 * 16, &dout);
+    e7_warps<<<1, 32 * warps, 0, st>>>(din, dout, U, N, MASK, stag);
+    CK(cudaGetLastError());
+    std::vector<double> v;
+    const uint32_t len = (uint32_t)(U * 12 - 64);
+    for (uint64_t i = 0; i < N; i++) {
+      double t0 = now_us();
+      host_write(hin, i, MASK, U, len);
+      while (!host_poll(hout, i, MASK, U)) {
+      }
+      double t1 = now_us();
+      const uint32_t ry = ((volatile uint4*)hout)[(i & MASK) * U + 2].y;
+      if (ry != (uint32_t)i + 1) {
+        printf("E7 bad reply data at %llu: %u\n", (unsigned long long)i, ry);
+        exit(1);
+      }
+      if (i >= 1000) v.push_back(t1 - t0);
+    }
+    CK(cudaStreamSynchronize(st));
+    char name[96];
+    snprintf(name, sizeof name, "E7 %d warp(s) polling one slot, %d cycles apart", warps, stag);
+    report(name, v);
+    CK(cudaFreeHost(hin));
+    CK(cudaFreeHost(hout));
   }
 
   // ---- E4 ----
