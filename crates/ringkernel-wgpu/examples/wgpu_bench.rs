@@ -8,9 +8,10 @@
 //! `--batch N` sets the batch of the echo through `send_batch`/`receive_batch_into`
 //! (8,192: a batch of 576 KB of tokens stays in the sending core's cache between the
 //! bench filling it and `send_batch` copying it; 16,384 made 0.95× the throughput on
-//! the H200 host, BENCHMARKS.md) and `--senders N` the tasks sending it at once (1), `--capacity N` the queue
-//! capacity of the echo kernels (65,536; a pass takes at most a sixth of it), `--slot B`
-//! their slot size in bytes (256, the default; a `Token` request fits 144).
+//! the H200 host, BENCHMARKS.md) and `--senders N` the tasks sending it at once (1),
+//! `--capacity N` the queue capacity of the echo kernels (65,536; a pass takes at most
+//! a sixth of it), `--slot B` their slot size in bytes (256, the default; a `Token`
+//! request fits 144).
 //! `--ops-only` skips the actors. `--actors-only` skips the compute ops (matmul 4096³
 //! takes minutes on a software adapter). `--batched-only` runs the batched echo alone
 //! (for profiling). The actor figures come with the **floor** of the same run, measured
