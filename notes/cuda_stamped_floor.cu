@@ -21,6 +21,8 @@
 //    fraction of a read's round trip apart; the warp that finds the message claims it
 //    with a compare-and-swap and replies (notes/cuda-two-pollers.patch tried the same
 //    in the runtime).
+// E9 E2 + runtime work split: 1 or 2 warps poll and stage a complete message in shared
+//    memory; warp 0 reads no host memory, waits on shared memory, and replies.
 // E3 E2 inside a 256-thread block where warp 0 polls and the block synchronises twice
 //    per message (the cost of block-wide structure on the latency path).
 // E4 streaming: a producer thread writes stamped 128-byte slots (64-B payload) into a
@@ -497,6 +499,78 @@ extern "C" __global__ void e7_warps(const uint4* in, uint4* out, int U, uint64_t
   }
 }
 
+
+// E9: `pollers` warps (1 or 2, started `stag` cycles apart) read the slot one read at a
+// time; the first to find it complete stages it in shared memory and publishes it (a
+// compare-and-swap of the count staged; both stage the same bytes). Warp 0 reads no host
+// memory: it waits on shared memory, does E2's runtime work on the staged copy (header
+// check, clock merge, reply header) and replies. Two staging slots; a poller waits while
+// both are full.
+extern "C" __global__ void e9_staged(const uint4* in, uint4* out, int U, uint64_t n, uint64_t mask, int stag) {
+  __shared__ uint4 s_slot[2][32];
+  __shared__ unsigned s_pub;   // messages staged so far
+  __shared__ unsigned s_used;  // messages warp 0 has answered
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    s_pub = 0;
+    s_used = 0;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    uint64_t hlc = 0;
+    for (uint64_t i = 0; i < n; i++) {
+      while (*(volatile unsigned*)&s_pub <= (unsigned)i) {
+      }
+      __threadfence_block();
+      const uint32_t want = (uint32_t)(i + 1);
+      uint4* st = s_slot[i & 1];
+      if (lane == 0) {
+        const uint32_t magic = st[0].x;
+        uint64_t ts = ((uint64_t)st[3].x) | ((uint64_t)st[3].y << 32);
+        if (magic != 0x474D4B52u) ts = 0;
+        hlc = hlc_merge(hlc, ts, gtimer() / 1000000ull);
+        st[0].y = (uint32_t)hlc;
+      }
+      __syncwarp();
+      if (lane < U) {
+        uint4 v = st[lane];
+        v.y += 1;
+        v.w = want;
+        stv(out + (i & mask) * U + lane, v);
+      }
+      __syncwarp();
+      __threadfence_block();
+      if (lane == 0) *(volatile unsigned*)&s_used = (unsigned)(i + 1);
+    }
+    return;
+  }
+  {
+    const long long c0 = clock64();
+    while (clock64() - c0 < (long long)(warp - 1) * stag) {
+    }
+  }
+  for (;;) {
+    const unsigned i = __shfl_sync(0xffffffffu, *(volatile unsigned*)&s_pub, 0);
+    if (i >= n) break;
+    const unsigned used = __shfl_sync(0xffffffffu, *(volatile unsigned*)&s_used, 0);
+    if (i - used >= 2u) continue;  // both staging slots full
+    const uint32_t want = i + 1;
+    const uint4* slot = in + (i & mask) * U;
+    const uint4 v = lane < U ? ldv(slot + lane) : make_uint4(0, 0, 0, want);
+    // (A poller whose read took so long that the message was answered meanwhile must
+    // not stage it over a newer one: checked again before staging.)
+    const bool complete = __all_sync(0xffffffffu, lane >= U || v.w == want);
+    const bool fresh = __shfl_sync(0xffffffffu, (int)(*(volatile unsigned*)&s_pub == i), 0) != 0;
+    if (complete && fresh) {
+      if (lane < U) s_slot[i & 1][lane] = v;
+      __syncwarp();
+      __threadfence_block();
+      if (lane == 0) atomicCAS(&s_pub, i, i + 1);
+    }
+    __syncwarp();
+  }
+}
+
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <emmintrin.h>
@@ -664,6 +738,38 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(st));
     char name[96];
     snprintf(name, sizeof name, "E7 %d warp(s) polling one slot, %d cycles apart", warps, stag);
+    report(name, v);
+    CK(cudaFreeHost(hin));
+    CK(cudaFreeHost(hout));
+  }
+
+  // ---- E9 ----
+  for (int pollers : {1, 2}) {
+    const int U = 22;
+    const int stag = 1300;
+    uint4 *din, *dout;
+    uint4* hin = mapped<uint4>((MASK + 1) * 32 * 16, &din);
+    uint4* hout = mapped<uint4>((MASK + 1) * 32 * 16, &dout);
+    e9_staged<<<1, 32 * (1 + pollers), 0, st>>>(din, dout, U, N, MASK, stag);
+    CK(cudaGetLastError());
+    std::vector<double> v;
+    const uint32_t len = (uint32_t)(U * 12 - 64);
+    for (uint64_t i = 0; i < N; i++) {
+      double t0 = now_us();
+      host_write(hin, i, MASK, U, len);
+      while (!host_poll(hout, i, MASK, U)) {
+      }
+      double t1 = now_us();
+      const uint32_t ry = ((volatile uint4*)hout)[(i & MASK) * U + 2].y;
+      if (ry != (uint32_t)i + 1) {
+        printf("E9 bad reply data at %llu: %u\n", (unsigned long long)i, ry);
+        exit(1);
+      }
+      if (i >= 1000) v.push_back(t1 - t0);
+    }
+    CK(cudaStreamSynchronize(st));
+    char name[96];
+    snprintf(name, sizeof name, "E9 %d polling warp(s) staging for a replying warp, + runtime work", pollers);
     report(name, v);
     CK(cudaFreeHost(hin));
     CK(cudaFreeHost(hout));
