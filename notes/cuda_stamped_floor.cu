@@ -627,6 +627,29 @@ static inline bool host_poll(const uint4* ring, uint64_t i, uint64_t mask, int U
   return true;
 }
 
+// The host side of E7 and E9: N messages one at a time through the U-unit slots of `hin`,
+// each reply's data checked (unit 2, word 1 = i + 1); the round trips after the first
+// 1,000, in microseconds.
+static std::vector<double> ping_pong_checked(const char* tag, uint4* hin, uint4* hout, int U, uint64_t N,
+                                             uint64_t mask) {
+  std::vector<double> v;
+  const uint32_t len = (uint32_t)(U * 12 - 64);
+  for (uint64_t i = 0; i < N; i++) {
+    double t0 = now_us();
+    host_write(hin, i, mask, U, len);
+    while (!host_poll(hout, i, mask, U)) {
+    }
+    double t1 = now_us();
+    const uint32_t ry = ((volatile uint4*)hout)[(i & mask) * U + 2].y;
+    if (ry != (uint32_t)i + 1) {
+      printf("%s bad reply data at %llu: %u\n", tag, (unsigned long long)i, ry);
+      exit(1);
+    }
+    if (i >= 1000) v.push_back(t1 - t0);
+  }
+  return v;
+}
+
 int main(int argc, char** argv) {
   const uint64_t N = argc > 1 ? atoll(argv[1]) : 30000;
   cudaDeviceProp prop;
@@ -720,21 +743,7 @@ int main(int argc, char** argv) {
     uint4* hout = mapped<uint4>((MASK + 1) * 32 * 16, &dout);
     e7_warps<<<1, 32 * warps, 0, st>>>(din, dout, U, N, MASK, stag);
     CK(cudaGetLastError());
-    std::vector<double> v;
-    const uint32_t len = (uint32_t)(U * 12 - 64);
-    for (uint64_t i = 0; i < N; i++) {
-      double t0 = now_us();
-      host_write(hin, i, MASK, U, len);
-      while (!host_poll(hout, i, MASK, U)) {
-      }
-      double t1 = now_us();
-      const uint32_t ry = ((volatile uint4*)hout)[(i & MASK) * U + 2].y;
-      if (ry != (uint32_t)i + 1) {
-        printf("E7 bad reply data at %llu: %u\n", (unsigned long long)i, ry);
-        exit(1);
-      }
-      if (i >= 1000) v.push_back(t1 - t0);
-    }
+    std::vector<double> v = ping_pong_checked("E7", hin, hout, U, N, MASK);
     CK(cudaStreamSynchronize(st));
     char name[96];
     snprintf(name, sizeof name, "E7 %d warp(s) polling one slot, %d cycles apart", warps, stag);
@@ -752,21 +761,7 @@ int main(int argc, char** argv) {
     uint4* hout = mapped<uint4>((MASK + 1) * 32 * 16, &dout);
     e9_staged<<<1, 32 * (1 + pollers), 0, st>>>(din, dout, U, N, MASK, stag);
     CK(cudaGetLastError());
-    std::vector<double> v;
-    const uint32_t len = (uint32_t)(U * 12 - 64);
-    for (uint64_t i = 0; i < N; i++) {
-      double t0 = now_us();
-      host_write(hin, i, MASK, U, len);
-      while (!host_poll(hout, i, MASK, U)) {
-      }
-      double t1 = now_us();
-      const uint32_t ry = ((volatile uint4*)hout)[(i & MASK) * U + 2].y;
-      if (ry != (uint32_t)i + 1) {
-        printf("E9 bad reply data at %llu: %u\n", (unsigned long long)i, ry);
-        exit(1);
-      }
-      if (i >= 1000) v.push_back(t1 - t0);
-    }
+    std::vector<double> v = ping_pong_checked("E9", hin, hout, U, N, MASK);
     CK(cudaStreamSynchronize(st));
     char name[96];
     snprintf(name, sizeof name, "E9 %d polling warp(s) staging for a replying warp, + runtime work", pollers);
