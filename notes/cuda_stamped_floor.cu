@@ -506,14 +506,22 @@ extern "C" __global__ void e7_warps(const uint4* in, uint4* out, int U, uint64_t
 // memory: it waits on shared memory, does E2's runtime work on the staged copy (header
 // check, clock merge, reply header) and replies. Two staging slots; a poller waits while
 // both are full.
-extern "C" __global__ void e9_staged(const uint4* in, uint4* out, int U, uint64_t n, uint64_t mask, int stag) {
+extern "C" __global__ void e9_staged(const uint4* in, uint4* out, int U, uint64_t n, uint64_t mask, int stag,
+                                     int atomics) {
   __shared__ uint4 s_slot[2][32];
   __shared__ unsigned s_pub;   // messages staged so far
   __shared__ unsigned s_used;  // messages warp 0 has answered
+  // `atomics`: warp 0 also takes the runtime's three 64-bit shared-memory atomics a
+  // message (message index, clock compare-and-swap, output slot; the reply goes to
+  // the slot the last one returns).
+  __shared__ unsigned long long s_taken, s_hlc, s_out;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     s_pub = 0;
     s_used = 0;
+    s_taken = 0;
+    s_hlc = 0;
+    s_out = 0;
   }
   __syncthreads();
   if (warp == 0) {
@@ -529,14 +537,25 @@ extern "C" __global__ void e9_staged(const uint4* in, uint4* out, int U, uint64_
         uint64_t ts = ((uint64_t)st[3].x) | ((uint64_t)st[3].y << 32);
         if (magic != 0x474D4B52u) ts = 0;
         hlc = hlc_merge(hlc, ts, gtimer() / 1000000ull);
+        if (atomics) {
+          const unsigned long long m = atomicAdd(&s_taken, 1ull);
+          const unsigned long long old = *(volatile unsigned long long*)&s_hlc;
+          hlc = atomicCAS(&s_hlc, old, hlc_merge(old, ts, m)) == old ? hlc : hlc + 1;
+        }
         st[0].y = (uint32_t)hlc;
+      }
+      uint64_t oi = i;
+      if (atomics) {
+        unsigned long long o = 0;
+        if (lane == 0) o = atomicAdd(&s_out, 1ull);
+        oi = __shfl_sync(0xffffffffu, o, 0);
       }
       __syncwarp();
       if (lane < U) {
         uint4 v = st[lane];
         v.y += 1;
         v.w = want;
-        stv(out + (i & mask) * U + lane, v);
+        stv(out + (oi & mask) * U + lane, v);
       }
       __syncwarp();
       __threadfence_block();
@@ -753,18 +772,20 @@ int main(int argc, char** argv) {
   }
 
   // ---- E9 ----
-  for (int pollers : {1, 2}) {
+  for (int variant : {1, 2, 3, 4}) {
+    const int pollers = variant <= 2 ? variant : variant - 2, atomics = variant > 2;
     const int U = 22;
     const int stag = 1300;
     uint4 *din, *dout;
     uint4* hin = mapped<uint4>((MASK + 1) * 32 * 16, &din);
     uint4* hout = mapped<uint4>((MASK + 1) * 32 * 16, &dout);
-    e9_staged<<<1, 32 * (1 + pollers), 0, st>>>(din, dout, U, N, MASK, stag);
+    e9_staged<<<1, 32 * (1 + pollers), 0, st>>>(din, dout, U, N, MASK, stag, atomics);
     CK(cudaGetLastError());
     std::vector<double> v = ping_pong_checked("E9", hin, hout, U, N, MASK);
     CK(cudaStreamSynchronize(st));
     char name[96];
-    snprintf(name, sizeof name, "E9 %d polling warp(s) staging for a replying warp, + runtime work", pollers);
+    snprintf(name, sizeof name, "E9 %d polling warp(s) staging for a replying warp, + runtime work%s", pollers,
+             atomics ? " + 3 atomics" : "");
     report(name, v);
     CK(cudaFreeHost(hin));
     CK(cudaFreeHost(hout));
