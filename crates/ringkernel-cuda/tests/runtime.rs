@@ -1114,10 +1114,9 @@ fn k2k_from_many_warps_into_small_inboxes_loses_nothing() {
         // All three at once (see `terminate_together`): the test then also runs to its
         // end under compute-sanitizer.
         let [a, b] = &sinks;
-        let (ra, rb, rg) = tokio::join!(a.terminate(), b.terminate(), gen.terminate());
-        ra?;
-        rb?;
-        rg?;
+        let (sinks_done, gen_done) = tokio::join!(terminate_together(a, b), gen.terminate());
+        sinks_done?;
+        gen_done?;
         rt.shutdown().await?;
         Ok(())
     });
