@@ -222,6 +222,30 @@ fn take_split<'a>(fast: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile> 
     )
 }
 
+/// The one-message loop's take step by step, p50 SM cycles between lane 0's marks
+/// (mode 3 entries, [`ringkernel_cuda::TAKE_MARKS`]).
+fn take_marks<'a>(fast: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile> + Clone) -> String {
+    let steps: Vec<String> = ringkernel_cuda::TAKE_MARKS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut v: Vec<f64> = fast
+                .clone()
+                .map(|r| r.marks[i])
+                .filter(|&c| c > 0)
+                .map(f64::from)
+                .collect();
+            let p50 = if v.is_empty() {
+                f64::NAN
+            } else {
+                pct(&mut v, 0.5)
+            };
+            format!("{name} {p50:.0}")
+        })
+        .collect();
+    format!("take, p50 cycles: {}", steps.join(", "))
+}
+
 /// The phases of a profiled round, in order ([`ringkernel_cuda::RoundProfile::t`]).
 const PHASES: [&str; 6] = [
     "plan",
@@ -618,6 +642,7 @@ async fn actors(
                 pct(&mut gap, 0.5)
             ));
             rep.line(format!("  {}", take_split(fast.iter().copied())));
+            rep.line(format!("  {}", take_marks(fast.iter().copied())));
             let step99 = |i: usize| phase_pct(fast.iter().copied(), i, 0.99);
             rep.line(format!(
                 "  one-message loop, p99 us: poll that found it {:.3}, take {:.3}, handler {:.3}, reply {:.3}; reply to next poll {:.3}",

@@ -233,7 +233,7 @@ __device__ __forceinline__ RkReqFields rk_req_fields(const RkMessageHeader* ih) 
 __device__ __forceinline__ int rk_run_handler(const RkLaunchParams& p, const RkReqFields& f,
                                               const unsigned char* stage_in, unsigned char* stage_out, rk_u32 stride,
                                               rk_u32 m, rk_u64 msg_index, rk_u64 hlc_base, bool from_inbox,
-                                              rk_u32 lane, rk_u32* lat) {
+                                              rk_u32 lane, rk_u32* lat, volatile rk_u32* marks) {
     const rk_u32 slot = (rk_u32)p.slot_size;
     const RkMessageHeader* ih = (const RkMessageHeader*)(stage_in + (rk_u64)m * stride);
     RkMessageHeader* oh = (RkMessageHeader*)(stage_out + (rk_u64)m * stride);
@@ -270,9 +270,11 @@ __device__ __forceinline__ int rk_run_handler(const RkLaunchParams& p, const RkR
     oh->checksum = 0;
     oh->flags = RK_FLAG_REPLY | (((rk_u32)p.priority << RK_FLAG_PRIORITY_SHIFT) & RK_FLAG_PRIORITY_MASK);
     oh->node_id = p.node_id;
+    if (marks) marks[0] = (rk_u32)clock64();
     const rk_u64 t0 = rk_globaltimer_ns();
     int r = handle(&ctx, ih, (const unsigned char*)(ih + 1), oh, (unsigned char*)(oh + 1), (void*)p.state);
     const rk_u64 dt = rk_globaltimer_ns() - t0;
+    if (marks) marks[1] = (rk_u32)clock64();
     *lat = dt < (rk_u64)RK_NO_SAMPLE ? (rk_u32)dt : RK_NO_SAMPLE - 1u;
     if (r == 1 && oh->payload_len > slot - RK_HEADER_SIZE) r = -(int)RK_ERR_HANDLER;
     return r;
@@ -324,6 +326,16 @@ __device__ void rk_mirror_counters(RkControlBlock* cb, RkShared* S) {
     cb->hlc = rk_xg_ld64(&S->hlc);
     cb->last_error = rk_xg_ld32(&S->last_error);
 }
+
+/* SM clock readings (low 32 bits) at the steps of a profiled one-message take: the
+ * host gets the 17 differences (RoundProfile::marks, TAKE_MARKS in runtime.rs names
+ * them). In shared memory: as registers they made the loop spill. */
+#define RK_MARKS 18
+#if RK_PROFILE
+__shared__ rk_u32 rk_marks[RK_MARKS];
+#else
+#define rk_marks ((rk_u32*)nullptr)
+#endif
 
 extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunchParams p) {
     extern __shared__ __align__(16) unsigned char rk_smem[];
@@ -556,6 +568,14 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     // Inside the take (lane 0, profiled): decided to take it, output
                     // credit in hand, message index and clock range reserved.
                     rk_u64 pt[3] = {0, 0, 0};
+                    // The take's cycle marks (rk_marks; lane 0 of a profiled warp).
+                    volatile rk_u32* const mk = rk_marks;
+                    if (prof_me && lane_id == 0) {
+#pragma unroll
+                        for (int i = 0; i < RK_MARKS; i++) mk[i] = 0;
+                    }
+#define RK_MARK(i) \
+    if (prof_me) mk[i] = (rk_u32)clock64()
                     if (prof_me) pf[0] = rk_globaltimer_ns();
                     const unsigned char* ring;
                     rk_u64 mask;
@@ -616,6 +636,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     const rk_u64 hts = (rk_u64)__shfl_sync(0xffffffffu, v.y, 3) |
                                        ((rk_u64)__shfl_sync(0xffffffffu, v.z, 3) << 32);
                     if (prof_me) pf[1] = rk_globaltimer_ns();
+                    RK_MARK(0);
                     // ---- decide (lane 0): 0 poll again, 1 take it, 2 hand back ----
                     int action = 0;
                     rk_u64 msg = 0, hlc = 0;
@@ -665,6 +686,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         }
                         if (action == 0 && complete) {
                             if (prof_me) pt[0] = rk_globaltimer_ns();
+                            RK_MARK(1);
                             bool go = true;
                             if (!host_src) {
                                 // An inbox message whose priority lane is below the highest
@@ -675,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             }
                             if (go && credit == 0) credit = rk_promise_output(S, p, 16);
                             if (prof_me) pt[1] = rk_globaltimer_ns();
+                            RK_MARK(2);
                             if (go && credit > 0) {
                                 action = 1;
                                 credit--;
@@ -687,11 +710,15 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     rk_xg_st64(&S->inbox_claimed, claimed);
                                     *(volatile rk_u64*)&S->inbox_known = known;
                                 }
+                                RK_MARK(3);
                                 msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
+                                RK_MARK(4);
                                 const rk_u64 now = rk_now_ms(clock_off);
+                                RK_MARK(5);
                                 const bool drift = (hts >> RK_HLC_LOGICAL_BITS) > now + p.max_drift_ms;
                                 hlc = rk_hlc_reserve(S, drift ? 0ull : hts, now, 1, &hlc_guess);
                                 if (drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
+                                RK_MARK(6);
                                 if (prof_me) pt[2] = rk_globaltimer_ns();
                             } else if (go) {
                                 action = 2;  // the output is full: the group round waits for room
@@ -700,6 +727,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         if (!two_groups && it >= 16u) action = action == 1 ? 1 : 2;  // the other source's turn
                     }
                     action = __shfl_sync(0xffffffffu, action, 0);
+                    RK_MARK(7);
                     // One compare on the way to the take (two compares compiled to a
                     // jump table through constant memory and an indirect branch).
                     if (__builtin_expect(action != 1, 1)) {
@@ -726,20 +754,25 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     __syncwarp();
                     int r = 0;
                     if (lane_id == 0) {
+                        RK_MARK(8);
                         if (prof_me) pf[2] = rk_globaltimer_ns();
                         rk_u32 lat;
                         const RkReqFields hf = rk_req_fields((const RkMessageHeader*)stage_in);
+                        RK_MARK(9);
 #if RK_HANDLER_SERIAL
                         if (two_groups) rk_lock(&S->handler_lock);
 #endif
-                        r = rk_run_handler(p, hf, stage_in, stage_out, stride, 0, msg, hlc, !host_src, L, &lat);
+                        r = rk_run_handler(p, hf, stage_in, stage_out, stride, 0, msg, hlc, !host_src, L, &lat,
+                                           prof_me ? mk + 10 : nullptr);
 #if RK_HANDLER_SERIAL
                         if (two_groups) rk_unlock(&S->handler_lock);
 #endif
                         if (prof_me) pf[3] = rk_globaltimer_ns();
                         rk_store_latency(p, msg, lat);
+                        RK_MARK(12);
                     }
                     r = __shfl_sync(0xffffffffu, r, 0);
+                    RK_MARK(13);
                     rk_u64 out_idx = 0;
                     if (lane_id == 0) {
                         // One block: this leader is the only writer of processed[src] (a
@@ -755,10 +788,12 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                 rk_xg_st32(&S->last_error, (rk_u32)(-r));
                             }
                         }
+                        RK_MARK(14);
                     }
                     __syncwarp();
                     if (r == 1) {
                         out_idx = __shfl_sync(0xffffffffu, out_idx, 0);
+                        RK_MARK(15);
                         const RkMessageHeader* oh = (const RkMessageHeader*)stage_out;
                         if (lane_id < rk_units_used(oh->payload_len)) {
                             const rk_u32* w = (const rk_u32*)(stage_out + lane_id * RK_UNIT_DATA);
@@ -769,6 +804,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             // unit whole on its own, and with the staggered poll above a
                             // fence only held the warp: ~0.3 us a round trip on an H100.
                         }
+                        RK_MARK(16);
                     }
                     if (lane_id == 0) {
                         // The slot was read in full: free it.
@@ -782,6 +818,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         if (host_src) cur_lane = L;
                         idle = 0;
                         backoff = 0;
+                        RK_MARK(17);
                         if (prof_me) {
                             pf[4] = rk_globaltimer_ns();
                             rk_u64* e = (rk_u64*)p.profile + (prof_n & (pcap - 1)) * 16u;
@@ -792,6 +829,20 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             ((volatile rk_u64*)e)[7] = ((rk_u64)3 << 16) | 1u;
 #pragma unroll
                             for (int i = 0; i < 3; i++) ((volatile rk_u64*)e)[8 + i] = pt[i];
+                            // Cycles between consecutive marks, 16 bits each (saturated), four a word.
+#pragma unroll
+                            for (int w = 0; w < (RK_MARKS + 2) / 4; w++) {
+                                rk_u64 x = 0;
+#pragma unroll
+                                for (int j = 0; j < 4; j++) {
+                                    const int i = 1 + w * 4 + j;
+                                    if (i < RK_MARKS) {
+                                        const rk_u32 d = mk[i] && mk[i - 1] ? mk[i] - mk[i - 1] : 0u;
+                                        x |= (rk_u64)(d < 0xFFFFu ? d : 0xFFFFu) << (16 * j);
+                                    }
+                                }
+                                ((volatile rk_u64*)e)[11 + w] = x;
+                            }
                             prof_n++;
                             *(volatile rk_u64*)((rk_u64*)p.profile + pcap * 16u) = prof_n;
                         }
@@ -1036,7 +1087,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     rk_u32 lat;
                     const RkReqFields f = rk_req_fields((const RkMessageHeader*)(stage_in + (rk_u64)m * stride));
                     const int r = rk_run_handler(p, f, stage_in, stage_out, stride, m, g->msg_base + m, g->hlc_base,
-                                                 !host_src, g->lane, &lat);
+                                                 !host_src, g->lane, &lat, nullptr);
                     if (r < 0) g->err = (rk_u32)(-r);
                     result[m] = r;
                     rk_store_latency(p, g->msg_base + m, lat);

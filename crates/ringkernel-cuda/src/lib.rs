@@ -50,6 +50,7 @@ pub use multi_gpu::{peer_link, CudaRuntimeGroup, PeerLink};
 pub use nccl::{ensure_nccl, NcclGroup, Transfer};
 pub use runtime::{
     check_launch_options, register_cuda_builtins, CudaRuntime, CudaStreamer, RoundProfile,
+    TAKE_MARKS,
 };
 
 use ringkernel_core::Result;

@@ -1254,6 +1254,7 @@ impl CudaRuntime {
                     mode: (w(7) >> 16) as u16 as u32,
                     cycles: (w(7) >> 32) as u32,
                     read: [w(8), w(9), w(10)],
+                    marks: unpack_marks(&[w(11), w(12), w(13), w(14), w(15)]),
                 }
             })
             .collect())
@@ -1411,7 +1412,38 @@ pub struct RoundProfile {
     /// decided to take the message, when it held an output slot, when it had reserved
     /// the message index and the clock range.
     pub read: [u64; 3],
+    /// One-message loop entries (mode 3) only: the SM cycles each step of the take
+    /// cost its lane 0 ([`TAKE_MARKS`] names them; 0 when not measured, 0xFFFF when
+    /// longer).
+    pub marks: [u16; TAKE_MARKS.len()],
 }
+
+/// Unpacks [`RoundProfile::marks`] from the profile entry's words 11.. (four 16-bit
+/// differences a word, the first in the low bits; `persistent.cu` packs them).
+fn unpack_marks(words: &[u64]) -> [u16; TAKE_MARKS.len()] {
+    std::array::from_fn(|i| (words[i / 4] >> (16 * (i % 4))) as u16)
+}
+
+/// The steps that [`RoundProfile::marks`] times, in order: each ends at its mark.
+pub const TAKE_MARKS: [&str; 17] = [
+    "announcements and the decision",
+    "output credit",
+    "claim stores",
+    "message index",
+    "now_ms",
+    "clock merge",
+    "action to the warp",
+    "staging",
+    "request fields",
+    "reply header",
+    "handler",
+    "latency store",
+    "result to the warp",
+    "processed, output index",
+    "index to the warp",
+    "reply stores",
+    "head and tail stores",
+];
 
 /// The senders' side of a kernel's input.
 struct SendSide {
@@ -2255,6 +2287,37 @@ mod tests {
             check_launch_options(&LaunchOptions::default().with_block_size(0)),
             Err(Error::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn take_marks_match_the_kernel_and_unpack_in_order() {
+        // The kernel keeps RK_MARKS clock readings and sends their differences.
+        let n: usize = TEMPLATE_SRC
+            .lines()
+            .find_map(|l| l.strip_prefix("#define RK_MARKS "))
+            .expect("RK_MARKS in persistent.cu")
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(n - 1, TAKE_MARKS.len());
+        // Every reading is taken somewhere: 10 and 11 inside rk_run_handler.
+        for i in (0..n).filter(|i| ![10, 11].contains(i)) {
+            assert!(
+                TEMPLATE_SRC.contains(&format!("RK_MARK({i});")),
+                "no RK_MARK({i})"
+            );
+        }
+        assert!(TEMPLATE_SRC.contains("mk + 10"));
+        // Four a word from the low bits, in words 11..=15 of a 16-word entry.
+        assert!(TAKE_MARKS.len().div_ceil(4) <= 5);
+        let words: Vec<u64> = (0..5u64)
+            .map(|w| (0..4u64).map(|j| (w * 4 + j + 1) << (16 * j)).sum())
+            .collect();
+        let m = unpack_marks(&words);
+        assert!(
+            m.iter().enumerate().all(|(i, &c)| c as usize == i + 1),
+            "{m:?}"
+        );
     }
 
     #[test]
