@@ -1254,7 +1254,12 @@ impl CudaRuntime {
                     mode: (w(7) >> 16) as u16 as u32,
                     cycles: (w(7) >> 32) as u32,
                     read: [w(8), w(9), w(10)],
-                    marks: unpack_marks(&[w(11), w(12), w(13), w(14), w(15)]),
+                    // Group rounds leave words 11.. as an earlier entry of the slot had them.
+                    marks: if (w(7) >> 16) as u16 == 3 {
+                        unpack_marks(&[w(11), w(12), w(13), w(14), w(15)])
+                    } else {
+                        [0; TAKE_MARKS.len()]
+                    },
                 }
             })
             .collect())
@@ -1412,9 +1417,9 @@ pub struct RoundProfile {
     /// decided to take the message, when it held an output slot, when it had reserved
     /// the message index and the clock range.
     pub read: [u64; 3],
-    /// One-message loop entries (mode 3) only: the SM cycles each step of the take
-    /// cost its lane 0 ([`TAKE_MARKS`] names them; 0 when not measured, 0xFFFF when
-    /// longer).
+    /// One-message loop entries (mode 3): the SM cycles each step of the take cost its
+    /// lane 0 ([`TAKE_MARKS`] names them; 0 when not measured, 0xFFFF when longer).
+    /// All 0 in other entries.
     pub marks: [u16; TAKE_MARKS.len()],
 }
 
