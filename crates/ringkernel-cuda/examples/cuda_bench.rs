@@ -168,7 +168,11 @@ async fn phase<T>(
     }
 }
 
+/// The `q` quantile of `v` (sorts it); NaN when `v` is empty.
 fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
@@ -189,11 +193,7 @@ fn phase_pct<'a>(
         .filter(|r| r.t[i + 1] >= r.t[i] && r.t[i + 1] > 0)
         .map(|r| (r.t[i + 1] - r.t[i]) as f64 / 1e3)
         .collect();
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        pct(&mut v, q)
-    }
+    pct(&mut v, q)
 }
 
 /// The one-message loop's take (mode 3 entries, from `t[1]` to `t[2]`) in its four
@@ -207,11 +207,7 @@ fn take_split<'a>(fast: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile> 
             .filter(|r| a(r) > 0 && b(r) >= a(r))
             .map(|r| (b(r) - a(r)) as f64 / 1e3)
             .collect();
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            pct(&mut v, 0.5)
-        }
+        pct(&mut v, 0.5)
     };
     format!(
         "take, p50 us: to the decision {:.3}, output credit {:.3}, index + clock {:.3}, staging {:.3}",
@@ -235,11 +231,7 @@ fn take_marks<'a>(fast: impl Iterator<Item = &'a ringkernel_cuda::RoundProfile> 
                 .filter(|&c| c > 0)
                 .map(f64::from)
                 .collect();
-            let p50 = if v.is_empty() {
-                f64::NAN
-            } else {
-                pct(&mut v, 0.5)
-            };
+            let p50 = pct(&mut v, 0.5);
             format!("{name} {p50:.0}")
         })
         .collect();
@@ -471,11 +463,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     };
     rep.line(format!(
         "  breakdown (p50, us, device clock): sender inside rk_send_to {:.3}{sink_loop}",
-        if in_send.is_empty() {
-            f64::NAN
-        } else {
-            pct(&mut in_send, 0.5)
-        },
+        pct(&mut in_send, 0.5),
     ));
     sink.terminate().await?;
     src.terminate().await?;
@@ -665,11 +653,7 @@ async fn actors(
                 .filter(|&(a, b)| a > 0 && b >= a)
                 .map(|(a, b)| (b - a) as f64 / 1e3)
                 .collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                pct(&mut v, 0.5)
-            }
+            pct(&mut v, 0.5)
         };
         rep.line(format!(
             "  inside the read (p50, us): own unit staged {:.3}, announcements in {:+.3}, lane tails done {:+.3}, group synced {:+.3}",

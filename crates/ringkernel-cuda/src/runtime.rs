@@ -1248,14 +1248,15 @@ impl CudaRuntime {
             .map(|i| {
                 let e = off + (i & (cap - 1)) * 128;
                 let w = |j: usize| k.u64_at(e + j * 8).load(Ordering::Acquire);
+                let mode = (w(7) >> 16) as u16 as u32;
                 RoundProfile {
                     t: std::array::from_fn(w),
                     taken: w(7) as u16 as u32,
-                    mode: (w(7) >> 16) as u16 as u32,
+                    mode,
                     cycles: (w(7) >> 32) as u32,
                     read: [w(8), w(9), w(10)],
                     // Group rounds leave words 11.. as an earlier entry of the slot had them.
-                    marks: if (w(7) >> 16) as u16 == 3 {
+                    marks: if mode == 3 {
                         unpack_marks(&[w(11), w(12), w(13), w(14), w(15)])
                     } else {
                         [0; TAKE_MARKS.len()]
