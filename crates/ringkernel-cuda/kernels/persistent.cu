@@ -562,6 +562,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 rk_u64 known = host_src ? *(volatile rk_u64*)&S->lane_known[L] : *(volatile rk_u64*)&S->inbox_known;
                 __syncwarp();
                 rk_u32 credit = 0;
+                // Lane 0: the physical clock (ms) as read in the last poll's stagger wait
+                // (host lane; 0: read it at the take).
+                rk_u64 now_pre = 0;
                 for (rk_u32 it = 0;; it++) {
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
@@ -604,6 +607,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         // is what was measured; a select compiled differently and measured
                         // ~0.5 us slower.
                         const long long c0 = clock64();
+                        // The take's physical time, read while the warp waits anyway (a
+                        // microsecond old at most: the clock counts milliseconds).
+                        if (lane_id == 0) now_pre = rk_now_ms(clock_off);
                         while (clock64() - c0 < RK_POLL_STAGGER_CYCLES) {
                         }
                         uint4 v2 = make_uint4(0, 0, 0, 0);
@@ -640,6 +646,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     // ---- decide (lane 0): 0 poll again, 1 take it, 2 hand back ----
                     int action = 0;
                     rk_u64 msg = 0, hlc = 0;
+                    // The clock's compare-and-swap is issued in the take and its result
+                    // looked at after the staging (see there): what it saw, the value it
+                    // expected, and what a retry merges.
+                    rk_u64 hlc_seen = 0, hlc_want = 0, hlc_remote = 0, hlc_now = 0;
                     if (lane_id == 0) {
                         // Leave for group rounds when the state changes (the host loop of
                         // block 0 sees every change as a command; the inbox loop looks at
@@ -711,12 +721,21 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     *(volatile rk_u64*)&S->inbox_known = known;
                                 }
                                 RK_MARK(3);
-                                msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
-                                RK_MARK(4);
-                                const rk_u64 now = rk_now_ms(clock_off);
-                                RK_MARK(5);
+                                const rk_u64 now = host_src ? now_pre : rk_now_ms(clock_off);
                                 const bool drift = (hts >> RK_HLC_LOGICAL_BITS) > now + p.max_drift_ms;
-                                hlc = rk_hlc_reserve(S, drift ? 0ull : hts, now, 1, &hlc_guess);
+                                // The clock first: its compare-and-swap (against the value
+                                // this leader last set) is in flight during the message
+                                // index and the staging, and only then is its result
+                                // checked (below). Waiting for it here cost the round
+                                // trip ~0.15 us on an H200.
+                                hlc_remote = drift ? 0ull : hts;
+                                hlc_now = now;
+                                hlc_want = hlc_guess;
+                                hlc = rk_hlc_next(hlc_want, hlc_remote, now);
+                                hlc_seen = atomicCAS((unsigned long long*)&S->hlc, hlc_want, hlc + 1ull);
+                                RK_MARK(4);
+                                msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
+                                RK_MARK(5);
                                 if (drift) rk_xg_st32(&S->last_error, RK_ERR_CLOCK_DRIFT);
                                 RK_MARK(6);
                                 if (prof_me) pt[2] = rk_globaltimer_ns();
@@ -754,6 +773,15 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     __syncwarp();
                     int r = 0;
                     if (lane_id == 0) {
+                        // The clock's compare-and-swap: kept when it saw what it expected;
+                        // else the other group moved the clock, and the reservation is made
+                        // again from what it saw.
+                        if (hlc_seen == hlc_want) {
+                            hlc_guess = hlc + 1ull;
+                        } else {
+                            hlc_guess = hlc_seen;
+                            hlc = rk_hlc_reserve(S, hlc_remote, hlc_now, 1, &hlc_guess);
+                        }
                         RK_MARK(8);
                         if (prof_me) pf[2] = rk_globaltimer_ns();
                         rk_u32 lat;
