@@ -565,6 +565,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 // Lane 0: the physical clock (ms) as read in the last poll's stagger wait
                 // (host lane; 0: read it at the take).
                 rk_u64 now_pre = 0;
+                // Lane 0: S->processed[src], of which it is the only writer in one block
+                // (a group serves one source, or one group both; see below).
+                rk_u64 processed = *(volatile rk_u64*)&S->processed[src];
                 for (rk_u32 it = 0;; it++) {
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
@@ -803,10 +806,6 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     RK_MARK(13);
                     rk_u64 out_idx = 0;
                     if (lane_id == 0) {
-                        // One block: this leader is the only writer of processed[src] (a
-                        // group serves one source, or one group both), so it adds with a
-                        // plain read and an exchange (no compare-and-swap loop).
-                        if (r >= 0) rk_xg_st64(&S->processed[src], *(volatile rk_u64*)&S->processed[src] + 1ull);
                         if (r == 1) {
                             out_idx = atomicAdd((unsigned long long*)&S->out_tail, 1ull);
                         } else {
@@ -835,6 +834,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         RK_MARK(16);
                     }
                     if (lane_id == 0) {
+                        // One block: this leader is the only writer of processed[src] (a
+                        // group serves one source, or one group both), so it counts in a
+                        // register and stores the count (no read, no compare-and-swap
+                        // loop), after the reply (nothing on its way waits for it).
+                        if (r >= 0) rk_xg_st64(&S->processed[src], ++processed);
                         // The slot was read in full: free it.
                         if (host_src) {
                             RkQueueHeader* laneq = (RkQueueHeader*)(p.in_queue + (rk_u64)L * p.lane_stride);

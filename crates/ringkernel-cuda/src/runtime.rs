@@ -1445,10 +1445,10 @@ pub const TAKE_MARKS: [&str; 17] = [
     "handler",
     "latency store",
     "result to the warp",
-    "processed, output index",
+    "output index",
     "index to the warp",
     "reply stores",
-    "head and tail stores",
+    "processed count, head and tail stores",
 ];
 
 /// The senders' side of a kernel's input.
