@@ -562,8 +562,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 rk_u64 known = host_src ? *(volatile rk_u64*)&S->lane_known[L] : *(volatile rk_u64*)&S->inbox_known;
                 __syncwarp();
                 rk_u32 credit = 0;
-                // Lane 0: the physical clock (ms) as read in the last poll's stagger wait
-                // (host lane; 0: read it at the take).
+                // Lane 0: the physical clock (ms), read in each poll while the warp waits
+                // for host memory or the inbox (see there).
                 rk_u64 now_pre = 0;
                 // Lane 0: S->processed[src], of which it is the only writer in one block
                 // (a group serves one source, or one group both; see below).
@@ -602,6 +602,9 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         const rk_u64 r = *(volatile const rk_u64*)&inbox->reserve;
                         a0 = make_uint4((rk_u32)r, (rk_u32)(r >> 32), 0, 0);
                     }
+                    // The inbox: the take's physical time, read while the slot's load is
+                    // in flight (the host lane reads it in the stagger wait below).
+                    if (!host_src && lane_id == 0) now_pre = rk_now_ms(clock_off);
                     if (host_src) {
                         // A second snapshot of the host slot, issued RK_POLL_STAGGER_CYCLES
                         // after the first and taken when the first is not complete. On an
@@ -724,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     *(volatile rk_u64*)&S->inbox_known = known;
                                 }
                                 RK_MARK(3);
-                                const rk_u64 now = host_src ? now_pre : rk_now_ms(clock_off);
+                                const rk_u64 now = now_pre;
                                 const bool drift = (hts >> RK_HLC_LOGICAL_BITS) > now + p.max_drift_ms;
                                 // The clock first: its compare-and-swap (against the value
                                 // this leader last set) is in flight during the message
