@@ -572,7 +572,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     claimed = __shfl_sync(0xffffffffu, claimed, 0);  // lane 0 advances it
                     rk_u64 pf[5] = {0, 0, 0, 0, 0};
                     // Inside the take (lane 0, profiled): decided to take it, output
-                    // credit in hand, message index and clock range reserved.
+                    // credit in hand, message index taken and the clock's swap issued
+                    // (its check is in the staging's span).
                     rk_u64 pt[3] = {0, 0, 0};
                     // The take's cycle marks (rk_marks; lane 0 of a profiled warp).
                     volatile rk_u32* const mk = rk_marks;

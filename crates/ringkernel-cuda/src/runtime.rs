@@ -1415,8 +1415,9 @@ pub struct RoundProfile {
     /// Inside the read phase: when the announcements (lane tails, command line) were
     /// in, when the leader's own unit was staged, when the lane tails were processed.
     /// In the one-message loop's entries (mode 3), inside the take instead: when it
-    /// decided to take the message, when it held an output slot, when it had reserved
-    /// the message index and the clock range.
+    /// decided to take the message, when it held an output slot, when it had taken the
+    /// message index and issued the clock's compare-and-swap (whose result is checked
+    /// after the staging, so the span from there to `t[2]` includes that check).
     pub read: [u64; 3],
     /// One-message loop entries (mode 3): the SM cycles each step of the take cost its
     /// lane 0 ([`TAKE_MARKS`] names them; 0 when not measured, 0xFFFF when longer).
