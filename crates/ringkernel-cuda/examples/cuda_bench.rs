@@ -71,7 +71,28 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
         for (unsigned b = 0; b < n; b++) p[b].sent_ns = t0;
         int got;
         if (step == 1u) {
+#ifdef K2K_SPLIT
+            // rk_send_to's steps, each timed (cycles): route, reservation, header, stores.
+            int r = RK_K2K_DELIVERED;
+            const long long c0 = clock64();
+            RkK2kDest d;
+            if (!rk_k2k_route(ctx, t.dest, sizeof(Probe), &d)) return -3;
+            const long long c1 = clock64();
+            rk_u64 idx;
+            if (rk_k2k_reserve<true>(d, 1u, &idx) == 0u) r = RK_K2K_QUEUE_FULL;
+            const long long c2 = clock64();
+            if (r == RK_K2K_DELIVERED) {
+                union { RkMessageHeader h; rk_u32 w[16]; } u;
+                rk_k2k_header(ctx, &u.h, t.dest, 0x42, sizeof(Probe));
+                const long long c3 = clock64();
+                rk_k2k_write(d, idx, u.w, (const unsigned char*)&p[0], sizeof(Probe));
+                const long long c4 = clock64();
+                unsigned long long* o = (unsigned long long*)out_payload;
+                o[2] = c1 - c0; o[3] = c2 - c1; o[4] = c3 - c2; o[5] = c4 - c3;
+            }
+#else
             const int r = rk_send_to(ctx, t.dest, 0x42, &p[0], sizeof(Probe));
+#endif
             if (r == RK_K2K_NOT_FOUND) return -3;
             got = r == RK_K2K_DELIVERED ? 1 : 0;
         } else {
@@ -88,7 +109,11 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
     }
     ((unsigned long long*)out_payload)[0] = full;
     ((unsigned long long*)out_payload)[1] = in_send;
+#ifdef K2K_SPLIT
+    out_hdr->payload_len = t.count == 1u ? 48 : 16;
+#else
     out_hdr->payload_len = 16;
+#endif
     return 1;
 }
 "#;
@@ -312,7 +337,9 @@ impl ringkernel_core::message::RingMessage for Trigger {
 /// BENCH_K2K_SINK_INBOX (0: the default split; else the sink's `inbox_threads`),
 /// BENCH_K2K_SRC_BLOCK (256), BENCH_K2K_SRC_GRID (1), BENCH_K2K_BATCH (1: each sender
 /// sends one message a call; up to 16 with `rk_send_many_to`), BENCH_K2K_PROFILE (1,
-/// with RINGKERNEL_CUDA_PROFILE: the sink's inbox rounds and one-message loop).
+/// with RINGKERNEL_CUDA_PROFILE: the sink's inbox rounds and one-message loop),
+/// BENCH_K2K_SPLIT (1: the one-at-a-time sender runs `rk_send_to`'s steps itself and
+/// times each in SM cycles: route, reservation, header, stores).
 async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     eprintln!("[bench] k2k");
     let senders = knob("BENCH_K2K_SENDERS", 128);
@@ -424,6 +451,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     let pings = if quick { 100 } else { 500 };
     let mut lat = Vec::with_capacity(pings);
     let mut in_send = Vec::with_capacity(pings);
+    let mut split: [Vec<f64>; 4] = Default::default();
     for _ in 0..pings {
         sink.send_envelope(&arm(1)).await?;
         src.send(trigger(1, 1)).await?;
@@ -434,6 +462,20 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         if let Some(b) = e.payload.get(8..16) {
             in_send.push(u64::from_le_bytes(b.try_into().unwrap()) as f64 / 1e3);
         }
+        if let Some(b) = e.payload.get(16..48) {
+            for (i, c) in b.chunks_exact(8).enumerate() {
+                split[i].push(u64::from_le_bytes(c.try_into().unwrap()) as f64);
+            }
+        }
+    }
+    if !split[0].is_empty() {
+        rep.line(format!(
+            "  the sender's rk_send_to, p50 cycles (BENCH_K2K_SPLIT=1): route {:.0}, reservation {:.0}, header {:.0}, stores {:.0}",
+            pct(&mut split[0], 0.5),
+            pct(&mut split[1], 0.5),
+            pct(&mut split[2], 0.5),
+            pct(&mut split[3], 0.5)
+        ));
     }
     let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
     rep.line(format!("K2K one-way latency, one message at a time (device clock): p50 {k50:.2} us  p99 {k99:.2} us"));
@@ -500,7 +542,14 @@ async fn actors(
         .map(|(n, v)| format!("#define {n} {v}\n"))
         .collect();
     reg.register_gpu(GpuHandler::new("bench.stream").with_cuda(format!("{defines}{STREAM_SRC}")));
-    reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(K2K_SRC_SRC));
+    // BENCH_K2K_SPLIT=1: the one-at-a-time sender times rk_send_to's steps.
+    reg.register_gpu(GpuHandler::new("bench.k2k_src").with_cuda(
+        if std::env::var("BENCH_K2K_SPLIT").is_ok_and(|v| v == "1") {
+            format!("#define K2K_SPLIT 1\n{K2K_SRC_SRC}")
+        } else {
+            K2K_SRC_SRC.to_string()
+        },
+    ));
     reg.register_gpu(
         GpuHandler::new("bench.k2k_sink")
             .with_cuda(if k2k_inbox_profiled() {
