@@ -16,8 +16,9 @@ struct Probe {
 // mode 0: the library's route + reserve; 1: the same, the consumer not reading
 // `reserve`; 2: the same, no consumer (the inbox is large enough); 3: reserve without
 // reading `reserve` first (compare-and-swap from the last index + 1, the head as last
-// read; notes/cuda-k2k-hint.patch is this in the library); 4: only the compare-and-swap (no match, no shuffles); 5: only the two loads of
-// the reservation (reserve, head acquire).
+// read); 4: only the compare-and-swap (no match, no shuffles); 5: only the two loads of
+// the reservation (reserve, head acquire); 6: the library's with lane 0's hint
+// (RkK2kHint) in shared memory, as the runtime keeps it.
 __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap, int reps, int mode,
                     long long* out, volatile int* stop) {
     const int lane = threadIdx.x % 32;
@@ -46,6 +47,8 @@ __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap
     if (threadIdx.x != 0) return;
     long long s_route = 0, s_res = 0, s_wr = 0;
     rk_u64 guess = 0, head_seen = 0;
+    __shared__ RkK2kHint hint;
+    hint.inbox = 0;
     Probe p = {{1, 2, 3, 4}};
     union {
         RkMessageHeader h;
@@ -61,8 +64,8 @@ __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap
         }
         const long long c1 = clock64();
         rk_u64 idx = 0;
-        if (mode <= 2) {
-            if (rk_k2k_reserve<true>(d, 1u, &idx) == 0u) {
+        if (mode <= 2 || mode == 6) {
+            if (rk_k2k_reserve<true>(d, 1u, &idx, mode == 6 ? &hint : nullptr) == 0u) {
                 out[13]++;
                 r--;
                 continue;
@@ -126,9 +129,10 @@ int main() {
                            "same, no consumer",
                            "compare-and-swap from the last index (no read first)",
                            "the compare-and-swap alone",
-                           "the reservation's two loads alone"};
+                           "the reservation's two loads alone",
+                           "library reserve with lane 0's hint in shared memory"};
     for (int rep = 0; rep < 2; rep++) {
-        for (int mode = 0; mode < 6; mode++) {
+        for (int mode = 0; mode < 7; mode++) {
             CK(cudaMemset(ib, 0, sizeof(RkInbox)));
             CK(cudaMemset(slots, 0, cap * U * 16));
             CK(cudaMemset(out, 0, sizeof(hout)));

@@ -79,7 +79,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
             if (!rk_k2k_route(ctx, t.dest, sizeof(Probe), &d)) return -3;
             const long long c1 = clock64();
             rk_u64 idx;
-            if (rk_k2k_reserve<true>(d, 1u, &idx) == 0u) r = RK_K2K_QUEUE_FULL;
+            if (rk_k2k_reserve<true>(d, 1u, &idx, ctx->k2k_hint) == 0u) r = RK_K2K_QUEUE_FULL;
             const long long c2 = clock64();
             if (r == RK_K2K_DELIVERED) {
                 union { RkMessageHeader h; rk_u32 w[16]; } u;

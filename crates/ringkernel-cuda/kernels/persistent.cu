@@ -80,6 +80,8 @@
  * (ringkernel-cuda's runtime.rs mirrors these). */
 #define RK_SHARED_BYTES 256u
 #define RK_GROUP_BYTES 512u
+/* ... and for an RkK2kHint a warp. */
+#define RK_HINT_BYTES (RK_MAX_BLOCK / 32u * 32u)
 
 /* Kernel-wide state. All-zero is the initial state. Index [s] is per source. */
 struct RkShared {
@@ -139,6 +141,7 @@ struct RkGroup {
 
 static_assert(sizeof(RkShared) <= RK_SHARED_BYTES, "RkShared outgrew its reservation");
 static_assert(sizeof(RkGroup) <= RK_GROUP_BYTES, "RkGroup outgrew its reservation");
+static_assert(sizeof(RkK2kHint) * (RK_MAX_BLOCK / 32u) <= RK_HINT_BYTES, "RkK2kHint outgrew its reservation");
 
 /* Fields that both groups of a block use with no barrier between them (the lifecycle
  * flags, `top_lane`, `last_error`, the counters the host group publishes, the inbox
@@ -241,7 +244,7 @@ __device__ __forceinline__ RkReqFields rk_req_fields(const RkMessageHeader* ih) 
 __device__ __forceinline__ int rk_run_handler(const RkLaunchParams& p, const RkReqFields& f,
                                               const unsigned char* stage_in, unsigned char* stage_out, rk_u32 stride,
                                               rk_u32 m, rk_u64 msg_index, rk_u64 hlc_base, bool from_inbox,
-                                              rk_u32 lane, rk_u32* lat, volatile rk_u32* marks) {
+                                              rk_u32 lane, rk_u32* lat, volatile rk_u32* marks, RkK2kHint* hint) {
     const rk_u32 slot = (rk_u32)p.slot_size;
     const RkMessageHeader* ih = (const RkMessageHeader*)(stage_in + (rk_u64)m * stride);
     RkMessageHeader* oh = (RkMessageHeader*)(stage_out + (rk_u64)m * stride);
@@ -266,6 +269,7 @@ __device__ __forceinline__ int rk_run_handler(const RkLaunchParams& p, const RkR
     ctx.node_id = p.node_id;
     ctx.priority = (rk_u32)p.priority;
     ctx.lane = from_inbox ? 0u : lane;
+    ctx.k2k_hint = hint;
     oh->magic = RK_MESSAGE_MAGIC;
     oh->version = RK_MESSAGE_VERSION;
     oh->type_id = f.type_id;
@@ -380,6 +384,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
     sp += RK_SHARED_BYTES;
     RkGroup* groups = (RkGroup*)sp;
     sp += 2 * RK_GROUP_BYTES;
+    // This warp's K2K hint (see RkK2kHint).
+    RkK2kHint* const k2k_hint = (RkK2kHint*)sp + (threadIdx.x >> 5);
+    unsigned char* const hints = sp;
+    sp += RK_HINT_BYTES;
     rk_u32* bad_all = (rk_u32*)sp;  // per slot: first unit whose stamp was wrong
     int* result_all = (int*)(bad_all + W0 + W1);
     sp += (((W0 + W1) * 8u) + 15u) & ~15u;
@@ -394,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
         for (rk_u32 i = tid; i < RK_SHARED_BYTES / 4; i += nthreads) ((rk_u32*)S)[i] = 0u;
     }
     for (rk_u32 i = tid; i < 2 * RK_GROUP_BYTES / 4; i += nthreads) ((rk_u32*)groups)[i] = 0u;
+    for (rk_u32 i = tid; i < RK_HINT_BYTES / 4; i += nthreads) ((rk_u32*)hints)[i] = 0u;
     for (rk_u32 i = tid; i < W0 + W1; i += nthreads) bad_all[i] = RK_NO_UNIT;
     __syncthreads();
     if (block0 && tid == 0) {
@@ -806,7 +815,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         if (two_groups) rk_lock(&S->handler_lock);
 #endif
                         r = rk_run_handler(p, hf, stage_in, stage_out, stride, 0, msg, hlc, !host_src, L, &lat,
-                                           prof_me ? mk + 10 : nullptr);
+                                           prof_me ? mk + 10 : nullptr, k2k_hint);
 #if RK_HANDLER_SERIAL
                         if (two_groups) rk_unlock(&S->handler_lock);
 #endif
@@ -1131,7 +1140,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     rk_u32 lat;
                     const RkReqFields f = rk_req_fields((const RkMessageHeader*)(stage_in + (rk_u64)m * stride));
                     const int r = rk_run_handler(p, f, stage_in, stage_out, stride, m, g->msg_base + m, g->hlc_base,
-                                                 !host_src, g->lane, &lat, nullptr);
+                                                 !host_src, g->lane, &lat, nullptr, k2k_hint);
                     if (r < 0) g->err = (rk_u32)(-r);
                     result[m] = r;
                     rk_store_latency(p, g->msg_base + m, lat);

@@ -165,6 +165,8 @@ const PAGE: usize = 4096;
 /// its two groups (`RK_SHARED_BYTES`, `RK_GROUP_BYTES` in kernels/persistent.cu).
 const SHARED_STATE_BYTES: usize = 256;
 const GROUP_BYTES: usize = 512;
+/// ... and for each warp's K2K hint (`RK_HINT_BYTES`).
+const HINT_BYTES: usize = 512;
 /// Dynamic shared memory a kernel uses at most (of the device's opt-in limit), so a few
 /// persistent kernels can share an SM.
 const SMEM_BUDGET: usize = 96 * 1024;
@@ -324,7 +326,7 @@ pub fn block_plan(
     };
     let host_threads = block - inbox_threads;
     let stride = (units_per_slot(slot_size) * UNIT_DATA).div_ceil(16) * 16;
-    let fixed = SHARED_STATE_BYTES + 2 * GROUP_BYTES;
+    let fixed = SHARED_STATE_BYTES + 2 * GROUP_BYTES + HINT_BYTES;
     let per_slot_arrays = 8;
     let mut host_window = host_threads;
     let mut inbox_window = if inbox_threads > 0 { inbox_threads } else { 0 };
