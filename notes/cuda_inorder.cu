@@ -6,7 +6,7 @@
 // polled both ways (does a bulk copy see the host's writes?). E: lane 0's device and
 // shared loads and atomics with a host load in flight on lane 0 or lane 5. F: the same
 // with a bulk copy in flight. G: two reads of host memory issued `gap` cycles apart:
-// when each is back. Results: BENCHMARKS.md, "H200 runs of 2026-11-29, 08:36-09:18 UTC".
+// when each is back. Results: BENCHMARKS.md, "H200 runs of 2026-11-29, 08:36-09:38 UTC".
 // Build and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -o /tmp/inorder notes/cuda_inorder.cu && /tmp/inorder
 #include <cstdint>

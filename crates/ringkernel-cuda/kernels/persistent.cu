@@ -36,7 +36,7 @@
 /* Cycles between the two snapshots of the next host slot that each poll of warp 0's
  * one-message loop reads (see there): about half a PCIe read's round trip.
  * What an H200 does with them (notes/cuda_inorder.cu, BENCHMARKS.md "H200 runs of
- * 2026-11-29, 08:36-09:18 UTC"): a warp's loads of mapped host memory are answered one
+ * 2026-11-29, 08:36-09:38 UTC"): a warp's loads of mapped host memory are answered one
  * after the other, so the second snapshot samples host memory about a round trip after
  * the first however soon it is issued; and while one is in flight every later memory
  * operation of the warp (shared memory included) waits for it, so, by those measurements
