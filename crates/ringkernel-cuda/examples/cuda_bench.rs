@@ -67,6 +67,12 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
     const unsigned step = t.batch > 1u ? t.batch : 1u;
     for (unsigned i = 0; i < t.count;) {
         const unsigned n = t.count - i < step ? t.count - i : step;
+        // This warp's route hint as the send finds it (read before the timed part).
+        const RkK2kHint* const hint = ctx->k2k_hint;
+        const unsigned long long seen_ns = hint ? hint->seen_ns : 0ull;
+        const bool hinted = hint && hint->dest1 == t.dest + 1u;
+        (void)seen_ns;
+        (void)hinted;
         const unsigned long long t0 = rk_globaltimer_ns();
         for (unsigned b = 0; b < n; b++) p[b].sent_ns = t0;
         int got;
@@ -74,6 +80,42 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
 #ifdef K2K_SPLIT
             // rk_send_to's steps, each timed (cycles): route, reservation, header, stores.
             int r = RK_K2K_DELIVERED;
+            RkK2kHint* const h = ctx->k2k_hint;
+            if (t.count == 1u && h && h->dest1 == t.dest + 1u && t0 - h->seen_ns < RK_K2K_HINT_FRESH_NS) {
+                // The hinted path as rk_send_to takes it (a fresh hint: the route's
+                // load in flight while the compare-and-swap from the hint goes out),
+                // timed: the route's load issued and the hint read, the swap until its
+                // result is back, the route's result, and the header and stores.
+                const long long c0 = clock64();
+                uint4 a, b;
+                rk_k2k_route_load(ctx, t.dest, &a, &b);
+                RkInbox* const ib = (RkInbox*)h->inbox;
+                const rk_u64 idx = h->next, head = h->head, cap = h->cap;
+                const long long c1 = clock64();
+                const rk_u64 seen = idx >= head && idx - head < cap ? rk_k2k_cas(&ib->reserve, idx, idx + 1u) : ~idx;
+                const long long c2 = clock64();
+                const bool valid = b.y == 1u && b.x == t.dest && ((rk_u64)a.x | ((rk_u64)a.y << 32)) == h->inbox;
+                const long long c3 = clock64();
+                if (seen != idx || !valid) return -3;
+                h->next = idx + 1u;
+                h->seen_ns = t0;
+                RkK2kDest d;
+                d.ib = ib;
+                d.slots = (unsigned char*)h->slots;
+                d.cap = cap;
+                d.slot_size = h->slot_size;
+                d.slot_bytes = (rk_u64)rk_units_per_slot(h->slot_size) * RK_UNIT_BYTES;
+                union { RkMessageHeader h; rk_u32 w[16]; } u;
+                rk_k2k_header(ctx, &u.h, t.dest, 0x42, sizeof(Probe));
+                rk_k2k_write(d, idx, u.w, (const unsigned char*)&p[0], sizeof(Probe));
+                const long long c4 = clock64();
+                unsigned long long* o = (unsigned long long*)out_payload;
+                o[2] = c1 - c0; o[3] = c2 - c1; o[4] = c3 - c2; o[5] = c4 - c3;
+                o[6] = 1;
+                in_send += rk_globaltimer_ns() - t0;
+                i += 1;
+                continue;
+            }
             const long long c0 = clock64();
             RkK2kDest d;
             if (!rk_k2k_route(ctx, t.dest, sizeof(Probe), &d)) return -3;
@@ -89,9 +131,22 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 const long long c4 = clock64();
                 unsigned long long* o = (unsigned long long*)out_payload;
                 o[2] = c1 - c0; o[3] = c2 - c1; o[4] = c3 - c2; o[5] = c4 - c3;
+                o[6] = 0;
+                if (h && t.count == 1u) {
+                    // As rk_send_to keeps it: the next send may take the hinted path.
+                    h->dest1 = t.dest + 1u;
+                    h->seen_ns = t0;
+                    h->slots = (rk_u64)d.slots;
+                    h->cap = d.cap;
+                    h->slot_size = d.slot_size;
+                }
             }
 #else
             const int r = rk_send_to(ctx, t.dest, 0x42, &p[0], sizeof(Probe));
+            // How long before this send (device clock) the warp's hint last saw the
+            // route valid: under RK_K2K_HINT_FRESH_NS, rk_send_to reserves beside the
+            // route's read.
+            if (t.count == 1u && hint) ((unsigned long long*)out_payload)[2] = hinted ? t0 - seen_ns : ~0ull;
 #endif
             if (r == RK_K2K_NOT_FOUND) return -3;
             got = r == RK_K2K_DELIVERED ? 1 : 0;
@@ -110,9 +165,9 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
     ((unsigned long long*)out_payload)[0] = full;
     ((unsigned long long*)out_payload)[1] = in_send;
 #ifdef K2K_SPLIT
-    out_hdr->payload_len = t.count == 1u ? 48 : 16;
+    out_hdr->payload_len = t.count == 1u ? 56 : 16;
 #else
-    out_hdr->payload_len = 16;
+    out_hdr->payload_len = t.count == 1u && ctx->k2k_hint ? 24 : 16;
 #endif
     return 1;
 }
@@ -339,7 +394,10 @@ impl ringkernel_core::message::RingMessage for Trigger {
 /// sends one message a call; up to 16 with `rk_send_many_to`), BENCH_K2K_PROFILE (1,
 /// with RINGKERNEL_CUDA_PROFILE: the sink's inbox rounds and one-message loop),
 /// BENCH_K2K_SPLIT (1: the one-at-a-time sender runs `rk_send_to`'s steps itself and
-/// times each in SM cycles: route, reservation, header, stores).
+/// times each in SM cycles: route, reservation, header, stores; a send from a fresh
+/// route hint as `rk_send_to`'s hinted path: the route's load issued and the hint
+/// read, the swap, the route's result, header and stores). Without the split, the
+/// one-at-a-time sends report their route hint's age.
 async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     eprintln!("[bench] k2k");
     let senders = knob("BENCH_K2K_SENDERS", 128);
@@ -452,6 +510,12 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
     let mut lat = Vec::with_capacity(pings);
     let mut in_send = Vec::with_capacity(pings);
     let mut split: [Vec<f64>; 4] = Default::default();
+    // The same for sends that took the hinted path: the route's load issued and the hint
+    // read, the swap, the route's result, header and stores.
+    let mut hinted: [Vec<f64>; 4] = Default::default();
+    // Without the split: the age (ns) of the sending warp's route hint at each send
+    // (u64::MAX: the hint named no route to the sink).
+    let mut hint_age: Vec<u64> = Vec::with_capacity(pings);
     for _ in 0..pings {
         sink.send_envelope(&arm(1)).await?;
         src.send(trigger(1, 1)).await?;
@@ -462,10 +526,14 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         if let Some(b) = e.payload.get(8..16) {
             in_send.push(u64::from_le_bytes(b.try_into().unwrap()) as f64 / 1e3);
         }
-        if let Some(b) = e.payload.get(16..48) {
-            for (i, c) in b.chunks_exact(8).enumerate() {
-                split[i].push(u64::from_le_bytes(c.try_into().unwrap()) as f64);
+        if let Some(b) = e.payload.get(16..56) {
+            let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap()) as f64;
+            let at = if w(4) == 1.0 { &mut hinted } else { &mut split };
+            for (i, v) in at.iter_mut().enumerate() {
+                v.push(w(i));
             }
+        } else if let Some(b) = e.payload.get(16..24) {
+            hint_age.push(u64::from_le_bytes(b.try_into().unwrap()));
         }
     }
     if !split[0].is_empty() {
@@ -475,6 +543,29 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
             pct(&mut split[1], 0.5),
             pct(&mut split[2], 0.5),
             pct(&mut split[3], 0.5)
+        ));
+    }
+    if !hinted[0].is_empty() {
+        rep.line(format!(
+            "  the sender's hinted path, p50 cycles (BENCH_K2K_SPLIT=1, {} sends): route load issued and hint read {:.0}, the swap {:.0}, the route's result {:.0}, header and stores {:.0}",
+            hinted[0].len(),
+            pct(&mut hinted[0], 0.5),
+            pct(&mut hinted[1], 0.5),
+            pct(&mut hinted[2], 0.5),
+            pct(&mut hinted[3], 0.5)
+        ));
+    }
+    if !hint_age.is_empty() {
+        let fresh = hint_age.iter().filter(|&&a| a < 500_000).count();
+        let mut ages: Vec<f64> = hint_age
+            .iter()
+            .filter(|&&a| a != u64::MAX)
+            .map(|&a| a as f64 / 1e3)
+            .collect();
+        rep.line(format!(
+            "  the sender's route hint: fresh (under 500 us) at {fresh} of {} sends; age p50 {:.1} us",
+            hint_age.len(),
+            if ages.is_empty() { f64::NAN } else { pct(&mut ages, 0.5) }
         ));
     }
     let (k50, k99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));

@@ -81,7 +81,7 @@
 #define RK_SHARED_BYTES 256u
 #define RK_GROUP_BYTES 512u
 /* ... and for an RkK2kHint a warp. */
-#define RK_HINT_BYTES (RK_MAX_BLOCK / 32u * 32u)
+#define RK_HINT_BYTES (RK_MAX_BLOCK / 32u * 64u)
 
 /* Kernel-wide state. All-zero is the initial state. Index [s] is per source. */
 struct RkShared {
@@ -1267,8 +1267,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                 if (rk_xg_ld32(&S->terminating) && !fresh_wait && !g->pending) {
                     const bool active = rk_xg_ld32(&S->active) != 0;
                     // K2K senders that saw the route valid just before the terminate have
-                    // 20 us to finish their reservation.
-                    const bool settled = rk_globaltimer_ns() - terminate_at > 20000ull;
+                    // RK_K2K_GRACE_NS to finish their reservation.
+                    const bool settled = rk_globaltimer_ns() - terminate_at > RK_K2K_GRACE_NS;
                     const bool idle_groups = multi ? rk_xg_ld32(&S->busy) == 0
                                                    : (!two_groups || rk_xg_ld32(&groups[1].k) == 0) &&
                                                          !rk_xg_ld32(&groups[1].pending);

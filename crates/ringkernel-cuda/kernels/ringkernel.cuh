@@ -49,7 +49,9 @@
 //   CUDA kernel of the same runtime on the same GPU, through its device-memory inbox
 //   (no host hop), or, in a multi-GPU group (CudaRuntimeGroup), to a kernel on any GPU
 //   of the group, writing into that GPU's memory through peer access (NVLink). It
-//   returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND.
+//   returns RK_K2K_DELIVERED, RK_K2K_QUEUE_FULL or RK_K2K_NOT_FOUND. A send to a
+//   kernel whose terminate has just begun may still be delivered (the kernel drains
+//   it); once that terminate has ended, sends to it return RK_K2K_NOT_FOUND.
 //   `rk_send_many_to(ctx, dest, type_id, payloads, len, n)` sends n messages of len
 //   bytes each (payload i at payloads + i * len) with one reservation of inbox slots,
 //   and returns how many went (a prefix; 0: the inbox is full) or -RK_K2K_NOT_FOUND.
@@ -264,6 +266,16 @@ struct __align__(8) RkLaunchParams {
     rk_u64 peer_route_count;
 };
 
+/* K2K senders that read a kernel's route as valid may still reserve a slot in its inbox
+ * for this long (ns, device clock) after the kernel starts terminating: its drain waits
+ * that long before it reads the inbox's `reserve` for the last time, so every such
+ * reservation is drained. */
+#define RK_K2K_GRACE_NS 1000000ull
+/* How long (ns) lane 0's hint may reserve before the route it was taken from is read
+ * again (rk_send_to reads it beside the reservation instead): half the grace, so the
+ * inbox the hint names is still its kernel's, with its drain still to come. */
+#define RK_K2K_HINT_FRESH_NS (RK_K2K_GRACE_NS / 2u)
+
 /* What lane 0 of a warp learned from its last K2K reservation (rk_k2k_reserve): the
  * inbox, the index after the slots it took, and the consumer's head as it last read it
  * (with acquire). Its next reservation into the same inbox tries the compare-and-swap
@@ -272,11 +284,21 @@ struct __align__(8) RkLaunchParams {
  * which returns the right index. The runtime keeps one per warp in shared memory; lane 0
  * is its only reader and writer, so the head it holds was acquired by the same thread
  * that writes the slots. An inbox's address names one inbox for the life of the kernel
- * (the runtime's pool never hands an inbox's memory out again while it lives). */
+ * (the runtime's pool never hands an inbox's memory out again while it lives).
+ *
+ * rk_send_to also keeps the route it reserved through: the destination's id (plus one;
+ * 0: none), the inbox's slots and shape, and when (device clock, read before the route)
+ * the route was last seen valid. Within RK_K2K_HINT_FRESH_NS of that, lane 0 sending
+ * alone issues the compare-and-swap beside the route's read instead of after it. */
 struct RkK2kHint {
     rk_u64 inbox;
     rk_u64 next;
     rk_u64 head;
+    rk_u64 seen_ns;
+    rk_u64 slots;
+    rk_u64 cap;
+    rk_u32 dest1;
+    rk_u32 slot_size;
     rk_u64 pad;
 };
 
@@ -487,25 +509,95 @@ struct RkK2kDest {
     unsigned char* slots;
     rk_u64 cap;
     rk_u64 slot_bytes;  /* bytes of a stamped slot */
+    rk_u32 slot_size;   /* the slot's size (header and payload) */
 };
+
+/* Whether a message of `len` payload bytes may go to kernel `dest` at all: it fits this
+ * kernel's slots and `dest` has an entry in the routing table. */
+__device__ __forceinline__ bool rk_k2k_routable(const RkContext* ctx, rk_u32 dest, rk_u32 len) {
+    return len <= ctx->max_payload && (rk_u64)dest < ctx->route_count;
+}
+
+/* Loads kernel `dest`'s route entry (rk_k2k_routable first): both halves in flight
+ * together (one round trip, where the inbox's shape used to be a second, dependent
+ * one). */
+__device__ __forceinline__ void rk_k2k_route_load(const RkContext* ctx, rk_u32 dest, uint4* a, uint4* b) {
+    *a = rk_ld_volatile_v4(&ctx->routes[dest]);
+    *b = rk_ld_volatile_v4((const unsigned char*)&ctx->routes[dest] + 16);
+}
+
+/* Kernel `dest`'s inbox from its route entry (a, b) for a message of `len` payload
+ * bytes; false when the kernel does not accept K2K messages now or the message does not
+ * fit its slots. */
+__device__ __forceinline__ bool rk_k2k_route_from(uint4 a, uint4 b, rk_u32 dest, rk_u32 len, RkK2kDest* d) {
+    if (b.y != 1u || b.x != dest) return false;
+    d->ib = (RkInbox*)((rk_u64)a.x | ((rk_u64)a.y << 32));
+    d->slots = (unsigned char*)((rk_u64)a.z | ((rk_u64)a.w << 32));
+    const rk_u32 slot_size = b.w;
+    d->slot_size = slot_size;
+    d->cap = b.z;
+    d->slot_bytes = (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
+    return len <= slot_size - RK_HEADER_SIZE;
+}
 
 /* Kernel `dest`'s inbox for a message of `len` payload bytes; false when it does not
  * exist, does not accept K2K messages now, or the message does not fit its slots (or
  * this kernel's). */
 __device__ __forceinline__ bool rk_k2k_route(const RkContext* ctx, rk_u32 dest, rk_u32 len, RkK2kDest* d) {
-    if (len > ctx->max_payload) return false;
-    if ((rk_u64)dest >= ctx->route_count) return false;
-    // Both halves of the entry in flight together (one round trip, where the inbox's
-    // shape used to be a second, dependent one).
-    const uint4 a = rk_ld_volatile_v4(&ctx->routes[dest]);
-    const uint4 b = rk_ld_volatile_v4((const unsigned char*)&ctx->routes[dest] + 16);
-    if (b.y != 1u || b.x != dest) return false;
-    d->ib = (RkInbox*)((rk_u64)a.x | ((rk_u64)a.y << 32));
-    d->slots = (unsigned char*)((rk_u64)a.z | ((rk_u64)a.w << 32));
-    const rk_u32 slot_size = b.w;
-    d->cap = b.z;
-    d->slot_bytes = (rk_u64)rk_units_per_slot(slot_size) * RK_UNIT_BYTES;
-    return len <= slot_size - RK_HEADER_SIZE;
+    if (!rk_k2k_routable(ctx, dest, len)) return false;
+    uint4 a, b;
+    rk_k2k_route_load(ctx, dest, &a, &b);
+    return rk_k2k_route_from(a, b, dest, len, d);
+}
+
+/* The reservation itself, made by one thread for `total` slots: the compare-and-swap on
+ * the inbox's `reserve`. Returns how many it got (fewer when the inbox is full, 0 when
+ * it is) and their first index in *base. With `h` (lane 0's RkK2kHint) it starts from
+ * the hint when the hint names this inbox, and updates it. */
+__device__ __forceinline__ rk_u32 rk_k2k_claim(const RkK2kDest& d, rk_u32 total, RkK2kHint* h, rk_u64* base) {
+    RkInbox* ib = d.ib;
+    // The reservation and the consumer's head are read together (one round trip), or,
+    // when lane 0 last reserved in this inbox, taken from its hint (no read). A head read
+    // earlier is still a safe bound on the room (the consumer only moves it forward), so
+    // a lost race retries the compare-and-swap with the value it returned and reads the
+    // head again only when that bound says full.
+    rk_u64 idx, head;
+    bool fresh;
+    if (h && h->inbox == (rk_u64)ib) {
+        idx = h->next;
+        head = h->head;
+        fresh = false;
+    } else {
+        idx = *(volatile rk_u64*)&ib->reserve;
+        head = rk_k2k_ld_acquire(&ib->head);
+        fresh = true;
+    }
+    rk_u32 got;
+    for (;;) {
+        // An index behind the head (a guess that others overtook, or `reserve` read
+        // before a later head) is not the index: the swap from the head returns it.
+        if (idx < head) idx = head;
+        rk_u64 room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
+        if (room < (rk_u64)total && !fresh) {
+            head = rk_k2k_ld_acquire(&ib->head);
+            room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
+        }
+        got = room < (rk_u64)total ? (rk_u32)room : total;
+        if (got == 0) break;
+        const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
+        if (seen == idx) break;
+        idx = seen;
+        fresh = false;
+    }
+    *base = idx;
+    if (h) {
+        // A hint for another inbox no longer describes rk_send_to's route.
+        if (h->inbox != (rk_u64)ib) h->dest1 = 0u;
+        h->inbox = (rk_u64)ib;
+        h->next = idx + got;
+        h->head = head;
+    }
+    return got;
 }
 
 /* Lanes of the calling warp that send to the same inbox at the same time reserve their
@@ -516,10 +608,14 @@ __device__ __forceinline__ bool rk_k2k_route(const RkContext* ctx, rk_u32 dest, 
  * and updates it. */
 template <bool ONE>
 __device__ __forceinline__ rk_u32 rk_k2k_reserve(const RkK2kDest& d, rk_u32 want, rk_u64* first, RkK2kHint* hint) {
-    RkInbox* ib = d.ib;
     const unsigned active = __activemask();
-    const unsigned peers = __match_any_sync(active, (unsigned long long)ib);
     const int lane = (int)(threadIdx.x & 31u);
+    if (active == (1u << lane)) {
+        // Alone in the warp (a handler run by one lane, as the one-message loop runs
+        // them): a group of one, so no match and no shuffles.
+        return rk_k2k_claim(d, want, lane == 0 ? hint : nullptr, first);
+    }
+    const unsigned peers = __match_any_sync(active, (unsigned long long)d.ib);
     const int leader = __ffs(peers) - 1;
     // This lane's offset among the group's slots: the wants of the peers before it
     // (counted from the group's mask when every peer wants one, as in rk_send_to).
@@ -539,47 +635,7 @@ __device__ __forceinline__ rk_u32 rk_k2k_reserve(const RkK2kDest& d, rk_u32 want
     }
     rk_u64 base = 0;
     rk_u32 got = 0;
-    if (lane == leader) {
-        // The reservation and the consumer's head are read together (one round trip),
-        // or, when lane 0 leads and last reserved in this inbox, taken from its hint (no
-        // read). A head read earlier is still a safe bound on the room (the consumer
-        // only moves it forward), so a lost race retries the compare-and-swap with the
-        // value it returned and reads the head again only when that bound says full.
-        RkK2kHint* const h = leader == 0 ? hint : nullptr;
-        rk_u64 idx, head;
-        bool fresh;
-        if (h && h->inbox == (rk_u64)ib) {
-            idx = h->next;
-            head = h->head;
-            fresh = false;
-        } else {
-            idx = *(volatile rk_u64*)&ib->reserve;
-            head = rk_k2k_ld_acquire(&ib->head);
-            fresh = true;
-        }
-        for (;;) {
-            // An index behind the head (a guess that others overtook, or `reserve` read
-            // before a later head) is not the index: the swap from the head returns it.
-            if (idx < head) idx = head;
-            rk_u64 room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
-            if (room < (rk_u64)total && !fresh) {
-                head = rk_k2k_ld_acquire(&ib->head);
-                room = idx - head >= d.cap ? 0ull : d.cap - (idx - head);
-            }
-            got = room < (rk_u64)total ? (rk_u32)room : total;
-            if (got == 0) break;
-            const rk_u64 seen = rk_k2k_cas(&ib->reserve, idx, idx + got);
-            if (seen == idx) break;
-            idx = seen;
-            fresh = false;
-        }
-        base = idx;
-        if (h) {
-            h->inbox = (rk_u64)ib;
-            h->next = idx + got;
-            h->head = head;
-        }
-    }
+    if (lane == leader) got = rk_k2k_claim(d, total, leader == 0 ? hint : nullptr, &base);
     base = __shfl_sync(peers, base, leader);
     got = __shfl_sync(peers, got, leader);
     *first = base + before;
@@ -622,14 +678,66 @@ __device__ __forceinline__ void rk_k2k_header(const RkContext* ctx, RkMessageHea
 /* Sends one message (see the contract above). A lane whose slot did not fit gets
  * RK_K2K_QUEUE_FULL (nothing was written for it). */
 __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, const void* payload, rk_u32 len) {
+    if (!rk_k2k_routable(ctx, dest, len)) return RK_K2K_NOT_FOUND;
+    RkK2kHint* const h = ctx->k2k_hint;
+    const bool alone0 = h && (threadIdx.x & 31u) == 0u && __activemask() == 1u;
+    // Read before the route: the route is valid at this time or later.
+    const rk_u64 t = alone0 ? rk_globaltimer_ns() : 0ull;
+    // The route entry, in flight while the hint is looked at.
+    uint4 a, b;
+    rk_k2k_route_load(ctx, dest, &a, &b);
     RkK2kDest d;
-    if (!rk_k2k_route(ctx, dest, len, &d)) return RK_K2K_NOT_FOUND;
     rk_u64 idx;
-    if (rk_k2k_reserve<true>(d, 1u, &idx, ctx->k2k_hint) == 0u) return RK_K2K_QUEUE_FULL;
     union {
         RkMessageHeader h;
         rk_u32 w[16];
     } u;
+    if (alone0 && h->dest1 == dest + 1u && len + RK_HEADER_SIZE <= h->slot_size &&
+        t - h->seen_ns < RK_K2K_HINT_FRESH_NS) {
+        // The route was valid under RK_K2K_HINT_FRESH_NS ago, so its kernel has not
+        // finished terminating and the hint's inbox is still its own: the compare-and-swap
+        // from the hint goes out while the route is read again, not after (one round trip
+        // to L2 instead of two).
+        RkInbox* const ib = (RkInbox*)h->inbox;
+        idx = h->next;
+        const rk_u64 head = h->head;
+        const bool room = idx >= head && idx - head < h->cap;
+        const rk_u64 seen = room ? rk_k2k_cas(&ib->reserve, idx, idx + 1u) : ~idx;
+        const bool live = b.y == 1u && b.x == dest;
+        const bool valid = live && ((rk_u64)a.x | ((rk_u64)a.y << 32)) == h->inbox;
+        if (seen == idx) {
+            // The slot is ours, and the kernel drains it even if the route went invalid
+            // meanwhile (it is within its grace): the message goes.
+            h->next = idx + 1u;
+            if (valid) {
+                h->seen_ns = t;
+            } else {
+                h->dest1 = 0u;
+            }
+            d.ib = ib;
+            d.slots = (unsigned char*)h->slots;
+            d.cap = h->cap;
+            d.slot_size = h->slot_size;
+            d.slot_bytes = (rk_u64)rk_units_per_slot(h->slot_size) * RK_UNIT_BYTES;
+            rk_k2k_header(ctx, &u.h, dest, type_id, len);
+            rk_k2k_write(d, idx, u.w, (const unsigned char*)payload, len);
+            return RK_K2K_DELIVERED;
+        }
+        // Another sender moved `reserve` (or the hint saw no room): the ordinary
+        // reservation below, from what the compare-and-swap saw.
+        h->dest1 = 0u;
+        if (room && valid) h->next = seen;
+    }
+    if (!rk_k2k_route_from(a, b, dest, len, &d)) return RK_K2K_NOT_FOUND;
+    if (rk_k2k_reserve<true>(d, 1u, &idx, h) == 0u) return RK_K2K_QUEUE_FULL;
+    if (alone0) {
+        // Lane 0 alone reserved through this route, which was valid at `t` or later.
+        h->dest1 = dest + 1u;
+        h->seen_ns = t;
+        h->slots = (rk_u64)d.slots;
+        h->cap = d.cap;
+        h->slot_size = d.slot_size;
+    }
     rk_k2k_header(ctx, &u.h, dest, type_id, len);
     rk_k2k_write(d, idx, u.w, (const unsigned char*)payload, len);
     return RK_K2K_DELIVERED;

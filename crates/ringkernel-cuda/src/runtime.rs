@@ -166,7 +166,7 @@ const PAGE: usize = 4096;
 const SHARED_STATE_BYTES: usize = 256;
 const GROUP_BYTES: usize = 512;
 /// ... and for each warp's K2K hint (`RK_HINT_BYTES`).
-const HINT_BYTES: usize = 512;
+const HINT_BYTES: usize = 1024;
 /// Dynamic shared memory a kernel uses at most (of the device's opt-in limit), so a few
 /// persistent kernels can share an SM.
 const SMEM_BUDGET: usize = 96 * 1024;

@@ -119,6 +119,112 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
     });
 }
 
+/// Two kernels send into one inbox one message at a time, interleaved: each sender's
+/// reservation from its warp's hint (`RkK2kHint`) keeps missing, because the other one
+/// moved the inbox's `reserve` since, and has to fall back to the ordinary reservation.
+/// Every token arrives once, and each sender's tokens in the order it sent them.
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_from_two_kernels_one_at_a_time_into_one_inbox_loses_nothing() {
+    with_runtime(|rt| async move {
+        let opts = |name: &str| LaunchOptions::default().with_name(name);
+        let a = rt.launch(STAGE, opts("a")).await?;
+        let b = rt.launch(STAGE, opts("b")).await?;
+        let sink = rt.launch(STAGE, opts("sink")).await?;
+        const N: u64 = 400;
+        for i in 0..N {
+            // Even ids through `a`, odd through `b`; sent without waiting, so both
+            // forward into `sink` at the same time.
+            let via = if i % 2 == 0 { &a } else { &b };
+            via.send(Token::routed(i, 0.0, &[via.id(), sink.id()])?)
+                .await?;
+        }
+        let mut seen = HashSet::new();
+        let mut last = [None::<u64>; 2];
+        for _ in 0..N {
+            let t: Token = sink.receive_timeout_as(Duration::from_secs(10)).await?;
+            assert_eq!((t.hops, t.value), (2, 2.0), "token {}", t.id);
+            assert!(seen.insert(t.id), "token {} arrived twice", t.id);
+            let from = (t.id % 2) as usize;
+            assert!(
+                last[from].is_none_or(|l| l < t.id),
+                "token {} after {:?} from the same sender",
+                t.id,
+                last[from]
+            );
+            last[from] = Some(t.id);
+        }
+        assert_eq!(seen.len() as u64, N);
+        assert_eq!(a.metrics().dropped + b.metrics().dropped, 0);
+        let (ra, rb, rs) = tokio::join!(a.terminate(), b.terminate(), sink.terminate());
+        ra?;
+        rb?;
+        rs?;
+        Ok(())
+    });
+}
+
+/// A sender keeps forwarding to a kernel while that kernel terminates: its sends right
+/// after the terminate may still reserve from its hint (the route was valid a moment
+/// before), and the terminating kernel drains what they reserved, so its terminate
+/// ends. Every message the sender handled was either delivered or dropped (NOT_FOUND).
+#[test]
+#[ignore = "needs CUDA GPU"]
+fn k2k_sends_while_the_destination_terminates_end_delivered_or_dropped() {
+    with_runtime(|rt| async move {
+        let opts = |name: &str| LaunchOptions::default().with_name(name);
+        let a = rt.launch(STAGE, opts("a")).await?;
+        let b = rt.launch(STAGE, opts("b")).await?;
+        // The hint is fresh: one token through first.
+        a.send(Token::routed(0, 0.0, &[a.id(), b.id()])?).await?;
+        let t: Token = b.receive_timeout_as(Duration::from_secs(10)).await?;
+        assert_eq!(t.hops, 2);
+        const N: u64 = 300;
+        let sending = async {
+            for i in 1..=N {
+                a.send(Token::routed(i, 0.0, &[a.id(), b.id()])?).await?;
+            }
+            Ok::<_, ringkernel_core::Error>(())
+        };
+        let ending = async {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            tokio::time::timeout(Duration::from_secs(20), b.terminate()).await
+        };
+        let (sent, ended) = tokio::join!(sending, ending);
+        sent?;
+        let report = ended.expect("the destination's terminate ended")?;
+        // `a` handles all of them: each one went into b's inbox or was dropped.
+        let start = std::time::Instant::now();
+        loop {
+            let m = a.metrics();
+            if m.processed + m.dropped > N {
+                assert_eq!(m.processed + m.dropped, N + 1, "{m:?}");
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a handled only {m:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let delivered = a.metrics().processed - 1;
+        // What reached b was handled by it (before the terminate or in its drain) and
+        // replied; its replies stay receivable.
+        let mut replies = 0u64;
+        while let Some(t) = b.try_receive::<Token>()? {
+            assert_eq!(t.hops, 2);
+            replies += 1;
+        }
+        assert!(
+            report.undelivered.is_empty(),
+            "b was active: nothing is handed back"
+        );
+        assert_eq!(replies, delivered, "every delivered token was handled by b");
+        a.terminate().await?;
+        Ok(())
+    });
+}
+
 /// A kernel routes K2K messages to a kernel launched after it (the receiver's inbox
 /// comes from the runtime's inbox pool, which existed before the sender launched: under
 /// compute-sanitizer's memcheck, the sender's access is in bounds).
