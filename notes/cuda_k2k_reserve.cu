@@ -13,12 +13,33 @@ struct Probe {
     rk_u64 w[4];
 };
 
+// The route entry's two 16-byte halves loaded four ways (modes 9-12).
+__device__ __forceinline__ uint4 ld_relaxed_gpu_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ uint4 ld_cg_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
 // mode 0: the library's route + reserve; 1: the same, the consumer not reading
 // `reserve`; 2: the same, no consumer (the inbox is large enough); 3: reserve without
 // reading `reserve` first (compare-and-swap from the last index + 1, the head as last
 // read); 4: only the compare-and-swap (no match, no shuffles); 5: only the two loads of
 // the reservation (reserve, head acquire); 6: the library's with lane 0's hint
-// (RkK2kHint) in shared memory, as the runtime keeps it.
+// (RkK2kHint) in shared memory, as the runtime keeps it; 7: rk_send_to whole with the
+// hint fresh (the route read beside the compare-and-swap); 8: the same, the hint made
+// stale before each send (the route read first, then the reservation); 9-12: the
+// route's loads and the compare-and-swap issued together, four ways (see there).
 __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap, int reps, int mode,
                     long long* out, volatile int* stop) {
     const int lane = threadIdx.x % 32;
@@ -48,14 +69,35 @@ __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap
     long long s_route = 0, s_res = 0, s_wr = 0;
     rk_u64 guess = 0, head_seen = 0;
     __shared__ RkK2kHint hint;
-    hint.inbox = 0;
+    hint = RkK2kHint();
     Probe p = {{1, 2, 3, 4}};
     union {
         RkMessageHeader h;
         rk_u32 w[16];
     } u;
     for (int i = 0; i < 16; i++) u.w[i] = i;
+    ctx.k2k_hint = &hint;
     for (int r = 0; r < reps; r++) {
+        if (mode == 7 || mode == 8) {
+            // rk_send_to whole (route, reservation, header, stores): with the hint fresh
+            // its route is read beside the compare-and-swap; mode 8 makes the hint stale
+            // before each send (route, then reservation).
+            if (mode == 8) hint.seen_ns = 0;
+            const long long a = clock64();
+            const int sent = rk_send_to(&ctx, 0, 0x42, &p, sizeof(Probe));
+            const long long b = clock64();
+            if (sent != RK_K2K_DELIVERED) {
+                out[13]++;
+                r--;
+                continue;
+            }
+            if (r >= 16) s_res += b - a;
+            out[11] = hint.dest1;
+            const long long w = clock64();
+            while (clock64() - w < 3000) {
+            }
+            continue;
+        }
         const long long c0 = clock64();
         RkK2kDest d;
         if (!rk_k2k_route(&ctx, 0, sizeof(Probe), &d)) {
@@ -83,6 +125,32 @@ __global__ void k2k(RkContext ctx, RkInbox* ib, unsigned char* slots, rk_u64 cap
             guess++;
         } else if (mode == 4) {
             idx = rk_k2k_cas(&ib->reserve, guess, guess + 1);
+            guess++;
+        } else if (mode >= 9) {
+            // The route's two loads and the compare-and-swap issued together (9: volatile
+            // loads first, as rk_send_to's hinted path; 10: the swap first; 11: the loads
+            // relaxed at GPU scope; 12: weak loads through L2, .cg), timed until both
+            // results are used.
+            const unsigned char* e = (const unsigned char*)&ctx.routes[0];
+            uint4 a, b;
+            if (mode == 10) {
+                idx = rk_k2k_cas(&ib->reserve, guess, guess + 1);
+                a = rk_ld_volatile_v4(e);
+                b = rk_ld_volatile_v4(e + 16);
+            } else {
+                if (mode == 9) {
+                    a = rk_ld_volatile_v4(e);
+                    b = rk_ld_volatile_v4(e + 16);
+                } else if (mode == 11) {
+                    a = ld_relaxed_gpu_v4(e);
+                    b = ld_relaxed_gpu_v4(e + 16);
+                } else {
+                    a = ld_cg_v4(e);
+                    b = ld_cg_v4(e + 16);
+                }
+                idx = rk_k2k_cas(&ib->reserve, guess, guess + 1);
+            }
+            if (a.x + b.y == 0x55555u) out[12] = 1;
             guess++;
         } else {
             idx = *(volatile rk_u64*)&ib->reserve + rk_k2k_ld_acquire(&ib->head);
@@ -130,9 +198,15 @@ int main() {
                            "compare-and-swap from the last index (no read first)",
                            "the compare-and-swap alone",
                            "the reservation's two loads alone",
-                           "library reserve with lane 0's hint in shared memory"};
+                           "library reserve with lane 0's hint in shared memory",
+                           "rk_send_to whole (in `reservation`), hint fresh",
+                           "rk_send_to whole (in `reservation`), hint stale",
+                           "route loads (volatile) then the CAS, together",
+                           "the CAS then the route loads (volatile), together",
+                           "route loads (relaxed.gpu) then the CAS, together",
+                           "route loads (weak, .cg) then the CAS, together"};
     for (int rep = 0; rep < 2; rep++) {
-        for (int mode = 0; mode < 7; mode++) {
+        for (int mode = 0; mode < 13; mode++) {
             CK(cudaMemset(ib, 0, sizeof(RkInbox)));
             CK(cudaMemset(slots, 0, cap * U * 16));
             CK(cudaMemset(out, 0, sizeof(hout)));
@@ -153,8 +227,8 @@ int main() {
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(hout, out, sizeof(hout), cudaMemcpyDeviceToHost));
-            printf("%-55s route %4lld  reservation %4lld  stores %4lld cycles%s\n", names[mode], hout[0], hout[1],
-                   hout[2], hout[14] ? "  (no route!)" : "");
+            printf("%-55s route %4lld  reservation %4lld  stores %4lld cycles%s%s\n", names[mode], hout[0], hout[1],
+                   hout[2], hout[14] ? "  (no route!)" : "", (mode == 7 || mode == 8) && hout[11] ? "  (hint names the route)" : "");
         }
     }
     return 0;
