@@ -741,7 +741,7 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                     *(volatile rk_u64*)&S->lane_claimed[L] = claimed;
                                     *(volatile rk_u64*)&S->lane_known[L] = known;
                                 } else {
-                                    rk_xg_st64(&S->inbox_claimed, claimed);
+                                    // (`inbox_claimed` is stored after the reply: see there.)
                                     *(volatile rk_u64*)&S->inbox_known = known;
                                 }
                                 RK_MARK(3);
@@ -865,6 +865,12 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                             RkQueueHeader* laneq = (RkQueueHeader*)(p.in_queue + (rk_u64)L * p.lane_stride);
                             *(volatile rk_u64*)&laneq->head = claimed;
                         } else {
+                            // The claim, for the host group's exit check (the only other
+                            // reader while this loop runs; group rounds read it after the
+                            // loop ends). Stored here, not in the take: the warp's
+                            // shared-memory atomics go one after another, so this exchange
+                            // held up the clock's swap and the message index behind it.
+                            rk_xg_st64(&S->inbox_claimed, claimed);
                             rk_k2k_st_release(&inbox->head, claimed);
                         }
                         if (r == 1) *(volatile rk_u64*)&outq->tail = out_idx + 1;  // a hint for the host
