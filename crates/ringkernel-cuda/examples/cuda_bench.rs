@@ -556,6 +556,7 @@ async fn k2k(rep: &mut Report, rt: &CudaRuntime, quick: bool) -> Result<()> {
         ));
     }
     if !hint_age.is_empty() {
+        // RK_K2K_HINT_FRESH_NS (ringkernel.cuh): 500 us.
         let fresh = hint_age.iter().filter(|&&a| a < 500_000).count();
         let mut ages: Vec<f64> = hint_age
             .iter()

@@ -119,9 +119,9 @@ fn k2k_to_a_terminated_kernel_is_counted_as_dropped() {
     });
 }
 
-/// Two kernels send into one inbox one message at a time, interleaved: each sender's
-/// reservation from its warp's hint (`RkK2kHint`) keeps missing, because the other one
-/// moved the inbox's `reserve` since, and has to fall back to the ordinary reservation.
+/// Two kernels send into one inbox one message at a time, interleaved: a sender's
+/// reservation from its warp's hint (`RkK2kHint`) misses whenever the other one moved
+/// the inbox's `reserve` since, and falls back to the ordinary reservation.
 /// Every token arrives once, and each sender's tokens in the order it sent them.
 #[test]
 #[ignore = "needs CUDA GPU"]
