@@ -67,12 +67,12 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
     const unsigned step = t.batch > 1u ? t.batch : 1u;
     for (unsigned i = 0; i < t.count;) {
         const unsigned n = t.count - i < step ? t.count - i : step;
+#ifndef K2K_SPLIT
         // This warp's route hint as the send finds it (read before the timed part).
         const RkK2kHint* const hint = ctx->k2k_hint;
         const unsigned long long seen_ns = hint ? hint->seen_ns : 0ull;
         const bool hinted = hint && hint->dest1 == t.dest + 1u;
-        (void)seen_ns;
-        (void)hinted;
+#endif
         const unsigned long long t0 = rk_globaltimer_ns();
         for (unsigned b = 0; b < n; b++) p[b].sent_ns = t0;
         int got;
@@ -99,12 +99,7 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 if (seen != idx || !valid) return -3;
                 h->next = idx + 1u;
                 h->seen_ns = t0;
-                RkK2kDest d;
-                d.ib = ib;
-                d.slots = (unsigned char*)h->slots;
-                d.cap = cap;
-                d.slot_size = h->slot_size;
-                d.slot_bytes = (rk_u64)rk_units_per_slot(h->slot_size) * RK_UNIT_BYTES;
+                const RkK2kDest d = rk_k2k_hint_dest(h);
                 union { RkMessageHeader h; rk_u32 w[16]; } u;
                 rk_k2k_header(ctx, &u.h, t.dest, 0x42, sizeof(Probe));
                 rk_k2k_write(d, idx, u.w, (const unsigned char*)&p[0], sizeof(Probe));
@@ -132,14 +127,8 @@ __device__ int handle(RkContext* ctx, const RkMessageHeader* in_hdr, const unsig
                 unsigned long long* o = (unsigned long long*)out_payload;
                 o[2] = c1 - c0; o[3] = c2 - c1; o[4] = c3 - c2; o[5] = c4 - c3;
                 o[6] = 0;
-                if (h && t.count == 1u) {
-                    // As rk_send_to keeps it: the next send may take the hinted path.
-                    h->dest1 = t.dest + 1u;
-                    h->seen_ns = t0;
-                    h->slots = (rk_u64)d.slots;
-                    h->cap = d.cap;
-                    h->slot_size = d.slot_size;
-                }
+                // As rk_send_to keeps it: the next send may take the hinted path.
+                if (h && t.count == 1u) rk_k2k_hint_keep(h, t.dest, t0, d);
             }
 #else
             const int r = rk_send_to(ctx, t.dest, 0x42, &p[0], sizeof(Probe));

@@ -550,6 +550,27 @@ __device__ __forceinline__ bool rk_k2k_route(const RkContext* ctx, rk_u32 dest, 
     return rk_k2k_route_from(a, b, dest, len, d);
 }
 
+/* The inbox a warp's hint names (rk_send_to's route: the hint's `dest1` set). */
+__device__ __forceinline__ RkK2kDest rk_k2k_hint_dest(const RkK2kHint* h) {
+    RkK2kDest d;
+    d.ib = (RkInbox*)h->inbox;
+    d.slots = (unsigned char*)h->slots;
+    d.cap = h->cap;
+    d.slot_size = h->slot_size;
+    d.slot_bytes = (rk_u64)rk_units_per_slot(h->slot_size) * RK_UNIT_BYTES;
+    return d;
+}
+
+/* Records in lane 0's hint the route to kernel `dest` it just reserved through (`d`,
+ * the hint's inbox), seen valid at device time `t` or later. */
+__device__ __forceinline__ void rk_k2k_hint_keep(RkK2kHint* h, rk_u32 dest, rk_u64 t, const RkK2kDest& d) {
+    h->dest1 = dest + 1u;
+    h->seen_ns = t;
+    h->slots = (rk_u64)d.slots;
+    h->cap = d.cap;
+    h->slot_size = d.slot_size;
+}
+
 /* The reservation itself, made by one thread for `total` slots: the compare-and-swap on
  * the inbox's `reserve`. Returns how many it got (fewer when the inbox is full, 0 when
  * it is) and their first index in *base. With `h` (lane 0's RkK2kHint) it starts from
@@ -714,11 +735,7 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
             } else {
                 h->dest1 = 0u;
             }
-            d.ib = ib;
-            d.slots = (unsigned char*)h->slots;
-            d.cap = h->cap;
-            d.slot_size = h->slot_size;
-            d.slot_bytes = (rk_u64)rk_units_per_slot(h->slot_size) * RK_UNIT_BYTES;
+            d = rk_k2k_hint_dest(h);
             rk_k2k_header(ctx, &u.h, dest, type_id, len);
             rk_k2k_write(d, idx, u.w, (const unsigned char*)payload, len);
             return RK_K2K_DELIVERED;
@@ -730,14 +747,8 @@ __device__ inline int rk_send_to(RkContext* ctx, rk_u32 dest, rk_u32 type_id, co
     }
     if (!rk_k2k_route_from(a, b, dest, len, &d)) return RK_K2K_NOT_FOUND;
     if (rk_k2k_reserve<true>(d, 1u, &idx, h) == 0u) return RK_K2K_QUEUE_FULL;
-    if (alone0) {
-        // Lane 0 alone reserved through this route, which was valid at `t` or later.
-        h->dest1 = dest + 1u;
-        h->seen_ns = t;
-        h->slots = (rk_u64)d.slots;
-        h->cap = d.cap;
-        h->slot_size = d.slot_size;
-    }
+    // Lane 0 alone reserved through this route, which was valid at `t` or later.
+    if (alone0) rk_k2k_hint_keep(h, dest, t, d);
     rk_k2k_header(ctx, &u.h, dest, type_id, len);
     rk_k2k_write(d, idx, u.w, (const unsigned char*)payload, len);
     return RK_K2K_DELIVERED;
