@@ -671,9 +671,10 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                     int action = 0;
                     rk_u64 msg = 0, hlc = 0;
                     // The clock's compare-and-swap is issued in the take and its result
-                    // looked at after the staging (see there): what it saw, the value it
-                    // expected, and what a retry merges.
-                    rk_u64 hlc_seen = 0, hlc_want = 0, hlc_remote = 0, hlc_now = 0;
+                    // looked at after the staging (see there): what it saw, and the
+                    // remote timestamp a retry merges (it expected `hlc_guess`, and a retry
+                    // merges `now_pre` too: neither changes in between).
+                    rk_u64 hlc_seen = 0, hlc_remote = 0;
                     if (lane_id == 0) {
                         // Leave for group rounds when the state changes (the host loop of
                         // block 0 sees every change as a command; the inbox loop looks at
@@ -753,10 +754,8 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                                 // checked (below). Waiting for it here cost the round
                                 // trip ~0.15 us on an H200.
                                 hlc_remote = drift ? 0ull : hts;
-                                hlc_now = now;
-                                hlc_want = hlc_guess;
-                                hlc = rk_hlc_next(hlc_want, hlc_remote, now);
-                                hlc_seen = atomicCAS((unsigned long long*)&S->hlc, hlc_want, hlc + 1ull);
+                                hlc = rk_hlc_next(hlc_guess, hlc_remote, now);
+                                hlc_seen = atomicCAS((unsigned long long*)&S->hlc, hlc_guess, hlc + 1ull);
                                 RK_MARK(4);
                                 msg = atomicAdd((unsigned long long*)&S->taken, 1ull);
                                 RK_MARK(5);
@@ -800,11 +799,11 @@ extern "C" __global__ void __launch_bounds__(RK_MAX_BLOCK) rk_persistent(RkLaunc
                         // The clock's compare-and-swap: kept when it saw what it expected;
                         // else the other group moved the clock, and the reservation is made
                         // again from what it saw.
-                        if (hlc_seen == hlc_want) {
+                        if (hlc_seen == hlc_guess) {
                             hlc_guess = hlc + 1ull;
                         } else {
                             hlc_guess = hlc_seen;
-                            hlc = rk_hlc_reserve(S, hlc_remote, hlc_now, 1, &hlc_guess);
+                            hlc = rk_hlc_reserve(S, hlc_remote, now_pre, 1, &hlc_guess);
                         }
                         RK_MARK(8);
                         if (prof_me) pf[2] = rk_globaltimer_ns();
