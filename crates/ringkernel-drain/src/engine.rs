@@ -256,6 +256,16 @@ pub fn ring_bytes(capacity: usize, slot_size: usize) -> usize {
     std::mem::size_of::<QueueHeader>() + capacity * slot_size
 }
 
+/// Bytes of a compact pass of up to `count` requests in slots of `slot_size` bytes
+/// ([`DrainTarget::stage_compact`]; the drain template's "Compact passes"), all at
+/// offsets fixed by `count`: the payloads, request `j`'s at `j · (slot_size - 64)`; from
+/// `count · (slot_size - 64)` up to `count` run headers of 64 bytes; from
+/// `count · slot_size` the runs' first indices (`u32`), padded to 16 bytes. A multiple
+/// of 16.
+pub fn compact_len(count: usize, slot_size: usize) -> usize {
+    count * slot_size + (count * 4).next_multiple_of(16)
+}
+
 /// Where the drain passes of one kernel run: the memory the host shares with the
 /// device, and the dispatch itself.
 ///
@@ -317,6 +327,20 @@ pub unsafe trait DrainTarget: Send + Sync + 'static {
     /// message this way. The default, `None`: the slots are written into the input
     /// ring ([`input`](Self::input)).
     fn stage_input(&self, count: usize) -> Option<*mut u8> {
+        let _ = count;
+        None
+    }
+
+    /// Where the engine writes the pass it is about to launch over `count` messages as
+    /// a *compact* pass (`ringkernel_shaders::drain`, "Compact passes"), when the
+    /// target binds each pass's staged bytes as its input: the address of
+    /// [`compact_len`]`(count, slot_size)` bytes the host may write (it never reads
+    /// them), in the layout [`compact_len`] describes. As with
+    /// [`stage_input`](Self::stage_input), the engine calls it with its host lock held
+    /// and calls [`launch`](Self::launch) for that pass at once, whose parameters then
+    /// have `in_stride != 0`. Asked before `stage_input`; the default, `None`, asks
+    /// for a pass in ring layout.
+    fn stage_compact(&self, count: usize) -> Option<*mut u8> {
         let _ = count;
         None
     }
@@ -687,6 +711,16 @@ impl DirectRun<'_, '_> {
     }
 }
 
+/// Where a compact pass's parts lie ([`compact_len`]), as the pass parameters give
+/// them (words); all zero for a pass in ring layout.
+#[derive(Clone, Copy, Default)]
+struct Compact {
+    in_stride: u32,
+    runs: u32,
+    runs_at: u32,
+    starts_at: u32,
+}
+
 /// Queues a run in a waiting lane (one header, then the payloads).
 fn push_run(lane: &mut Records, first: &MessageHeader, run: RunPayloads<'_, '_>) {
     match run {
@@ -1012,7 +1046,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             return false;
         }
         let first = h.dispatched;
-        self.fill_ring(h, count, direct);
+        let compact = self.fill_ring(h, count, direct).unwrap_or_default();
         let count = h.tail - first;
         // One receive timestamp per message of the batch (the drain template adds j).
         let hlc = self.clock.reserve(count as u32).packed();
@@ -1028,6 +1062,10 @@ impl<T: DrainTarget> DrainEngine<T> {
             state_words: self.state_words,
             node_lo: self.clock.node_id() as u32,
             node_hi: (self.clock.node_id() >> 32) as u32,
+            in_stride: compact.in_stride,
+            runs: compact.runs,
+            runs_at: compact.runs_at,
+            starts_at: compact.starts_at,
             _pad: 0,
         };
         // The outputs' timestamps and ids, taken now (after the requests' clocks were
@@ -1064,16 +1102,37 @@ impl<T: DrainTarget> DrainEngine<T> {
     /// a pass's slots, a serial handler's order and the order of the replies all
     /// follow it. Each message's header and payload are written into its slot once:
     /// into the input ring, or where the target stages the pass's slots
-    /// ([`DrainTarget::stage_input`]). The requests' clocks are merged into the
+    /// ([`DrainTarget::stage_input`]); or, in a compact pass
+    /// ([`DrainTarget::stage_compact`]), its payload at its stride and one header for
+    /// each piece of a run (and for each message refused or of another size), whose
+    /// table the returned [`Compact`] locates. The requests' clocks are merged into the
     /// kernel's clock once per pass, with the latest of them; a request too far ahead
     /// of the kernel's physical clock (checked on the way, against one clock reading)
-    /// is refused, as the CPU backend does: its slot gets magic 0, so the drain
+    /// is refused, as the CPU backend does: its header gets magic 0, so the drain
     /// template skips it (counted at completion). Called with the host lock held; the
     /// slots `[tail, tail + count)` belong to no pass in flight (`kick` checks the
     /// room).
-    fn fill_ring(&self, h: &mut Host, count: u64, direct: &mut Option<DirectRun<'_, '_>>) {
+    fn fill_ring(
+        &self,
+        h: &mut Host,
+        count: u64,
+        direct: &mut Option<DirectRun<'_, '_>>,
+    ) -> Option<Compact> {
         let input = self.target.input();
-        let staged = self.target.stage_input(count as usize);
+        // Where the slots go: a compact pass's buffer, a staged buffer in slot layout,
+        // or the input ring.
+        let compact = self.target.stage_compact(count as usize);
+        let staged = match compact {
+            Some(_) => None,
+            None => self.target.stage_input(count as usize),
+        };
+        // A compact pass: payload stride, run headers and run starts (`compact_len`).
+        let stride = self.slot_size - HEADER_SIZE;
+        let runs_at = count as usize * stride;
+        let starts_at = count as usize * self.slot_size;
+        // Run entries written so far, and the payload length of the last one.
+        let mut runs = 0usize;
+        let mut run_len = usize::MAX;
         let pt = self.clock.physical_ms();
         let too_far = pt.saturating_add(self.clock.max_drift_ms());
         // The latest request timestamp of the pass (shared by the two closures below).
@@ -1083,8 +1142,53 @@ impl<T: DrainTarget> DrainEngine<T> {
         let mut j = 0usize;
         // Writes message `i` of the run stamped from `first` (its header
         // `first.nth_of_run(i, payload.len())`) into the next slot; with `check`,
-        // refuses it when its timestamp is too far ahead and keeps the latest.
-        let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool| {
+        // refuses it when its timestamp is too far ahead and keeps the latest. `fresh`:
+        // the first message of a piece handed over (in a compact pass, where a run
+        // entry starts; so does a message of another size, and every checked one).
+        let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool, fresh: bool| {
+            if let Some(base) = compact {
+                if j + PREFETCH_SLOTS < count as usize {
+                    prefetch(
+                        base.wrapping_add((j + PREFETCH_SLOTS) * stride),
+                        payload.len(),
+                    );
+                }
+                // SAFETY: `stage_compact` returned `compact_len(count, slot_size)`
+                // writable bytes: payload `j < count` lies below `runs_at` (the payload
+                // fits `stride`, checked in `try_enqueue*`), entry `runs < count` (at
+                // most one a message) below `starts_at`, and its start below
+                // `starts_at + 4 · count`. Nothing else addresses them; the header is
+                // written in place (see `write_nth_of_run`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        base.add(j * stride),
+                        payload.len(),
+                    );
+                    if fresh || check || payload.len() != run_len {
+                        let entry = base.add(runs_at + runs * HEADER_SIZE);
+                        first.write_nth_of_run(entry, i, payload.len());
+                        std::ptr::write_unaligned(
+                            base.add(starts_at + runs * 4).cast::<u32>(),
+                            j as u32,
+                        );
+                        runs += 1;
+                        run_len = payload.len();
+                        if check {
+                            let ts = first.nth_hlc(i);
+                            if ts.physical_ms() > too_far {
+                                // A checked message is an entry of its own (above).
+                                self.refuse(&first.nth_of_run(i, payload.len()), entry, pt);
+                            } else if latest.get().is_none_or(|l| ts > l) {
+                                latest.set(Some(ts));
+                            }
+                        }
+                    }
+                }
+                *tail += 1;
+                j += 1;
+                return;
+            }
             // The slot PREFETCH_SLOTS ahead (of this pass), so its lines are in the cache
             // when it is written (see `prefetch`).
             if j + PREFETCH_SLOTS < count as usize {
@@ -1157,7 +1261,7 @@ impl<T: DrainTarget> DrainEngine<T> {
                 let check = one_by_one(first.nth_of_run(n as u64 - 1, len).hlc());
                 for i in 0..n {
                     let p = run_payload(payloads, len, i);
-                    put(first, i as u64, p, check);
+                    put(first, i as u64, p, check, i == 0);
                 }
                 (n, true)
             });
@@ -1167,7 +1271,7 @@ impl<T: DrainTarget> DrainEngine<T> {
             if n > 0 {
                 let check = one_by_one(d.first.nth_of_run((d.taken + n - 1) as u64, 0).hlc());
                 for i in d.taken..d.taken + n {
-                    put(&d.first, i as u64, d.payloads.get(i), check);
+                    put(&d.first, i as u64, d.payloads.get(i), check, i == d.taken);
                 }
             }
             d.taken += n;
@@ -1186,6 +1290,12 @@ impl<T: DrainTarget> DrainEngine<T> {
             let tail_at = std::mem::offset_of!(ControlBlock, input_tail);
             std::ptr::write_unaligned(self.target.control().add(tail_at).cast::<u64>(), h.tail);
         }
+        compact.map(|_| Compact {
+            in_stride: (stride / 4) as u32,
+            runs: runs as u32,
+            runs_at: (runs_at / 4) as u32,
+            starts_at: (starts_at / 4) as u32,
+        })
     }
 
     /// Refuses the request `hdr` just written into the input slot at `slot`: its

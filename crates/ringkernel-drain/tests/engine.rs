@@ -43,27 +43,39 @@ fn launch_overlapped(
     opts: LaunchOptions,
     in_flight: usize,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
-    launch_with(core, name, handler, opts, in_flight, false)
+    launch_with(core, name, handler, opts, in_flight, Staging::Ring)
 }
+
+/// Where the engine writes a pass's requests (see `CpuTarget`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Staging {
+    /// Into the input ring.
+    Ring,
+    /// Into a staging buffer, in slots (`DrainTarget::stage_input`).
+    Slots,
+    /// Into a compact pass's buffer (`DrainTarget::stage_compact`).
+    Compact,
+}
+
+const STAGINGS: [Staging; 3] = [Staging::Ring, Staging::Slots, Staging::Compact];
 
 /// `launch_with`, with [`DrainConfig::sender_fills`] set.
 fn launch_sender_fills(
     core: &Arc<RuntimeCore>,
     opts: LaunchOptions,
-    stage: bool,
+    stage: Staging,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     launch_config(core, "echo", Handler::Echo, opts, 3, stage, true)
 }
 
-/// `launch_overlapped`, with the pass's slots staged (`DrainTarget::stage_input`) when
-/// `stage` is set.
+/// `launch_overlapped`, with the pass's requests written as `stage` says.
 fn launch_with(
     core: &Arc<RuntimeCore>,
     name: &str,
     handler: Handler,
     opts: LaunchOptions,
     in_flight: usize,
-    stage: bool,
+    stage: Staging,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     launch_config(core, name, handler, opts, in_flight, stage, false)
 }
@@ -74,13 +86,14 @@ fn launch_config(
     handler: Handler,
     opts: LaunchOptions,
     in_flight: usize,
-    stage: bool,
+    stage: Staging,
     sender_fills: bool,
 ) -> (KernelHandle, Arc<DrainEngine<CpuTarget>>) {
     let id = core.reserve(name).unwrap();
     let mut target = CpuTarget::new(opts.queue_capacity, opts.slot_size, handler);
     target.in_flight = in_flight;
-    target.stage = stage;
+    target.stage = stage == Staging::Slots;
+    target.compact = stage == Staging::Compact;
     let cfg = DrainConfig {
         id,
         name: name.into(),
@@ -562,12 +575,12 @@ async fn wait_until(cond: impl Fn() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_too_far_ahead_of_the_clock_is_dropped_before_the_handler() {
-    for stage in [false, true] {
+    for stage in STAGINGS {
         request_too_far_ahead_is_dropped(stage).await;
     }
 }
 
-async fn request_too_far_ahead_is_dropped(stage: bool) {
+async fn request_too_far_ahead_is_dropped(stage: Staging) {
     let core = core();
     let (k, engine) = launch_with(
         &core,
@@ -843,7 +856,7 @@ async fn staged_passes_carry_the_same_messages_as_the_ring() {
     // those of the ring path, with passes in flight and batches larger than the ring.
     let core = core();
     let opts = LaunchOptions::default().with_queue_capacity(16);
-    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, true);
+    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, Staging::Slots);
     batched_echo(&k, 2000, 300).await;
     let passes = engine.target().passes.load(Ordering::SeqCst);
     assert_eq!(
@@ -853,6 +866,35 @@ async fn staged_passes_carry_the_same_messages_as_the_ring() {
     );
     let m = k.metrics();
     assert_eq!((m.received, m.processed, m.dropped), (2000, 2000, 0));
+    k.terminate().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compact_passes_carry_the_same_messages_as_the_ring() {
+    // Compact passes (payloads at their stride, one header a run): the stand-in
+    // rebuilds each request's header from the run table as the drain template does.
+    // Batches (runs, split across passes and lanes), single sends between them (runs of
+    // one) and passes in flight: ids, order, values and correlation ids as in the ring.
+    let core = core();
+    let opts = LaunchOptions::default().with_queue_capacity(16);
+    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, Staging::Compact);
+    batched_echo(&k, 2000, 300).await;
+    for i in 0..40u64 {
+        let r: Token = k
+            .call(Token::new(i, i as f64), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!((r.id, r.value), (i, 2.0 * i as f64));
+    }
+    batched_echo(&k, 500, 7).await;
+    let passes = engine.target().passes.load(Ordering::SeqCst);
+    assert_eq!(
+        engine.target().staged_passes.load(Ordering::SeqCst),
+        passes,
+        "every pass compact"
+    );
+    let m = k.metrics();
+    assert_eq!((m.received, m.processed, m.dropped), (2540, 2540, 0));
     k.terminate().await.unwrap();
 }
 
@@ -1108,7 +1150,7 @@ async fn receive_batch_into_takes_runs_in_pieces_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_sender_that_fills_the_passes_keeps_order_and_loses_nothing() {
-    for stage in [false, true] {
+    for stage in STAGINGS {
         let core = core();
         // A lane of 16 messages: the sender waits for room most of the time, and the
         // passes completions leave to it are started when it comes back.
@@ -1121,7 +1163,7 @@ async fn a_waiting_sender_that_fills_the_passes_keeps_order_and_loses_nothing() 
             (3000, 3000, 3000, 0)
         );
         assert!(engine.target().most_running.load(Ordering::SeqCst) <= 3);
-        if stage {
+        if stage != Staging::Ring {
             assert_eq!(
                 engine.target().staged_passes.load(Ordering::SeqCst),
                 engine.target().passes.load(Ordering::SeqCst)
@@ -1135,7 +1177,7 @@ async fn a_waiting_sender_that_fills_the_passes_keeps_order_and_loses_nothing() 
 async fn a_sender_that_stops_waiting_does_not_stall_the_passes_left_to_it() {
     let core = core();
     let opts = LaunchOptions::default().with_queue_capacity(16);
-    let (k, engine) = launch_sender_fills(&core, opts, false);
+    let (k, engine) = launch_sender_fills(&core, opts, Staging::Ring);
     // Passes held: the lane fills and the sender waits for room, then gives up (its
     // future dropped while the engine counts on it to come back).
     engine.target().hold.store(true, Ordering::SeqCst);

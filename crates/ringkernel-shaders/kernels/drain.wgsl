@@ -65,6 +65,10 @@ struct RkDrainParams {
     state_words: u32,
     node_lo: u32,
     node_hi: u32,
+    in_stride: u32,
+    runs: u32,
+    runs_at: u32,
+    starts_at: u32,
     _pad: u32,
 }
 
@@ -190,10 +194,35 @@ fn rk_send(ctx: ptr<function, RkContext>, dest: u32, type_id: u32, payload_len: 
     (*ctx).out_dest = dest;
 }
 
+// The header of request `j` of a compact pass (`in_stride != 0`): the `i`-th message
+// of the run it belongs to, whose entry holds the run's first header (the last run whose
+// first batch index is at most `j`).
+fn rk_compact_header(j: u32) -> RkMessageHeader {
+    var lo = 0u;
+    var hi = rk_params.runs - 1u;
+    while (lo < hi) {
+        let mid = (lo + hi + 1u) >> 1u;
+        if (rk_in(rk_params.starts_at + mid) <= j) {
+            lo = mid;
+        } else {
+            hi = mid - 1u;
+        }
+    }
+    let i = j - rk_in(rk_params.starts_at + lo);
+    var h = rk_read_header(rk_params.runs_at + lo * RK_HEADER_WORDS);
+    h.message_id = rk_u64_add32(h.message_id, i);
+    h.correlation_id = rk_u64_add32(h.correlation_id, i);
+    h.timestamp = rk_u64_add32(h.timestamp, i);
+    return h;
+}
+
 fn rk_process(j: u32) {
     let index = rk_u64_add32(rk_params.first, j);
     let slot = index.x & rk_params.mask;
     let base = RK_QUEUE_HEADER_WORDS + slot * rk_params.slot_words;
+    // Where the request's payload is: after its header in the ring, or at its stride
+    // in a compact pass.
+    var in_slot = base + RK_HEADER_WORDS;
     var ctx: RkContext;
     ctx.kernel_id = rk_params.kernel_id;
     ctx.batch_index = j;
@@ -202,13 +231,18 @@ fn rk_process(j: u32) {
     // The host reserved `count` consecutive timestamps: message j gets the j-th.
     ctx.hlc = rk_u64_add32(rk_params.hlc, j);
     ctx.node_id = vec2<u32>(rk_params.node_lo, rk_params.node_hi);
-    ctx.request = rk_read_header(base);
+    if (rk_params.in_stride != 0u) {
+        ctx.request = rk_compact_header(j);
+        in_slot = j * rk_params.in_stride;
+    } else {
+        ctx.request = rk_read_header(base);
+    }
     ctx.out_used = 0u;
     // A slot whose header is not a message of this version (the host invalidates one it
     // refuses, e.g. for clock drift) never reaches the handler.
     var status = RK_ERR_INVALID_REQUEST;
     if (ctx.request.magic == RK_MESSAGE_MAGIC && ctx.request.version == RK_MESSAGE_VERSION) {
-        status = handle(&ctx, base + RK_HEADER_WORDS, base + RK_HEADER_WORDS);
+        status = handle(&ctx, in_slot, base + RK_HEADER_WORDS);
     }
     if (status == 0u && ctx.out_used != 0u) {
         // message_id, timestamp, checksum and node_id are the host's to write (zero

@@ -20,6 +20,25 @@
 //! [`MessageHeader`](ringkernel_core::message::MessageHeader) (16 words, `RkMessageHeader`
 //! in WGSL; 64-bit fields are `vec2<u32>`, low word first) followed by the payload.
 //!
+//! ## Compact passes
+//!
+//! A target that stages each pass in a buffer of its own may ask for a *compact* pass
+//! (`in_stride != 0` in the parameters), which moves about half the bytes of a ring
+//! pass for small messages sent in batches. Binding 2 then holds that pass alone:
+//!
+//! | words | contents |
+//! |---|---|
+//! | `j · in_stride ..` | request `j`'s payload (`in_stride` = the slot's payload words) |
+//! | `runs_at + 16 · r ..` | run `r`'s first header |
+//! | `starts_at + r` | the batch index of run `r`'s first request (rising, the first 0) |
+//!
+//! Request `j` belongs to the last run whose first index is at most `j`; as its `i`-th
+//! message, its header is the run's first with `message_id`, `correlation_id` and
+//! `timestamp` advanced by `i` (the host's
+//! [`MessageHeader::nth_of_run`](ringkernel_core::message::MessageHeader::nth_of_run)).
+//! A request the host refuses is a run of its own with magic 0. Outputs go to the
+//! output ring as in any pass; only `in_slot` differs from `out_slot`.
+//!
 //! The template also declares the WGSL mirrors of the other shared layouts it touches,
 //! `RkControlBlock` and `RkQueueHeader`, checked against `ringkernel-core`'s field
 //! tables by this crate's tests. K2K sends leave a pass as ordinary output slots with
@@ -33,8 +52,9 @@
 //! fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32
 //! ```
 //!
-//! * `in_slot` / `out_slot`: word index of the payload of the request in the input ring
-//!   and of the output slot's payload in the output ring, both multiples of 4 (the rings
+//! * `in_slot` / `out_slot`: word index of the payload of the request in the input
+//!   binding (the ring, or a compact pass's buffer) and of the output slot's payload in
+//!   the output ring, both multiples of 4 (the rings
 //!   are bound as 16-byte units, `array<vec4<u32>>`, so that whole units move in one
 //!   access). Payload word `w` is `rk_in(in_slot + w)`; `rk_in4(in_slot + 4 * i)` reads
 //!   four words at once. Write with `rk_out_set(out_slot + w, v)` or

@@ -141,6 +141,17 @@ pub struct Drain {
     pub node_lo: u32,
     /// Node id, high word.
     pub node_hi: u32,
+    /// Zero: the pass's requests are in the input ring, slot by slot. Otherwise the
+    /// pass is *compact* (see [`crate::drain`]'s "Compact passes"): the input binding
+    /// holds the pass alone, request `j`'s payload at word `j · in_stride`, and the
+    /// headers come from the run table.
+    pub in_stride: u32,
+    /// Compact passes: entries of the run table (at least 1).
+    pub runs: u32,
+    /// Compact passes: word of the run table's first header (16 words an entry).
+    pub runs_at: u32,
+    /// Compact passes: word of the runs' first batch indices (`runs` words, rising).
+    pub starts_at: u32,
     /// Padding.
     pub _pad: u32,
 }
@@ -220,7 +231,11 @@ pub const LAYOUTS: &[LayoutEntry] = &[
             ("state_words", 32),
             ("node_lo", 36),
             ("node_hi", 40),
-            ("_pad", 44),
+            ("in_stride", 44),
+            ("runs", 48),
+            ("runs_at", 52),
+            ("starts_at", 56),
+            ("_pad", 60),
         ],
     ),
     (
@@ -270,7 +285,7 @@ const _: () = {
     assert!(size_of::<Norm>() == 16);
     assert!(size_of::<Rope>() == 16);
     assert!(size_of::<Attention>() == 32);
-    assert!(size_of::<Drain>() == 48);
+    assert!(size_of::<Drain>() == 64);
 };
 
 /// `ConvertParams` in `dtype.wgsl`.

@@ -14,7 +14,10 @@
 //!   wrote straight into an upload buffer, [`DrainTarget::stage_input`], or where that
 //!   is wgpu's mapped buffer on a discrete GPU, into the host ring, copied into the
 //!   upload buffer at once: see `stage_directly`; on Vulkan the upload buffers are host
-//!   memory of the runtime's own, [`crate::upload`]) and the host line of the control
+//!   memory of the runtime's own, [`crate::upload`], and a pass there is *compact*:
+//!   the engine writes its payloads and one header a run into the upload buffer,
+//!   [`DrainTarget::stage_compact`], which the pass binds as its input, so nothing is
+//!   copied into the input ring: see `compact_wanted`) and the host line of the control
 //!   block, records one dispatch and the copies of the output slots and the
 //!   device-written control fields into a readback buffer of its own, submits, and asks
 //!   for the bytes of that pass in the readback buffer to be mapped. Up to eight passes
@@ -65,7 +68,9 @@ use ringkernel_core::registry::KernelRegistry;
 use ringkernel_core::runtime::RuntimeCore;
 use ringkernel_core::util::lock;
 use ringkernel_core::{BackendKind, Error, Result};
-use ringkernel_drain::engine::{CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs};
+use ringkernel_drain::engine::{
+    compact_len, CompileCache, DrainModule, DrainTarget, PassDone, PassOutputs,
+};
 use ringkernel_drain::shadow::{slot_runs, HostRings, DEVICE_WRITTEN};
 use ringkernel_shaders::{drain, params, Access};
 use std::collections::VecDeque;
@@ -128,6 +133,22 @@ fn stage_rule(env: Option<&str>, bar: bool) -> bool {
         Some(v) => v.trim() != "0",
         None => !bar,
     }
+}
+
+/// Environment variable: `0` keeps every pass in ring layout; unset or anything else,
+/// passes staged in host-memory upload buffers are compact ([`compact_wanted`]).
+pub const COMPACT_ENV: &str = "RINGKERNEL_WGPU_COMPACT";
+
+/// Whether passes staged in host-memory upload buffers are *compact*
+/// ([`DrainTarget::stage_compact`]; the drain template's "Compact passes"): the engine
+/// writes each request's payload and one header a run into the upload buffer, which
+/// the pass binds as its input, so nothing is copied into the input ring and a
+/// batch's requests cross to the device without their headers (a `Token` request 80
+/// bytes instead of 144 in slots of 144). Needs upload buffers the device can bind
+/// for storage: the runtime's host memory on Vulkan ([`crate::upload`]), not wgpu's
+/// mapped buffers. [`COMPACT_ENV`] `0` turns it off, for measuring it.
+fn compact_wanted(env: Option<&str>) -> bool {
+    env.is_none_or(|v| v.trim() != "0")
 }
 
 /// A drain pass waiting for its readback, finished by the poller (or by a receiver
@@ -737,7 +758,12 @@ impl Parts {
                 timestamp_writes: None,
             });
             pass.set_pipeline(&me.compiled.pipeline);
-            pass.set_bind_group(0, &me.bind, &[]);
+            // A compact pass reads its requests from its upload buffer.
+            let bind = match &upload {
+                Some(Upload::Host(h)) if p.in_stride != 0 => h.bind.as_ref(),
+                _ => None,
+            };
+            pass.set_bind_group(0, bind.unwrap_or(&me.bind), &[]);
             let [x, y, z] = me.compiled.module.groups(p.count);
             pass.dispatch_workgroups(x, y, z);
         }
@@ -880,8 +906,11 @@ struct Compiled {
 struct Staged {
     up: Upload,
     view: Option<wgpu::BufferViewMut>,
-    /// Bytes of slots (`count · slot_size`).
+    /// Bytes of slots (`count · slot_size`), or of a compact pass (`compact_len`).
     slots: usize,
+    /// A compact pass ([`DrainTarget::stage_compact`]): `up` is host memory with a
+    /// bind group of its own.
+    compact: bool,
 }
 
 /// The device buffers of one kernel and its host copies (shared with the runtime's
@@ -903,8 +932,11 @@ struct Inner {
     /// Upload buffers writable by the host and not in use by a pass (see `upload` and
     /// [`crate::upload`]).
     uploads: Arc<Mutex<Vec<Upload>>>,
-    /// Bytes of each upload buffer: the largest pass the engine hands out.
+    /// Bytes of each upload buffer's slots: the largest pass the engine hands out.
     upload_len: usize,
+    /// The most messages of a compact pass ([`DrainTarget::stage_compact`]); 0 where
+    /// passes are never compact ([`compact_wanted`]).
+    compact_max: usize,
     /// Passes in flight at once ([`DrainTarget::max_in_flight`]).
     in_flight: usize,
     /// Bytes of each readback buffer: the largest pass's slots and the control fields.
@@ -969,6 +1001,30 @@ unsafe impl DrainTarget for WgpuDrainTarget {
         self.inner.in_flight
     }
 
+    /// A host-memory upload buffer with its own bind group (when compact passes are
+    /// on, one is free and the pass fits it): the engine writes the pass there in the
+    /// compact layout, and the pass binds it as its input.
+    fn stage_compact(&self, count: usize) -> Option<*mut u8> {
+        if count == 0 || count > self.inner.compact_max {
+            return None;
+        }
+        let mut uploads = lock(&self.inner.uploads);
+        // Host buffers only, which all have a bind group where `compact_max > 0`.
+        let at = uploads
+            .iter()
+            .position(|u| matches!(u, Upload::Host(h) if h.bind.is_some()))?;
+        let up = uploads.swap_remove(at);
+        drop(uploads);
+        let ptr = up.host_ptr()?.as_ptr();
+        *lock(&self.inner.staged) = Some(Staged {
+            up,
+            view: None,
+            slots: compact_len(count, self.inner.slot_size),
+            compact: true,
+        });
+        Some(ptr)
+    }
+
     /// A mapped upload buffer (when one is free and the pass fits it): the engine
     /// writes the pass's slots there, not into the host ring, and `launch` copies them
     /// to the device ring from it (see [`upload`](WgpuDrainTarget::upload)).
@@ -994,7 +1050,12 @@ unsafe impl DrainTarget for WgpuDrainTarget {
                 (Some(view), ptr)
             }
         };
-        *lock(&self.inner.staged) = Some(Staged { up, view, slots });
+        *lock(&self.inner.staged) = Some(Staged {
+            up,
+            view,
+            slots,
+            compact: false,
+        });
         Some(ptr)
     }
 
@@ -1044,8 +1105,33 @@ impl Inner {
         let total: usize = runs.iter().map(|r| r.len()).sum();
         if let Some(Staged {
             mut up,
+            view: None,
+            slots,
+            compact: true,
+        }) = staged
+        {
+            // The engine wrote the whole pass into `up` (`stage_compact`), which the
+            // pass binds as its input: only the parameters are copied, from after it.
+            if let Err(e) = up.fill(slots + params.len(), |put| put(slots, params)) {
+                up.recycle(self.uploads.clone());
+                return Err(Error::Device(format!(
+                    "upload of a compact drain pass: {e}"
+                )));
+            }
+            enc.copy_buffer_to_buffer(
+                up.buffer(),
+                slots as u64,
+                &self.params,
+                0,
+                params.len() as u64,
+            );
+            return Ok(Some(up));
+        }
+        if let Some(Staged {
+            mut up,
             view,
             slots,
+            ..
         }) = staged
         {
             // The engine wrote the pass's slots into `up` already (`stage_input`).
@@ -1296,10 +1382,15 @@ impl WgpuRuntime {
         let staging = (0..=in_flight)
             .map(|_| readback_buffer(dev, readback_len as u64))
             .collect();
-        let uploads = upload_buffers(
+        // Room for the largest pass in slots or compact (a compact pass of singles
+        // needs 4 bytes a message more than its slots).
+        let pass_max = upload_len / opts.slot_size;
+        let upload_size = upload_len.max(compact_len(pass_max, opts.slot_size))
+            + std::mem::size_of::<params::Drain>();
+        let mut uploads = upload_buffers(
             dev,
             in_flight + 1,
-            (upload_len + std::mem::size_of::<params::Drain>()) as u64,
+            upload_size as u64,
             self.ctx.info.discrete,
             host_uploads_wanted(std::env::var(UPLOAD_ENV).ok().as_deref()),
         );
@@ -1309,21 +1400,41 @@ impl WgpuRuntime {
         self.ctx
             .queue
             .write_buffer(&state, 0, &vec![0u8; state_bytes]);
-        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("rk drain"),
-            layout: &compiled.layout,
-            entries: &[
-                (0, &params),
-                (1, &control),
-                (2, &input),
-                (3, &output),
-                (4, &state),
-            ]
-            .map(|(binding, buf)| wgpu::BindGroupEntry {
-                binding,
-                resource: buf.as_entire_binding(),
-            }),
-        });
+        let bind_with = |input: &wgpu::Buffer| {
+            dev.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("rk drain"),
+                layout: &compiled.layout,
+                entries: &[
+                    (0, &params),
+                    (1, &control),
+                    (2, input),
+                    (3, &output),
+                    (4, &state),
+                ]
+                .map(|(binding, buf)| wgpu::BindGroupEntry {
+                    binding,
+                    resource: buf.as_entire_binding(),
+                }),
+            })
+        };
+        let bind = bind_with(&input);
+        let stage = stage_directly(self.ctx.info.discrete && !host_uploads);
+        // Compact passes bind their upload buffer as the input: host memory only,
+        // within the device's storage-binding limit.
+        let compact = stage
+            && host_uploads
+            && upload_size as u64 <= max
+            && compact_wanted(std::env::var(COMPACT_ENV).ok().as_deref());
+        if compact {
+            for up in &mut uploads {
+                if matches!(up, Upload::Host(_)) {
+                    let bind = bind_with(up.buffer());
+                    if let Upload::Host(h) = up {
+                        h.bind = Some(bind);
+                    }
+                }
+            }
+        }
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!(
                 "buffers of a kernel on {}: {e}",
@@ -1345,10 +1456,11 @@ impl WgpuRuntime {
             staging: Arc::new(Mutex::new(staging)),
             uploads: Arc::new(Mutex::new(uploads)),
             upload_len,
+            compact_max: if compact { pass_max } else { 0 },
             in_flight,
             readback_len,
             staged: Mutex::new(None),
-            stage: stage_directly(self.ctx.info.discrete && !host_uploads),
+            stage,
             control_sent: Mutex::new(None),
             control_seq: Arc::new(Mutex::new(None)),
             bind,
@@ -1383,6 +1495,73 @@ mod tests {
         assert_eq!(passes_in_flight(Some("12")), 12);
         assert_eq!(passes_in_flight(Some("0")), 1);
         assert_eq!(passes_in_flight(Some("100")), 32);
+    }
+
+    /// Where the upload buffers are the runtime's host memory (Vulkan), the engine is
+    /// offered compact passes up to the upload buffers' size, each in a buffer with a
+    /// bind group of its own; elsewhere (wgpu's mapped buffers, `COMPACT_ENV=0`) never.
+    #[test]
+    fn host_memory_uploads_take_compact_passes() {
+        use super::{compact_wanted, WgpuRuntime, COMPACT_ENV};
+        use crate::upload::Upload;
+        use crate::{AdapterSelection, GpuContext};
+        use ringkernel_core::options::LaunchOptions;
+        use ringkernel_core::registry::{GpuHandler, KernelRegistry};
+        use ringkernel_drain::engine::{DrainModule, DrainTarget};
+        use ringkernel_shaders::drain;
+        use std::sync::Arc;
+        let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
+            .map(|s| AdapterSelection::parse(&s))
+            .unwrap_or(AdapterSelection::Any);
+        let ctx = match GpuContext::shared(&sel) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("SKIPPED: no WebGPU adapter: {e}");
+                return;
+            }
+        };
+        let rt = WgpuRuntime::with_context(KernelRegistry::default(), ctx);
+        let (name, wgsl, state) = drain::builtin_handlers()
+            .into_iter()
+            .find(|h| h.0 == "rk.echo")
+            .unwrap();
+        let mut handler = GpuHandler::new(name);
+        handler.wgsl = Some(wgsl);
+        let module = DrainModule::compose(&handler).unwrap();
+        let compiled = Arc::new(rt.compile_module(name, module).unwrap());
+        let opts = LaunchOptions::default()
+            .with_queue_capacity(64)
+            .with_slot_size(144);
+        let t = rt.target(compiled, &opts, state.max(16)).unwrap();
+        let host = matches!(super::lock(&t.inner.uploads).first(), Some(Upload::Host(_)));
+        let want =
+            host && t.inner.stage && compact_wanted(std::env::var(COMPACT_ENV).ok().as_deref());
+        let max = t.inner.compact_max;
+        assert_eq!(max > 0, want, "{}", rt.ctx.info);
+        if !want {
+            assert!(t.stage_compact(1).is_none());
+            return;
+        }
+        assert_eq!(
+            max,
+            64usize.div_ceil(t.inner.in_flight),
+            "a pass's share of the ring"
+        );
+        assert!(
+            t.stage_compact(max + 1).is_none(),
+            "larger than an upload buffer"
+        );
+        for count in [1, max] {
+            assert!(t.stage_compact(count).is_some());
+            let staged = super::lock(&t.inner.staged).take().unwrap();
+            assert!(staged.compact);
+            assert_eq!(
+                staged.slots,
+                ringkernel_drain::engine::compact_len(count, 144)
+            );
+            assert!(matches!(&staged.up, Upload::Host(h) if h.bind.is_some()));
+            staged.up.recycle(t.inner.uploads.clone());
+        }
     }
 
     #[test]

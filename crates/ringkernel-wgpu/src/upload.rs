@@ -11,7 +11,10 @@
 //! never device-local; one allocation for all of a kernel's upload buffers), mapped
 //! once for the buffers' life and handed to wgpu as buffers it copies from. The CPU
 //! then writes at cache speed and the device's copy engine moves the bytes across the
-//! bus.
+//! bus. These buffers can also be bound for storage: a *compact* pass
+//! ([`DrainTarget::stage_compact`](ringkernel_drain::engine::DrainTarget::stage_compact))
+//! binds its upload buffer as its input, and the shader reads the requests from host
+//! memory itself, with no copy into the input ring.
 //!
 //! [`UPLOAD_ENV`] chooses: `mapped` keeps wgpu's buffers; anything else (or unset)
 //! takes host memory where the device is Vulkan and offers a fitting memory type.
@@ -44,6 +47,10 @@ pub(crate) struct HostBuffer {
     buf: wgpu::Buffer,
     ptr: NonNull<u8>,
     len: usize,
+    /// The drain bind group with this buffer as the pass's input (binding 2), for
+    /// compact passes ([`DrainTarget::stage_compact`](ringkernel_drain::engine::DrainTarget::stage_compact)):
+    /// set by the runtime once the kernel's buffers exist.
+    pub(crate) bind: Option<wgpu::BindGroup>,
 }
 
 // SAFETY: `ptr` addresses `len` bytes of host memory that stays allocated and mapped
@@ -230,7 +237,7 @@ fn host_buffers(
         let instance = hal.shared_instance().raw_instance();
         let info = vk::BufferCreateInfo::default()
             .size(size)
-            .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+            .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::STORAGE_BUFFER)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         let mut buffers: Vec<vk::Buffer> = Vec::with_capacity(count);
         // Destroys what was made so far (on a failure, before any memory is bound).
@@ -344,7 +351,8 @@ fn host_buffers(
             .enumerate()
             .map(|(i, hal_buffer)| {
                 // SAFETY: `hal_buffer` was created on this device's handle with exactly
-                // this size and a `TRANSFER_SRC` usage (what `COPY_SRC` needs), is bound
+                // this size and the `TRANSFER_SRC` and `STORAGE_BUFFER` usages (what
+                // `COPY_SRC` and `STORAGE` need), is bound
                 // to memory and non-empty (the caller's passes are at least one slot);
                 // its bytes count as initialised (host memory the engine writes before
                 // every copy).
@@ -354,12 +362,13 @@ fn host_buffers(
                         &wgpu::BufferDescriptor {
                             label: Some("rk upload (host)"),
                             size,
-                            usage: wgpu::BufferUsages::COPY_SRC,
+                            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::STORAGE,
                             mapped_at_creation: false,
                         },
                     )
                 };
                 HostBuffer {
+                    bind: None,
                     buf,
                     // SAFETY: buffer `i`'s bytes start `i · stride` into the mapped
                     // allocation, inside it (`i · stride < count · stride = total`).

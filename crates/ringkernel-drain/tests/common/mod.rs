@@ -15,7 +15,7 @@ use ringkernel_core::message::{
     flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
 };
 use ringkernel_core::{Error, Result};
-use ringkernel_drain::engine::{slot_offset, DrainTarget, PassDone, PassOutputs};
+use ringkernel_drain::engine::{compact_len, slot_offset, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::HostRings;
 use ringkernel_shaders::params;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,6 +63,11 @@ pub struct CpuTarget {
     /// copies them into the input ring, as wgpu's upload buffers do; every pass must
     /// then come staged.
     pub stage: bool,
+    /// When set, every pass is compact (`DrainTarget::stage_compact`, its buffer
+    /// poisoned before it is handed out): `launch` rebuilds each request's header from
+    /// the run table as the drain template does and writes the slots into the input
+    /// ring.
+    pub compact: bool,
     staged: std::sync::Mutex<Option<Vec<u8>>>,
     /// Passes whose slots came staged.
     pub staged_passes: Arc<AtomicU64>,
@@ -96,6 +101,7 @@ impl CpuTarget {
             running: Arc::new(AtomicU64::new(0)),
             most_running: Arc::new(AtomicU64::new(0)),
             stage: false,
+            compact: false,
             staged: std::sync::Mutex::new(None),
             staged_passes: Arc::new(AtomicU64::new(0)),
             done_order: Arc::default(),
@@ -215,8 +221,37 @@ unsafe impl DrainTarget for CpuTarget {
         }
         assert_eq!(p.slot_words as usize * 4, self.slot_size);
         let staged = self.staged.lock().unwrap().take();
-        assert_eq!(staged.is_some(), self.stage, "every pass staged, or none");
-        if let Some(bytes) = staged {
+        assert_eq!(
+            staged.is_some(),
+            self.stage || self.compact,
+            "every pass staged, or none"
+        );
+        assert_eq!(
+            p.in_stride != 0,
+            self.compact,
+            "compact passes only when asked"
+        );
+        if let Some(bytes) = staged.as_ref().filter(|_| self.compact) {
+            let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
+            let capacity = p.mask as usize + 1;
+            for (j, (header, payload)) in unpack_compact(bytes, &p, self.slot_size)
+                .into_iter()
+                .enumerate()
+            {
+                let off = slot_offset(first + j as u64, capacity, self.slot_size);
+                // SAFETY: one input slot of this pass, inside the ring; the engine wrote
+                // the compact buffer instead of it, so nothing else touches it.
+                unsafe {
+                    std::ptr::write_unaligned(self.input().add(off).cast(), header);
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        self.input().add(off + HEADER_SIZE),
+                        payload.len(),
+                    );
+                }
+            }
+            self.staged_passes.fetch_add(1, Ordering::SeqCst);
+        } else if let Some(bytes) = staged {
             let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
             let capacity = p.mask as usize + 1;
             assert_eq!(bytes.len(), p.count as usize * self.slot_size);
@@ -276,6 +311,17 @@ unsafe impl DrainTarget for CpuTarget {
         self.in_flight
     }
 
+    fn stage_compact(&self, count: usize) -> Option<*mut u8> {
+        if !self.compact {
+            return None;
+        }
+        let mut bytes = vec![0xA5u8; compact_len(count, self.slot_size)];
+        let ptr = bytes.as_mut_ptr();
+        // The Vec's heap memory does not move when the Vec itself is moved.
+        *self.staged.lock().unwrap() = Some(bytes);
+        Some(ptr)
+    }
+
     fn stage_input(&self, count: usize) -> Option<*mut u8> {
         if !self.stage {
             return None;
@@ -286,4 +332,54 @@ unsafe impl DrainTarget for CpuTarget {
         *self.staged.lock().unwrap() = Some(bytes);
         Some(ptr)
     }
+}
+
+/// The requests of a compact pass (`bytes`, `compact_len` of the pass's requested
+/// count), as the drain template reads them: for each request its header, rebuilt
+/// from its run's entry, and its payload (the whole stride). Asserts the layout: at
+/// least one run, the first starting at 0, starts rising and inside the pass.
+pub fn unpack_compact(
+    bytes: &[u8],
+    p: &params::Drain,
+    slot_size: usize,
+) -> Vec<(MessageHeader, Vec<u8>)> {
+    let stride = p.in_stride as usize * 4;
+    assert_eq!(stride, slot_size - HEADER_SIZE, "payload stride");
+    let (runs, runs_at, starts_at) = (
+        p.runs as usize,
+        p.runs_at as usize * 4,
+        p.starts_at as usize * 4,
+    );
+    assert!(
+        runs >= 1 && runs <= p.count as usize,
+        "{runs} runs for {} requests",
+        p.count
+    );
+    assert!(runs_at >= p.count as usize * stride && starts_at >= runs_at + runs * HEADER_SIZE);
+    assert!(starts_at + runs * 4 <= bytes.len());
+    let start = |r: usize| {
+        u32::from_le_bytes(
+            bytes[starts_at + 4 * r..starts_at + 4 * r + 4]
+                .try_into()
+                .unwrap(),
+        ) as usize
+    };
+    assert_eq!(start(0), 0, "the first run starts the pass");
+    assert!(
+        (1..runs).all(|r| start(r) > start(r - 1) && start(r) < p.count as usize),
+        "run starts rise"
+    );
+    (0..p.count as usize)
+        .map(|j| {
+            let r = (0..runs).rev().find(|&r| start(r) <= j).unwrap();
+            let entry: MessageHeader =
+                bytemuck::pod_read_unaligned(&bytes[runs_at + r * HEADER_SIZE..][..HEADER_SIZE]);
+            let i = (j - start(r)) as u64;
+            let mut h = entry;
+            h.message_id = entry.message_id.wrapping_add(i);
+            h.correlation_id = entry.correlation_id.wrapping_add(i);
+            h.timestamp = entry.timestamp.wrapping_add(i);
+            (h, bytes[j * stride..(j + 1) * stride].to_vec())
+        })
+        .collect()
 }
