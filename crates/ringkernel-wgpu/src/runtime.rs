@@ -280,7 +280,14 @@ struct Poller {
     /// Launcher threads ([`LAUNCHER_ENV`]); 0: every pass is launched on the thread
     /// that starts it.
     launchers: usize,
+    /// Whether a helping receiver finishes large passes too ([`HELP_ENV`]).
+    help_large: bool,
 }
+
+/// Environment variable: `1` makes a receiver that waits for a reply finish large
+/// passes too (of [`DEFER_MIN`] messages or more), beside the poller and finisher;
+/// unset or anything else, small ones only ([`Poller::help`]). For measuring it.
+pub const HELP_ENV: &str = "RINGKERNEL_WGPU_HELP_LARGE";
 
 /// The launcher threads' queue.
 #[derive(Default)]
@@ -313,6 +320,7 @@ impl Poller {
             turn_wake: std::sync::Condvar::new(),
             launcher: Mutex::new(false),
             launchers: launcher_threads(std::env::var(LAUNCHER_ENV).ok().as_deref()),
+            help_large: std::env::var(HELP_ENV).is_ok_and(|v| v.trim() == "1"),
         })
     }
 
@@ -484,16 +492,20 @@ impl Poller {
     /// reads each pass's outputs on the thread that finishes it and queues them in
     /// launch order. Never called with an engine lock held.
     fn finish_ready(&self) -> bool {
+        self.finish_ready_of(false)
+    }
+
+    /// [`finish_ready`](Self::finish_ready), of small passes only when `small_only`.
+    fn finish_ready_of(&self, small_only: bool) -> bool {
         let mut any = false;
         loop {
             let next = {
                 let mut ready = lock(&self.ready);
-                if ready.is_empty() {
-                    None
-                } else {
-                    serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
-                    Some(ready.remove(0))
-                }
+                serve_order(&mut ready, |(c, _)| (c.priority, c.seq));
+                ready
+                    .iter()
+                    .position(|(c, _)| c.small || !small_only)
+                    .map(|at| ready.remove(at))
             };
             let Some((c, r)) = next else { return any };
             let small = c.small;
@@ -513,6 +525,11 @@ impl Poller {
     /// pass's reply is queued without a hand-off to the poller thread. One receiver at
     /// a time polls (the others only finish what is mapped); the poller and finisher
     /// threads keep finishing passes too, each pass on whichever thread takes it.
+    /// Large passes (a batch) are left to them unless [`HELP_ENV`] says otherwise: a
+    /// receiver of a batched stream that finishes one spends on it the time it then
+    /// lacks for taking the replies the other threads have finished meanwhile (on an
+    /// H200 the batched echo made 1.09x the messages a second without, medians of eight
+    /// alternating runs, faster in 7 of 8; BENCHMARKS.md, 2026-11-29).
     fn help(&self) -> bool {
         if self.outstanding.load(Ordering::Acquire) == 0 {
             return false;
@@ -522,14 +539,14 @@ impl Poller {
         // the device, has it, and a receiver's poll is a system call. In the batched
         // echo on an H200 this left the rate as it was (BENCHMARKS.md, 2026-11-28).
         if self.small.load(Ordering::Acquire) == 0 {
-            return self.finish_ready();
+            return self.finish_ready_of(!self.help_large);
         }
         if let Ok(_polling) = self.polling.try_lock() {
             if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
                 tracing::error!(adapter = %self.ctx.info.name, error = %e, "wgpu poll failed");
             }
         }
-        self.finish_ready()
+        self.finish_ready_of(!self.help_large)
     }
 
     fn run(weak: Weak<Poller>) {
@@ -1112,6 +1129,9 @@ impl Inner {
         {
             // The engine wrote the whole pass into `up` (`stage_compact`), which the
             // pass binds as its input: only the parameters are copied, from after it.
+            // (Copying the pass into device memory first, its payloads, run headers
+            // and run starts, made no difference on an H200: BENCHMARKS.md,
+            // 2026-11-29.)
             if let Err(e) = up.fill(slots + params.len(), |put| put(slots, params)) {
                 up.recycle(self.uploads.clone());
                 return Err(Error::Device(format!(
@@ -1427,11 +1447,8 @@ impl WgpuRuntime {
             && compact_wanted(std::env::var(COMPACT_ENV).ok().as_deref());
         if compact {
             for up in &mut uploads {
-                if matches!(up, Upload::Host(_)) {
-                    let bind = bind_with(up.buffer());
-                    if let Upload::Host(h) = up {
-                        h.bind = Some(bind);
-                    }
+                if let Upload::Host(h) = up {
+                    h.bind = Some(bind_with(&h.buf));
                 }
             }
         }

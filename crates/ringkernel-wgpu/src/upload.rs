@@ -44,7 +44,7 @@ pub(crate) enum Upload {
 /// Host memory the device copies from, mapped for as long as `buf` lives.
 #[cfg_attr(any(target_arch = "wasm32", target_vendor = "apple"), allow(dead_code))]
 pub(crate) struct HostBuffer {
-    buf: wgpu::Buffer,
+    pub(crate) buf: wgpu::Buffer,
     ptr: NonNull<u8>,
     len: usize,
     /// The drain bind group with this buffer as the pass's input (binding 2), for
