@@ -38,8 +38,10 @@
 //! * The map callback only hands the completion to the runtime's **poller**, one OS
 //!   thread that drives the device (`Device::poll`, waiting for the oldest pass in
 //!   flight, so each pass is finished as soon as it is done while the device runs the
-//!   later ones) while passes are outstanding and finishes them, beside a **finisher**
-//!   thread ([`FINISHER_THREAD`]) and any receiver waiting for a reply: each pass is
+//!   later ones) while passes are outstanding and finishes them, beside the
+//!   **finisher** threads ([`FINISHER_THREAD`], [`FINISHERS`] of them on a host of
+//!   [`FINISHERS_MIN_CPUS`] CPUs or more, else one) and any receiver
+//!   waiting for a reply (small passes only, see `Poller::help`): each pass is
 //!   finished on one of them (its control fields copied into the host copy, its
 //!   outputs read by the engine's completion, which queues them in launch order and
 //!   may start the next pass), several passes at once. Completions never run inside a
@@ -244,8 +246,9 @@ impl Completion {
 }
 
 /// Drives the device for a runtime's passes and finishes them: its thread polls the
-/// device and finishes passes, a second thread ([`FINISHER_THREAD`]) finishes passes
-/// beside it, and a receiver waiting for a reply finishes them too ([`Poller::help`]).
+/// device and finishes passes, finisher threads ([`FINISHER_THREAD`]) finish passes
+/// beside it, and a receiver waiting for a reply finishes small ones too
+/// ([`Poller::help`]).
 struct Poller {
     ctx: Arc<GpuContext>,
     /// Passes whose readback map callback has run.
@@ -333,7 +336,8 @@ impl Poller {
                 .spawn(move || Poller::run(weak))
                 .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
             *started = true;
-            if finishers() {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            for _ in 0..finisher_threads(std::env::var(FINISHER_ENV).ok().as_deref(), cpus) {
                 let weak = Arc::downgrade(self);
                 let spawned = std::thread::Builder::new()
                     .name(FINISHER_THREAD.into())
@@ -347,8 +351,9 @@ impl Poller {
         Ok(())
     }
 
-    /// The finisher thread: finishes passes whose readback is mapped, beside the
-    /// poller (which also waits on the device). Ends once the poller is unused.
+    /// A finisher thread: finishes passes whose readback is mapped, beside the poller
+    /// (which also waits on the device) and the other finishers. Ends once the poller
+    /// is unused.
     fn finish_loop(weak: Weak<Poller>) {
         loop {
             let Some(p) = weak.upgrade() else { return };
@@ -618,17 +623,39 @@ pub const DEFER_MIN: u32 = 1024;
 /// Name of the launcher threads (under the 15 bytes Linux keeps of a thread's name).
 pub const LAUNCHER_THREAD: &str = "rk-wgpu-launch";
 
-/// Name of the finisher thread, which finishes passes beside the poller (see the
+/// Name of the finisher threads, which finish passes beside the poller (see the
 /// [module docs](self)).
 pub const FINISHER_THREAD: &str = "rk-wgpu-finish";
 
-/// Environment variable: `0` runs no finisher thread (the poller and helping receivers
-/// finish every pass); for measuring it.
+/// Environment variable: the number of finisher threads beside the poller
+/// ([`FINISHERS`] when unset; `0` runs none: the poller and helping receivers finish
+/// every pass); for measuring them.
 pub const FINISHER_ENV: &str = "RINGKERNEL_WGPU_FINISHER";
 
-/// Whether a runtime starts the finisher thread ([`FINISHER_ENV`]).
-fn finishers() -> bool {
-    std::env::var(FINISHER_ENV).map_or(true, |v| v.trim() != "0")
+/// Finisher threads a runtime starts beside the poller on a host of at least
+/// [`FINISHERS_MIN_CPUS`] CPUs (one on a smaller host). Two rather than one: each
+/// pass's outputs are read on one thread (its headers from the readback buffer, its
+/// replies into the reply queue), and with one finisher the poller and it were the
+/// busiest threads of the batched echo; on an H200 host (16 vCPUs) two made 1.22x the
+/// messages a second (medians of eight alternating runs, faster in 7 of 8; three:
+/// 1.18x). On the 2-vCPU development VM (lavapipe) a second one made 0.89x (4 of 4
+/// slower), hence the CPU rule (BENCHMARKS.md, 2026-11-29).
+pub const FINISHERS: usize = 2;
+
+/// Hosts with fewer CPUs than this start one finisher thread ([`FINISHERS`]).
+pub const FINISHERS_MIN_CPUS: usize = 8;
+
+/// Finisher threads for the value of [`FINISHER_ENV`] (`None`: unset; a value that is
+/// not a number: the default), at most 8.
+fn finisher_threads(env: Option<&str>, cpus: usize) -> usize {
+    let default = if cpus >= FINISHERS_MIN_CPUS {
+        FINISHERS
+    } else {
+        1
+    };
+    env.and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(default)
+        .min(8)
 }
 
 /// Environment variable: the number of launcher threads ([`LAUNCHERS`] when unset);
@@ -1498,7 +1525,8 @@ fn _assert_send_sync() {
 #[cfg(test)]
 mod tests {
     use super::{
-        launcher_threads, passes_in_flight, serve_order, stage_rule, LAUNCHERS, PASSES_IN_FLIGHT,
+        finisher_threads, launcher_threads, passes_in_flight, serve_order, stage_rule, FINISHERS,
+        LAUNCHERS, PASSES_IN_FLIGHT,
     };
 
     #[test]
@@ -1508,6 +1536,12 @@ mod tests {
         assert_eq!(launcher_threads(Some(" 3 ")), 3);
         assert_eq!(launcher_threads(Some("64")), 8);
         assert_eq!(launcher_threads(Some("many")), LAUNCHERS);
+        assert_eq!(finisher_threads(None, 16), FINISHERS);
+        assert_eq!(finisher_threads(None, 2), 1);
+        assert_eq!(finisher_threads(Some("0"), 16), 0);
+        assert_eq!(finisher_threads(Some(" 3 "), 2), 3);
+        assert_eq!(finisher_threads(Some("64"), 16), 8);
+        assert_eq!(finisher_threads(Some("two"), 16), FINISHERS);
         assert_eq!(passes_in_flight(None), PASSES_IN_FLIGHT);
         assert_eq!(passes_in_flight(Some("12")), 12);
         assert_eq!(passes_in_flight(Some("0")), 1);
