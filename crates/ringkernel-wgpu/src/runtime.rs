@@ -804,10 +804,18 @@ impl Parts {
             pass.set_pipeline(&me.compiled.pipeline);
             // A compact pass reads its requests from its upload buffer.
             let bind = match &upload {
-                Some(Upload::Host(h)) if p.in_stride != 0 => h.bind.as_ref(),
+                _ if p.in_stride == 0 => Some(&me.bind),
+                Some(Upload::Host(h)) => h.bind.as_ref(),
                 _ => None,
             };
-            pass.set_bind_group(0, bind.unwrap_or(&me.bind), &[]);
+            let Some(bind) = bind else {
+                drop(pass);
+                lock(&me.staging).push(staging);
+                return Err(Error::Device(
+                    "a compact drain pass without its upload buffer's bind group".into(),
+                ));
+            };
+            pass.set_bind_group(0, bind, &[]);
             let [x, y, z] = me.compiled.module.groups(p.count);
             pass.dispatch_workgroups(x, y, z);
         }
@@ -1007,18 +1015,23 @@ struct WgpuDrainTarget {
 }
 
 // SAFETY: `input`/`output`/`control` are the host copies in `rings` (owned through an
-// `Arc`, alive as long as the target and every pending completion): rings of
-// `ring_len` bytes and a 128-byte control block, addressed only through raw pointers.
-// The "device" side (a completion's copy-out) writes only the device-written control
-// fields (under the kernel's `control_seq`), after the pass finished and before `done`.
-// `done` runs on the poller, the finisher or a helping receiver (or, for a pass whose
-// deferred launch failed, on a launcher thread), never inside `launch`. `stage_input`
-// hands out the mapped range of an upload buffer taken from the pool (so no pass in
-// flight uses it), whose view stays in `staged` until the following `launch` takes it
-// into that pass's job, which unmaps it: `count · slot_size` bytes the host may write, nothing else addressing them
-// meanwhile. A job reads the pass's input slots of the host ring (`Inner::upload`)
-// after `launch` returned, possibly on a launcher thread: those slots stay the pass's
-// until its `done` (the engine counts them busy), so nothing writes them meanwhile.
+// `Arc`, alive as long as the target and every pending completion): rings of `ring_len`
+// bytes and a 128-byte control block, addressed only through raw pointers. The "device"
+// side (a completion's copy-out) writes only the device-written control fields (under
+// the kernel's `control_seq`), after the pass finished and before `done`. `done` runs on
+// the poller, the finisher or a helping receiver (or, for a pass whose deferred launch
+// failed, on a launcher thread), never inside `launch`. `stage_input` hands out the
+// mapped range of an upload buffer taken from the pool (so no pass in flight uses it),
+// whose view stays in `staged` until the following `launch` takes it into that pass's
+// job, which unmaps it: `count · slot_size` bytes the host may write, nothing else
+// addressing them meanwhile. `stage_compact` hands out a host-memory upload buffer taken
+// from the pool the same way: its first `compact_len(count, slot_size)` bytes (the
+// buffer was made at least that large for any pass up to `compact_max`), mapped for the
+// buffer's life, which the device reads only in the pass that `launch` then records, and
+// which goes back to the pool only once that pass is done. A job reads the pass's input
+// slots of the host ring (`Inner::upload`) after `launch` returned, possibly on a
+// launcher thread: those slots stay the pass's until its `done` (the engine counts them
+// busy), so nothing writes them meanwhile.
 unsafe impl DrainTarget for WgpuDrainTarget {
     ringkernel_drain::host_rings_memory!(rings);
 
