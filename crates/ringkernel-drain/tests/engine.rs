@@ -850,52 +850,36 @@ async fn batched_sends_and_receives_through_a_small_ring_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn staged_passes_carry_the_same_messages_as_the_ring() {
-    // The engine writes each pass's slots where the target stages them (as into wgpu's
-    // upload buffers) instead of the input ring: ids, order, values and timestamps are
-    // those of the ring path, with passes in flight and batches larger than the ring.
-    let core = core();
-    let opts = LaunchOptions::default().with_queue_capacity(16);
-    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, Staging::Slots);
-    batched_echo(&k, 2000, 300).await;
-    let passes = engine.target().passes.load(Ordering::SeqCst);
-    assert_eq!(
-        engine.target().staged_passes.load(Ordering::SeqCst),
-        passes,
-        "every pass staged"
-    );
-    let m = k.metrics();
-    assert_eq!((m.received, m.processed, m.dropped), (2000, 2000, 0));
-    k.terminate().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compact_passes_carry_the_same_messages_as_the_ring() {
-    // Compact passes (payloads at their stride, one header a run): the stand-in
-    // rebuilds each request's header from the run table as the drain template does.
-    // Batches (runs, split across passes and lanes), single sends between them (runs of
-    // one) and passes in flight: ids, order, values and correlation ids as in the ring.
-    let core = core();
-    let opts = LaunchOptions::default().with_queue_capacity(16);
-    let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, Staging::Compact);
-    batched_echo(&k, 2000, 300).await;
-    for i in 0..40u64 {
-        let r: Token = k
-            .call(Token::new(i, i as f64), Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!((r.id, r.value), (i, 2.0 * i as f64));
+async fn staged_and_compact_passes_carry_the_same_messages_as_the_ring() {
+    // The engine writes each pass where the target stages it (as into wgpu's upload
+    // buffers) instead of the input ring: in slots, or compact (payloads at their
+    // stride, one header a run, which the stand-in rebuilds each request's header from
+    // as the drain template does). Batches larger than the ring (runs split across
+    // passes and lanes), single calls between them (runs of one), passes in flight:
+    // ids, order, values, timestamps and correlation ids as in the ring.
+    for stage in [Staging::Slots, Staging::Compact] {
+        let core = core();
+        let opts = LaunchOptions::default().with_queue_capacity(16);
+        let (k, engine) = launch_with(&core, "echo", Handler::Echo, opts, 3, stage);
+        batched_echo(&k, 2000, 300).await;
+        for i in 0..40u64 {
+            let r: Token = k
+                .call(Token::new(i, i as f64), Duration::from_secs(5))
+                .await
+                .unwrap();
+            assert_eq!((r.id, r.value), (i, 2.0 * i as f64), "{stage:?}");
+        }
+        batched_echo(&k, 500, 7).await;
+        let passes = engine.target().passes.load(Ordering::SeqCst);
+        assert_eq!(
+            engine.target().staged_passes.load(Ordering::SeqCst),
+            passes,
+            "every pass staged ({stage:?})"
+        );
+        let m = k.metrics();
+        assert_eq!((m.received, m.processed, m.dropped), (2540, 2540, 0));
+        k.terminate().await.unwrap();
     }
-    batched_echo(&k, 500, 7).await;
-    let passes = engine.target().passes.load(Ordering::SeqCst);
-    assert_eq!(
-        engine.target().staged_passes.load(Ordering::SeqCst),
-        passes,
-        "every pass compact"
-    );
-    let m = k.metrics();
-    assert_eq!((m.received, m.processed, m.dropped), (2540, 2540, 0));
-    k.terminate().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,6 +42,22 @@ pub use halo::{HaloExchangeConfig, WgpuHaloExchange};
 pub use ringkernel_shaders::MatmulTile;
 pub use runtime::{register_wgsl_builtins, WgpuRuntime};
 
+/// The device the crate's unit tests run on (`RINGKERNEL_WGPU_TEST_ADAPTER`, any adapter
+/// when unset), or `None`, with SKIPPED printed, where there is none.
+#[cfg(test)]
+pub(crate) fn test_context() -> Option<Arc<GpuContext>> {
+    let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
+        .map(|s| AdapterSelection::parse(&s))
+        .unwrap_or(AdapterSelection::Any);
+    match GpuContext::shared(&sel) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("SKIPPED: no WebGPU adapter: {e}");
+            None
+        }
+    }
+}
+
 use ringkernel_core::{BackendKind, Error, Result};
 use std::fmt;
 use std::sync::{Arc, Mutex};

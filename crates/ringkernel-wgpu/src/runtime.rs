@@ -1568,21 +1568,13 @@ mod tests {
     fn host_memory_uploads_take_compact_passes() {
         use super::{compact_wanted, WgpuRuntime, COMPACT_ENV};
         use crate::upload::Upload;
-        use crate::{AdapterSelection, GpuContext};
         use ringkernel_core::options::LaunchOptions;
         use ringkernel_core::registry::{GpuHandler, KernelRegistry};
         use ringkernel_drain::engine::{DrainModule, DrainTarget};
         use ringkernel_shaders::drain;
         use std::sync::Arc;
-        let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
-            .map(|s| AdapterSelection::parse(&s))
-            .unwrap_or(AdapterSelection::Any);
-        let ctx = match GpuContext::shared(&sel) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("SKIPPED: no WebGPU adapter: {e}");
-                return;
-            }
+        let Some(ctx) = crate::test_context() else {
+            return;
         };
         let rt = WgpuRuntime::with_context(KernelRegistry::default(), ctx);
         let (name, wgsl, state) = drain::builtin_handlers()

@@ -393,7 +393,6 @@ fn host_buffers(
 #[cfg(test)]
 mod tests {
     use super::{host_uploads_wanted, pick_host_type, upload_buffers, MemoryType, Upload};
-    use crate::{AdapterSelection, GpuContext};
     use ringkernel_core::util::SplitMix64;
     use std::sync::{Arc, Mutex};
 
@@ -402,15 +401,8 @@ mod tests {
     /// time through buffers that went back to the pool after the first pass.
     #[test]
     fn uploads_reach_the_device_intact_and_are_reused() {
-        let sel = std::env::var("RINGKERNEL_WGPU_TEST_ADAPTER")
-            .map(|s| AdapterSelection::parse(&s))
-            .unwrap_or(AdapterSelection::Any);
-        let ctx = match GpuContext::shared(&sel) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("SKIPPED: no WebGPU adapter: {e}");
-                return;
-            }
+        let Some(ctx) = crate::test_context() else {
+            return;
         };
         let dev = &ctx.device;
         let len = 4096 + 48;
