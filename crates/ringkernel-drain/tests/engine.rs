@@ -883,6 +883,51 @@ async fn staged_and_compact_passes_carry_the_same_messages_as_the_ring() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compact_pass_gives_each_request_of_a_run_its_own_size_and_header() {
+    // A run whose payloads differ in size: in a compact pass each size change starts a
+    // run entry of its own, so every request is rebuilt with its own length, id,
+    // correlation id and timestamp, and its own bytes. With the sender filling passes
+    // (the run goes straight into the pass) and without (it waits in a lane first).
+    use ringkernel_core::message::Payload;
+    let lens = [72usize, 72, 80, 16, 16, 16, 72, 8, 8, 64];
+    for sender_fills in [false, true] {
+        let core = core();
+        let opts = LaunchOptions::default().with_queue_capacity(64);
+        let (k, engine) = launch_config(
+            &core,
+            "refuse",
+            Handler::Refuse,
+            opts,
+            1,
+            Staging::Compact,
+            sender_fills,
+        );
+        let mut first = MessageHeader::new(0x5EED, 0);
+        (first.message_id, first.correlation_id, first.timestamp) = (1000, 70, 5);
+        let bytes: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|b| (i * 31 + b) as u8).collect())
+            .collect();
+        let payloads: Vec<Payload<'_>> = bytes.iter().map(|b| Payload::Borrowed(b)).collect();
+        assert_eq!(
+            engine.try_enqueue_run(&first, &payloads).unwrap(),
+            lens.len()
+        );
+        let k2 = k.clone();
+        wait_until(move || k2.metrics().dropped == lens.len() as u64).await;
+        let seen = engine.target().seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), lens.len(), "sender_fills {sender_fills}");
+        for (i, (h, payload)) in seen.iter().enumerate() {
+            let want = first.nth_of_run(i as u64, lens[i]);
+            assert_eq!(h, &want, "request {i}, sender_fills {sender_fills}");
+            assert_eq!(payload, &bytes[i], "request {i}'s bytes");
+        }
+        k.terminate().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_into_a_full_queue_takes_what_fits() {
     let core = core();
     let opts = LaunchOptions::default()

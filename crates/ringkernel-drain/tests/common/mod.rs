@@ -68,6 +68,9 @@ pub struct CpuTarget {
     /// the run table as the drain template does and writes the slots into the input
     /// ring.
     pub compact: bool,
+    /// The requests of every compact pass, as `launch` rebuilt them (header and the
+    /// payload's bytes), in pass order.
+    pub seen: Arc<std::sync::Mutex<Vec<(MessageHeader, Vec<u8>)>>>,
     staged: std::sync::Mutex<Option<Vec<u8>>>,
     /// Passes whose slots came staged.
     pub staged_passes: Arc<AtomicU64>,
@@ -102,6 +105,7 @@ impl CpuTarget {
             most_running: Arc::new(AtomicU64::new(0)),
             stage: false,
             compact: false,
+            seen: Arc::default(),
             staged: std::sync::Mutex::new(None),
             staged_passes: Arc::new(AtomicU64::new(0)),
             done_order: Arc::default(),
@@ -234,10 +238,13 @@ unsafe impl DrainTarget for CpuTarget {
         if let Some(bytes) = staged.as_ref().filter(|_| self.compact) {
             let first = p.first_lo as u64 | ((p.first_hi as u64) << 32);
             let capacity = p.mask as usize + 1;
-            for (j, (header, payload)) in unpack_compact(bytes, &p, self.slot_size)
-                .into_iter()
-                .enumerate()
-            {
+            let requests = unpack_compact(bytes, &p, self.slot_size);
+            self.seen.lock().unwrap().extend(
+                requests
+                    .iter()
+                    .map(|(h, b)| (*h, b[..(h.payload_len as usize).min(b.len())].to_vec())),
+            );
+            for (j, (header, payload)) in requests.into_iter().enumerate() {
                 let off = slot_offset(first + j as u64, capacity, self.slot_size);
                 // SAFETY: one input slot of this pass, inside the ring; the engine wrote
                 // the compact buffer instead of it, so nothing else touches it.
