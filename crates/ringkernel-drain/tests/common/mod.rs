@@ -37,6 +37,9 @@ pub enum Handler {
 
 struct Mem(Box<[u64]>);
 
+/// A request as the stand-in rebuilt it from a compact pass: its header and bytes.
+pub type Request = (MessageHeader, Vec<u8>);
+
 /// Host-visible memory of one kernel and the stand-in "device".
 pub struct CpuTarget {
     rings: HostRings,
@@ -70,7 +73,7 @@ pub struct CpuTarget {
     pub compact: bool,
     /// The requests of every compact pass, as `launch` rebuilt them (header and the
     /// payload's bytes), in pass order.
-    pub seen: Arc<std::sync::Mutex<Vec<(MessageHeader, Vec<u8>)>>>,
+    pub seen: Arc<std::sync::Mutex<Vec<Request>>>,
     staged: std::sync::Mutex<Option<Vec<u8>>>,
     /// Passes whose slots came staged.
     pub staged_passes: Arc<AtomicU64>,
