@@ -348,11 +348,7 @@ unsafe impl DrainTarget for CpuTarget {
 /// count), as the drain template reads them: for each request its header, rebuilt
 /// from its run's entry, and its payload (the whole stride). Asserts the layout: at
 /// least one run, the first starting at 0, starts rising and inside the pass.
-pub fn unpack_compact(
-    bytes: &[u8],
-    p: &params::Drain,
-    slot_size: usize,
-) -> Vec<(MessageHeader, Vec<u8>)> {
+pub fn unpack_compact(bytes: &[u8], p: &params::Drain, slot_size: usize) -> Vec<Request> {
     let stride = p.in_stride as usize * 4;
     assert_eq!(stride, slot_size - HEADER_SIZE, "payload stride");
     let (runs, runs_at, starts_at) = (
