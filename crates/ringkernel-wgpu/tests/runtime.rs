@@ -355,6 +355,92 @@ fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
     rt.shutdown().await.unwrap();
 }
 
+/// A WGSL handler sees each request's own header fields, whether its pass carried the
+/// request in a slot or compactly (one header for a run of a batch, which the template
+/// advances for each message of the run): batches split over passes, single sends
+/// between them. The handler returns the request's message id, correlation id and
+/// timestamp in the reply's stamps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wgsl_handler_sees_each_requests_own_header() {
+    const HANDLER: &str = "
+fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
+    if (!token_begin(ctx, in_slot, out_slot)) {
+        return RK_ERR_TYPE_MISMATCH;
+    }
+    rk_out_set_u64(out_slot + TOKEN_STAMPS + 2u, (*ctx).request.message_id);
+    rk_out_set_u64(out_slot + TOKEN_STAMPS + 4u, (*ctx).request.correlation_id);
+    rk_out_set_u64(out_slot + TOKEN_STAMPS + 6u, (*ctx).request.timestamp);
+    rk_reply(ctx, TOKEN_TYPE_ID, TOKEN_BYTES);
+    return 0u;
+}
+";
+    let reg = KernelRegistry::new();
+    reg.register_gpu(
+        ringkernel_core::registry::GpuHandler::new("fields").with_wgsl(format!(
+            "{}\n{HANDLER}",
+            ringkernel_shaders::drain::TOKEN_LIB
+        )),
+    );
+    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let k = rt
+        .launch(
+            "fields",
+            // Room for every request at once (the test sends a batch before it takes
+            // its replies); a pass takes at most an eighth of the ring, so the larger
+            // batches are split over passes.
+            LaunchOptions::default()
+                .with_queue_capacity(2048)
+                .with_slot_size(144),
+        )
+        .await
+        .unwrap();
+    // (first token id, count): batches of several sizes, and single sends.
+    let sends = [
+        (0u64, 700u64),
+        (700, 1),
+        (701, 300),
+        (1001, 1),
+        (1002, 1),
+        (1003, 97),
+    ];
+    let mut ids = Vec::new();
+    let mut got: Vec<ringkernel_core::message::Envelope> = Vec::new();
+    for &(start, n) in &sends {
+        let msgs: Vec<Token> = (start..start + n).map(|i| Token::new(i, 1.0)).collect();
+        ids.extend(k.send_batch(&msgs).await.unwrap());
+        while (got.len() as u64) < start + n {
+            let left = (start + n) as usize - got.len();
+            got.extend(
+                k.receive_batch(left, Some(Duration::from_secs(20)))
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    let mut last_ts = 0u64;
+    for &(start, n) in &sends {
+        for i in start..start + n {
+            let env = &got[i as usize];
+            let t: Token = env.decode().unwrap();
+            assert_eq!(t.id, i, "reply {i} in order");
+            assert_eq!(t.stamps[1], ids[i as usize], "request {i}'s message id");
+            assert_eq!(
+                t.stamps[2], env.header.correlation_id,
+                "request {i}'s correlation id"
+            );
+            assert_eq!(t.stamps[2], ids[i as usize]);
+            // A batch's timestamps are consecutive; later sends' are later.
+            if i > start {
+                assert_eq!(t.stamps[3], last_ts + 1, "request {i}'s timestamp");
+            } else {
+                assert!(t.stamps[3] > last_ts, "request {i}'s timestamp");
+            }
+            last_ts = t.stamps[3];
+        }
+    }
+    rt.shutdown().await.unwrap();
+}
+
 /// lavapipe in CI; the GPU on the device machine (whose bundle sets RINGKERNEL_REQUIRE_GPU).
 fn default_adapter() -> AdapterSelection {
     if std::env::var("RINGKERNEL_REQUIRE_GPU").is_ok_and(|v| v == "1") {
