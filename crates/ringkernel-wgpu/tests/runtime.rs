@@ -327,14 +327,7 @@ fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
     return 0u;
 }
 ";
-    let reg = KernelRegistry::new();
-    reg.register_gpu(
-        ringkernel_core::registry::GpuHandler::new("node").with_wgsl(format!(
-            "{}\n{HANDLER}",
-            ringkernel_shaders::drain::TOKEN_LIB
-        )),
-    );
-    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let rt = runtime_with_token_handler("node", HANDLER);
     let a = rt.launch("node", LaunchOptions::default()).await.unwrap();
     let b = rt
         .launch("node", LaunchOptions::default().with_name("node.b"))
@@ -374,14 +367,7 @@ fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
     return 0u;
 }
 ";
-    let reg = KernelRegistry::new();
-    reg.register_gpu(
-        ringkernel_core::registry::GpuHandler::new("fields").with_wgsl(format!(
-            "{}\n{HANDLER}",
-            ringkernel_shaders::drain::TOKEN_LIB
-        )),
-    );
-    let rt = WgpuRuntime::with_selection(reg, default_adapter()).unwrap();
+    let rt = runtime_with_token_handler("fields", HANDLER);
     let k = rt
         .launch(
             "fields",
@@ -439,6 +425,19 @@ fn handle(ctx: ptr<function, RkContext>, in_slot: u32, out_slot: u32) -> u32 {
         }
     }
     rt.shutdown().await.unwrap();
+}
+
+/// A runtime with the WGSL handler `name` registered: `handler` after the `Token`
+/// helpers (`token_begin`, `TOKEN_STAMPS`, ...).
+fn runtime_with_token_handler(name: &str, handler: &str) -> WgpuRuntime {
+    let reg = KernelRegistry::new();
+    reg.register_gpu(
+        ringkernel_core::registry::GpuHandler::new(name).with_wgsl(format!(
+            "{}\n{handler}",
+            ringkernel_shaders::drain::TOKEN_LIB
+        )),
+    );
+    WgpuRuntime::with_selection(reg, default_adapter()).unwrap()
 }
 
 /// lavapipe in CI; the GPU on the device machine (whose bundle sets RINGKERNEL_REQUIRE_GPU).
