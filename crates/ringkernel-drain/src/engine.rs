@@ -1146,7 +1146,9 @@ impl<T: DrainTarget> DrainEngine<T> {
         // the first message of a piece handed over (in a compact pass, where a run
         // entry starts; so does a message of another size, and every checked one).
         let mut put = |first: &MessageHeader, i: u64, payload: &[u8], check: bool, fresh: bool| {
-            if let Some(base) = compact {
+            // Where the message's header went: its slot, or its own run entry in a
+            // compact pass (`None`: it joined the entry of the run before it, unchecked).
+            let header_at = if let Some(base) = compact {
                 if j + PREFETCH_SLOTS < count as usize {
                     prefetch(
                         base.wrapping_add((j + PREFETCH_SLOTS) * stride),
@@ -1158,14 +1160,15 @@ impl<T: DrainTarget> DrainEngine<T> {
                 // fits `stride`, checked in `try_enqueue*`), entry `runs < count` (at
                 // most one a message) below `starts_at`, and its start below
                 // `starts_at + 4 · count`. Nothing else addresses them; the header is
-                // written in place (see `write_nth_of_run`).
+                // written in place (see `write_nth_of_run`). A checked message always
+                // gets an entry of its own, so a refusal touches it alone.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         payload.as_ptr(),
                         base.add(j * stride),
                         payload.len(),
                     );
-                    if fresh || check || payload.len() != run_len {
+                    (fresh || check || payload.len() != run_len).then(|| {
                         let entry = base.add(runs_at + runs * HEADER_SIZE);
                         first.write_nth_of_run(entry, i, payload.len());
                         std::ptr::write_unaligned(
@@ -1174,64 +1177,55 @@ impl<T: DrainTarget> DrainEngine<T> {
                         );
                         runs += 1;
                         run_len = payload.len();
-                        if check {
-                            let ts = first.nth_hlc(i);
-                            if ts.physical_ms() > too_far {
-                                // A checked message is an entry of its own (above).
-                                self.refuse(&first.nth_of_run(i, payload.len()), entry, pt);
-                            } else if latest.get().is_none_or(|l| ts > l) {
-                                latest.set(Some(ts));
-                            }
-                        }
-                    }
+                        entry
+                    })
                 }
-                *tail += 1;
-                j += 1;
-                return;
-            }
-            // The slot PREFETCH_SLOTS ahead (of this pass), so its lines are in the cache
-            // when it is written (see `prefetch`).
-            if j + PREFETCH_SLOTS < count as usize {
-                let ahead = match staged {
-                    Some(base) => base.wrapping_add((j + PREFETCH_SLOTS) * self.slot_size),
-                    None => input.wrapping_add(slot_offset(
-                        *tail + PREFETCH_SLOTS as u64,
-                        self.capacity,
-                        self.slot_size,
-                    )),
+            } else {
+                // The slot PREFETCH_SLOTS ahead (of this pass), so its lines are in the
+                // cache when it is written (see `prefetch`).
+                if j + PREFETCH_SLOTS < count as usize {
+                    let ahead = match staged {
+                        Some(base) => base.wrapping_add((j + PREFETCH_SLOTS) * self.slot_size),
+                        None => input.wrapping_add(slot_offset(
+                            *tail + PREFETCH_SLOTS as u64,
+                            self.capacity,
+                            self.slot_size,
+                        )),
+                    };
+                    prefetch(ahead, HEADER_SIZE + payload.len());
+                }
+                let slot = match staged {
+                    // SAFETY: `stage_input` returned `count · slot_size` writable bytes
+                    // and `j < count` (the lanes' `pop_runs_with` and the direct run below
+                    // hand over at most `left` in all).
+                    Some(base) => unsafe { base.add(j * self.slot_size) },
+                    // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
+                    // hands out at most the free slots, so they are distinct and inside
+                    // the ring) and the device reads input slots only during their own
+                    // pass.
+                    None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
                 };
-                prefetch(ahead, HEADER_SIZE + payload.len());
-            }
-            let slot = match staged {
-                // SAFETY: `stage_input` returned `count · slot_size` writable bytes
-                // and `j < count` (the lanes' `pop_runs_with` and the direct run below
-                // hand over at most `left` in all).
-                Some(base) => unsafe { base.add(j * self.slot_size) },
-                // SAFETY: the slot at `tail` belongs to no pass in flight (`kick`
-                // hands out at most the free slots, so they are distinct and inside
-                // the ring) and the device reads input slots only during their own
-                // pass.
-                None => unsafe { input.add(slot_offset(*tail, self.capacity, self.slot_size)) },
+                // SAFETY: `slot` addresses `slot_size` writable bytes (above), apart from
+                // `first` and `payload` (host-side records and the caller's buffers), and
+                // the header and payload fit them (the payload was checked in
+                // `try_enqueue*`). The header is written in place, not built and copied
+                // (see `write_nth_of_run`).
+                unsafe {
+                    first.write_nth_of_run(slot, i, payload.len());
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        slot.add(HEADER_SIZE),
+                        payload.len(),
+                    );
+                }
+                Some(slot)
             };
-            // SAFETY: `slot` addresses `slot_size` writable bytes (above), apart from
-            // `first` and `payload` (host-side records and the caller's buffers), and
-            // the header and payload fit them (the payload was checked in
-            // `try_enqueue*`). The header is written in place, not built and copied
-            // (see `write_nth_of_run`).
-            unsafe {
-                first.write_nth_of_run(slot, i, payload.len());
-                std::ptr::copy_nonoverlapping(
-                    payload.as_ptr(),
-                    slot.add(HEADER_SIZE),
-                    payload.len(),
-                );
-            }
-            if check {
+            if let Some(at) = header_at.filter(|_| check) {
                 let ts = first.nth_hlc(i);
                 if ts.physical_ms() > too_far {
                     let header = first.nth_of_run(i, payload.len());
-                    // SAFETY: as above: the slot's header was just written there.
-                    unsafe { self.refuse(&header, slot, pt) };
+                    // SAFETY: as above: the message's header was just written at `at`.
+                    unsafe { self.refuse(&header, at, pt) };
                 } else if latest.get().is_none_or(|l| ts > l) {
                     latest.set(Some(ts));
                 }

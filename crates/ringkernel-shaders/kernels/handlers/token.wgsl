@@ -21,8 +21,9 @@ struct TokenWords {
 }
 
 // Payloads start on a 16-byte boundary (see the template), so the 18 words are five
-// 16-byte units; the last two words of the fifth are past the token, inside the slot (a
-// token needs slots of at least 256 bytes): read and written as zeros.
+// 16-byte units; the last two words of the fifth are past the token, inside the payload
+// area (80 bytes from a 144-byte slot on, and a compact pass's payload stride is the
+// same): read and written as zeros.
 fn token_load(slot: u32) -> TokenWords {
     var t: TokenWords;
     t.a = rk_in4(slot);
