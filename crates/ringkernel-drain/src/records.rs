@@ -79,11 +79,21 @@ impl Chunk {
     /// has and the buffer has room; returns whether it did.
     #[inline]
     fn extend(&mut self, header: &MessageHeader, payload: &[u8]) -> bool {
+        matches!(&self.open, Some((_, next)) if next == header) && self.extend_next(payload)
+    }
+
+    /// Appends `payload` to the open run as its next message (whose header the caller
+    /// knows to be the run's next: not compared here) when it is of the run's size and
+    /// the buffer has room; returns whether it did.
+    #[inline]
+    fn extend_next(&mut self, payload: &[u8]) -> bool {
         let Some((at, next)) = &mut self.open else {
             return false;
         };
         let stride = payload.len().next_multiple_of(8);
-        if header != next || self.buf.capacity() - self.buf.len() < stride {
+        if next.payload_len as usize != payload.len()
+            || self.buf.capacity() - self.buf.len() < stride
+        {
             return false;
         }
         let count_at = *at + std::mem::offset_of!(MessageHeader, version);
@@ -382,6 +392,34 @@ impl Records {
             }
         }
         self.len += 1;
+    }
+
+    /// Appends the next message of the last one appended
+    /// ([`MessageHeader::nth_of_run`]`(1, _)` of its header), of the same payload size,
+    /// without building its header or comparing one: for a caller that knows the
+    /// message is that one. Returns whether it did; when not (the last one started no
+    /// run that can grow here, or the size differs), [`push`](Self::push) it. Debug
+    /// builds check the caller's claim against `header()`; release builds never call it.
+    #[inline]
+    pub fn push_next(&mut self, payload: &[u8], header: impl FnOnce() -> MessageHeader) -> bool {
+        let Some(c) = self.chunks.back_mut() else {
+            return false;
+        };
+        #[cfg(debug_assertions)]
+        if let Some((_, next)) = &c.open {
+            assert_eq!(
+                *next,
+                header(),
+                "push_next: not the next message of the run"
+            );
+        }
+        #[cfg(not(debug_assertions))]
+        let _ = header;
+        if c.extend_next(payload) {
+            self.len += 1;
+            return true;
+        }
+        false
     }
 
     /// Appends the messages `first.nth_of_run(i, payloads[i].len())` with the payloads

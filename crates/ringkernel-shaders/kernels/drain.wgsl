@@ -244,17 +244,13 @@ fn rk_process(j: u32) {
     if (ctx.request.magic == RK_MESSAGE_MAGIC && ctx.request.version == RK_MESSAGE_VERSION) {
         status = handle(&ctx, in_slot, base + RK_HEADER_WORDS);
     }
+    // The output's first unit says what the device decided: the host writes the rest
+    // of the header after the pass (see "Outputs" in ringkernel_shaders::drain).
     if (status == 0u && ctx.out_used != 0u) {
-        // message_id, timestamp, checksum and node_id are the host's to write (zero
-        // here): it stamps every output after the pass.
-        rk_out_set4(base, vec4<u32>(RK_MESSAGE_MAGIC, RK_MESSAGE_VERSION, ctx.out_type_id, ctx.out_len));
-        rk_out_set4(base + 4u, vec4<u32>(0u, 0u, ctx.request.correlation_id));
-        rk_out_set4(base + 8u, vec4<u32>(ctx.kernel_id, ctx.out_dest, 0u, 0u));
-        rk_out_set4(base + 12u, vec4<u32>(0u, ctx.out_flags, 0u, 0u));
+        rk_out_set4(base, vec4<u32>(ctx.out_flags, ctx.out_type_id, ctx.out_len, ctx.out_dest));
     } else {
-        // No output: magic 0, and the status in the low word of node_id.
-        rk_out_set4(base, vec4<u32>(0u));
-        rk_out_set4(base + 12u, vec4<u32>(0u, 0u, status, 0u));
+        // No output (flags 0), and the handler's status.
+        rk_out_set4(base, vec4<u32>(0u, status, 0u, 0u));
     }
 }
 

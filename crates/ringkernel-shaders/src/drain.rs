@@ -81,11 +81,19 @@
 //!   and the host runs [`Kernel::DrainSerial`](crate::Kernel::DrainSerial): one invocation
 //!   handling the batch in queue order ([`is_serial`]).
 //!
-//! The host stamps what the device cannot know: `message_id` (unique per runtime) and the
-//! HLC `timestamp` of each output; the device writes `magic`, `version`, `type_id`,
-//! `payload_len`, `correlation_id` (the request's), `source_kernel`, `dest_kernel` and
-//! `flags`. A slot whose header is not valid (`magic == 0`) has no output; its
-//! `node_id` low word carries the handler's status (0: the handler chose not to answer).
+//! ## Outputs
+//!
+//! Of an output slot's header the device writes only the first 16 bytes, four words
+//! that say what it decided ([`Output`]): `flags` (`REPLY` or `K2K`; 0: no output),
+//! `type_id`, `payload_len` and `dest_kernel` of the output, or, with flags 0, the
+//! handler's status in the second word (0: the handler chose not to answer). The host
+//! writes the whole header after the pass: magic and version, the runtime-unique
+//! `message_id`, the HLC `timestamp`, the request's `correlation_id` (it wrote the
+//! request), `source_kernel` (the kernel) and the priority. That is three 16-byte
+//! stores a message fewer on the device, which matters most on lavapipe, where each
+//! store of an invocation is a loop over the SIMD lanes (BENCHMARKS.md, "output
+//! units").
+//!
 //! The template checks each request's magic and version first: an invalid request never
 //! reaches the handler and gets status [`ERR_INVALID_REQUEST`]. The device also advances
 //! its half of the control block (`input_head`, `output_tail`, `processed`, `hlc`,
@@ -140,6 +148,75 @@ pub const ERR_SECOND_OUTPUT: u32 = 3;
 /// does not fit the kernel's slots (`LaunchOptions::slot_size`); the message is dropped
 /// with this code.
 pub const ERR_OUTPUT_TOO_LARGE: u32 = 4;
+/// What the drain template wrote for one request: the first 16 bytes of its output
+/// slot (see "Outputs" above). The output's payload follows the slot's 64-byte header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// An output message.
+    Message {
+        /// `REPLY` (to the host) or `K2K` (to `dest_kernel`).
+        flags: u32,
+        /// The output's type.
+        type_id: u32,
+        /// Its payload's length in bytes.
+        payload_len: u32,
+        /// Its destination: the request's sender for a reply.
+        dest_kernel: u32,
+    },
+    /// No output, with the handler's status (0: it chose not to answer; or
+    /// [`ERR_INVALID_REQUEST`] from the template).
+    None {
+        /// The status.
+        status: u32,
+    },
+}
+
+impl Output {
+    /// Bytes of an output slot the device writes for it.
+    pub const BYTES: usize = 16;
+
+    /// The output the four words `w` (as the template wrote them) describe.
+    pub fn from_words(w: [u32; 4]) -> Output {
+        if w[0] == 0 {
+            Output::None { status: w[1] }
+        } else {
+            Output::Message {
+                flags: w[0],
+                type_id: w[1],
+                payload_len: w[2],
+                dest_kernel: w[3],
+            }
+        }
+    }
+
+    /// The output at the start of `slot` (at least [`BYTES`](Self::BYTES) long).
+    pub fn read(slot: &[u8]) -> Output {
+        let w = |i: usize| {
+            u32::from_le_bytes([
+                slot[4 * i],
+                slot[4 * i + 1],
+                slot[4 * i + 2],
+                slot[4 * i + 3],
+            ])
+        };
+        Output::from_words([w(0), w(1), w(2), w(3)])
+    }
+
+    /// The four words the template writes for this output (a message's flags must not
+    /// be 0).
+    pub fn words(self) -> [u32; 4] {
+        match self {
+            Output::Message {
+                flags,
+                type_id,
+                payload_len,
+                dest_kernel,
+            } => [flags, type_id, payload_len, dest_kernel],
+            Output::None { status } => [0, status, 0, 0],
+        }
+    }
+}
+
 /// Words of the queue header in front of the slots.
 pub const QUEUE_HEADER_WORDS: u32 = 32;
 /// Minimum size of the state buffer in bytes.

@@ -450,9 +450,11 @@ impl EchoPass {
         Ok(times)
     }
 
-    /// Every reply is the echo of its request (value doubled, one hop, a reply header).
+    /// Every reply is the echo of its request (value doubled, one hop, a reply's output
+    /// unit: see "Outputs" in `ringkernel_shaders::drain`).
     fn check(&self) -> Result<(), Error> {
-        use ringkernel_core::message::{MessageHeader, HEADER_SIZE};
+        use ringkernel_core::message::{flags, RingMessage, HEADER_SIZE};
+        use ringkernel_shaders::drain::Output;
         let (dev, q) = (&self.ctx.device, &self.ctx.queue);
         let back = dev.create_buffer(&wgpu::BufferDescriptor {
             label: Some("echo pass readback"),
@@ -467,11 +469,15 @@ impl EchoPass {
         let m = back.get_mapped_range(..).map_err(|e| dev_err(&e))?;
         for i in 0..self.count as usize {
             let at = 128 + i * self.slot;
-            let h: MessageHeader = bytemuck::pod_read_unaligned(&m[at..at + HEADER_SIZE]);
+            let reply = Output::Message {
+                flags: flags::REPLY,
+                type_id: Token::TYPE_ID,
+                payload_len: 72,
+                dest_kernel: 0,
+            };
             let t: Token =
                 bytemuck::pod_read_unaligned(&m[at + HEADER_SIZE..at + HEADER_SIZE + 72]);
-            if !h.is_valid()
-                || h.correlation_id != i as u64
+            if Output::read(&m[at..]) != reply
                 || t.id != i as u64
                 || t.value != 2.0 * (i as f64 + 0.5)
                 || t.hops != 1

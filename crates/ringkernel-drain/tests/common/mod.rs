@@ -1,7 +1,8 @@
 //! A CPU stand-in for the GPU side of a drain pass, following the protocol of
 //! `ringkernel-shaders`' `kernels/drain.wgsl` and the built-in `Token` handlers
 //! (`kernels/handlers/*.wgsl`): read requests from input slots, write each output to the
-//! same slot of the output ring (`magic == 0` and a status for no output), stamp the
+//! same slot of the output ring (its first 16 bytes, `drain::Output`: flags 0 and a
+//! status for no output; the host writes the rest of the header), stamp the
 //! pass's HLC into the token, advance the worker line of the control block, and report
 //! completion from another thread, as a Metal completion handler does. Every other pass
 //! hands its outputs over as bytes ([`PassOutputs::Slots`], as wgpu's readback does)
@@ -11,12 +12,11 @@
 
 use ringkernel_core::builtin::Token;
 use ringkernel_core::control::ControlBlock;
-use ringkernel_core::message::{
-    flags, MessageHeader, RingMessage, HEADER_SIZE, MESSAGE_MAGIC, MESSAGE_VERSION,
-};
+use ringkernel_core::message::{flags, MessageHeader, RingMessage, HEADER_SIZE};
 use ringkernel_core::{Error, Result};
 use ringkernel_drain::engine::{compact_len, slot_offset, DrainTarget, PassDone, PassOutputs};
 use ringkernel_drain::shadow::HostRings;
+use ringkernel_shaders::drain::Output;
 use ringkernel_shaders::params;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -131,29 +131,27 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
         let req: MessageHeader = unsafe { std::ptr::read_unaligned(input.add(base).cast()) };
         let mut tok: Token =
             unsafe { std::ptr::read_unaligned(input.add(base + HEADER_SIZE).cast()) };
-        let mut out = MessageHeader {
-            magic: MESSAGE_MAGIC,
-            version: MESSAGE_VERSION,
+        // What the template writes of the output's header (the rest is the host's).
+        let mut out = Output::Message {
+            flags: flags::REPLY,
             type_id: Token::TYPE_ID,
             payload_len: 72,
-            correlation_id: req.correlation_id,
-            source_kernel: p.kernel_id,
             dest_kernel: req.source_kernel,
-            flags: flags::REPLY,
-            ..Default::default()
         };
         let is_token = req.type_id == Token::TYPE_ID && req.payload_len == 72;
         if !req.is_valid() {
             // The template skips an invalid request without running the handler.
-            out = MessageHeader::default();
-            out.node_id = u64::from(ringkernel_shaders::drain::ERR_INVALID_REQUEST);
+            out = Output::None {
+                status: ringkernel_shaders::drain::ERR_INVALID_REQUEST,
+            };
         } else if handler == Handler::Refuse || !is_token {
-            out = MessageHeader::default();
-            out.node_id = u64::from(if is_token {
-                7
-            } else {
-                ringkernel_shaders::drain::ERR_TYPE_MISMATCH
-            });
+            out = Output::None {
+                status: if is_token {
+                    7
+                } else {
+                    ringkernel_shaders::drain::ERR_TYPE_MISMATCH
+                },
+            };
         } else {
             tok.stamps[tok.hops.min(3) as usize] = hlc;
             match handler {
@@ -165,8 +163,12 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
                     tok.value += 1.0;
                     tok.hops += 1;
                     if tok.hops < tok.route_len.min(4) {
-                        out.flags = flags::K2K;
-                        out.dest_kernel = tok.route[tok.hops as usize];
+                        out = Output::Message {
+                            flags: flags::K2K,
+                            type_id: Token::TYPE_ID,
+                            payload_len: 72,
+                            dest_kernel: tok.route[tok.hops as usize],
+                        };
                     }
                 }
                 Handler::Counter => {
@@ -181,7 +183,7 @@ fn run_pass(ptrs: Ptrs, p: params::Drain, handler: Handler, slot_size: usize) {
         }
         // SAFETY: as above, output ring.
         unsafe {
-            std::ptr::write_unaligned(output.add(base).cast(), out);
+            std::ptr::write_unaligned(output.add(base).cast(), out.words());
             std::ptr::write_unaligned(output.add(base + HEADER_SIZE).cast(), tok);
         }
     }
