@@ -176,6 +176,7 @@ impl Output {
     pub const BYTES: usize = 16;
 
     /// The output the four words `w` (as the template wrote them) describe.
+    #[inline]
     pub fn from_words(w: [u32; 4]) -> Output {
         if w[0] == 0 {
             Output::None { status: w[1] }
@@ -189,21 +190,17 @@ impl Output {
         }
     }
 
-    /// The output at the start of `slot` (at least [`BYTES`](Self::BYTES) long).
+    /// The output at the start of `slot` (at least [`BYTES`](Self::BYTES) long: shorter
+    /// panics).
+    #[inline]
     pub fn read(slot: &[u8]) -> Output {
-        let w = |i: usize| {
-            u32::from_le_bytes([
-                slot[4 * i],
-                slot[4 * i + 1],
-                slot[4 * i + 2],
-                slot[4 * i + 3],
-            ])
-        };
-        Output::from_words([w(0), w(1), w(2), w(3)])
+        let w: [u32; 4] = bytemuck::pod_read_unaligned(&slot[..Self::BYTES]);
+        Output::from_words(w.map(u32::from_le))
     }
 
     /// The four words the template writes for this output (a message's flags must not
     /// be 0).
+    #[inline]
     pub fn words(self) -> [u32; 4] {
         match self {
             Output::Message {
