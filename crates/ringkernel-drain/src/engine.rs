@@ -207,10 +207,12 @@
 //!   messages one by one, so each sample is the pass's time (dispatch to completion)
 //!   divided by its message count.
 //!
-//! Messages are validated the same way everywhere: an output slot is a message when its
-//! header [`is_valid`](MessageHeader::is_valid) (magic and version) and its payload
-//! length fits the slot; the drain template checks requests the same way before it runs
-//! the handler.
+//! Outputs are validated before they are used: an output slot is a message when the
+//! device's output unit ([`drain::Output`]) says so, with the `REPLY` or `K2K` flag and
+//! a payload length that fits the slot; the host then writes its whole header (the
+//! request's correlation id among it: `PassInfo::correlations`). The drain template
+//! checks each request's header ([`is_valid`](MessageHeader::is_valid): magic and
+//! version) before it runs the handler.
 //!
 //! The GPU-specific part is one trait, [`DrainTarget`]; everything here is tested on
 //! Linux against a CPU stand-in that follows the drain template's protocol, and runs in
