@@ -27,7 +27,8 @@
 //!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
 //!   (its staged slots, the control block's host line when it changed) and hands the
 //!   rest (the upload copy, recording, submission) to the runtime's **launcher** threads
-//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them; several record passes in parallel),
+//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them, none on a [`small_host`] (2 or 3
+//!   CPUs), where `launch` does it all; several record passes in parallel),
 //!   which submit them in the order they were launched; smaller passes (a `call`) are
 //!   launched on the calling thread unless passes wait for the launchers.
 //!   So the thread that fills the next pass and the one that finishes the last do not
@@ -40,7 +41,7 @@
 //!   flight, so each pass is finished as soon as it is done while the device runs the
 //!   later ones) while passes are outstanding and finishes them, beside the
 //!   **finisher** threads ([`FINISHER_THREAD`], [`FINISHERS`] of them on a host of
-//!   [`FINISHERS_MIN_CPUS`] CPUs or more, else one) and any receiver
+//!   [`FINISHERS_MIN_CPUS`] CPUs or more, else one, none on a [`small_host`]) and any receiver
 //!   waiting for a reply (small passes only, see `Poller::help`): each pass is
 //!   finished on one of them (its control fields copied into the host copy, its
 //!   outputs read by the engine's completion, which queues them in launch order and
@@ -322,7 +323,7 @@ impl Poller {
             turn: Mutex::new(0),
             turn_wake: std::sync::Condvar::new(),
             launcher: Mutex::new(false),
-            launchers: launcher_threads(std::env::var(LAUNCHER_ENV).ok().as_deref()),
+            launchers: launcher_threads(std::env::var(LAUNCHER_ENV).ok().as_deref(), host_cpus()),
             help_large: std::env::var(HELP_ENV).is_ok_and(|v| v.trim() == "1"),
         })
     }
@@ -336,8 +337,7 @@ impl Poller {
                 .spawn(move || Poller::run(weak))
                 .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
             *started = true;
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            for _ in 0..finisher_threads(std::env::var(FINISHER_ENV).ok().as_deref(), cpus) {
+            for _ in 0..finisher_threads(std::env::var(FINISHER_ENV).ok().as_deref(), host_cpus()) {
                 let weak = Arc::downgrade(self);
                 let spawned = std::thread::Builder::new()
                     .name(FINISHER_THREAD.into())
@@ -633,7 +633,8 @@ pub const FINISHER_THREAD: &str = "rk-wgpu-finish";
 pub const FINISHER_ENV: &str = "RINGKERNEL_WGPU_FINISHER";
 
 /// Finisher threads a runtime starts beside the poller on a host of at least
-/// [`FINISHERS_MIN_CPUS`] CPUs (one on a smaller host). Two rather than one: each
+/// [`FINISHERS_MIN_CPUS`] CPUs (one on a smaller host, none on a [`small_host`]). Two
+/// rather than one: each
 /// pass's outputs are read on one thread (its headers from the readback buffer, its
 /// replies into the reply queue), and with one finisher the poller and it were the
 /// busiest threads of the batched echo; on an H200 host (16 vCPUs) two made 1.22x the
@@ -645,11 +646,28 @@ pub const FINISHERS: usize = 2;
 /// Hosts with fewer CPUs than this start one finisher thread ([`FINISHERS`]).
 pub const FINISHERS_MIN_CPUS: usize = 8;
 
+/// Hosts of two CPUs up to this (excluded) start neither finisher nor launcher threads
+/// ([`small_host`]): the poller finishes every pass and each pass is launched on the
+/// thread that starts it. On the 2-vCPU development VM (lavapipe, whose own threads
+/// run the passes there too) the batched echo made 1.14x the messages a second without
+/// those two threads (medians of five alternating runs, 5 of 5 faster). Pinned to one
+/// of its CPUs it made 0.94x without them (3 of 3 slower), so a single CPU keeps one of
+/// each (BENCHMARKS.md, 2026-11-29, "output units").
+pub const SMALL_HOST_CPUS: usize = 4;
+
+/// Whether a host of `cpus` CPUs starts no finisher or launcher threads
+/// ([`SMALL_HOST_CPUS`]).
+pub fn small_host(cpus: usize) -> bool {
+    (2..SMALL_HOST_CPUS).contains(&cpus)
+}
+
 /// Finisher threads for the value of [`FINISHER_ENV`] (`None`: unset; a value that is
-/// not a number: the default), at most 8.
+/// not a number: the default for a host of `cpus` CPUs), at most 8.
 fn finisher_threads(env: Option<&str>, cpus: usize) -> usize {
     let default = if cpus >= FINISHERS_MIN_CPUS {
         FINISHERS
+    } else if small_host(cpus) {
+        0
     } else {
         1
     };
@@ -663,7 +681,7 @@ fn finisher_threads(env: Option<&str>, cpus: usize) -> usize {
 /// lock), as before the launcher threads. For measuring them.
 pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 
-/// Launcher threads a runtime starts. Several record passes in parallel (each copies
+/// Launcher threads a runtime starts (none on a [`small_host`]). Several record passes in parallel (each copies
 /// its pass's slots into the mapped upload buffer) and submit them in launch order, but
 /// on an H200 two or three made no difference to the batched echo, against one
 /// (BENCHMARKS.md, 2026-11-28): their copies into the mapped buffer, which lies across
@@ -671,11 +689,17 @@ pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 pub const LAUNCHERS: usize = 1;
 
 /// Launcher threads for the value of [`LAUNCHER_ENV`] (`None`: unset; a value that is
-/// not a number: the default), at most 8.
-fn launcher_threads(env: Option<&str>) -> usize {
+/// not a number: the default for a host of `cpus` CPUs), at most 8.
+fn launcher_threads(env: Option<&str>, cpus: usize) -> usize {
+    let default = if small_host(cpus) { 0 } else { LAUNCHERS };
     env.and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(LAUNCHERS)
+        .unwrap_or(default)
         .min(8)
+}
+
+/// The host's CPUs, as the thread defaults count them.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// A pass prepared by `launch` under the drain engine's host lock (its staged slots and
@@ -1544,13 +1568,20 @@ mod tests {
 
     #[test]
     fn thread_and_pass_counts_follow_the_environment() {
-        assert_eq!(launcher_threads(None), LAUNCHERS);
-        assert_eq!(launcher_threads(Some("0")), 0);
-        assert_eq!(launcher_threads(Some(" 3 ")), 3);
-        assert_eq!(launcher_threads(Some("64")), 8);
-        assert_eq!(launcher_threads(Some("many")), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 16), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 4), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 2), 0);
+        assert_eq!(launcher_threads(None, 3), 0);
+        assert_eq!(launcher_threads(None, 1), LAUNCHERS);
+        assert_eq!(launcher_threads(Some("0"), 16), 0);
+        assert_eq!(launcher_threads(Some(" 3 "), 2), 3);
+        assert_eq!(launcher_threads(Some("64"), 16), 8);
+        assert_eq!(launcher_threads(Some("many"), 16), LAUNCHERS);
         assert_eq!(finisher_threads(None, 16), FINISHERS);
-        assert_eq!(finisher_threads(None, 2), 1);
+        assert_eq!(finisher_threads(None, 4), 1);
+        assert_eq!(finisher_threads(None, 2), 0);
+        assert_eq!(finisher_threads(None, 1), 1);
+        assert_eq!(finisher_threads(Some("1"), 2), 1);
         assert_eq!(finisher_threads(Some("0"), 16), 0);
         assert_eq!(finisher_threads(Some(" 3 "), 2), 3);
         assert_eq!(finisher_threads(Some("64"), 16), 8);
