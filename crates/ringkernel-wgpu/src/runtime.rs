@@ -27,8 +27,9 @@
 //!   [`DEFER_MIN`] messages, `launch` only takes what the pass needs from under that lock
 //!   (its staged slots, the control block's host line when it changed) and hands the
 //!   rest (the upload copy, recording, submission) to the runtime's **launcher** threads
-//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them, none on a [`small_host`] (2 or 3
-//!   CPUs), where `launch` does it all; several record passes in parallel),
+//!   ([`LAUNCHER_THREAD`], [`LAUNCHERS`] of them; none for a software adapter on 2 or 3
+//!   CPUs, [`small_host`], where `launch` does it all; several record passes in
+//!   parallel),
 //!   which submit them in the order they were launched; smaller passes (a `call`) are
 //!   launched on the calling thread unless passes wait for the launchers.
 //!   So the thread that fills the next pass and the one that finishes the last do not
@@ -41,10 +42,11 @@
 //!   flight, so each pass is finished as soon as it is done while the device runs the
 //!   later ones) while passes are outstanding and finishes them, beside the
 //!   **finisher** threads ([`FINISHER_THREAD`], [`FINISHERS`] of them on a host of
-//!   [`FINISHERS_MIN_CPUS`] CPUs or more, else one, none on a [`small_host`]) and any receiver
-//!   waiting for a reply (small passes only, see `Poller::help`): each pass is
-//!   finished on one of them (its control fields copied into the host copy, its
-//!   outputs read by the engine's completion, which queues them in launch order and
+//!   [`FINISHERS_MIN_CPUS`] CPUs or more, else one; none for a software adapter on 2 or
+//!   3 CPUs) and any receiver waiting for a reply (small passes only, see
+//!   `Poller::help`): each pass is finished on one of them (its control fields
+//!   copied into the host copy, its outputs read by the engine's completion, which
+//!   queues them in launch order and
 //!   may start the next pass), several passes at once. Completions never run inside a
 //!   wgpu call made with an engine lock held (a map callback can run on any thread
 //!   that polls or submits on the device), and a callback run by another thread's poll
@@ -139,7 +141,7 @@ fn stage_rule(env: Option<&str>, bar: bool) -> bool {
 }
 
 /// Environment variable: `0` keeps every pass in ring layout; unset or anything else,
-/// passes staged in host-memory upload buffers are compact ([`compact_wanted`]).
+/// passes staged in host-memory upload buffers are compact (`compact_wanted`).
 pub const COMPACT_ENV: &str = "RINGKERNEL_WGPU_COMPACT";
 
 /// Whether passes staged in host-memory upload buffers are *compact*
@@ -290,7 +292,7 @@ struct Poller {
 
 /// Environment variable: `1` makes a receiver that waits for a reply finish large
 /// passes too (of [`DEFER_MIN`] messages or more), beside the poller and finisher;
-/// unset or anything else, small ones only ([`Poller::help`]). For measuring it.
+/// unset or anything else, small ones only (`Poller::help`). For measuring it.
 pub const HELP_ENV: &str = "RINGKERNEL_WGPU_HELP_LARGE";
 
 /// The launcher threads' queue.
@@ -308,6 +310,7 @@ impl Poller {
     /// A poller on `ctx`; its thread starts with the first pass and ends once the
     /// poller is unused (no runtime, kernel or pending pass refers to it).
     fn new(ctx: Arc<GpuContext>) -> Arc<Self> {
+        let software = ctx.info.software;
         Arc::new(Poller {
             ctx,
             ready: Mutex::new(Vec::new()),
@@ -323,7 +326,11 @@ impl Poller {
             turn: Mutex::new(0),
             turn_wake: std::sync::Condvar::new(),
             launcher: Mutex::new(false),
-            launchers: launcher_threads(std::env::var(LAUNCHER_ENV).ok().as_deref(), host_cpus()),
+            launchers: launcher_threads(
+                std::env::var(LAUNCHER_ENV).ok().as_deref(),
+                host_cpus(),
+                software,
+            ),
             help_large: std::env::var(HELP_ENV).is_ok_and(|v| v.trim() == "1"),
         })
     }
@@ -337,7 +344,9 @@ impl Poller {
                 .spawn(move || Poller::run(weak))
                 .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
             *started = true;
-            for _ in 0..finisher_threads(std::env::var(FINISHER_ENV).ok().as_deref(), host_cpus()) {
+            let software = self.ctx.info.software;
+            let env = std::env::var(FINISHER_ENV).ok();
+            for _ in 0..finisher_threads(env.as_deref(), host_cpus(), software) {
                 let weak = Arc::downgrade(self);
                 let spawned = std::thread::Builder::new()
                     .name(FINISHER_THREAD.into())
@@ -633,10 +642,10 @@ pub const FINISHER_THREAD: &str = "rk-wgpu-finish";
 pub const FINISHER_ENV: &str = "RINGKERNEL_WGPU_FINISHER";
 
 /// Finisher threads a runtime starts beside the poller on a host of at least
-/// [`FINISHERS_MIN_CPUS`] CPUs (one on a smaller host, none on a [`small_host`]). Two
-/// rather than one: each
-/// pass's outputs are read on one thread (its headers from the readback buffer, its
-/// replies into the reply queue), and with one finisher the poller and it were the
+/// [`FINISHERS_MIN_CPUS`] CPUs (one on a smaller host, none for a software adapter on
+/// a [`small_host`]). Two rather than one: each pass's outputs are read on one thread
+/// (its headers from the readback buffer, its replies into the reply queue), and with
+/// one finisher the poller and it were the
 /// busiest threads of the batched echo; on an H200 host (16 vCPUs) two made 1.22x the
 /// messages a second (medians of eight alternating runs, faster in 7 of 8; three:
 /// 1.18x). On the 2-vCPU development VM (lavapipe) a second one made 0.89x (4 of 4
@@ -646,27 +655,29 @@ pub const FINISHERS: usize = 2;
 /// Hosts with fewer CPUs than this start one finisher thread ([`FINISHERS`]).
 pub const FINISHERS_MIN_CPUS: usize = 8;
 
-/// Hosts of two CPUs up to this (excluded) start neither finisher nor launcher threads
-/// ([`small_host`]): the poller finishes every pass and each pass is launched on the
-/// thread that starts it. On the 2-vCPU development VM (lavapipe, whose own threads
-/// run the passes there too) the batched echo made 1.14x the messages a second without
-/// those two threads (medians of five alternating runs, 5 of 5 faster). Pinned to one
-/// of its CPUs it made 0.94x without them (3 of 3 slower), so a single CPU keeps one of
-/// each (BENCHMARKS.md, 2026-11-29, "output units").
+/// A software adapter (lavapipe) on a host of two CPUs up to this (excluded) gets
+/// neither finisher nor launcher threads ([`small_host`]): the poller finishes every
+/// pass and each pass is launched on the thread that starts it. There the adapter's own
+/// threads run the passes on the same CPUs. On the 2-vCPU development VM the batched
+/// echo on lavapipe made 1.14x the messages a second without those two threads (medians
+/// of five alternating runs, 5 of 5 faster). Not on one CPU (pinned to one of them it
+/// made 0.94x without, 3 of 3 slower), nor with a GPU (an H200 host pinned to two CPUs:
+/// 0.94x without, 3 of 3 slower): BENCHMARKS.md, 2026-11-29, "output units".
 pub const SMALL_HOST_CPUS: usize = 4;
 
-/// Whether a host of `cpus` CPUs starts no finisher or launcher threads
-/// ([`SMALL_HOST_CPUS`]).
-pub fn small_host(cpus: usize) -> bool {
-    (2..SMALL_HOST_CPUS).contains(&cpus)
+/// Whether a runtime on a `software` adapter (or not) on a host of `cpus` CPUs starts
+/// no finisher or launcher threads ([`SMALL_HOST_CPUS`]).
+pub fn small_host(cpus: usize, software: bool) -> bool {
+    software && (2..SMALL_HOST_CPUS).contains(&cpus)
 }
 
 /// Finisher threads for the value of [`FINISHER_ENV`] (`None`: unset; a value that is
-/// not a number: the default for a host of `cpus` CPUs), at most 8.
-fn finisher_threads(env: Option<&str>, cpus: usize) -> usize {
+/// not a number: the default for a `software` adapter or not on a host of `cpus` CPUs),
+/// at most 8.
+fn finisher_threads(env: Option<&str>, cpus: usize, software: bool) -> usize {
     let default = if cpus >= FINISHERS_MIN_CPUS {
         FINISHERS
-    } else if small_host(cpus) {
+    } else if small_host(cpus, software) {
         0
     } else {
         1
@@ -681,17 +692,23 @@ fn finisher_threads(env: Option<&str>, cpus: usize) -> usize {
 /// lock), as before the launcher threads. For measuring them.
 pub const LAUNCHER_ENV: &str = "RINGKERNEL_WGPU_LAUNCHER";
 
-/// Launcher threads a runtime starts (none on a [`small_host`]). Several record passes in parallel (each copies
-/// its pass's slots into the mapped upload buffer) and submit them in launch order, but
+/// Launcher threads a runtime starts (none for a software adapter on a [`small_host`]).
+/// Several record passes in parallel (each copies its pass's slots into the mapped
+/// upload buffer) and submit them in launch order, but
 /// on an H200 two or three made no difference to the batched echo, against one
 /// (BENCHMARKS.md, 2026-11-28): their copies into the mapped buffer, which lies across
 /// the PCIe bus, share the same 7–13 GB/s.
 pub const LAUNCHERS: usize = 1;
 
 /// Launcher threads for the value of [`LAUNCHER_ENV`] (`None`: unset; a value that is
-/// not a number: the default for a host of `cpus` CPUs), at most 8.
-fn launcher_threads(env: Option<&str>, cpus: usize) -> usize {
-    let default = if small_host(cpus) { 0 } else { LAUNCHERS };
+/// not a number: the default for a `software` adapter or not on a host of `cpus` CPUs),
+/// at most 8.
+fn launcher_threads(env: Option<&str>, cpus: usize, software: bool) -> usize {
+    let default = if small_host(cpus, software) {
+        0
+    } else {
+        LAUNCHERS
+    };
     env.and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(default)
         .min(8)
@@ -1568,24 +1585,27 @@ mod tests {
 
     #[test]
     fn thread_and_pass_counts_follow_the_environment() {
-        assert_eq!(launcher_threads(None, 16), LAUNCHERS);
-        assert_eq!(launcher_threads(None, 4), LAUNCHERS);
-        assert_eq!(launcher_threads(None, 2), 0);
-        assert_eq!(launcher_threads(None, 3), 0);
-        assert_eq!(launcher_threads(None, 1), LAUNCHERS);
-        assert_eq!(launcher_threads(Some("0"), 16), 0);
-        assert_eq!(launcher_threads(Some(" 3 "), 2), 3);
-        assert_eq!(launcher_threads(Some("64"), 16), 8);
-        assert_eq!(launcher_threads(Some("many"), 16), LAUNCHERS);
-        assert_eq!(finisher_threads(None, 16), FINISHERS);
-        assert_eq!(finisher_threads(None, 4), 1);
-        assert_eq!(finisher_threads(None, 2), 0);
-        assert_eq!(finisher_threads(None, 1), 1);
-        assert_eq!(finisher_threads(Some("1"), 2), 1);
-        assert_eq!(finisher_threads(Some("0"), 16), 0);
-        assert_eq!(finisher_threads(Some(" 3 "), 2), 3);
-        assert_eq!(finisher_threads(Some("64"), 16), 8);
-        assert_eq!(finisher_threads(Some("two"), 16), FINISHERS);
+        assert_eq!(launcher_threads(None, 16, true), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 4, true), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 2, true), 0);
+        assert_eq!(launcher_threads(None, 2, false), LAUNCHERS);
+        assert_eq!(launcher_threads(None, 3, true), 0);
+        assert_eq!(launcher_threads(None, 1, true), LAUNCHERS);
+        assert_eq!(launcher_threads(Some("0"), 16, true), 0);
+        assert_eq!(launcher_threads(Some(" 3 "), 2, true), 3);
+        assert_eq!(launcher_threads(Some("64"), 16, true), 8);
+        assert_eq!(launcher_threads(Some("many"), 16, true), LAUNCHERS);
+        assert_eq!(finisher_threads(None, 16, true), FINISHERS);
+        assert_eq!(finisher_threads(None, 16, false), FINISHERS);
+        assert_eq!(finisher_threads(None, 4, true), 1);
+        assert_eq!(finisher_threads(None, 2, true), 0);
+        assert_eq!(finisher_threads(None, 2, false), 1);
+        assert_eq!(finisher_threads(None, 1, true), 1);
+        assert_eq!(finisher_threads(Some("1"), 2, true), 1);
+        assert_eq!(finisher_threads(Some("0"), 16, true), 0);
+        assert_eq!(finisher_threads(Some(" 3 "), 2, true), 3);
+        assert_eq!(finisher_threads(Some("64"), 16, true), 8);
+        assert_eq!(finisher_threads(Some("two"), 16, true), FINISHERS);
         assert_eq!(passes_in_flight(None), PASSES_IN_FLIGHT);
         assert_eq!(passes_in_flight(Some("12")), 12);
         assert_eq!(passes_in_flight(Some("0")), 1);

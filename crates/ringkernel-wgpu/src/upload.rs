@@ -1,12 +1,12 @@
 //! Upload buffers of the drain passes: host memory the drain engine writes a pass's
 //! input slots and parameters into, which the pass copies to the device.
 //!
-//! wgpu offers only buffers it maps itself ([`Upload::Mapped`]). On Vulkan it places a
+//! wgpu offers only buffers it maps itself (`Upload::Mapped`). On Vulkan it places a
 //! buffer mapped for writing in device-local, host-visible memory where the driver has
 //! one: on a discrete NVIDIA GPU the PCIe BAR, which the CPU writes across the bus at a
 //! few GB/s (about 7 GB/s on an H200 host, BENCHMARKS.md), and it must be mapped again
 //! (`map_async`) after every pass. Where the device is Vulkan, the runtime instead
-//! allocates its upload buffers itself ([`Upload::Host`]): ordinary host memory
+//! allocates its upload buffers itself (`Upload::Host`): ordinary host memory
 //! (host-visible, coherent, cached where the driver offers it, and on a discrete GPU
 //! never device-local; one allocation for all of a kernel's upload buffers), mapped
 //! once for the buffers' life and handed to wgpu as buffers it copies from. The CPU

@@ -569,7 +569,7 @@ async fn large_passes_on_the_launcher_thread_keep_order_beside_calls() {
         let names = thread_names();
         let count = |name: &str| names.iter().filter(|t| *t == name).count();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if !ringkernel_wgpu::runtime::small_host(cpus) {
+        if !ringkernel_wgpu::runtime::small_host(cpus, rt.context().info.software) {
             assert!(
                 count(LAUNCHER_THREAD) >= LAUNCHERS,
                 "large passes went through the launcher threads: {names:?}"
