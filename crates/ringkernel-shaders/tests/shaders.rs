@@ -249,3 +249,56 @@ fn assert_only_table_indices(
         );
     }
 }
+
+/// The template's message constants are the host's: the output unit's flags
+/// (`drain::Output`) and the request checks use them.
+#[test]
+fn template_message_constants_match_rust() {
+    use ringkernel_core::message::{flags, MESSAGE_MAGIC, MESSAGE_VERSION};
+    let v =
+        ringkernel_shaders::validate_source("drain", &drain::compose(drain::STUB_HANDLER)).unwrap();
+    let constant = |name: &str| -> u32 {
+        let (_, c) = v
+            .module
+            .constants
+            .iter()
+            .find(|(_, c)| c.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no constant {name}"));
+        match v.module.global_expressions[c.init] {
+            naga::Expression::Literal(naga::Literal::U32(x)) => x,
+            ref e => panic!("{name}: {e:?}"),
+        }
+    };
+    assert_eq!(constant("RK_FLAG_REPLY"), flags::REPLY);
+    assert_eq!(constant("RK_FLAG_K2K"), flags::K2K);
+    assert_eq!(constant("RK_MESSAGE_MAGIC"), MESSAGE_MAGIC);
+    assert_eq!(constant("RK_MESSAGE_VERSION"), MESSAGE_VERSION);
+    assert_eq!(
+        constant("RK_ERR_INVALID_REQUEST"),
+        drain::ERR_INVALID_REQUEST
+    );
+}
+
+/// An output unit reads back as written, from the little-endian bytes of an output slot.
+#[test]
+fn output_units_round_trip() {
+    use drain::Output;
+    let reply = Output::Message {
+        flags: ringkernel_core::message::flags::REPLY,
+        type_id: 0x524B_0001,
+        payload_len: 72,
+        dest_kernel: 9,
+    };
+    for out in [
+        reply,
+        Output::None { status: 0 },
+        Output::None { status: 7 },
+    ] {
+        let mut slot = vec![0xA5u8; 64];
+        for (i, w) in out.words().into_iter().enumerate() {
+            slot[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        assert_eq!(Output::read(&slot), out);
+        assert_eq!(Output::from_words(out.words()), out);
+    }
+}
