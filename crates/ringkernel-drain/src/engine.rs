@@ -385,7 +385,6 @@ struct Built {
 /// What a pass needs once it completes: where it lies in the ring, when it started, and
 /// the output stamps reserved for it at launch (so its outputs can be stamped on any
 /// thread, in parallel with other passes, and still keep launch order).
-#[derive(Clone)]
 struct PassInfo {
     first: u64,
     count: u64,

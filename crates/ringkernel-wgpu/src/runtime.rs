@@ -286,6 +286,8 @@ struct Poller {
     /// Launcher threads ([`LAUNCHER_ENV`]); 0: every pass is launched on the thread
     /// that starts it.
     launchers: usize,
+    /// Finisher threads ([`FINISHER_ENV`]), started with the poller's.
+    finishers: usize,
     /// Whether a helping receiver finishes large passes too ([`HELP_ENV`]).
     help_large: bool,
 }
@@ -310,7 +312,8 @@ impl Poller {
     /// A poller on `ctx`; its thread starts with the first pass and ends once the
     /// poller is unused (no runtime, kernel or pending pass refers to it).
     fn new(ctx: Arc<GpuContext>) -> Arc<Self> {
-        let software = ctx.info.software;
+        // The thread defaults depend on the host and the adapter (`small_host`).
+        let (cpus, software) = (host_cpus(), ctx.info.software);
         Arc::new(Poller {
             ctx,
             ready: Mutex::new(Vec::new()),
@@ -328,7 +331,12 @@ impl Poller {
             launcher: Mutex::new(false),
             launchers: launcher_threads(
                 std::env::var(LAUNCHER_ENV).ok().as_deref(),
-                host_cpus(),
+                cpus,
+                software,
+            ),
+            finishers: finisher_threads(
+                std::env::var(FINISHER_ENV).ok().as_deref(),
+                cpus,
                 software,
             ),
             help_large: std::env::var(HELP_ENV).is_ok_and(|v| v.trim() == "1"),
@@ -344,9 +352,7 @@ impl Poller {
                 .spawn(move || Poller::run(weak))
                 .map_err(|e| Error::Device(format!("could not start the wgpu poller: {e}")))?;
             *started = true;
-            let software = self.ctx.info.software;
-            let env = std::env::var(FINISHER_ENV).ok();
-            for _ in 0..finisher_threads(env.as_deref(), host_cpus(), software) {
+            for _ in 0..self.finishers {
                 let weak = Arc::downgrade(self);
                 let spawned = std::thread::Builder::new()
                     .name(FINISHER_THREAD.into())
