@@ -799,10 +799,7 @@ impl CpuEngine {
             }
             // A pooled kernel waiting for room resumes once the queue is at most half
             // full. Best effort (no fence): the empty case below is the guarantee.
-            if before > cap / 2
-                && before - taken <= cap / 2
-                && self.shared.out_wait.load(Ordering::Acquire)
-            {
+            if fell_to_half(before, taken, cap) && self.shared.out_wait.load(Ordering::Acquire) {
                 self.resume_output();
             }
         }
@@ -1874,5 +1871,30 @@ impl Worker {
             tracing::error!(error = %e, "unexpected state at the end of termination");
         }
         self.shared.events.notify_all();
+    }
+}
+
+/// Whether an output queue that held `before` replies (a snapshot taken before the
+/// dequeue) fell from over half of `cap` to at most half by the host taking `taken`.
+/// The worker keeps writing meanwhile, so `taken` may exceed `before`: the queue then
+/// held only what arrived during the dequeue, which counts as at most half.
+fn fell_to_half(before: usize, taken: usize, cap: usize) -> bool {
+    before > cap / 2 && before.saturating_sub(taken) <= cap / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fell_to_half;
+
+    #[test]
+    fn more_taken_than_the_snapshot_held_is_not_an_overflow() {
+        // The worker added replies between the snapshot and the dequeue.
+        assert!(fell_to_half(3, 4, 4));
+        assert!(fell_to_half(3, 9, 4));
+        // The ordinary cases.
+        assert!(fell_to_half(4, 2, 4));
+        assert!(!fell_to_half(4, 1, 4));
+        assert!(!fell_to_half(2, 1, 4));
+        assert!(!fell_to_half(2, 5, 4));
     }
 }
