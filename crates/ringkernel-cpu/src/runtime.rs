@@ -1876,8 +1876,9 @@ impl Worker {
 
 /// Whether an output queue that held `before` replies (a snapshot taken before the
 /// dequeue) fell from over half of `cap` to at most half by the host taking `taken`.
-/// The worker keeps writing meanwhile, so `taken` may exceed `before`: the queue then
-/// held only what arrived during the dequeue, which counts as at most half.
+/// The worker keeps writing meanwhile, so `taken` may exceed `before`: everything of
+/// the snapshot was taken, which counts as having fallen to half (a best-effort signal:
+/// the caller's empty-queue check is the guarantee).
 fn fell_to_half(before: usize, taken: usize, cap: usize) -> bool {
     before > cap / 2 && before.saturating_sub(taken) <= cap / 2
 }
